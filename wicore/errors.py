@@ -1,0 +1,37 @@
+"""Errors a user can hit. Each says what went wrong and what to do about it.
+
+The CLI maps every `WiCoreError` to a message on stderr and a non-zero exit
+code; the HTTP API (later) maps them to OpenAI-shaped errors.
+"""
+
+from __future__ import annotations
+
+
+class WiCoreError(Exception):
+    """Base class of the errors a user can cause and fix."""
+
+    exit_code = 2
+
+
+class ModelSourceError(WiCoreError):
+    """A model source (GGUF file, HF folder, packaged name) is missing or unreadable."""
+
+
+class UnsupportedModelError(WiCoreError):
+    """The source holds an architecture or tensor layout WiCore cannot compile."""
+
+
+class ManifestError(WiCoreError):
+    """An exported model folder is incomplete, tampered with or from another version."""
+
+
+class RuntimeMissingError(WiCoreError):
+    """No ONNX Runtime build is installed."""
+
+
+class RequestError(WiCoreError):
+    """A generation request cannot be served as asked (e.g. prompt longer than the context)."""
+
+
+class OutOfBlocksError(WiCoreError):
+    """The KV pool has no free block left for a sequence."""

@@ -1,0 +1,1 @@
+"""Model sources -> weights, config and tokenizer; the `wicore-export` command."""

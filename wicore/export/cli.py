@@ -1,0 +1,54 @@
+"""`wicore-export`: compile a model into ONNX partitions."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from wicore.errors import WiCoreError
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="wicore-export",
+        description="Compile a Gemma 3 model (GGUF file, Hugging Face folder or packaged name) into ONNX partitions.",
+    )
+    ap.add_argument("--model", required=True, help="gemma3-270m, a .gguf file or a Hugging Face folder")
+    ap.add_argument("--out", required=True, type=Path, help="output folder (written atomically)")
+    ap.add_argument("--partitions", type=int, default=1, help="number of ONNX files to split the layers over")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
+    ap.add_argument("--op-flavour", default="portable", choices=["portable"])
+    ap.add_argument("--force", action="store_true", help="replace --out if it exists")
+    ap.add_argument("--verify", action="store_true", help="compare the graphs with HF transformers (needs torch)")
+    ap.add_argument("--verify-tokens", type=int, default=64, help="prompt length for --verify")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        from wicore.export.exporter import ExportConfig, export_model
+        from wicore.export.sources import open_source
+
+        config = ExportConfig(dtype=args.dtype, num_partitions=args.partitions, op_flavour=args.op_flavour, overwrite=args.force)
+        source = open_source(args.model)
+        export_model(source, args.out, config)
+        if args.verify:
+            from wicore.export.verify import verify_against_hf
+
+            report = verify_against_hf(args.out, args.model, num_tokens=args.verify_tokens)
+            print(report.summary())
+            if not report.ok:
+                return 1
+    except WiCoreError as exc:
+        print(f"wicore-export: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("wicore-export: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The text-decoder configuration the graph builder needs, read from any source.
+
+One frozen dataclass, `Gemma3Config`, whatever the source: a GGUF header, a
+Hugging Face config.json (transformers 4.x `rope_theta`/`rope_local_base_freq`
+style or 5.x `rope_parameters` style, text-only or the multimodal wrapper),
+or a shape recipe for random weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from wicore.errors import UnsupportedModelError
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding of one layer type: base theta and linear scaling factor."""
+
+    theta: float
+    factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.theta <= 0 or self.factor <= 0:
+            raise UnsupportedModelError(f"invalid rope parameters: theta={self.theta}, factor={self.factor}")
+
+
+@dataclass(frozen=True)
+class Gemma3Config:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    layer_types: tuple[str, ...]
+    sliding_window: int
+    rope_global: RopeConfig = RopeConfig(1_000_000.0)
+    rope_local: RopeConfig = RopeConfig(10_000.0)
+    query_pre_attn_scalar: float = 256.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 32768
+    final_logit_softcapping: float | None = None
+    bos_token_id: int = 2
+    eos_token_id: int = 1
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.layer_types) != self.num_layers:
+            raise UnsupportedModelError(
+                f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers"
+            )
+        unknown = set(self.layer_types) - {SLIDING, FULL}
+        if unknown:
+            raise UnsupportedModelError(f"unknown layer types {sorted(unknown)}")
+        if self.num_heads % self.num_kv_heads:
+            raise UnsupportedModelError(
+                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise UnsupportedModelError(f"head_dim {self.head_dim} must be even for RoPE")
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads per KV head (grouped-query attention)."""
+        return self.num_heads // self.num_kv_heads
+
+    def is_sliding(self, layer: int) -> bool:
+        return self.layer_types[layer] == SLIDING
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Gemma3Config:
+        """Inverse of `to_dict` (the manifest's `config`)."""
+        d = dict(d)
+        d["layer_types"] = tuple(d["layer_types"])
+        d["rope_global"] = RopeConfig(**d["rope_global"])
+        d["rope_local"] = RopeConfig(**d["rope_local"])
+        return cls(**d)
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> Gemma3Config:
+        """From a Hugging Face config.json (Gemma3ForCausalLM or Gemma3ForConditionalGeneration)."""
+        if "text_config" in cfg:
+            top = cfg
+            cfg = dict(cfg["text_config"])
+            for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+                cfg.setdefault(key, top.get(key))
+        model_type = cfg.get("model_type", "")
+        if model_type not in ("gemma3_text", "gemma3"):
+            raise UnsupportedModelError(
+                f"model_type {model_type!r} is not supported; WiCore compiles Gemma 3 (gemma3_text)"
+            )
+        num_layers = cfg["num_hidden_layers"]
+        layer_types = cfg.get("layer_types") or default_layer_types(
+            num_layers, cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6))
+        )
+        rope_global, rope_local = _hf_rope(cfg)
+        eos = cfg.get("eos_token_id", 1)
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=num_layers,
+            num_heads=cfg["num_attention_heads"],
+            num_kv_heads=cfg["num_key_value_heads"],
+            head_dim=cfg.get("head_dim", 256),
+            layer_types=tuple(layer_types),
+            sliding_window=cfg.get("sliding_window", 4096),
+            rope_global=rope_global,
+            rope_local=rope_local,
+            query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=cfg.get("max_position_embeddings", 131072),
+            final_logit_softcapping=cfg.get("final_logit_softcapping"),
+            bos_token_id=_first(cfg.get("bos_token_id"), 2),
+            eos_token_id=_first(eos, 1),
+            pad_token_id=_first(cfg.get("pad_token_id"), 0),
+        )
+
+
+def default_layer_types(num_layers: int, pattern: int = 6) -> list[str]:
+    """Gemma 3's interleaving: every `pattern`-th layer is global, the rest slide."""
+    return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
+
+
+def _first(value: Any, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, (list, tuple)):
+        return int(value[0]) if value else default
+    return int(value)
+
+
+def _rope_from_params(params: dict[str, Any] | None, theta: float) -> RopeConfig:
+    if not params:
+        return RopeConfig(theta)
+    kind = params.get("rope_type", params.get("type", "default"))
+    theta = float(params.get("rope_theta", theta))
+    if kind == "default":
+        return RopeConfig(theta)
+    if kind == "linear":
+        return RopeConfig(theta, float(params["factor"]))
+    raise UnsupportedModelError(f"rope scaling {kind!r} is not supported (default and linear are)")
+
+
+def _hf_rope(cfg: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and FULL in params:  # transformers >= 5
+        return (
+            _rope_from_params(params[FULL], 1_000_000.0),
+            _rope_from_params(params.get(SLIDING), 10_000.0),
+        )
+    theta = float(cfg.get("rope_theta", 1_000_000.0))
+    rope_global = _rope_from_params(cfg.get("rope_scaling"), theta)
+    rope_local = RopeConfig(float(cfg.get("rope_local_base_freq", 10_000.0)))
+    return rope_global, rope_local

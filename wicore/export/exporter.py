@@ -1,0 +1,134 @@
+"""Compile a weight source into a model folder: partitions, tokenizer, manifest. Atomically.
+
+The folder is written under a temporary name beside the target and renamed at
+the end; on any error the temporary folder is removed, so a failed export
+never leaves a half-written model where a runtime could load it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from wicore.errors import WiCoreError
+from wicore.export.weights import WeightSource
+from wicore.graph.gemma3 import DTYPES, OPSET, Gemma3Builder
+from wicore.graph.manifest import Manifest, PartitionRecord, sha256_file
+from wicore.graph.ops import DataFile
+from wicore.graph.partition import plan_partitions
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    dtype: str = "fp32"
+    num_partitions: int = 1
+    op_flavour: str = "portable"
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise WiCoreError(f"--dtype {self.dtype!r}: choose one of {', '.join(sorted(DTYPES))}")
+        if self.op_flavour != "portable":
+            raise WiCoreError(f"--op-flavour {self.op_flavour!r}: this version builds 'portable' graphs only")
+        if self.num_partitions < 1:
+            raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
+
+
+def stderr_progress(message: str) -> None:
+    print(f"[wicore-export] {message}", file=sys.stderr, flush=True)
+
+
+def export_model(source: WeightSource, out_dir: Path, config: ExportConfig, progress: Progress = stderr_progress) -> Manifest:
+    """Write the compiled model to out_dir (replacing it only if config.overwrite)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not config.overwrite:
+        raise WiCoreError(f"{out_dir} already exists; pass --force to replace it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        manifest = _write_model(source, tmp, config, progress)
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    progress(f"done: {out_dir}")
+    return manifest
+
+
+def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progress: Progress) -> Manifest:
+    cfg = source.config
+    specs = plan_partitions(cfg.num_layers, config.num_partitions)
+    builder = Gemma3Builder(cfg, config.dtype)
+    started = time.monotonic()
+    progress(f"{cfg.num_layers} layers, {cfg.hidden_size} hidden, {config.dtype}, {len(specs)} partition(s)")
+    shared = DataFile(folder / "embed_tokens.data") if len(specs) > 1 else None
+    records = []
+    try:
+        for spec in specs:
+            data = DataFile(folder / f"{spec.file_name}.data")
+
+            def layers(spec=spec):
+                for i in range(spec.start, spec.stop):
+                    progress(f"{spec.file_name}: layer {i + 1}/{cfg.num_layers} ({time.monotonic() - started:.0f}s)")
+                    yield source.layer(i)
+
+            model = builder.build(
+                spec,
+                layers(),
+                data,
+                embedding=source.embedding,
+                final_norm=source.final_norm() if spec.has_lm_head else None,
+                embedding_data=shared,
+            )
+            data.close()
+            onnx.save_model(model, folder / spec.file_name)
+            records.append(
+                PartitionRecord(
+                    spec.file_name,
+                    spec.start,
+                    spec.stop,
+                    tuple(v.name for v in model.graph.input),
+                    tuple(v.name for v in model.graph.output),
+                )
+            )
+    finally:
+        if shared is not None:
+            shared.close()
+    progress("tokenizer")
+    tokenizer = source.write_tokenizer(folder)
+    progress("checksums")
+    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    manifest = Manifest(
+        source=source.describe(),
+        config=cfg,
+        dtype=config.dtype,
+        op_flavour=config.op_flavour,
+        opset=OPSET,
+        partitions=tuple(records),
+        tokenizer=tokenizer,
+        files=files,
+    )
+    manifest.write(folder)
+    return manifest
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Move `new` to `target`; an existing target is swapped out first and removed after."""
+    old = None
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        target.rename(old)
+    new.rename(target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

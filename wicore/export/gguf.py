@@ -1,0 +1,150 @@
+"""GGUF model source: the header becomes a Gemma3Config, tensors are dequantized on demand.
+
+`gguf.GGUFReader` memory-maps the file, so only the layer being built is ever
+dequantized into float32 (every type in the packaged 270M: F32, Q8_0, Q6_K,
+Q5_0, Q4_K; `gguf.quants.dequantize` covers the rest of llama.cpp's types).
+llama.cpp's converter stores Gemma RMSNorm weights as `1 + w`; they are
+returned here as `w`, the Hugging Face convention the builder expects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wicore.errors import ModelSourceError, UnsupportedModelError
+from wicore.export.config import FULL, SLIDING, Gemma3Config, RopeConfig, default_layer_types
+from wicore.export.weights import LayerWeights
+
+# GGUF tensor suffix -> Hugging Face name, and whether it is an RMSNorm weight.
+_LAYER_NAMES: dict[str, tuple[str, bool]] = {
+    "attn_q": ("self_attn.q_proj", False),
+    "attn_k": ("self_attn.k_proj", False),
+    "attn_v": ("self_attn.v_proj", False),
+    "attn_output": ("self_attn.o_proj", False),
+    "attn_q_norm": ("self_attn.q_norm", True),
+    "attn_k_norm": ("self_attn.k_norm", True),
+    "ffn_gate": ("mlp.gate_proj", False),
+    "ffn_up": ("mlp.up_proj", False),
+    "ffn_down": ("mlp.down_proj", False),
+    "attn_norm": ("input_layernorm", True),
+    "post_attention_norm": ("post_attention_layernorm", True),
+    "ffn_norm": ("pre_feedforward_layernorm", True),
+    "post_ffw_norm": ("post_feedforward_layernorm", True),
+}
+
+
+class GGUFSource:
+    """A Gemma 3 GGUF file (llama.cpp's `gemma3` architecture)."""
+
+    def __init__(self, path: Path) -> None:
+        import gguf
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelSourceError(f"GGUF file not found: {self.path}")
+        try:
+            self._reader = gguf.GGUFReader(str(self.path))
+        except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on bad files
+            raise ModelSourceError(
+                f"{self.path} is not a readable GGUF file (truncated or corrupt?): {exc}"
+            ) from exc
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        self.config = self._read_config()
+
+    def _field(self, key: str, default: Any = None) -> Any:
+        field = self._reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    def _read_config(self) -> Gemma3Config:
+        arch = self._field("general.architecture")
+        if arch != "gemma3":
+            raise UnsupportedModelError(
+                f"{self.path.name}: architecture {arch!r} is not supported; WiCore compiles Gemma 3 (gemma3)"
+            )
+
+        def need(key: str) -> Any:
+            value = self._field(f"gemma3.{key}")
+            if value is None:
+                raise ModelSourceError(f"{self.path.name}: GGUF header lacks gemma3.{key}")
+            return value
+
+        num_layers = int(need("block_count"))
+        hidden, num_heads = int(need("embedding_length")), int(need("attention.head_count"))
+        head_dim = int(self._field("gemma3.attention.key_length", hidden // num_heads))
+        pattern = self._field("gemma3.attention.sliding_window_pattern")
+        if isinstance(pattern, list):  # per-layer booleans in newer converters
+            layer_types = tuple(SLIDING if p else FULL for p in pattern)
+        else:
+            layer_types = tuple(default_layer_types(num_layers, int(pattern or 6)))
+        scaling = self._field("gemma3.rope.scaling.type")
+        factor = float(self._field("gemma3.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
+        if scaling not in (None, "none", "linear"):
+            raise UnsupportedModelError(f"{self.path.name}: rope scaling {scaling!r} is not supported")
+        # llama.cpp's rule: the 27B (62 layers) scales queries by (hidden / heads)^-0.5, the rest by head_dim.
+        scalar = hidden / num_heads if num_layers == 62 else head_dim
+        embd = self._tensors.get("token_embd.weight")
+        if embd is None:
+            raise ModelSourceError(f"{self.path.name}: tensor token_embd.weight is missing")
+        return Gemma3Config(
+            vocab_size=int(embd.shape[-1]),
+            hidden_size=hidden,
+            intermediate_size=int(need("feed_forward_length")),
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=int(self._field("gemma3.attention.head_count_kv", num_heads)),
+            head_dim=head_dim,
+            layer_types=layer_types,
+            sliding_window=int(need("attention.sliding_window")),
+            rope_global=RopeConfig(float(self._field("gemma3.rope.freq_base", 1_000_000.0)), factor),
+            rope_local=RopeConfig(10_000.0),
+            query_pre_attn_scalar=float(scalar),
+            rms_norm_eps=float(self._field("gemma3.attention.layer_norm_rms_epsilon", 1e-6)),
+            max_position_embeddings=int(need("context_length")),
+            bos_token_id=int(self._field("tokenizer.ggml.bos_token_id", 2)),
+            eos_token_id=int(self._field("tokenizer.ggml.eos_token_id", 1)),
+            pad_token_id=int(self._field("tokenizer.ggml.padding_token_id", 0)),
+        )
+
+    def _tensor(self, name: str, is_norm: bool = False) -> np.ndarray:
+        import gguf
+
+        t = self._tensors.get(name)
+        if t is None:
+            raise ModelSourceError(f"{self.path.name}: tensor {name} is missing")
+        try:
+            data = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as exc:
+            raise UnsupportedModelError(f"{name}: GGUF type {t.tensor_type.name} cannot be dequantized") from exc
+        data = np.ascontiguousarray(data.reshape(tuple(int(d) for d in reversed(t.shape))), dtype=np.float32)
+        return data - 1.0 if is_norm else data
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "gguf",
+            "path": str(self.path),
+            "name": self._field("general.name"),
+            "file_type": self._field("general.file_type"),
+        }
+
+    def embedding(self) -> np.ndarray:
+        return self._tensor("token_embd.weight")
+
+    def final_norm(self) -> np.ndarray:
+        return self._tensor("output_norm.weight", is_norm=True)
+
+    def layer(self, index: int) -> LayerWeights:
+        return LayerWeights(
+            index,
+            {
+                hf: self._tensor(f"blk.{index}.{suffix}.weight", is_norm)
+                for suffix, (hf, is_norm) in _LAYER_NAMES.items()
+            },
+        )
+
+    def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
+        from wicore.export.tokenizer import export_tokenizer_from_gguf
+
+        return export_tokenizer_from_gguf(self.path, out_dir).to_dict()

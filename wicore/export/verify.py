@@ -1,0 +1,84 @@
+"""`wicore-export --verify`: the exported graphs against HF transformers on the same weights.
+
+torch and transformers are needed here only (the `dev` extra); exporting and
+serving never import them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from wicore.errors import WiCoreError
+from wicore.export.sources import PACKAGED, packaged_gguf
+
+VERIFY_TEXT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+    "combined movable metal type, oil-based ink and a screw press. Within fifty years, presses "
+    "were running in more than two hundred cities across Europe, and the price of books fell "
+    "sharply. Scholars could compare identical copies of a text for the first time, which "
+    "changed how knowledge was checked, corrected and shared."
+)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    num_tokens: int
+    max_abs_diff: float
+    logit_scale: float  # max |logit| of the reference, to read the difference against
+    argmax_agreement: float  # fraction of positions with the same argmax
+
+    @property
+    def ok(self) -> bool:
+        return self.argmax_agreement == 1.0
+
+    def summary(self) -> str:
+        return (
+            f"verify: {self.num_tokens} positions, argmax agreement {self.argmax_agreement:.2%}, "
+            f"max |logit diff| {self.max_abs_diff:.3g} (reference logits up to {self.logit_scale:.3g}, "
+            f"relative {self.max_abs_diff / self.logit_scale:.2e}) -> {'OK' if self.ok else 'MISMATCH'}"
+        )
+
+
+def load_hf_model(source: str):
+    """transformers' Gemma 3 on the same weights (fp32, eager attention)."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:
+        raise WiCoreError("--verify needs torch and transformers: pip install 'wicore[dev]'") from exc
+    path = packaged_gguf(source) if source in PACKAGED else Path(source)
+    kwargs = {"dtype": torch.float32, "attn_implementation": "eager"}
+    if path.suffix == ".gguf":
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kwargs).eval()
+    return AutoModelForCausalLM.from_pretrained(str(path), **kwargs).eval()
+
+
+def hf_logits(model, token_ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([token_ids])).logits[0].float().numpy()
+
+
+def compare_logits(ours: np.ndarray, ref: np.ndarray) -> VerifyReport:
+    return VerifyReport(
+        num_tokens=len(ref),
+        max_abs_diff=float(np.abs(ours - ref).max()),
+        logit_scale=float(np.abs(ref).max()),
+        argmax_agreement=float((ours.argmax(-1) == ref.argmax(-1)).mean()),
+    )
+
+
+def verify_against_hf(model_dir: Path, source: str, num_tokens: int = 64) -> VerifyReport:
+    from wicore.runtime.generator import Generator
+
+    gen = Generator.load(model_dir)
+    if gen.manifest.tokenizer is not None:
+        ids = gen.tokenizer.encode(" ".join([VERIFY_TEXT] * (1 + num_tokens // 60)))[:num_tokens]
+    else:
+        vocab = gen.manifest.config.vocab_size
+        ids = np.random.default_rng(0).integers(0, vocab, num_tokens).tolist()
+    return compare_logits(gen.prompt_logits(ids), hf_logits(load_hf_model(source), ids))

@@ -1,0 +1,1 @@
+"""ONNX construction: the Gemma 3 decoder builder, partitioning, the manifest."""

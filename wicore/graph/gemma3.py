@@ -1,0 +1,327 @@
+"""Gemma 3 text decoder as ONNX graphs over a paged KV pool (the `portable` flavour, opset 17).
+
+One partition holds layers [start, stop). The first also embeds the tokens,
+the last also applies the final norm and the tied LM head to the rows in
+`logits_indices`. Per layer:
+
+    x ──► RMSNorm ─► QKV ─► q/k RMSNorm ─► RoPE ─► ScatterND k,v into pool (in place)
+    │                                                   │
+    │                        Gather(pool, block_tables) ◄┘
+    │                        softmax(q·kᵀ + mask) · v ─► o_proj ─► RMSNorm ─┐
+    ├◄──────────────────────────────────────────────────────────────────────┘ (+)
+    x ──► RMSNorm ─► gate|up ─► gelu_tanh(gate) * up ─► down ─► RMSNorm ─┐
+    └◄───────────────────────────────────────────────────────────────────┘ (+)
+
+Conventions: the residual stream, norms, RoPE and attention are float32 in
+both dtypes; with `fp16` the weights, the matmuls and the KV pools are
+float16 (Gemma's activations overflow float16 in the residual stream).
+Gemma's RMSNorm scales by (1 + w): the 1 is folded into the stored weight,
+and the attention scale query_pre_attn_scalar^-0.5 into the q-norm weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from wicore.export.config import Gemma3Config, RopeConfig
+from wicore.export.weights import LayerWeights, check_layer
+from wicore.graph import io
+from wicore.graph.ops import DataFile, Graph
+
+OPSET = 17
+DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """Which part of the model one ONNX file holds."""
+
+    index: int
+    start: int  # first layer
+    stop: int  # one past the last layer
+    has_embedding: bool
+    has_lm_head: bool
+
+    @property
+    def file_name(self) -> str:
+        return f"part-{self.index:02d}.onnx"
+
+
+@dataclass(frozen=True)
+class StepValues:
+    """Values computed once per partition from the paging inputs and shared by all layers."""
+
+    positions: str
+    block_tables: str
+    scatter_indices: str  # [batch, seq, 2]: (block, offset) of each new token
+    cos_sin: dict[bool, tuple[str, str]]  # is_sliding -> cos, sin [batch, seq, 1, head_dim / 2]
+    masks: dict[bool, str]  # is_sliding -> additive mask [batch, 1, seq, total]
+
+
+class Gemma3Builder:
+    """Builds the partitions of one model: a table of Gemma 3 facts plus the graph functions."""
+
+    def __init__(self, cfg: Gemma3Config, dtype: str) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+        self.cfg = cfg
+        self.dtype = dtype
+        self.np_dtype, self.onnx_dtype = DTYPES[dtype]
+
+    # -- entry point -----------------------------------------------------------------
+    def build(
+        self,
+        spec: PartitionSpec,
+        layers: Iterable[LayerWeights],
+        data: DataFile,
+        embedding: Callable[[], np.ndarray] | None = None,
+        final_norm: np.ndarray | None = None,
+        embedding_data: DataFile | None = None,
+    ) -> onnx.ModelProto:
+        """One partition. `layers` yields the partition's layers in order (consumed lazily).
+        `embedding` returns the [vocab, hidden] table, needed by the first and last partitions
+        (tied LM head); with `embedding_data` both partitions share one copy on disk and it is
+        loaded once."""
+        cfg = self.cfg
+        g = Graph(f"gemma3_part{spec.index}", data)
+        f32 = TensorProto.FLOAT
+        if spec.has_embedding:
+            tokens = g.input(io.INPUT_IDS, TensorProto.INT64, ["batch", "seq"])
+            x = self.embed(g, tokens, embedding, embedding_data)
+        else:
+            x = g.input(io.HIDDEN_STATES, f32, ["batch", "seq", cfg.hidden_size])
+        step = self.step_values(g, spec)
+        pool_shape = ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim]
+        for layer in layers:
+            if not spec.start <= layer.index < spec.stop:
+                raise ValueError(f"layer {layer.index} is outside partition {spec}")
+            check_layer(cfg, layer)
+            i = layer.index
+            g.input(io.key_cache(i), self.onnx_dtype, pool_shape)
+            g.input(io.value_cache(i), self.onnx_dtype, pool_shape)
+            is_last = layer.index == spec.stop - 1 and not spec.has_lm_head
+            x = self.decoder_layer(g, layer, x, step, out=io.HIDDEN_STATES_OUT if is_last else None)
+            g.output(io.key_cache_out(i), self.onnx_dtype, pool_shape)
+            g.output(io.value_cache_out(i), self.onnx_dtype, pool_shape)
+        if spec.has_lm_head:
+            g.input(io.LOGITS_INDICES, TensorProto.INT64, ["num_logits"])
+            self.lm_head(g, x, final_norm, embedding, embedding_data)
+            g.output(io.LOGITS, f32, ["num_logits", cfg.vocab_size])
+        else:
+            g.output(io.HIDDEN_STATES_OUT, f32, ["batch", "seq", cfg.hidden_size])
+        return g.to_model(OPSET, doc=f"Gemma 3 layers [{spec.start}, {spec.stop}), {self.dtype}")
+
+    # -- per-step values -------------------------------------------------------------
+    def step_values(self, g: Graph, spec: PartitionSpec) -> StepValues:
+        """Inputs every partition takes and what the layers share: scatter indices, RoPE, masks.
+
+        Key index j of the gathered cache is the token at position j of the row, since
+        block_tables list a row's blocks in order. A query at position p sees key j when
+
+            j <= p  and  j < context_len             (causal, within the row)
+            j >  p - sliding_window                  (sliding layers only)
+        """
+        cfg = self.cfg
+        i64 = TensorProto.INT64
+        positions = g.input(io.POSITIONS, i64, ["batch", "seq"])
+        slots = g.input(io.SLOT_MAPPING, i64, ["batch", "seq"])
+        tables = g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"])
+        lens = g.input(io.CONTEXT_LENS, i64, ["batch"])
+        if spec.start == spec.stop:
+            raise ValueError("a partition needs at least one layer")
+        pool = io.key_cache(spec.start)  # any pool of this partition gives the block size
+        p = "/model/step"
+
+        block_size = g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/block_size")
+        block = g.op("Div", [slots, block_size], f"{p}/slot_block")
+        offset = g.op("Mod", [slots, block_size], f"{p}/slot_offset")
+        scatter = g.op(
+            "Concat",
+            [g.op("Unsqueeze", [block, g.const([-1])], f"{p}/block_u"),
+             g.op("Unsqueeze", [offset, g.const([-1])], f"{p}/offset_u")],
+            f"{p}/scatter_indices",
+            axis=-1,
+        )
+
+        max_blocks = g.op("Gather", [g.op("Shape", [tables], f"{p}/tables_shape"), g.const(1)], f"{p}/max_blocks")
+        total = g.op("Mul", [max_blocks, block_size], f"{p}/total")
+        keys = g.op("Range", [g.const(0), total, g.const(1)], f"{p}/key_index")  # [total]
+        q_pos = g.op("Unsqueeze", [positions, g.const([-1])], f"{p}/q_pos")  # [b, s, 1]
+        ctx = g.op("Unsqueeze", [lens, g.const([1, 2])], f"{p}/ctx")  # [b, 1, 1]
+        causal = g.op(
+            "And",
+            [g.op("LessOrEqual", [keys, q_pos], f"{p}/causal"), g.op("Less", [keys, ctx], f"{p}/in_context")],
+            f"{p}/visible",
+        )
+        window_start = g.op("Sub", [q_pos, g.const(cfg.sliding_window)], f"{p}/window_start")
+        sliding = g.op("And", [causal, g.op("Greater", [keys, window_start], f"{p}/in_window")], f"{p}/visible_sliding")
+
+        kinds = sorted({cfg.is_sliding(i) for i in range(spec.start, spec.stop)})
+        masks, cos_sin = {}, {}
+        for is_sliding in kinds:
+            name = "sliding" if is_sliding else "global"
+            visible = sliding if is_sliding else causal
+            mask = g.op(
+                "Where",
+                [visible, g.const(0.0, np.float32), g.const(np.finfo(np.float32).min, np.float32)],
+                f"{p}/mask_{name}",
+            )
+            masks[is_sliding] = g.op("Unsqueeze", [mask, g.const([1])], f"{p}/mask_{name}_u")
+            rope = cfg.rope_local if is_sliding else cfg.rope_global
+            cos_sin[is_sliding] = self.rope_tables(g, positions, rope, f"{p}/rope_{name}")
+        return StepValues(positions, tables, scatter, cos_sin, masks)
+
+    def rope_tables(self, g: Graph, positions: str, rope: RopeConfig, p: str) -> tuple[str, str]:
+        """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (float32, as in HF)."""
+        half = self.cfg.head_dim // 2
+        inv_freq = 1.0 / (rope.theta ** (np.arange(0, half, dtype=np.int64).astype(np.float32) * 2 / self.cfg.head_dim))
+        inv_freq = (inv_freq / rope.factor).astype(np.float32)
+        pos = g.op("Cast", [positions], f"{p}/pos_f", to=TensorProto.FLOAT)
+        pos = g.op("Unsqueeze", [pos, g.const([-1, -2])], f"{p}/pos_u")  # [b, s, 1, 1]
+        freqs = g.op("Mul", [pos, g.const(inv_freq, np.float32)], f"{p}/freqs")
+        return g.op("Cos", [freqs], f"{p}/cos"), g.op("Sin", [freqs], f"{p}/sin")
+
+    # -- blocks ----------------------------------------------------------------------
+    def embedding_weight(self, g: Graph, table: Callable[[], np.ndarray], data: DataFile | None) -> str:
+        return g.weight("model.embed_tokens.weight", lambda: table().astype(self.np_dtype, copy=False), data)
+
+    def embed(self, g: Graph, tokens: str, table: Callable[[], np.ndarray], data: DataFile | None) -> str:
+        w = self.embedding_weight(g, table, data)
+        x = g.op("Gather", [w, tokens], "/model/embed_tokens/Gather")
+        x = self.to_f32(g, x, "/model/embed_tokens")
+        scale = np.float32(self.cfg.hidden_size**0.5)
+        return g.op("Mul", [x, g.const(scale, np.float32)], "/model/embed_tokens/scale")
+
+    def rms_norm(self, g: Graph, x: str, weight: np.ndarray, name: str, scale: float = 1.0) -> str:
+        """x / sqrt(mean(x^2) + eps) * (1 + w) * scale, in the pattern ORT fuses into one kernel."""
+        w = g.const(((1.0 + weight.astype(np.float64)) * scale).astype(np.float32), np.float32)
+        sq = g.op("Pow", [x, g.const(2.0, np.float32)], f"{name}/Pow")
+        mean = g.op("ReduceMean", [sq], f"{name}/ReduceMean", axes=[-1], keepdims=1)
+        std = g.op("Sqrt", [g.op("Add", [mean, g.const(self.cfg.rms_norm_eps, np.float32)], f"{name}/Add")], f"{name}/Sqrt")
+        return g.op("Mul", [g.op("Div", [x, std], f"{name}/Div"), w], f"{name}/Mul")
+
+    def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str) -> str:
+        """x @ concat(weights)ᵀ; weights are [out, in] (HF layout), stored [in, out] in the model dtype."""
+        w = np.concatenate(weights, axis=0).T.astype(self.np_dtype)
+        w = g.weight(f"{name}.weight", np.ascontiguousarray(w))
+        if self.dtype == "fp32":
+            return g.op("MatMul", [x, w], f"{name}/MatMul")
+        x = g.op("Cast", [x], f"{name}/Cast_in", to=self.onnx_dtype)
+        return self.to_f32(g, g.op("MatMul", [x, w], f"{name}/MatMul"), name)
+
+    def to_f32(self, g: Graph, x: str, name: str) -> str:
+        return x if self.dtype == "fp32" else g.op("Cast", [x], f"{name}/Cast_out", to=TensorProto.FLOAT)
+
+    def rope(self, g: Graph, x: str, cos_sin: tuple[str, str], name: str) -> str:
+        """Rotate-half RoPE on [b, s, heads, head_dim]: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)."""
+        cos, sin = cos_sin
+        half = self.cfg.head_dim // 2
+        x1, x2 = g.op_multi("Split", [x, g.const([half, half])], f"{name}/Split", 2, axis=-1)
+        a = g.op("Sub", [g.op("Mul", [x1, cos], f"{name}/x1cos"), g.op("Mul", [x2, sin], f"{name}/x2sin")], f"{name}/out1")
+        b = g.op("Add", [g.op("Mul", [x2, cos], f"{name}/x2cos"), g.op("Mul", [x1, sin], f"{name}/x1sin")], f"{name}/out2")
+        return g.op("Concat", [a, b], f"{name}/Concat", axis=-1)
+
+    def attention(self, g: Graph, layer: LayerWeights, x: str, step: StepValues) -> str:
+        """Paged grouped-query attention of one layer; returns [b, s, hidden] before the post-norm."""
+        cfg, i = self.cfg, layer.index
+        p = f"/model/layers.{i}/attn"
+        nh, kvh, hd, groups = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_groups
+        is_sliding = cfg.is_sliding(i)
+
+        qkv = self.linear(g, x, [layer["self_attn.q_proj"], layer["self_attn.k_proj"], layer["self_attn.v_proj"]], f"{p}/qkv_proj")
+        q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
+        q = g.op("Reshape", [q, g.const([0, 0, nh, hd])], f"{p}/q_heads")
+        k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])], f"{p}/k_heads")
+        v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])], f"{p}/v_heads")
+        scale = cfg.query_pre_attn_scalar**-0.5
+        q = self.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
+        k = self.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
+        q = self.rope(g, q, step.cos_sin[is_sliding], f"{p}/q_rope")
+        k = self.rope(g, k, step.cos_sin[is_sliding], f"{p}/k_rope")
+
+        # Write this step's K/V into the pools, then read the rows' blocks back.
+        k_pool = self.scatter(g, io.key_cache(i), k, step, f"{p}/k_cache", io.key_cache_out(i))
+        v_pool = self.scatter(g, io.value_cache(i), v, step, f"{p}/v_cache", io.value_cache_out(i))
+        k_all = self.to_f32(g, g.op("Gather", [k_pool, step.block_tables], f"{p}/k_gather", axis=0), f"{p}/k_gather")
+        v_all = self.to_f32(g, g.op("Gather", [v_pool, step.block_tables], f"{p}/v_gather", axis=0), f"{p}/v_gather")
+        # [b, blocks, block_size, kvh, hd] -> kᵀ [b, kvh, hd, total], v [b, kvh, total, hd]
+        k_t = g.op("Reshape", [g.op("Transpose", [k_all], f"{p}/k_T", perm=[0, 3, 4, 1, 2]), g.const([0, 0, 0, -1])], f"{p}/k_flat")
+        v_t = g.op("Reshape", [g.op("Transpose", [v_all], f"{p}/v_T", perm=[0, 3, 1, 2, 4]), g.const([0, 0, -1, hd])], f"{p}/v_flat")
+
+        # q [b, s, nh, hd] -> [b, kvh, groups * s, hd]: each KV head serves its query group.
+        q = g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])], f"{p}/q_groups")
+        q = g.op("Transpose", [q], f"{p}/q_T", perm=[0, 2, 3, 1, 4])
+        q = g.op("Reshape", [q, g.const([0, 0, -1, hd])], f"{p}/q_flat")
+        scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, groups * s, total]
+        scores = g.op("Reshape", [scores, g.const([0, nh, -1, 0])], f"{p}/scores_heads")  # [b, nh, s, total]
+        probs = g.op("Softmax", [g.op("Add", [scores, step.masks[is_sliding]], f"{p}/masked")], f"{p}/Softmax", axis=-1)
+        probs = g.op("Reshape", [probs, g.const([0, kvh, -1, 0])], f"{p}/probs_groups")
+        out = g.op("MatMul", [probs, v_t], f"{p}/context")  # [b, kvh, groups * s, hd]
+        out = g.op("Reshape", [out, g.const([0, 0, groups, -1, hd])], f"{p}/context_groups")
+        out = g.op("Transpose", [out], f"{p}/context_T", perm=[0, 3, 1, 2, 4])  # [b, s, kvh, groups, hd]
+        out = g.op("Reshape", [out, g.const([0, 0, nh * hd])], f"{p}/context_flat")
+        return self.linear(g, out, [layer["self_attn.o_proj"]], f"{p}/o_proj")
+
+    def scatter(self, g: Graph, pool: str, update: str, step: StepValues, name: str, out: str) -> str:
+        """ScatterND of this step's K or V into the pool; its output is the graph output `out`."""
+        if self.dtype != "fp32":
+            update = g.op("Cast", [update], f"{name}/Cast", to=self.onnx_dtype)
+        return g.op("ScatterND", [pool, step.scatter_indices, update], f"{name}/ScatterND", out=out)
+
+    def mlp(self, g: Graph, layer: LayerWeights, x: str) -> str:
+        """GeGLU: down(gelu_tanh(gate(x)) * up(x))."""
+        p = f"/model/layers.{layer.index}/mlp"
+        inter = self.cfg.intermediate_size
+        gate_up = self.linear(g, x, [layer["mlp.gate_proj"], layer["mlp.up_proj"]], f"{p}/gate_up_proj")
+        gate, up = g.op_multi("Split", [gate_up, g.const([inter, inter])], f"{p}/gate_up_split", 2, axis=-1)
+        act = gelu_tanh(g, gate, f"{p}/act")
+        return self.linear(g, g.op("Mul", [act, up], f"{p}/gate_mul"), [layer["mlp.down_proj"]], f"{p}/down_proj")
+
+    def decoder_layer(self, g: Graph, layer: LayerWeights, x: str, step: StepValues, out: str | None = None) -> str:
+        p = f"/model/layers.{layer.index}"
+        h = self.rms_norm(g, x, layer["input_layernorm"], f"{p}/input_layernorm")
+        h = self.attention(g, layer, h, step)
+        h = self.rms_norm(g, h, layer["post_attention_layernorm"], f"{p}/post_attention_layernorm")
+        x = g.op("Add", [x, h], f"{p}/attn_residual")
+        h = self.rms_norm(g, x, layer["pre_feedforward_layernorm"], f"{p}/pre_feedforward_layernorm")
+        h = self.mlp(g, layer, h)
+        h = self.rms_norm(g, h, layer["post_feedforward_layernorm"], f"{p}/post_feedforward_layernorm")
+        return g.op("Add", [x, h], f"{p}/mlp_residual", out=out)
+
+    def lm_head(
+        self, g: Graph, x: str, final_norm: np.ndarray, table: Callable[[], np.ndarray], data: DataFile | None
+    ) -> str:
+        """Final norm and tied LM head on the rows in logits_indices only: [num_logits, vocab]."""
+        p = "/model/lm_head"
+        rows = g.op("Reshape", [x, g.const([-1, self.cfg.hidden_size])], f"{p}/flatten")
+        rows = g.op("Gather", [rows, io.LOGITS_INDICES], f"{p}/select_rows", axis=0)
+        rows = self.rms_norm(g, rows, final_norm, "/model/norm")
+        w = self.embedding_weight(g, table, data)
+        if self.dtype != "fp32":
+            rows = g.op("Cast", [rows], f"{p}/Cast_in", to=self.onnx_dtype)
+        cap = self.cfg.final_logit_softcapping
+        fp32 = self.dtype == "fp32"
+        logits = g.op("Gemm", [rows, w], f"{p}/Gemm", out=io.LOGITS if fp32 and not cap else None, transB=1)
+        if not fp32:
+            logits = g.op("Cast", [logits], f"{p}/Cast_out", out=None if cap else io.LOGITS, to=TensorProto.FLOAT)
+        if cap:
+            logits = g.op("Div", [logits, g.const(cap, np.float32)], f"{p}/softcap_div")
+            logits = g.op("Tanh", [logits], f"{p}/softcap_tanh")
+            logits = g.op("Mul", [logits, g.const(cap, np.float32)], f"{p}/softcap", out=io.LOGITS)
+        return logits
+
+
+def gelu_tanh(g: Graph, x: str, name: str) -> str:
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the pattern ORT fuses into FastGelu."""
+    c = np.float32(np.sqrt(2.0 / np.pi))
+    cube = g.op("Mul", [g.op("Mul", [x, x], f"{name}/x2"), x], f"{name}/x3")
+    inner = g.op("Add", [x, g.op("Mul", [cube, g.const(0.044715, np.float32)], f"{name}/c3")], f"{name}/inner")
+    t = g.op("Tanh", [g.op("Mul", [inner, g.const(c, np.float32)], f"{name}/scaled")], f"{name}/Tanh")
+    half_x = g.op("Mul", [x, g.const(0.5, np.float32)], f"{name}/half_x")
+    return g.op("Mul", [half_x, g.op("Add", [t, g.const(1.0, np.float32)], f"{name}/one_plus")], f"{name}/out")
+

@@ -1,0 +1,141 @@
+"""wicore.json: what an exported model folder holds, and the check that it is intact.
+
+    {
+      "format": "wicore", "export_version": 1,
+      "source": {...}, "config": {...Gemma3Config...},
+      "dtype": "fp32", "op_flavour": "portable", "opset": 17,
+      "kv": {"layout": [...], "dtype": "float32", "sink_block": 0},
+      "partitions": [{"file": "part-00.onnx", "layers": [0, 6], "inputs": [...], "outputs": [...]}, ...],
+      "tokenizer": {...} | null,
+      "files": {"part-00.onnx": "<sha256>", "part-00.onnx.data": "<sha256>", ...}
+    }
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wicore.errors import ManifestError
+from wicore.export.config import Gemma3Config
+
+MANIFEST = "wicore.json"
+EXPORT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PartitionRecord:
+    file: str
+    start: int
+    stop: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    @property
+    def has_embedding(self) -> bool:
+        return "input_ids" in self.inputs
+
+    @property
+    def has_lm_head(self) -> bool:
+        return "logits" in self.outputs
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "layers": [self.start, self.stop], "inputs": list(self.inputs), "outputs": list(self.outputs)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PartitionRecord:
+        start, stop = d["layers"]
+        return cls(d["file"], start, stop, tuple(d["inputs"]), tuple(d["outputs"]))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    source: dict[str, Any]
+    config: Gemma3Config
+    dtype: str
+    op_flavour: str
+    opset: int
+    partitions: tuple[PartitionRecord, ...]
+    tokenizer: dict[str, Any] | None
+    files: dict[str, str]  # file name -> sha256
+
+    @property
+    def kv_dtype(self) -> str:
+        return {"fp32": "float32", "fp16": "float16"}[self.dtype]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "wicore",
+            "export_version": EXPORT_VERSION,
+            "source": self.source,
+            "config": self.config.to_dict(),
+            "dtype": self.dtype,
+            "op_flavour": self.op_flavour,
+            "opset": self.opset,
+            "kv": {
+                "layout": ["num_blocks", "block_size", "num_kv_heads", "head_dim"],
+                "dtype": self.kv_dtype,
+                "sink_block": 0,
+            },
+            "partitions": [p.to_dict() for p in self.partitions],
+            "tokenizer": self.tokenizer,
+            "files": self.files,
+        }
+
+    def write(self, folder: Path) -> None:
+        (folder / MANIFEST).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def read(cls, folder: Path) -> Manifest:
+        """Parse wicore.json; raise ManifestError if it is missing, malformed or of another version."""
+        path = Path(folder) / MANIFEST
+        if not path.is_file():
+            raise ManifestError(
+                f"{folder} is not an exported WiCore model (no {MANIFEST}); create one with wicore-export"
+            )
+        try:
+            d = json.loads(path.read_text())
+            if d.get("format") != "wicore":
+                raise ManifestError(f"{path}: not a WiCore manifest")
+            if d.get("export_version") != EXPORT_VERSION:
+                raise ManifestError(
+                    f"{path}: export version {d.get('export_version')}, this WiCore reads {EXPORT_VERSION}; re-export the model"
+                )
+            return cls(
+                source=d["source"],
+                config=Gemma3Config.from_dict(d["config"]),
+                dtype=d["dtype"],
+                op_flavour=d["op_flavour"],
+                opset=d["opset"],
+                partitions=tuple(PartitionRecord.from_dict(p) for p in d["partitions"]),
+                tokenizer=d.get("tokenizer"),
+                files=dict(d["files"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{path} is malformed ({exc!r}); re-export the model") from exc
+
+    def verify(self, folder: Path) -> None:
+        """Check that every listed file exists with its recorded sha256."""
+        folder = Path(folder)
+        for name in self.files:
+            if not (folder / name).is_file():
+                raise ManifestError(f"{folder}: {name} is missing; the export is incomplete, re-export the model")
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            digests = dict(zip(self.files, pool.map(lambda n: sha256_file(folder / n), self.files)))
+        for name, expected in self.files.items():
+            if digests[name] != expected:
+                raise ManifestError(
+                    f"{folder}: {name} does not match its sha256 in {MANIFEST} (modified or truncated); re-export the model"
+                )
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,134 @@
+"""A small ONNX graph writer: named nodes, shared constants, weights streamed to external data.
+
+Weights never accumulate in memory: `Graph.weight` appends the array's bytes to
+an external data file at once and keeps only a TensorProto that points there
+(offset, length). A 27B export therefore holds one layer at a time.
+
+Node names are hierarchical (`/model/layers.3/attn/q_proj/MatMul`) and a node's
+outputs are named after it (`.../MatMul/output_0`), as in onnxruntime-genai's
+builder, so a profile or a Netron view reads like the model's module tree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+_ALIGN = 4096  # external data offsets aligned to pages, so ONNX Runtime can mmap them
+
+
+class DataFile:
+    """An external data file that weights are appended to, possibly shared by several graphs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._file = self.path.open("wb")
+        self._offset = 0
+        self._written: dict[str, tuple[int, int, np.dtype, tuple[int, ...]]] = {}
+
+    def store(self, name: str, array: np.ndarray | Callable[[], np.ndarray]) -> tuple[int, int, np.dtype, tuple[int, ...]]:
+        """Write a named tensor once; later calls with the same name return where it is
+        without evaluating `array` (a thunk lets a shared tensor skip being loaded again)."""
+        if name not in self._written:
+            value = array() if callable(array) else array
+            offset, length = self.append(value)
+            self._written[name] = (offset, length, value.dtype, tuple(value.shape))
+        return self._written[name]
+
+    def append(self, array: np.ndarray) -> tuple[int, int]:
+        """Write the array's bytes; return (offset, length)."""
+        pad = -self._offset % _ALIGN
+        if pad:
+            self._file.write(b"\0" * pad)
+            self._offset += pad
+        data = np.ascontiguousarray(array).tobytes()
+        self._file.write(data)
+        offset = self._offset
+        self._offset += len(data)
+        return offset, len(data)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Graph:
+    """Nodes, inputs, outputs and initializers of one ONNX graph under construction."""
+
+    def __init__(self, name: str, data: DataFile) -> None:
+        self.name = name
+        self.data = data
+        self.nodes: list[onnx.NodeProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self.initializers: list[TensorProto] = []
+        self._weights: set[str] = set()
+        self._consts: dict[tuple[str, bytes, tuple[int, ...]], str] = {}
+
+    # -- graph interface -------------------------------------------------------------
+    def input(self, name: str, elem_type: int, shape: Sequence[int | str]) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem_type, list(shape)))
+        return name
+
+    def output(self, name: str, elem_type: int, shape: Sequence[int | str]) -> str:
+        self.outputs.append(helper.make_tensor_value_info(name, elem_type, list(shape)))
+        return name
+
+    # -- tensors ---------------------------------------------------------------------
+    def weight(self, name: str, array: np.ndarray | Callable[[], np.ndarray], data: DataFile | None = None) -> str:
+        """A large initializer stored as external data (written now, not kept in memory)."""
+        if name in self._weights:
+            return name
+        target = data or self.data
+        offset, length, dtype, shape = target.store(name, array)
+        tensor = TensorProto()
+        tensor.name = name
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(dtype)
+        tensor.dims.extend(shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", target.path.name), ("offset", str(offset)), ("length", str(length))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        self.initializers.append(tensor)
+        self._weights.add(name)
+        return name
+
+    def const(self, value: Any, dtype: type | np.dtype = np.int64) -> str:
+        """A small constant, stored inline once however often it is used."""
+        array = np.asarray(value, dtype=dtype)
+        key = (array.dtype.str, array.tobytes(), array.shape)
+        name = self._consts.get(key)
+        if name is None:
+            name = f"/const/{len(self._consts)}"
+            self.initializers.append(numpy_helper.from_array(array, name))
+            self._consts[key] = name
+        return name
+
+    # -- nodes -----------------------------------------------------------------------
+    def op(self, op_type: str, inputs: Sequence[str], name: str, out: str | None = None, **attrs: Any) -> str:
+        """Add a single-output node named `name`; return its output name.
+
+        `out` names the output directly (a graph output): no Identity node, whose copy
+        would defeat binding an in-place update to the input's buffer.
+        """
+        outputs = [out or f"{name}/output_0"]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=name, **attrs))
+        return outputs[0]
+
+    def op_multi(self, op_type: str, inputs: Sequence[str], name: str, num_outputs: int, **attrs: Any) -> list[str]:
+        outputs = [f"{name}/output_{i}" for i in range(num_outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=name, **attrs))
+        return outputs
+
+    def to_model(self, opset: int, doc: str = "") -> onnx.ModelProto:
+        graph = helper.make_graph(
+            self.nodes, self.name, self.inputs, self.outputs, initializer=self.initializers, doc_string=doc
+        )
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="wicore"
+        )
+        model.ir_version = min(model.ir_version, 10)
+        return model

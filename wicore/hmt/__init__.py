@@ -1,0 +1,1 @@
+"""HMT pager: paged KV blocks across device, host and NVMe tiers."""

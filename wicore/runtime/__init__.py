@@ -1,0 +1,1 @@
+"""Execution of exported graphs with ONNX Runtime: sessions, sampling, generation."""

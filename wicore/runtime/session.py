@@ -1,0 +1,111 @@
+"""Runs one decoder step through the partitions with IOBinding, KV pools bound in place.
+
+The pools are NumPy arrays owned here and bound zero-copy: each layer's
+`key_cache.{i}` input and `key_cache_out.{i}` output are the same OrtValue, so
+the graph's ScatterND writes the new tokens straight into them and no step
+allocates or copies a pool. Hidden states pass from one partition to the next
+as OrtValues, without a trip through NumPy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from wicore.graph import io
+from wicore.graph.manifest import Manifest
+from wicore.runtime.providers import onnxruntime, session_options
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One step: `batch` rows of `seq` token slots each (see wicore.graph.io for each array)."""
+
+    input_ids: np.ndarray  # [batch, seq] int64
+    positions: np.ndarray  # [batch, seq] int64
+    slot_mapping: np.ndarray  # [batch, seq] int64
+    block_tables: np.ndarray  # [batch, max_blocks] int64
+    context_lens: np.ndarray  # [batch] int64
+    logits_indices: np.ndarray  # [num_logits] int64, flat into batch * seq
+
+    def paging_inputs(self) -> dict[str, np.ndarray]:
+        return {
+            io.POSITIONS: self.positions,
+            io.SLOT_MAPPING: self.slot_mapping,
+            io.BLOCK_TABLES: self.block_tables,
+            io.CONTEXT_LENS: self.context_lens,
+        }
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    num_blocks: int
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 2:
+            raise ValueError("the KV pool needs at least 2 blocks (one is the padding sink)")
+        if self.block_size < 1:
+            raise ValueError("block_size must be positive")
+
+
+class ModelRunner:
+    """One ONNX Runtime session per partition, and the per-layer KV pools."""
+
+    def __init__(self, model_dir: Path, manifest: Manifest, cache: CacheConfig, num_threads: int | None = None) -> None:
+        ort = onnxruntime()
+        self.manifest = manifest
+        opts = session_options(num_threads)
+        self.sessions = [
+            ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=["CPUExecutionProvider"])
+            for p in manifest.partitions
+        ]
+        self.resize(cache)
+
+    def resize(self, cache: CacheConfig) -> None:
+        """(Re)allocate the pools for `cache`; their previous contents are dropped."""
+        ort = onnxruntime()
+        cfg = self.manifest.config
+        shape = (cache.num_blocks, cache.block_size, cfg.num_kv_heads, cfg.head_dim)
+        dtype = np.dtype(self.manifest.kv_dtype)
+        self.cache = cache
+        self.key_pools = [np.zeros(shape, dtype) for _ in range(cfg.num_layers)]
+        self.value_pools = [np.zeros(shape, dtype) for _ in range(cfg.num_layers)]
+        self._pool_values = [
+            (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v))
+            for k, v in zip(self.key_pools, self.value_pools)
+        ]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.manifest.config.vocab_size
+
+    def run(self, step: StepBatch) -> np.ndarray:
+        """Run every partition for one step; return logits [num_logits, vocab] float32."""
+        hidden = None
+        for record, session in zip(self.manifest.partitions, self.sessions):
+            binding = session.io_binding()
+            # The step's result is bound first, so it is get_outputs()[0].
+            if record.has_lm_head:
+                binding.bind_output(io.LOGITS, "cpu")
+            else:
+                binding.bind_output(io.HIDDEN_STATES_OUT, "cpu")
+            if record.has_embedding:
+                binding.bind_cpu_input(io.INPUT_IDS, step.input_ids)
+            else:
+                binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
+            for name, array in step.paging_inputs().items():
+                binding.bind_cpu_input(name, array)
+            for layer in range(record.start, record.stop):
+                key, value = self._pool_values[layer]
+                binding.bind_ortvalue_input(io.key_cache(layer), key)
+                binding.bind_ortvalue_output(io.key_cache_out(layer), key)
+                binding.bind_ortvalue_input(io.value_cache(layer), value)
+                binding.bind_ortvalue_output(io.value_cache_out(layer), value)
+            if record.has_lm_head:
+                binding.bind_cpu_input(io.LOGITS_INDICES, step.logits_indices)
+            session.run_with_iobinding(binding)
+            hidden = binding.get_outputs()[0]
+        return hidden.numpy()
