@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from wicore.errors import WiCoreError
+from wicore.errors import RequestError, WiCoreError
 
 
 def add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="print the continuation of a prompt")
     p.add_argument("--model", default="gemma3-270m", help="exported model folder, or gemma3-270m (exported once, cached)")
-    p.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
+    p.add_argument("--prompt", action="append", default=[], help="prompt text; repeat for a batch")
+    p.add_argument("--prompt-file", action="append", default=[], type=Path, help="read a prompt from a file ('-': stdin)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the chat template")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -29,14 +31,17 @@ def run_generate(args: argparse.Namespace) -> int:
     from wicore.runtime.providers import onnxruntime
     from wicore.runtime.sampler import SamplingParams
 
+    texts = args.prompt + [sys.stdin.read() if str(f) == "-" else read_text(f) for f in args.prompt_file]
+    if not texts:
+        raise RequestError("give at least one --prompt or --prompt-file")
     onnxruntime()  # fail early, with the extras to install, before any export
     gen = Generator.load(resolve_model(args.model), num_threads=args.threads)
     tok = gen.tokenizer
     if args.chat:
-        texts = [tok.apply_chat_template([{"role": "user", "content": p}]) for p in args.prompt]
-        prompts = [tok.encode(t, add_bos=False) for t in texts]
+        chats = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+        prompts = [tok.encode(c, add_bos=False) for c in chats]
     else:
-        prompts = [tok.encode(p) for p in args.prompt]
+        prompts = [tok.encode(t) for t in texts]
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
     )
@@ -54,6 +59,13 @@ def run_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise RequestError(f"cannot read prompt file {path}: {exc.strerror}") from exc
 
 
 def main(argv: list[str] | None = None) -> int:

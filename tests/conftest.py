@@ -1,0 +1,128 @@
+"""Shared fixtures: tiny random Gemma 3 models (seconds) and the real Gemma 3 270M (slow layer).
+
+Exports are cached per session; with WICORE_TEST_CACHE set they are kept there
+between runs, keyed by the source of wicore/export and wicore/graph so that a
+change to the exporter invalidates them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import wicore
+
+ROOT = Path(wicore.__file__).parent
+
+
+def _code_key() -> str:
+    h = hashlib.sha256()
+    for path in sorted([*ROOT.glob("export/*.py"), *ROOT.glob("graph/*.py")]):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = os.environ.get("WICORE_TEST_CACHE")
+    path = Path(base) / f"exports-{_code_key()}" if base else tmp_path_factory.mktemp("exports")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def export_cached(cache_dir: Path) -> Callable[..., Path]:
+    """export_cached(name, source, partitions=1, dtype="fp32") -> model folder, built once."""
+    from wicore.export.exporter import ExportConfig, export_model
+    from wicore.export.sources import open_source
+
+    def export(name: str, source: str, partitions: int = 1, dtype: str = "fp32") -> Path:
+        out = cache_dir / name
+        if not (out / "wicore.json").is_file():
+            shutil.rmtree(out, ignore_errors=True)
+            export_model(open_source(source), out, ExportConfig(dtype=dtype, num_partitions=partitions), progress=lambda _: None)
+        return out
+
+    return export
+
+
+# -- tiny random models ------------------------------------------------------------------
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    sliding_window=8,
+    max_position_embeddings=256,
+    query_pre_attn_scalar=32,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    },
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, object]]:
+    """tiny_model(**overrides) -> (HF folder, HF model): a random Gemma 3 saved as safetensors.
+
+    Norm weights are drawn away from zero so that a wrong (1 + w) convention shows.
+    """
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    made: dict[str, tuple[Path, object]] = {}
+
+    def make(seed: int = 0, **overrides: object) -> tuple[Path, object]:
+        key = repr((seed, sorted(overrides.items())))
+        if key not in made:
+            torch.manual_seed(seed)
+            cfg = Gemma3TextConfig(**{**TINY, **overrides})
+            model = Gemma3ForCausalLM(cfg).eval()
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if "norm" in name:
+                        param.normal_(0.0, 0.5)
+            folder = tmp_path_factory.mktemp("tiny_hf")
+            model.save_pretrained(folder)
+            made[key] = (folder, model)
+        return made[key]
+
+    return make
+
+
+def hf_logits(model: object, ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+@pytest.fixture(scope="session")
+def reference_logits() -> Callable[[object, list[int]], np.ndarray]:
+    return hf_logits
+
+
+# -- the real Gemma 3 270M ---------------------------------------------------------------
+@pytest.fixture(scope="session")
+def gemma_270m(export_cached: Callable[..., Path]) -> Callable[[int], Path]:
+    """gemma_270m(partitions) -> exported folder of the packaged Gemma 3 270M (fp32)."""
+    return lambda partitions=1: export_cached(f"gemma3-270m-p{partitions}", "gemma3-270m", partitions)
+
+
+@pytest.fixture(scope="session")
+def hf_gemma_270m() -> object:
+    """HF transformers' Gemma 3 270M on the same GGUF weights (fp32, eager)."""
+    from wicore.export.verify import load_hf_model
+
+    return load_hf_model("gemma3-270m")

