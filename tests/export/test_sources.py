@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -70,12 +71,12 @@ def test_gguf_config_of_the_packaged_270m():
 def test_hf_source_reads_bf16_exactly(tiny_model, tmp_path):
     import torch
 
-    folder, model = tiny_model()
+    _, model = tiny_model()
     bf16 = tmp_path / "bf16"
-    model.to(torch.bfloat16).save_pretrained(bf16)
-    model.to(torch.float32)
+    half = copy.deepcopy(model).to(torch.bfloat16)  # the fixture's model is shared: leave it fp32
+    half.save_pretrained(bf16)
     src = HFSource(bf16)
-    expected = model.model.layers[1].mlp.up_proj.weight.detach().to(torch.bfloat16).float().numpy()
+    expected = half.model.layers[1].mlp.up_proj.weight.detach().float().numpy()
     np.testing.assert_array_equal(src.layer(1)["mlp.up_proj"], expected)
 
 
