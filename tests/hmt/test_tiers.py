@@ -1,0 +1,78 @@
+"""Tier stores copy exactly; NVMe detects corruption; the pager follows plans in order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wicore.hmt.block_pool import Move
+from wicore.hmt.pager import Pager
+from wicore.hmt.policy import Tier
+from wicore.hmt.tiers import CorruptBlockError, DeviceStore, HostStore, NvmeStore
+
+LAYERS, BLOCK, HEADS, DIM = 3, 4, 2, 8
+SHAPE = (LAYERS, 2, BLOCK, HEADS, DIM)
+
+
+def block(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
+
+
+@pytest.fixture
+def stores(tmp_path):
+    keys = [np.zeros((6, BLOCK, HEADS, DIM), np.float32) for _ in range(LAYERS)]
+    values = [np.zeros((6, BLOCK, HEADS, DIM), np.float32) for _ in range(LAYERS)]
+    nvme = NvmeStore(tmp_path / "kv.bin", 4, SHAPE, np.dtype(np.float32))
+    yield {Tier.DEVICE: DeviceStore(keys, values), Tier.HOST: HostStore(4, SHAPE, np.dtype(np.float32)), Tier.NVME: nvme}
+    nvme.close()
+
+
+def test_device_store_reads_and_writes_the_bound_pools(stores):
+    dev = stores[Tier.DEVICE]
+    data = block(1)
+    dev.write(3, data)
+    assert np.array_equal(dev.key_pools[1][3], data[1, 0])
+    assert np.array_equal(dev.value_pools[2][3], data[2, 1])
+    assert np.array_equal(dev.read(3), data)
+    assert not dev.read(2).any()
+
+
+def test_round_trip_through_every_tier_is_bit_exact(stores):
+    data = block(2)
+    stores[Tier.DEVICE].write(1, data)
+    plan = [
+        Move(7, (Tier.DEVICE, 1), (Tier.HOST, 2)),
+        Move(7, (Tier.HOST, 2), (Tier.NVME, 3)),
+        Move(7, (Tier.NVME, 3), (Tier.DEVICE, 5)),
+    ]
+    assert Pager(stores).execute(plan) == set()
+    assert stores[Tier.DEVICE].read(5).tobytes() == data.tobytes()
+
+
+def test_corrupt_nvme_block_is_detected(stores):
+    nvme = stores[Tier.NVME]
+    nvme.write(1, block(3))
+    nvme.data[1, 2, 1, 3, 0, 5] += 1e-3  # one value, behind the store's back
+    with pytest.raises(CorruptBlockError, match="slot 1"):
+        nvme.read(1)
+    with pytest.raises(CorruptBlockError):
+        nvme.read(0)  # never written
+
+
+def test_pager_reports_corrupt_blocks_and_leaves_their_destination(stores):
+    stores[Tier.NVME].write(0, block(4))
+    stores[Tier.NVME].write(1, block(5))
+    stores[Tier.NVME].data[0, 0, 0, 0, 0, 0] = 42.0
+    pager = Pager(stores)
+    bad = pager.execute([Move(10, (Tier.NVME, 0), (Tier.DEVICE, 1)), Move(11, (Tier.NVME, 1), (Tier.DEVICE, 2))])
+    assert bad == {10}
+    assert not stores[Tier.DEVICE].read(1).any()
+    assert np.array_equal(stores[Tier.DEVICE].read(2), block(5))
+    assert pager.stats.num_corrupt == 1
+
+
+def test_dropped_blocks_copy_nothing(stores):
+    stores[Tier.HOST].write(0, block(6))
+    pager = Pager(stores)
+    assert pager.execute([Move(3, (Tier.HOST, 0), None)]) == set()
+    assert pager.stats.num_moves == {("host", "dropped"): 1}

@@ -1,0 +1,99 @@
+"""Tier stores: where a block's bytes live. The block pool decides, these copy.
+
+A block's bytes are the K and V of `block_size` tokens in every layer:
+
+    BlockData: float array [num_layers, 2 (k, v), block_size, num_kv_heads, head_dim]
+
+    tier 0  DeviceStore  the pools bound to the graphs (NumPy on the CPU EP: copies are slices)
+    tier 1  HostStore    one NumPy array [num_slots, *block shape]
+    tier 2  NvmeStore    an np.memmap file of the same layout, plus a checksum per slot that is
+                         checked on every read: a corrupt block raises CorruptBlockError, it is
+                         never returned
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from wicore.errors import WiCoreError
+
+
+class CorruptBlockError(WiCoreError):
+    """A block read back from NVMe does not match the checksum written with it."""
+
+    def __init__(self, slot: int, path: Path) -> None:
+        super().__init__(f"KV block in slot {slot} of {path} is corrupt (checksum mismatch)")
+        self.slot = slot
+
+
+class TierStore(Protocol):
+    num_slots: int
+
+    def read(self, slot: int) -> np.ndarray:
+        """The block's bytes, [num_layers, 2, block_size, kv_heads, head_dim]."""
+
+    def write(self, slot: int, data: np.ndarray) -> None:
+        """Overwrite the slot with `data` (same layout as `read`)."""
+
+
+class DeviceStore:
+    """Tier 0 on the CPU EP: the runner's per-layer pools, [num_blocks, block_size, kvh, hd] each."""
+
+    def __init__(self, key_pools: list[np.ndarray], value_pools: list[np.ndarray]) -> None:
+        self.key_pools = key_pools
+        self.value_pools = value_pools
+        self.num_slots = key_pools[0].shape[0]
+
+    def read(self, slot: int) -> np.ndarray:
+        return np.stack([np.stack([k[slot], v[slot]]) for k, v in zip(self.key_pools, self.value_pools)])
+
+    def write(self, slot: int, data: np.ndarray) -> None:
+        for layer, (k, v) in enumerate(zip(self.key_pools, self.value_pools)):
+            k[slot] = data[layer, 0]
+            v[slot] = data[layer, 1]
+
+
+class HostStore:
+    def __init__(self, num_slots: int, block_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.num_slots = num_slots
+        self.data = np.zeros((num_slots, *block_shape), dtype)
+
+    def read(self, slot: int) -> np.ndarray:
+        return self.data[slot].copy()
+
+    def write(self, slot: int, data: np.ndarray) -> None:
+        self.data[slot] = data
+
+
+class NvmeStore:
+    """A memory-mapped file on fast local storage, with a BLAKE2b digest per slot."""
+
+    def __init__(self, path: Path, num_slots: int, block_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.num_slots = num_slots
+        self.data = np.memmap(self.path, dtype=dtype, mode="w+", shape=(max(num_slots, 1), *block_shape))
+        self._digests: list[bytes | None] = [None] * num_slots
+
+    @staticmethod
+    def _digest(data: np.ndarray) -> bytes:
+        return hashlib.blake2b(np.ascontiguousarray(data).data, digest_size=16).digest()
+
+    def read(self, slot: int) -> np.ndarray:
+        data = np.array(self.data[slot])
+        if self._digests[slot] is None or self._digest(data) != self._digests[slot]:
+            raise CorruptBlockError(slot, self.path)
+        return data
+
+    def write(self, slot: int, data: np.ndarray) -> None:
+        self.data[slot] = data
+        self._digests[slot] = self._digest(self.data[slot])
+
+    def close(self) -> None:
+        """Drop the mapping and delete the file (its contents are a cache, not data)."""
+        del self.data
+        self.path.unlink(missing_ok=True)
