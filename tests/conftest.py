@@ -101,6 +101,26 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[
     return make
 
 
+@pytest.fixture(scope="session")
+def tiny_export(tiny_model, tmp_path_factory):
+    """export(partitions=1, dtype="fp32", **model overrides) -> (folder, HF model)."""
+    made = {}
+
+    def export(partitions: int = 1, dtype: str = "fp32", **overrides):
+        key = (partitions, dtype, repr(sorted(overrides.items())))
+        if key not in made:
+            folder, model = tiny_model(**overrides)
+            out = tmp_path_factory.mktemp("tiny_export") / "model"
+            from wicore.export.exporter import ExportConfig, export_model
+            from wicore.export.sources import open_source
+
+            export_model(open_source(str(folder)), out, ExportConfig(dtype=dtype, num_partitions=partitions), progress=lambda _: None)
+            made[key] = (out, model)
+        return made[key]
+
+    return export
+
+
 def hf_logits(model: object, ids: list[int]) -> np.ndarray:
     import torch
 

@@ -35,3 +35,7 @@ class RequestError(WiCoreError):
 
 class OutOfBlocksError(WiCoreError):
     """The KV pool has no free block left for a sequence."""
+
+
+class OverloadedError(WiCoreError):
+    """The engine's waiting queue is full; retry later."""

@@ -5,31 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wicore.export.exporter import ExportConfig, export_model
-from wicore.export.sources import open_source
 from wicore.graph.manifest import Manifest
-from wicore.runtime.generator import Generator, Sequence, build_step
+from wicore.runtime.generator import Generator, Sequence, sequence_row
+from wicore.runtime.session import build_step
 from wicore.runtime.sampler import Sampler, SamplingParams
 from wicore.runtime.session import CacheConfig, ModelRunner
 
 PROMPT = np.random.default_rng(0).integers(0, 512, 40).tolist()  # 40 tokens: 5x the sliding window
-
-
-@pytest.fixture(scope="module")
-def tiny_export(tiny_model, tmp_path_factory):
-    """export(partitions=1, dtype="fp32", **model overrides) -> (folder, HF model)."""
-    made = {}
-
-    def export(partitions: int = 1, dtype: str = "fp32", **overrides):
-        key = (partitions, dtype, repr(sorted(overrides.items())))
-        if key not in made:
-            folder, model = tiny_model(**overrides)
-            out = tmp_path_factory.mktemp("tiny_export") / "model"
-            export_model(open_source(str(folder)), out, ExportConfig(dtype=dtype, num_partitions=partitions), progress=lambda _: None)
-            made[key] = (out, model)
-        return made[key]
-
-    return export
 
 
 @pytest.mark.parametrize("partitions", [1, 2, 4])
@@ -86,7 +68,7 @@ def test_non_contiguous_block_table_and_sink(tiny_export, reference_logits):
     runner = ModelRunner(folder, manifest, CacheConfig(num_blocks=16, block_size=4), num_threads=1)
     long = Sequence(list(PROMPT[:13]), 13, Sampler(SamplingParams()), block_ids=[9, 3, 14, 6])
     short = Sequence(list(PROMPT[20:25]), 5, Sampler(SamplingParams()), block_ids=[1, 12])
-    logits = runner.run(build_step([(long, 13), (short, 5)], block_size=4))
+    logits = runner.run(build_step([sequence_row(long, 13), sequence_row(short, 5)], block_size=4))
 
     assert logits.shape == (2, 512)
     np.testing.assert_allclose(logits[0], reference_logits(model, PROMPT[:13])[-1], atol=2e-5, rtol=0)
@@ -104,7 +86,7 @@ def test_non_contiguous_block_table_and_sink(tiny_export, reference_logits):
     for seq, n in ((long, 13), (short, 5)):
         seq.num_computed = n
         seq.token_ids.append(7)
-    logits = runner.run(build_step([(long, 1), (short, 1)], block_size=4))
+    logits = runner.run(build_step([sequence_row(long, 1), sequence_row(short, 1)], block_size=4))
     np.testing.assert_allclose(logits[0], reference_logits(model, PROMPT[:13] + [7])[-1], atol=2e-5, rtol=0)
     np.testing.assert_allclose(logits[1], reference_logits(model, PROMPT[20:25] + [7])[-1], atol=2e-5, rtol=0)
 

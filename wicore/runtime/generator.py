@@ -26,7 +26,7 @@ from wicore.export.tokenizer import TokenizerInfo
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
 from wicore.runtime.sampler import Sampler, SamplingParams
-from wicore.runtime.session import CacheConfig, ModelRunner, StepBatch
+from wicore.runtime.session import CacheConfig, ModelRunner, StepBatch, build_step
 from wicore.runtime.tokenizer import Tokenizer
 
 
@@ -44,6 +44,20 @@ class Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+
+@dataclass(frozen=True)
+class _Row:
+    token_ids: list[int]
+    start: int
+    block_table: list[int]
+    needs_logits: bool
+
+
+def sequence_row(seq: Sequence, n: int) -> _Row:
+    """The step row that runs the next `n` uncomputed tokens of `seq`."""
+    start = seq.num_computed
+    return _Row(seq.token_ids[start : start + n], start, seq.block_ids, start + n == len(seq.token_ids))
 
 
 @dataclass(frozen=True)
@@ -215,38 +229,4 @@ class Generator:
             need = self._blocks_for(s.num_computed + n) - len(s.block_ids)
             if need > 0:
                 s.block_ids.extend(allocator.allocate(need))
-        return build_step(rows, self.block_size, all_logits)
-
-
-def build_step(rows: list[tuple[Sequence, int]], block_size: int, all_logits: bool = False) -> StepBatch:
-    """Step arrays for `rows` of (sequence, number of its next uncomputed tokens to run).
-
-    Each sequence must already own the blocks for those tokens, in order. Rows
-    shorter than the longest are padded: their extra slots write to the sink
-    block at position 0 and are never read. Logits are asked for a row's last
-    token when it completes the row's known tokens (for every token if all_logits).
-    """
-    seq_len = max(n for _, n in rows)
-    batch = len(rows)
-    max_blocks = max(len(s.block_ids) for s, _ in rows)
-    input_ids = np.zeros((batch, seq_len), np.int64)
-    positions = np.zeros((batch, seq_len), np.int64)
-    slots = np.full((batch, seq_len), io.SINK_BLOCK * block_size, np.int64)
-    tables = np.full((batch, max_blocks), io.SINK_BLOCK, np.int64)
-    lens = np.zeros(batch, np.int64)
-    logits_indices: list[int] = []
-    for r, (s, n) in enumerate(rows):
-        pos = np.arange(s.num_computed, s.num_computed + n)
-        blocks = np.asarray(s.block_ids, np.int64)
-        if len(blocks) * block_size < s.num_computed + n:
-            raise OutOfBlocksError(f"a row of {s.num_computed + n} tokens owns only {len(blocks)} blocks")
-        input_ids[r, :n] = s.token_ids[s.num_computed : s.num_computed + n]
-        positions[r, :n] = pos
-        slots[r, :n] = blocks[pos // block_size] * block_size + pos % block_size
-        tables[r, : len(blocks)] = blocks
-        lens[r] = s.num_computed + n
-        if all_logits:
-            logits_indices.extend(r * seq_len + np.arange(n))
-        elif s.num_computed + n == len(s.token_ids):
-            logits_indices.append(r * seq_len + n - 1)
-    return StepBatch(input_ids, positions, slots, tables, lens, np.asarray(logits_indices, np.int64))
+        return build_step([sequence_row(s, n) for s, n in rows], self.block_size, all_logits)

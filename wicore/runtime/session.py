@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -37,6 +38,49 @@ class StepBatch:
             io.BLOCK_TABLES: self.block_tables,
             io.CONTEXT_LENS: self.context_lens,
         }
+
+
+class StepRow(Protocol):
+    """One row of a step: run `token_ids` (positions start, start + 1, ...) of a sequence whose
+    blocks, in order, are the DEVICE slots `block_table`."""
+
+    token_ids: Sequence[int]
+    start: int
+    block_table: Sequence[int]
+    needs_logits: bool
+
+
+def build_step(rows: Sequence[StepRow], block_size: int, all_logits: bool = False) -> StepBatch:
+    """Step arrays for `rows`. Rows shorter than the longest are padded: their extra
+    slots write to the sink block at position 0 and are never read. Logits are asked
+    for the last token of each row with `needs_logits` (for every token if all_logits).
+    """
+    seq_len = max(len(r.token_ids) for r in rows)
+    batch = len(rows)
+    max_blocks = max(len(r.block_table) for r in rows)
+    input_ids = np.zeros((batch, seq_len), np.int64)
+    positions = np.zeros((batch, seq_len), np.int64)
+    slots = np.full((batch, seq_len), io.SINK_BLOCK * block_size, np.int64)
+    tables = np.full((batch, max_blocks), io.SINK_BLOCK, np.int64)
+    lens = np.zeros(batch, np.int64)
+    logits_indices: list[int] = []
+    for r, row in enumerate(rows):
+        n = len(row.token_ids)
+        end = row.start + n
+        blocks = np.asarray(row.block_table, np.int64)
+        if len(blocks) * block_size < end:
+            raise ValueError(f"a row of {end} tokens has only {len(blocks)} blocks of {block_size}")
+        pos = np.arange(row.start, end)
+        input_ids[r, :n] = row.token_ids
+        positions[r, :n] = pos
+        slots[r, :n] = blocks[pos // block_size] * block_size + pos % block_size
+        tables[r, : len(blocks)] = blocks
+        lens[r] = end
+        if all_logits:
+            logits_indices.extend(r * seq_len + np.arange(n))
+        elif row.needs_logits:
+            logits_indices.append(r * seq_len + n - 1)
+    return StepBatch(input_ids, positions, slots, tables, lens, np.asarray(logits_indices, np.int64))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,181 @@
+"""The engine end to end on a tiny random Gemma 3: concurrency, preemption, tiers, prefix cache."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from wicore.errors import OverloadedError, RequestError
+from wicore.runtime.engine import Engine, EngineConfig
+from wicore.runtime.generator import Generator
+from wicore.runtime.sampler import SamplingParams
+from wicore.runtime.scheduler import SchedulerConfig
+
+RNG = np.random.default_rng(7)
+PROMPTS = [RNG.integers(3, 512, int(n)).tolist() for n in RNG.integers(3, 60, 12)]
+GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_export):
+    return tiny_export(2)[0]
+
+
+@pytest.fixture(scope="module")
+def alone(model_dir):
+    """What each prompt generates on its own (the offline generator, one prompt at a time)."""
+    gen = Generator.load(model_dir, num_threads=1, block_size=4)
+    return [gen.generate([p], GREEDY).token_ids[0] for p in PROMPTS]
+
+
+def engine(model_dir, **overrides) -> Engine:
+    settings = dict(
+        num_threads=1, block_size=4, num_device_blocks=256, num_host_blocks=0, num_nvme_blocks=0,
+        scheduler=SchedulerConfig(max_num_batched_tokens=48, prefill_chunk=16),
+    )
+    return Engine(EngineConfig(model_dir=model_dir, **{**settings, **overrides}))
+
+
+def run_all(eng: Engine, prompts, params=GREEDY, stagger: float = 0.0) -> list[list[int]]:
+    """Add the prompts (`stagger` seconds apart), start the engine if needed, collect the outputs.
+
+    Without stagger every request is queued before the first step, so the load (and
+    any preemption it forces) does not depend on thread timing.
+    """
+    ids = []
+    for p in prompts:
+        ids.append(eng.add_request(p, params))
+        time.sleep(stagger)
+    eng.start()
+    return [[t for out in eng.outputs(i) for t in out.new_token_ids] for i in ids]
+
+
+def test_concurrent_requests_generate_what_they_generate_alone(model_dir, alone):
+    with engine(model_dir).start() as eng:  # requests arrive while earlier ones run
+        assert run_all(eng, PROMPTS, stagger=0.005) == alone
+        stats = eng.stats()
+    assert stats["running"] == stats["waiting"] == stats["swapped"] == 0
+    assert stats["generated_tokens"] == 10 * len(PROMPTS)
+
+
+def test_preemption_by_swap_to_host_is_lossless(model_dir, alone):
+    # 40 usable device blocks cannot hold 12 requests of up to ~70 tokens (18 blocks each).
+    with engine(model_dir, num_device_blocks=41, num_host_blocks=200) as eng:
+        assert run_all(eng, PROMPTS) == alone
+        stats = eng.stats()
+        host_cached = eng.pool.num_evictable(1)
+    assert stats["preempted_swap"] > 0
+    # Every request ended: what is left on the host is prefix cache, referenced by nobody.
+    assert stats["blocks_in_use"]["host"] == host_cached
+
+
+def test_preemption_by_recompute_when_no_tier_below(model_dir, alone):
+    with engine(model_dir, num_device_blocks=41) as eng:
+        assert run_all(eng, PROMPTS) == alone
+        stats = eng.stats()
+    assert stats["preempted_swap"] == 0 and stats["preempted_recompute"] > 0
+
+
+def test_corrupt_nvme_block_is_detected_and_recomputed(model_dir, alone, tmp_path):
+    """Swaps go straight to NVMe (no host tier); every block written there is corrupted
+    behind the store's back, so each swap-in finds a bad checksum and recomputes."""
+    with engine(model_dir, num_device_blocks=41, num_nvme_blocks=400, nvme_dir=tmp_path) as eng:
+        nvme = eng.pager.stores[2]
+        original_write = nvme.write
+
+        def write_then_corrupt(slot, data):
+            original_write(slot, data)
+            nvme.data[slot].reshape(-1)[0] += 1.0
+
+        nvme.write = write_then_corrupt
+        assert run_all(eng, PROMPTS) == alone
+        stats = eng.stats()
+    assert stats["preempted_swap"] > 0
+    assert stats["corrupt_blocks"] > 0
+
+
+def test_prefix_cache_prefills_only_the_suffix(model_dir):
+    prefix = RNG.integers(3, 512, 100).tolist()
+    first, second = prefix + [5, 6, 7], prefix + [9, 10]
+    with engine(model_dir) as eng:
+        out_first = run_all(eng, [first])[0]
+        before = eng.stats()["computed_prompt_tokens"]
+        out_second = run_all(eng, [second])[0]
+        computed = eng.stats()["computed_prompt_tokens"] - before
+        hit_rate = eng.stats()["prefix_hit_rate"]
+    with engine(model_dir, enable_prefix_cache=False) as eng:
+        assert run_all(eng, [first, second]) == [out_first, out_second]
+    # 100 shared tokens = 25 full blocks of 4 are reused; the second prompt runs its own 2 tokens.
+    assert computed == 2
+    assert hit_rate == pytest.approx(100 / (103 + 102))
+
+
+def test_abort_returns_blocks_and_ends_the_stream(model_dir):
+    with engine(model_dir).start() as eng:
+        rid = eng.add_request(PROMPTS[0], SamplingParams(max_tokens=200, ignore_eos=True))
+        outputs = eng.outputs(rid)
+        seen = []
+        for out in outputs:
+            seen.append(out)
+            if len(seen) == 3:
+                eng.abort(rid)
+        assert seen[-1].finished and seen[-1].finish_reason == "abort"
+        assert 3 <= len(seen) < 200
+        deadline = time.monotonic() + 5
+        while eng.stats()["running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = eng.stats()
+    assert stats["running"] == 0
+    # Only prefix-cached (unreferenced, reusable) blocks remain on the device.
+    assert stats["blocks_in_use"]["device"] == eng.pool.num_evictable(0)
+
+
+def test_deadline_ends_a_request(model_dir):
+    with engine(model_dir).start() as eng:
+        rid = eng.add_request(PROMPTS[1], SamplingParams(max_tokens=250, ignore_eos=True), deadline=0.05)
+        last = list(eng.outputs(rid))[-1]
+    assert last.finish_reason == "deadline"
+
+
+def test_waiting_queue_limit_rejects_with_overloaded(model_dir):
+    eng = engine(model_dir, scheduler=SchedulerConfig(max_waiting=2))  # not started: nothing drains
+    eng.add_request([5, 6], GREEDY)
+    eng.add_request([5, 7], GREEDY)
+    with pytest.raises(OverloadedError, match="overloaded"):
+        eng.add_request([5, 8], GREEDY)
+
+
+def test_request_larger_than_the_device_pool_is_refused(model_dir):
+    eng = engine(model_dir, num_device_blocks=5)
+    with pytest.raises(RequestError, match="needs up to 22 tokens of KV cache; the device pool holds 16"):
+        eng.add_request([1] * 12, GREEDY)
+
+
+def test_priority_then_fcfs_order_of_admission(model_dir):
+    sched = SchedulerConfig(max_num_seqs=1, aging_seconds=0)
+    eng = engine(model_dir, scheduler=sched)
+    order = []
+    ids = {
+        eng.add_request([5, 6, 7], GREEDY, priority="low"): "low",
+        eng.add_request([5, 6, 8], GREEDY, priority="normal"): "normal-1",
+        eng.add_request([5, 6, 9], GREEDY, priority="urgent"): "urgent",
+        eng.add_request([5, 6, 10], GREEDY, priority="normal"): "normal-2",
+        eng.add_request([5, 6, 11], GREEDY, priority="high"): "high",
+    }
+    lock = threading.Lock()
+
+    def consume(rid):
+        list(eng.outputs(rid))
+        with lock:
+            order.append(ids[rid])
+
+    threads = [threading.Thread(target=consume, args=(rid,)) for rid in ids]
+    for t in threads:
+        t.start()
+    with eng.start():
+        for t in threads:
+            t.join(timeout=60)
+    assert order == ["urgent", "high", "normal-1", "normal-2", "low"]

@@ -1,0 +1,317 @@
+"""The serving engine: requests in, token streams out, one step loop on its own thread.
+
+    add_request(...) ──► commands ──► ┌──────────── step loop (engine thread) ───────────┐
+    abort(id)        ──►              │ out = scheduler.schedule()                        │
+                                      │ corrupt = pager.execute(out.moves)                │
+                                      │ tokens = executor.run(rows)                       │
+    stream(id) ◄── Channel ◄───────── │ outputs = scheduler.update(out, tokens)           │
+                                      └───────────────────────────────────────────────────┘
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import AsyncIterator
+
+import numpy as np
+
+from wicore.errors import RequestError
+from wicore.graph.manifest import Manifest
+from wicore.hmt.block_pool import BlockPool
+from wicore.hmt.pager import Pager
+from wicore.hmt.policy import A2CRConfig, A2CRPolicy, LRUPolicy, Tier
+from wicore.hmt.tiers import DeviceStore, HostStore, NvmeStore
+from wicore.runtime.channel import Channel
+from wicore.runtime.request import Priority, Request, RequestOutput
+from wicore.runtime.sampler import SamplingParams
+from wicore.runtime.scheduler import ScheduledRow, Scheduler, SchedulerConfig
+from wicore.runtime.session import CacheConfig, ModelRunner, build_step
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: Path
+    num_threads: int | None = None
+    block_size: int = 16
+    kv_pool_gb: float = 1.0  # tier 0
+    host_tier_gb: float = 1.0  # tier 1
+    nvme_tier_gb: float = 0.0  # tier 2
+    nvme_dir: Path | None = None
+    # Exact block counts per tier, overriding the sizes above (tests, tuning).
+    num_device_blocks: int | None = None
+    num_host_blocks: int | None = None
+    num_nvme_blocks: int | None = None
+    policy: str = "a2cr"  # or "lru"
+    a2cr: A2CRConfig = A2CRConfig()
+    enable_prefix_cache: bool = True
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    verify_files: bool = True
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("a2cr", "lru"):
+            raise ValueError(f"policy {self.policy!r}: choose a2cr or lru")
+        if min(self.kv_pool_gb, self.host_tier_gb, self.nvme_tier_gb) < 0:
+            raise ValueError("tier sizes must be >= 0")
+
+
+def block_bytes(manifest: Manifest, block_size: int) -> int:
+    """Bytes of one block across all layers, K and V."""
+    cfg = manifest.config
+    itemsize = np.dtype(manifest.kv_dtype).itemsize
+    return cfg.num_layers * 2 * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
+
+
+def _first_set(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        model_dir = Path(config.model_dir)
+        self.manifest = Manifest.read(model_dir)
+        if config.verify_files:
+            self.manifest.verify(model_dir)
+        per_block = block_bytes(self.manifest, config.block_size)
+        num_device = config.num_device_blocks or max(2, int(config.kv_pool_gb * GIB // per_block))
+        num_host = _first_set(config.num_host_blocks, int(config.host_tier_gb * GIB // per_block))
+        num_nvme = _first_set(config.num_nvme_blocks, int(config.nvme_tier_gb * GIB // per_block))
+        self.runner = ModelRunner(model_dir, self.manifest, CacheConfig(num_device, config.block_size), config.num_threads)
+        cfg = self.manifest.config
+        block_shape = (cfg.num_layers, 2, config.block_size, cfg.num_kv_heads, cfg.head_dim)
+        dtype = np.dtype(self.manifest.kv_dtype)
+        stores = {Tier.DEVICE: DeviceStore(self.runner.key_pools, self.runner.value_pools)}
+        stores[Tier.HOST] = HostStore(num_host, block_shape, dtype)
+        self._nvme = None
+        if num_nvme:
+            nvme_dir = Path(config.nvme_dir or tempfile.gettempdir())
+            self._nvme = NvmeStore(nvme_dir / f"wicore-kv-{os.getpid()}-{id(self)}.bin", num_nvme, block_shape, dtype)
+            stores[Tier.NVME] = self._nvme
+        self.pager = Pager(stores)
+        policy = A2CRPolicy(config.a2cr) if config.policy == "a2cr" else LRUPolicy()
+        self.pool = BlockPool(num_device, num_host, num_nvme, config.block_size, policy, config.enable_prefix_cache)
+        eos = self._eos_token_ids()
+        sched_cfg = config.scheduler
+        sched_cfg = SchedulerConfig(**{**sched_cfg.__dict__, "eos_token_ids": eos, "max_context": min(sched_cfg.max_context, cfg.max_position_embeddings)})
+        self.scheduler = Scheduler(sched_cfg, self.pool)
+        self._tokenizer = None
+        self._ids = itertools.count()
+        self._lock = threading.Condition()
+        self._commands: list[tuple[str, object]] = []
+        self._channels: dict[str, Channel] = {}
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._step_times: list[tuple[float, int]] = []  # (time, generated tokens) of recent steps
+        self.num_steps = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> Engine:
+        if self._thread is None:
+            self._running = True
+            self._thread = threading.Thread(target=self._loop, name="wicore-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            self._running = False
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._nvme is not None:
+            self._nvme.close()
+            self._nvme = None
+
+    def __enter__(self) -> Engine:
+        """`with Engine(...) as e:` guarantees stop(); start() stays explicit, so requests
+        can be queued before the first step."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from wicore.export.tokenizer import TokenizerInfo
+            from wicore.runtime.tokenizer import Tokenizer
+
+            if self.manifest.tokenizer is None:
+                raise RequestError("this model was exported without a tokenizer: send token ids")
+            self._tokenizer = Tokenizer(Path(self.config.model_dir), TokenizerInfo.from_dict(self.manifest.tokenizer))
+        return self._tokenizer
+
+    def _eos_token_ids(self) -> tuple[int, ...]:
+        from wicore.export.tokenizer import TokenizerInfo
+
+        if self.manifest.tokenizer is not None:
+            return TokenizerInfo.from_dict(self.manifest.tokenizer).eos_token_ids
+        return (self.manifest.config.eos_token_id,)
+
+    # -- requests --------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        priority: Priority | str = Priority.NORMAL,
+        deadline: float | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; `deadline` is in seconds from now. Returns its id."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise RequestError("the prompt is empty")
+        vocab = self.manifest.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise RequestError(f"token ids must be in [0, {vocab})")
+        capacity = (self.runner.cache.num_blocks - 1) * self.config.block_size
+        if len(ids) + params.max_tokens > capacity:
+            raise RequestError(
+                f"the request needs up to {len(ids) + params.max_tokens} tokens of KV cache; the device pool holds "
+                f"{capacity} (raise --kv-pool-gb or lower max_tokens)"
+            )
+        now = time.monotonic()
+        request_id = request_id or f"req-{next(self._ids)}"
+        req = Request(
+            request_id=request_id,
+            prompt_ids=ids,
+            params=params,
+            priority=Priority.parse(priority),
+            arrival=now,
+            deadline=None if deadline is None else now + deadline,
+        )
+        with self._lock:
+            self.scheduler.add(req)  # raises OverloadedError / RequestError synchronously
+            self._channels[request_id] = Channel()
+            self._lock.notify_all()
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self.scheduler.abort(request_id)
+            self._lock.notify_all()
+
+    def outputs(self, request_id: str) -> Channel:
+        """The request's output channel: iterate it (blocking) or `async for` over it.
+
+        The caller takes it over: the engine forgets a claimed channel once it has put the
+        final output, and a channel whose request already ended when it is claimed.
+        """
+        with self._lock:
+            channel = self._channels.get(request_id)
+            if channel is None:
+                raise RequestError(f"unknown request id {request_id!r} (or its outputs were already claimed)")
+            channel.claimed = True
+            if channel.is_finished:
+                del self._channels[request_id]
+            return channel
+
+    async def stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        async for output in self._channels[request_id]:
+            yield output
+
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams) -> list[list[int]]:
+        """Blocking helper: run prompts concurrently to completion, return their output ids."""
+        ids = [self.add_request(p, params) for p in prompts]
+        return [[t for out in self.outputs(i) for t in out.new_token_ids] for i in ids]
+
+    # -- loop ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: not self._running or self.scheduler.has_work)
+                if not self._running:
+                    return
+                out = self.scheduler.schedule()
+                if not out.rows and not out.moves and not out.finished:
+                    # Nothing can run until a request ends or a deadline passes.
+                    self._lock.wait(timeout=0.01)
+                    continue
+            try:
+                self._step(out)
+            except Exception:  # a bug in one step must not kill the engine: fail its requests
+                detail = traceback.format_exc()
+                with self._lock:
+                    for row in out.rows:
+                        self.scheduler.abort(row.request_id)
+                self._lock.notify_all()
+                for row in out.rows:
+                    self._emit(RequestOutput(row.request_id, [], True, "error", error=detail))
+
+    def _step(self, out) -> None:
+        for ended in out.finished:
+            self._emit(ended)
+        rows = out.rows
+        corrupt = self.pager.execute(out.moves)
+        if corrupt:
+            with self._lock:
+                for block_id in corrupt:
+                    self.pool.invalidate(block_id)
+                lost = self.scheduler.holders(corrupt)
+                self.scheduler.recompute(lost)
+            rows = [r for r in rows if r.request_id not in lost]
+        sampled = self._run(rows) if rows else {}
+        with self._lock:
+            results = self.scheduler.update(rows, sampled)
+        for result in results:
+            self._emit(result)
+        self.num_steps += 1
+        self._step_times.append((time.monotonic(), len(sampled)))
+        del self._step_times[:-64]
+
+    def _run(self, rows: list[ScheduledRow]) -> dict[str, int]:
+        """Decode rows (one token) run together; each prefill chunk runs as its own batch row
+        set, so a long chunk never pads the decode rows."""
+        groups = [[r for r in rows if len(r.token_ids) == 1]] + [[r] for r in rows if len(r.token_ids) > 1]
+        sampled: dict[str, int] = {}
+        for group in groups:
+            if not group:
+                continue
+            logits = self.runner.run(build_step(group, self.config.block_size))
+            wanted = [r for r in group if r.needs_logits]
+            for row, row_logits in zip(wanted, logits):
+                sampled[row.request_id] = row.sampler(row_logits)
+        return sampled
+
+    def _emit(self, output: RequestOutput) -> None:
+        with self._lock:
+            channel = self._channels.get(output.request_id)
+            if channel is None or channel.is_finished:
+                return
+            channel.put(output)
+            if output.finished and channel.claimed:
+                del self._channels[output.request_id]
+
+    # -- stats -----------------------------------------------------------------------
+    def stats(self) -> dict[str, object]:
+        with self._lock:
+            s = self.scheduler
+            recent = self._step_times
+            span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
+            return {
+                "running": len(s.running),
+                "waiting": len(s.waiting),
+                "swapped": len(s.swapped),
+                "blocks_in_use": {t.name.lower(): self.pool.usage(t) for t in Tier},
+                "blocks_free": {t.name.lower(): self.pool.num_free(t) for t in Tier},
+                "prefix_hit_rate": s.stats.prefix_hit_rate,
+                "prompt_tokens": s.stats.num_prompt_tokens,
+                "cached_prompt_tokens": s.stats.num_cached_tokens,
+                "computed_prompt_tokens": s.stats.num_computed_prompt_tokens,
+                "generated_tokens": s.stats.num_generated_tokens,
+                "preempted_swap": s.stats.num_preempted_swap,
+                "preempted_recompute": s.stats.num_preempted_recompute,
+                "corrupt_blocks": self.pager.stats.num_corrupt,
+                "tokens_per_second": sum(n for _, n in recent[1:]) / span if span else 0.0,
+                "steps": self.num_steps,
+            }

@@ -1,0 +1,88 @@
+"""A request's state as the scheduler tracks it, and what the engine reports back."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from wicore.errors import RequestError
+from wicore.runtime.sampler import Sampler, SamplingParams
+
+
+class Priority(enum.IntEnum):
+    LOW = 0
+    NORMAL = 1
+    HIGH = 2
+    URGENT = 3
+
+    @classmethod
+    def parse(cls, value: str | int | Priority) -> Priority:
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                raise RequestError(f"priority {value!r}: choose low, normal, high or urgent") from None
+        return cls(value)
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # not started, or preempted by recompute (its blocks were freed)
+    RUNNING = "running"  # owns DEVICE blocks and is scheduled every step
+    SWAPPED = "swapped"  # preempted by swap: some of its blocks are on HOST / NVME
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    """One sequence. Its tokens are prompt + output; `num_computed` of them have KV in the cache.
+
+        token_ids  [ prompt ................ | output ...... ]
+                   [ computed (KV cached)  |  to run      ]
+                                       num_computed
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    priority: Priority
+    arrival: float
+    deadline: float | None = None
+    token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached_prompt_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    was_admitted: bool = False
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    sampler: Sampler | None = None
+    seq_id: int = 0  # key in the block pool
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+        if self.sampler is None:
+            self.sampler = Sampler(self.params)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_ids) :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step produced for a request: its new tokens, and whether it ended."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None  # "stop", "length", "abort", "deadline", "error"
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: str | None = None

@@ -1,0 +1,320 @@
+"""Continuous batching: which requests run how many tokens this step, and which blocks move.
+
+Each step, in order:
+
+    1. drop aborted and expired requests (their blocks return to the pool)
+    2. running requests, best rank first: one decode token, or the next prefill chunk;
+       when the pool cannot grow a request, the lowest-ranked running request is
+       preempted (swapped to HOST/NVME, or freed for recompute when the tiers are full)
+    3. swapped requests come back while DEVICE has room
+    4. waiting requests are admitted by effective priority (priority + aging), FCFS within,
+       reusing prefix-cached blocks, until max_num_seqs or the token budget runs out
+
+Rank: higher priority first, then earlier arrival. A waiting request's priority rises one
+level every `aging_seconds`, so a stream of urgent work cannot starve a low-priority one.
+The scheduler never sees arrays; the runner never sees queues.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from wicore.errors import OverloadedError, RequestError
+from wicore.hmt.block_pool import BlockPool, Move
+from wicore.hmt.policy import Tier
+from wicore.runtime.request import Priority, Request, RequestOutput, Status
+from wicore.runtime.sampler import Sampler
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    prefill_chunk: int = 256
+    max_waiting: int = 1024
+    aging_seconds: float = 10.0
+    preemption: str = "swap"  # or "recompute"
+    max_context: int = 32768
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.prefill_chunk < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens and prefill_chunk must be positive")
+        if self.preemption not in ("swap", "recompute"):
+            raise ValueError(f"preemption {self.preemption!r}: choose swap or recompute")
+
+
+@dataclass(frozen=True)
+class ScheduledRow:
+    """Run `token_ids` of one request, starting at position `start`, against `block_table`."""
+
+    request_id: str
+    token_ids: list[int]
+    start: int
+    block_table: list[int]  # DEVICE slots of the request's blocks, in order
+    needs_logits: bool  # the row ends at the request's last known token: sample one
+    sampler: Sampler
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    rows: list[ScheduledRow]
+    moves: list[Move]  # execute in order before running the rows
+    finished: list[RequestOutput] = field(default_factory=list)  # ended while scheduling
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.rows)
+
+
+@dataclass
+class SchedulerStats:
+    num_prompt_tokens: int = 0  # prompt tokens of admitted requests
+    num_cached_tokens: int = 0  # of those, found in the prefix cache
+    num_computed_prompt_tokens: int = 0  # prompt tokens actually run through the graphs
+    num_generated_tokens: int = 0
+    num_preempted_swap: int = 0
+    num_preempted_recompute: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.num_cached_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, pool: BlockPool, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.pool = pool
+        self.clock = clock
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.swapped: list[Request] = []
+        self.stats = SchedulerStats()
+        self._aborted: deque[str] = deque()
+        self._seq_ids = itertools.count(1)
+
+    # -- requests --------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        if len(self.waiting) >= self.config.max_waiting:
+            raise OverloadedError(f"overloaded: {len(self.waiting)} requests already waiting; retry later")
+        if request.request_id in self.requests:
+            raise RequestError(f"request id {request.request_id!r} is already in use")
+        if request.num_tokens >= self.config.max_context:
+            raise RequestError(
+                f"the prompt has {request.num_tokens} tokens; the model's context is {self.config.max_context}"
+            )
+        request.seq_id = next(self._seq_ids)
+        request.status = Status.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request at any point; it ends at the next step with reason "abort"."""
+        if request_id in self.requests:
+            self._aborted.append(request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped or self._aborted)
+
+    # -- schedule --------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        now = self.clock()
+        finished = self._drop_aborted() + self._drop_expired(now)
+        moves: list[Move] = []
+        rows: list[ScheduledRow] = []
+        budget = self.config.max_num_batched_tokens
+
+        queue = sorted(self.running, key=self._rank)
+        preempted_this_step = False
+        while queue and budget > 0:
+            req = queue.pop(0)
+            n = self._tokens_to_run(req, budget)
+            plan = self.pool.append(req.seq_id, req.num_computed + n)
+            while plan is None:
+                victim = queue.pop() if queue else req
+                moves += self._preempt(victim)
+                preempted_this_step = True
+                if victim is req:
+                    break
+                plan = self.pool.append(req.seq_id, req.num_computed + n)
+            if plan is None:
+                continue
+            moves += plan
+            rows.append(self._row(req, n))
+            budget -= n
+
+        if not preempted_this_step:
+            budget = self._swap_in(rows, moves, budget)
+            if not self.swapped:
+                budget = self._admit(rows, moves, budget, now)
+        return SchedulerOutput(rows, moves, finished)
+
+    def _rank(self, req: Request, now: float | None = None) -> tuple[int, float]:
+        priority = req.priority
+        if now is not None and self.config.aging_seconds > 0:
+            priority = min(Priority.URGENT, priority + int((now - req.arrival) / self.config.aging_seconds))
+        return (-int(priority), req.arrival)
+
+    def _tokens_to_run(self, req: Request, budget: int) -> int:
+        return min(req.num_tokens - req.num_computed, budget, self.config.prefill_chunk)
+
+    def _row(self, req: Request, n: int) -> ScheduledRow:
+        start = req.num_computed
+        return ScheduledRow(
+            request_id=req.request_id,
+            token_ids=req.token_ids[start : start + n],
+            start=start,
+            block_table=self.pool.block_table(req.seq_id),
+            needs_logits=start + n == req.num_tokens,
+            sampler=req.sampler,
+        )
+
+    def _preempt(self, req: Request) -> list[Move]:
+        self.running.remove(req)
+        if self.config.preemption == "swap":
+            plan = self.pool.swap_out(req.seq_id)
+            if plan is not None:
+                req.status = Status.SWAPPED
+                self.swapped.append(req)
+                self.stats.num_preempted_swap += 1
+                return plan
+        self._requeue_for_recompute(req)
+        return []
+
+    def _requeue_for_recompute(self, req: Request) -> None:
+        """Free the request's blocks; it re-enters the waiting queue and recomputes its tokens."""
+        self.pool.free(req.seq_id)
+        req.num_computed = 0
+        req.status = Status.WAITING
+        self.waiting.append(req)
+        self.stats.num_preempted_recompute += 1
+
+    def _swap_in(self, rows: list[ScheduledRow], moves: list[Move], budget: int) -> int:
+        for req in sorted(self.swapped, key=self._rank):
+            if len(self.running) >= self.config.max_num_seqs or budget <= 0:
+                break
+            n = self._tokens_to_run(req, budget)
+            plan = self.pool.swap_in(req.seq_id)
+            if plan is None:
+                break
+            more = self.pool.append(req.seq_id, req.num_computed + n)
+            if more is None:  # back in, but no room to grow this step: it runs next step
+                moves += plan
+                self._set_running(req, self.swapped)
+                continue
+            moves += plan + more
+            self._set_running(req, self.swapped)
+            rows.append(self._row(req, n))
+            budget -= n
+        return budget
+
+    def _admit(self, rows: list[ScheduledRow], moves: list[Move], budget: int, now: float) -> int:
+        for req in sorted(self.waiting, key=lambda r: self._rank(r, now)):
+            if len(self.running) >= self.config.max_num_seqs or budget <= 0:
+                break
+            alloc = self.pool.allocate(req.seq_id, req.token_ids)
+            if alloc is None:
+                break  # the best-ranked request waits for room; nothing jumps ahead of it
+            if not req.was_admitted:  # readmissions after preemption are not prefix-cache traffic
+                req.was_admitted = True
+                self.stats.num_prompt_tokens += len(req.prompt_ids)
+                self.stats.num_cached_tokens += alloc.num_cached_tokens
+                req.num_cached_prompt_tokens = alloc.num_cached_tokens
+            req.num_computed = alloc.num_cached_tokens
+            moves += alloc.moves
+            self._set_running(req, self.waiting)
+            n = self._tokens_to_run(req, budget)
+            rows.append(self._row(req, n))
+            budget -= n
+        return budget
+
+    def _set_running(self, req: Request, source: list[Request]) -> None:
+        source.remove(req)
+        req.status = Status.RUNNING
+        self.running.append(req)
+
+    # -- endings ---------------------------------------------------------------------
+    def _finish(self, req: Request, reason: str) -> RequestOutput:
+        if req.status is not Status.FINISHED:
+            for queue in (self.waiting, self.running, self.swapped):
+                if req in queue:
+                    queue.remove(req)
+            if req.status is not Status.WAITING:
+                self.pool.free(req.seq_id)
+            req.status = Status.FINISHED
+            req.finish_reason = reason
+        self.requests.pop(req.request_id, None)
+        return RequestOutput(req.request_id, [], True, reason, len(req.prompt_ids), req.num_cached_prompt_tokens)
+
+    def _drop_aborted(self) -> list[RequestOutput]:
+        out = []
+        while self._aborted:
+            req = self.requests.get(self._aborted.popleft())
+            if req is not None:
+                out.append(self._finish(req, "abort"))
+        return out
+
+    def _drop_expired(self, now: float) -> list[RequestOutput]:
+        expired = [r for r in self.requests.values() if r.deadline is not None and now > r.deadline]
+        return [self._finish(r, "deadline") for r in expired]
+
+    def recompute(self, request_ids: set[str]) -> None:
+        """Requests whose blocks were lost (a corrupt NVMe block): run all their tokens again."""
+        for request_id in request_ids:
+            req = self.requests.get(request_id)
+            if req is None or req.status is Status.FINISHED:
+                continue
+            for queue in (self.running, self.swapped):
+                if req in queue:
+                    queue.remove(req)
+            self._requeue_for_recompute(req)
+
+    def holders(self, block_ids: set[int]) -> set[str]:
+        """Ids of the requests whose sequences hold any of `block_ids`."""
+        return {
+            r.request_id
+            for r in self.requests.values()
+            if r.status in (Status.RUNNING, Status.SWAPPED) and block_ids & set(self.pool.block_ids(r.seq_id))
+        }
+
+    # -- update ----------------------------------------------------------------------
+    def update(self, rows: list[ScheduledRow], sampled: dict[str, int]) -> list[RequestOutput]:
+        """Account for a step that ran `rows`; `sampled` maps request id -> new token."""
+        results = []
+        for row in rows:
+            req = self.requests.get(row.request_id)
+            if req is None or req.status is not Status.RUNNING:
+                continue
+            req.num_computed += len(row.token_ids)
+            if req.num_computed <= len(req.prompt_ids):
+                self.stats.num_computed_prompt_tokens += len(row.token_ids)
+            self.pool.commit(req.seq_id, req.token_ids, req.num_computed)
+            if not row.needs_logits:
+                continue
+            token = sampled[row.request_id]
+            req.token_ids.append(token)
+            self.stats.num_generated_tokens += 1
+            reason = self._stop_reason(req, token)
+            if reason is None:
+                results.append(RequestOutput(req.request_id, [token], False, None, len(req.prompt_ids), req.num_cached_prompt_tokens))
+            else:
+                end = self._finish(req, reason)
+                results.append(RequestOutput(req.request_id, [token], True, reason, end.num_prompt_tokens, end.num_cached_tokens))
+        return results
+
+    def _stop_reason(self, req: Request, token: int) -> str | None:
+        p = req.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.config.eos_token_ids):
+            return "stop"
+        if len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.config.max_context:
+            return "length"
+        return None
+
+    def usage(self) -> dict[str, int]:
+        return {tier.name.lower(): self.pool.usage(tier) for tier in Tier}
