@@ -89,6 +89,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[
             torch.manual_seed(seed)
             cfg = Gemma3TextConfig(**{**TINY, **overrides})
             model = Gemma3ForCausalLM(cfg).eval()
+            model.set_attn_implementation("eager")  # the reference, and it can return attention probs
             with torch.no_grad():
                 for name, param in model.named_parameters():
                     if "norm" in name:

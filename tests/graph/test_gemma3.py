@@ -68,7 +68,7 @@ def test_non_contiguous_block_table_and_sink(tiny_export, reference_logits):
     runner = ModelRunner(folder, manifest, CacheConfig(num_blocks=16, block_size=4), num_threads=1)
     long = Sequence(list(PROMPT[:13]), 13, Sampler(SamplingParams()), block_ids=[9, 3, 14, 6])
     short = Sequence(list(PROMPT[20:25]), 5, Sampler(SamplingParams()), block_ids=[1, 12])
-    logits = runner.run(build_step([sequence_row(long, 13), sequence_row(short, 5)], block_size=4))
+    logits = runner.run(build_step([sequence_row(long, 13), sequence_row(short, 5)], block_size=4)).logits
 
     assert logits.shape == (2, 512)
     np.testing.assert_allclose(logits[0], reference_logits(model, PROMPT[:13])[-1], atol=2e-5, rtol=0)
@@ -86,7 +86,7 @@ def test_non_contiguous_block_table_and_sink(tiny_export, reference_logits):
     for seq, n in ((long, 13), (short, 5)):
         seq.num_computed = n
         seq.token_ids.append(7)
-    logits = runner.run(build_step([sequence_row(long, 1), sequence_row(short, 1)], block_size=4))
+    logits = runner.run(build_step([sequence_row(long, 1), sequence_row(short, 1)], block_size=4)).logits
     np.testing.assert_allclose(logits[0], reference_logits(model, PROMPT[:13] + [7])[-1], atol=2e-5, rtol=0)
     np.testing.assert_allclose(logits[1], reference_logits(model, PROMPT[20:25] + [7])[-1], atol=2e-5, rtol=0)
 
@@ -122,3 +122,29 @@ def test_fp16_export_tracks_fp32(tiny_export, reference_logits):
     scale = np.abs(ref).max()
     assert np.abs(ours - ref).max() < 2e-2 * scale
     assert (ours.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+
+
+def test_attention_mass_per_block_matches_hf_attention_probs(tiny_model, tmp_path):
+    """--attention-stats: each block's mass is the HF attention probability on its keys,
+    summed over layers, heads and queries."""
+    import torch
+
+    from wicore.export.exporter import ExportConfig, export_model
+    from wicore.export.sources import open_source
+
+    folder, model = tiny_model()
+    out = tmp_path / "stats"
+    export_model(open_source(str(folder)), out, ExportConfig(num_partitions=2, attention_stats=True), progress=lambda _: None)
+    manifest = Manifest.read(out)
+    assert manifest.has_attention_stats
+    runner = ModelRunner(out, manifest, CacheConfig(num_blocks=8, block_size=4), num_threads=1)
+    seq = Sequence(list(PROMPT[:10]), 10, Sampler(SamplingParams()), block_ids=[5, 2, 7])
+    result = runner.run(build_step([sequence_row(seq, 10)], block_size=4))
+
+    with torch.no_grad():
+        attentions = model(torch.tensor([PROMPT[:10]]), output_attentions=True).attentions
+    per_key = sum(a[0].sum(dim=(0, 1)) for a in attentions).numpy()  # [10 keys]
+    expected = np.add.reduceat(np.pad(per_key, (0, 2)), [0, 4, 8])  # keys 0-3, 4-7, 8-9 by block
+    assert result.attention_mass.shape == (1, 3)
+    np.testing.assert_allclose(result.attention_mass[0], expected, rtol=1e-5)
+    assert result.attention_mass.sum() == pytest.approx(4 * 4 * 10)  # layers * heads * queries

@@ -179,3 +179,21 @@ def test_priority_then_fcfs_order_of_admission(model_dir):
         for t in threads:
             t.join(timeout=60)
     assert order == ["urgent", "high", "normal-1", "normal-2", "low"]
+
+
+def test_attention_stats_reach_the_policy_and_change_no_output(tiny_model, alone, tmp_path):
+    from wicore.export.exporter import ExportConfig, export_model
+    from wicore.export.sources import open_source
+
+    folder, _ = tiny_model()
+    stats_dir = tmp_path / "stats"
+    export_model(open_source(str(folder)), stats_dir, ExportConfig(num_partitions=2, attention_stats=True), progress=lambda _: None)
+    eng = engine(stats_dir)
+    received = []
+    record = eng.policy.add_attention
+    eng.policy.add_attention = lambda block_id, mass, now=None: (received.append(mass), record(block_id, mass, now))
+    with eng:
+        assert run_all(eng, PROMPTS) == alone
+    # Every step's mass over a row's blocks sums to layers * heads * tokens run (4 * 4 per token).
+    num_tokens = sum(len(p) for p in PROMPTS) + 9 * len(PROMPTS)  # prompts, then 9 decode steps each
+    assert sum(received) == pytest.approx(16 * num_tokens, rel=1e-4)

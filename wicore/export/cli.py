@@ -19,6 +19,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=1, help="number of ONNX files to split the layers over")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
     ap.add_argument("--op-flavour", default="portable", choices=["portable"])
+    ap.add_argument("--attention-stats", action="store_true", help="also output each KV block's attention mass (for the A2CR cache policy)")
     ap.add_argument("--force", action="store_true", help="replace --out if it exists")
     ap.add_argument("--verify", action="store_true", help="compare the graphs with HF transformers (needs torch)")
     ap.add_argument("--verify-tokens", type=int, default=64, help="prompt length for --verify")
@@ -31,7 +32,13 @@ def main(argv: list[str] | None = None) -> int:
         from wicore.export.exporter import ExportConfig, export_model
         from wicore.export.sources import open_source
 
-        config = ExportConfig(dtype=args.dtype, num_partitions=args.partitions, op_flavour=args.op_flavour, overwrite=args.force)
+        config = ExportConfig(
+            dtype=args.dtype,
+            num_partitions=args.partitions,
+            op_flavour=args.op_flavour,
+            attention_stats=args.attention_stats,
+            overwrite=args.force,
+        )
         source = open_source(args.model)
         export_model(source, args.out, config)
         if args.verify:

@@ -32,6 +32,7 @@ class ExportConfig:
     dtype: str = "fp32"
     num_partitions: int = 1
     op_flavour: str = "portable"
+    attention_stats: bool = False  # graphs also output the attention mass of each KV block
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -69,7 +70,7 @@ def export_model(source: WeightSource, out_dir: Path, config: ExportConfig, prog
 def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progress: Progress) -> Manifest:
     cfg = source.config
     specs = plan_partitions(cfg.num_layers, config.num_partitions)
-    builder = Gemma3Builder(cfg, config.dtype)
+    builder = Gemma3Builder(cfg, config.dtype, attention_stats=config.attention_stats)
     started = time.monotonic()
     progress(f"{cfg.num_layers} layers, {cfg.hidden_size} hidden, {config.dtype}, {len(specs)} partition(s)")
     shared = DataFile(folder / "embed_tokens.data") if len(specs) > 1 else None

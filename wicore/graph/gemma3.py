@@ -61,16 +61,18 @@ class StepValues:
     scatter_indices: str  # [batch, seq, 2]: (block, offset) of each new token
     cos_sin: dict[bool, tuple[str, str]]  # is_sliding -> cos, sin [batch, seq, 1, head_dim / 2]
     masks: dict[bool, str]  # is_sliding -> additive mask [batch, 1, seq, total]
+    block_shape: str  # [0, -1, block_size]: Reshape target of [batch, total] to [batch, blocks, block_size]
 
 
 class Gemma3Builder:
     """Builds the partitions of one model: a table of Gemma 3 facts plus the graph functions."""
 
-    def __init__(self, cfg: Gemma3Config, dtype: str) -> None:
+    def __init__(self, cfg: Gemma3Config, dtype: str, attention_stats: bool = False) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         self.cfg = cfg
         self.dtype = dtype
+        self.attention_stats = attention_stats
         self.np_dtype, self.onnx_dtype = DTYPES[dtype]
 
     # -- entry point -----------------------------------------------------------------
@@ -97,6 +99,7 @@ class Gemma3Builder:
             x = g.input(io.HIDDEN_STATES, f32, ["batch", "seq", cfg.hidden_size])
         step = self.step_values(g, spec)
         pool_shape = ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim]
+        masses: list[str] | None = [] if self.attention_stats else None
         for layer in layers:
             if not spec.start <= layer.index < spec.stop:
                 raise ValueError(f"layer {layer.index} is outside partition {spec}")
@@ -105,7 +108,7 @@ class Gemma3Builder:
             g.input(io.key_cache(i), self.onnx_dtype, pool_shape)
             g.input(io.value_cache(i), self.onnx_dtype, pool_shape)
             is_last = layer.index == spec.stop - 1 and not spec.has_lm_head
-            x = self.decoder_layer(g, layer, x, step, out=io.HIDDEN_STATES_OUT if is_last else None)
+            x = self.decoder_layer(g, layer, x, step, masses, out=io.HIDDEN_STATES_OUT if is_last else None)
             g.output(io.key_cache_out(i), self.onnx_dtype, pool_shape)
             g.output(io.value_cache_out(i), self.onnx_dtype, pool_shape)
         if spec.has_lm_head:
@@ -114,6 +117,9 @@ class Gemma3Builder:
             g.output(io.LOGITS, f32, ["num_logits", cfg.vocab_size])
         else:
             g.output(io.HIDDEN_STATES_OUT, f32, ["batch", "seq", cfg.hidden_size])
+        if masses is not None:
+            g.op("Sum", masses, "/model/attention_mass/Sum", out=io.ATTENTION_MASS)
+            g.output(io.ATTENTION_MASS, f32, ["batch", "max_blocks"])
         return g.to_model(OPSET, doc=f"Gemma 3 layers [{spec.start}, {spec.stop}), {self.dtype}")
 
     # -- per-step values -------------------------------------------------------------
@@ -174,7 +180,11 @@ class Gemma3Builder:
             masks[is_sliding] = g.op("Unsqueeze", [mask, g.const([1])], f"{p}/mask_{name}_u")
             rope = cfg.rope_local if is_sliding else cfg.rope_global
             cos_sin[is_sliding] = self.rope_tables(g, positions, rope, f"{p}/rope_{name}")
-        return StepValues(positions, tables, scatter, cos_sin, masks)
+        block_shape = g.op(
+            "Concat", [g.const([0, -1]), g.op("Unsqueeze", [block_size, g.const([0])], f"{p}/block_size_1d")],
+            f"{p}/block_shape", axis=0,
+        )
+        return StepValues(positions, tables, scatter, cos_sin, masks, block_shape)
 
     def rope_tables(self, g: Graph, positions: str, rope: RopeConfig, p: str) -> tuple[str, str]:
         """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (float32, as in HF)."""
@@ -226,8 +236,9 @@ class Gemma3Builder:
         b = g.op("Add", [g.op("Mul", [x2, cos], f"{name}/x2cos"), g.op("Mul", [x1, sin], f"{name}/x1sin")], f"{name}/out2")
         return g.op("Concat", [a, b], f"{name}/Concat", axis=-1)
 
-    def attention(self, g: Graph, layer: LayerWeights, x: str, step: StepValues) -> str:
-        """Paged grouped-query attention of one layer; returns [b, s, hidden] before the post-norm."""
+    def attention(self, g: Graph, layer: LayerWeights, x: str, step: StepValues, masses: list[str] | None) -> str:
+        """Paged grouped-query attention of one layer; returns [b, s, hidden] before the post-norm.
+        With `masses`, appends this layer's attention mass per block [b, max_blocks] to it."""
         cfg, i = self.cfg, layer.index
         p = f"/model/layers.{i}/attn"
         nh, kvh, hd, groups = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_groups
@@ -260,12 +271,20 @@ class Gemma3Builder:
         scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, groups * s, total]
         scores = g.op("Reshape", [scores, g.const([0, nh, -1, 0])], f"{p}/scores_heads")  # [b, nh, s, total]
         probs = g.op("Softmax", [g.op("Add", [scores, step.masks[is_sliding]], f"{p}/masked")], f"{p}/Softmax", axis=-1)
+        if masses is not None:
+            masses.append(self.block_mass(g, probs, step, f"{p}/block_mass"))
         probs = g.op("Reshape", [probs, g.const([0, kvh, -1, 0])], f"{p}/probs_groups")
         out = g.op("MatMul", [probs, v_t], f"{p}/context")  # [b, kvh, groups * s, hd]
         out = g.op("Reshape", [out, g.const([0, 0, groups, -1, hd])], f"{p}/context_groups")
         out = g.op("Transpose", [out], f"{p}/context_T", perm=[0, 3, 1, 2, 4])  # [b, s, kvh, groups, hd]
         out = g.op("Reshape", [out, g.const([0, 0, nh * hd])], f"{p}/context_flat")
         return self.linear(g, out, [layer["self_attn.o_proj"]], f"{p}/o_proj")
+
+    def block_mass(self, g: Graph, probs: str, step: StepValues, name: str) -> str:
+        """Attention probability each block received, summed over heads and queries: [b, max_blocks]."""
+        per_key = g.op("ReduceSum", [probs, g.const([1, 2])], f"{name}/keys", keepdims=0)  # [b, total]
+        per_slot = g.op("Reshape", [per_key, step.block_shape], f"{name}/blocks")  # [b, max_blocks, block_size]
+        return g.op("ReduceSum", [per_slot, g.const([2])], f"{name}/ReduceSum", keepdims=0)
 
     def scatter(self, g: Graph, pool: str, update: str, step: StepValues, name: str, out: str) -> str:
         """ScatterND of this step's K or V into the pool; its output is the graph output `out`."""
@@ -282,10 +301,12 @@ class Gemma3Builder:
         act = gelu_tanh(g, gate, f"{p}/act")
         return self.linear(g, g.op("Mul", [act, up], f"{p}/gate_mul"), [layer["mlp.down_proj"]], f"{p}/down_proj")
 
-    def decoder_layer(self, g: Graph, layer: LayerWeights, x: str, step: StepValues, out: str | None = None) -> str:
+    def decoder_layer(
+        self, g: Graph, layer: LayerWeights, x: str, step: StepValues, masses: list[str] | None, out: str | None = None
+    ) -> str:
         p = f"/model/layers.{layer.index}"
         h = self.rms_norm(g, x, layer["input_layernorm"], f"{p}/input_layernorm")
-        h = self.attention(g, layer, h, step)
+        h = self.attention(g, layer, h, step, masses)
         h = self.rms_norm(g, h, layer["post_attention_layernorm"], f"{p}/post_attention_layernorm")
         x = g.op("Add", [x, h], f"{p}/attn_residual")
         h = self.rms_norm(g, x, layer["pre_feedforward_layernorm"], f"{p}/pre_feedforward_layernorm")

@@ -11,6 +11,9 @@
     logits_indices  [num_logits]            int64  last partition only: flat indices into the
                                                    batch * seq tokens whose logits are wanted
     logits          [num_logits, vocab]     float32
+    attention_mass  [batch, max_blocks]     float32  optional (--attention-stats): attention
+                                                   probability each block received in this step,
+                                                   summed over the partition's layers, heads, queries
     key_cache.{i} / value_cache.{i}         [num_blocks, block_size, kv_heads, head_dim]
         pool of layer i; updated in place: `key_cache_out.{i}` is bound to the same buffer.
 
@@ -29,6 +32,7 @@ BLOCK_TABLES = "block_tables"
 CONTEXT_LENS = "context_lens"
 LOGITS_INDICES = "logits_indices"
 LOGITS = "logits"
+ATTENTION_MASS = "attention_mass"
 
 SINK_BLOCK = 0  # reserved: padding tokens scatter here, no sequence ever owns it
 

@@ -43,6 +43,10 @@ class PartitionRecord:
     def has_lm_head(self) -> bool:
         return "logits" in self.outputs
 
+    @property
+    def has_attention_stats(self) -> bool:
+        return "attention_mass" in self.outputs
+
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "layers": [self.start, self.stop], "inputs": list(self.inputs), "outputs": list(self.outputs)}
 
@@ -62,6 +66,10 @@ class Manifest:
     partitions: tuple[PartitionRecord, ...]
     tokenizer: dict[str, Any] | None
     files: dict[str, str]  # file name -> sha256
+
+    @property
+    def has_attention_stats(self) -> bool:
+        return all(p.has_attention_stats for p in self.partitions)
 
     @property
     def kv_dtype(self) -> str:

@@ -97,8 +97,8 @@ class Engine:
             self._nvme = NvmeStore(nvme_dir / f"wicore-kv-{os.getpid()}-{id(self)}.bin", num_nvme, block_shape, dtype)
             stores[Tier.NVME] = self._nvme
         self.pager = Pager(stores)
-        policy = A2CRPolicy(config.a2cr) if config.policy == "a2cr" else LRUPolicy()
-        self.pool = BlockPool(num_device, num_host, num_nvme, config.block_size, policy, config.enable_prefix_cache)
+        self.policy = A2CRPolicy(config.a2cr) if config.policy == "a2cr" else LRUPolicy()
+        self.pool = BlockPool(num_device, num_host, num_nvme, config.block_size, self.policy, config.enable_prefix_cache)
         eos = self._eos_token_ids()
         sched_cfg = config.scheduler
         sched_cfg = SchedulerConfig(**{**sched_cfg.__dict__, "eos_token_ids": eos, "max_context": min(sched_cfg.max_context, cfg.max_position_embeddings)})
@@ -277,11 +277,20 @@ class Engine:
         for group in groups:
             if not group:
                 continue
-            logits = self.runner.run(build_step(group, self.config.block_size))
+            result = self.runner.run(build_step(group, self.config.block_size))
             wanted = [r for r in group if r.needs_logits]
-            for row, row_logits in zip(wanted, logits):
+            for row, row_logits in zip(wanted, result.logits):
                 sampled[row.request_id] = row.sampler(row_logits)
+            if result.attention_mass is not None:
+                self._record_attention(group, result.attention_mass)
         return sampled
+
+    def _record_attention(self, rows: list[ScheduledRow], mass: np.ndarray) -> None:
+        """Feed each block's attention mass of this step to the cache policy (A2CR's signal)."""
+        now = time.monotonic()
+        for row, row_mass in zip(rows, mass):
+            for block_id, value in zip(row.block_ids, row_mass.tolist()):
+                self.policy.add_attention(block_id, value, now)
 
     def _emit(self, output: RequestOutput) -> None:
         with self._lock:

@@ -169,7 +169,7 @@ class Generator:
         while seq.num_computed < seq.num_prompt_tokens:
             n = min(self.prefill_chunk, seq.num_prompt_tokens - seq.num_computed)
             step = self._build_step(allocator, [(seq, n)], all_logits=True)
-            chunks.append(runner.run(step))
+            chunks.append(runner.run(step).logits)
             seq.num_computed += n
         allocator.release(seq.block_ids)
         return np.concatenate(chunks)
@@ -194,7 +194,7 @@ class Generator:
     def _prefill_step(self, runner: ModelRunner, allocator: BlockAllocator, seqs: list[Sequence]) -> None:
         rows = [(s, min(self.prefill_chunk, s.num_prompt_tokens - s.num_computed)) for s in seqs if s.num_computed < s.num_prompt_tokens]
         step = self._build_step(allocator, rows, all_logits=False)
-        logits = runner.run(step)
+        logits = runner.run(step).logits
         finishing = [s for s, n in rows if s.num_computed + n == s.num_prompt_tokens]
         for s, n in rows:
             s.num_computed += n
@@ -203,7 +203,7 @@ class Generator:
 
     def _decode_step(self, runner: ModelRunner, allocator: BlockAllocator, seqs: list[Sequence]) -> None:
         step = self._build_step(allocator, [(s, 1) for s in seqs], all_logits=False)
-        logits = runner.run(step)
+        logits = runner.run(step).logits
         for s, row in zip(seqs, logits):
             s.num_computed += 1
             self._append(s, row)

@@ -56,6 +56,7 @@ class ScheduledRow:
     token_ids: list[int]
     start: int
     block_table: list[int]  # DEVICE slots of the request's blocks, in order
+    block_ids: list[int]  # the same blocks' ids in the pool (for per-block statistics)
     needs_logits: bool  # the row ends at the request's last known token: sample one
     sampler: Sampler
 
@@ -171,6 +172,7 @@ class Scheduler:
             token_ids=req.token_ids[start : start + n],
             start=start,
             block_table=self.pool.block_table(req.seq_id),
+            block_ids=self.pool.block_ids(req.seq_id),
             needs_logits=start + n == req.num_tokens,
             sampler=req.sampler,
         )

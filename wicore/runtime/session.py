@@ -84,6 +84,12 @@ def build_step(rows: Sequence[StepRow], block_size: int, all_logits: bool = Fals
 
 
 @dataclass(frozen=True)
+class StepResult:
+    logits: np.ndarray  # [num_logits, vocab] float32
+    attention_mass: np.ndarray | None  # [batch, max_blocks], when the model was exported with it
+
+
+@dataclass(frozen=True)
 class CacheConfig:
     num_blocks: int
     block_size: int = 16
@@ -126,9 +132,10 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return self.manifest.config.vocab_size
 
-    def run(self, step: StepBatch) -> np.ndarray:
-        """Run every partition for one step; return logits [num_logits, vocab] float32."""
+    def run(self, step: StepBatch) -> StepResult:
+        """Run every partition for one step."""
         hidden = None
+        mass = None
         for record, session in zip(self.manifest.partitions, self.sessions):
             binding = session.io_binding()
             # The step's result is bound first, so it is get_outputs()[0].
@@ -150,6 +157,12 @@ class ModelRunner:
                 binding.bind_ortvalue_output(io.value_cache_out(layer), value)
             if record.has_lm_head:
                 binding.bind_cpu_input(io.LOGITS_INDICES, step.logits_indices)
+            if record.has_attention_stats:
+                binding.bind_output(io.ATTENTION_MASS, "cpu")
             session.run_with_iobinding(binding)
-            hidden = binding.get_outputs()[0]
-        return hidden.numpy()
+            outputs = binding.get_outputs()
+            hidden = outputs[0]
+            if record.has_attention_stats:
+                part = outputs[-1].numpy()
+                mass = part if mass is None else mass + part
+        return StepResult(hidden.numpy(), mass)
