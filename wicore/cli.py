@@ -1,4 +1,4 @@
-"""`wicore`: run an exported model (`generate`; `serve`, `plan` and `bench` arrive with their issues)."""
+"""`wicore`: run an exported model (`generate`, `serve`; `plan` and `bench` arrive with their issues)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--devices", default="cpu", help="where partitions run: cpu, auto, cuda:0, openvino:CPU,cpu ...")
     p.add_argument("--stats", action="store_true", help="print prefill and decode speed to stderr")
     p.set_defaults(func=run_generate)
 
@@ -35,7 +36,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if not texts:
         raise RequestError("give at least one --prompt or --prompt-file")
     onnxruntime()  # fail early, with the extras to install, before any export
-    gen = Generator.load(resolve_model(args.model), num_threads=args.threads)
+    gen = Generator.load(resolve_model(args.model), num_threads=args.threads, devices=args.devices)
     tok = gen.tokenizer
     if args.chat:
         chats = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
@@ -61,6 +62,87 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_plan(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="show which device would run each partition (loads no weights)")
+    p.add_argument("--model", required=True, help="exported model folder")
+    p.add_argument("--devices", default="auto", help="auto, cpu, cuda:0,cuda:1, openvino:CPU,cpu, ...")
+    p.add_argument("--kv-pool-gb", type=float, default=1.0, help="KV pool to place beside the weights")
+    p.set_defaults(func=run_plan)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from wicore.graph.manifest import Manifest
+    from wicore.runtime.placement import GIB, plan_placement
+
+    manifest = Manifest.read(Path(args.model))
+    print(plan_placement(Path(args.model), manifest, args.devices, int(args.kv_pool_gb * GIB)).describe())
+    return 0
+
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
+    p.add_argument("--model", default="gemma3-270m", help="exported model folder, or gemma3-270m (exported once, cached)")
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the --model value)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", action="append", default=[], help="accepted Bearer key; repeat for several")
+    p.add_argument("--api-key-file", type=Path, default=None, help="file with one accepted key per line")
+    p.add_argument("--rate-limit", type=float, default=0.0, help="requests per minute per key (0: no limit)")
+    p.add_argument("--rate-burst", type=int, default=None, help="requests a key may send at once (default: 1 s worth)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin ('*' for any); repeat")
+    p.add_argument("--grace-seconds", type=float, default=30.0, help="on SIGTERM, time in-flight requests get to finish")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-pool-gb", type=float, default=1.0, help="tier 0 (device) KV pool")
+    p.add_argument("--host-tier-gb", type=float, default=1.0, help="tier 1 (host RAM) KV blocks")
+    p.add_argument("--nvme-tier-gb", type=float, default=0.0, help="tier 2 (NVMe file) KV blocks")
+    p.add_argument("--nvme-dir", type=Path, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-batched-tokens", type=int, default=512)
+    p.add_argument("--policy", choices=("a2cr", "lru"), default="a2cr")
+    p.add_argument("--no-prefix-cache", action="store_true")
+    p.set_defaults(func=run_serve)
+
+
+def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
+    from wicore.runtime.engine import EngineConfig
+    from wicore.runtime.scheduler import SchedulerConfig
+
+    try:
+        return EngineConfig(
+            model_dir=model_dir, num_threads=args.threads, block_size=args.block_size, kv_pool_gb=args.kv_pool_gb,
+            host_tier_gb=args.host_tier_gb, nvme_tier_gb=args.nvme_tier_gb, nvme_dir=args.nvme_dir,
+            policy=args.policy, enable_prefix_cache=not args.no_prefix_cache,
+            scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens),
+        )
+    except ValueError as exc:
+        raise RequestError(str(exc)) from exc
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from wicore.runtime.models import resolve_model
+    from wicore.runtime.providers import onnxruntime
+
+    try:
+        from wicore.api.app import ServerSettings
+        from wicore.api.auth import read_key_file
+        from wicore.api.server import serve
+    except ImportError as exc:
+        raise RequestError(f"the HTTP server needs {exc.name}: pip install 'wicore[cpu]' (starlette, hypercorn)") from exc
+    keys = list(args.api_key) + (read_key_file(args.api_key_file) if args.api_key_file else [])
+    onnxruntime()  # fail early, with the extras to install, before any export
+    model_dir = resolve_model(args.model)
+    try:
+        settings = ServerSettings(
+            model_name=args.served_model_name or Path(args.model).name, api_keys=tuple(keys), rate_limit_rpm=args.rate_limit,
+            rate_limit_burst=args.rate_burst, max_body_bytes=args.max_body_bytes, cors_origins=tuple(args.cors_origin),
+        )
+    except ValueError as exc:
+        raise RequestError(str(exc)) from exc
+    return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds)
+
+
 def read_text(path: Path) -> str:
     try:
         return path.read_text()
@@ -72,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="wicore", description="Portable LLM inference on ONNX Runtime.")
     sub = ap.add_subparsers(dest="command", required=True)
     add_generate(sub)
+    add_serve(sub)
+    add_plan(sub)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

@@ -29,6 +29,8 @@ from wicore.hmt.pager import Pager
 from wicore.hmt.policy import A2CRConfig, A2CRPolicy, LRUPolicy, Tier
 from wicore.hmt.tiers import DeviceStore, HostStore, NvmeStore
 from wicore.runtime.channel import Channel
+from wicore.runtime.placement import plan_placement
+from wicore.runtime.providers import DeviceError
 from wicore.runtime.request import Priority, Request, RequestOutput
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import ScheduledRow, Scheduler, SchedulerConfig
@@ -55,6 +57,7 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     verify_files: bool = True
+    devices: str = "cpu"  # see wicore.runtime.placement
 
     def __post_init__(self) -> None:
         if self.policy not in ("a2cr", "lru"):
@@ -85,11 +88,20 @@ class Engine:
         num_device = config.num_device_blocks or max(2, int(config.kv_pool_gb * GIB // per_block))
         num_host = _first_set(config.num_host_blocks, int(config.host_tier_gb * GIB // per_block))
         num_nvme = _first_set(config.num_nvme_blocks, int(config.nvme_tier_gb * GIB // per_block))
-        self.runner = ModelRunner(model_dir, self.manifest, CacheConfig(num_device, config.block_size), config.num_threads)
+        plan = plan_placement(model_dir, self.manifest, config.devices, num_device * per_block)
+        cache = CacheConfig(num_device, config.block_size)
+        self.runner = ModelRunner(model_dir, self.manifest, cache, config.num_threads, plan.devices)
+        if not self.runner.pools_on_host and (num_host or num_nvme):
+            raise DeviceError(
+                f"KV pools in device memory ({config.devices}) cannot be paged to host/NVMe tiers yet; "
+                "set --host-tier-gb 0 --nvme-tier-gb 0 (cached blocks are then dropped, not demoted)"
+            )
         cfg = self.manifest.config
         block_shape = (cfg.num_layers, 2, config.block_size, cfg.num_kv_heads, cfg.head_dim)
         dtype = np.dtype(self.manifest.kv_dtype)
-        stores = {Tier.DEVICE: DeviceStore(self.runner.key_pools, self.runner.value_pools)}
+        stores = {}
+        if self.runner.pools_on_host:
+            stores[Tier.DEVICE] = DeviceStore(self.runner.key_pools, self.runner.value_pools)
         stores[Tier.HOST] = HostStore(num_host, block_shape, dtype)
         self._nvme = None
         if num_nvme:

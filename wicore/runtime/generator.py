@@ -25,6 +25,8 @@ from wicore.errors import ManifestError, OutOfBlocksError, RequestError
 from wicore.export.tokenizer import TokenizerInfo
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
+from wicore.runtime.placement import plan_placement
+from wicore.runtime.providers import Device
 from wicore.runtime.sampler import Sampler, SamplingParams
 from wicore.runtime.session import CacheConfig, ModelRunner, StepBatch, build_step
 from wicore.runtime.tokenizer import Tokenizer
@@ -86,8 +88,12 @@ class BlockAllocator:
 
 
 class Generator:
-    def __init__(self, model_dir: Path, manifest: Manifest, num_threads: int | None, block_size: int, prefill_chunk: int) -> None:
+    def __init__(
+        self, model_dir: Path, manifest: Manifest, num_threads: int | None, block_size: int, prefill_chunk: int,
+        devices: list[Device],
+    ) -> None:
         self.model_dir = Path(model_dir)
+        self.devices = devices
         self.manifest = manifest
         self.num_threads = num_threads
         self.block_size = block_size
@@ -104,13 +110,16 @@ class Generator:
         block_size: int = 16,
         prefill_chunk: int = 512,
         verify: bool = True,
+        devices: str = "cpu",
     ) -> Generator:
-        """Open an exported model folder (checking its files against wicore.json unless verify=False)."""
+        """Open an exported model folder (checking its files against wicore.json unless verify=False);
+        `devices` places the partitions (see wicore.runtime.placement)."""
         model_dir = Path(model_dir)
         manifest = Manifest.read(model_dir)
         if verify:
             manifest.verify(model_dir)
-        return cls(model_dir, manifest, num_threads or os.cpu_count(), block_size, prefill_chunk)
+        plan = plan_placement(model_dir, manifest, devices)
+        return cls(model_dir, manifest, num_threads or os.cpu_count(), block_size, prefill_chunk, plan.devices)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -126,7 +135,7 @@ class Generator:
         if self._runner is None or self._runner.cache.num_blocks < num_blocks:
             cache = CacheConfig(num_blocks=num_blocks, block_size=self.block_size)
             if self._runner is None:
-                self._runner = ModelRunner(self.model_dir, self.manifest, cache, self.num_threads)
+                self._runner = ModelRunner(self.model_dir, self.manifest, cache, self.num_threads, self.devices)
             else:
                 self._runner.resize(cache)
         return self._runner

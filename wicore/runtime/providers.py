@@ -1,16 +1,36 @@
-"""ONNX Runtime import and execution-provider choice.
+"""ONNX Runtime execution providers: what is installed, what each can run, where its memory is.
 
-Every ONNX Runtime build installs the same `onnxruntime` module, so which one
-is present decides the hardware; WiCore depends on none of them directly.
+Every ONNX Runtime build installs the same `onnxruntime` module, so which one is present
+decides the hardware; WiCore depends on none of them directly. Everything that differs
+between execution providers lives in the CAPABILITIES table below: the rest of WiCore asks
+a `Device` what it can do and never tests an EP's name.
+
+    device spec      provider                       allocations (OrtValue device)
+    cpu              CPUExecutionProvider           cpu
+    cuda:N           CUDAExecutionProvider          cuda, N
+    tensorrt:N       TensorrtExecutionProvider      cuda, N
+    openvino:TYPE    OpenVINOExecutionProvider      cpu (OpenVINO copies in and out)
+    migraphx:N       MIGraphXExecutionProvider      cpu (bound through host memory)
+    cann:N           CANNExecutionProvider          cpu (bound through host memory)
+    dml:N            DmlExecutionProvider           cpu (bound through host memory)
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Callable
 
-from wicore.errors import RuntimeMissingError
+from wicore.errors import RuntimeMissingError, WiCoreError
 
 EXTRAS = "pip install 'wicore[cpu]' (or wicore[cuda] for NVIDIA, wicore[openvino] for Intel)"
+
+
+class DeviceError(WiCoreError):
+    """A device spec names a provider that is not installed, or a model it cannot run."""
 
 
 def onnxruntime() -> ModuleType:
@@ -31,3 +51,119 @@ def session_options(num_threads: int | None) -> object:
         opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     return opts
+
+
+# -- free memory readers -----------------------------------------------------------------
+def host_free_bytes(_: str) -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def nvidia_free_bytes(index: str) -> int | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", index],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+        return int(out.strip().splitlines()[0]) << 20
+    except (subprocess.SubprocessError, ValueError, IndexError, OSError):
+        return None
+
+
+def unknown_free_bytes(_: str) -> int | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Capability:
+    """What one execution provider is and can do."""
+
+    name: str  # the device spec prefix: "cuda" in "cuda:0"
+    provider: str  # ONNX Runtime's name
+    device_kind: str  # "cpu", "gpu" or "npu"
+    dtypes: tuple[str, ...]  # export dtypes it runs
+    op_flavours: tuple[str, ...]  # graph flavours it runs
+    default_index: str  # "0", or OpenVINO's device type "CPU"
+    ort_device: str  # where OrtValues for this EP are allocated ("cpu" or "cuda")
+    free_bytes: Callable[[str], int | None]  # free memory of a device, None if unknown
+    option_key: str | None  # provider option that selects the device
+
+    def provider_options(self, index: str) -> dict[str, str]:
+        return {self.option_key: index} if self.option_key else {}
+
+
+CAPABILITIES: dict[str, Capability] = {
+    c.name: c
+    for c in (
+        Capability("cpu", "CPUExecutionProvider", "cpu", ("fp32", "fp16"), ("portable",), "0", "cpu", host_free_bytes, None),
+        Capability("cuda", "CUDAExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cuda", nvidia_free_bytes, "device_id"),
+        Capability("tensorrt", "TensorrtExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cuda", nvidia_free_bytes, "device_id"),
+        Capability("openvino", "OpenVINOExecutionProvider", "cpu", ("fp32", "fp16"), ("portable",), "CPU", "cpu", host_free_bytes, "device_type"),
+        Capability("migraphx", "MIGraphXExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cpu", unknown_free_bytes, "device_id"),
+        Capability("cann", "CANNExecutionProvider", "npu", ("fp16", "fp32"), ("portable",), "0", "cpu", unknown_free_bytes, "device_id"),
+        Capability("dml", "DmlExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cpu", unknown_free_bytes, "device_id"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    capability: Capability
+    index: str
+
+    @property
+    def label(self) -> str:
+        return self.capability.name if self.capability.name == "cpu" else f"{self.capability.name}:{self.index}"
+
+    @property
+    def ort_device(self) -> tuple[str, int]:
+        """(device type, id) for OrtValue allocations and IOBinding outputs."""
+        if self.capability.ort_device == "cpu":
+            return ("cpu", 0)
+        return (self.capability.ort_device, int(self.index))
+
+    def providers(self) -> list:
+        """The session's provider list: this EP, with the CPU EP behind it for any op it lacks."""
+        own = (self.capability.provider, self.capability.provider_options(self.index))
+        return [own] if self.capability.name == "cpu" else [own, "CPUExecutionProvider"]
+
+    def free_bytes(self) -> int | None:
+        return self.capability.free_bytes(self.index)
+
+    def check_can_run(self, dtype: str, op_flavour: str) -> None:
+        """Raise DeviceError, naming what would work, if this EP cannot run such graphs."""
+        cap = self.capability
+        if dtype not in cap.dtypes:
+            raise DeviceError(f"{self.label} cannot run {dtype} graphs; re-export with --dtype {cap.dtypes[0]}")
+        if op_flavour not in cap.op_flavours:
+            raise DeviceError(
+                f"{self.label} cannot run the {op_flavour!r} op flavour; re-export with --op-flavour {cap.op_flavours[0]}"
+            )
+
+
+def installed_providers() -> list[str]:
+    return list(onnxruntime().get_available_providers())
+
+
+def available_devices() -> list[Device]:
+    """One Device per installed provider WiCore knows (index 0 / the default device type)."""
+    installed = set(installed_providers())
+    return [Device(c, c.default_index) for c in CAPABILITIES.values() if c.provider in installed]
+
+
+def parse_device(spec: str) -> Device:
+    """`cpu`, `cuda:1`, `openvino:GPU`, ... -> Device, checking the provider is installed."""
+    name, _, index = spec.strip().partition(":")
+    cap = CAPABILITIES.get(name.lower())
+    if cap is None:
+        raise DeviceError(f"unknown device {spec!r}; known: {', '.join(CAPABILITIES)}")
+    if cap.provider not in installed_providers():
+        have = ", ".join(d.label for d in available_devices()) or "none"
+        raise DeviceError(
+            f"{spec}: {cap.provider} is not in this ONNX Runtime build (available: {have}); {EXTRAS}"
+        )
+    return Device(cap, index or cap.default_index)

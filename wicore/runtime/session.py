@@ -17,7 +17,7 @@ import numpy as np
 
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
-from wicore.runtime.providers import onnxruntime, session_options
+from wicore.runtime.providers import Device, onnxruntime, parse_device, session_options
 
 
 @dataclass(frozen=True)
@@ -102,15 +102,33 @@ class CacheConfig:
 
 
 class ModelRunner:
-    """One ONNX Runtime session per partition, and the per-layer KV pools."""
+    """One ONNX Runtime session per partition, each on its device, and the per-layer KV pools.
 
-    def __init__(self, model_dir: Path, manifest: Manifest, cache: CacheConfig, num_threads: int | None = None) -> None:
+    A layer's pools live on the device of the partition that runs it. Pools of CPU-allocated
+    devices are NumPy arrays (`key_pools[i]`), bound zero-copy; device-allocated pools exist
+    only as OrtValues (`key_pools[i]` is None) and are zero-filled once at allocation, since
+    masked-out slots must hold finite values (0 x NaN is NaN).
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        manifest: Manifest,
+        cache: CacheConfig,
+        num_threads: int | None = None,
+        devices: Sequence[Device] | None = None,
+    ) -> None:
         ort = onnxruntime()
         self.manifest = manifest
+        self.devices = list(devices) if devices is not None else [parse_device("cpu")] * len(manifest.partitions)
+        if len(self.devices) != len(manifest.partitions):
+            raise ValueError(f"{len(self.devices)} devices for {len(manifest.partitions)} partitions")
+        for device in self.devices:
+            device.check_can_run(manifest.dtype, manifest.op_flavour)
         opts = session_options(num_threads)
         self.sessions = [
-            ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=["CPUExecutionProvider"])
-            for p in manifest.partitions
+            ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers())
+            for p, d in zip(manifest.partitions, self.devices)
         ]
         self.resize(cache)
 
@@ -121,12 +139,23 @@ class ModelRunner:
         shape = (cache.num_blocks, cache.block_size, cfg.num_kv_heads, cfg.head_dim)
         dtype = np.dtype(self.manifest.kv_dtype)
         self.cache = cache
-        self.key_pools = [np.zeros(shape, dtype) for _ in range(cfg.num_layers)]
-        self.value_pools = [np.zeros(shape, dtype) for _ in range(cfg.num_layers)]
-        self._pool_values = [
-            (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v))
-            for k, v in zip(self.key_pools, self.value_pools)
-        ]
+        self.key_pools: list[np.ndarray | None] = []
+        self.value_pools: list[np.ndarray | None] = []
+        self._pool_values = []
+        for record, device in zip(self.manifest.partitions, self.devices):
+            kind, index = device.ort_device
+            for _ in range(record.start, record.stop):
+                pair = []
+                for pools in (self.key_pools, self.value_pools):
+                    host = np.zeros(shape, dtype)
+                    pools.append(host if kind == "cpu" else None)
+                    pair.append(ort.OrtValue.ortvalue_from_numpy(host, kind, index))
+                self._pool_values.append(tuple(pair))
+
+    @property
+    def pools_on_host(self) -> bool:
+        """Whether every pool is a NumPy array (what the HMT tier stores can page today)."""
+        return all(p is not None for p in self.key_pools)
 
     @property
     def vocab_size(self) -> int:
@@ -136,13 +165,15 @@ class ModelRunner:
         """Run every partition for one step."""
         hidden = None
         mass = None
-        for record, session in zip(self.manifest.partitions, self.sessions):
+        parts = list(zip(self.manifest.partitions, self.sessions))
+        for i, (record, session) in enumerate(parts):
             binding = session.io_binding()
-            # The step's result is bound first, so it is get_outputs()[0].
+            # The step's result is bound first, so it is get_outputs()[0]. Hidden states are
+            # written straight to the next partition's device.
             if record.has_lm_head:
                 binding.bind_output(io.LOGITS, "cpu")
             else:
-                binding.bind_output(io.HIDDEN_STATES_OUT, "cpu")
+                binding.bind_output(io.HIDDEN_STATES_OUT, *self.devices[i + 1].ort_device)
             if record.has_embedding:
                 binding.bind_cpu_input(io.INPUT_IDS, step.input_ids)
             else:

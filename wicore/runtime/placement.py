@@ -1,0 +1,138 @@
+"""Partitions -> devices: which execution provider runs which layers.
+
+A partition needs its weights plus the KV pools of its own layers on its device (the pools
+are split by layer, so each device holds the pools of the layers it runs and the pager's
+tier 0 is per device). Hidden states cross devices between partitions.
+
+    --devices auto                    fill the first accelerator ONNX Runtime offers (up to 90%
+                                      of its free memory), spill the remaining partitions to the CPU
+    --devices cuda:0,cuda:1           shorter list than partitions: consecutive partitions shared
+                                      out by size, e.g. two cards sharing one model
+    --devices openvino:CPU,cpu,cpu    as many devices as partitions: one to one
+
+A device whose free memory cannot be read is assumed to have room; every plan is checked
+against the free memory that can be read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from wicore.graph.manifest import Manifest, PartitionRecord
+from wicore.runtime.providers import Device, DeviceError, available_devices, parse_device
+
+HEADROOM = 0.9
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Placement:
+    partition: PartitionRecord
+    device: Device
+    weight_bytes: int
+    kv_bytes: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    placements: tuple[Placement, ...]
+
+    @property
+    def devices(self) -> list[Device]:
+        """The device of each partition, in partition order."""
+        return [p.device for p in self.placements]
+
+    def describe(self) -> str:
+        lines = [f"{'partition':<14}{'layers':<10}{'device':<16}{'weights':>10}{'kv pool':>10}"]
+        for p in self.placements:
+            layers = f"{p.partition.start}-{p.partition.stop - 1}"
+            lines.append(
+                f"{p.partition.file:<14}{layers:<10}{p.device.label:<16}"
+                f"{p.weight_bytes / GIB:>9.2f}G{p.kv_bytes / GIB:>9.2f}G"
+            )
+        return "\n".join(lines)
+
+
+def partition_weight_bytes(model_dir: Path, record: PartitionRecord) -> int:
+    """Bytes of the partition's initializers, read from the graph without loading the weights."""
+    model = onnx.load(str(Path(model_dir) / record.file), load_external_data=False)
+    total = 0
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            total += int({e.key: e.value for e in tensor.external_data}["length"])
+        else:
+            total += int(np.prod(tensor.dims)) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return total
+
+
+def device_list(spec: str) -> list[Device]:
+    if spec.strip() == "auto":
+        found = available_devices()
+        accelerators = [d for d in found if d.capability.name != "cpu"]
+        return accelerators[:1] + [d for d in found if d.capability.name == "cpu"]
+    return [parse_device(s) for s in spec.split(",") if s.strip()]
+
+
+def plan_placement(model_dir: Path, manifest: Manifest, devices: str = "cpu", kv_pool_bytes: int = 0) -> Plan:
+    """Assign every partition a device (see the module docstring for the three modes)."""
+    candidates = device_list(devices)
+    if not candidates:
+        raise DeviceError(f"--devices {devices!r} names no device")
+    for device in candidates:
+        device.check_can_run(manifest.dtype, manifest.op_flavour)
+    num_layers = manifest.config.num_layers
+    needs = [
+        (partition_weight_bytes(model_dir, r), kv_pool_bytes * (r.stop - r.start) // num_layers)
+        for r in manifest.partitions
+    ]
+    sizes = [w + k for w, k in needs]
+    if devices.strip() == "auto":
+        owners = _fill(sizes, candidates)
+    elif len(candidates) == len(sizes):
+        owners = list(range(len(sizes)))
+    else:
+        owners = _share(sizes, len(candidates))
+    _check_memory(sizes, owners, candidates, manifest)
+    return Plan(tuple(Placement(r, candidates[o], w, k) for r, (w, k), o in zip(manifest.partitions, needs, owners)))
+
+
+def _fill(sizes: list[int], devices: list[Device]) -> list[int]:
+    """Each partition on the first device (in order, never going back) with room for it."""
+    owners, used, current = [], [0] * len(devices), 0
+    for size in sizes:
+        while current < len(devices) - 1 and not _fits(devices[current], used[current] + size):
+            current += 1
+        used[current] += size
+        owners.append(current)
+    return owners
+
+
+def _share(sizes: list[int], num_devices: int) -> list[int]:
+    """Consecutive partitions to devices, cutting where the running total is nearest i / n of it."""
+    total, owners, running = sum(sizes), [], 0
+    for size in sizes:
+        middle = running + size / 2
+        owners.append(min(num_devices - 1, int(middle * num_devices // total)))
+        running += size
+    return owners
+
+
+def _fits(device: Device, need: int) -> bool:
+    free = device.free_bytes()
+    return free is None or need <= free * HEADROOM
+
+
+def _check_memory(sizes: list[int], owners: list[int], devices: list[Device], manifest: Manifest) -> None:
+    for index, device in enumerate(devices):
+        need = sum(s for s, o in zip(sizes, owners) if o == index)
+        if need and not _fits(device, need):
+            files = ", ".join(r.file for r, o in zip(manifest.partitions, owners) if o == index)
+            raise DeviceError(
+                f"{device.label} would need {need / GIB:.2f} GiB for {files} but has "
+                f"{(device.free_bytes() or 0) / GIB:.2f} GiB free; add a device, lower --kv-pool-gb, "
+                "or re-export with more --partitions"
+            )
