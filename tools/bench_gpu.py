@@ -1,0 +1,119 @@
+"""GPU check and benchmark: CUDA EP correctness against the CPU EP, decode speed against HF.
+
+Runs on a machine with onnxruntime-gpu and torch (see docs/HARDWARE.md for how it was run on
+an H100). For the real Gemma 3 270M GGUF it:
+  1. exports fp32 (1 and 3 partitions) and fp16 graphs;
+  2. compares greedy tokens and prompt logits of CUDA fp16, CUDA fp32 and a CUDA + CPU
+     placement against CPU fp32, on three prompts (one past the sliding window);
+  3. times batch decode (1, 8, 32 rows) of WiCore on CUDA fp16 and of HF transformers
+     (eager, bf16, on the same GPU), in the same run.
+
+    python tools/bench_gpu.py --gguf model.gguf --work /tmp/wicore-gpu --json result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.gguf import GGUFSource
+from wicore.export.verify import VERIFY_TEXT
+from wicore.runtime.generator import Generator
+from wicore.runtime.sampler import SamplingParams
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", " ".join([VERIFY_TEXT] * 9)]
+
+
+def export(gguf: Path, out: Path, dtype: str, partitions: int) -> Path:
+    if not (out / "wicore.json").exists():
+        export_model(GGUFSource(gguf), out, ExportConfig(dtype=dtype, num_partitions=partitions), progress=lambda _: None)
+    return out
+
+
+def compare(gguf: Path, work: Path, new_tokens: int) -> dict:
+    fp32 = export(gguf, work / "fp32", "fp32", 1)
+    fp32_3 = export(gguf, work / "fp32-p3", "fp32", 3)
+    fp16 = export(gguf, work / "fp16", "fp16", 1)
+    ref = Generator.load(fp32, devices="cpu", num_threads=8)
+    prompts = [ref.tokenizer.encode(p) for p in PROMPTS]
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    ref_tokens = ref.generate(prompts, params).token_ids
+    ref_logits = [ref.prompt_logits(p) for p in prompts]
+    report = {}
+    for name, folder, devices in (
+        ("cuda fp16", fp16, "cuda:0"),
+        ("cuda fp32", fp32, "cuda:0"),
+        ("cuda:0 + cpu fp32 (3 partitions)", fp32_3, "cuda:0,cuda:0,cpu"),
+    ):
+        gen = Generator.load(folder, devices=devices, num_threads=8)
+        tokens = gen.generate(prompts, params).token_ids
+        logits = [gen.prompt_logits(p) for p in prompts]
+        first_diff = [next((i for i, (a, b) in enumerate(zip(t, r)) if a != b), None) for t, r in zip(tokens, ref_tokens)]
+        report[name] = {
+            "devices": [d.label for d in gen.devices],
+            "identical_tokens": [t == r for t, r in zip(tokens, ref_tokens)],
+            "first_divergence": first_diff,
+            "max_abs_logit_diff": [float(np.abs(a - b).max()) for a, b in zip(logits, ref_logits)],
+            "argmax_agreement": [float((a.argmax(-1) == b.argmax(-1)).mean()) for a, b in zip(logits, ref_logits)],
+        }
+        print(name, json.dumps(report[name]), flush=True)
+    report["prompt_lengths"] = [len(p) for p in prompts]
+    return report
+
+
+def bench_wicore(folder: Path, batch: int, new_tokens: int) -> float:
+    gen = Generator.load(folder, devices="cuda:0", num_threads=8)
+    prompts = [gen.tokenizer.encode(f"Story {i}: once upon a time") for i in range(batch)]
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    gen.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+    out = gen.generate(prompts, params)
+    return batch * out.num_decode_steps / out.decode_seconds
+
+
+def bench_hf(gguf: Path, batch: int, new_tokens: int) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16, attn_implementation="eager").cuda().eval()
+    ids = torch.full((batch, 8), 2, dtype=torch.long, device="cuda")
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+        torch.cuda.synchronize()
+        first = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+        torch.cuda.synchronize()
+        prefill = time.perf_counter() - first
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        torch.cuda.synchronize()
+        total = time.perf_counter() - start
+    return batch * (new_tokens - 1) / (total - prefill)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gguf", type=Path, required=True)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/wicore-gpu"))
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    result["compare"] = compare(args.gguf, args.work, args.new_tokens)
+    speed = {}
+    for batch in (int(b) for b in args.batches.split(",")):
+        speed[batch] = {"wicore cuda fp16": bench_wicore(args.work / "fp16", batch, args.new_tokens), "hf eager bf16": bench_hf(args.gguf, batch, args.new_tokens)}
+        print("batch", batch, json.dumps(speed[batch]), flush=True)
+    result["decode_tok_s"] = speed
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
