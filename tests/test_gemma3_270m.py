@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from wicore.export.verify import VERIFY_TEXT, compare_logits, hf_logits

@@ -81,6 +81,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
+    p.add_argument("--config", type=Path, default=None, help="JSON or TOML file of settings (flag names); flags win")
     p.add_argument("--model", default="gemma3-270m", help="exported model folder, or gemma3-270m (exported once, cached)")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the --model value)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
@@ -93,6 +94,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin ('*' for any); repeat")
     p.add_argument("--grace-seconds", type=float, default=30.0, help="on SIGTERM, time in-flight requests get to finish")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--devices", default="cpu", help="where partitions run: cpu, auto, cuda:0, openvino:CPU,cpu ...")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-pool-gb", type=float, default=1.0, help="tier 0 (device) KV pool")
     p.add_argument("--host-tier-gb", type=float, default=1.0, help="tier 1 (host RAM) KV blocks")
@@ -100,9 +102,27 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nvme-dir", type=Path, default=None)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-batched-tokens", type=int, default=512)
+    p.add_argument("--max-context", type=int, default=None, help="tokens per sequence (default: the model's)")
     p.add_argument("--policy", choices=("a2cr", "lru"), default="a2cr")
     p.add_argument("--no-prefix-cache", action="store_true")
-    p.set_defaults(func=run_serve)
+    p.set_defaults(func=run_serve, serve_parser=p)
+
+
+def apply_config_file(args: argparse.Namespace) -> None:
+    """Fill the settings of --config FILE into `args`, except where a flag changed the default."""
+    from wicore.api.compat import load_config_file
+
+    parser: argparse.ArgumentParser = args.serve_parser
+    for name, value in load_config_file(args.config).items():
+        if name in ("config", "func", "serve_parser") or not hasattr(args, name):
+            raise RequestError(f"{args.config}: unknown setting {name!r}; use the names of wicore serve's flags")
+        if getattr(args, name) != parser.get_default(name):
+            continue  # given on the command line
+        if name == "api_key" and isinstance(value, str):
+            value = [value]
+        if name in ("nvme_dir", "api_key_file", "model") and value is not None:
+            value = Path(value) if name != "model" else str(value)
+        setattr(args, name, value)
 
 
 def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
@@ -113,10 +133,13 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
         return EngineConfig(
             model_dir=model_dir, num_threads=args.threads, block_size=args.block_size, kv_pool_gb=args.kv_pool_gb,
             host_tier_gb=args.host_tier_gb, nvme_tier_gb=args.nvme_tier_gb, nvme_dir=args.nvme_dir,
-            policy=args.policy, enable_prefix_cache=not args.no_prefix_cache,
-            scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens),
+            policy=args.policy, enable_prefix_cache=not args.no_prefix_cache, devices=args.devices,
+            scheduler=SchedulerConfig(
+                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
+                **({"max_context": args.max_context} if args.max_context else {}),
+            ),
         )
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         raise RequestError(str(exc)) from exc
 
 
@@ -130,6 +153,8 @@ def run_serve(args: argparse.Namespace) -> int:
         from wicore.api.server import serve
     except ImportError as exc:
         raise RequestError(f"the HTTP server needs {exc.name}: pip install 'wicore[cpu]' (starlette, hypercorn)") from exc
+    if args.config is not None:
+        apply_config_file(args)
     keys = list(args.api_key) + (read_key_file(args.api_key_file) if args.api_key_file else [])
     onnxruntime()  # fail early, with the extras to install, before any export
     model_dir = resolve_model(args.model)

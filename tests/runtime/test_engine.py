@@ -197,3 +197,16 @@ def test_attention_stats_reach_the_policy_and_change_no_output(tiny_model, alone
     # Every step's mass over a row's blocks sums to layers * heads * tokens run (4 * 4 per token).
     num_tokens = sum(len(p) for p in PROMPTS) + 9 * len(PROMPTS)  # prompts, then 9 decode steps each
     assert sum(received) == pytest.approx(16 * num_tokens, rel=1e-4)
+
+
+def test_async_stream_delivers_everything_and_releases_the_channel(model_dir, alone):
+    import asyncio
+
+    async def consume(eng: Engine, rid: str) -> list[int]:
+        return [t async for out in eng.stream(rid) for t in out.new_token_ids]
+
+    with engine(model_dir).start() as eng:
+        rid = eng.add_request(PROMPTS[0], GREEDY)
+        assert asyncio.run(consume(eng, rid)) == alone[0]
+        with pytest.raises(RequestError, match="unknown request id"):
+            eng.outputs(rid)

@@ -187,7 +187,7 @@ class Engine:
         if min(ids) < 0 or max(ids) >= vocab:
             raise RequestError(f"token ids must be in [0, {vocab})")
         capacity = (self.runner.cache.num_blocks - 1) * self.config.block_size
-        if len(ids) + params.max_tokens > capacity:
+        if len(ids) + params.max_tokens > capacity:  # a request that can never fit would preempt forever
             raise RequestError(
                 f"the request needs up to {len(ids) + params.max_tokens} tokens of KV cache; the device pool holds "
                 f"{capacity} (raise --kv-pool-gb or lower max_tokens)"
@@ -229,8 +229,19 @@ class Engine:
             return channel
 
     async def stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
-        async for output in self._channels[request_id]:
+        """`async for` over the request's outputs (claims its channel, as `outputs` does)."""
+        async for output in self.outputs(request_id):
             yield output
+
+    @property
+    def max_context(self) -> int:
+        """Context length the scheduler enforces (the model's, or less if configured)."""
+        return self.scheduler.config.max_context
+
+    @property
+    def max_sequence_tokens(self) -> int:
+        """Most tokens (prompt + generated) one request may reach: the context, or the device pool."""
+        return min(self.max_context, (self.runner.cache.num_blocks - 1) * self.config.block_size)
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams) -> list[list[int]]:
         """Blocking helper: run prompts concurrently to completion, return their output ids."""
@@ -323,7 +334,8 @@ class Engine:
                 "running": len(s.running),
                 "waiting": len(s.waiting),
                 "swapped": len(s.swapped),
-                "blocks_in_use": {t.name.lower(): self.pool.usage(t) for t in Tier},
+                "blocks_in_use": {t.name.lower(): self.pool.usage(t) for t in Tier},  # referenced or cached
+                "blocks_referenced": {t.name.lower(): self.pool.usage(t) - self.pool.num_evictable(t) for t in Tier},
                 "blocks_free": {t.name.lower(): self.pool.num_free(t) for t in Tier},
                 "prefix_hit_rate": s.stats.prefix_hit_rate,
                 "prompt_tokens": s.stats.num_prompt_tokens,

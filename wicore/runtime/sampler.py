@@ -28,6 +28,8 @@ class SamplingParams:
             raise RequestError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and self.seed < 0:
+            raise RequestError(f"seed must be >= 0, got {self.seed}")
 
     @property
     def is_greedy(self) -> bool:

@@ -1,0 +1,108 @@
+"""Real Hypercorn servers on free loopback ports, in front of real engines.
+
+`tiny_server(**settings)`: a random tiny Gemma 3 (no tokenizer): auth, limits, errors, metrics.
+`gemma_server`: the real Gemma 3 270M (slow layer): text endpoints driven by the openai package.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import httpx
+import pytest
+
+from wicore.api.app import ServerSettings, create_app
+from wicore.api.server import ServerThread, free_port
+from wicore.runtime.engine import Engine, EngineConfig
+
+
+@dataclass
+class Served:
+    engine: Engine
+    server: ServerThread
+    app: object
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def api(self):  # noqa: ANN201 - wicore.api.app.API
+        return self.app.state.api  # type: ignore[attr-defined]
+
+
+def start(model_dir, settings: ServerSettings, **engine_options: object) -> Served:
+    engine = Engine(EngineConfig(model_dir=model_dir, num_threads=2, verify_files=False, **engine_options)).start()
+    app = create_app(engine, settings)
+    return Served(engine, ServerThread(app).start(), app)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_export) -> Iterator[Callable[..., Served]]:
+    started: list[Served] = []
+
+    def make(**settings: object) -> Served:
+        folder, _ = tiny_export()
+        served = start(folder, ServerSettings(model_name="tiny", **settings))  # type: ignore[arg-type]
+        started.append(served)
+        return served
+
+    yield make
+    for served in started:
+        served.server.stop()
+        served.engine.stop()
+
+
+@pytest.fixture(scope="module")
+def gemma_server(gemma_270m) -> Iterator[Served]:
+    # A small device pool (1,520 tokens) so that the context-limit tests run short prompts.
+    served = start(gemma_270m(1), ServerSettings(model_name="gemma3-270m"), num_device_blocks=96)
+    yield served
+    served.server.stop()
+    served.engine.stop()
+
+
+@pytest.fixture(scope="module")
+def small_gemma_server(gemma_270m) -> Iterator[Served]:
+    """The real model with a 64-token context: every generation is short."""
+    from wicore.runtime.scheduler import SchedulerConfig
+
+    served = start(gemma_270m(1), ServerSettings(model_name="gemma3-270m"), num_device_blocks=32,
+                   scheduler=SchedulerConfig(max_context=64))
+    yield served
+    served.server.stop()
+    served.engine.stop()
+
+
+def _launch(model: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """`wicore serve --model MODEL FLAGS` in a subprocess on a free port, once /health answers."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wicore.cli", "serve", "--model", str(model), "--port", str(port), "--threads", "2", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"wicore serve exited early:\n{proc.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("wicore serve did not come up")
+
+
+@pytest.fixture
+def launch() -> Callable[..., tuple[subprocess.Popen, str]]:
+    return _launch

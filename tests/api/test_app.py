@@ -1,0 +1,133 @@
+"""The HTTP surface on a real Hypercorn server and a tiny random model (no tokenizer):
+auth, rate limit, body limit, errors in OpenAI's shape, metrics, stats, CORS, OpenAPI."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+
+@pytest.fixture(scope="module")
+def open_server(tiny_server):
+    return tiny_server(max_body_bytes=4096, cors_origins=("https://app.example",))
+
+
+@pytest.fixture(scope="module")
+def locked_server(tiny_server):
+    return tiny_server(api_keys=("secret-1", "secret-2"), rate_limit_rpm=60, rate_limit_burst=3)
+
+
+def assert_openai_error(response: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param
+    return error
+
+
+def test_health_and_models(open_server):
+    assert httpx.get(f"{open_server.url}/health").json() == {"status": "ok"}
+    client = openai.OpenAI(base_url=f"{open_server.url}/v1", api_key="unused")
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+def test_bad_parameter_is_400_naming_it(open_server):
+    client = openai.OpenAI(base_url=f"{open_server.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], temperature=5)
+    assert info.value.param == "temperature" and "temperature" in info.value.message
+    r = httpx.post(f"{open_server.url}/v1/completions", json={"prompt": "a", "top_p": "high"})
+    assert_openai_error(r, 400, "top_p")
+
+
+def test_unknown_model_is_404(open_server):
+    r = httpx.post(f"{open_server.url}/v1/completions", json={"model": "gpt-9", "prompt": [1, 2]})
+    assert assert_openai_error(r, 404, "model")["code"] == "model_not_found"
+
+
+def test_text_endpoints_without_a_tokenizer_say_so(open_server):
+    r = httpx.post(f"{open_server.url}/v1/completions", json={"prompt": "hello"})
+    assert "without a tokenizer" in assert_openai_error(r, 400)["message"]
+
+
+def test_malformed_json_and_body_limit(open_server):
+    r = httpx.post(f"{open_server.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert_openai_error(r, 400)
+    r = httpx.post(f"{open_server.url}/v1/completions", json={"prompt": "x" * 5000})
+    assert "4096" in assert_openai_error(r, 413)["message"]
+
+
+def test_unknown_route_and_method_are_openai_shaped(open_server):
+    assert_openai_error(httpx.get(f"{open_server.url}/v1/nothing"), 404)
+    assert_openai_error(httpx.get(f"{open_server.url}/v1/completions"), 405)
+
+
+def test_exception_in_one_request_is_500_and_the_server_goes_on(open_server, monkeypatch):
+    def broken() -> dict:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(open_server.api, "_model_card", broken)
+    error = assert_openai_error(httpx.get(f"{open_server.url}/v1/models"), 500)
+    assert error["type"] == "server_error" and "boom" not in error["message"]
+    monkeypatch.undo()
+    assert httpx.get(f"{open_server.url}/v1/models").status_code == 200
+
+
+def test_cors(open_server):
+    r = httpx.options(f"{open_server.url}/v1/models", headers={
+        "Origin": "https://app.example", "Access-Control-Request-Method": "GET"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+    r = httpx.get(f"{open_server.url}/health", headers={"Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in r.headers
+
+
+def test_401_without_or_with_a_wrong_key(locked_server):
+    client = openai.OpenAI(base_url=f"{locked_server.url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+    assert_openai_error(httpx.get(f"{locked_server.url}/v1/models"), 401)
+    assert httpx.get(f"{locked_server.url}/health").status_code == 200  # health needs no key
+
+
+def test_429_with_retry_after_per_key(locked_server):
+    client = openai.OpenAI(base_url=f"{locked_server.url}/v1", api_key="secret-1", max_retries=0)
+    statuses = []
+    for _ in range(6):
+        try:
+            client.models.list()
+            statuses.append(200)
+        except openai.RateLimitError as exc:
+            statuses.append(429)
+            assert int(exc.response.headers["retry-after"]) >= 1
+    assert statuses[:3] == [200, 200, 200] and 429 in statuses[3:]
+    other = openai.OpenAI(base_url=f"{locked_server.url}/v1", api_key="secret-2", max_retries=0)
+    assert [m.id for m in other.models.list()] == ["tiny"]
+
+
+def test_stats_and_metrics(open_server):
+    stats = httpx.get(f"{open_server.url}/v1/stats").json()
+    assert stats["running"] == 0 and stats["blocks_referenced"]["device"] == 0
+    text = httpx.get(f"{open_server.url}/metrics").text
+    for name in ("wicore_requests_total", "wicore_prompt_tokens_total", "wicore_generated_tokens_total",
+                 "wicore_time_to_first_token_seconds_bucket", "wicore_inter_token_seconds_bucket",
+                 "wicore_e2e_request_seconds_bucket", "wicore_requests_running", "wicore_requests_waiting",
+                 'wicore_kv_blocks_used{tier="device"}', 'wicore_kv_blocks_free{tier="host"}', "wicore_prefix_cache_hit_rate"):
+        assert name in text
+    assert 'wicore_requests_total{route="/health",status="200"}' in text
+
+
+def test_openapi_lists_the_endpoints(open_server):
+    schema = httpx.get(f"{open_server.url}/openapi.json").json()
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/v1/stats"} <= set(schema["paths"])
+
+
+def test_engine_errors_map_to_their_status(open_server, monkeypatch):
+    from wicore.errors import OverloadedError, RequestError
+
+    for exc, status in ((RequestError("the chat template rejected the messages"), 400), (OverloadedError("full"), 503)):
+        def fail() -> dict:
+            raise exc
+
+        monkeypatch.setattr(open_server.api, "_model_card", fail)
+        assert_openai_error(httpx.get(f"{open_server.url}/v1/models"), status)

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import pytest
+
+from wicore.api.errors import APIError
+from wicore.api.ratelimit import RateLimiter
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_bucket_allows_a_burst_then_429_with_retry_after():
+    clock = Clock()
+    limiter = RateLimiter(requests_per_minute=60, burst=2, clock=clock)
+    limiter.check("a")
+    limiter.check("a")
+    with pytest.raises(APIError) as info:
+        limiter.check("a")
+    assert info.value.status == 429 and info.value.headers == {"Retry-After": "1"}
+    limiter.check("b")  # keys have their own buckets
+    clock.now = 1.0  # one request per second refills
+    limiter.check("a")
+    with pytest.raises(APIError):
+        limiter.check("a")
+
+
+def test_retry_after_rounds_up_to_the_refill_time():
+    clock = Clock()
+    limiter = RateLimiter(requests_per_minute=6, burst=1, clock=clock)
+    limiter.check("a")
+    clock.now = 2.5
+    with pytest.raises(APIError) as info:
+        limiter.check("a")
+    assert info.value.headers["Retry-After"] == "8"  # 10 s per token, 2.5 s already refilled

@@ -1,0 +1,102 @@
+"""Request parsing: defaults, unknown fields ignored, 400s that name the parameter."""
+
+from __future__ import annotations
+
+import pytest
+
+from wicore.api.errors import APIError
+from wicore.api.schemas import Options, parse_chat, parse_completion
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def test_defaults_and_unknown_fields_ignored():
+    req = parse_chat({"messages": MSG, "model": "m", "some_future_field": {"x": 1}})
+    assert req.options == Options(model="m")
+    assert req.messages == [{"role": "user", "content": "hi"}]
+
+
+def test_fields_are_read():
+    req = parse_chat({
+        "messages": MSG, "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": -1,
+        "seed": 3, "stop": "x", "n": 2, "stream": True, "stream_options": {"include_usage": True}, "priority": "high",
+        "user": "u", "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": False,
+    })
+    assert req.options == Options(max_tokens=7, temperature=0.0, top_p=0.5, top_k=0, seed=3, stop=("x",), n=2,
+                                  stream=True, include_usage=True, priority="high", user="u")
+
+
+def test_nulls_mean_not_given():
+    req = parse_completion({"prompt": "a", "max_tokens": None, "temperature": None, "stop": None, "n": None})
+    assert req.options == Options() and req.prompts == ["a"]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("max_tokens", 0), ("max_tokens", "5"), ("max_tokens", 1.5), ("max_tokens", True),
+        ("temperature", -0.1), ("temperature", 2.5), ("temperature", "hot"),
+        ("top_p", 0), ("top_p", 1.1), ("top_k", -2), ("n", 0), ("n", 17), ("seed", "s"),
+        ("stop", 3), ("stop", ["a", 1]), ("stream", "yes"), ("stream_options", 1), ("priority", "asap"),
+        ("presence_penalty", 3), ("frequency_penalty", 0.5), ("logprobs", True), ("top_logprobs", 2), ("user", 5),
+    ],
+)
+def test_bad_values_name_the_parameter(field, value):
+    with pytest.raises(APIError) as info:
+        parse_chat({"messages": MSG, field: value})
+    assert info.value.status == 400
+    assert info.value.param == field
+    assert field in info.value.message
+
+
+@pytest.mark.parametrize(
+    "messages, param",
+    [
+        ([], "messages"), ("hi", "messages"), ([{"role": "robot", "content": "x"}], "messages[0].role"),
+        ([{"role": "user", "content": 5}], "messages[0].content"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0]"),
+        ([{"role": "user", "content": [{"type": "text", "text": 1}]}], "messages[0].content[0].text"),
+    ],
+)
+def test_bad_messages(messages, param):
+    with pytest.raises(APIError) as info:
+        parse_chat({"messages": messages})
+    assert (info.value.status, info.value.param) == (400, param)
+
+
+def test_content_parts_and_roles():
+    req = parse_chat({"messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None},
+    ]})
+    assert req.messages == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": ""},
+    ]
+
+
+@pytest.mark.parametrize(
+    "prompt, expected",
+    [("a", ["a"]), (["a", "b"], ["a", "b"]), ([1, 2], [[1, 2]]), ([[1], [2, 3]], [[1], [2, 3]])],
+)
+def test_prompt_forms(prompt, expected):
+    assert parse_completion({"prompt": prompt}).prompts == expected
+
+
+@pytest.mark.parametrize("prompt", [None, [], 3, ["a", 1], [[]], [True]])
+def test_bad_prompts(prompt):
+    with pytest.raises(APIError) as info:
+        parse_completion({"prompt": prompt})
+    assert info.value.param == "prompt"
+
+
+def test_body_must_be_an_object():
+    with pytest.raises(APIError) as info:
+        parse_chat([1, 2])
+    assert info.value.status == 400
+
+
+def test_completion_priority_numbers():
+    assert parse_completion({"prompt": "a", "priority": 3}).options.priority == "urgent"

@@ -1,0 +1,65 @@
+"""`wicore serve` as users run it: a subprocess, Hypercorn, SIGTERM ends it cleanly."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+
+def test_serve_with_keys_from_flags_and_file_then_sigterm(tiny_export, tmp_path, launch):
+    folder, _ = tiny_export()
+    keys = tmp_path / "keys"
+    keys.write_text("from-file\n")
+    proc, url = launch(folder, "--api-key", "from-flag", "--api-key-file", str(keys), "--served-model-name", "tiny")
+    try:
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        for key in ("from-flag", "from-file"):
+            r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+            assert r.json()["data"][0]["id"] == "tiny"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+
+
+def test_serve_rejects_a_folder_that_is_not_an_export(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "wicore.cli", "serve", "--model", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "no exported model here" in res.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_lets_an_inflight_stream_finish(gemma_270m, launch):
+    proc, url = launch(gemma_270m(1), "--grace-seconds", "60", "--kv-pool-gb", "0.1")
+    body = {"model": "gemma3-270m-p1", "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "stream": True}
+    events: list[dict] = []
+    done = threading.Event()
+
+    def read() -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    done.set()
+                elif line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+
+    reader = threading.Thread(target=read)
+    try:
+        reader.start()
+        while len(events) < 3:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        reader.join(timeout=120)
+        assert done.is_set() and events[-1]["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(timeout=60) == 0
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        proc.kill()

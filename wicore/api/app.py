@@ -1,0 +1,294 @@
+"""The Starlette app: OpenAI routes in front of one running Engine.
+
+    request ─► guard (auth, rate limit) ─► read body (size limit) ─► schemas.parse_*
+            ─► prompt ids (chat template / tokenizer) ─► one run_choice per choice
+            ─► JSON body, or SSE chunks (streaming.event_stream)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from wicore.api.auth import Authenticator
+from wicore.api.errors import APIError, error_response, from_wicore
+from wicore.api.generation import ChoiceStats, Piece, run_choice
+from wicore.api.metrics import Metrics
+from wicore.api.ratelimit import RateLimiter
+from wicore.api.schemas import Options, parse_chat, parse_completion
+from wicore.api.streaming import EventStream, event_stream, merge
+from wicore.errors import WiCoreError
+from wicore.runtime.engine import Engine
+from wicore.runtime.sampler import SamplingParams
+
+if TYPE_CHECKING:
+    from wicore.runtime.tokenizer import Tokenizer
+
+log = logging.getLogger("wicore.api")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str = "gemma3-270m"
+    api_keys: tuple[str, ...] = ()
+    rate_limit_rpm: float = 0.0  # requests per minute per key; 0 = no limit
+    rate_limit_burst: int | None = None
+    max_body_bytes: int = 1 << 20
+    cors_origins: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.rate_limit_rpm < 0 or self.max_body_bytes < 1:
+            raise ValueError("rate_limit_rpm must be >= 0 and max_body_bytes >= 1")
+
+
+class API:
+    def __init__(self, engine: Engine, settings: ServerSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.auth = Authenticator(settings.api_keys)
+        self.limiter = RateLimiter(settings.rate_limit_rpm, settings.rate_limit_burst) if settings.rate_limit_rpm else None
+        self.metrics = Metrics()
+        self.created = int(time.time())
+
+    # -- guards ----------------------------------------------------------------------
+    def guard(self, request: Request) -> None:
+        key = self.auth.check(request.headers.get("authorization"))
+        if self.limiter is not None:
+            self.limiter.check(key or (request.client.host if request.client else "anonymous"))
+
+    async def read_json(self, request: Request) -> Any:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise APIError(413, f"the request body has {declared} bytes; the limit is {limit}", code="body_too_large")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+    # -- routes ----------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: Request) -> Response:
+        self.guard(request)
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def stats(self, request: Request) -> Response:
+        self.guard(request)
+        return JSONResponse(self.engine.stats())
+
+    async def metrics_route(self, request: Request) -> Response:
+        self.guard(request)
+        return Response(self.metrics.render(self.engine.stats()), media_type="text/plain; version=0.0.4")
+
+    async def chat(self, request: Request) -> Response:
+        self.guard(request)
+        req = parse_chat(await self.read_json(request))
+        self._check_model(req.options)
+        tok = self._tokenizer()
+        prompt = tok.apply_chat_template(req.messages, add_generation_prompt=True)
+        return await self.complete(request, True, [tok.encode(prompt, add_bos=False)], req.options)
+
+    async def completions(self, request: Request) -> Response:
+        self.guard(request)
+        req = parse_completion(await self.read_json(request))
+        self._check_model(req.options)
+        tok = self._tokenizer()
+        prompts = [tok.encode(p) if isinstance(p, str) else p for p in req.prompts]
+        return await self.complete(request, False, prompts, req.options)
+
+    async def inference(self, request: Request) -> Response:
+        """The original WiCore endpoint (wicore.api.compat)."""
+        from wicore.api.compat import inference
+
+        self.guard(request)
+        return JSONResponse(await inference(self, await self.read_json(request)))
+
+    # -- generation ------------------------------------------------------------------
+    async def complete(self, request: Request, is_chat: bool, prompts: list[list[int]], opts: Options) -> Response:
+        rid = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        base = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
+        param = "messages" if is_chat else "prompt"
+        plans = [(ids, self._params(ids, opts, j, param)) for ids in prompts for j in range(opts.n)]
+        stats = [ChoiceStats() for _ in plans]
+        choices = [
+            self._observed(run_choice(self.engine, ids, params, opts.stop, opts.priority, s, f"{rid}-{i}"), s)
+            for i, ((ids, params), s) in enumerate(zip(plans, stats))
+        ]
+
+        def usage() -> dict[str, Any]:
+            prompt = sum(len(ids) for ids in prompts)
+            completion = sum(s.num_completion_tokens for s in stats)
+            cached = sum(s.num_cached_tokens for s in stats[:: opts.n])
+            return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                    "prompt_tokens_details": {"cached_tokens": cached}}
+
+        if opts.stream:
+            return EventStream(event_stream(base, is_chat, choices, usage, opts.include_usage))
+        texts = [""] * len(choices)
+        reasons: list[str | None] = [None] * len(choices)
+
+        async def collect() -> None:
+            async for index, piece in merge(choices):
+                texts[index] += piece.text
+                reasons[index] = piece.finish_reason or reasons[index]
+
+        await until_disconnect(request, collect())
+        if is_chat:
+            body = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
+                    for i, (t, r) in enumerate(zip(texts, reasons))]
+        else:
+            body = [{"index": i, "text": t, "logprobs": None, "finish_reason": r} for i, (t, r) in enumerate(zip(texts, reasons))]
+        obj = "chat.completion" if is_chat else "text_completion"
+        return JSONResponse({**base, "object": obj, "choices": body, "usage": usage()})
+
+    async def _observed(self, choice: AsyncIterator[Piece], stats: ChoiceStats) -> AsyncIterator[Piece]:
+        try:
+            async for piece in choice:
+                yield piece
+        finally:
+            await choice.aclose()  # type: ignore[attr-defined]
+            self.metrics.observe_choice(stats, time.monotonic())
+
+    def _params(self, ids: list[int], opts: Options, index: int, param: str) -> SamplingParams:
+        limit = self.engine.max_sequence_tokens
+        if len(ids) >= limit:
+            what = "context" if limit == self.engine.max_context else "KV pool (raise --kv-pool-gb)"
+            raise APIError(400, f"the prompt has {len(ids)} tokens; the model's {what} holds {limit} tokens "
+                           f"(prompt plus at least one generated token)", param=param,
+                           code="context_length_exceeded")
+        left = limit - len(ids)
+        max_tokens = left if opts.max_tokens is None else min(opts.max_tokens, left)
+        seed = None if opts.seed is None else (opts.seed + index) % (1 << 64)
+        return SamplingParams(max_tokens=max_tokens, temperature=opts.temperature, top_k=opts.top_k,
+                              top_p=opts.top_p, seed=seed)
+
+    def _check_model(self, opts: Options) -> None:
+        if opts.model is not None and opts.model != self.settings.model_name:
+            raise APIError(404, f"model {opts.model!r} does not exist; this server serves {self.settings.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def _tokenizer(self) -> Tokenizer:
+        try:
+            return self.engine.tokenizer
+        except WiCoreError as exc:
+            raise from_wicore(exc) from exc
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.settings.model_name, "object": "model", "created": self.created, "owned_by": "wicore",
+                "max_model_len": self.engine.scheduler.config.max_context}
+
+
+async def until_disconnect(request: Request, work: Any) -> None:
+    """Await `work`; if the client goes away first, cancel it (which aborts its engine requests)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise APIError(499, "the client closed the connection", code="client_closed")
+    task.result()  # re-raises the work's error
+
+
+class StatusCounter:
+    """Counts every response by route and status into the app's metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record)
+        finally:
+            self.metrics.observe_request(scope.get("path", ""), status)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return error_response(exc)
+
+
+async def _wicore_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, WiCoreError)
+    return error_response(from_wicore(exc))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    request_id = uuid.uuid4().hex[:12]
+    log.error("request %s (%s %s) failed", request_id, request.method, request.url.path, exc_info=exc)
+    return error_response(APIError(500, f"internal error (request {request_id}); see the server log", code="internal_error"))
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    from starlette.exceptions import HTTPException
+
+    assert isinstance(exc, HTTPException)
+    return error_response(APIError(exc.status_code, str(exc.detail), code="http_error"))
+
+
+def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
+    """The app for a started engine; stopping the engine stays with the caller."""
+    from starlette.exceptions import HTTPException
+
+    from wicore.api.openapi import openapi_route
+
+    api = API(engine, settings)
+    routes = [
+        Route("/health", api.health, methods=["GET"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/chat/completions", api.chat, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/inference", api.inference, methods=["POST"]),
+        Route("/v1/stats", api.stats, methods=["GET"]),
+        Route("/metrics", api.metrics_route, methods=["GET"]),
+        Route("/openapi.json", openapi_route, methods=["GET"]),
+    ]
+    middleware = [Middleware(StatusCounter, metrics=api.metrics)]
+    if settings.cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"],
+                                     allow_headers=["*"]))
+    handlers = {APIError: _api_error, WiCoreError: _wicore_error, HTTPException: _http_error, Exception: _internal_error}
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)  # type: ignore[arg-type]
+    app.state.api = api
+    return app

@@ -1,0 +1,43 @@
+"""Bearer-token auth: keys compared in constant time; no keys configured means no auth."""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+
+from wicore.api.errors import APIError
+from wicore.errors import RequestError
+
+
+def read_key_file(path: Path) -> list[str]:
+    """One key per line; blank lines and lines starting with '#' are skipped."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise RequestError(f"cannot read the API key file {path}: {exc.strerror}") from exc
+    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+
+
+class Authenticator:
+    def __init__(self, keys: tuple[str, ...] | list[str]) -> None:
+        self._keys = [k.encode() for k in keys if k]
+
+    @property
+    def is_enabled(self) -> bool:
+        return bool(self._keys)
+
+    def check(self, authorization: str | None) -> str | None:
+        """The key the header carries (None when auth is off); raises a 401 APIError otherwise."""
+        if not self._keys:
+            return None
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise APIError(401, "missing API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
+        given = token.strip().encode()
+        # Compare with every key so the time taken does not tell which (or whether one) matched.
+        matched = False
+        for key in self._keys:
+            matched |= hmac.compare_digest(given, key)
+        if not matched:
+            raise APIError(401, "incorrect API key", code="invalid_api_key")
+        return token.strip()

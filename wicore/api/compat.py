@@ -1,0 +1,92 @@
+"""The original WiCore API, kept for clients written against it.
+
+    POST /v1/inference  {prompt, images?, max_tokens?, temperature?}
+                     -> {id, content, token_count, latency_ms}
+
+`--config FILE` (JSON or TOML) takes the flags' names (`port`, `kv_pool_gb`, ...) and the
+original keys below; flags given on the command line win over the file.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from wicore.api.errors import APIError
+from wicore.api.generation import ChoiceStats, run_choice
+from wicore.api.schemas import Options, _bad, _int, _number
+from wicore.errors import RequestError
+
+# Original config key -> (flag destination, conversion).
+ORIGINAL_KEYS: dict[str, str] = {
+    "model_path": "model",
+    "server_port": "port",
+    "server_host": "host",
+    "max_batch_size": "max_num_seqs",
+    "max_context_length": "max_context",
+    "gpu_memory_gb": "kv_pool_gb",
+    "cpu_memory_gb": "host_tier_gb",
+}
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """The file's settings under the flags' destination names (`max-num-seqs` -> `max_num_seqs`)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RequestError(f"cannot read the config file {path}: {exc.strerror}") from exc
+    try:
+        if Path(path).suffix.lower() == ".toml":
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                raise RequestError("TOML config files need Python 3.11 or later; use JSON") from None
+
+            raw = tomllib.loads(text)
+        else:
+            raw = json.loads(text)
+    except ValueError as exc:
+        raise RequestError(f"the config file {path} does not parse: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise RequestError(f"the config file {path} must hold a table/object of settings")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name == "enable_hmt":
+            if not value:  # HMT off: no tiers below the device pool
+                values["host_tier_gb"] = 0.0
+                values["nvme_tier_gb"] = 0.0
+            continue
+        values[ORIGINAL_KEYS.get(name, name)] = value
+    return values
+
+
+async def inference(api: Any, body: Any) -> dict[str, Any]:
+    """Run one /v1/inference request on `api` (a wicore.api.app.API)."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise _bad("prompt", "expected a non-empty string")
+    if body.get("images"):
+        raise APIError(400, "images: image input is not supported by this server yet", param="images", code="unsupported")
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    opts = Options(max_tokens=_int(body, "max_tokens", 1), temperature=0.0 if temperature is None else temperature)
+    tok = api._tokenizer()
+    ids = tok.encode(prompt)
+    started = time.monotonic()
+    request_id = f"inf-{uuid.uuid4().hex[:24]}"
+    stats = ChoiceStats()
+    text = ""
+    async for piece in run_choice(api.engine, ids, api._params(ids, opts, 0, "prompt"), (), "normal", stats, request_id):
+        text += piece.text
+    api.metrics.observe_choice(stats, time.monotonic())
+    return {
+        "id": request_id,
+        "content": text,
+        "token_count": stats.num_completion_tokens,
+        "latency_ms": round((time.monotonic() - started) * 1000.0, 3),
+    }

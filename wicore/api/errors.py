@@ -1,0 +1,65 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}`, one mapping from WiCore's.
+
+    APIError(status, message, param=...)  raised anywhere in a route
+    error_response(exc)                   the JSONResponse a client sees
+"""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse
+
+from wicore.errors import OverloadedError, RequestError, WiCoreError
+
+# HTTP status -> OpenAI error type.
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+class APIError(Exception):
+    """An error a route returns to the client as is."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def from_wicore(exc: WiCoreError) -> APIError:
+    """A user-fixable engine error as the HTTP error a client can act on."""
+    if isinstance(exc, OverloadedError):
+        return APIError(503, str(exc), code="overloaded", headers={"Retry-After": "1"})
+    if isinstance(exc, RequestError):
+        return APIError(400, str(exc))
+    return APIError(500, str(exc), code="internal_error")
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)

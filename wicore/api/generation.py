@@ -1,0 +1,128 @@
+"""One choice of one request: token ids in, text pieces out, stop strings cut exactly.
+
+    engine outputs ──► IncrementalDecoder ──► StopMatcher ──► Piece(text, finish_reason)
+
+While streaming, text that could be the start of a stop string is held back until the
+next tokens show whether it is one; when a stop string completes, the text before it is
+sent, the request is aborted in the engine, and the choice ends with "stop".
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from wicore.api.errors import APIError, from_wicore
+from wicore.errors import WiCoreError
+from wicore.runtime.engine import Engine
+from wicore.runtime.sampler import SamplingParams
+from wicore.runtime.tokenizer import IncrementalDecoder
+
+log = logging.getLogger("wicore.api")
+
+
+class StopMatcher:
+    """Holds back text that may begin a stop string; finds the first stop string that completes."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self._pending = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """(text safe to send, whether a stop string completed)."""
+        self._pending += text
+        if not self.stops:
+            out, self._pending = self._pending, ""
+            return out, False
+        hits = [i for i in (self._pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self._pending = self._pending[: min(hits)], ""
+            return out, True
+        hold = self._held_length()
+        out, self._pending = self._pending[: len(self._pending) - hold], self._pending[len(self._pending) - hold :]
+        return out, False
+
+    def flush(self) -> str:
+        out, self._pending = self._pending, ""
+        return out
+
+    def _held_length(self) -> int:
+        """Length of the longest suffix of the pending text that is a proper prefix of a stop string."""
+        text = self._pending
+        for n in range(min(len(text), max(len(s) for s in self.stops) - 1), 0, -1):
+            suffix = text[-n:]
+            if any(s.startswith(suffix) for s in self.stops):
+                return n
+        return 0
+
+
+@dataclass
+class Piece:
+    text: str
+    finish_reason: str | None = None  # set on the last piece
+
+
+@dataclass
+class ChoiceStats:
+    """Exact counts and timings of one choice, filled in while it runs."""
+
+    num_prompt_tokens: int = 0
+    num_completion_tokens: int = 0
+    num_cached_tokens: int = 0
+    started: float = field(default_factory=time.monotonic)
+    token_times: list[float] = field(default_factory=list)
+
+
+_REASONS = {"stop": "stop", "length": "length", "deadline": "length", "abort": "abort"}
+
+
+async def run_choice(
+    engine: Engine,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    stops: tuple[str, ...],
+    priority: str,
+    stats: ChoiceStats,
+    request_id: str,
+) -> AsyncIterator[Piece]:
+    """Yield the choice's text pieces; the last one carries the finish reason.
+
+    Closing the generator early (a client that went away) aborts the request in the engine.
+    """
+    try:
+        rid = engine.add_request(prompt_ids, params, priority=priority, request_id=request_id)
+    except WiCoreError as exc:
+        raise from_wicore(exc) from exc
+    stats.num_prompt_tokens = len(prompt_ids)
+    decoder = IncrementalDecoder(engine.tokenizer, prompt_ids=prompt_ids)
+    matcher = StopMatcher(stops)
+    finished = False
+    try:
+        async for out in engine.outputs(rid):
+            now = time.monotonic()
+            stats.num_cached_tokens = out.num_cached_tokens
+            text = ""
+            for token in out.new_token_ids:
+                stats.num_completion_tokens += 1
+                stats.token_times.append(now)
+                text += decoder.push(token)
+            if out.finished:
+                finished = True
+                if out.finish_reason == "error":
+                    log.error("request %s failed in the engine:\n%s", request_id, out.error)
+                    raise APIError(500, f"request {request_id} failed inside the engine; see the server log", code="internal_error")
+                text += decoder.flush()
+            safe, stopped = matcher.push(text)
+            if stopped:
+                yield Piece(safe, "stop")
+                return
+            if out.finished:
+                yield Piece(safe + matcher.flush(), _REASONS.get(out.finish_reason or "stop", "stop"))
+                return
+            if safe:
+                yield Piece(safe)
+    finally:
+        if not finished:
+            engine.abort(rid)

@@ -1,0 +1,56 @@
+"""Prometheus metrics of one app, in its own registry (never prometheus_client's global one).
+
+Request counters and latency histograms are recorded as requests end; engine gauges
+(running / waiting, KV blocks per tier, prefix hit rate) are read from engine.stats()
+when /metrics is scraped.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from wicore.api.generation import ChoiceStats
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("wicore_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.prompt_tokens = Counter("wicore_prompt_tokens", "Prompt tokens of finished choices", registry=r)
+        self.generated_tokens = Counter("wicore_generated_tokens", "Tokens generated", registry=r)
+        self.ttft = Histogram("wicore_time_to_first_token_seconds", "Time to first token", buckets=_LATENCY, registry=r)
+        self.itl = Histogram("wicore_inter_token_seconds", "Time between tokens", buckets=_LATENCY, registry=r)
+        self.e2e = Histogram("wicore_e2e_request_seconds", "Time from arrival to the last token", buckets=_LATENCY, registry=r)
+        self.running = Gauge("wicore_requests_running", "Requests running in the engine", registry=r)
+        self.waiting = Gauge("wicore_requests_waiting", "Requests waiting in the engine", registry=r)
+        self.swapped = Gauge("wicore_requests_swapped", "Requests swapped out to HOST/NVME", registry=r)
+        self.blocks_used = Gauge("wicore_kv_blocks_used", "KV blocks in use (owned or cached) per tier", ["tier"], registry=r)
+        self.blocks_free = Gauge("wicore_kv_blocks_free", "Free KV blocks per tier", ["tier"], registry=r)
+        self.prefix_hit_rate = Gauge("wicore_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache", registry=r)
+
+    def observe_request(self, route: str, status: int) -> None:
+        self.requests.labels(route=route, status=str(status)).inc()
+
+    def observe_choice(self, stats: ChoiceStats, ended: float) -> None:
+        self.prompt_tokens.inc(stats.num_prompt_tokens)
+        self.generated_tokens.inc(stats.num_completion_tokens)
+        times = stats.token_times
+        if times:
+            self.ttft.observe(times[0] - stats.started)
+            for a, b in zip(times, times[1:]):
+                self.itl.observe(b - a)
+        self.e2e.observe(ended - stats.started)
+
+    def render(self, engine_stats: dict[str, object]) -> bytes:
+        self.running.set(float(engine_stats["running"]))  # type: ignore[arg-type]
+        self.waiting.set(float(engine_stats["waiting"]))  # type: ignore[arg-type]
+        self.swapped.set(float(engine_stats["swapped"]))  # type: ignore[arg-type]
+        for tier, n in dict(engine_stats["blocks_in_use"]).items():  # type: ignore[call-overload]
+            self.blocks_used.labels(tier=tier).set(n)
+        for tier, n in dict(engine_stats["blocks_free"]).items():  # type: ignore[call-overload]
+            self.blocks_free.labels(tier=tier).set(n)
+        self.prefix_hit_rate.set(float(engine_stats["prefix_hit_rate"]))  # type: ignore[arg-type]
+        return generate_latest(self.registry)

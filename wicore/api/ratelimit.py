@@ -1,0 +1,55 @@
+"""Per-key token bucket: `rate` requests per second on average, bursts of up to `burst`."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Callable
+
+from wicore.api.errors import APIError
+
+
+class TokenBucket:
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("rate must be > 0 and burst >= 1")
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._tokens = burst
+        self._last = clock()
+
+    def take(self) -> float | None:
+        """Take one token; None if granted, else the seconds until one is available."""
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return None
+        return (1 - self._tokens) / self.rate
+
+
+class RateLimiter:
+    """One bucket per client key (the API key, or the client address when auth is off)."""
+
+    def __init__(self, requests_per_minute: float, burst: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = requests_per_minute / 60.0
+        self.burst = float(burst if burst is not None else max(1, math.ceil(requests_per_minute / 60.0)))
+        self._clock = clock
+        self._buckets: dict[str, TokenBucket] = {}
+        self._lock = threading.Lock()
+
+    def check(self, key: str) -> None:
+        """Raise a 429 APIError with Retry-After when `key` is over its rate."""
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = TokenBucket(self.rate, self.burst, self._clock)
+            wait = bucket.take()
+        if wait is not None:
+            retry = max(1, math.ceil(wait))
+            raise APIError(
+                429, f"rate limit reached: retry in {retry} s", code="rate_limit_exceeded", headers={"Retry-After": str(retry)}
+            )

@@ -1,0 +1,237 @@
+"""Request bodies of the OpenAI endpoints, parsed and checked: a 400 names the parameter.
+
+Unknown fields are ignored, as OpenAI does; `null` means "not given". Known fields whose
+feature WiCore lacks (logprobs, penalties, echo, image parts) are refused with a 400
+rather than silently ignored, so a client never gets an answer it did not ask for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from wicore.api.errors import APIError
+
+PRIORITIES = ("low", "normal", "high", "urgent")
+ROLES = ("system", "developer", "user", "assistant")
+MAX_N = 16
+MAX_STOPS = 16
+
+
+@dataclass(frozen=True)
+class Options:
+    """What both endpoints share: sampling, stop strings, how many choices, how to answer."""
+
+    model: str | None = None
+    max_tokens: int | None = None  # None: as many as the context leaves
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    priority: str = "normal"
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: list[dict[str, Any]]
+    options: Options
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompts: list[str | list[int]]  # text, or token ids
+    options: Options
+
+
+def _bad(param: str, message: str) -> APIError:
+    return APIError(400, f"{param}: {message}", param=param, code="invalid_value")
+
+
+def _get(body: dict[str, Any], name: str) -> Any:
+    return body.get(name)
+
+
+def _int(body: dict[str, Any], name: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    value = _get(body, name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(name, f"expected an integer, got {type(value).__name__}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise _bad(name, f"{value} is out of range [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]")
+    return value
+
+
+def _number(body: dict[str, Any], name: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+    value = _get(body, name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(name, f"expected a number, got {type(value).__name__}")
+    if value < lo or value > hi or (lo_open and value == lo):
+        raise _bad(name, f"{value} is out of range {'(' if lo_open else '['}{lo}, {hi}]")
+    return float(value)
+
+
+def _bool(body: dict[str, Any], name: str) -> bool | None:
+    value = _get(body, name)
+    if value is not None and not isinstance(value, bool):
+        raise _bad(name, f"expected a boolean, got {type(value).__name__}")
+    return value
+
+
+def _str(body: dict[str, Any], name: str) -> str | None:
+    value = _get(body, name)
+    if value is not None and not isinstance(value, str):
+        raise _bad(name, f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _unsupported(name: str, what: str) -> APIError:
+    return APIError(400, f"{name}: {what} is not supported by this server yet", param=name, code="unsupported")
+
+
+def parse_stop(body: dict[str, Any]) -> tuple[str, ...]:
+    value = _get(body, "stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise _bad("stop", "expected a string or a list of strings")
+    if len(value) > MAX_STOPS:
+        raise _bad("stop", f"at most {MAX_STOPS} stop strings, got {len(value)}")
+    return tuple(s for s in value if s)
+
+
+def parse_priority(body: dict[str, Any]) -> str:
+    value = _get(body, "priority")
+    if value is None:
+        return "normal"
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(PRIORITIES):
+        return PRIORITIES[value]
+    if isinstance(value, str) and value.lower() in PRIORITIES:
+        return value.lower()
+    raise _bad("priority", f"choose one of {', '.join(PRIORITIES)} (or 0-3)")
+
+
+def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...]) -> Options:
+    """The shared fields; `max_tokens_names` in order of preference."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _number(body, name, -2.0, 2.0):
+            raise _unsupported(name, "a non-zero penalty")
+    if _int(body, "top_logprobs", 0, 20):
+        raise _unsupported("top_logprobs", "top_logprobs")
+    logprobs = _get(body, "logprobs")
+    if logprobs is not None and logprobs is not False:
+        if isinstance(logprobs, bool) or (isinstance(logprobs, int) and 0 <= logprobs <= 5):
+            if logprobs:
+                raise _unsupported("logprobs", "logprobs")
+        else:
+            raise _bad("logprobs", "expected a boolean (chat) or an integer in [0, 5] (completions)")
+    max_tokens = None
+    for name in max_tokens_names:
+        value = _int(body, name, 1)
+        if value is not None:
+            max_tokens = value
+            break
+    top_k = _int(body, "top_k", -1)
+    stream_options = _get(body, "stream_options")
+    include_usage = False
+    if stream_options is not None:
+        if not isinstance(stream_options, dict):
+            raise _bad("stream_options", "expected an object")
+        include_usage = bool(_bool(stream_options, "include_usage"))
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    top_p = _number(body, "top_p", 0.0, 1.0, lo_open=True)
+    return Options(
+        model=_str(body, "model"),
+        max_tokens=max_tokens,
+        temperature=1.0 if temperature is None else temperature,
+        top_p=1.0 if top_p is None else top_p,
+        top_k=0 if top_k is None or top_k < 0 else top_k,  # -1 (vLLM) and 0 both mean "off"
+        seed=_int(body, "seed", -(2**63), 2**64 - 1),
+        stop=parse_stop(body),
+        n=_int(body, "n", 1, MAX_N) or 1,
+        stream=bool(_bool(body, "stream")),
+        include_usage=include_usage,
+        priority=parse_priority(body),
+        user=_str(body, "user"),
+    )
+
+
+def parse_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = _get(body, "messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages", "expected a non-empty list of messages")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise _bad(where, "expected an object with role and content")
+        role = message.get("role")
+        if role not in ROLES:
+            raise _bad(f"{where}.role", f"{role!r}: choose one of {', '.join(ROLES)}")
+        out.append({"role": "system" if role == "developer" else role, "content": _content(message.get("content"), where)})
+    return out
+
+
+def _content(content: Any, where: str) -> str | list[dict[str, str]]:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(f"{where}.content", "expected a string or a list of content parts")
+    parts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise _bad(f"{where}.content[{j}]", "expected an object with a type")
+        if part["type"] != "text":
+            raise _unsupported(f"{where}.content[{j}]", f"content of type {part['type']!r}")
+        if not isinstance(part.get("text"), str):
+            raise _bad(f"{where}.content[{j}].text", "expected a string")
+        parts.append({"type": "text", "text": part["text"]})
+    return parts
+
+
+def parse_prompts(body: dict[str, Any]) -> list[str | list[int]]:
+    prompt = _get(body, "prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise _bad("prompt", "expected a string, a list of strings, or token ids")
+
+
+def parse_chat(body: Any) -> ChatRequest:
+    body = _object(body)
+    return ChatRequest(parse_messages(body), parse_options(body, ("max_completion_tokens", "max_tokens")))
+
+
+def parse_completion(body: Any) -> CompletionRequest:
+    body = _object(body)
+    if _bool(body, "echo"):
+        raise _unsupported("echo", "echo")
+    best_of = _int(body, "best_of", 1, MAX_N)
+    if best_of not in (None, 1):
+        raise _unsupported("best_of", "best_of > 1")
+    if _str(body, "suffix"):
+        raise _unsupported("suffix", "suffix")
+    return CompletionRequest(parse_prompts(body), parse_options(body, ("max_tokens",)))
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    return body

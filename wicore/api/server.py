@@ -1,0 +1,113 @@
+"""Hypercorn in front of the app: `serve()` for `wicore serve`, `ServerThread` for tests and tools.
+
+Shutdown (SIGTERM or SIGINT): Hypercorn stops accepting, in-flight requests get
+`grace_seconds` to finish, then their connections are cancelled, which aborts their engine
+requests; the engine stops last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config
+
+from wicore.api.app import ServerSettings, create_app
+from wicore.runtime.engine import Engine, EngineConfig
+
+log = logging.getLogger("wicore.api")
+
+
+def hypercorn_config(host: str, port: int, grace_seconds: float = 30.0, access_log: bool = False) -> Config:
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.graceful_timeout = grace_seconds
+    config.keep_alive_timeout = 75.0
+    config.accesslog = "-" if access_log else None
+    config.errorlog = "-"
+    return config
+
+
+def serve(engine_config: EngineConfig, settings: ServerSettings, host: str, port: int, grace_seconds: float = 30.0) -> int:
+    """Run until SIGTERM / SIGINT; returns the process exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = Engine(engine_config).start()
+    try:
+        app = create_app(engine, settings)
+        log.info("serving %s on http://%s:%d", settings.model_name, host, port)
+        asyncio.run(_serve_until_signal(app, hypercorn_config(host, port, grace_seconds, access_log=True)))
+    finally:
+        engine.stop()
+    return 0
+
+
+async def _serve_until_signal(app: Any, config: Config) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals (Windows)
+            pass
+    await hypercorn_serve(app, config, shutdown_trigger=stop.wait)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ServerThread:
+    """A real Hypercorn server for an app, on its own event loop thread (tests, benchmarks)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None, grace_seconds: float = 5.0) -> None:
+        self.app = app
+        self.host = host
+        self.port = port or free_port(host)
+        self.config = hypercorn_config(host, self.port, grace_seconds)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread = threading.Thread(target=self._run, name="wicore-http", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("the HTTP server did not start")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # wait until the port accepts connections
+            try:
+                socket.create_connection((self.host, self.port), timeout=1).close()
+                return self
+            except OSError:
+                threading.Event().wait(0.05)
+        raise RuntimeError(f"nothing listens on {self.url}")
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self._ready.set()
+            await hypercorn_serve(self.app, self.config, shutdown_trigger=self._stop.wait)
+
+        asyncio.run(main())
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+

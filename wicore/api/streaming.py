@@ -1,0 +1,125 @@
+"""Server-sent events: OpenAI's chunk shapes, choices merged in arrival order, `data: [DONE]`.
+
+    data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {...}}]}
+    ...
+    data: {"choices": [], "usage": {...}}      (stream_options.include_usage)
+    data: [DONE]
+
+A response that ends early (the client went away) closes its body iterator, which
+cancels the choices and so aborts their requests in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, AsyncIterator
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from wicore.api.errors import APIError
+from wicore.api.generation import Piece
+
+log = logging.getLogger("wicore.api")
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+class EventStream(StreamingResponse):
+    """A text/event-stream response that always closes its body iterator, even when the
+    client disconnects while a chunk is being sent (Starlette then only cancels the send)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[str]) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._content = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self._content, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def merge(choices: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece]]:
+    """(choice index, piece) from all choices as they arrive; the first error is raised.
+
+    Leaving early cancels the remaining choices (each aborts its engine request)."""
+    queue: asyncio.Queue[tuple[int, Piece | Exception | None]] = asyncio.Queue()
+
+    async def drain(index: int, choice: AsyncIterator[Piece]) -> None:
+        try:
+            async for piece in choice:
+                queue.put_nowait((index, piece))
+            queue.put_nowait((index, None))
+        except Exception as exc:  # handed to the consumer, which raises it
+            queue.put_nowait((index, exc))
+
+    tasks = [asyncio.create_task(drain(i, c)) for i, c in enumerate(choices)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def chat_chunk(base: dict[str, Any], index: int, delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
+    choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return {**base, "object": "chat.completion.chunk", "choices": [choice]}
+
+
+def completion_chunk(base: dict[str, Any], index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {**base, "object": "text_completion", "choices": [choice]}
+
+
+async def event_stream(
+    base: dict[str, Any],
+    is_chat: bool,
+    choices: list[AsyncIterator[Piece]],
+    usage: Any,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The SSE body of a streamed completion. `usage()` gives the final usage object."""
+    extra = {"usage": None} if include_usage else {}
+    try:
+        if is_chat:
+            for i in range(len(choices)):
+                yield sse({**chat_chunk(base, i, {"role": "assistant", "content": ""}, None), **extra})
+        async for index, piece in merge(choices):
+            if is_chat:
+                delta = {"content": piece.text} if piece.text or piece.finish_reason is None else {}
+                chunk = chat_chunk(base, index, delta, piece.finish_reason)
+            else:
+                chunk = completion_chunk(base, index, piece.text, piece.finish_reason)
+            yield sse({**chunk, **extra})
+        if include_usage:
+            yield sse({**base, "object": chunk_object(is_chat), "choices": [], "usage": usage()})
+    except APIError as exc:
+        yield sse(exc.body())
+    except Exception:  # one failing stream ends with an error event; the server goes on
+        log.exception("stream %s failed", base.get("id"))
+        yield sse(APIError(500, f"stream {base.get('id')} failed; see the server log", code="internal_error").body())
+    yield DONE
+
+
+def chunk_object(is_chat: bool) -> str:
+    return "chat.completion.chunk" if is_chat else "text_completion"
