@@ -474,7 +474,7 @@ def load_model(model_dir: Path):
     manifest.verify(model_dir)
     if manifest.tokenizer is None:
         raise EngineUnavailable(f"{model_dir} was exported without a tokenizer; export it again")
-    has_attention = all("attention_mass" in p.outputs for p in manifest.partitions)
+    has_attention = manifest.has_attention_stats
     return Tokenizer(model_dir, TokenizerInfo.from_dict(manifest.tokenizer)), has_attention
 
 
