@@ -35,9 +35,12 @@ The issue's target: at 16 streams WiCore's aggregate is >= 4x its single-stream 
 >= 2x llama.cpp's best aggregate over modes (a) and (b). llama.cpp batched is outside that
 definition and is reported beside it.
 
-Each measurement watches the CPU (/proc/stat): when other processes kept more than
-MAX_OTHER_CORES cores busy during it, it is measured again (--retries), and the least
-disturbed attempt is kept; the table says how busy the others were.
+Levels run in order, and within a level every engine and mode back to back, so the rows of one
+level see the same machine. Before each measurement the tool waits (--max-wait) for other
+processes to leave the cores; during it, it watches /proc/stat, and when they kept more than
+MAX_OTHER_CORES cores busy it measures again (--retries) and keeps the calmest attempt; the table
+says how busy the others were. What /proc/stat cannot show (other tenants of a shared host taking
+memory bandwidth) still moves the rates: compare rows of one level, and repeat a run.
 
 Run from the repository root as a script (`python tools/bench_serving.py`): the shared helpers
 come from the sibling tools/bench_generate.py, which is then on sys.path.
@@ -357,6 +360,9 @@ class WiCoreServer:
         self.threads = threads
         self.is_prefix_cache = is_prefix_cache
 
+    def close(self) -> None:
+        """Nothing to release: each level's engine is stopped when it is done."""
+
     def serve(self, prompts: list[list[int]], num_new_tokens: int) -> Served:
         from wicore.runtime.engine import Engine, EngineConfig
         from wicore.runtime.sampler import SamplingParams
@@ -592,23 +598,19 @@ class LlamaBatched:
 
 
 def run_levels(config: BenchConfig) -> tuple[list[LevelResult], dict[str, str], dict[str, str]]:
-    """Every level for WiCore, then for each llama.cpp mode. Returns results, skipped engines, versions."""
+    """Level by level, every engine and mode back to back, so that the rows of one level see the same
+    machine (on a shared host its speed drifts by tens of percent over minutes, with no process to show
+    for it). Returns results, skipped engines, versions."""
     import wicore
 
     levels = sorted(set(config.levels) | {1})  # 1 stream is the reference rate
     wicore_server = WiCoreServer(config.wicore_model, config.threads, config.is_prefix_cache)
     prompts = build_prompts(wicore_server.tokenizer.encode, max(levels), config.num_prompt_tokens, config.seed)
     versions = {"wicore": f"wicore {wicore.__version__}"}
-    results: list[LevelResult] = []
     skipped: dict[str, str] = {}
-    reference: tuple[int, ...] = ()
-
-    for level in levels:
-        serve = functools.partial(wicore_server.serve, prompts[:level], config.num_new_tokens)
-        results.append(measure_level("wicore", "continuous batching", level, serve, config, reference))
-        reference = reference or results[-1].traces[0].token_ids
-        gc.collect()
-
+    servers: list[tuple[str, str, WiCoreServer | LlamaContexts | LlamaBatched]] = [
+        ("wicore", "continuous batching", wicore_server)
+    ]
     for name, make_server in llama_servers(config):
         try:
             server = make_server()
@@ -617,13 +619,20 @@ def run_levels(config: BenchConfig) -> tuple[list[LevelResult], dict[str, str], 
             print(f"[llama.cpp {name}] skipped: {exc}", file=sys.stderr, flush=True)
             continue
         versions["llama.cpp"] = f"llama-cpp-python {server.llama_cpp.__version__}"
-        try:
-            for level in levels:
+        servers.append(("llama.cpp", name, server))
+
+    results: list[LevelResult] = []
+    reference: tuple[int, ...] = ()  # WiCore's greedy tokens for request 0 at one stream
+    try:
+        for level in levels:
+            for engine, mode, server in servers:
                 serve = functools.partial(server.serve, prompts[:level], config.num_new_tokens)
-                results.append(measure_level("llama.cpp", name, level, serve, config, reference))
-        finally:
+                results.append(measure_level(engine, mode, level, serve, config, reference))
+                reference = reference or results[-1].traces[0].token_ids
+                gc.collect()
+    finally:
+        for _, _, server in servers:
             server.close()
-        gc.collect()
     return results, skipped, versions
 
 
