@@ -150,6 +150,19 @@ def test_lru_eviction_drops_the_least_recently_used_cached_blocks():
     assert pool.slot_of(0) == 1 and pool.num_evictable(D) == 1
 
 
+def test_a_cached_prefix_loses_its_tail_before_its_head():
+    """Blocks freed together tie on recency: the deepest goes first, so the prefix that is
+    left can still be hit (a tail without its head never can)."""
+    pool, clock = make_pool(device=5)  # 4 usable slots
+    prompt = list(range(13))  # 3 full blocks cached: ids 0, 1, 2 at depths 0, 1, 2
+    cached_prompt(pool, 1, prompt)
+    clock.now = 1.0
+    alloc = pool.allocate(2, [50, 51, 52, 53, 54, 55])  # 2 blocks: 1 free slot + 1 victim
+    assert alloc.moves == [Move(2, (D, 3), None)]
+    pool.free(2)
+    assert pool.allocate(3, prompt).num_cached_tokens == 8  # blocks 0 and 1 still hit
+
+
 @pytest.mark.parametrize(("make_policy", "victim"), [(LRUPolicy, Move(0, (D, 1), None)), (A2CRPolicy, Move(1, (D, 2), None))])
 def test_a2cr_keeps_a_frequently_hit_block_that_lru_drops(make_policy: type[EvictionPolicy], victim: Move):
     pool, clock = make_pool(device=4, policy=make_policy())  # 3 usable slots
@@ -183,16 +196,20 @@ def test_a_hit_in_nvme_is_promoted_after_room_is_made():
     clock.now = 6.0
     alloc = pool.allocate(6, [2, 2, 2, 2, 9])  # hit on block 1, in NVME
     assert alloc.num_cached_tokens == 4
-    # D victims by LRU: 3 (t=4) then 0 (t=5). HOST can take one (dropping its own block 2,
-    # as NVME holds only the pinned block 1): the better victim, 0, is demoted; 3 is dropped.
+    # DEVICE is full, so block 1 goes up through the sink and its NVME slot takes part in the
+    # cascade: D victim 3 (LRU, t=4) -> HOST, whose block 2 -> the NVME slot 1 left. Then the
+    # fresh block's room: D victim 0 -> HOST, 3 -> NVME, and 2, the oldest, is dropped.
     assert alloc.moves == [
-        Move(2, (H, 0), None),
-        Move(3, (D, 2), None),
+        Move(1, (N, 0), (D, 0)),
+        Move(2, (H, 0), (N, 0)),
+        Move(3, (D, 2), (H, 0)),
+        Move(1, (D, 0), (D, 2)),
+        Move(2, (N, 0), None),
+        Move(3, (H, 0), (N, 0)),
         Move(0, (D, 1), (H, 0)),
-        Move(1, (N, 0), (D, 1)),
     ]
-    assert pool.block_ids(6) == [1, 2] and pool.block_table(6) == [1, 2]
-    assert pool.usage(H) == 1 and pool.usage(N) == 0
+    assert pool.block_ids(6) == [1, 2] and pool.block_table(6) == [2, 1]
+    assert pool.tier_of(0) is H and pool.tier_of(3) is N  # both victims kept, one tier down
 
 
 def test_an_absent_host_tier_is_skipped():
@@ -203,6 +220,39 @@ def test_an_absent_host_tier_is_skipped():
 
 
 # -- swapping --------------------------------------------------------------------------------
+# -- sliding-window release -----------------------------------------------------------------
+def test_release_retires_private_blocks_and_keeps_cached_ones_for_hits():
+    pool, _ = make_pool(device=10)
+    tokens = list(range(14))
+    pool.allocate(1, tokens)  # blocks 0..3 in slots 1..4
+    pool.commit(1, tokens, 8)  # blocks 0 and 1 full and cached; 2 and 3 not yet
+    pool.release(1, 1)
+    assert pool.first_block(1) == 1 and pool.block_ids(1) == [1, 2, 3] and pool.block_table(1) == [2, 3, 4]
+    assert pool.num_evictable(D) == 1 and pool.usage(D) == 4  # block 0: cached, unreferenced
+    pool.commit(1, tokens, 12)  # block 2 fills: still hashed after the chain's head was released
+    pool.release(1, 3)
+    assert pool.block_ids(1) == [3] and pool.num_evictable(D) == 3
+    assert pool.append(1, 17) == [] and pool.block_ids(1) == [3, 4]  # logical blocks 3 and 4
+    pool.free(1)
+    assert pool.allocate(2, tokens[:13]).num_cached_tokens == 12  # all three released blocks hit
+
+
+def test_allocate_with_hits_from_a_first_block_skips_the_blocks_before_it():
+    pool, _ = make_pool(device=10)
+    tokens = list(range(17))
+    cached_prompt(pool, 1, tokens)  # blocks 0..3 cached
+    hashes = pool.prefix_hashes(tokens)
+    assert len(hashes) == 4 and pool.num_leading_hits(hashes) == 4 and pool.is_cached(hashes[2])
+    pool.invalidate(0)  # the head is gone: a pool coordinating a window may still use 1..3
+    assert pool.num_leading_hits(hashes) == 0
+    assert pool.can_allocate_prefix(tokens, 4, first_block=1)
+    alloc = pool.allocate(2, tokens, num_hits=4, first_block=1)
+    assert alloc == Allocation(num_cached_tokens=16, moves=[])
+    assert pool.first_block(2) == 1 and pool.block_ids(2)[:3] == [1, 2, 3] and len(pool.block_ids(2)) == 4
+    with pytest.raises(ValueError, match="outside"):
+        pool.allocate(3, tokens, num_hits=5)
+
+
 def test_swap_out_and_in_restores_the_same_blocks_on_device():
     pool, _ = make_pool(device=6, host=2, nvme=2)
     tokens = list(range(12))
@@ -407,6 +457,18 @@ class PoolMachine(RuleBasedStateMachine):
         self._commit(seq_id, data.draw(st.one_of(st.just(num_tokens), st.integers(self.num_computed[seq_id], num_tokens))))
 
     @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        """Computed leading blocks of a running sequence leave its sliding window."""
+        seq_id = self._pick(data, self._running())
+        if seq_id is None:
+            return
+        first = data.draw(st.integers(0, self.num_computed[seq_id] // BS))
+        kept = self.pool.block_ids(seq_id)[max(0, first - self.pool.first_block(seq_id)) :]
+        self.pool.release(seq_id, first)
+        assert self.pool.block_ids(seq_id) == kept
+        assert self.pool.first_block(seq_id) >= first
+
+    @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
         """A sequence ends with all its tokens computed."""
         seq_id = self._pick(data, self._running())
@@ -488,7 +550,8 @@ class PoolMachine(RuleBasedStateMachine):
         assert set(holders) <= {b.block_id for b in blocks}
         for seq_id, tokens in self.tokens.items():
             block_ids = pool.block_ids(seq_id)
-            assert len(set(block_ids)) == len(block_ids) == -(-len(tokens) // BS)
+            assert len(set(block_ids)) == len(block_ids)
+            assert pool.first_block(seq_id) + len(block_ids) == -(-len(tokens) // BS)
             assert pool.is_swapped(seq_id) == (seq_id in self.swapped)
             if seq_id not in self.swapped:
                 assert pool.block_table(seq_id) == [pool.slot_of(b) for b in block_ids]
@@ -535,7 +598,8 @@ class PoolMachine(RuleBasedStateMachine):
         tokens = self.tokens[seq_id]
         self.pool.commit(seq_id, tokens, num_computed)
         self.num_computed[seq_id] = num_computed
-        for i, block_id in enumerate(self.pool.block_ids(seq_id)[: num_computed // BS]):
+        first = self.pool.first_block(seq_id)
+        for i, block_id in enumerate(self.pool.block_ids(seq_id)[: max(0, num_computed // BS - first)], first):
             prefix = tuple(tokens[: (i + 1) * BS])
             assert self.content.setdefault(block_id, prefix) == prefix
 

@@ -30,9 +30,10 @@ def test_lru_evicts_the_least_recently_used_first():
     assert policy.order([1, 2, 3], now=4.0) == [2, 3, 1]
 
 
-def test_lru_breaks_ties_by_block_id_and_puts_unknown_blocks_first():
+def test_lru_keeps_the_given_order_on_ties_and_puts_unknown_blocks_first():
     policy = touched(LRUPolicy(), {4: [1.0], 2: [1.0], 7: [0.5]})
-    assert policy.order([4, 9, 2, 7], now=2.0) == [9, 7, 2, 4]
+    assert policy.order([4, 9, 2, 7], now=2.0) == [9, 7, 4, 2]
+    assert policy.order([2, 9, 4, 7], now=2.0) == [9, 7, 2, 4]
 
 
 def test_lru_ignores_frequency_and_attention():
@@ -72,7 +73,8 @@ def test_a2cr_without_attention_is_frequency_plus_recency():
 
 def test_a2cr_attention_mass_changes_the_order():
     policy = touched(A2CRPolicy(), {1: [0.0], 2: [0.0]})
-    assert policy.order([1, 2], now=1.0) == [1, 2]  # same history: ties broken by id
+    assert policy.order([1, 2], now=1.0) == [1, 2]  # same history: ties keep the given order
+    assert policy.order([2, 1], now=1.0) == [2, 1]
     policy.add_attention(1, 5.0)
     assert policy.order([1, 2], now=1.0) == [2, 1]
     policy.add_attention(2, 6.0)

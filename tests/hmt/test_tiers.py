@@ -76,3 +76,51 @@ def test_dropped_blocks_copy_nothing(stores):
     pager = Pager(stores)
     assert pager.execute([Move(3, (Tier.HOST, 0), None)]) == set()
     assert pager.stats.num_moves == {("host", "dropped"): 1}
+
+
+def test_a_pool_plan_with_swaps_through_the_sink_moves_every_block_intact(stores):
+    """A real BlockPool plan executed on real stores: each block's bytes end where the pool
+    says the block is, through the promotions that pass the DEVICE sink slot."""
+    from wicore.hmt.block_pool import BlockPool
+    from wicore.hmt.policy import LRUPolicy
+
+    now = [0.0]
+    pool = BlockPool(6, 4, 4, BLOCK, LRUPolicy(), clock=lambda: now[0])
+    truth = {}
+
+    def execute(moves):
+        assert Pager(stores).execute(moves) == set()
+
+    for seq in range(12):  # one-block prompts: fill DEVICE, then cascade down to HOST and NVME
+        now[0] = float(seq)
+        prompt = [seq] * BLOCK + [99]
+        alloc = pool.allocate(seq, prompt)
+        execute(alloc.moves)
+        block_id = pool.block_ids(seq)[0]
+        truth[block_id] = block(100 + seq)
+        stores[Tier.DEVICE].write(pool.slot_of(block_id), truth[block_id])
+        pool.commit(seq, prompt, BLOCK)
+        pool.free(seq)
+    holder = list(range(1000, 1000 + BLOCK * pool.num_free(Tier.DEVICE)))
+    execute(pool.allocate(500, holder).moves)  # takes every free DEVICE slot: hits must evict
+    assert pool.num_free(Tier.DEVICE) == 0
+    num_through_sink = 0
+    num_hits = 0
+    for seq in range(12):  # hits on the blocks still cached, most demoted below DEVICE
+        prompt = [seq] * BLOCK + [7]
+        if not pool.is_cached(pool.prefix_hashes(prompt)[0]):
+            continue
+        now[0] += 1
+        alloc = pool.allocate(100 + seq, prompt)
+        assert alloc.num_cached_tokens == BLOCK
+        num_hits += 1
+        num_through_sink += sum(m.dst == (Tier.DEVICE, BlockPool.SINK_SLOT) for m in alloc.moves)
+        execute(alloc.moves)
+        pool.free(100 + seq)
+    assert num_hits >= 6 and num_through_sink > 0
+    checked = 0
+    for info in pool.blocks():
+        if info.block_id in truth:
+            assert np.array_equal(stores[info.tier].read(info.slot), truth[info.block_id]), info
+            checked += 1
+    assert checked >= 8

@@ -39,7 +39,8 @@ class EvictionPolicy(Protocol):
         """The block id was retired: drop what is known about it (the id may come back as a new block)."""
 
     def order(self, block_ids: Iterable[int], now: float) -> list[int]:
-        """`block_ids` in eviction order: first = evict first; ties broken by block id."""
+        """`block_ids` in eviction order: first = evict first; ties keep their order in `block_ids`
+        (the block pool passes the deepest blocks of a prefix first)."""
 
 
 class LRUPolicy:
@@ -58,7 +59,7 @@ class LRUPolicy:
         self._last_access.pop(block_id, None)
 
     def order(self, block_ids: Iterable[int], now: float) -> list[int]:
-        return sorted(block_ids, key=lambda b: (self._last_access.get(b, -math.inf), b))
+        return sorted(block_ids, key=lambda b: self._last_access.get(b, -math.inf))
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,8 @@ class A2CRPolicy:
         score[b] = w_attention * A[b] / max(A) + w_frequency * F[b] / max(F) + w_recency * R[b]
 
     where max runs over the candidate set, and a term whose max is 0 counts 0 for every
-    block (so without any attention signal the policy is frequency + recency). Ties are
-    broken by block id.
+    block (so without any attention signal the policy is frequency + recency). Ties keep
+    the order the candidates came in.
     """
 
     def __init__(self, config: A2CRConfig | None = None) -> None:
@@ -128,7 +129,7 @@ class A2CRPolicy:
 
     def order(self, block_ids: Iterable[int], now: float) -> list[int]:
         scores = self.scores(block_ids, now)
-        return sorted(scores, key=lambda b: (scores[b], b))
+        return sorted(scores, key=scores.__getitem__)
 
     def scores(self, block_ids: Iterable[int], now: float) -> dict[int, float]:
         """Each block's score at `now` (see the class docstring); no block's history changes."""
