@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from wicore.hmt.block_pool import Move
 from wicore.hmt.policy import Tier
-from wicore.hmt.tiers import CorruptBlockError, TierStore
+from wicore.hmt.tiers import BatchedTierStore, CorruptBlockError, TierStore
 
 
 @dataclass
@@ -21,24 +23,56 @@ class Pager:
         self.stats = PagerStats()
 
     def execute(self, moves: list[Move]) -> set[int]:
-        """Copy each moved block's bytes, in plan order; return the ids of blocks found corrupt.
+        """Copy each moved block's bytes, as in plan order; return the ids of blocks found corrupt.
 
-        A corrupt block's destination is left as it was: its holders must recompute.
+        Consecutive moves between the same two tiers run as one batch (all reads, then all
+        writes; one graph run on a BatchedTierStore) only where that equals plan order: a
+        batch never reads a slot it writes nor writes a slot twice, so a plan may still hand
+        out a slot that an earlier move vacated. A corrupt block's destination is left as it
+        was: its holders must recompute.
         """
         corrupt: set[int] = set()
-        for move in moves:
-            src_tier, src_slot = move.src
-            dst_name = "dropped" if move.dst is None else Tier(move.dst[0]).name.lower()
-            key = (Tier(src_tier).name.lower(), dst_name)
-            self.stats.num_moves[key] = self.stats.num_moves.get(key, 0) + 1
-            if move.dst is None:
+        for batch in _batches(moves):
+            src_tier, dst = batch[0].src[0], batch[0].dst
+            key = (Tier(src_tier).name.lower(), "dropped" if dst is None else Tier(dst[0]).name.lower())
+            self.stats.num_moves[key] = self.stats.num_moves.get(key, 0) + len(batch)
+            if dst is None:
                 continue
-            try:
-                data = self.stores[src_tier].read(src_slot)
-            except CorruptBlockError:
-                corrupt.add(move.block_id)
-                self.stats.num_corrupt += 1
-                continue
-            dst_tier, dst_slot = move.dst
-            self.stores[dst_tier].write(dst_slot, data)
+            src_store, dst_store = self.stores[src_tier], self.stores[dst[0]]
+            if isinstance(src_store, BatchedTierStore):
+                good, blocks = batch, list(src_store.read_many([m.src[1] for m in batch]))
+            else:
+                good, blocks = [], []
+                for move in batch:
+                    try:
+                        blocks.append(src_store.read(move.src[1]))
+                        good.append(move)
+                    except CorruptBlockError:
+                        corrupt.add(move.block_id)
+                        self.stats.num_corrupt += 1
+            if isinstance(dst_store, BatchedTierStore):
+                if good:
+                    dst_store.write_many([m.dst[1] for m in good], np.stack(blocks))
+            else:
+                for move, data in zip(good, blocks):
+                    dst_store.write(move.dst[1], data)
         return corrupt
+
+
+def _batches(moves: list[Move]) -> list[list[Move]]:
+    """The plan cut into runs of consecutive moves between the same tiers, each cut before a
+    move that reads a slot the run writes or writes one it already writes."""
+    batches: list[list[Move]] = []
+    written: set[tuple[int, int]] = set()
+    for move in moves:
+        pair = (move.src[0], None if move.dst is None else move.dst[0])
+        last = batches[-1][-1] if batches else None
+        if last is None or pair != (last.src[0], None if last.dst is None else last.dst[0]) or tuple(move.src) in written or (
+            move.dst is not None and tuple(move.dst) in written
+        ):
+            batches.append([])
+            written = set()
+        batches[-1].append(move)
+        if move.dst is not None:
+            written.add(tuple(move.dst))
+    return batches

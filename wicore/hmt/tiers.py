@@ -4,7 +4,8 @@ A block's bytes are the K and V of `block_size` tokens in every layer:
 
     BlockData: float array [num_layers, 2 (k, v), block_size, num_kv_heads, head_dim]
 
-    tier 0  DeviceStore  the pools bound to the graphs (NumPy on the CPU EP: copies are slices)
+    tier 0  DeviceStore  the pools bound to the graphs (NumPy on the CPU EP: copies are slices);
+                         pools in device memory: OrtPoolStore (device_store.py), gather/scatter graphs
     tier 1  HostStore    one NumPy array [num_slots, *block shape]
     tier 2  NvmeStore    an np.memmap file of the same layout, plus a checksum per slot that is
                          checked on every read: a corrupt block raises CorruptBlockError, it is
@@ -14,8 +15,9 @@ A block's bytes are the K and V of `block_size` tokens in every layer:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -38,6 +40,17 @@ class TierStore(Protocol):
 
     def write(self, slot: int, data: np.ndarray) -> None:
         """Overwrite the slot with `data` (same layout as `read`)."""
+
+
+@runtime_checkable
+class BatchedTierStore(TierStore, Protocol):
+    """A store that moves many blocks in one call (one graph run for device pools)."""
+
+    def read_many(self, slots: Sequence[int]) -> np.ndarray:
+        """The blocks in `slots`, [len(slots), num_layers, 2, block_size, kv_heads, head_dim]."""
+
+    def write_many(self, slots: Sequence[int], data: np.ndarray) -> None:
+        """Overwrite each of the distinct `slots` with its block of `data`."""
 
 
 class DeviceStore:

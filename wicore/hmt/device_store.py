@@ -1,0 +1,213 @@
+"""Tier 0 when the KV pools live in device memory: blocks copied by tiny ONNX graphs, in place.
+
+The step graphs own no copy path for a pool held on a GPU, and NumPy cannot slice it. So the
+store builds two graphs over the pools of one device, runs them with a session on that device,
+and binds each pool input (and each scatter output) to the pool's own OrtValue: the same
+in-place trick as the step graphs, so no pool is ever copied whole.
+
+    gather  slots [n] int64, key_cache.{l}, value_cache.{l}           (pools [N, bs, kvh, hd])
+            Gather(pool_j, slots, axis=0) -> Unsqueeze(axis=1) ─┐  j = 2 * l + (0 key | 1 value)
+            Concat(axis=1) over j ◄─────────────────────────────┘
+            -> blocks [n, 2L, bs, kvh, hd]  bound to host memory: one device -> host copy
+
+    scatter slots [n, 1] int64, blocks [n, 2L, bs, kvh, hd] (host), key_cache.{l}, value_cache.{l}
+            Gather(blocks, j, axis=1) -> ScatterND(pool_j, slots, .) -> key_cache_out.{l} ...
+            each *_out bound to the same OrtValue as its input: written in place
+
+On the host a block reads [L, 2, bs, kvh, hd] (tiers.py's BlockData): [n, 2L, ...] and
+[n, L, 2, ...] are the same contiguous bytes, so the reshape is free. One run moves any
+number of blocks across all of the device's layers; a model split over several devices gets
+one OrtPoolStore per device, joined along the layer axis by LayerSplitStore.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from wicore.runtime.providers import Device, onnxruntime, session_options
+
+OPSET = 17
+SLOTS = "slots"
+BLOCKS = "blocks"
+
+
+def _pool_name(j: int) -> str:
+    """Pool j of the store: layer j // 2, key (even) or value (odd)."""
+    return f"{'key' if j % 2 == 0 else 'value'}_cache.{j // 2}"
+
+
+def _value_info(name: str, elem: int, shape: Sequence[int | str]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, list(shape))
+
+
+def gather_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
+    """slots [n] -> blocks [n, num_pools, *block_shape] (see the module docstring)."""
+    pool_shape = ["num_blocks", *block_shape]
+    nodes = [helper.make_node("Constant", [], ["/axes_1"], value=helper.make_tensor("axes_1", TensorProto.INT64, [1], [1]))]
+    parts = []
+    for j in range(num_pools):
+        prefix = f"/pager/{_pool_name(j)}"
+        nodes.append(helper.make_node("Gather", [_pool_name(j), SLOTS], [f"{prefix}/Gather/output_0"], name=f"{prefix}/Gather", axis=0))
+        nodes.append(helper.make_node("Unsqueeze", [f"{prefix}/Gather/output_0", "/axes_1"], [f"{prefix}/Unsqueeze/output_0"], name=f"{prefix}/Unsqueeze"))
+        parts.append(f"{prefix}/Unsqueeze/output_0")
+    nodes.append(helper.make_node("Concat", parts, [BLOCKS], name="/pager/Concat", axis=1))
+    graph = helper.make_graph(
+        nodes,
+        "wicore_pager_gather",
+        [_value_info(SLOTS, TensorProto.INT64, ["n"])] + [_value_info(_pool_name(j), elem, pool_shape) for j in range(num_pools)],
+        [_value_info(BLOCKS, elem, ["n", num_pools, *block_shape])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def scatter_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
+    """pool_j[slots[i]] = blocks[i, j] for every pool j; outputs `{pool}_out` alias the pools."""
+    pool_shape = ["num_blocks", *block_shape]
+    nodes = []
+    outputs = []
+    for j in range(num_pools):
+        prefix = f"/pager/{_pool_name(j)}"
+        index = f"{prefix}/index"
+        nodes.append(helper.make_node("Constant", [], [index], value=helper.make_tensor(index, TensorProto.INT64, [], [j])))
+        nodes.append(helper.make_node("Gather", [BLOCKS, index], [f"{prefix}/Gather/output_0"], name=f"{prefix}/Gather", axis=1))
+        out = f"{_pool_name(j)}_out"
+        nodes.append(helper.make_node("ScatterND", [_pool_name(j), SLOTS, f"{prefix}/Gather/output_0"], [out], name=f"{prefix}/ScatterND"))
+        outputs.append(_value_info(out, elem, pool_shape))
+    graph = helper.make_graph(
+        nodes,
+        "wicore_pager_scatter",
+        [_value_info(SLOTS, TensorProto.INT64, ["n", 1]), _value_info(BLOCKS, elem, ["n", num_pools, *block_shape])]
+        + [_value_info(_pool_name(j), elem, pool_shape) for j in range(num_pools)],
+        outputs,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+class OrtPoolStore:
+    """Tier 0 over pools that are OrtValues on one device (any EP): copies by gather/scatter runs.
+
+    `pools` holds one (key, value) OrtValue pair per layer covered, each [num_blocks, block_size,
+    kv_heads, head_dim] of `dtype`; they must stay the runner's bound pools for the store's life
+    (a runner `resize` replaces them: build a new store). Blocks read and written are
+    [num_layers, 2, block_size, kv_heads, head_dim] host arrays, as for every TierStore.
+    """
+
+    def __init__(self, pools: Sequence[tuple[object, object]], dtype: np.dtype, device: Device, num_threads: int | None = 1) -> None:
+        if not pools:
+            raise ValueError("OrtPoolStore needs the pools of at least one layer")
+        ort = onnxruntime()
+        self.dtype = np.dtype(dtype)
+        self.device = device
+        self._pools = [value for pair in pools for value in pair]  # pool j = layer j // 2, k/v j % 2
+        shape = tuple(self._pools[0].shape())
+        for value in self._pools:
+            if tuple(value.shape()) != shape:
+                raise ValueError(f"pools of one store must share a shape: {tuple(value.shape())} != {shape}")
+        self.num_slots = shape[0]
+        self.num_layers = len(pools)
+        self.block_shape = (self.num_layers, 2, *shape[1:])
+        elem = helper.np_dtype_to_tensor_dtype(self.dtype)
+        opts = session_options(num_threads)
+        providers = device.providers()
+        self._gather = ort.InferenceSession(
+            gather_graph(len(self._pools), elem, shape[1:]).SerializeToString(), sess_options=opts, providers=providers
+        )
+        self._scatter = ort.InferenceSession(
+            scatter_graph(len(self._pools), elem, shape[1:]).SerializeToString(), sess_options=opts, providers=providers
+        )
+
+    def _slot_array(self, slots: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(slots, np.int64).reshape(-1)
+        bad = ids[(ids < 0) | (ids >= self.num_slots)]
+        if bad.size:
+            raise IndexError(f"KV block slot {int(bad[0])} is out of range for a device pool of {self.num_slots} blocks")
+        return ids
+
+    def read(self, slot: int) -> np.ndarray:
+        return self.read_many([slot])[0]
+
+    def write(self, slot: int, data: np.ndarray) -> None:
+        self.write_many([slot], np.asarray(data)[None])
+
+    def read_many(self, slots: Sequence[int]) -> np.ndarray:
+        """The blocks in `slots`, [len(slots), num_layers, 2, block_size, kv_heads, head_dim]; one run."""
+        ids = self._slot_array(slots)
+        if not ids.size:
+            return np.zeros((0, *self.block_shape), self.dtype)
+        binding = self._gather.io_binding()
+        binding.bind_cpu_input(SLOTS, ids)
+        for j, value in enumerate(self._pools):
+            binding.bind_ortvalue_input(_pool_name(j), value)
+        binding.bind_output(BLOCKS, "cpu")
+        self._gather.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy().reshape(len(ids), *self.block_shape)
+
+    def write_many(self, slots: Sequence[int], data: np.ndarray) -> None:
+        """Overwrite each slot with its block of `data` [len(slots), num_layers, 2, ...]; one run.
+
+        Slots must be distinct: ScatterND writes repeated indices in no defined order.
+        """
+        ids = self._slot_array(slots)
+        if len(set(ids.tolist())) != len(ids):
+            raise ValueError(f"write_many got a slot twice: {ids.tolist()}")
+        data = np.asarray(data)
+        if data.shape != (len(ids), *self.block_shape):
+            raise ValueError(f"blocks of shape {data.shape} for {len(ids)} slots of {self.block_shape}")
+        if not ids.size:
+            return
+        blocks = np.ascontiguousarray(data, self.dtype).reshape(len(ids), 2 * self.num_layers, *self.block_shape[2:])
+        binding = self._scatter.io_binding()
+        binding.bind_cpu_input(SLOTS, ids.reshape(-1, 1))
+        binding.bind_cpu_input(BLOCKS, blocks)
+        for j, value in enumerate(self._pools):
+            binding.bind_ortvalue_input(_pool_name(j), value)
+            binding.bind_ortvalue_output(f"{_pool_name(j)}_out", value)
+        self._scatter.run_with_iobinding(binding)
+
+
+class LayerSplitStore:
+    """Tier 0 of a model whose layers sit on several devices: one store per run of layers,
+    their blocks joined along the layer axis in layer order."""
+
+    def __init__(self, stores: Sequence[OrtPoolStore]) -> None:
+        if len({s.num_slots for s in stores}) != 1:
+            raise ValueError("every device's pool must hold the same number of blocks")
+        self.stores = list(stores)
+        self.num_slots = self.stores[0].num_slots
+        self._bounds = np.cumsum([0] + [s.num_layers for s in self.stores]).tolist()
+
+    def read(self, slot: int) -> np.ndarray:
+        return self.read_many([slot])[0]
+
+    def write(self, slot: int, data: np.ndarray) -> None:
+        self.write_many([slot], np.asarray(data)[None])
+
+    def read_many(self, slots: Sequence[int]) -> np.ndarray:
+        return np.concatenate([s.read_many(slots) for s in self.stores], axis=1)
+
+    def write_many(self, slots: Sequence[int], data: np.ndarray) -> None:
+        data = np.asarray(data)
+        if data.ndim < 2 or data.shape[1] != self._bounds[-1]:
+            raise ValueError(f"blocks of shape {data.shape} for a store of {self._bounds[-1]} layers")
+        for store, start, stop in zip(self.stores, self._bounds, self._bounds[1:]):
+            store.write_many(slots, data[:, start:stop])
+
+
+def ort_pool_store(
+    pools: Sequence[tuple[object, object]], devices: Sequence[Device], dtype: np.dtype, num_threads: int | None = 1
+) -> OrtPoolStore | LayerSplitStore:
+    """Tier 0 over per-layer pools on per-layer `devices`: one OrtPoolStore per run of
+    consecutive layers on one device, joined when there are several."""
+    if not pools or len(pools) != len(devices):
+        raise ValueError(f"{len(pools)} layers of pools for {len(devices)} devices")
+    stores = []
+    start = 0
+    for stop in range(1, len(pools) + 1):
+        if stop == len(pools) or devices[stop] != devices[start]:
+            stores.append(OrtPoolStore(pools[start:stop], dtype, devices[start], num_threads))
+            start = stop
+    return stores[0] if len(stores) == 1 else LayerSplitStore(stores)
