@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
+
+from wicore.cli import apply_config_file, parse_command_line
 
 BLOCK_ORT = "import sys; sys.modules['onnxruntime'] = None; from wicore.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -34,3 +38,28 @@ def test_generate_needs_a_prompt(tmp_path):
     )
     assert res.returncode == 2
     assert "give at least one --prompt or --prompt-file" in res.stderr
+
+
+def test_flags_on_the_command_line_win_over_the_config_file_even_at_their_default(tmp_path):
+    config = tmp_path / "serve.json"
+    config.write_text(json.dumps({
+        "port": 9000, "kv_pool_gb": 3, "policy": "lru", "no_prefix_cache": True, "api_key": "from-file",
+        "host_tier_gb": 0.5, "max_num_seqs": 8, "nvme_dir": "/tmp/x",
+    }))
+    args = parse_command_line([
+        "serve", "--config", str(config), "--port", "8000", "--kv-pool-gb", "1.0", "--policy", "a2cr",
+        "--api-key", "from-flag", "--max-num-seqs", "16",
+    ])
+    apply_config_file(args)
+    # Given, at the default (port, kv pool, policy) or not (keys, max_num_seqs): the flag wins.
+    assert (args.port, args.kv_pool_gb, args.policy, args.api_key, args.max_num_seqs) == (8000, 1.0, "a2cr", ["from-flag"], 16)
+    # Not given: the file's value.
+    assert (args.no_prefix_cache, args.host_tier_gb, args.nvme_dir) == (True, 0.5, Path("/tmp/x"))
+
+
+def test_config_file_alone_fills_the_settings(tmp_path):
+    config = tmp_path / "serve.json"
+    config.write_text(json.dumps({"server_port": 9001, "api_key": "k"}))
+    args = parse_command_line(["serve", "--config", str(config)])
+    apply_config_file(args)
+    assert (args.port, args.api_key, args.host) == (9001, ["k"], "127.0.0.1")

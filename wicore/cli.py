@@ -108,16 +108,29 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_serve, serve_parser=p)
 
 
+def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """Destinations of the flags `argv` gives, whatever their values (a default value included).
+
+    argparse fills a default only into a namespace that lacks the attribute, so `argv` is
+    parsed again into one where every destination is already None: what is no longer None
+    was given.
+    """
+    dests = {a.dest for a in parser._actions if a.dest != argparse.SUPPRESS}
+    blank = argparse.Namespace(**dict.fromkeys(dests))
+    parser.parse_args(argv, namespace=blank)
+    return {name for name in dests if getattr(blank, name) is not None}
+
+
 def apply_config_file(args: argparse.Namespace) -> None:
-    """Fill the settings of --config FILE into `args`, except where a flag changed the default."""
+    """Fill the settings of --config FILE into `args`, except those of flags given on the command line."""
     from wicore.api.compat import load_config_file
 
-    parser: argparse.ArgumentParser = args.serve_parser
+    given = given_flags(args.serve_parser, args.command_line[1:])  # after "serve"
     for name, value in load_config_file(args.config).items():
-        if name in ("config", "func", "serve_parser") or not hasattr(args, name):
+        if name in ("config", "func", "serve_parser", "command_line") or not hasattr(args, name):
             raise RequestError(f"{args.config}: unknown setting {name!r}; use the names of wicore serve's flags")
-        if getattr(args, name) != parser.get_default(name):
-            continue  # given on the command line
+        if name in given:
+            continue
         if name == "api_key" and isinstance(value, str):
             value = [value]
         if name in ("nvme_dir", "api_key_file", "model") and value is not None:
@@ -175,13 +188,21 @@ def read_text(path: Path) -> str:
         raise RequestError(f"cannot read prompt file {path}: {exc.strerror}") from exc
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_command_line(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed arguments; `command_line` keeps the words themselves (for --config)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(prog="wicore", description="Portable LLM inference on ONNX Runtime.")
     sub = ap.add_subparsers(dest="command", required=True)
     add_generate(sub)
     add_serve(sub)
     add_plan(sub)
     args = ap.parse_args(argv)
+    args.command_line = argv
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_command_line(argv)
     try:
         return args.func(args)
     except WiCoreError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 
@@ -224,3 +225,187 @@ def _greedy(n: int):
     from wicore.runtime.sampler import SamplingParams
 
     return SamplingParams(max_tokens=n)
+
+
+# -- logprobs, penalties -------------------------------------------------------------------
+def test_chat_logprobs_with_top_logprobs_streamed_and_not(client):
+    kwargs = dict(model=MODEL, messages=CHAT, max_tokens=8, temperature=0, logprobs=True, top_logprobs=5)
+    full = client.chat.completions.create(**kwargs)
+    content = full.choices[0].logprobs.content
+    assert len(content) == full.usage.completion_tokens == 8 and full.choices[0].finish_reason == "length"
+    assert "".join(e.token for e in content) == full.choices[0].message.content
+    for entry in content:
+        top = entry.top_logprobs
+        assert len(top) == 5 and [t.logprob for t in top] == sorted((t.logprob for t in top), reverse=True)
+        # Greedy: the chosen token is the most likely one, and its logprob the largest.
+        assert (entry.token, entry.logprob) == (top[0].token, top[0].logprob) and entry.logprob <= 0
+        assert entry.bytes == list(entry.token.encode()) and top[1].bytes == list(top[1].token.encode())
+        assert sum(math.exp(t.logprob) for t in top) <= 1 + 1e-9
+    streamed = []
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            if choice.logprobs is not None:
+                streamed += choice.logprobs.content
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-5)
+    plain = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, temperature=0)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == full.choices[0].message.content
+
+
+def test_completion_logprobs_follow_the_engine_tokens(client, gemma_server):
+    tok = gemma_server.engine.tokenizer
+    prompt = "The capital of France is"
+    expected_ids = gemma_server.engine.generate([tok.encode(prompt)], _greedy(8))[0]
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=3)
+    lp = out.choices[0].logprobs
+    assert lp.tokens == [tok.decode([i]) for i in expected_ids]
+    assert "".join(lp.tokens) == out.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)]
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 3 and top[token] == logprob == max(top.values())
+    streamed = {"tokens": [], "text_offset": [], "token_logprobs": []}
+    for chunk in client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=3, stream=True):
+        for key in streamed:
+            streamed[key] += getattr(chunk.choices[0].logprobs, key)
+    assert (streamed["tokens"], streamed["text_offset"]) == (lp.tokens, lp.text_offset)
+    assert streamed["token_logprobs"] == pytest.approx(lp.token_logprobs, abs=1e-5)
+    only_chosen = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=0)
+    assert only_chosen.choices[0].logprobs.top_logprobs == [{t: v} for t, v in zip(lp.tokens, lp.token_logprobs)]
+
+
+def test_a_stop_string_cuts_the_logprobs_with_the_text(client):
+    prompt = "The capital of France is"
+    full = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, logprobs=1).choices[0]
+    words = full.text.split(" ")
+    stop = f"{words[2][-2:]} {words[3][:2]}"  # begins inside one token, ends inside a later one
+    cut = full.text.index(stop)
+    kept = sum(offset < cut for offset in full.logprobs.text_offset)  # tokens whose text begins before the cut
+    assert 0 < kept < 12
+    for stream in (False, True):
+        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, logprobs=1, stop=stop,
+                                        stream=stream)
+        chunks = list(out) if stream else [out]
+        text = "".join(c.choices[0].text for c in chunks)
+        tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+        offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+        assert text == full.text[:cut]
+        assert tokens == full.logprobs.tokens[:kept] and offsets == full.logprobs.text_offset[:kept]
+        assert "".join(tokens).startswith(text)
+
+
+def test_frequency_penalty_lowers_exactly_the_repeated_tokens(client):
+    prompt = "Count: 1 1 1 1 1 1 1 1"
+
+    def run(penalty: float):
+        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, logprobs=5,
+                                        frequency_penalty=penalty)
+        return out.choices[0].logprobs
+
+    plain, penalised = run(0.0), run(2.0)
+    counts: dict[str, int] = {}
+    for token, logprob, top in zip(penalised.tokens, penalised.token_logprobs, penalised.top_logprobs):
+        # Logprobs are the raw model's; greedy picked the best of them less 2 per earlier use.
+        score = logprob - 2.0 * counts.get(token, 0)
+        assert all(score >= v - 2.0 * counts.get(t, 0) - 1e-9 for t, v in top.items())
+        counts[token] = counts.get(token, 0) + 1
+    assert penalised.tokens[0] == plain.tokens[0]  # nothing to penalise yet
+    assert penalised.token_logprobs[0] == pytest.approx(plain.token_logprobs[0], abs=1e-5)
+    assert max(counts.values()) < max(plain.tokens.count(t) for t in plain.tokens)
+    assert any(t != max(top, key=top.get) for t, top in zip(penalised.tokens, penalised.top_logprobs))
+
+
+def test_out_of_range_logprobs_and_penalties_are_400_naming_them(client):
+    for kwargs, param in [
+        (dict(logprobs=True, top_logprobs=21), "top_logprobs"), (dict(top_logprobs=2), "top_logprobs"),
+        (dict(presence_penalty=2.5), "presence_penalty"), (dict(frequency_penalty=-3), "frequency_penalty"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2, **kwargs)
+        assert info.value.param == param and param in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="a", max_tokens=2, logprobs=6)
+    assert info.value.param == "logprobs"
+
+
+# -- failures and priority ------------------------------------------------------------------
+def test_a_request_failing_mid_stream_ends_with_an_error_event_and_the_others_go_on(client, gemma_server):
+    prompts = [f"Count from {i} to {i + 5}:" for i in range(2)]
+    expected = [client.completions.create(model=MODEL, prompt=p, max_tokens=24, temperature=0).choices[0].text
+                for p in prompts]
+    results: list[str | None] = [None] * len(prompts)
+    started = threading.Barrier(len(prompts) + 1)
+
+    def run(i: int) -> None:
+        text = ""
+        for n, chunk in enumerate(client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=24,
+                                                              temperature=0, stream=True)):
+            text += chunk.choices[0].text
+            if n == 0:
+                started.wait(timeout=60)
+        results[i] = text
+
+    def broken(logits) -> None:
+        raise RuntimeError("this request's sampler failed")
+
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 300, "temperature": 0, "stream": True}
+    events: list[dict] = []
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    with httpx.stream("POST", f"{gemma_server.url}/v1/completions", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                break
+        for t in threads:
+            t.start()
+        started.wait(timeout=60)  # the other streams are running too
+        # The engine runs the real model; only this request's sampler now raises.
+        gemma_server.engine.scheduler.requests[f"{events[0]['id']}-0"].sampler.sample = broken
+        rest = [line for line in lines if line.startswith("data: ")]
+    for t in threads:
+        t.join(timeout=300)
+    assert rest[-1] == "data: [DONE]"
+    error = json.loads(rest[-2][6:])["error"]
+    assert error["code"] == "internal_error" and events[0]["id"] in error["message"]
+    assert all("choices" in json.loads(line[6:]) for line in rest[:-2])
+    assert results == expected  # the concurrent streams completed, unchanged
+    stats = wait_idle(gemma_server)
+    assert stats["running"] == 0 and stats["blocks_referenced"]["device"] == 0
+    again = client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=24, temperature=0)
+    assert again.choices[0].text == expected[0]  # the server goes on serving
+
+
+def test_priority_from_the_api_orders_queued_requests(gemma_270m):
+    from wicore.api.app import ServerSettings, create_app
+    from wicore.api.server import ServerThread
+    from wicore.runtime.engine import Engine, EngineConfig
+    from wicore.runtime.scheduler import SchedulerConfig
+
+    # One sequence at a time, no aging: the engine starts only once all five requests wait.
+    engine = Engine(EngineConfig(model_dir=gemma_270m(1), num_threads=2, verify_files=False, num_device_blocks=32,
+                                 scheduler=SchedulerConfig(max_num_seqs=1, aging_seconds=0)))
+    server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL))).start()
+    api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def run(name: str, priority: str | int) -> None:
+        api.completions.create(model=MODEL, prompt=f"Say {name}", max_tokens=3, temperature=0,
+                               extra_body={"priority": priority})
+        with lock:
+            order.append(name)
+
+    try:
+        threads = []
+        for name, priority in [("low", "low"), ("normal-1", "normal"), ("urgent", 3), ("normal-2", 1), ("high", "high")]:
+            threads.append(threading.Thread(target=run, args=(name, priority)))
+            threads[-1].start()
+            while engine.stats()["waiting"] < len(threads) and threads[-1].is_alive():  # queued in this order
+                time.sleep(0.01)
+        engine.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert order == ["urgent", "high", "normal-1", "normal-2", "low"]
+    finally:
+        server.stop()
+        engine.stop()

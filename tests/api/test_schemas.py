@@ -38,7 +38,8 @@ def test_nulls_mean_not_given():
         ("temperature", -0.1), ("temperature", 2.5), ("temperature", "hot"),
         ("top_p", 0), ("top_p", 1.1), ("top_k", -2), ("n", 0), ("n", 17), ("seed", "s"),
         ("stop", 3), ("stop", ["a", 1]), ("stream", "yes"), ("stream_options", 1), ("priority", "asap"),
-        ("presence_penalty", 3), ("frequency_penalty", 0.5), ("logprobs", True), ("top_logprobs", 2), ("user", 5),
+        ("presence_penalty", 3), ("frequency_penalty", -2.5), ("presence_penalty", "x"), ("logprobs", 2),
+        ("top_logprobs", 2), ("top_logprobs", 21), ("top_logprobs", -1), ("user", 5),
     ],
 )
 def test_bad_values_name_the_parameter(field, value):
@@ -47,6 +48,38 @@ def test_bad_values_name_the_parameter(field, value):
     assert info.value.status == 400
     assert info.value.param == field
     assert field in info.value.message
+
+
+@pytest.mark.parametrize("value", [6, -1, True, False, "3", 1.5])
+def test_bad_completion_logprobs_name_the_parameter(value):
+    with pytest.raises(APIError) as info:
+        parse_completion({"prompt": "a", "logprobs": value})
+    assert (info.value.status, info.value.param) == (400, "logprobs")
+
+
+def test_top_logprobs_needs_logprobs_true():
+    with pytest.raises(APIError, match="needs logprobs: true") as info:
+        parse_chat({"messages": MSG, "logprobs": False, "top_logprobs": 3})
+    assert info.value.param == "top_logprobs"
+
+
+@pytest.mark.parametrize(
+    "body, logprobs",
+    [({}, None), ({"logprobs": False, "top_logprobs": 0}, None), ({"logprobs": True}, 0),
+     ({"logprobs": True, "top_logprobs": 20}, 20)],
+)
+def test_chat_logprobs(body, logprobs):
+    assert parse_chat({"messages": MSG, **body}).options.logprobs == logprobs
+
+
+@pytest.mark.parametrize("value, logprobs", [(None, None), (0, 0), (5, 5)])
+def test_completion_logprobs(value, logprobs):
+    assert parse_completion({"prompt": "a", "logprobs": value}).options.logprobs == logprobs
+
+
+def test_penalties_are_read():
+    opts = parse_completion({"prompt": "a", "presence_penalty": -2, "frequency_penalty": 1.5}).options
+    assert (opts.presence_penalty, opts.frequency_penalty) == (-2.0, 1.5)
 
 
 @pytest.mark.parametrize(

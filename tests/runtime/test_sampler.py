@@ -53,3 +53,92 @@ def test_seed_repeats_and_differs():
 def test_invalid_params_are_rejected(field, value, message):
     with pytest.raises(RequestError, match=message):
         SamplingParams(**{field: value})
+
+
+def numpy_log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    return x - x.max() - np.log(np.sum(np.exp(x - x.max())))
+
+
+def test_penalties_subtract_exactly_presence_plus_frequency_times_count():
+    sampler = Sampler(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25))
+    sampler.counts = {1: 3, 4: 1}
+    expected = LOGITS.astype(np.float64)
+    expected[1] -= 0.5 + 0.25 * 3
+    expected[4] -= 0.5 + 0.25 * 1
+    np.testing.assert_array_equal(sampler.penalized(LOGITS), expected)
+
+
+def test_negative_penalties_favour_repeats():
+    sampler = Sampler(SamplingParams(presence_penalty=-1.0, frequency_penalty=-0.5))
+    sampler.counts = {2: 2}
+    assert sampler.penalized(LOGITS)[2] == LOGITS.astype(np.float64)[2] + 1.0 + 0.5 * 2
+
+
+def test_greedy_with_frequency_penalty_counts_its_own_tokens():
+    # Token 1 leads token 3 by log(0.4 / 0.3) = 0.288: it wins until two picks (0.4 of penalty)
+    # put it behind, then token 3 wins once (0.2) and falls behind in turn.
+    sampler = Sampler(SamplingParams(frequency_penalty=0.2))
+    picks = [sampler(LOGITS) for _ in range(4)]
+    scores = LOGITS.astype(np.float64)
+    counts = np.zeros(5)
+    expected = []
+    for _ in range(4):
+        token = int(np.argmax(scores - 0.2 * counts))
+        counts[token] += 1
+        expected.append(token)
+    assert picks == expected == [1, 1, 3, 1]
+    assert sampler.counts == {1: 3, 3: 1}
+
+
+def test_without_penalties_no_counts_are_kept():
+    sampler = Sampler(SamplingParams())
+    for _ in range(3):
+        sampler(LOGITS)
+    assert sampler.counts == {}
+
+
+def test_no_logprobs_unless_asked():
+    assert Sampler(SamplingParams()).sample(LOGITS).logprobs is None
+
+
+def test_logprobs_are_the_raw_log_softmax_and_top_k_is_ordered():
+    logits = np.array([0.5, 3.0, -1.0, 3.0, 2.0, 0.0], np.float32)  # a tie between tokens 1 and 3
+    expected = numpy_log_softmax(logits)
+    sample = Sampler(SamplingParams(logprobs=4)).sample(logits)
+    assert sample.token_id == 1
+    lp = sample.logprobs
+    assert lp.token_id == 1 and lp.logprob == pytest.approx(expected[1], abs=1e-12)
+    assert lp.top_ids == (1, 3, 4, 0)  # most likely first, the tie by token id
+    np.testing.assert_allclose(lp.top_logprobs, expected[[1, 3, 4, 0]], atol=1e-12)
+
+
+def test_logprobs_ignore_temperature_and_penalties():
+    params = SamplingParams(temperature=0.7, seed=5, frequency_penalty=2.0, presence_penalty=1.0, logprobs=2)
+    sampler = Sampler(params)
+    expected = numpy_log_softmax(LOGITS)
+    for _ in range(20):
+        s = sampler.sample(LOGITS)
+        assert s.logprobs.token_id == s.token_id
+        assert s.logprobs.logprob == pytest.approx(expected[s.token_id], abs=1e-12)
+        assert s.logprobs.top_ids == (1, 3)
+    assert sum(sampler.counts.values()) == 20
+
+
+def test_logprobs_zero_gives_only_the_chosen_token_and_k_is_capped_by_the_vocabulary():
+    s = Sampler(SamplingParams(logprobs=0)).sample(LOGITS)
+    assert s.logprobs.top_ids == () and s.logprobs.top_logprobs == ()
+    assert Sampler(SamplingParams(logprobs=20)).sample(LOGITS).logprobs.top_ids == (1, 3, 4, 2, 0)
+
+
+def test_a_tiny_temperature_is_greedy_not_nan():
+    assert Sampler(SamplingParams(temperature=1e-320, seed=0))(LOGITS) == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("presence_penalty", 2.5), ("frequency_penalty", -2.01), ("logprobs", -1), ("logprobs", 21)],
+)
+def test_invalid_penalties_and_logprobs_are_rejected(field, value):
+    with pytest.raises(RequestError, match=field):
+        SamplingParams(**{field: value})

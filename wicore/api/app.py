@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from wicore.api.auth import Authenticator
 from wicore.api.errors import APIError, error_response, from_wicore
 from wicore.api.generation import ChoiceStats, Piece, run_choice
+from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
 from wicore.api.metrics import Metrics
 from wicore.api.ratelimit import RateLimiter
 from wicore.api.schemas import Options, parse_chat, parse_completion
@@ -142,22 +143,28 @@ class API:
             return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                     "prompt_tokens_details": {"cached_tokens": cached}}
 
+        formatter = None if opts.logprobs is None else LogprobFormatter(self._tokenizer())
         if opts.stream:
-            return EventStream(event_stream(base, is_chat, choices, usage, opts.include_usage))
+            return EventStream(event_stream(base, is_chat, choices, usage, opts.include_usage, formatter))
         texts = [""] * len(choices)
         reasons: list[str | None] = [None] * len(choices)
+        tokens: list[list[TokenLogprobs]] = [[] for _ in choices]
 
         async def collect() -> None:
             async for index, piece in merge(choices):
                 texts[index] += piece.text
                 reasons[index] = piece.finish_reason or reasons[index]
+                tokens[index] += piece.logprobs
 
         await until_disconnect(request, collect())
         if is_chat:
-            body = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
-                    for i, (t, r) in enumerate(zip(texts, reasons))]
+            shaped = [None if formatter is None else formatter.chat(t) for t in tokens]
+            body = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": lp, "finish_reason": r}
+                    for i, (t, r, lp) in enumerate(zip(texts, reasons, shaped))]
         else:
-            body = [{"index": i, "text": t, "logprobs": None, "finish_reason": r} for i, (t, r) in enumerate(zip(texts, reasons))]
+            shaped = [None if formatter is None else formatter.completion(t) for t in tokens]
+            body = [{"index": i, "text": t, "logprobs": lp, "finish_reason": r}
+                    for i, (t, r, lp) in enumerate(zip(texts, reasons, shaped))]
         obj = "chat.completion" if is_chat else "text_completion"
         return JSONResponse({**base, "object": obj, "choices": body, "usage": usage()})
 
@@ -180,7 +187,8 @@ class API:
         max_tokens = left if opts.max_tokens is None else min(opts.max_tokens, left)
         seed = None if opts.seed is None else (opts.seed + index) % (1 << 64)
         return SamplingParams(max_tokens=max_tokens, temperature=opts.temperature, top_k=opts.top_k,
-                              top_p=opts.top_p, seed=seed)
+                              top_p=opts.top_p, seed=seed, presence_penalty=opts.presence_penalty,
+                              frequency_penalty=opts.frequency_penalty, logprobs=opts.logprobs)
 
     def _check_model(self, opts: Options) -> None:
         if opts.model is not None and opts.model != self.settings.model_name:

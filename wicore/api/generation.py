@@ -4,7 +4,8 @@
 
 While streaming, text that could be the start of a stop string is held back until the
 next tokens show whether it is one; when a stop string completes, the text before it is
-sent, the request is aborted in the engine, and the choice ends with "stop".
+sent, the request is aborted in the engine, and the choice ends with "stop". Token
+logprobs, when asked for, travel with the piece that carries their text (wicore.api.logprobs).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from wicore.api.errors import APIError, from_wicore
+from wicore.api.logprobs import LogprobQueue, TokenLogprobs
 from wicore.errors import WiCoreError
 from wicore.runtime.engine import Engine
 from wicore.runtime.sampler import SamplingParams
@@ -62,6 +64,7 @@ class StopMatcher:
 class Piece:
     text: str
     finish_reason: str | None = None  # set on the last piece
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # the tokens whose text begins here
 
 
 @dataclass
@@ -98,16 +101,23 @@ async def run_choice(
     stats.num_prompt_tokens = len(prompt_ids)
     decoder = IncrementalDecoder(engine.tokenizer, prompt_ids=prompt_ids)
     matcher = StopMatcher(stops)
+    queue = LogprobQueue()
+    num_decoded = 0  # characters of text decoded so far
+    num_sent = 0  # of those, sent (the rest is held back by the stop matcher)
     finished = False
     try:
         async for out in engine.outputs(rid):
             now = time.monotonic()
             stats.num_cached_tokens = out.num_cached_tokens
             text = ""
-            for token in out.new_token_ids:
+            for i, token in enumerate(out.new_token_ids):
                 stats.num_completion_tokens += 1
                 stats.token_times.append(now)
-                text += decoder.push(token)
+                if out.logprobs is not None:
+                    queue.add(num_decoded, out.logprobs[i])
+                new = decoder.push(token)
+                num_decoded += len(new)
+                text += new
             if out.finished:
                 finished = True
                 if out.finish_reason == "error":
@@ -115,14 +125,15 @@ async def run_choice(
                     raise APIError(500, f"request {request_id} failed inside the engine; see the server log", code="internal_error")
                 text += decoder.flush()
             safe, stopped = matcher.push(text)
-            if stopped:
-                yield Piece(safe, "stop")
+            num_sent += len(safe)
+            if stopped:  # tokens that begin inside the stop string (or after it) go with it
+                yield Piece(safe, "stop", queue.take(num_sent))
                 return
             if out.finished:
-                yield Piece(safe + matcher.flush(), _REASONS.get(out.finish_reason or "stop", "stop"))
+                yield Piece(safe + matcher.flush(), _REASONS.get(out.finish_reason or "stop", "stop"), queue.take_all())
                 return
             if safe:
-                yield Piece(safe)
+                yield Piece(safe, None, queue.take(num_sent))
     finally:
         if not finished:
             engine.abort(rid)

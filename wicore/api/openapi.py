@@ -20,8 +20,8 @@ _COMMON: dict[str, Any] = {
     "n": {**_INT, "minimum": 1, "maximum": 16, "nullable": True},
     "stream": {"type": "boolean", "nullable": True},
     "stream_options": {"type": "object", "nullable": True, "properties": {"include_usage": {"type": "boolean"}}},
-    "presence_penalty": {**_NUM, "minimum": 0, "maximum": 0, "nullable": True},
-    "frequency_penalty": {**_NUM, "minimum": 0, "maximum": 0, "nullable": True},
+    "presence_penalty": {**_NUM, "minimum": -2, "maximum": 2, "nullable": True},
+    "frequency_penalty": {**_NUM, "minimum": -2, "maximum": 2, "nullable": True},
     "user": {"type": "string", "nullable": True},
     "priority": {"type": "string", "enum": ["low", "normal", "high", "urgent"], "nullable": True},
 }
@@ -46,9 +46,19 @@ _ERROR = {
 }
 _USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
     "prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT}}
+_TOKEN_LOGPROB = {"type": "object", "required": ["token", "logprob", "bytes"], "properties": {
+    "token": {"type": "string"}, "logprob": _NUM, "bytes": {"type": "array", "items": _INT, "nullable": True}}}
+# A choice's logprobs: chat's {content: [...]} or completions' parallel lists; null when not asked for.
+_LOGPROBS = {"type": "object", "nullable": True, "properties": {
+    "content": {"type": "array", "nullable": True, "items": {**_TOKEN_LOGPROB, "properties": {
+        **_TOKEN_LOGPROB["properties"], "top_logprobs": {"type": "array", "items": _TOKEN_LOGPROB}}}},
+    "tokens": {"type": "array", "items": {"type": "string"}},
+    "token_logprobs": {"type": "array", "items": _NUM},
+    "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": _NUM}},
+    "text_offset": {"type": "array", "items": _INT}}}
 _COMPLETION = {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
     "id": {"type": "string"}, "object": {"type": "string"}, "created": _INT, "model": {"type": "string"},
-    "choices": {"type": "array", "items": {"type": "object"}}, "usage": _USAGE}}
+    "choices": {"type": "array", "items": {"type": "object", "properties": {"logprobs": _LOGPROBS}}}, "usage": _USAGE}}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
@@ -78,10 +88,13 @@ def openapi_schema() -> dict[str, Any]:
     chat = {"type": "object", "required": ["messages"], "properties": {
         **_COMMON, "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
         "max_tokens": {**_INT, "minimum": 1, "nullable": True}, "max_completion_tokens": {**_INT, "minimum": 1, "nullable": True},
-        "logprobs": {"type": "boolean", "enum": [False], "nullable": True}, "top_logprobs": {**_INT, "minimum": 0, "maximum": 0, "nullable": True}}}
+        "logprobs": {"type": "boolean", "nullable": True},
+        "top_logprobs": {**_INT, "minimum": 0, "maximum": 20, "nullable": True,
+                         "description": "alternatives per token; more than 0 needs logprobs: true"}}}
     completion = {"type": "object", "required": ["prompt"], "properties": {
         **_COMMON, "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]},
-        "max_tokens": {**_INT, "minimum": 1, "nullable": True}}}
+        "max_tokens": {**_INT, "minimum": 1, "nullable": True},
+        "logprobs": {**_INT, "minimum": 0, "maximum": 5, "nullable": True}}}
     inference = {"type": "object", "required": ["prompt"], "properties": {
         "prompt": {"type": "string", "minLength": 1}, "images": {"type": "array", "maxItems": 0, "nullable": True},
         "max_tokens": {**_INT, "minimum": 1, "nullable": True},

@@ -1,8 +1,11 @@
 """Request bodies of the OpenAI endpoints, parsed and checked: a 400 names the parameter.
 
 Unknown fields are ignored, as OpenAI does; `null` means "not given". Known fields whose
-feature WiCore lacks (logprobs, penalties, echo, image parts) are refused with a 400
-rather than silently ignored, so a client never gets an answer it did not ask for.
+feature WiCore lacks (echo, best_of, suffix, image parts) are refused with a 400 rather
+than silently ignored, so a client never gets an answer it did not ask for.
+
+    logprobs  chat: `logprobs: true` and `top_logprobs: 0..20`   completions: `logprobs: 0..5`
+              both become Options.logprobs = how many alternatives per token (None: no logprobs)
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ PRIORITIES = ("low", "normal", "high", "urgent")
 ROLES = ("system", "developer", "user", "assistant")
 MAX_N = 16
 MAX_STOPS = 16
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs
+MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,9 @@ class Options:
     include_usage: bool = False
     priority: str = "normal"
     user: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None  # None: none; k: each token's logprob and the k most likely alternatives
 
 
 @dataclass(frozen=True)
@@ -120,20 +128,22 @@ def parse_priority(body: dict[str, Any]) -> str:
     raise _bad("priority", f"choose one of {', '.join(PRIORITIES)} (or 0-3)")
 
 
-def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...]) -> Options:
-    """The shared fields; `max_tokens_names` in order of preference."""
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, -2.0, 2.0):
-            raise _unsupported(name, "a non-zero penalty")
-    if _int(body, "top_logprobs", 0, 20):
-        raise _unsupported("top_logprobs", "top_logprobs")
-    logprobs = _get(body, "logprobs")
-    if logprobs is not None and logprobs is not False:
-        if isinstance(logprobs, bool) or (isinstance(logprobs, int) and 0 <= logprobs <= 5):
-            if logprobs:
-                raise _unsupported("logprobs", "logprobs")
-        else:
-            raise _bad("logprobs", "expected a boolean (chat) or an integer in [0, 5] (completions)")
+def parse_chat_logprobs(body: dict[str, Any]) -> int | None:
+    """`logprobs: true` asks for logprobs, `top_logprobs` for that many alternatives per token."""
+    wanted = _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top and not wanted:
+        raise _bad("top_logprobs", "needs logprobs: true")
+    return (top or 0) if wanted else None
+
+
+def parse_completion_logprobs(body: dict[str, Any]) -> int | None:
+    """`logprobs: k` asks for each token's logprob and the k most likely alternatives."""
+    return _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+
+
+def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...], logprobs: int | None = None) -> Options:
+    """The shared fields; `max_tokens_names` in order of preference; `logprobs` as the endpoint read it."""
     max_tokens = None
     for name in max_tokens_names:
         value = _int(body, name, 1)
@@ -149,6 +159,8 @@ def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...]) -> Op
         include_usage = bool(_bool(stream_options, "include_usage"))
     temperature = _number(body, "temperature", 0.0, 2.0)
     top_p = _number(body, "top_p", 0.0, 1.0, lo_open=True)
+    presence_penalty = _number(body, "presence_penalty", -2.0, 2.0)
+    frequency_penalty = _number(body, "frequency_penalty", -2.0, 2.0)
     return Options(
         model=_str(body, "model"),
         max_tokens=max_tokens,
@@ -162,6 +174,9 @@ def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...]) -> Op
         include_usage=include_usage,
         priority=parse_priority(body),
         user=_str(body, "user"),
+        presence_penalty=presence_penalty or 0.0,
+        frequency_penalty=frequency_penalty or 0.0,
+        logprobs=logprobs,
     )
 
 
@@ -216,7 +231,8 @@ def parse_prompts(body: dict[str, Any]) -> list[str | list[int]]:
 
 def parse_chat(body: Any) -> ChatRequest:
     body = _object(body)
-    return ChatRequest(parse_messages(body), parse_options(body, ("max_completion_tokens", "max_tokens")))
+    messages = parse_messages(body)
+    return ChatRequest(messages, parse_options(body, ("max_completion_tokens", "max_tokens"), parse_chat_logprobs(body)))
 
 
 def parse_completion(body: Any) -> CompletionRequest:
@@ -228,7 +244,7 @@ def parse_completion(body: Any) -> CompletionRequest:
         raise _unsupported("best_of", "best_of > 1")
     if _str(body, "suffix"):
         raise _unsupported("suffix", "suffix")
-    return CompletionRequest(parse_prompts(body), parse_options(body, ("max_tokens",)))
+    return CompletionRequest(parse_prompts(body), parse_options(body, ("max_tokens",), parse_completion_logprobs(body)))
 
 
 def _object(body: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from wicore.api.errors import APIError
 from wicore.api.generation import Piece
+from wicore.api.logprobs import LogprobFormatter
 
 log = logging.getLogger("wicore.api")
 
@@ -81,13 +82,15 @@ async def merge(choices: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int,
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def chat_chunk(base: dict[str, Any], index: int, delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
-    choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def chat_chunk(base: dict[str, Any], index: int, delta: dict[str, str], finish_reason: str | None,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     return {**base, "object": "chat.completion.chunk", "choices": [choice]}
 
 
-def completion_chunk(base: dict[str, Any], index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-    choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+def completion_chunk(base: dict[str, Any], index: int, text: str, finish_reason: str | None,
+                     logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     return {**base, "object": "text_completion", "choices": [choice]}
 
 
@@ -97,8 +100,10 @@ async def event_stream(
     choices: list[AsyncIterator[Piece]],
     usage: Any,
     include_usage: bool,
+    logprobs: LogprobFormatter | None = None,
 ) -> AsyncIterator[str]:
-    """The SSE body of a streamed completion. `usage()` gives the final usage object."""
+    """The SSE body of a streamed completion. `usage()` gives the final usage object; with
+    `logprobs`, each chunk carries those of the tokens whose text it starts."""
     extra = {"usage": None} if include_usage else {}
     try:
         if is_chat:
@@ -107,9 +112,11 @@ async def event_stream(
         async for index, piece in merge(choices):
             if is_chat:
                 delta = {"content": piece.text} if piece.text or piece.finish_reason is None else {}
-                chunk = chat_chunk(base, index, delta, piece.finish_reason)
+                shaped = None if logprobs is None else logprobs.chat(piece.logprobs)
+                chunk = chat_chunk(base, index, delta, piece.finish_reason, shaped)
             else:
-                chunk = completion_chunk(base, index, piece.text, piece.finish_reason)
+                shaped = None if logprobs is None else logprobs.completion(piece.logprobs)
+                chunk = completion_chunk(base, index, piece.text, piece.finish_reason, shaped)
             yield sse({**chunk, **extra})
         if include_usage:
             yield sse({**base, "object": chunk_object(is_chat), "choices": [], "usage": usage()})

@@ -32,7 +32,7 @@ from wicore.runtime.channel import Channel
 from wicore.runtime.placement import plan_placement
 from wicore.runtime.providers import DeviceError
 from wicore.runtime.request import Priority, Request, RequestOutput
-from wicore.runtime.sampler import SamplingParams
+from wicore.runtime.sampler import Sample, SamplingParams
 from wicore.runtime.scheduler import ScheduledRow, Scheduler, SchedulerConfig
 from wicore.runtime.session import CacheConfig, ModelRunner, build_step
 
@@ -267,7 +267,7 @@ class Engine:
                 with self._lock:
                     for row in out.rows:
                         self.scheduler.abort(row.request_id)
-                self._lock.notify_all()
+                    self._lock.notify_all()
                 for row in out.rows:
                     self._emit(RequestOutput(row.request_id, [], True, "error", error=detail))
 
@@ -292,18 +292,27 @@ class Engine:
         self._step_times.append((time.monotonic(), len(sampled)))
         del self._step_times[:-64]
 
-    def _run(self, rows: list[ScheduledRow]) -> dict[str, int]:
+    def _run(self, rows: list[ScheduledRow]) -> dict[str, Sample]:
         """Decode rows (one token) run together; each prefill chunk runs as its own batch row
-        set, so a long chunk never pads the decode rows."""
+        set, so a long chunk never pads the decode rows.
+
+        A row whose sampling fails ends its own request with "error" (it gets no sample);
+        the other rows of the batch go on."""
         groups = [[r for r in rows if len(r.token_ids) == 1]] + [[r] for r in rows if len(r.token_ids) > 1]
-        sampled: dict[str, int] = {}
+        sampled: dict[str, Sample] = {}
         for group in groups:
             if not group:
                 continue
             result = self.runner.run(build_step(group, self.config.block_size))
             wanted = [r for r in group if r.needs_logits]
             for row, row_logits in zip(wanted, result.logits):
-                sampled[row.request_id] = row.sampler(row_logits)
+                try:
+                    sampled[row.request_id] = row.sampler.sample(row_logits)
+                except Exception:  # this request's sampling failed: fail it alone
+                    detail = traceback.format_exc()
+                    with self._lock:
+                        self.scheduler.abort(row.request_id)
+                    self._emit(RequestOutput(row.request_id, [], True, "error", error=detail))
             if result.attention_mass is not None:
                 self._record_attention(group, result.attention_mass)
         return sampled

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from wicore.errors import RequestError
-from wicore.runtime.sampler import Sampler, SamplingParams
+from wicore.runtime.sampler import Logprobs, Sampler, SamplingParams
 
 
 class Priority(enum.IntEnum):
@@ -77,7 +77,10 @@ class Request:
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """What one step produced for a request: its new tokens, and whether it ended."""
+    """What one step produced for a request: its new tokens, and whether it ended.
+
+    `logprobs`, when the request asked for them, holds one entry per new token, in order.
+    """
 
     request_id: str
     new_token_ids: list[int]
@@ -86,3 +89,4 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    logprobs: list[Logprobs] | None = None

@@ -1,4 +1,14 @@
-"""Token selection from logits on the host: greedy, or seeded temperature / top-k / top-p."""
+"""Token selection from logits on the host: greedy, or seeded temperature / top-k / top-p.
+
+Per step, for one request:
+
+    raw logits ─┬─► (if asked) log_softmax ──► Logprobs of the chosen token and the top k
+                └─► penalties (presence, frequency) ─► temperature ─► top-k ─► top-p ─► token
+
+Logprobs are those of the raw model distribution, before penalties and temperature: vLLM's
+default (`logprobs_mode="raw_logprobs"`). They cost one softmax over the vocabulary, so they
+are computed only for requests that ask for them.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from wicore.errors import RequestError
+
+MAX_LOGPROBS = 20  # most alternatives a request may ask for (OpenAI's top_logprobs limit)
 
 
 @dataclass(frozen=True)
@@ -18,6 +30,11 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    # OpenAI's penalties on tokens this request already generated (its prompt not counted):
+    # logit -= presence_penalty * (count > 0) + frequency_penalty * count
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None  # None: none; k: the chosen token's logprob and the k most likely
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -30,24 +47,91 @@ class SamplingParams:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and self.seed < 0:
             raise RequestError(f"seed must be >= 0, got {self.seed}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise RequestError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise RequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """One generated token's log probability under the raw model distribution, and the
+    `len(top_ids)` most likely tokens' (most likely first, ties by token id)."""
+
+    token_id: int
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Sample:
+    token_id: int
+    logprobs: Logprobs | None = None  # only when the request asked for them
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    shifted = x - x.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def top_logprobs(logprobs: np.ndarray, token_id: int, k: int) -> Logprobs:
+    """The chosen token's entry and the k most likely tokens of a log_softmax row."""
+    k = min(k, logprobs.shape[-1])
+    top = np.argpartition(-logprobs, k - 1)[:k] if k else np.arange(0)
+    top = top[np.lexsort((top, -logprobs[top]))]
+    return Logprobs(token_id, float(logprobs[token_id]), tuple(int(i) for i in top),
+                    tuple(float(v) for v in logprobs[top]))
+
 
 class Sampler:
-    """Picks one token per logits row; one seeded generator per sequence keeps runs repeatable."""
+    """Picks one token per logits row; one per request: it keeps the request's seeded
+    generator (runs repeat) and, with penalties, the counts of the tokens it picked."""
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.counts: dict[int, int] = {}  # token id -> times picked (kept only with penalties)
 
     def __call__(self, logits: np.ndarray) -> int:
+        return self.sample(logits).token_id
+
+    def sample(self, logits: np.ndarray) -> Sample:
         p = self.params
-        if p.is_greedy:
-            return int(np.argmax(logits))
-        scaled = logits.astype(np.float64) / p.temperature
+        scores = self.penalized(logits) if p.has_penalties and self.counts else logits
+        token = int(np.argmax(scores)) if p.is_greedy else self._draw(scores)
+        if p.has_penalties:
+            self.counts[token] = self.counts.get(token, 0) + 1
+        if p.logprobs is None:
+            return Sample(token)
+        return Sample(token, top_logprobs(log_softmax(logits), token, p.logprobs))
+
+    def penalized(self, logits: np.ndarray) -> np.ndarray:
+        """The logits (float64) less the penalties of the tokens picked so far."""
+        p = self.params
+        scores = logits.astype(np.float64)
+        if self.counts:
+            ids = np.fromiter(self.counts, np.int64, len(self.counts))
+            counts = np.fromiter(self.counts.values(), np.float64, len(self.counts))
+            scores[ids] -= p.presence_penalty + p.frequency_penalty * counts
+        return scores
+
+    def _draw(self, logits: np.ndarray) -> int:
+        p = self.params
+        shifted = logits.astype(np.float64)
+        shifted -= shifted.max()  # <= 0 first, so a tiny temperature gives -inf, never inf - inf
+        with np.errstate(over="ignore"):
+            scaled = shifted / p.temperature
         candidates = np.arange(scaled.shape[-1])
         if p.top_k and p.top_k < scaled.shape[-1]:
             candidates = np.argpartition(-scaled, p.top_k - 1)[: p.top_k]

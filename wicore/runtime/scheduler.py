@@ -27,7 +27,7 @@ from wicore.errors import OverloadedError, RequestError
 from wicore.hmt.block_pool import BlockPool, Move
 from wicore.hmt.policy import Tier
 from wicore.runtime.request import Priority, Request, RequestOutput, Status
-from wicore.runtime.sampler import Sampler
+from wicore.runtime.sampler import Sample, Sampler
 
 
 @dataclass(frozen=True)
@@ -286,8 +286,8 @@ class Scheduler:
         }
 
     # -- update ----------------------------------------------------------------------
-    def update(self, rows: list[ScheduledRow], sampled: dict[str, int]) -> list[RequestOutput]:
-        """Account for a step that ran `rows`; `sampled` maps request id -> new token."""
+    def update(self, rows: list[ScheduledRow], sampled: dict[str, Sample]) -> list[RequestOutput]:
+        """Account for a step that ran `rows`; `sampled` maps request id -> new token (and its logprobs)."""
         results = []
         for row in rows:
             req = self.requests.get(row.request_id)
@@ -299,15 +299,21 @@ class Scheduler:
             self.pool.commit(req.seq_id, req.token_ids, req.num_computed)
             if not row.needs_logits:
                 continue
-            token = sampled[row.request_id]
+            sample = sampled.get(row.request_id)
+            if sample is None:  # its sampling failed; the engine is aborting it
+                continue
+            token = sample.token_id
+            logprobs = None if sample.logprobs is None else [sample.logprobs]
             req.token_ids.append(token)
             self.stats.num_generated_tokens += 1
             reason = self._stop_reason(req, token)
             if reason is None:
-                results.append(RequestOutput(req.request_id, [token], False, None, len(req.prompt_ids), req.num_cached_prompt_tokens))
+                results.append(RequestOutput(req.request_id, [token], False, None, len(req.prompt_ids),
+                                             req.num_cached_prompt_tokens, logprobs=logprobs))
             else:
                 end = self._finish(req, reason)
-                results.append(RequestOutput(req.request_id, [token], True, reason, end.num_prompt_tokens, end.num_cached_tokens))
+                results.append(RequestOutput(req.request_id, [token], True, reason, end.num_prompt_tokens,
+                                             end.num_cached_tokens, logprobs=logprobs))
         return results
 
     def _stop_reason(self, req: Request, token: int) -> str | None:

@@ -65,6 +65,10 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry (`▁Paris`, `<0xE2>`, `<eos>`), or None past the vocabulary."""
+        return self._tokenizer.id_to_token(token_id)
+
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`; special tokens written in it (`<start_of_turn>`) become their ids.
 
