@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
@@ -126,7 +128,8 @@ def test_fp16_export_tracks_fp32(tiny_export, reference_logits):
 
 def test_attention_mass_per_block_matches_hf_attention_probs(tiny_model, tmp_path):
     """--attention-stats: each block's mass is the HF attention probability on its keys,
-    summed over layers, heads and queries."""
+    summed over the full-attention layers (layer 2 of 4 here), heads and queries. The first
+    partition (layers 0-1) has sliding layers only and reports zeros."""
     import torch
 
     from wicore.export.exporter import ExportConfig, export_model
@@ -143,8 +146,45 @@ def test_attention_mass_per_block_matches_hf_attention_probs(tiny_model, tmp_pat
 
     with torch.no_grad():
         attentions = model(torch.tensor([PROMPT[:10]]), output_attentions=True).attentions
-    per_key = sum(a[0].sum(dim=(0, 1)) for a in attentions).numpy()  # [10 keys]
+    per_key = attentions[2][0].sum(dim=(0, 1)).numpy()  # [10 keys]
     expected = np.add.reduceat(np.pad(per_key, (0, 2)), [0, 4, 8])  # keys 0-3, 4-7, 8-9 by block
     assert result.attention_mass.shape == (1, 3)
     np.testing.assert_allclose(result.attention_mass[0], expected, rtol=1e-5)
-    assert result.attention_mass.sum() == pytest.approx(4 * 4 * 10)  # layers * heads * queries
+    assert result.attention_mass.sum() == pytest.approx(1 * 4 * 10)  # full layers * heads * queries
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    token_ids: list[int]
+    start: int
+    block_table: list[int]
+    window_table: list[int]
+    window_first: int
+    needs_logits: bool = True
+
+
+def test_sliding_layers_read_only_their_window_blocks(tiny_export, reference_logits):
+    """The sliding layers' pool holds 5 usable blocks, reused as a ring as the window
+    (8 tokens) moves over a 40-token prompt; blocks outside the window are filled with large
+    garbage before every step, so reading any of them would wreck the logits. (Garbage, not
+    NaN: the unwritten tail of a live block is read and masked, and 0 x NaN is NaN.)"""
+    folder, model = tiny_export(2)
+    manifest = Manifest.read(folder)
+    block_size, window, ring = 4, 8, [3, 1, 5, 2, 4]
+    runner = ModelRunner(folder, manifest, CacheConfig(num_blocks=12, block_size=block_size, num_window_blocks=6), num_threads=1)
+    full_blocks = [11, 2, 7, 4, 9, 1, 10, 3, 6, 8]  # out of order, 40 tokens
+    ref = reference_logits(model, PROMPT)
+    sliding = [i for i in range(manifest.config.num_layers) if manifest.config.is_sliding(i)]
+    for start in range(0, 40, 6):
+        n = min(6, 40 - start)
+        first = max(0, (start - window + 1) // block_size)
+        last = (start + n - 1) // block_size
+        live = {ring[i % len(ring)] for i in range(first, last + 1)}
+        for layer in sliding:
+            for pool in (runner.key_pools[layer], runner.value_pools[layer]):
+                pool[[b for b in ring if b not in live]] = 1e3
+        row = WindowRow(PROMPT[start : start + n], start, full_blocks[: last + 1],
+                        [ring[i % len(ring)] for i in range(first, last + 1)], first)
+        logits = runner.run(build_step([row], block_size, all_logits=True)).logits
+        np.testing.assert_allclose(logits, ref[start : start + n], atol=2e-5, rtol=0)
+    assert runner.key_pools[sliding[0]].shape[0] == 6 and runner.key_pools[2].shape[0] == 12

@@ -72,6 +72,23 @@ def test_preemption_by_swap_to_host_is_lossless(model_dir, alone):
     assert stats["blocks_in_use"]["host"] == host_cached
 
 
+def test_sliding_layers_release_blocks_behind_the_window(model_dir):
+    """Window 8, block size 4, chunks of 16: a sequence holds at most 7 window blocks
+    ((8 - 1 + 16) / 4 + 1), so 8 device blocks (one the sink) serve 100-token requests."""
+    prompts = [RNG.integers(3, 512, 60).tolist(), RNG.integers(3, 512, 70).tolist()]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    gen = Generator.load(model_dir, num_threads=1, block_size=4)
+    expected = [gen.generate([p], params).token_ids[0] for p in prompts]
+    with engine(model_dir, num_window_device_blocks=8, scheduler=SchedulerConfig(max_num_seqs=1, prefill_chunk=16)) as eng:
+        assert run_all(eng, prompts, params) == expected
+        groups = eng.stats()["kv_groups"]
+    assert groups["window"]["layers"] == 3 and groups["full"]["layers"] == 1
+    assert groups["window"]["blocks_in_use"]["device"] + groups["window"]["blocks_free"]["device"] == 7
+    # The full group keeps each request's full computed blocks cached: 99 and 109 tokens
+    # have KV (the last sampled token never ran), 24 and 27 full blocks.
+    assert groups["full"]["blocks_in_use"]["device"] == 24 + 27
+
+
 def test_preemption_by_recompute_when_no_tier_below(model_dir, alone):
     with engine(model_dir, num_device_blocks=41) as eng:
         assert run_all(eng, PROMPTS) == alone
@@ -79,18 +96,22 @@ def test_preemption_by_recompute_when_no_tier_below(model_dir, alone):
     assert stats["preempted_swap"] == 0 and stats["preempted_recompute"] > 0
 
 
+def corrupt_every_write(nvme) -> None:
+    original_write = nvme.write
+
+    def write_then_corrupt(slot, data):
+        original_write(slot, data)
+        nvme.data[slot].reshape(-1)[0] += 1.0
+
+    nvme.write = write_then_corrupt
+
+
 def test_corrupt_nvme_block_is_detected_and_recomputed(model_dir, alone, tmp_path):
     """Swaps go straight to NVMe (no host tier); every block written there is corrupted
     behind the store's back, so each swap-in finds a bad checksum and recomputes."""
     with engine(model_dir, num_device_blocks=41, num_nvme_blocks=400, nvme_dir=tmp_path) as eng:
-        nvme = eng.pager.stores[2]
-        original_write = nvme.write
-
-        def write_then_corrupt(slot, data):
-            original_write(slot, data)
-            nvme.data[slot].reshape(-1)[0] += 1.0
-
-        nvme.write = write_then_corrupt
+        for pager in eng.kv.pagers:  # both block groups: full-attention and sliding layers
+            corrupt_every_write(pager.stores[2])
         assert run_all(eng, PROMPTS) == alone
         stats = eng.stats()
     assert stats["preempted_swap"] > 0
@@ -194,9 +215,10 @@ def test_attention_stats_reach_the_policy_and_change_no_output(tiny_model, alone
     eng.policy.add_attention = lambda block_id, mass, now=None: (received.append(mass), record(block_id, mass, now))
     with eng:
         assert run_all(eng, PROMPTS) == alone
-    # Every step's mass over a row's blocks sums to layers * heads * tokens run (4 * 4 per token).
+    # Every step's mass over a row's blocks sums to full-attention layers * heads * tokens run
+    # (1 * 4 per token: the sliding layers do not report).
     num_tokens = sum(len(p) for p in PROMPTS) + 9 * len(PROMPTS)  # prompts, then 9 decode steps each
-    assert sum(received) == pytest.approx(16 * num_tokens, rel=1e-4)
+    assert sum(received) == pytest.approx(4 * num_tokens, rel=1e-4)
 
 
 def test_async_stream_delivers_everything_and_releases_the_channel(model_dir, alone):
@@ -210,3 +232,26 @@ def test_async_stream_delivers_everything_and_releases_the_channel(model_dir, al
         assert asyncio.run(consume(eng, rid)) == alone[0]
         with pytest.raises(RequestError, match="unknown request id"):
             eng.outputs(rid)
+
+
+def test_a_step_that_fails_ends_its_requests_and_the_engine_goes_on(model_dir, alone):
+    """The runner raising in one step (a broken kernel, say) fails the requests of that step
+    with finish reason "error"; their blocks return and later requests run normally."""
+    with engine(model_dir).start() as eng:
+        run = eng.runner.run
+        failures = []
+
+        def fail_once(step):
+            if not failures:
+                failures.append(step)
+                raise RuntimeError("kernel failed")
+            return run(step)
+
+        eng.runner.run = fail_once
+        rid = eng.add_request(PROMPTS[0], GREEDY)
+        outputs = list(eng.outputs(rid))
+        assert outputs[-1].finished and outputs[-1].finish_reason == "error"
+        assert "kernel failed" in outputs[-1].error
+        assert run_all(eng, PROMPTS[:3]) == alone[:3]
+        stats = eng.stats()
+    assert stats["blocks_referenced"]["device"] == 0

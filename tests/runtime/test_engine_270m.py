@@ -60,3 +60,32 @@ def test_tier0_too_small_swaps_and_still_matches(workload, tmp_path):
         stats = engine.stats()
     assert outputs == alone
     assert stats["preempted_swap"] > 0
+
+
+def test_a_shared_1024_token_prefix_past_the_window_is_prefilled_once(workload):
+    """The second prompt reuses the first one's 64 full blocks (1,024 tokens): the full
+    layers' blocks 0-63 and the sliding layers' blocks 32-63 (what position 1,024 still sees
+    through the 512-token window; the first request released the rest and kept them cached)."""
+    folder, prompts, _ = workload
+    words = (" ".join([VERIFY_TEXT] * 40)).split()
+    gen_tokens = Generator.load(folder, num_threads=2, verify=False).tokenizer.encode(" ".join(words))
+    prefix = gen_tokens[:1024]
+    first, second = prefix + prompts[0][1:], prefix + prompts[1][1:]  # suffixes without their BOS
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+
+    def outputs(enable_prefix_cache: bool) -> tuple[list[list[int]], list[int]]:
+        config = EngineConfig(model_dir=folder, num_threads=2, verify_files=False, enable_prefix_cache=enable_prefix_cache)
+        results, computed = [], []
+        with Engine(config).start() as engine:
+            for prompt in (first, second):
+                before = engine.stats()["computed_prompt_tokens"]
+                request_id = engine.add_request(prompt, params)
+                results.append([t for out in engine.outputs(request_id) for t in out.new_token_ids])
+                computed.append(engine.stats()["computed_prompt_tokens"] - before)
+        return results, computed
+
+    cached, computed = outputs(True)
+    uncached, computed_off = outputs(False)
+    assert cached == uncached
+    assert computed == [len(first), len(second) - 1024]
+    assert computed_off == [len(first), len(second)]

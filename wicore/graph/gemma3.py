@@ -54,14 +54,16 @@ class PartitionSpec:
 
 @dataclass(frozen=True)
 class StepValues:
-    """Values computed once per partition from the paging inputs and shared by all layers."""
+    """Values computed once per partition from the paging inputs and shared by all layers,
+    keyed by is_sliding where full-attention and sliding layers differ (their block groups)."""
 
     positions: str
-    block_tables: str
-    scatter_indices: str  # [batch, seq, 2]: (block, offset) of each new token
-    cos_sin: dict[bool, tuple[str, str]]  # is_sliding -> cos, sin [batch, seq, 1, head_dim / 2]
-    masks: dict[bool, str]  # is_sliding -> additive mask [batch, 1, seq, total]
+    block_tables: dict[bool, str]  # [batch, blocks] of the layer kind's group
+    scatter_indices: dict[bool, str]  # [batch, seq, 2]: (block, offset) of each new token
+    cos_sin: dict[bool, tuple[str, str]]  # cos, sin [batch, seq, 1, head_dim / 2]
+    masks: dict[bool, str]  # additive mask [batch, 1, seq, blocks * block_size]
     block_shape: str  # [0, -1, block_size]: Reshape target of [batch, total] to [batch, blocks, block_size]
+    zeros_mass: str | None = None  # [batch, max_blocks] zeros: attention mass of a partition without full layers
 
 
 class Gemma3Builder:
@@ -98,13 +100,17 @@ class Gemma3Builder:
         else:
             x = g.input(io.HIDDEN_STATES, f32, ["batch", "seq", cfg.hidden_size])
         step = self.step_values(g, spec)
-        pool_shape = ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim]
+        pool_shapes = {
+            False: ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim],
+            True: ["num_window_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim],
+        }
         masses: list[str] | None = [] if self.attention_stats else None
         for layer in layers:
             if not spec.start <= layer.index < spec.stop:
                 raise ValueError(f"layer {layer.index} is outside partition {spec}")
             check_layer(cfg, layer)
             i = layer.index
+            pool_shape = pool_shapes[cfg.is_sliding(i)]
             g.input(io.key_cache(i), self.onnx_dtype, pool_shape)
             g.input(io.value_cache(i), self.onnx_dtype, pool_shape)
             is_last = layer.index == spec.stop - 1 and not spec.has_lm_head
@@ -118,7 +124,7 @@ class Gemma3Builder:
         else:
             g.output(io.HIDDEN_STATES_OUT, f32, ["batch", "seq", cfg.hidden_size])
         if masses is not None:
-            g.op("Sum", masses, "/model/attention_mass/Sum", out=io.ATTENTION_MASS)
+            g.op("Sum", masses or [step.zeros_mass], "/model/attention_mass/Sum", out=io.ATTENTION_MASS)
             g.output(io.ATTENTION_MASS, f32, ["batch", "max_blocks"])
         return g.to_model(OPSET, doc=f"Gemma 3 layers [{spec.start}, {spec.stop}), {self.dtype}")
 
@@ -126,65 +132,77 @@ class Gemma3Builder:
     def step_values(self, g: Graph, spec: PartitionSpec) -> StepValues:
         """Inputs every partition takes and what the layers share: scatter indices, RoPE, masks.
 
-        Key index j of the gathered cache is the token at position j of the row, since
-        block_tables list a row's blocks in order. A query at position p sees key j when
+        Key index j of a full layer's gathered cache is the token at position j of the row
+        (block_tables list all its blocks in order). A sliding layer's window table starts at
+        logical block `window_first_block`, so its key j is at position first * block_size + j.
+        A query at position p sees the key at position k when
 
-            j <= p  and  j < context_len             (causal, within the row)
-            j >  p - sliding_window                  (sliding layers only)
+            k <= p  and  k < context_len             (causal, within the row)
+            k >  p - sliding_window                  (sliding layers only)
         """
         cfg = self.cfg
         i64 = TensorProto.INT64
-        positions = g.input(io.POSITIONS, i64, ["batch", "seq"])
-        slots = g.input(io.SLOT_MAPPING, i64, ["batch", "seq"])
-        tables = g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"])
-        lens = g.input(io.CONTEXT_LENS, i64, ["batch"])
         if spec.start == spec.stop:
             raise ValueError("a partition needs at least one layer")
+        kinds = sorted({cfg.is_sliding(i) for i in range(spec.start, spec.stop)})
+        positions = g.input(io.POSITIONS, i64, ["batch", "seq"])
+        slots = {False: g.input(io.SLOT_MAPPING, i64, ["batch", "seq"])}
+        tables = {False: g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"])}
+        lens = g.input(io.CONTEXT_LENS, i64, ["batch"])
+        if True in kinds:
+            slots[True] = g.input(io.WINDOW_SLOT_MAPPING, i64, ["batch", "seq"])
+            tables[True] = g.input(io.WINDOW_BLOCK_TABLES, i64, ["batch", "max_window_blocks"])
+            first = g.input(io.WINDOW_FIRST_BLOCK, i64, ["batch"])
         pool = io.key_cache(spec.start)  # any pool of this partition gives the block size
         p = "/model/step"
-
         block_size = g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/block_size")
-        block = g.op("Div", [slots, block_size], f"{p}/slot_block")
-        offset = g.op("Mod", [slots, block_size], f"{p}/slot_offset")
-        scatter = g.op(
-            "Concat",
-            [g.op("Unsqueeze", [block, g.const([-1])], f"{p}/block_u"),
-             g.op("Unsqueeze", [offset, g.const([-1])], f"{p}/offset_u")],
-            f"{p}/scatter_indices",
-            axis=-1,
-        )
-
-        max_blocks = g.op("Gather", [g.op("Shape", [tables], f"{p}/tables_shape"), g.const(1)], f"{p}/max_blocks")
-        total = g.op("Mul", [max_blocks, block_size], f"{p}/total")
-        keys = g.op("Range", [g.const(0), total, g.const(1)], f"{p}/key_index")  # [total]
         q_pos = g.op("Unsqueeze", [positions, g.const([-1])], f"{p}/q_pos")  # [b, s, 1]
         ctx = g.op("Unsqueeze", [lens, g.const([1, 2])], f"{p}/ctx")  # [b, 1, 1]
-        causal = g.op(
-            "And",
-            [g.op("LessOrEqual", [keys, q_pos], f"{p}/causal"), g.op("Less", [keys, ctx], f"{p}/in_context")],
-            f"{p}/visible",
-        )
-        window_start = g.op("Sub", [q_pos, g.const(cfg.sliding_window)], f"{p}/window_start")
-        sliding = g.op("And", [causal, g.op("Greater", [keys, window_start], f"{p}/in_window")], f"{p}/visible_sliding")
 
-        kinds = sorted({cfg.is_sliding(i) for i in range(spec.start, spec.stop)})
-        masks, cos_sin = {}, {}
+        scatter, masks, cos_sin = {}, {}, {}
         for is_sliding in kinds:
             name = "sliding" if is_sliding else "global"
-            visible = sliding if is_sliding else causal
+            q = f"{p}/{name}"
+            block = g.op("Div", [slots[is_sliding], block_size], f"{q}/slot_block")
+            offset = g.op("Mod", [slots[is_sliding], block_size], f"{q}/slot_offset")
+            scatter[is_sliding] = g.op(
+                "Concat",
+                [g.op("Unsqueeze", [block, g.const([-1])], f"{q}/block_u"),
+                 g.op("Unsqueeze", [offset, g.const([-1])], f"{q}/offset_u")],
+                f"{q}/scatter_indices",
+                axis=-1,
+            )
+            num_blocks = g.op("Gather", [g.op("Shape", [tables[is_sliding]], f"{q}/tables_shape"), g.const(1)], f"{q}/num_blocks")
+            total = g.op("Mul", [num_blocks, block_size], f"{q}/total")
+            keys = g.op("Range", [g.const(0), total, g.const(1)], f"{q}/key_index")  # [total]
+            if is_sliding:  # -> positions [b, 1, total]
+                start = g.op("Mul", [first, block_size], f"{q}/first_position")
+                keys = g.op("Add", [keys, g.op("Unsqueeze", [start, g.const([1, 2])], f"{q}/first_u")], f"{q}/key_position")
+            visible = g.op(
+                "And",
+                [g.op("LessOrEqual", [keys, q_pos], f"{q}/causal"), g.op("Less", [keys, ctx], f"{q}/in_context")],
+                f"{q}/visible",
+            )
+            if is_sliding:
+                window_start = g.op("Sub", [q_pos, g.const(cfg.sliding_window)], f"{q}/window_start")
+                visible = g.op("And", [visible, g.op("Greater", [keys, window_start], f"{q}/in_window")], f"{q}/visible_window")
             mask = g.op(
                 "Where",
                 [visible, g.const(0.0, np.float32), g.const(np.finfo(np.float32).min, np.float32)],
-                f"{p}/mask_{name}",
+                f"{q}/mask",
             )
-            masks[is_sliding] = g.op("Unsqueeze", [mask, g.const([1])], f"{p}/mask_{name}_u")
+            masks[is_sliding] = g.op("Unsqueeze", [mask, g.const([1])], f"{q}/mask_u")
             rope = cfg.rope_local if is_sliding else cfg.rope_global
             cos_sin[is_sliding] = self.rope_tables(g, positions, rope, f"{p}/rope_{name}")
         block_shape = g.op(
             "Concat", [g.const([0, -1]), g.op("Unsqueeze", [block_size, g.const([0])], f"{p}/block_size_1d")],
             f"{p}/block_shape", axis=0,
         )
-        return StepValues(positions, tables, scatter, cos_sin, masks, block_shape)
+        zeros_mass = None
+        if self.attention_stats and False not in kinds:
+            shape = g.op("Shape", [tables[False]], f"{p}/mass_shape")
+            zeros_mass = g.op("ConstantOfShape", [shape], f"{p}/zero_mass", value=onnx.helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0]))
+        return StepValues(positions, tables, scatter, cos_sin, masks, block_shape, zeros_mass)
 
     def rope_tables(self, g: Graph, positions: str, rope: RopeConfig, p: str) -> tuple[str, str]:
         """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (float32, as in HF)."""
@@ -238,7 +256,7 @@ class Gemma3Builder:
 
     def attention(self, g: Graph, layer: LayerWeights, x: str, step: StepValues, masses: list[str] | None) -> str:
         """Paged grouped-query attention of one layer; returns [b, s, hidden] before the post-norm.
-        With `masses`, appends this layer's attention mass per block [b, max_blocks] to it."""
+        With `masses`, a full-attention layer appends its attention mass per block [b, max_blocks]."""
         cfg, i = self.cfg, layer.index
         p = f"/model/layers.{i}/attn"
         nh, kvh, hd, groups = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_groups
@@ -256,10 +274,12 @@ class Gemma3Builder:
         k = self.rope(g, k, step.cos_sin[is_sliding], f"{p}/k_rope")
 
         # Write this step's K/V into the pools, then read the rows' blocks back.
-        k_pool = self.scatter(g, io.key_cache(i), k, step, f"{p}/k_cache", io.key_cache_out(i))
-        v_pool = self.scatter(g, io.value_cache(i), v, step, f"{p}/v_cache", io.value_cache_out(i))
-        k_all = self.to_f32(g, g.op("Gather", [k_pool, step.block_tables], f"{p}/k_gather", axis=0), f"{p}/k_gather")
-        v_all = self.to_f32(g, g.op("Gather", [v_pool, step.block_tables], f"{p}/v_gather", axis=0), f"{p}/v_gather")
+        indices = step.scatter_indices[is_sliding]
+        k_pool = self.scatter(g, io.key_cache(i), k, indices, f"{p}/k_cache", io.key_cache_out(i))
+        v_pool = self.scatter(g, io.value_cache(i), v, indices, f"{p}/v_cache", io.value_cache_out(i))
+        tables = step.block_tables[is_sliding]
+        k_all = self.to_f32(g, g.op("Gather", [k_pool, tables], f"{p}/k_gather", axis=0), f"{p}/k_gather")
+        v_all = self.to_f32(g, g.op("Gather", [v_pool, tables], f"{p}/v_gather", axis=0), f"{p}/v_gather")
         # [b, blocks, block_size, kvh, hd] -> kᵀ [b, kvh, hd, total], v [b, kvh, total, hd]
         k_t = g.op("Reshape", [g.op("Transpose", [k_all], f"{p}/k_T", perm=[0, 3, 4, 1, 2]), g.const([0, 0, 0, -1])], f"{p}/k_flat")
         v_t = g.op("Reshape", [g.op("Transpose", [v_all], f"{p}/v_T", perm=[0, 3, 1, 2, 4]), g.const([0, 0, -1, hd])], f"{p}/v_flat")
@@ -271,7 +291,7 @@ class Gemma3Builder:
         scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, groups * s, total]
         scores = g.op("Reshape", [scores, g.const([0, nh, -1, 0])], f"{p}/scores_heads")  # [b, nh, s, total]
         probs = g.op("Softmax", [g.op("Add", [scores, step.masks[is_sliding]], f"{p}/masked")], f"{p}/Softmax", axis=-1)
-        if masses is not None:
+        if masses is not None and not is_sliding:
             masses.append(self.block_mass(g, probs, step, f"{p}/block_mass"))
         probs = g.op("Reshape", [probs, g.const([0, kvh, -1, 0])], f"{p}/probs_groups")
         out = g.op("MatMul", [probs, v_t], f"{p}/context")  # [b, kvh, groups * s, hd]
@@ -286,11 +306,11 @@ class Gemma3Builder:
         per_slot = g.op("Reshape", [per_key, step.block_shape], f"{name}/blocks")  # [b, max_blocks, block_size]
         return g.op("ReduceSum", [per_slot, g.const([2])], f"{name}/ReduceSum", keepdims=0)
 
-    def scatter(self, g: Graph, pool: str, update: str, step: StepValues, name: str, out: str) -> str:
+    def scatter(self, g: Graph, pool: str, update: str, indices: str, name: str, out: str) -> str:
         """ScatterND of this step's K or V into the pool; its output is the graph output `out`."""
         if self.dtype != "fp32":
             update = g.op("Cast", [update], f"{name}/Cast", to=self.onnx_dtype)
-        return g.op("ScatterND", [pool, step.scatter_indices, update], f"{name}/ScatterND", out=out)
+        return g.op("ScatterND", [pool, indices, update], f"{name}/ScatterND", out=out)
 
     def mlp(self, g: Graph, layer: LayerWeights, x: str) -> str:
         """GeGLU: down(gelu_tanh(gate(x)) * up(x))."""
@@ -322,7 +342,6 @@ class Gemma3Builder:
         rows = g.op("Reshape", [x, g.const([-1, self.cfg.hidden_size])], f"{p}/flatten")
         rows = g.op("Gather", [rows, io.LOGITS_INDICES], f"{p}/select_rows", axis=0)
         rows = self.rms_norm(g, rows, final_norm, "/model/norm")
-        w = self.embedding_weight(g, table, data)
         if self.dtype != "fp32":
             rows = g.op("Cast", [rows], f"{p}/Cast_in", to=self.onnx_dtype)
         cap = self.cfg.final_logit_softcapping

@@ -17,6 +17,18 @@
     key_cache.{i} / value_cache.{i}         [num_blocks, block_size, kv_heads, head_dim]
         pool of layer i; updated in place: `key_cache_out.{i}` is bound to the same buffer.
 
+Sliding-window layers keep their KV in a block group of their own, so that blocks
+that fell out of the window can be released (partitions with sliding layers only):
+
+    window_slot_mapping  [batch, seq]         int64  as slot_mapping, in the window group's pools
+    window_block_tables  [batch, max_wblocks] int64  the row's window-group blocks in order, from
+                                                     logical block `window_first_block` on
+    window_first_block   [batch]              int64  logical index (position // block_size) of the
+                                                     first block listed in window_block_tables
+    key_cache.{i} / value_cache.{i} of a sliding layer  [num_window_blocks, block_size, kvh, hd]
+
+`attention_mass` covers the full-attention layers only (their tables list every block).
+
 The block size is read from the pool's shape inside the graph, so it is chosen
 when the runtime allocates the pools, not at export time.
 """
@@ -33,6 +45,9 @@ CONTEXT_LENS = "context_lens"
 LOGITS_INDICES = "logits_indices"
 LOGITS = "logits"
 ATTENTION_MASS = "attention_mass"
+WINDOW_SLOT_MAPPING = "window_slot_mapping"
+WINDOW_BLOCK_TABLES = "window_block_tables"
+WINDOW_FIRST_BLOCK = "window_first_block"
 
 SINK_BLOCK = 0  # reserved: padding tokens scatter here, no sequence ever owns it
 

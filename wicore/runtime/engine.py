@@ -11,8 +11,6 @@
 from __future__ import annotations
 
 import itertools
-import os
-import tempfile
 import threading
 import time
 import traceback
@@ -24,13 +22,11 @@ import numpy as np
 
 from wicore.errors import RequestError
 from wicore.graph.manifest import Manifest
-from wicore.hmt.block_pool import BlockPool
-from wicore.hmt.pager import Pager
-from wicore.hmt.policy import A2CRConfig, A2CRPolicy, LRUPolicy, Tier
-from wicore.hmt.tiers import DeviceStore, HostStore, NvmeStore
+from wicore.hmt.kv_cache import FULL, WINDOW
+from wicore.hmt.policy import A2CRConfig, Tier
 from wicore.runtime.channel import Channel
+from wicore.runtime.kv_memory import KVLayout, KVMemory, plan_tiers
 from wicore.runtime.placement import plan_placement
-from wicore.runtime.providers import DeviceError
 from wicore.runtime.request import Priority, Request, RequestOutput
 from wicore.runtime.sampler import Sample, SamplingParams
 from wicore.runtime.scheduler import ScheduledRow, Scheduler, SchedulerConfig
@@ -52,6 +48,7 @@ class EngineConfig:
     num_device_blocks: int | None = None
     num_host_blocks: int | None = None
     num_nvme_blocks: int | None = None
+    num_window_device_blocks: int | None = None  # the sliding layers' device pool, if set apart
     policy: str = "a2cr"  # or "lru"
     a2cr: A2CRConfig = A2CRConfig()
     enable_prefix_cache: bool = True
@@ -66,17 +63,6 @@ class EngineConfig:
             raise ValueError("tier sizes must be >= 0")
 
 
-def block_bytes(manifest: Manifest, block_size: int) -> int:
-    """Bytes of one block across all layers, K and V."""
-    cfg = manifest.config
-    itemsize = np.dtype(manifest.kv_dtype).itemsize
-    return cfg.num_layers * 2 * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
-
-
-def _first_set(value: int | None, default: int) -> int:
-    return default if value is None else value
-
-
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -84,33 +70,17 @@ class Engine:
         self.manifest = Manifest.read(model_dir)
         if config.verify_files:
             self.manifest.verify(model_dir)
-        per_block = block_bytes(self.manifest, config.block_size)
-        num_device = config.num_device_blocks or max(2, int(config.kv_pool_gb * GIB // per_block))
-        num_host = _first_set(config.num_host_blocks, int(config.host_tier_gb * GIB // per_block))
-        num_nvme = _first_set(config.num_nvme_blocks, int(config.nvme_tier_gb * GIB // per_block))
-        plan = plan_placement(model_dir, self.manifest, config.devices, num_device * per_block)
-        cache = CacheConfig(num_device, config.block_size)
+        layout = KVLayout.of(self.manifest, config.block_size)
+        tiers = plan_tiers(config, layout)
+        device = tiers[Tier.DEVICE]
+        device_bytes = device.full * layout.block_bytes(FULL) + device.window * layout.block_bytes(WINDOW)
+        plan = plan_placement(model_dir, self.manifest, config.devices, device_bytes)
+        cache = CacheConfig(device.full, config.block_size, device.window or None)
         self.runner = ModelRunner(model_dir, self.manifest, cache, config.num_threads, plan.devices)
-        if not self.runner.pools_on_host and (num_host or num_nvme):
-            raise DeviceError(
-                f"KV pools in device memory ({config.devices}) cannot be paged to host/NVMe tiers yet; "
-                "set --host-tier-gb 0 --nvme-tier-gb 0 (cached blocks are then dropped, not demoted)"
-            )
+        self.kv = KVMemory(config, layout, tiers, self.runner)
+        self.pool = self.kv.cache
+        self.policy = self.pool.full.pool.policy  # the group attention statistics describe
         cfg = self.manifest.config
-        block_shape = (cfg.num_layers, 2, config.block_size, cfg.num_kv_heads, cfg.head_dim)
-        dtype = np.dtype(self.manifest.kv_dtype)
-        stores = {}
-        if self.runner.pools_on_host:
-            stores[Tier.DEVICE] = DeviceStore(self.runner.key_pools, self.runner.value_pools)
-        stores[Tier.HOST] = HostStore(num_host, block_shape, dtype)
-        self._nvme = None
-        if num_nvme:
-            nvme_dir = Path(config.nvme_dir or tempfile.gettempdir())
-            self._nvme = NvmeStore(nvme_dir / f"wicore-kv-{os.getpid()}-{id(self)}.bin", num_nvme, block_shape, dtype)
-            stores[Tier.NVME] = self._nvme
-        self.pager = Pager(stores)
-        self.policy = A2CRPolicy(config.a2cr) if config.policy == "a2cr" else LRUPolicy()
-        self.pool = BlockPool(num_device, num_host, num_nvme, config.block_size, self.policy, config.enable_prefix_cache)
         eos = self._eos_token_ids()
         sched_cfg = config.scheduler
         sched_cfg = SchedulerConfig(**{**sched_cfg.__dict__, "eos_token_ids": eos, "max_context": min(sched_cfg.max_context, cfg.max_position_embeddings)})
@@ -140,9 +110,7 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._nvme is not None:
-            self._nvme.close()
-            self._nvme = None
+        self.kv.close()
 
     def __enter__(self) -> Engine:
         """`with Engine(...) as e:` guarantees stop(); start() stays explicit, so requests
@@ -192,6 +160,14 @@ class Engine:
                 f"the request needs up to {len(ids) + params.max_tokens} tokens of KV cache; the device pool holds "
                 f"{capacity} (raise --kv-pool-gb or lower max_tokens)"
             )
+        layout, bs = self.kv.layout, self.config.block_size
+        if layout.has_window:
+            need = min(-(-(len(ids) + params.max_tokens) // bs), layout.window_blocks_per_sequence(self.scheduler.config.prefill_chunk))
+            if need > self.runner.cache.window_blocks - 1:
+                raise RequestError(
+                    f"the request needs up to {need} blocks in the sliding-window layers' pool, which holds "
+                    f"{self.runner.cache.window_blocks - 1} (raise --kv-pool-gb or lower max_tokens)"
+                )
         now = time.monotonic()
         request_id = request_id or f"req-{next(self._ids)}"
         req = Request(
@@ -275,11 +251,11 @@ class Engine:
         for ended in out.finished:
             self._emit(ended)
         rows = out.rows
-        corrupt = self.pager.execute(out.moves)
+        corrupt = self.kv.execute(out.moves)
         if corrupt:
             with self._lock:
-                for block_id in corrupt:
-                    self.pool.invalidate(block_id)
+                for group, block_id in corrupt:
+                    self.pool.invalidate(group, block_id)
                 lost = self.scheduler.holders(corrupt)
                 self.scheduler.recompute(lost)
             rows = [r for r in rows if r.request_id not in lost]
@@ -346,6 +322,19 @@ class Engine:
                 "blocks_in_use": {t.name.lower(): self.pool.usage(t) for t in Tier},  # referenced or cached
                 "blocks_referenced": {t.name.lower(): self.pool.usage(t) - self.pool.num_evictable(t) for t in Tier},
                 "blocks_free": {t.name.lower(): self.pool.num_free(t) for t in Tier},
+                "kv_groups": {  # the sums above, per block group (full-attention / sliding layers)
+                    name: {
+                        "layers": len(layers),
+                        "window": group.window,
+                        "blocks_in_use": {t.name.lower(): group.pool.usage(t) for t in Tier},
+                        "blocks_referenced": {t.name.lower(): group.pool.usage(t) - group.pool.num_evictable(t) for t in Tier},
+                        "blocks_free": {t.name.lower(): group.pool.num_free(t) for t in Tier},
+                        "block_bytes": self.kv.layout.block_bytes(index),
+                    }
+                    for index, (name, layers, group) in enumerate(zip(
+                        ("full", "window"), (self.kv.layout.full_layers, self.kv.layout.window_layers), self.pool.groups
+                    ))
+                },
                 "prefix_hit_rate": s.stats.prefix_hit_rate,
                 "prompt_tokens": s.stats.num_prompt_tokens,
                 "cached_prompt_tokens": s.stats.num_cached_tokens,
@@ -353,7 +342,7 @@ class Engine:
                 "generated_tokens": s.stats.num_generated_tokens,
                 "preempted_swap": s.stats.num_preempted_swap,
                 "preempted_recompute": s.stats.num_preempted_recompute,
-                "corrupt_blocks": self.pager.stats.num_corrupt,
+                "corrupt_blocks": self.kv.num_corrupt,
                 "tokens_per_second": sum(n for _, n in recent[1:]) / span if span else 0.0,
                 "steps": self.num_steps,
             }

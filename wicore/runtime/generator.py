@@ -50,10 +50,21 @@ class Sequence:
 
 @dataclass(frozen=True)
 class _Row:
+    """A step row (wicore.runtime.session.StepRow). The offline generator gives the sliding
+    layers' pools the same blocks as the full layers' (same size, nothing released)."""
+
     token_ids: list[int]
     start: int
     block_table: list[int]
     needs_logits: bool
+
+    @property
+    def window_table(self) -> list[int]:
+        return self.block_table
+
+    @property
+    def window_first(self) -> int:
+        return 0
 
 
 def sequence_row(seq: Sequence, n: int) -> _Row:

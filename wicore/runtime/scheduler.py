@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from wicore.errors import OverloadedError, RequestError
-from wicore.hmt.block_pool import BlockPool, Move
+from wicore.hmt.block_pool import Move
+from wicore.hmt.kv_cache import KVCache
 from wicore.hmt.policy import Tier
 from wicore.runtime.request import Priority, Request, RequestOutput, Status
 from wicore.runtime.sampler import Sample, Sampler
@@ -57,6 +58,8 @@ class ScheduledRow:
     start: int
     block_table: list[int]  # DEVICE slots of the request's blocks, in order
     block_ids: list[int]  # the same blocks' ids in the pool (for per-block statistics)
+    window_table: list[int]  # DEVICE slots of its sliding-window blocks, from logical block window_first
+    window_first: int
     needs_logits: bool  # the row ends at the request's last known token: sample one
     sampler: Sampler
 
@@ -87,7 +90,7 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, pool: BlockPool, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: SchedulerConfig, pool: KVCache, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.pool = pool
         self.clock = clock
@@ -136,14 +139,14 @@ class Scheduler:
         while queue and budget > 0:
             req = queue.pop(0)
             n = self._tokens_to_run(req, budget)
-            plan = self.pool.append(req.seq_id, req.num_computed + n)
+            plan = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
             while plan is None:
                 victim = queue.pop() if queue else req
                 moves += self._preempt(victim)
                 preempted_this_step = True
                 if victim is req:
                     break
-                plan = self.pool.append(req.seq_id, req.num_computed + n)
+                plan = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
             if plan is None:
                 continue
             moves += plan
@@ -167,12 +170,15 @@ class Scheduler:
 
     def _row(self, req: Request, n: int) -> ScheduledRow:
         start = req.num_computed
+        window_table, window_first = self.pool.window_table(req.seq_id)
         return ScheduledRow(
             request_id=req.request_id,
             token_ids=req.token_ids[start : start + n],
             start=start,
             block_table=self.pool.block_table(req.seq_id),
             block_ids=self.pool.block_ids(req.seq_id),
+            window_table=window_table,
+            window_first=window_first,
             needs_logits=start + n == req.num_tokens,
             sampler=req.sampler,
         )
@@ -205,7 +211,7 @@ class Scheduler:
             plan = self.pool.swap_in(req.seq_id)
             if plan is None:
                 break
-            more = self.pool.append(req.seq_id, req.num_computed + n)
+            more = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
             if more is None:  # back in, but no room to grow this step: it runs next step
                 moves += plan
                 self._set_running(req, self.swapped)
@@ -220,7 +226,7 @@ class Scheduler:
         for req in sorted(self.waiting, key=lambda r: self._rank(r, now)):
             if len(self.running) >= self.config.max_num_seqs or budget <= 0:
                 break
-            alloc = self.pool.allocate(req.seq_id, req.token_ids)
+            alloc = self.pool.allocate(req.seq_id, req.token_ids, min(budget, self.config.prefill_chunk))
             if alloc is None:
                 break  # the best-ranked request waits for room; nothing jumps ahead of it
             if not req.was_admitted:  # readmissions after preemption are not prefix-cache traffic
@@ -277,12 +283,12 @@ class Scheduler:
                     queue.remove(req)
             self._requeue_for_recompute(req)
 
-    def holders(self, block_ids: set[int]) -> set[str]:
-        """Ids of the requests whose sequences hold any of `block_ids`."""
+    def holders(self, block_keys: set[tuple[int, int]]) -> set[str]:
+        """Ids of the requests whose sequences hold any of `block_keys` ((group, block id) each)."""
         return {
             r.request_id
             for r in self.requests.values()
-            if r.status in (Status.RUNNING, Status.SWAPPED) and block_ids & set(self.pool.block_ids(r.seq_id))
+            if r.status in (Status.RUNNING, Status.SWAPPED) and block_keys & self.pool.block_keys(r.seq_id)
         }
 
     # -- update ----------------------------------------------------------------------

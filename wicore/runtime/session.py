@@ -30,6 +30,9 @@ class StepBatch:
     block_tables: np.ndarray  # [batch, max_blocks] int64
     context_lens: np.ndarray  # [batch] int64
     logits_indices: np.ndarray  # [num_logits] int64, flat into batch * seq
+    window_slot_mapping: np.ndarray  # [batch, seq] int64, the sliding layers' block group
+    window_block_tables: np.ndarray  # [batch, max_window_blocks] int64
+    window_first_block: np.ndarray  # [batch] int64
 
     def paging_inputs(self) -> dict[str, np.ndarray]:
         return {
@@ -37,16 +40,23 @@ class StepBatch:
             io.SLOT_MAPPING: self.slot_mapping,
             io.BLOCK_TABLES: self.block_tables,
             io.CONTEXT_LENS: self.context_lens,
+            io.WINDOW_SLOT_MAPPING: self.window_slot_mapping,
+            io.WINDOW_BLOCK_TABLES: self.window_block_tables,
+            io.WINDOW_FIRST_BLOCK: self.window_first_block,
         }
 
 
 class StepRow(Protocol):
     """One row of a step: run `token_ids` (positions start, start + 1, ...) of a sequence whose
-    blocks, in order, are the DEVICE slots `block_table`."""
+    blocks, in order, are the DEVICE slots `block_table`. Its sliding layers' blocks are
+    `window_table`, the first of them holding logical block `window_first` (the blocks before
+    it fell out of the window and were released)."""
 
     token_ids: Sequence[int]
     start: int
     block_table: Sequence[int]
+    window_table: Sequence[int]
+    window_first: int
     needs_logits: bool
 
 
@@ -57,30 +67,52 @@ def build_step(rows: Sequence[StepRow], block_size: int, all_logits: bool = Fals
     """
     seq_len = max(len(r.token_ids) for r in rows)
     batch = len(rows)
-    max_blocks = max(len(r.block_table) for r in rows)
     input_ids = np.zeros((batch, seq_len), np.int64)
     positions = np.zeros((batch, seq_len), np.int64)
-    slots = np.full((batch, seq_len), io.SINK_BLOCK * block_size, np.int64)
-    tables = np.full((batch, max_blocks), io.SINK_BLOCK, np.int64)
     lens = np.zeros(batch, np.int64)
+    first = np.zeros(batch, np.int64)
+    slots, tables = _paging_arrays(batch, seq_len, max(len(r.block_table) for r in rows), block_size)
+    window_slots, window_tables = _paging_arrays(batch, seq_len, max(len(r.window_table) for r in rows), block_size)
     logits_indices: list[int] = []
     for r, row in enumerate(rows):
         n = len(row.token_ids)
         end = row.start + n
-        blocks = np.asarray(row.block_table, np.int64)
-        if len(blocks) * block_size < end:
-            raise ValueError(f"a row of {end} tokens has only {len(blocks)} blocks of {block_size}")
         pos = np.arange(row.start, end)
         input_ids[r, :n] = row.token_ids
         positions[r, :n] = pos
-        slots[r, :n] = blocks[pos // block_size] * block_size + pos % block_size
-        tables[r, : len(blocks)] = blocks
+        _place(row.block_table, 0, pos, slots[r], tables[r], block_size)
+        _place(row.window_table, row.window_first, pos, window_slots[r], window_tables[r], block_size)
         lens[r] = end
+        first[r] = row.window_first
         if all_logits:
             logits_indices.extend(r * seq_len + np.arange(n))
         elif row.needs_logits:
             logits_indices.append(r * seq_len + n - 1)
-    return StepBatch(input_ids, positions, slots, tables, lens, np.asarray(logits_indices, np.int64))
+    return StepBatch(
+        input_ids, positions, slots, tables, lens, np.asarray(logits_indices, np.int64),
+        window_slots, window_tables, first,
+    )
+
+
+def _paging_arrays(batch: int, seq_len: int, max_blocks: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slot mapping and block tables filled with the sink block (where padding goes)."""
+    slots = np.full((batch, seq_len), io.SINK_BLOCK * block_size, np.int64)
+    tables = np.full((batch, max(max_blocks, 1)), io.SINK_BLOCK, np.int64)
+    return slots, tables
+
+
+def _place(table: Sequence[int], first: int, pos: np.ndarray, slots: np.ndarray, tables: np.ndarray, block_size: int) -> None:
+    """Fill one row's slots (for positions `pos`) and table from its blocks, the first of
+    which holds logical block `first`."""
+    blocks = np.asarray(table, np.int64)
+    index = pos // block_size - first
+    if len(pos) and (index[0] < 0 or index[-1] >= len(blocks)):
+        raise ValueError(
+            f"positions {pos[0]}..{pos[-1]} need logical blocks {pos[0] // block_size}..{pos[-1] // block_size}; "
+            f"the row has blocks {first}..{first + len(blocks) - 1} of {block_size}"
+        )
+    slots[: len(pos)] = blocks[index] * block_size + pos % block_size
+    tables[: len(blocks)] = blocks
 
 
 @dataclass(frozen=True)
@@ -91,14 +123,21 @@ class StepResult:
 
 @dataclass(frozen=True)
 class CacheConfig:
+    """Blocks of the full-attention layers' pools and of the sliding layers' (by default as many)."""
+
     num_blocks: int
     block_size: int = 16
+    num_window_blocks: int | None = None
 
     def __post_init__(self) -> None:
-        if self.num_blocks < 2:
-            raise ValueError("the KV pool needs at least 2 blocks (one is the padding sink)")
+        if min(self.num_blocks, self.window_blocks) < 2:
+            raise ValueError("a KV pool needs at least 2 blocks (one is the padding sink)")
         if self.block_size < 1:
             raise ValueError("block_size must be positive")
+
+    @property
+    def window_blocks(self) -> int:
+        return self.num_blocks if self.num_window_blocks is None else self.num_window_blocks
 
 
 class ModelRunner:
@@ -130,13 +169,13 @@ class ModelRunner:
             ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers())
             for p, d in zip(manifest.partitions, self.devices)
         ]
+        self._input_names = [{i.name for i in s.get_inputs()} for s in self.sessions]
         self.resize(cache)
 
     def resize(self, cache: CacheConfig) -> None:
         """(Re)allocate the pools for `cache`; their previous contents are dropped."""
         ort = onnxruntime()
         cfg = self.manifest.config
-        shape = (cache.num_blocks, cache.block_size, cfg.num_kv_heads, cfg.head_dim)
         dtype = np.dtype(self.manifest.kv_dtype)
         self.cache = cache
         self.key_pools: list[np.ndarray | None] = []
@@ -144,7 +183,9 @@ class ModelRunner:
         self._pool_values = []
         for record, device in zip(self.manifest.partitions, self.devices):
             kind, index = device.ort_device
-            for _ in range(record.start, record.stop):
+            for layer in range(record.start, record.stop):
+                num_blocks = cache.window_blocks if cfg.is_sliding(layer) else cache.num_blocks
+                shape = (num_blocks, cache.block_size, cfg.num_kv_heads, cfg.head_dim)
                 pair = []
                 for pools in (self.key_pools, self.value_pools):
                     host = np.zeros(shape, dtype)
@@ -154,8 +195,18 @@ class ModelRunner:
 
     @property
     def pools_on_host(self) -> bool:
-        """Whether every pool is a NumPy array (what the HMT tier stores can page today)."""
+        """Whether every pool is a NumPy array (paged by NumPy slices; otherwise by OrtPoolStore's graphs)."""
         return all(p is not None for p in self.key_pools)
+
+    @property
+    def pool_values(self) -> list[tuple[object, object]]:
+        """Each layer's bound (key, value) pool OrtValues; replaced by `resize`."""
+        return list(self._pool_values)
+
+    @property
+    def layer_devices(self) -> list[Device]:
+        """The device of each layer's partition (where its pools live)."""
+        return [d for p, d in zip(self.manifest.partitions, self.devices) for _ in range(p.start, p.stop)]
 
     @property
     def vocab_size(self) -> int:
@@ -179,7 +230,8 @@ class ModelRunner:
             else:
                 binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
             for name, array in step.paging_inputs().items():
-                binding.bind_cpu_input(name, array)
+                if name in self._input_names[i]:
+                    binding.bind_cpu_input(name, array)
             for layer in range(record.start, record.stop):
                 key, value = self._pool_values[layer]
                 binding.bind_ortvalue_input(io.key_cache(layer), key)
