@@ -18,13 +18,18 @@ from typing import Callable
 import onnx
 
 from wicore.errors import WiCoreError
+from wicore.export.quant import SUPPORTED_BITS
 from wicore.export.weights import WeightSource
 from wicore.graph.gemma3 import DTYPES, OPSET, Gemma3Builder
 from wicore.graph.manifest import Manifest, PartitionRecord, sha256_file
 from wicore.graph.ops import DataFile
 from wicore.graph.partition import plan_partitions
+from wicore.graph.quant import QuantLinear
 
 Progress = Callable[[str], None]
+
+# op flavour -> whether its linear layers are MatMulNBits (com.microsoft, wicore/graph/quant.py)
+OP_FLAVOURS: dict[str, bool] = {"portable": False, "ort-quant": True}
 
 
 @dataclass(frozen=True)
@@ -34,12 +39,22 @@ class ExportConfig:
     op_flavour: str = "portable"
     attention_stats: bool = False  # graphs also output the attention mass of each KV block
     overwrite: bool = False
+    weight_bits: int = 8  # ort-quant: bits for weights without a lossless GGUF encoding (float sources)
+    accuracy_level: int = 4  # ort-quant: MatMulNBits activations, 4 = int8 (fast on CPU), 0 = float (exact)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise WiCoreError(f"--dtype {self.dtype!r}: choose one of {', '.join(sorted(DTYPES))}")
-        if self.op_flavour != "portable":
-            raise WiCoreError(f"--op-flavour {self.op_flavour!r}: this version builds 'portable' graphs only")
+        if self.op_flavour not in OP_FLAVOURS:
+            raise WiCoreError(f"--op-flavour {self.op_flavour!r}: choose one of {', '.join(OP_FLAVOURS)}")
+        if self.weight_bits not in SUPPORTED_BITS:
+            raise WiCoreError(f"--weight-bits {self.weight_bits}: choose one of {', '.join(map(str, SUPPORTED_BITS))}")
+
+    def quant(self) -> QuantLinear | None:
+        """How linear layers are encoded: None for float MatMuls (portable)."""
+        if not OP_FLAVOURS[self.op_flavour]:
+            return None
+        return QuantLinear(weight_bits=self.weight_bits, accuracy_level=self.accuracy_level)
         if self.num_partitions < 1:
             raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
 
@@ -70,9 +85,9 @@ def export_model(source: WeightSource, out_dir: Path, config: ExportConfig, prog
 def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progress: Progress) -> Manifest:
     cfg = source.config
     specs = plan_partitions(cfg.num_layers, config.num_partitions)
-    builder = Gemma3Builder(cfg, config.dtype, attention_stats=config.attention_stats)
+    builder = Gemma3Builder(cfg, config.dtype, attention_stats=config.attention_stats, quant=config.quant())
     started = time.monotonic()
-    progress(f"{cfg.num_layers} layers, {cfg.hidden_size} hidden, {config.dtype}, {len(specs)} partition(s)")
+    progress(f"{cfg.num_layers} layers, {cfg.hidden_size} hidden, {config.dtype}, {config.op_flavour}, {len(specs)} partition(s)")
     shared = DataFile(folder / "embed_tokens.data") if len(specs) > 1 else None
     records = []
     try:

@@ -3,6 +3,8 @@
 `gguf.GGUFReader` memory-maps the file, so only the layer being built is ever
 dequantized into float32 (every type in the packaged 270M: F32, Q8_0, Q6_K,
 Q5_0, Q4_K; `gguf.quants.dequantize` covers the rest of llama.cpp's types).
+Quantized 2-D tensors come back as `QuantizedTensor`s that also hold their
+blocks, which the ort-quant flavour transcodes losslessly (export/quant.py).
 llama.cpp's converter stores Gemma RMSNorm weights as `1 + w`; they are
 returned here as `w`, the Hugging Face convention the builder expects.
 """
@@ -16,6 +18,7 @@ import numpy as np
 
 from wicore.errors import ModelSourceError, UnsupportedModelError
 from wicore.export.config import FULL, SLIDING, Gemma3Config, RopeConfig, default_layer_types
+from wicore.export.quant import QuantizedTensor, can_transcode, transcode_gguf
 from wicore.export.weights import LayerWeights
 
 # GGUF tensor suffix -> Hugging Face name, and whether it is an RMSNorm weight.
@@ -118,8 +121,13 @@ class GGUFSource:
             data = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as exc:
             raise UnsupportedModelError(f"{name}: GGUF type {t.tensor_type.name} cannot be dequantized") from exc
-        data = np.ascontiguousarray(data.reshape(tuple(int(d) for d in reversed(t.shape))), dtype=np.float32)
-        return data - 1.0 if is_norm else data
+        shape = tuple(int(d) for d in reversed(t.shape))
+        data = np.ascontiguousarray(data.reshape(shape), dtype=np.float32)
+        if is_norm:
+            return data - 1.0
+        if len(shape) == 2 and can_transcode(t.tensor_type):  # the ort-quant flavour reuses the blocks
+            return QuantizedTensor(data, lambda: transcode_gguf(t.data, t.tensor_type, shape))
+        return data
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -1,4 +1,5 @@
-"""Gemma 3 text decoder as ONNX graphs over a paged KV pool (the `portable` flavour, opset 17).
+"""Gemma 3 text decoder as ONNX graphs over a paged KV pool (the `portable` flavour, opset 17;
+with a QuantLinear, the `ort-quant` flavour: linear layers, LM head and embedding in graph/quant.py).
 
 One partition holds layers [start, stop). The first also embeds the tokens,
 the last also applies the final norm and the tied LM head to the rows in
@@ -32,9 +33,11 @@ from wicore.export.config import Gemma3Config, RopeConfig
 from wicore.export.weights import LayerWeights, check_layer
 from wicore.graph import io
 from wicore.graph.ops import DataFile, Graph
+from wicore.graph.quant import QuantLinear
 
 OPSET = 17
 DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
+TABLE = "model.embed_tokens"  # the token embedding, also the tied LM head
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,16 @@ class StepValues:
 class Gemma3Builder:
     """Builds the partitions of one model: a table of Gemma 3 facts plus the graph functions."""
 
-    def __init__(self, cfg: Gemma3Config, dtype: str, attention_stats: bool = False) -> None:
+    def __init__(
+        self, cfg: Gemma3Config, dtype: str, attention_stats: bool = False, quant: QuantLinear | None = None
+    ) -> None:
+        """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         self.cfg = cfg
         self.dtype = dtype
         self.attention_stats = attention_stats
+        self.quant = quant
         self.np_dtype, self.onnx_dtype = DTYPES[dtype]
 
     # -- entry point -----------------------------------------------------------------
@@ -219,8 +226,11 @@ class Gemma3Builder:
         return g.weight("model.embed_tokens.weight", lambda: table().astype(self.np_dtype, copy=False), data)
 
     def embed(self, g: Graph, tokens: str, table: Callable[[], np.ndarray], data: DataFile | None) -> str:
-        w = self.embedding_weight(g, table, data)
-        x = g.op("Gather", [w, tokens], "/model/embed_tokens/Gather")
+        x = None
+        if self.quant is not None:  # ort-quant: rows from the table's own 8-bit blocks, where it has them
+            x = self.quant.gather(g, tokens, table(), "/model/embed_tokens", TABLE, self.np_dtype, data)
+        if x is None:  # portable, or a table without 8-bit blocks: float rows
+            x = g.op("Gather", [self.embedding_weight(g, table, data), tokens], "/model/embed_tokens/Gather")
         x = self.to_f32(g, x, "/model/embed_tokens")
         scale = np.float32(self.cfg.hidden_size**0.5)
         return g.op("Mul", [x, g.const(scale, np.float32)], "/model/embed_tokens/scale")
@@ -235,6 +245,9 @@ class Gemma3Builder:
 
     def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str) -> str:
         """x @ concat(weights)ᵀ; weights are [out, in] (HF layout), stored [in, out] in the model dtype."""
+        if self.quant is not None:
+            x = x if self.dtype == "fp32" else g.op("Cast", [x], f"{name}/Cast_in", to=self.onnx_dtype)
+            return self.to_f32(g, self.quant.linear(g, x, weights, name, self.np_dtype), name)
         w = np.concatenate(weights, axis=0).T.astype(self.np_dtype)
         w = g.weight(f"{name}.weight", np.ascontiguousarray(w))
         if self.dtype == "fp32":
@@ -346,7 +359,12 @@ class Gemma3Builder:
             rows = g.op("Cast", [rows], f"{p}/Cast_in", to=self.onnx_dtype)
         cap = self.cfg.final_logit_softcapping
         fp32 = self.dtype == "fp32"
-        logits = g.op("Gemm", [rows, w], f"{p}/Gemm", out=io.LOGITS if fp32 and not cap else None, transB=1)
+        logits_out = io.LOGITS if fp32 and not cap else None
+        if self.quant is not None:  # ort-quant: the tied head from the embedding's own blocks
+            logits = self.quant.linear(g, rows, [table()], p, self.np_dtype, logits_out, weight_name=TABLE, data=data)
+        else:
+            w = self.embedding_weight(g, table, data)
+            logits = g.op("Gemm", [rows, w], f"{p}/Gemm", out=logits_out, transB=1)
         if not fp32:
             logits = g.op("Cast", [logits], f"{p}/Cast_out", out=None if cap else io.LOGITS, to=TensorProto.FLOAT)
         if cap:

@@ -127,8 +127,11 @@ class Graph:
         graph = helper.make_graph(
             self.nodes, self.name, self.inputs, self.outputs, initializer=self.initializers, doc_string=doc
         )
+        domains = sorted({node.domain for node in self.nodes if node.domain})  # com.microsoft contrib ops: version 1
         model = helper.make_model(
-            graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="wicore"
+            graph,
+            opset_imports=[helper.make_opsetid("", opset), *(helper.make_opsetid(d, 1) for d in domains)],
+            producer_name="wicore",
         )
         model.ir_version = min(model.ir_version, 10)
         return model

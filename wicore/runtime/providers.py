@@ -86,7 +86,7 @@ class Capability:
     provider: str  # ONNX Runtime's name
     device_kind: str  # "cpu", "gpu" or "npu"
     dtypes: tuple[str, ...]  # export dtypes it runs
-    op_flavours: tuple[str, ...]  # graph flavours it runs
+    op_flavours: tuple[str, ...]  # graph flavours it runs (ort-quant: com.microsoft MatMulNBits kernels, 4/8 bits)
     default_index: str  # "0", or OpenVINO's device type "CPU"
     ort_device: str  # where OrtValues for this EP are allocated ("cpu" or "cuda")
     free_bytes: Callable[[str], int | None]  # free memory of a device, None if unknown
@@ -99,8 +99,8 @@ class Capability:
 CAPABILITIES: dict[str, Capability] = {
     c.name: c
     for c in (
-        Capability("cpu", "CPUExecutionProvider", "cpu", ("fp32", "fp16"), ("portable",), "0", "cpu", host_free_bytes, None),
-        Capability("cuda", "CUDAExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cuda", nvidia_free_bytes, "device_id"),
+        Capability("cpu", "CPUExecutionProvider", "cpu", ("fp32", "fp16"), ("portable", "ort-quant"), "0", "cpu", host_free_bytes, None),
+        Capability("cuda", "CUDAExecutionProvider", "gpu", ("fp16", "fp32"), ("portable", "ort-quant"), "0", "cuda", nvidia_free_bytes, "device_id"),
         Capability("tensorrt", "TensorrtExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cuda", nvidia_free_bytes, "device_id"),
         Capability("openvino", "OpenVINOExecutionProvider", "cpu", ("fp32", "fp16"), ("portable",), "CPU", "cpu", host_free_bytes, "device_type"),
         Capability("migraphx", "MIGraphXExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cpu", unknown_free_bytes, "device_id"),

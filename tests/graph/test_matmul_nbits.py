@@ -1,0 +1,142 @@
+"""The ort-quant flavour: MatMulNBits nodes against NumPy, and a tiny model against its fp32 export."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+
+from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.quant import BlockQuant, quantize_symmetric
+from wicore.export.sources import open_source
+from wicore.graph.manifest import Manifest
+from wicore.graph.ops import DataFile, Graph
+from wicore.graph.quant import matmul_nbits
+from wicore.runtime.generator import Generator
+from wicore.runtime.providers import CAPABILITIES, Device, DeviceError, onnxruntime
+from wicore.runtime.sampler import SamplingParams
+
+PROMPT = np.random.default_rng(0).integers(0, 512, 40).tolist()
+
+
+def with_offsets(w: BlockQuant, seed: int = 0) -> BlockQuant:
+    offsets = np.random.default_rng(seed).uniform(-0.1, 0.1, w.scales.shape).astype(np.float32)
+    return BlockQuant(w.codes, w.scales, offsets, w.bits, w.block_size)
+
+
+def run_matmul(tmp_path, w: BlockQuant, x: np.ndarray, accuracy_level: int) -> np.ndarray:
+    ort = onnxruntime()
+    data = DataFile(tmp_path / "w.data")
+    g = Graph("mm", data)
+    g.input("x", TensorProto.FLOAT, ["b", "s", w.shape[1]])
+    matmul_nbits(g, "x", w, "/mm", np.float32, accuracy_level, out="y")
+    g.output("y", TensorProto.FLOAT, ["b", "s", w.shape[0]])
+    data.close()
+    onnx.save_model(g.to_model(17), tmp_path / "mm.onnx")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(tmp_path / "mm.onnx"), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("bits,block_size", [(4, 32), (8, 32), (8, 16), (4, 16)])
+@pytest.mark.parametrize("offsets", [False, True], ids=["symmetric", "offsets"])
+def test_matmul_nbits_computes_x_times_the_dequantized_weight(tmp_path, bits, block_size, offsets):
+    rng = np.random.default_rng(bits + block_size)
+    w = quantize_symmetric(rng.standard_normal((48, 96)).astype(np.float32), bits, block_size)
+    w = with_offsets(w) if offsets else w
+    x = rng.standard_normal((2, 3, 96)).astype(np.float32)
+    reference = x @ w.dequantize().T
+    exact = run_matmul(tmp_path, w, x, accuracy_level=0)  # float activations
+    np.testing.assert_allclose(exact, reference, rtol=1e-5, atol=1e-4)
+    fast = run_matmul(tmp_path, w, x, accuracy_level=4)  # int8 activations, as on CPU in the graphs
+    assert np.abs(fast - reference).max() < 2e-2 * np.abs(reference).max()
+
+
+def quantized_copy(model, bits: int):
+    """The HF model with every matrix replaced by its symmetric block quantization (embedding included)."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim == 2:
+                param.copy_(torch.from_numpy(quantize_symmetric(param.numpy(), bits, 32).dequantize()))
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_exports(tiny_model, tmp_path_factory):
+    """name -> exported folder: the tiny random model, and copies of it already quantized to 8 and 4 bits."""
+    folder, model = tiny_model()
+    sources = {"float": folder}
+    for bits in (8, 4):
+        sources[f"q{bits}"] = tmp_path_factory.mktemp(f"tiny_hf_q{bits}")
+        quantized_copy(model, bits).save_pretrained(sources[f"q{bits}"])
+    plan = {
+        "fp32": ("float", ExportConfig()),
+        "quant": ("float", ExportConfig(op_flavour="ort-quant")),
+        "fp32-q8": ("q8", ExportConfig()),
+        "quant-q8": ("q8", ExportConfig(op_flavour="ort-quant", accuracy_level=0)),
+        "fp32-q4": ("q4", ExportConfig()),
+        "quant-q4": ("q4", ExportConfig(op_flavour="ort-quant", weight_bits=4, accuracy_level=0)),
+    }
+    out = {}
+    for name, (source, config) in plan.items():
+        out[name] = tmp_path_factory.mktemp(f"tiny_{name}") / "model"
+        export_model(open_source(str(sources[source])), out[name], config, progress=lambda _: None)
+    return out
+
+
+def logits(folder, prompt=PROMPT) -> np.ndarray:
+    return Generator.load(folder, num_threads=1, block_size=4).prompt_logits(prompt)
+
+
+def test_manifest_records_the_flavour_and_graphs_use_matmul_nbits(tiny_exports):
+    manifest = Manifest.read(tiny_exports["quant"])
+    assert manifest.op_flavour == "ort-quant"
+    graph = onnx.load(tiny_exports["quant"] / manifest.partitions[0].file, load_external_data=False).graph
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("MatMulNBits") == 4 * 4 + 1  # qkv, o, gate|up, down per layer; LM head
+    assert "Gemm" not in ops and ops.count("MatMul") == 2 * 4  # attention's two per layer
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_ort_quant_computes_what_fp32_computes_on_the_same_quantized_weights(tiny_exports, bits):
+    """Weights that are already on the 8/4-bit grid: the MatMulNBits graphs (float activations)
+    equal the fp32 graphs up to float rounding, so packing, fusing and the LM head are right."""
+    ref, ours = logits(tiny_exports[f"fp32-q{bits}"]), logits(tiny_exports[f"quant-q{bits}"])
+    assert np.abs(ours - ref).max() < 1e-4 * np.abs(ref).max()
+    assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_tiny_ort_quant_tracks_fp32(tiny_exports):
+    """8-bit weights and int8 activations against fp32 on a random model (sensitive: its norms are
+    drawn N(0, 0.5)). Measured: max |diff| 4.4% of the largest logit, 95% of argmaxes agree,
+    the same 16 greedy tokens."""
+    fp32 = Generator.load(tiny_exports["fp32"], num_threads=1, block_size=4)
+    quant = Generator.load(tiny_exports["quant"], num_threads=1, block_size=4)
+    ref, ours = fp32.prompt_logits(PROMPT), quant.prompt_logits(PROMPT)
+    assert np.abs(ours - ref).max() < 0.08 * np.abs(ref).max()
+    assert (ours.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    assert quant.generate([PROMPT[:9]], params).token_ids == fp32.generate([PROMPT[:9]], params).token_ids
+
+
+def test_export_refuses_unknown_flavours_and_bits():
+    from wicore.errors import WiCoreError
+
+    with pytest.raises(WiCoreError, match="ort-quant"):
+        ExportConfig(op_flavour="int3")
+    with pytest.raises(WiCoreError, match="--weight-bits 3"):
+        ExportConfig(op_flavour="ort-quant", weight_bits=3)
+
+
+def test_providers_without_matmul_nbits_refuse_ort_quant():
+    assert "ort-quant" in CAPABILITIES["cpu"].op_flavours and "ort-quant" in CAPABILITIES["cuda"].op_flavours
+    device = Device(CAPABILITIES["openvino"], "CPU")
+    with pytest.raises(DeviceError, match="--op-flavour portable"):
+        device.check_can_run("fp32", "ort-quant")
