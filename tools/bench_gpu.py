@@ -2,11 +2,12 @@
 
 Runs on a machine with onnxruntime-gpu and torch (see docs/HARDWARE.md for how it was run on
 an H100). For the real Gemma 3 270M GGUF it:
-  1. exports fp32 (1 and 3 partitions) and fp16 graphs;
-  2. compares greedy tokens and prompt logits of CUDA fp16, CUDA fp32 and a CUDA + CPU
-     placement against CPU fp32, on three prompts (one past the sliding window);
-  3. times batch decode (1, 8, 32 rows) of WiCore on CUDA fp16 and of HF transformers
-     (eager, bf16, on the same GPU), in the same run.
+  1. exports fp32 (1 and 3 partitions), fp16 (1 and 3) and, with `--quant`, ort-quant graphs;
+  2. compares greedy tokens and prompt logits of CUDA fp16, CUDA fp32, a CUDA + CPU placement,
+     with two GPUs a cuda:0 + cuda:1 placement, and ort-quant on CUDA and CPU, against CPU
+     fp32, on three prompts (one past the sliding window);
+  3. times batch decode (1, 8, 32 rows) of WiCore on CUDA fp16 (and ort-quant) and of HF
+     transformers (eager, bf16, on the same GPU), in the same run.
 
     python tools/bench_gpu.py --gguf model.gguf --work /tmp/wicore-gpu --json result.json
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -30,28 +32,51 @@ from wicore.runtime.sampler import SamplingParams
 PROMPTS = ["The capital of France is", "def fibonacci(n):", " ".join([VERIFY_TEXT] * 9)]
 
 
-def export(gguf: Path, out: Path, dtype: str, partitions: int) -> Path:
+def export(gguf: Path, out: Path, dtype: str, partitions: int, flavour: str = "portable") -> Path:
     if not (out / "wicore.json").exists():
-        export_model(GGUFSource(gguf), out, ExportConfig(dtype=dtype, num_partitions=partitions), progress=lambda _: None)
+        config = ExportConfig(dtype=dtype, num_partitions=partitions, op_flavour=flavour)
+        export_model(GGUFSource(gguf), out, config, progress=lambda _: None)
     return out
 
 
-def compare(gguf: Path, work: Path, new_tokens: int) -> dict:
+def num_gpus() -> int:
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def compare(gguf: Path, work: Path, new_tokens: int, quant: bool) -> dict:
     fp32 = export(gguf, work / "fp32", "fp32", 1)
     fp32_3 = export(gguf, work / "fp32-p3", "fp32", 3)
     fp16 = export(gguf, work / "fp16", "fp16", 1)
+    runs = [
+        ("cuda fp16", fp16, "cuda:0"),
+        ("cuda fp32", fp32, "cuda:0"),
+        ("cuda:0 + cpu fp32 (3 partitions)", fp32_3, "cuda:0,cuda:0,cpu"),
+    ]
+    if num_gpus() >= 2:
+        runs.append(("cuda:0 + cuda:1 fp16 (3 partitions)", export(gguf, work / "fp16-p3", "fp16", 3), "cuda:0,cuda:1,cuda:1"))
+    if quant:
+        try:
+            quantized = export(gguf, work / "ort-quant", "fp32", 1, "ort-quant")
+            runs += [("cuda ort-quant", quantized, "cuda:0"), ("cpu ort-quant", quantized, "cpu")]
+        except Exception as exc:  # report and go on with the other checks
+            print("ort-quant export failed:", repr(exc), flush=True)
     ref = Generator.load(fp32, devices="cpu", num_threads=8)
     prompts = [ref.tokenizer.encode(p) for p in PROMPTS]
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     ref_tokens = ref.generate(prompts, params).token_ids
     ref_logits = [ref.prompt_logits(p) for p in prompts]
     report = {}
-    for name, folder, devices in (
-        ("cuda fp16", fp16, "cuda:0"),
-        ("cuda fp32", fp32, "cuda:0"),
-        ("cuda:0 + cpu fp32 (3 partitions)", fp32_3, "cuda:0,cuda:0,cpu"),
-    ):
-        gen = Generator.load(folder, devices=devices, num_threads=8)
+    for name, folder, devices in runs:
+        try:
+            gen = Generator.load(folder, devices=devices, num_threads=8)
+        except Exception as exc:  # e.g. a flavour this EP refuses: report it and go on
+            report[name] = {"error": repr(exc)}
+            print(name, json.dumps(report[name]), flush=True)
+            continue
         tokens = gen.generate(prompts, params).token_ids
         logits = [gen.prompt_logits(p) for p in prompts]
         first_diff = [next((i for i, (a, b) in enumerate(zip(t, r)) if a != b), None) for t, r in zip(tokens, ref_tokens)]
@@ -102,13 +127,20 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/wicore-gpu"))
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--quant", action="store_true", help="also export and check the ort-quant flavour")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    result["compare"] = compare(args.gguf, args.work, args.new_tokens)
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpus": num_gpus()}
+    result["compare"] = compare(args.gguf, args.work, args.new_tokens, args.quant)
     speed = {}
     for batch in (int(b) for b in args.batches.split(",")):
-        speed[batch] = {"wicore cuda fp16": bench_wicore(args.work / "fp16", batch, args.new_tokens), "hf eager bf16": bench_hf(args.gguf, batch, args.new_tokens)}
+        speed[batch] = {"wicore cuda fp16": bench_wicore(args.work / "fp16", batch, args.new_tokens)}
+        if args.quant and (args.work / "ort-quant" / "wicore.json").exists():
+            try:
+                speed[batch]["wicore cuda ort-quant"] = bench_wicore(args.work / "ort-quant", batch, args.new_tokens)
+            except Exception as exc:
+                speed[batch]["wicore cuda ort-quant"] = repr(exc)
+        speed[batch]["hf eager bf16"] = bench_hf(args.gguf, batch, args.new_tokens)
         print("batch", batch, json.dumps(speed[batch]), flush=True)
     result["decode_tok_s"] = speed
     if args.json:

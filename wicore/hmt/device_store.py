@@ -61,7 +61,7 @@ def gather_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -
         [_value_info(SLOTS, TensorProto.INT64, ["n"])] + [_value_info(_pool_name(j), elem, pool_shape) for j in range(num_pools)],
         [_value_info(BLOCKS, elem, ["n", num_pools, *block_shape])],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    return _model(graph)
 
 
 def scatter_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
@@ -84,7 +84,7 @@ def scatter_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) 
         + [_value_info(_pool_name(j), elem, pool_shape) for j in range(num_pools)],
         outputs,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    return _model(graph)
 
 
 class OrtPoolStore:
@@ -211,3 +211,11 @@ def ort_pool_store(
             stores.append(OrtPoolStore(pools[start:stop], dtype, devices[start], num_threads))
             start = stop
     return stores[0] if len(stores) == 1 else LayerSplitStore(stores)
+
+
+def _model(graph) -> object:
+    """The graph as a model at IR version 10 (onnx writes its newest, which older ONNX
+    Runtime builds refuse: the CUDA 13 build of 1.31 reads up to 13), as ops.Graph does."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = min(model.ir_version, 10)
+    return model

@@ -208,6 +208,12 @@ class ModelRunner:
         """The device of each layer's partition (where its pools live)."""
         return [d for p, d in zip(self.manifest.partitions, self.devices) for _ in range(p.start, p.stop)]
 
+    def _handoff_device(self, partition: int) -> tuple[str, int]:
+        """Where partition `partition` writes its hidden states: the next partition's device if
+        that is host memory or its own device, else its own device."""
+        own, nxt = self.devices[partition].ort_device, self.devices[partition + 1].ort_device
+        return nxt if nxt[0] == "cpu" or nxt == own else own
+
     @property
     def vocab_size(self) -> int:
         return self.manifest.config.vocab_size
@@ -219,16 +225,20 @@ class ModelRunner:
         parts = list(zip(self.manifest.partitions, self.sessions))
         for i, (record, session) in enumerate(parts):
             binding = session.io_binding()
-            # The step's result is bound first, so it is get_outputs()[0]. Hidden states are
-            # written straight to the next partition's device.
+            # The step's result is bound first, so it is get_outputs()[0]. Hidden states go
+            # straight to the next partition's device when this session can write there (its
+            # own device, or host memory); between two accelerators they pass through the host,
+            # since a session has no allocator for another card.
             if record.has_lm_head:
                 binding.bind_output(io.LOGITS, "cpu")
             else:
-                binding.bind_output(io.HIDDEN_STATES_OUT, *self.devices[i + 1].ort_device)
+                binding.bind_output(io.HIDDEN_STATES_OUT, *self._handoff_device(i))
             if record.has_embedding:
                 binding.bind_cpu_input(io.INPUT_IDS, step.input_ids)
-            else:
+            elif self._handoff_device(i - 1) == self.devices[i].ort_device:
                 binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
+            else:
+                binding.bind_cpu_input(io.HIDDEN_STATES, hidden.numpy())
             for name, array in step.paging_inputs().items():
                 if name in self._input_names[i]:
                     binding.bind_cpu_input(name, array)
