@@ -23,20 +23,29 @@ VERIFY_TEXT = (
 )
 
 
+# Argmax agreement with HF each op flavour must reach. `portable` computes what HF computes, in
+# another order: every position agrees. `ort-quant` multiplies int8-quantized activations with
+# the GGUF's own quantized weights (as llama.cpp does) while HF dequantizes to fp32: near-ties
+# flip (98% of 100 positions on the 270M).
+MIN_AGREEMENT = {"portable": 1.0, "ort-quant": 0.95}
+
+
 @dataclass(frozen=True)
 class VerifyReport:
     num_tokens: int
     max_abs_diff: float
     logit_scale: float  # max |logit| of the reference, to read the difference against
     argmax_agreement: float  # fraction of positions with the same argmax
+    min_agreement: float = 1.0  # what the export's op flavour must reach
 
     @property
     def ok(self) -> bool:
-        return self.argmax_agreement == 1.0
+        return self.argmax_agreement >= self.min_agreement
 
     def summary(self) -> str:
+        needed = "" if self.min_agreement == 1.0 else f" (needs {self.min_agreement:.0%})"
         return (
-            f"verify: {self.num_tokens} positions, argmax agreement {self.argmax_agreement:.2%}, "
+            f"verify: {self.num_tokens} positions, argmax agreement {self.argmax_agreement:.2%}{needed}, "
             f"max |logit diff| {self.max_abs_diff:.3g} (reference logits up to {self.logit_scale:.3g}, "
             f"relative {self.max_abs_diff / self.logit_scale:.2e}) -> {'OK' if self.ok else 'MISMATCH'}"
         )
@@ -63,12 +72,13 @@ def hf_logits(model, token_ids: list[int]) -> np.ndarray:
         return model(torch.tensor([token_ids])).logits[0].float().numpy()
 
 
-def compare_logits(ours: np.ndarray, ref: np.ndarray) -> VerifyReport:
+def compare_logits(ours: np.ndarray, ref: np.ndarray, min_agreement: float = 1.0) -> VerifyReport:
     return VerifyReport(
         num_tokens=len(ref),
         max_abs_diff=float(np.abs(ours - ref).max()),
         logit_scale=float(np.abs(ref).max()),
         argmax_agreement=float((ours.argmax(-1) == ref.argmax(-1)).mean()),
+        min_agreement=min_agreement,
     )
 
 
@@ -81,4 +91,5 @@ def verify_against_hf(model_dir: Path, source: str, num_tokens: int = 64) -> Ver
     else:
         vocab = gen.manifest.config.vocab_size
         ids = np.random.default_rng(0).integers(0, vocab, num_tokens).tolist()
-    return compare_logits(gen.prompt_logits(ids), hf_logits(load_hf_model(source), ids))
+    ours = gen.prompt_logits(ids)
+    return compare_logits(ours, hf_logits(load_hf_model(source), ids), MIN_AGREEMENT[gen.manifest.op_flavour])
