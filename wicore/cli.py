@@ -36,7 +36,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if not texts:
         raise RequestError("give at least one --prompt or --prompt-file")
     onnxruntime()  # fail early, with the extras to install, before any export
-    gen = Generator.load(resolve_model(args.model), num_threads=args.threads, devices=args.devices)
+    gen = Generator.load(resolve_model(args.model, args.devices), num_threads=args.threads, devices=args.devices)
     tok = gen.tokenizer
     if args.chat:
         chats = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
@@ -170,7 +170,7 @@ def run_serve(args: argparse.Namespace) -> int:
         apply_config_file(args)
     keys = list(args.api_key) + (read_key_file(args.api_key_file) if args.api_key_file else [])
     onnxruntime()  # fail early, with the extras to install, before any export
-    model_dir = resolve_model(args.model)
+    model_dir = resolve_model(args.model, args.devices)
     try:
         settings = ServerSettings(
             model_name=args.served_model_name or Path(args.model).name, api_keys=tuple(keys), rate_limit_rpm=args.rate_limit,

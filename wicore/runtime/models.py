@@ -18,18 +18,40 @@ def cache_dir() -> Path:
     return Path(base) / "models"
 
 
-def resolve_model(spec: str) -> Path:
-    """The folder of an exported model; a packaged name is exported on first use."""
+def packaged_export(devices: str = "cpu") -> tuple[str, str]:
+    """(dtype, op flavour) of the export of a packaged model that suits `devices`: `ort-quant`
+    when every device is a CPU that runs it (the GGUF's own quantized weights: 2.7x the fp32
+    graphs' decode), fp16 when every device is an accelerator that runs fp16, else portable fp32.
+    `auto` stands for the first accelerator installed, or the CPU."""
+    from wicore.runtime.providers import available_devices, parse_device
+
+    if devices.strip() == "auto":
+        found = [d for d in available_devices() if d.capability.device_kind != "cpu"][:1] or [parse_device("cpu")]
+    else:
+        found = [parse_device(s) for s in devices.split(",")]
+    caps = [d.capability for d in found]
+    if all(c.device_kind == "cpu" and "ort-quant" in c.op_flavours for c in caps):
+        return "fp32", "ort-quant"
+    if all(c.device_kind != "cpu" and "fp16" in c.dtypes for c in caps):
+        return "fp16", "portable"
+    return "fp32", "portable"
+
+
+def resolve_model(spec: str, devices: str = "cpu") -> Path:
+    """The folder of an exported model; a packaged name is exported on first use, in the
+    flavour that suits `devices` (`packaged_export`), into its own cache folder."""
     path = Path(spec)
     if (path / MANIFEST).is_file():
         return path
     if spec in PACKAGED:
-        target = cache_dir() / spec
+        dtype, flavour = packaged_export(devices)
+        suffix = "".join(f"-{part}" for part in (flavour, dtype) if part not in ("portable", "fp32"))
+        target = cache_dir() / f"{spec}{suffix}"
         if not (target / MANIFEST).is_file():
             from wicore.export.exporter import ExportConfig, export_model
             from wicore.export.sources import open_source
 
-            export_model(open_source(spec), target, ExportConfig(overwrite=True))
+            export_model(open_source(spec), target, ExportConfig(dtype=dtype, op_flavour=flavour, overwrite=True))
         return target
     if path.suffix == ".gguf" or (path / "config.json").is_file():
         raise ManifestError(f"{spec} is a model source, not an exported model: run wicore-export --model {spec} --out DIR first")
