@@ -269,12 +269,16 @@ class Engine:
         del self._step_times[:-64]
 
     def _run(self, rows: list[ScheduledRow]) -> dict[str, Sample]:
-        """Decode rows (one token) run together; each prefill chunk runs as its own batch row
-        set, so a long chunk never pads the decode rows.
+        """Rows of the same length run together, so nothing is padded: the decode rows (one
+        token each) as one batch, prefill chunks of equal length (prompts of one size, or
+        chunks cut at --prefill-chunk) as another, and any other chunk alone.
 
         A row whose sampling fails ends its own request with "error" (it gets no sample);
         the other rows of the batch go on."""
-        groups = [[r for r in rows if len(r.token_ids) == 1]] + [[r] for r in rows if len(r.token_ids) > 1]
+        by_length: dict[int, list[ScheduledRow]] = {}
+        for row in rows:
+            by_length.setdefault(len(row.token_ids), []).append(row)
+        groups = list(by_length.values())
         sampled: dict[str, Sample] = {}
         for group in groups:
             if not group:
