@@ -92,6 +92,31 @@ def compare(gguf: Path, work: Path, new_tokens: int, quant: bool) -> dict:
     return report
 
 
+def engine_matches_generator(gguf: Path, work: Path, new_tokens: int, devices: str) -> dict:
+    """The serving engine (sliding layers releasing their blocks behind the window, KV pools on
+    `devices`) against the offline generator (every block kept) on the same GPU: the same greedy
+    tokens for the three prompts, run concurrently, the third 3x the window."""
+    from wicore.runtime.engine import Engine, EngineConfig
+
+    folder = export(gguf, work / "fp16-p3", "fp16", 3)
+    gen = Generator.load(folder, devices=devices, num_threads=8)
+    prompts = [gen.tokenizer.encode(p) for p in PROMPTS]
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    expected = [gen.generate([p], params).token_ids[0] for p in prompts]
+    config = EngineConfig(model_dir=folder, devices=devices, num_threads=8, host_tier_gb=0.5)
+    with Engine(config).start() as engine:
+        got = engine.generate(prompts, params)
+        groups = engine.stats()["kv_groups"]
+    report = {
+        "devices": devices,
+        "identical_tokens": [a == b for a, b in zip(got, expected)],
+        "first_divergence": [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(got, expected)],
+        "window_blocks_free": groups["window"]["blocks_free"]["device"],
+    }
+    print("engine vs generator", json.dumps(report), flush=True)
+    return report
+
+
 def bench_wicore(folder: Path, batch: int, new_tokens: int) -> float:
     gen = Generator.load(folder, devices="cuda:0", num_threads=8)
     prompts = [gen.tokenizer.encode(f"Story {i}: once upon a time") for i in range(batch)]
@@ -128,9 +153,16 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--quant", action="store_true", help="also export and check the ort-quant flavour")
+    ap.add_argument("--engine-only", action="store_true", help="only the engine-vs-generator check")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpus": num_gpus()}
+    devices = "cuda:0,cuda:1,cuda:1" if result["gpus"] >= 2 else "cuda:0"
+    result["engine"] = engine_matches_generator(args.gguf, args.work, args.new_tokens, devices)
+    if args.engine_only:
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
+        return
     result["compare"] = compare(args.gguf, args.work, args.new_tokens, args.quant)
     speed = {}
     for batch in (int(b) for b in args.batches.split(",")):

@@ -166,6 +166,15 @@ def tier_blocks(workload: Workload, config: BenchConfig) -> tuple[int, int]:
 # --------------------------------------------------------------------------- run
 
 
+def pager_moves(engine) -> dict[tuple[str, str], int]:
+    """Blocks moved so far, by (source tier, destination tier), over the engine's block groups."""
+    moves: dict[tuple[str, str], int] = {}
+    for pager in engine.kv.pagers:
+        for pair, n in pager.stats.num_moves.items():
+            moves[pair] = moves.get(pair, 0) + n
+    return moves
+
+
 def run_policy(
     policy: str, workload: Workload, config: BenchConfig, num_blocks: tuple[int, int], encode: Callable[..., list[int]]
 ) -> Run:
@@ -186,10 +195,10 @@ def run_policy(
     )
     params = SamplingParams(max_tokens=workload.num_answer_tokens, ignore_eos=True)
     with warm_engine(engine_config, encode(WARMUP_TEXT)) as engine:
-        before, moves_before = engine.stats(), dict(engine.pager.stats.num_moves)
+        before, moves_before = engine.stats(), pager_moves(engine)
         with CpuWatch() as watch:
             records = asyncio.run(drive(engine, workload, params, config.concurrency))
-        after, moves_after = engine.stats(), dict(engine.pager.stats.num_moves)
+        after, moves_after = engine.stats(), pager_moves(engine)
     counters = ("prompt_tokens", "cached_prompt_tokens", "computed_prompt_tokens", "preempted_swap", "preempted_recompute")
     moves = {f"{src}->{dst}": n - moves_before.get((src, dst), 0) for (src, dst), n in sorted(moves_after.items())}
     return Run(

@@ -296,6 +296,12 @@ def write_record(path: Path, config: object, **fields: object) -> None:
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
         **fields,
     }
+    model_dir = Path(getattr(config, "wicore_model", ""))
+    if (model_dir / "wicore.json").is_file():  # what the graphs are, not what --op-flavour said
+        from wicore.graph.manifest import Manifest
+
+        manifest = Manifest.read(model_dir)
+        record["model"] = {"dtype": manifest.dtype, "op_flavour": manifest.op_flavour}
     path.write_text(json.dumps(record, indent=2) + "\n")
 
 
