@@ -113,6 +113,7 @@ class BlockPool(BlockSpace):
         num_hits: int | None = None,
         first_block: int = 0,
         num_tokens: int | None = None,
+        hashes: Sequence[bytes] | None = None,
     ) -> Allocation | None:
         """Blocks for a new sequence's prompt: the longest cached run of leading full blocks
         (in any tier; at most (len - 1) // block_size of them, so the last prompt token is
@@ -121,7 +122,8 @@ class BlockPool(BlockSpace):
         A caller coordinating several pools (wicore.hmt.kv_cache) decides instead: blocks
         [first_block, num_hits) are reused (all must be cached: see `is_cached`), the ones
         before `first_block` are not held at all, and fresh blocks are added for the first
-        `num_tokens` tokens only (the rest come with `append`).
+        `num_tokens` tokens only (the rest come with `append`). `hashes`, the prompt's
+        `prefix_hashes`, saves hashing it again when the caller already has them.
 
         None (and nothing changed) if DEVICE cannot hold them even after evicting.
         """
@@ -129,7 +131,7 @@ class BlockPool(BlockSpace):
             raise ValueError(f"sequence {seq_id} already has blocks; free it first")
         if not token_ids:
             raise ValueError(f"sequence {seq_id}: a prompt needs at least one token")
-        hashes = self.prefix_hashes(token_ids)
+        hashes = self.prefix_hashes(token_ids) if hashes is None else hashes
         if num_hits is None:
             num_hits = self.num_leading_hits(hashes)
         if not 0 <= first_block <= num_hits <= len(hashes):
@@ -151,10 +153,15 @@ class BlockPool(BlockSpace):
         return Allocation(num_hits * self.block_size, moves)
 
     def can_allocate_prefix(
-        self, token_ids: Sequence[int], num_hits: int, first_block: int = 0, num_tokens: int | None = None
+        self,
+        token_ids: Sequence[int],
+        num_hits: int,
+        first_block: int = 0,
+        num_tokens: int | None = None,
+        hashes: Sequence[bytes] | None = None,
     ) -> bool:
         """Whether `allocate(.., token_ids, num_hits, first_block, num_tokens)` would succeed now."""
-        hashes = self.prefix_hashes(token_ids)
+        hashes = self.prefix_hashes(token_ids) if hashes is None else hashes
         hit_ids = [self._cache[h] for h in hashes[first_block:num_hits]]
         return self._fits(hit_ids, self._num_blocks(len(token_ids) if num_tokens is None else num_tokens) - num_hits)
 

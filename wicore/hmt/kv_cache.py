@@ -74,11 +74,12 @@ class KVCache:
             (g, g.first_needed(start), len(token_ids) if g.window is None else min(len(token_ids), start + max_step_tokens))
             for g in self.groups
         ]
-        if not all(g.pool.can_allocate_prefix(token_ids, num_hits, first, n) for g, first, n in wanted):
+        # The groups share one block size, so one set of chain hashes serves all of them.
+        if not all(g.pool.can_allocate_prefix(token_ids, num_hits, first, n, hashes) for g, first, n in wanted):
             return None
         moves: list[Move] = []
         for g, first, n in wanted:
-            alloc = g.pool.allocate(seq_id, token_ids, num_hits, first, n)
+            alloc = g.pool.allocate(seq_id, token_ids, num_hits, first, n, hashes)
             assert alloc is not None, "checked above"
             moves += alloc.moves
         return Allocation(start, moves)
