@@ -102,6 +102,10 @@ def test_manifest_records_the_flavour_and_graphs_use_matmul_nbits(tiny_exports):
     ops = [n.op_type for n in graph.node]
     assert ops.count("MatMulNBits") == 4 * 4 + 1  # qkv, o, gate|up, down per layer; LM head
     assert "Gemm" not in ops and ops.count("MatMul") == 2 * 4  # attention's two per layer
+    # the flavour's fused kernels: RoPE of q and k, GELU; the portable graph keeps standard ops
+    assert ops.count("RotaryEmbedding") == 2 * 4 and ops.count("FastGelu") == 4 and "Tanh" not in ops
+    portable = onnx.load(tiny_exports["fp32"] / manifest.partitions[0].file, load_external_data=False).graph
+    assert {n.domain for n in portable.node} == {""}
 
 
 @pytest.mark.parametrize("bits", [8, 4])

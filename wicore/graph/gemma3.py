@@ -33,7 +33,7 @@ from wicore.export.config import Gemma3Config, RopeConfig
 from wicore.export.weights import LayerWeights, check_layer
 from wicore.graph import io
 from wicore.graph.ops import DataFile, Graph
-from wicore.graph.quant import QuantLinear
+from wicore.graph.quant import MS_DOMAIN, QuantLinear
 
 OPSET = 17
 DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
@@ -63,10 +63,11 @@ class StepValues:
     positions: str
     block_tables: dict[bool, str]  # [batch, blocks] of the layer kind's group
     scatter_indices: dict[bool, str]  # [batch, seq, 2]: (block, offset) of each new token
-    cos_sin: dict[bool, tuple[str, str]]  # cos, sin [batch, seq, 1, head_dim / 2]
-    masks: dict[bool, str]  # additive mask [batch, 1, seq, blocks * block_size]
+    cos_sin: dict[bool, tuple[str, str]]  # cos, sin [batch, seq, 1, head_dim / 2]; [batch * seq, head_dim / 2] with contrib ops
+    masks: dict[bool, str]  # additive mask [batch, 1, seq * groups, blocks * block_size]
     block_shape: str  # [0, -1, block_size]: Reshape target of [batch, total] to [batch, blocks, block_size]
     zeros_mass: str | None = None  # [batch, max_blocks] zeros: attention mass of a partition without full layers
+    token_index: str | None = None  # contrib ops: [batch, seq] flat index of each token, RotaryEmbedding's position_ids
 
 
 class Gemma3Builder:
@@ -83,6 +84,9 @@ class Gemma3Builder:
         self.attention_stats = attention_stats
         self.quant = quant
         self.np_dtype, self.onnx_dtype = DTYPES[dtype]
+        # ort-quant may use com.microsoft contrib ops beyond MatMulNBits (RotaryEmbedding, FastGelu):
+        # the EPs that run that flavour (CPU, CUDA) implement them; portable stays on standard ONNX.
+        self.contrib = quant is not None
 
     # -- entry point -----------------------------------------------------------------
     def build(
@@ -198,7 +202,7 @@ class Gemma3Builder:
                 [visible, g.const(0.0, np.float32), g.const(np.finfo(np.float32).min, np.float32)],
                 f"{q}/mask",
             )
-            masks[is_sliding] = g.op("Unsqueeze", [mask, g.const([1])], f"{q}/mask_u")
+            masks[is_sliding] = self.group_mask(g, mask, total, f"{q}/mask")
             rope = cfg.rope_local if is_sliding else cfg.rope_global
             cos_sin[is_sliding] = self.rope_tables(g, positions, rope, f"{p}/rope_{name}")
         block_shape = g.op(
@@ -209,17 +213,36 @@ class Gemma3Builder:
         if self.attention_stats and False not in kinds:
             shape = g.op("Shape", [tables[False]], f"{p}/mass_shape")
             zeros_mass = g.op("ConstantOfShape", [shape], f"{p}/zero_mass", value=onnx.helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0]))
-        return StepValues(positions, tables, scatter, cos_sin, masks, block_shape, zeros_mass)
+        token_index = None
+        if self.contrib:
+            count = g.op("ReduceProd", [g.op("Shape", [positions], f"{p}/positions_shape")], f"{p}/num_tokens", keepdims=0)
+            flat = g.op("Range", [g.const(0), count, g.const(1)], f"{p}/token_range")
+            token_index = g.op("Reshape", [flat, g.op("Shape", [positions], f"{p}/positions_shape_2")], f"{p}/token_index")
+        return StepValues(positions, tables, scatter, cos_sin, masks, block_shape, zeros_mass, token_index)
 
     def rope_tables(self, g: Graph, positions: str, rope: RopeConfig, p: str) -> tuple[str, str]:
-        """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (float32, as in HF)."""
+        """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (float32, as in HF);
+        with contrib ops one row per token, [batch * seq, head_dim / 2], RotaryEmbedding's caches."""
         half = self.cfg.head_dim // 2
         inv_freq = 1.0 / (rope.theta ** (np.arange(0, half, dtype=np.int64).astype(np.float32) * 2 / self.cfg.head_dim))
         inv_freq = (inv_freq / rope.factor).astype(np.float32)
         pos = g.op("Cast", [positions], f"{p}/pos_f", to=TensorProto.FLOAT)
-        pos = g.op("Unsqueeze", [pos, g.const([-1, -2])], f"{p}/pos_u")  # [b, s, 1, 1]
+        if self.contrib:
+            pos = g.op("Reshape", [pos, g.const([-1, 1])], f"{p}/pos_u")  # [b * s, 1]
+        else:
+            pos = g.op("Unsqueeze", [pos, g.const([-1, -2])], f"{p}/pos_u")  # [b, s, 1, 1]
         freqs = g.op("Mul", [pos, g.const(inv_freq, np.float32)], f"{p}/freqs")
         return g.op("Cos", [freqs], f"{p}/cos"), g.op("Sin", [freqs], f"{p}/sin")
+
+    def group_mask(self, g: Graph, mask: str, total: str, name: str) -> str:
+        """[b, s, total] -> [b, 1, s * groups, total]: one row per query head of a KV head's
+        group, in the order attention() lays the queries out (position major)."""
+        groups = self.cfg.num_groups
+        mask = g.op("Unsqueeze", [mask, g.const([1, 3])], f"{name}_u")  # [b, 1, s, 1, total]
+        if groups > 1:
+            mask = g.op("Expand", [mask, g.const([1, 1, 1, groups, 1])], f"{name}_groups")
+        shape = g.op("Concat", [g.const([0, 1, -1]), g.op("Unsqueeze", [total, g.const([0])], f"{name}_total")], f"{name}_shape", axis=0)
+        return g.op("Reshape", [mask, shape], f"{name}_rows")
 
     # -- blocks ----------------------------------------------------------------------
     def embedding_weight(self, g: Graph, table: Callable[[], np.ndarray], data: DataFile | None) -> str:
@@ -258,9 +281,13 @@ class Gemma3Builder:
     def to_f32(self, g: Graph, x: str, name: str) -> str:
         return x if self.dtype == "fp32" else g.op("Cast", [x], f"{name}/Cast_out", to=TensorProto.FLOAT)
 
-    def rope(self, g: Graph, x: str, cos_sin: tuple[str, str], name: str) -> str:
+    def rope(self, g: Graph, x: str, step: StepValues, is_sliding: bool, heads: int, name: str) -> str:
         """Rotate-half RoPE on [b, s, heads, head_dim]: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)."""
-        cos, sin = cos_sin
+        cos, sin = step.cos_sin[is_sliding]
+        if self.contrib:  # one kernel; its 4-D layout is [b, heads, s, hd], so it gets [b, s, heads * hd]
+            flat = g.op("Reshape", [x, g.const([0, 0, -1])], f"{name}/flat")
+            y = g.op("RotaryEmbedding", [flat, step.token_index, cos, sin], f"{name}/RotaryEmbedding", domain=MS_DOMAIN, num_heads=heads)
+            return g.op("Reshape", [y, g.const([0, 0, heads, self.cfg.head_dim])], f"{name}/heads")
         half = self.cfg.head_dim // 2
         x1, x2 = g.op_multi("Split", [x, g.const([half, half])], f"{name}/Split", 2, axis=-1)
         a = g.op("Sub", [g.op("Mul", [x1, cos], f"{name}/x1cos"), g.op("Mul", [x2, sin], f"{name}/x2sin")], f"{name}/out1")
@@ -283,8 +310,8 @@ class Gemma3Builder:
         scale = cfg.query_pre_attn_scalar**-0.5
         q = self.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
         k = self.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
-        q = self.rope(g, q, step.cos_sin[is_sliding], f"{p}/q_rope")
-        k = self.rope(g, k, step.cos_sin[is_sliding], f"{p}/k_rope")
+        q = self.rope(g, q, step, is_sliding, nh, f"{p}/q_rope")
+        k = self.rope(g, k, step, is_sliding, kvh, f"{p}/k_rope")
 
         # Write this step's K/V into the pools, then read the rows' blocks back.
         indices = step.scatter_indices[is_sliding]
@@ -293,24 +320,32 @@ class Gemma3Builder:
         tables = step.block_tables[is_sliding]
         k_all = self.to_f32(g, g.op("Gather", [k_pool, tables], f"{p}/k_gather", axis=0), f"{p}/k_gather")
         v_all = self.to_f32(g, g.op("Gather", [v_pool, tables], f"{p}/v_gather", axis=0), f"{p}/v_gather")
-        # [b, blocks, block_size, kvh, hd] -> kᵀ [b, kvh, hd, total], v [b, kvh, total, hd]
-        k_t = g.op("Reshape", [g.op("Transpose", [k_all], f"{p}/k_T", perm=[0, 3, 4, 1, 2]), g.const([0, 0, 0, -1])], f"{p}/k_flat")
-        v_t = g.op("Reshape", [g.op("Transpose", [v_all], f"{p}/v_T", perm=[0, 3, 1, 2, 4]), g.const([0, 0, -1, hd])], f"{p}/v_flat")
 
-        # q [b, s, nh, hd] -> [b, kvh, groups * s, hd]: each KV head serves its query group.
-        q = g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])], f"{p}/q_groups")
-        q = g.op("Transpose", [q], f"{p}/q_T", perm=[0, 2, 3, 1, 4])
-        q = g.op("Reshape", [q, g.const([0, 0, -1, hd])], f"{p}/q_flat")
-        scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, groups * s, total]
-        scores = g.op("Reshape", [scores, g.const([0, nh, -1, 0])], f"{p}/scores_heads")  # [b, nh, s, total]
+        # Queries of one KV head in rows (position, group member), keys and values in rows of
+        # positions: [b, kvh, s * groups, hd] and [b, kvh, total, hd]. With one KV head (MQA,
+        # as Gemma 3 270M and 1B) every step here is a Reshape, not a copy.
+        if kvh == 1:
+            q = g.op("Reshape", [q, g.const([0, 1, -1, hd])], f"{p}/q_rows")
+            k_rows = g.op("Reshape", [k_all, g.const([0, 1, -1, hd])], f"{p}/k_rows")
+            v_rows = g.op("Reshape", [v_all, g.const([0, 1, -1, hd])], f"{p}/v_rows")
+        else:  # [b, blocks, bs, kvh, hd] -> [b, kvh, blocks, bs, hd]
+            q = g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])], f"{p}/q_groups")
+            q = g.op("Transpose", [q], f"{p}/q_T", perm=[0, 2, 1, 3, 4])
+            q = g.op("Reshape", [q, g.const([0, 0, -1, hd])], f"{p}/q_rows")
+            k_rows = g.op("Reshape", [g.op("Transpose", [k_all], f"{p}/k_T", perm=[0, 3, 1, 2, 4]), g.const([0, 0, -1, hd])], f"{p}/k_rows")
+            v_rows = g.op("Reshape", [g.op("Transpose", [v_all], f"{p}/v_T", perm=[0, 3, 1, 2, 4]), g.const([0, 0, -1, hd])], f"{p}/v_rows")
+        k_t = g.op("Transpose", [k_rows], f"{p}/k_rows_T", perm=[0, 1, 3, 2])  # fused into the MatMul by ORT
+        scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, s * groups, total]
         probs = g.op("Softmax", [g.op("Add", [scores, step.masks[is_sliding]], f"{p}/masked")], f"{p}/Softmax", axis=-1)
         if masses is not None and not is_sliding:
             masses.append(self.block_mass(g, probs, step, f"{p}/block_mass"))
-        probs = g.op("Reshape", [probs, g.const([0, kvh, -1, 0])], f"{p}/probs_groups")
-        out = g.op("MatMul", [probs, v_t], f"{p}/context")  # [b, kvh, groups * s, hd]
-        out = g.op("Reshape", [out, g.const([0, 0, groups, -1, hd])], f"{p}/context_groups")
-        out = g.op("Transpose", [out], f"{p}/context_T", perm=[0, 3, 1, 2, 4])  # [b, s, kvh, groups, hd]
-        out = g.op("Reshape", [out, g.const([0, 0, nh * hd])], f"{p}/context_flat")
+        out = g.op("MatMul", [probs, v_rows], f"{p}/context")  # [b, kvh, s * groups, hd]
+        if kvh == 1:
+            out = g.op("Reshape", [out, g.const([0, -1, nh * hd])], f"{p}/context_flat")
+        else:
+            out = g.op("Reshape", [out, g.const([0, 0, -1, groups, hd])], f"{p}/context_groups")
+            out = g.op("Transpose", [out], f"{p}/context_T", perm=[0, 2, 1, 3, 4])  # [b, s, kvh, groups, hd]
+            out = g.op("Reshape", [out, g.const([0, 0, nh * hd])], f"{p}/context_flat")
         return self.linear(g, out, [layer["self_attn.o_proj"]], f"{p}/o_proj")
 
     def block_mass(self, g: Graph, probs: str, step: StepValues, name: str) -> str:
@@ -331,7 +366,10 @@ class Gemma3Builder:
         inter = self.cfg.intermediate_size
         gate_up = self.linear(g, x, [layer["mlp.gate_proj"], layer["mlp.up_proj"]], f"{p}/gate_up_proj")
         gate, up = g.op_multi("Split", [gate_up, g.const([inter, inter])], f"{p}/gate_up_split", 2, axis=-1)
-        act = gelu_tanh(g, gate, f"{p}/act")
+        if self.contrib:
+            act = g.op("FastGelu", [gate], f"{p}/act/FastGelu", domain=MS_DOMAIN)
+        else:
+            act = gelu_tanh(g, gate, f"{p}/act")
         return self.linear(g, g.op("Mul", [act, up], f"{p}/gate_mul"), [layer["mlp.down_proj"]], f"{p}/down_proj")
 
     def decoder_layer(
