@@ -88,6 +88,11 @@ class BlockPool(BlockSpace):
     def block_ids(self, seq_id: int) -> list[int]:
         return list(self._seq(seq_id).block_ids)
 
+    def num_blocks_in(self, seq_id: int, tier: Tier) -> int:
+        """How many of the sequence's blocks are in `tier` (a swapped sequence keeps on DEVICE
+        the blocks it shared with running ones)."""
+        return sum(self._blocks[b].tier is tier for b in self._seq(seq_id).block_ids)
+
     def first_block(self, seq_id: int) -> int:
         """Logical index of the sequence's first live block (0 unless blocks were released)."""
         return self._seq(seq_id).first_block

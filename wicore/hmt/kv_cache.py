@@ -134,6 +134,10 @@ class KVCache:
         """(group, block id) of every live block the sequence holds."""
         return {(i, b) for i, g in enumerate(self.groups) for b in g.pool.block_ids(seq_id)}
 
+    def num_blocks_in(self, seq_id: int, tier: Tier) -> int:
+        """The sequence's blocks in `tier`, over all groups."""
+        return sum(g.pool.num_blocks_in(seq_id, tier) for g in self.groups)
+
     def usage(self, tier: Tier) -> int:
         """Blocks in use in the tier, over all groups."""
         return sum(g.pool.usage(tier) for g in self.groups)

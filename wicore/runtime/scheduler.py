@@ -17,6 +17,7 @@ The scheduler never sees arrays; the runner never sees queues.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import deque
@@ -141,10 +142,14 @@ class Scheduler:
             n = self._tokens_to_run(req, budget)
             plan = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
             while plan is None:
-                victim = queue.pop() if queue else req
-                moves += self._preempt(victim)
                 preempted_this_step = True
-                if victim is req:
+                if queue:  # the lowest-ranked running request makes room
+                    moves += self._preempt(queue.pop())
+                elif rows:  # better-ranked requests run this step: this one waits its turn
+                    moves += self._preempt(req)
+                    break
+                elif not self._unpin(req):  # alone, and not even all of DEVICE holds it
+                    finished.append(self._fail(req, "needs more KV blocks than the device tier holds"))
                     break
                 plan = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
             if plan is None:
@@ -195,6 +200,24 @@ class Scheduler:
         self._requeue_for_recompute(req)
         return []
 
+    def _unpin(self, req: Request) -> bool:
+        """`req` is all that could run but DEVICE cannot hold it: the only other blocks there are
+        cached ones (already evicted by the pool when it could) and those that swapped requests
+        share (prefixes they had in common with requests that have since left, which swap-out
+        leaves on DEVICE). Without this, `req` would be swapped out and in again forever. The
+        lowest-ranked swapped request that holds DEVICE blocks is sent back to recompute (its
+        references go, its blocks stay cached); False when there is none."""
+        pinning = [r for r in self.swapped if r is not req and self.pool.num_blocks_in(r.seq_id, Tier.DEVICE)]
+        if not pinning:
+            return False
+        victim = max(pinning, key=self._rank)
+        self.swapped.remove(victim)
+        self._requeue_for_recompute(victim)
+        return True
+
+    def _fail(self, req: Request, reason: str) -> RequestOutput:
+        return dataclasses.replace(self._finish(req, "error"), error=f"request {req.request_id}: {reason}")
+
     def _requeue_for_recompute(self, req: Request) -> None:
         """Free the request's blocks; it re-enters the waiting queue and recomputes its tokens."""
         self.pool.free(req.seq_id)
@@ -209,6 +232,8 @@ class Scheduler:
                 break
             n = self._tokens_to_run(req, budget)
             plan = self.pool.swap_in(req.seq_id)
+            while plan is None and not self.running and self._unpin(req):
+                plan = self.pool.swap_in(req.seq_id)
             if plan is None:
                 break
             more = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
