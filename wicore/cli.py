@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
+import time
 from pathlib import Path
 
 from wicore.errors import RequestError, WiCoreError
@@ -20,14 +22,35 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--devices", default="cpu", help="where partitions run: cpu, auto, cuda:0, openvino:CPU,cpu ...")
     p.add_argument("--stats", action="store_true", help="print prefill and decode speed to stderr")
+    add_engine_args(p)
     p.set_defaults(func=run_generate)
 
 
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Where the model runs, its KV tiers and the scheduler's limits: `generate` and `serve` alike."""
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--devices", default="cpu", help="where partitions run: cpu, auto, cuda:0, openvino:CPU,cpu ...")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-pool-gb", type=float, default=1.0, help="tier 0 (device) KV pool")
+    p.add_argument("--host-tier-gb", type=float, default=1.0, help="tier 1 (host RAM) KV blocks")
+    p.add_argument("--nvme-tier-gb", type=float, default=0.0, help="tier 2 (NVMe file) KV blocks")
+    p.add_argument("--nvme-dir", type=Path, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument(
+        "--max-batched-tokens", type=int, default=2048,
+        help="tokens one step may run (decodes first, then prefill chunks); lower it for steadier inter-token latency",
+    )
+    p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens one request may prefill per step")
+    p.add_argument("--max-context", type=int, default=None, help="tokens per sequence (default: the model's)")
+    p.add_argument("--policy", choices=("a2cr", "lru"), default="a2cr")
+    p.add_argument("--no-prefix-cache", action="store_true")
+
+
 def run_generate(args: argparse.Namespace) -> int:
-    from wicore.runtime.generator import Generator
+    """The prompts run together on the engine that `serve` uses (continuous batching, the KV
+    tiers, sliding-window release), each printed when all are done."""
+    from wicore.runtime.engine import Engine
     from wicore.runtime.models import resolve_model
     from wicore.runtime.providers import onnxruntime
     from wicore.runtime.sampler import SamplingParams
@@ -36,30 +59,64 @@ def run_generate(args: argparse.Namespace) -> int:
     if not texts:
         raise RequestError("give at least one --prompt or --prompt-file")
     onnxruntime()  # fail early, with the extras to install, before any export
-    gen = Generator.load(resolve_model(args.model, args.devices), num_threads=args.threads, devices=args.devices)
-    tok = gen.tokenizer
-    if args.chat:
-        chats = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
-        prompts = [tok.encode(c, add_bos=False) for c in chats]
-    else:
-        prompts = [tok.encode(t) for t in texts]
+    args.max_num_seqs = min(args.max_num_seqs, len(texts))  # the sliding layers' pool is sized for these
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
     )
-    out = gen.generate(prompts, params)
-    for i, ids in enumerate(out.token_ids):
+    with Engine(engine_config(args, resolve_model(args.model, args.devices))) as engine:
+        tok = engine.tokenizer
+        if args.chat:
+            prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]), add_bos=False) for t in texts]
+        else:
+            prompts = [tok.encode(t) for t in texts]
+        request_ids = [engine.add_request(p, params) for p in prompts]
+        start = time.perf_counter()
+        engine.start()
+        results = asyncio.run(collect(engine, request_ids))
+    failed = 0
+    for i, (tokens, _, end) in enumerate(results):
         if len(prompts) > 1:
-            print(f"--- [{i}] ({out.finish_reasons[i]})")
-        print(tok.decode(ids))
+            print(f"--- [{i}] ({end.finish_reason})")
+        print(tok.decode(tokens))
+        if end.finish_reason == "error":
+            print(f"error: {end.error}", file=sys.stderr)
+            failed += 1
     if args.stats:
-        decoded = sum(len(t) for t in out.token_ids)
-        print(
-            f"prompt {out.num_prompt_tokens} tok in {out.prefill_seconds:.2f}s "
-            f"({out.num_prompt_tokens / max(out.prefill_seconds, 1e-9):.1f} tok/s); "
-            f"generated {decoded} tok, decode {out.num_decode_steps / max(out.decode_seconds, 1e-9):.1f} steps/s",
-            file=sys.stderr,
-        )
-    return 0
+        print_generate_stats(sum(map(len, prompts)), results, start)
+    return 1 if failed else 0
+
+
+async def collect(engine, request_ids: list[str]) -> list[tuple[list[int], list[float], object]]:
+    """(token ids, the time each arrived, the final output) of every request, streamed concurrently."""
+
+    async def one(request_id: str) -> tuple[list[int], list[float], object]:
+        tokens, times, end = [], [], None
+        async for out in engine.stream(request_id):
+            tokens += out.new_token_ids
+            times += [time.perf_counter()] * len(out.new_token_ids)
+            end = out
+        return tokens, times, end
+
+    return list(await asyncio.gather(*(one(r) for r in request_ids)))
+
+
+def print_generate_stats(num_prompt_tokens: int, results: list, start: float) -> None:
+    """Prefill: until the last request's first token; decode: every later token, over the span
+    from the first first token to the last token."""
+    firsts = [times[0] for _, times, _ in results if times]
+    lasts = [times[-1] for _, times, _ in results if times]
+    if not firsts:
+        print(f"prompt {num_prompt_tokens} tok; no token generated", file=sys.stderr)
+        return
+    prefill = max(firsts) - start
+    decoded = sum(max(len(times) - 1, 0) for _, times, _ in results)
+    span = max(lasts) - min(firsts)
+    print(
+        f"prompt {num_prompt_tokens} tok in {prefill:.2f}s ({num_prompt_tokens / max(prefill, 1e-9):.1f} tok/s); "
+        f"generated {decoded + len(firsts)} tok, decode {decoded / max(span, 1e-9):.1f} tok/s "
+        f"({len(results)} stream{'s' if len(results) > 1 else ''})",
+        file=sys.stderr,
+    )
 
 
 def add_plan(sub: argparse._SubParsersAction) -> None:
@@ -93,18 +150,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin ('*' for any); repeat")
     p.add_argument("--grace-seconds", type=float, default=30.0, help="on SIGTERM, time in-flight requests get to finish")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--devices", default="cpu", help="where partitions run: cpu, auto, cuda:0, openvino:CPU,cpu ...")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-pool-gb", type=float, default=1.0, help="tier 0 (device) KV pool")
-    p.add_argument("--host-tier-gb", type=float, default=1.0, help="tier 1 (host RAM) KV blocks")
-    p.add_argument("--nvme-tier-gb", type=float, default=0.0, help="tier 2 (NVMe file) KV blocks")
-    p.add_argument("--nvme-dir", type=Path, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-batched-tokens", type=int, default=512)
-    p.add_argument("--max-context", type=int, default=None, help="tokens per sequence (default: the model's)")
-    p.add_argument("--policy", choices=("a2cr", "lru"), default="a2cr")
-    p.add_argument("--no-prefix-cache", action="store_true")
+    add_engine_args(p)
     p.set_defaults(func=run_serve, serve_parser=p)
 
 
@@ -149,6 +195,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             policy=args.policy, enable_prefix_cache=not args.no_prefix_cache, devices=args.devices,
             scheduler=SchedulerConfig(
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
+                prefill_chunk=args.prefill_chunk,
                 **({"max_context": args.max_context} if args.max_context else {}),
             ),
         )

@@ -154,6 +154,8 @@ class Engine:
         vocab = self.manifest.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise RequestError(f"token ids must be in [0, {vocab})")
+        if len(ids) >= self.max_context:
+            raise RequestError(f"the prompt has {len(ids)} tokens; the model's context is {self.max_context}")
         capacity = (self.runner.cache.num_blocks - 1) * self.config.block_size
         if len(ids) + params.max_tokens > capacity:  # a request that can never fit would preempt forever
             raise RequestError(
