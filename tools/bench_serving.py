@@ -80,6 +80,8 @@ from serving_engines import (
 )
 from workloads import build_prompts
 
+from wicore.runtime.scheduler import SchedulerConfig
+
 TARGET_STREAMS = 16
 TARGET_VS_SINGLE = 4.0
 TARGET_VS_LLAMA = 2.0
@@ -117,6 +119,7 @@ class BenchConfig:
     llama_modes: tuple[str, ...]
     llama_contexts: tuple[int, ...]
     is_prefix_cache: bool
+    max_batched_tokens: int | None
     num_retries: int
     max_wait_s: float
     num_single_repeats: int
@@ -192,7 +195,9 @@ def run_levels(config: BenchConfig) -> tuple[list[LevelResult], dict[str, str], 
     versions = {"wicore": f"wicore {wicore.__version__}"}
     skipped: dict[str, str] = {}
     servers: list[tuple[str, str, WiCoreServer | LlamaContexts | LlamaBatched]] = [
-        ("wicore", "continuous batching", WiCoreServer(model_dir, tokenizer, config.threads, config.is_prefix_cache))
+        ("wicore", "continuous batching", WiCoreServer(
+            model_dir, tokenizer, config.threads, config.is_prefix_cache, config.max_batched_tokens
+        ))
     ]
     num_ctx = config.num_prompt_tokens + config.num_new_tokens + 16
     gguf = gguf_path() if config.llama_modes else Path()
@@ -340,6 +345,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--llama-modes", default=",".join(LLAMA_MODES), help="from: " + ", ".join(LLAMA_MODES))
     parser.add_argument("--llama-contexts", help="context counts for the contexts mode (default: --threads, if >= 2)")
     parser.add_argument("--no-prefix-cache", action="store_true", help="run WiCore with its prefix cache off")
+    parser.add_argument("--max-batched-tokens", type=int, help="WiCore's token budget per step (default: the scheduler's)")
     add_measure_args(parser)
     parser.add_argument("--single-repeats", type=int, default=5, help="measurements at one stream; the median is kept")
     parser.add_argument("--seed", type=int, default=0, help="shuffles the prompts' sentences")
@@ -357,6 +363,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         llama_modes=tuple(m for m in modes if m != "contexts" or contexts),
         llama_contexts=contexts,
         is_prefix_cache=not args.no_prefix_cache,
+        max_batched_tokens=args.max_batched_tokens,
         num_retries=args.retries,
         max_wait_s=args.max_wait,
         num_single_repeats=args.single_repeats,
@@ -380,7 +387,8 @@ def run(config: BenchConfig, num_busy_before: float | None) -> int:
     print(
         f"Gemma 3 270M serving, {config.threads} threads, {config.num_prompt_tokens} prompt tokens, "
         f"{config.num_new_tokens} new tokens per request, greedy, ignore_eos, "
-        f"WiCore prefix cache {'on' if config.is_prefix_cache else 'off'}; 1-stream rows: median of "
+        f"WiCore prefix cache {'on' if config.is_prefix_cache else 'off'}, "
+        f"{config.max_batched_tokens or SchedulerConfig.max_num_batched_tokens} tokens per step; 1-stream rows: median of "
         f"{config.num_single_repeats}\n"
     )
     print(markdown_table(results))

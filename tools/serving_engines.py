@@ -58,11 +58,14 @@ class Served:
 class WiCoreServer:
     """A fresh Engine per level (an empty prefix cache, a KV pool that fits every request)."""
 
-    def __init__(self, model_dir: Path, tokenizer, threads: int, is_prefix_cache: bool) -> None:
+    def __init__(
+        self, model_dir: Path, tokenizer, threads: int, is_prefix_cache: bool, max_batched_tokens: int | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self.threads = threads
         self.is_prefix_cache = is_prefix_cache
+        self.max_batched_tokens = max_batched_tokens  # None: the scheduler's default
 
     def close(self) -> None:
         """Nothing to release: each level's engine is stopped when it is done."""
@@ -81,7 +84,10 @@ class WiCoreServer:
             num_device_blocks=num_blocks,
             num_host_blocks=0,
             enable_prefix_cache=self.is_prefix_cache,
-            scheduler=SchedulerConfig(max_num_seqs=max(len(prompts), 1)),
+            scheduler=SchedulerConfig(
+                max_num_seqs=max(len(prompts), 1),
+                **({"max_num_batched_tokens": self.max_batched_tokens} if self.max_batched_tokens else {}),
+            ),
             verify_files=False,  # verified once, when the tokenizer was loaded
         )
         params = SamplingParams(max_tokens=num_new_tokens, ignore_eos=True)

@@ -35,7 +35,11 @@ from wicore.runtime.sampler import Sample, Sampler
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    # Per step: 2048 tokens (the default batch of vLLM and llama.cpp), of which one request
+    # prefills at most `prefill_chunk`. A burst of prompts is prefilled in a few batched steps
+    # rather than many small ones between decodes: more throughput and a steadier decode after
+    # the burst, for a later median first token (both budgets measured in docs/PERFORMANCE.md).
+    max_num_batched_tokens: int = 2048
     prefill_chunk: int = 256
     max_waiting: int = 1024
     aging_seconds: float = 10.0
