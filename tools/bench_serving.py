@@ -61,6 +61,7 @@ from benchlib import (
     add_model_args,
     ensure_model,
     gguf_path,
+    int_list,
     load_tokenizer,
     measure_calmest,
     num_agreeing,
@@ -119,7 +120,7 @@ class BenchConfig:
     llama_modes: tuple[str, ...]
     llama_contexts: tuple[int, ...]
     is_prefix_cache: bool
-    max_batched_tokens: int | None
+    budget: dict[str, int]  # WiCore's SchedulerConfig token budgets, where not its defaults
     num_retries: int
     max_wait_s: float
     num_single_repeats: int
@@ -140,10 +141,8 @@ class BenchConfig:
             raise ValueError(f"unknown llama.cpp mode(s) {sorted(unknown)}; choose from {', '.join(LLAMA_MODES)}")
         if any(not 2 <= n <= self.threads for n in self.llama_contexts):
             raise ValueError(f"--llama-contexts: each count must be in 2..--threads ({self.threads})")
-        if self.num_retries < 0:
-            raise ValueError("--retries must be >= 0")
-        if self.num_single_repeats < 1:
-            raise ValueError("--single-repeats must be at least 1")
+        if self.num_retries < 0 or self.num_single_repeats < 1:
+            raise ValueError("--retries must be >= 0 and --single-repeats at least 1")
 
 
 # --------------------------------------------------------------------------- statistics
@@ -195,9 +194,7 @@ def run_levels(config: BenchConfig) -> tuple[list[LevelResult], dict[str, str], 
     versions = {"wicore": f"wicore {wicore.__version__}"}
     skipped: dict[str, str] = {}
     servers: list[tuple[str, str, WiCoreServer | LlamaContexts | LlamaBatched]] = [
-        ("wicore", "continuous batching", WiCoreServer(
-            model_dir, tokenizer, config.threads, config.is_prefix_cache, config.max_batched_tokens
-        ))
+        ("wicore", "continuous batching", WiCoreServer(model_dir, tokenizer, config.threads, config.is_prefix_cache, config.budget))
     ]
     num_ctx = config.num_prompt_tokens + config.num_new_tokens + 16
     gguf = gguf_path() if config.llama_modes else Path()
@@ -331,10 +328,6 @@ def write_json(
 # --------------------------------------------------------------------------- cli
 
 
-def int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
-
-
 def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="1,4,16,64", help="concurrency levels (1 is always measured)")
@@ -346,6 +339,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--llama-contexts", help="context counts for the contexts mode (default: --threads, if >= 2)")
     parser.add_argument("--no-prefix-cache", action="store_true", help="run WiCore with its prefix cache off")
     parser.add_argument("--max-batched-tokens", type=int, help="WiCore's token budget per step (default: the scheduler's)")
+    parser.add_argument("--prefill-with-decodes", type=int, help="WiCore's prefill tokens per step while requests decode")
     add_measure_args(parser)
     parser.add_argument("--single-repeats", type=int, default=5, help="measurements at one stream; the median is kept")
     parser.add_argument("--seed", type=int, default=0, help="shuffles the prompts' sentences")
@@ -363,7 +357,8 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         llama_modes=tuple(m for m in modes if m != "contexts" or contexts),
         llama_contexts=contexts,
         is_prefix_cache=not args.no_prefix_cache,
-        max_batched_tokens=args.max_batched_tokens,
+        budget={k: v for k, v in (("max_num_batched_tokens", args.max_batched_tokens),
+                                  ("prefill_with_decodes", args.prefill_with_decodes)) if v is not None},
         num_retries=args.retries,
         max_wait_s=args.max_wait,
         num_single_repeats=args.single_repeats,
@@ -384,11 +379,13 @@ def run(config: BenchConfig, num_busy_before: float | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     target = target_report(results)
+    sched = replace(SchedulerConfig(), **config.budget)
     print(
         f"Gemma 3 270M serving, {config.threads} threads, {config.num_prompt_tokens} prompt tokens, "
         f"{config.num_new_tokens} new tokens per request, greedy, ignore_eos, "
         f"WiCore prefix cache {'on' if config.is_prefix_cache else 'off'}, "
-        f"{config.max_batched_tokens or SchedulerConfig.max_num_batched_tokens} tokens per step; 1-stream rows: median of "
+        f"WiCore {sched.max_num_batched_tokens} tokens a step ({sched.prefill_with_decodes} of prefill while "
+        f"decoding); 1-stream rows: median of "
         f"{config.num_single_repeats}\n"
     )
     print(markdown_table(results))

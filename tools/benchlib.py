@@ -259,6 +259,11 @@ def measure_calmest(
 # --------------------------------------------------------------------------- numbers and record
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    """"1,4,16" -> (1, 4, 16)."""
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100), interpolating linearly between order statistics; NaN if empty."""
     ordered = sorted(values)

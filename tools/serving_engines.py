@@ -59,13 +59,13 @@ class WiCoreServer:
     """A fresh Engine per level (an empty prefix cache, a KV pool that fits every request)."""
 
     def __init__(
-        self, model_dir: Path, tokenizer, threads: int, is_prefix_cache: bool, max_batched_tokens: int | None = None
+        self, model_dir: Path, tokenizer, threads: int, is_prefix_cache: bool, budget: dict[str, int] | None = None
     ) -> None:
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self.threads = threads
         self.is_prefix_cache = is_prefix_cache
-        self.max_batched_tokens = max_batched_tokens  # None: the scheduler's default
+        self.budget = budget or {}  # SchedulerConfig fields (token budgets) other than their defaults
 
     def close(self) -> None:
         """Nothing to release: each level's engine is stopped when it is done."""
@@ -86,7 +86,7 @@ class WiCoreServer:
             enable_prefix_cache=self.is_prefix_cache,
             scheduler=SchedulerConfig(
                 max_num_seqs=max(len(prompts), 1),
-                **({"max_num_batched_tokens": self.max_batched_tokens} if self.max_batched_tokens else {}),
+                **self.budget,
             ),
             verify_files=False,  # verified once, when the tokenizer was loaded
         )

@@ -37,9 +37,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nvme-tier-gb", type=float, default=0.0, help="tier 2 (NVMe file) KV blocks")
     p.add_argument("--nvme-dir", type=Path, default=None)
     p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-batched-tokens", type=int, default=2048, help="tokens one step may run (decodes first)")
     p.add_argument(
-        "--max-batched-tokens", type=int, default=2048,
-        help="tokens one step may run (decodes first, then prefill chunks); lower it for steadier inter-token latency",
+        "--prefill-with-decodes", type=int, default=512,
+        help="prefill tokens a step may run while requests decode (lower: steadier inter-token latency)",
     )
     p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens one request may prefill per step")
     p.add_argument("--max-context", type=int, default=None, help="tokens per sequence (default: the model's)")
@@ -195,7 +196,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             policy=args.policy, enable_prefix_cache=not args.no_prefix_cache, devices=args.devices,
             scheduler=SchedulerConfig(
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-                prefill_chunk=args.prefill_chunk,
+                prefill_chunk=args.prefill_chunk, prefill_with_decodes=args.prefill_with_decodes,
                 **({"max_context": args.max_context} if args.max_context else {}),
             ),
         )

@@ -23,12 +23,11 @@ PREFIX = list(range(100, 108))  # two full blocks, shared by the first two reque
 
 
 class Driver:
-    def __init__(self, num_device_blocks: int, num_host_blocks: int = 64) -> None:
+    def __init__(self, num_device_blocks: int, num_host_blocks: int = 64, **config: int) -> None:
         self.pool = KVCache(BlockPool(num_device_blocks, num_host_blocks, 0, BS, LRUPolicy()))
         self.now = 0.0
-        self.sched = Scheduler(
-            SchedulerConfig(max_num_batched_tokens=64, prefill_chunk=64), self.pool, clock=lambda: self.now
-        )
+        config = {"max_num_batched_tokens": 64, "prefill_chunk": 64, **config}
+        self.sched = Scheduler(SchedulerConfig(**config), self.pool, clock=lambda: self.now)
         self.ended: dict[str, RequestOutput] = {}
         self.generated: dict[str, int] = {}
 
@@ -38,14 +37,15 @@ class Driver:
         self.sched.add(Request(request_id, prompt, params, priority, self.now))
         self.generated[request_id] = 0
 
-    def step(self) -> int:
+    def step(self) -> list[tuple[str, int]]:
+        """Run one step; (request id, tokens run) of its rows."""
         out = self.sched.schedule()
         results = self.sched.update(out.rows, {r.request_id: Sample(7) for r in out.rows if r.needs_logits})
         for result in [*out.finished, *results]:
             self.generated[result.request_id] += len(result.new_token_ids)
             if result.finished:
                 self.ended[result.request_id] = result
-        return len(out.rows)
+        return [(r.request_id, len(r.token_ids)) for r in out.rows]
 
     def run(self, max_steps: int = 2000) -> None:
         for _ in range(max_steps):
@@ -123,3 +123,16 @@ def test_a_request_the_device_tier_cannot_hold_fails_with_a_reason_instead_of_lo
     if others:
         assert d.ended["small"].finish_reason == "length" and d.generated["small"] == 3
     assert referenced(d.pool) == 0
+
+
+def test_an_idle_engine_prefills_a_burst_at_full_budget_and_a_decoding_one_a_little_at_a_time():
+    d = Driver(200, max_num_batched_tokens=64, prefill_with_decodes=16, prefill_chunk=32)
+    for i in range(4):
+        d.add(f"r{i}", list(range(30 * i, 30 * i + 30)), 8, Priority.NORMAL)
+    assert d.step() == [("r0", 30), ("r1", 30), ("r2", 4)]  # nothing decodes: 64 tokens of prefill
+    # r0 and r1 decode now: prefill chunks get 16 tokens a step, the decodes their one each
+    assert d.step() == [("r0", 1), ("r1", 1), ("r2", 16)]
+    assert d.step() == [("r0", 1), ("r1", 1), ("r2", 10), ("r3", 6)]
+    assert d.step() == [("r0", 1), ("r1", 1), ("r2", 1), ("r3", 16)]
+    d.run()
+    assert d.generated == {f"r{i}": 8 for i in range(4)}

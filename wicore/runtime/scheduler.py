@@ -35,11 +35,13 @@ from wicore.runtime.sampler import Sample, Sampler
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 64
-    # Per step: 2048 tokens (the default batch of vLLM and llama.cpp), of which one request
-    # prefills at most `prefill_chunk`. A burst of prompts is prefilled in a few batched steps
-    # rather than many small ones between decodes: more throughput and a steadier decode after
-    # the burst, for a later median first token (both budgets measured in docs/PERFORMANCE.md).
+    # Tokens one step runs: up to max_num_batched_tokens (2048, the default batch of vLLM and
+    # llama.cpp) while nothing is decoding, so a burst of prompts on an idle engine is prefilled
+    # in one batched step; at most prefill_with_decodes of them prefill tokens while requests
+    # are decoding, so those wait no longer than a 512-token prefill between two tokens; one
+    # request prefills at most prefill_chunk a step (docs/PERFORMANCE.md measures the choices).
     max_num_batched_tokens: int = 2048
+    prefill_with_decodes: int = 512
     prefill_chunk: int = 256
     max_waiting: int = 1024
     aging_seconds: float = 10.0
@@ -48,10 +50,39 @@ class SchedulerConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.prefill_chunk < 1:
-            raise ValueError("max_num_seqs, max_num_batched_tokens and prefill_chunk must be positive")
+        if min(self.max_num_seqs, self.max_num_batched_tokens, self.prefill_with_decodes, self.prefill_chunk) < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens, prefill_with_decodes and prefill_chunk must be positive")
         if self.preemption not in ("swap", "recompute"):
             raise ValueError(f"preemption {self.preemption!r}: choose swap or recompute")
+
+
+@dataclass
+class StepBudget:
+    """What is left of one step: tokens in all, and tokens prefill chunks may still take."""
+
+    tokens: int
+    prefill: int
+    chunk: int  # the most one request prefills
+
+    def take(self, req: Request) -> int:
+        """Tokens `req` runs this step (0: none fit), spent from the budget. One token left to
+        run is a decode; more are a prefill chunk (a prompt, or tokens to recompute)."""
+        left = req.num_tokens - req.num_computed
+        n = min(left, self.tokens) if left == 1 else max(0, min(left, self.tokens, self.prefill, self.chunk))
+        self.tokens -= n
+        if left > 1:
+            self.prefill -= n
+        return n
+
+    def give_back(self, req: Request, n: int) -> None:
+        """Undo `take` for a request that did not run after all."""
+        self.tokens += n
+        if req.num_tokens - req.num_computed > 1:
+            self.prefill += n
+
+    @property
+    def can_prefill(self) -> bool:
+        return self.tokens > 0 and self.prefill > 0
 
 
 @dataclass(frozen=True)
@@ -137,13 +168,18 @@ class Scheduler:
         finished = self._drop_aborted() + self._drop_expired(now)
         moves: list[Move] = []
         rows: list[ScheduledRow] = []
-        budget = self.config.max_num_batched_tokens
+        cfg = self.config
+        decoding = any(r.num_tokens - r.num_computed == 1 for r in self.running)
+        prefill = min(cfg.max_num_batched_tokens, cfg.prefill_with_decodes) if decoding else cfg.max_num_batched_tokens
+        budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk)
 
         queue = sorted(self.running, key=self._rank)
         preempted_this_step = False
-        while queue and budget > 0:
+        while queue and budget.tokens > 0:
             req = queue.pop(0)
-            n = self._tokens_to_run(req, budget)
+            n = budget.take(req)
+            if n == 0:  # a prefill chunk, and the step's prefill tokens are spent
+                continue
             plan = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
             while plan is None:
                 preempted_this_step = True
@@ -157,15 +193,15 @@ class Scheduler:
                     break
                 plan = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
             if plan is None:
+                budget.give_back(req, n)
                 continue
             moves += plan
             rows.append(self._row(req, n))
-            budget -= n
 
         if not preempted_this_step:
-            budget = self._swap_in(rows, moves, budget)
+            self._swap_in(rows, moves, budget)
             if not self.swapped:
-                budget = self._admit(rows, moves, budget, now)
+                self._admit(rows, moves, budget, now)
         return SchedulerOutput(rows, moves, finished)
 
     def _rank(self, req: Request, now: float | None = None) -> tuple[int, float]:
@@ -173,9 +209,6 @@ class Scheduler:
         if now is not None and self.config.aging_seconds > 0:
             priority = min(Priority.URGENT, priority + int((now - req.arrival) / self.config.aging_seconds))
         return (-int(priority), req.arrival)
-
-    def _tokens_to_run(self, req: Request, budget: int) -> int:
-        return min(req.num_tokens - req.num_computed, budget, self.config.prefill_chunk)
 
     def _row(self, req: Request, n: int) -> ScheduledRow:
         start = req.num_computed
@@ -230,32 +263,35 @@ class Scheduler:
         self.waiting.append(req)
         self.stats.num_preempted_recompute += 1
 
-    def _swap_in(self, rows: list[ScheduledRow], moves: list[Move], budget: int) -> int:
+    def _swap_in(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget) -> None:
         for req in sorted(self.swapped, key=self._rank):
-            if len(self.running) >= self.config.max_num_seqs or budget <= 0:
+            if len(self.running) >= self.config.max_num_seqs or budget.tokens <= 0:
                 break
-            n = self._tokens_to_run(req, budget)
+            n = budget.take(req)
+            if n == 0:  # its next tokens are a prefill chunk, and none fit this step
+                break
             plan = self.pool.swap_in(req.seq_id)
             while plan is None and not self.running and self._unpin(req):
                 plan = self.pool.swap_in(req.seq_id)
             if plan is None:
+                budget.give_back(req, n)
                 break
             more = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
             if more is None:  # back in, but no room to grow this step: it runs next step
+                budget.give_back(req, n)
                 moves += plan
                 self._set_running(req, self.swapped)
                 continue
             moves += plan + more
             self._set_running(req, self.swapped)
             rows.append(self._row(req, n))
-            budget -= n
-        return budget
 
-    def _admit(self, rows: list[ScheduledRow], moves: list[Move], budget: int, now: float) -> int:
+    def _admit(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, now: float) -> None:
         for req in sorted(self.waiting, key=lambda r: self._rank(r, now)):
-            if len(self.running) >= self.config.max_num_seqs or budget <= 0:
+            if len(self.running) >= self.config.max_num_seqs or not budget.can_prefill:
                 break
-            alloc = self.pool.allocate(req.seq_id, req.token_ids, min(budget, self.config.prefill_chunk))
+            first_step = min(budget.tokens, budget.prefill, budget.chunk)
+            alloc = self.pool.allocate(req.seq_id, req.token_ids, first_step)
             if alloc is None:
                 break  # the best-ranked request waits for room; nothing jumps ahead of it
             if not req.was_admitted:  # readmissions after preemption are not prefix-cache traffic
@@ -266,10 +302,7 @@ class Scheduler:
             req.num_computed = alloc.num_cached_tokens
             moves += alloc.moves
             self._set_running(req, self.waiting)
-            n = self._tokens_to_run(req, budget)
-            rows.append(self._row(req, n))
-            budget -= n
-        return budget
+            rows.append(self._row(req, budget.take(req)))
 
     def _set_running(self, req: Request, source: list[Request]) -> None:
         source.remove(req)
