@@ -12,7 +12,8 @@ m = a user message (text chosen by the seed), a = the model's own greedy answer 
 ignore_eos), so the KV written while decoding an answer is what the user's next turn can reuse.
 Users take turns round robin, each round in an order shuffled by (--seed, round); by default one
 request runs at a time (--concurrency 1), and a user's turn always waits for their previous one.
-Between two turns of one user, the others' conversations push its blocks down the tiers:
+--visitors V adds V one-off visitors to every round (one turn each, same system prompt), at random
+places in it. Between two turns of one user, the others' requests push its blocks down the tiers:
 
     DEVICE (tier 0)  --device-conversations x the blocks of the longest conversation, + the sink
     HOST   (tier 1)  --host-conversations x the same; no NVMe. A block pushed out of HOST is gone.
@@ -121,6 +122,7 @@ class BenchConfig:
     threads: int
     num_users: int
     num_turns: int
+    num_visitors: int  # one-off visitors per round
     num_system_tokens: int
     num_answer_tokens: int
     device_conversations: float
@@ -139,14 +141,12 @@ class BenchConfig:
         unknown = set(self.policies) - set(POLICIES)
         if unknown or not self.policies:
             raise ValueError(f"--policies: choose from {', '.join(POLICIES)}")
-        if min(self.threads, self.num_users, self.num_turns, self.concurrency) < 1:
-            raise ValueError("--threads, --users, --turns and --concurrency must be at least 1")
+        if min(self.threads, self.num_users, self.num_turns, self.concurrency) < 1 or self.num_visitors < 0:
+            raise ValueError("--threads, --users, --turns and --concurrency must be at least 1, --visitors >= 0")
         if self.num_system_tokens < 1 or self.num_answer_tokens < 1:
             raise ValueError("--system-tokens and --answer-tokens must be at least 1")
-        if self.device_conversations <= 0 or self.host_conversations < 0:
-            raise ValueError("--device-conversations must be > 0 and --host-conversations >= 0")
-        if self.num_retries < 0:
-            raise ValueError("--retries must be >= 0")
+        if self.device_conversations <= 0 or self.host_conversations < 0 or self.num_retries < 0:
+            raise ValueError("--device-conversations must be > 0, --host-conversations and --retries >= 0")
 
 
 # --------------------------------------------------------------------------- cache sizes
@@ -299,6 +299,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--threads", type=int, default=2, help="compute threads (default 2)")
     parser.add_argument("--users", type=int, default=8, help="users chatting at once (default 8)")
     parser.add_argument("--turns", type=int, default=4, help="turns per user (default 4)")
+    parser.add_argument("--visitors", type=int, default=0, help="one-off visitors per round (one turn each)")
     parser.add_argument("--system-tokens", type=int, default=300, help="shared system prompt length in tokens")
     parser.add_argument("--answer-tokens", type=int, default=48, help="tokens of each answer (ignore_eos)")
     parser.add_argument("--device-conversations", type=float, default=1.5, help="tier 0 size, in longest conversations")
@@ -316,6 +317,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         threads=args.threads,
         num_users=args.users,
         num_turns=args.turns,
+        num_visitors=args.visitors,
         num_system_tokens=args.system_tokens,
         num_answer_tokens=args.answer_tokens,
         device_conversations=args.device_conversations,
@@ -345,7 +347,8 @@ def run(config: BenchConfig, num_busy_before: float | None) -> int:
         return 1
     has_attention = manifest.has_attention_stats
     workload = build_workload(
-        tokenizer.encode, config.num_users, config.num_turns, config.num_system_tokens, config.num_answer_tokens, config.seed
+        tokenizer.encode, config.num_users, config.num_turns, config.num_system_tokens, config.num_answer_tokens, config.seed,
+        config.num_visitors,
     )
     num_blocks = tier_blocks(workload, config)
     results = []
@@ -363,7 +366,8 @@ def run(config: BenchConfig, num_busy_before: float | None) -> int:
     per_conversation = -(-workload.num_max_conversation_tokens // BLOCK_SIZE)
     ceiling, working_set = unbounded_cache(workload, BLOCK_SIZE)
     print(
-        f"Gemma 3 270M multi-turn chat: {config.num_users} users x {config.num_turns} turns, "
+        f"Gemma 3 270M multi-turn chat: {config.num_users} users x {config.num_turns} turns "
+        f"+ {config.num_visitors} one-off visitors a round, "
         f"{config.num_system_tokens}-token shared system prompt, {config.num_answer_tokens}-token answers, "
         f"concurrency {config.concurrency}, {config.threads} threads, seed {config.seed}\n"
         f"tiers: DEVICE {num_blocks[0] - 1} blocks + sink, HOST {num_blocks[1]} blocks, no NVMe; longest "

@@ -154,14 +154,16 @@ class Workload:
     @property
     def num_max_conversation_tokens(self) -> int:
         """Tokens of the longest conversation at its end: last prompt + last answer."""
-        last = len(self.pieces[0]) - 1
-        return max(self.num_prompt_tokens(u, last) for u in range(len(self.pieces))) + self.num_answer_tokens
+        return max(self.num_prompt_tokens(u, len(turns) - 1) for u, turns in enumerate(self.pieces)) + self.num_answer_tokens
 
 
 def build_workload(
-    encode: Callable[..., list[int]], num_users: int, num_turns: int, num_system_tokens: int, num_answer_tokens: int, seed: int
+    encode: Callable[..., list[int]], num_users: int, num_turns: int, num_system_tokens: int, num_answer_tokens: int, seed: int,
+    num_visitors: int = 0,
 ) -> Workload:
-    """Users, their messages and the round-robin order, all from `seed`."""
+    """Users, their messages and the round-robin order, all from `seed`. Each round also brings
+    `num_visitors` one-off visitors (one turn each, under the same system prompt) at random
+    places: blocks seen once, which a recency-only policy keeps ahead of returning users'."""
     rng = random.Random(seed)
     system_ids = fill_to(encode(SYSTEM_PROMPT, add_bos=False), lambda: encode(" " + SYSTEM_PROMPT, add_bos=False), num_system_tokens)
     head = encode("<start_of_turn>user\n", add_bos=True) + system_ids  # BOS first
@@ -179,8 +181,14 @@ def build_workload(
     order = []
     for turn in range(num_turns):
         users = list(range(num_users))
-        random.Random(f"{seed}:{turn}").shuffle(users)
-        order += [(u, turn) for u in users]
+        round_rng = random.Random(f"{seed}:{turn}")
+        round_rng.shuffle(users)
+        for _ in range(num_visitors):
+            topic, detail = TOPICS[len(pieces) % len(TOPICS)]
+            question = f"\n\nHello, visitor {len(pieces) + 1} here, one quick question about {topic}. {detail}"
+            pieces.append((tuple(head + encode(question + "<end_of_turn>\n<start_of_turn>model\n", add_bos=False)),))
+            users.insert(round_rng.randrange(len(users) + 1), len(pieces) - 1)
+        order += [(u, 0 if u >= num_users else turn) for u in users]
     return Workload(tuple(pieces), tuple(order), num_answer_tokens)
 
 
