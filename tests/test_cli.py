@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from wicore.cli import apply_config_file, parse_command_line
 
 BLOCK_ORT = "import sys; sys.modules['onnxruntime'] = None; from wicore.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -63,3 +65,22 @@ def test_config_file_alone_fills_the_settings(tmp_path):
     args = parse_command_line(["serve", "--config", str(config)])
     apply_config_file(args)
     assert (args.port, args.api_key, args.host) == (9001, ["k"], "127.0.0.1")
+
+
+def test_engine_flags_reach_the_engine_config_and_bad_ones_are_named(tmp_path):
+    from wicore.cli import engine_config
+    from wicore.errors import RequestError
+
+    args = parse_command_line(["generate", "--prompt", "hi", "--a2cr-weights", "0.2,0.5,0.3", "--a2cr-decay", "0.1",
+                               "--max-batched-tokens", "1024", "--prefill-with-decodes", "128", "--prefill-chunk", "64"])
+    config = engine_config(args, tmp_path)
+    assert (config.a2cr.w_attention, config.a2cr.w_frequency, config.a2cr.w_recency, config.a2cr.decay) == (0.2, 0.5, 0.3, 0.1)
+    sched = config.scheduler
+    assert (sched.max_num_batched_tokens, sched.prefill_with_decodes, sched.prefill_chunk) == (1024, 128, 64)
+    for flags, message in [
+        (["--a2cr-weights", "1,2"], "give three numbers"),
+        (["--a2cr-decay", "-1"], "A2CR decay must be >= 0"),
+        (["--prefill-with-decodes", "0"], "prefill_with_decodes"),
+    ]:
+        with pytest.raises(RequestError, match=message):
+            engine_config(parse_command_line(["serve", *flags]), tmp_path)

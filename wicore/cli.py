@@ -45,6 +45,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens one request may prefill per step")
     p.add_argument("--max-context", type=int, default=None, help="tokens per sequence (default: the model's)")
     p.add_argument("--policy", choices=("a2cr", "lru"), default="a2cr")
+    p.add_argument("--a2cr-weights", default="0.4,0.3,0.3", help="A2CR weights: attention,frequency,recency")
+    p.add_argument("--a2cr-decay", type=float, default=0.05, help="A2CR history decay, per minute")
     p.add_argument("--no-prefix-cache", action="store_true")
 
 
@@ -186,14 +188,19 @@ def apply_config_file(args: argparse.Namespace) -> None:
 
 
 def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
+    from wicore.hmt.policy import A2CRConfig
     from wicore.runtime.engine import EngineConfig
     from wicore.runtime.scheduler import SchedulerConfig
 
     try:
+        weights = [float(w) for w in str(args.a2cr_weights).split(",")]
+        if len(weights) != 3:
+            raise ValueError(f"--a2cr-weights {args.a2cr_weights!r}: give three numbers, attention,frequency,recency")
         return EngineConfig(
             model_dir=model_dir, num_threads=args.threads, block_size=args.block_size, kv_pool_gb=args.kv_pool_gb,
             host_tier_gb=args.host_tier_gb, nvme_tier_gb=args.nvme_tier_gb, nvme_dir=args.nvme_dir,
             policy=args.policy, enable_prefix_cache=not args.no_prefix_cache, devices=args.devices,
+            a2cr=A2CRConfig(*weights, decay=args.a2cr_decay),
             scheduler=SchedulerConfig(
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
                 prefill_chunk=args.prefill_chunk, prefill_with_decodes=args.prefill_with_decodes,

@@ -57,12 +57,12 @@ def test_a2cr_keeps_a_frequently_used_old_block_that_lru_evicts():
 def test_a2cr_score_follows_the_formula():
     policy = touched(A2CRPolicy(), {1: [0.0, 10.0], 2: [5.0]})
     policy.add_attention(2, 2.0, now=5.0)
-    frequency_1 = (math.exp(-0.05 * 10) + 1) * math.exp(-0.05 * 10)
-    frequency_2 = math.exp(-0.05 * 15)
+    frequency_1 = (math.exp(-0.05 * 10 / 60) + 1) * math.exp(-0.05 * 10 / 60)
+    frequency_2 = math.exp(-0.05 * 15 / 60)
     scores = policy.scores([1, 2], now=20.0)
     # Block 1 has the max frequency and no attention; block 2 the max attention.
-    assert scores[1] == pytest.approx(0.3 * 1.0 + 0.3 * math.exp(-0.05 * 10))
-    assert scores[2] == pytest.approx(0.4 * 1.0 + 0.3 * frequency_2 / frequency_1 + 0.3 * math.exp(-0.05 * 15))
+    assert scores[1] == pytest.approx(0.3 * 1.0 + 0.3 * math.exp(-0.05 * 10 / 60))
+    assert scores[2] == pytest.approx(0.4 * 1.0 + 0.3 * frequency_2 / frequency_1 + 0.3 * math.exp(-0.05 * 15 / 60))
     assert policy.order([1, 2], now=20.0) == [1, 2]
 
 
@@ -89,9 +89,13 @@ def test_a2cr_attention_outweighs_a_little_frequency():
 
 
 def test_a2cr_decay_makes_old_frequency_fade():
-    history = {1: [0.0, 1.0, 2.0, 3.0, 4.0], 2: [100.0, 101.0]}
-    assert touched(A2CRPolicy(), history).order([1, 2], now=102.0) == [1, 2]
-    assert touched(A2CRPolicy(A2CRConfig(decay=0.0)), history).order([1, 2], now=102.0) == [2, 1]
+    """Decay is per minute: five uses at minutes 0-4 fade below two at minutes 100-101."""
+    history = {1: [0.0, 60.0, 120.0, 180.0, 240.0], 2: [6000.0, 6060.0]}
+    assert touched(A2CRPolicy(), history).order([1, 2], now=6120.0) == [1, 2]
+    assert touched(A2CRPolicy(A2CRConfig(decay=0.0)), history).order([1, 2], now=6120.0) == [2, 1]
+    # within seconds nothing fades: the five uses still rank above the two recent ones
+    seconds = {1: [0.0, 1.0, 2.0, 3.0, 4.0], 2: [100.0, 101.0]}
+    assert touched(A2CRPolicy(), seconds).order([1, 2], now=102.0) == [2, 1]
 
 
 def test_a2cr_attention_without_a_time_counts_at_the_latest_time_seen():
