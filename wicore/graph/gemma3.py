@@ -29,11 +29,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from wicore.export.config import Gemma3Config, RopeConfig
+from wicore.export.config import Gemma3Config
 from wicore.export.weights import LayerWeights, check_layer
 from wicore.graph import io
 from wicore.graph.ops import DataFile, Graph
 from wicore.graph.quant import MS_DOMAIN, QuantLinear
+from wicore.graph.step import StepValues, step_values
 
 OPSET = 17
 DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
@@ -53,21 +54,6 @@ class PartitionSpec:
     @property
     def file_name(self) -> str:
         return f"part-{self.index:02d}.onnx"
-
-
-@dataclass(frozen=True)
-class StepValues:
-    """Values computed once per partition from the paging inputs and shared by all layers,
-    keyed by is_sliding where full-attention and sliding layers differ (their block groups)."""
-
-    positions: str
-    block_tables: dict[bool, str]  # [batch, blocks] of the layer kind's group
-    scatter_indices: dict[bool, str]  # [batch, seq, 2]: (block, offset) of each new token
-    cos_sin: dict[bool, tuple[str, str]]  # cos, sin [batch, seq, 1, head_dim / 2]; [batch * seq, head_dim / 2] with contrib ops
-    masks: dict[bool, str]  # additive mask [batch, 1, seq * groups, blocks * block_size]
-    block_shape: str  # [0, -1, block_size]: Reshape target of [batch, total] to [batch, blocks, block_size]
-    zeros_mass: str | None = None  # [batch, max_blocks] zeros: attention mass of a partition without full layers
-    token_index: str | None = None  # contrib ops: [batch, seq] flat index of each token, RotaryEmbedding's position_ids
 
 
 class Gemma3Builder:
@@ -110,7 +96,7 @@ class Gemma3Builder:
             x = self.embed(g, tokens, embedding, embedding_data)
         else:
             x = g.input(io.HIDDEN_STATES, f32, ["batch", "seq", cfg.hidden_size])
-        step = self.step_values(g, spec)
+        step = step_values(g, cfg, spec.start, spec.stop, attention_stats=self.attention_stats, contrib=self.contrib)
         pool_shapes = {
             False: ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim],
             True: ["num_window_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim],
@@ -138,111 +124,6 @@ class Gemma3Builder:
             g.op("Sum", masses or [step.zeros_mass], "/model/attention_mass/Sum", out=io.ATTENTION_MASS)
             g.output(io.ATTENTION_MASS, f32, ["batch", "max_blocks"])
         return g.to_model(OPSET, doc=f"Gemma 3 layers [{spec.start}, {spec.stop}), {self.dtype}")
-
-    # -- per-step values -------------------------------------------------------------
-    def step_values(self, g: Graph, spec: PartitionSpec) -> StepValues:
-        """Inputs every partition takes and what the layers share: scatter indices, RoPE, masks.
-
-        Key index j of a full layer's gathered cache is the token at position j of the row
-        (block_tables list all its blocks in order). A sliding layer's window table starts at
-        logical block `window_first_block`, so its key j is at position first * block_size + j.
-        A query at position p sees the key at position k when
-
-            k <= p  and  k < context_len             (causal, within the row)
-            k >  p - sliding_window                  (sliding layers only)
-        """
-        cfg = self.cfg
-        i64 = TensorProto.INT64
-        if spec.start == spec.stop:
-            raise ValueError("a partition needs at least one layer")
-        kinds = sorted({cfg.is_sliding(i) for i in range(spec.start, spec.stop)})
-        positions = g.input(io.POSITIONS, i64, ["batch", "seq"])
-        slots = {False: g.input(io.SLOT_MAPPING, i64, ["batch", "seq"])}
-        tables = {False: g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"])}
-        lens = g.input(io.CONTEXT_LENS, i64, ["batch"])
-        if True in kinds:
-            slots[True] = g.input(io.WINDOW_SLOT_MAPPING, i64, ["batch", "seq"])
-            tables[True] = g.input(io.WINDOW_BLOCK_TABLES, i64, ["batch", "max_window_blocks"])
-            first = g.input(io.WINDOW_FIRST_BLOCK, i64, ["batch"])
-        pool = io.key_cache(spec.start)  # any pool of this partition gives the block size
-        p = "/model/step"
-        block_size = g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/block_size")
-        q_pos = g.op("Unsqueeze", [positions, g.const([-1])], f"{p}/q_pos")  # [b, s, 1]
-        ctx = g.op("Unsqueeze", [lens, g.const([1, 2])], f"{p}/ctx")  # [b, 1, 1]
-
-        scatter, masks, cos_sin = {}, {}, {}
-        for is_sliding in kinds:
-            name = "sliding" if is_sliding else "global"
-            q = f"{p}/{name}"
-            block = g.op("Div", [slots[is_sliding], block_size], f"{q}/slot_block")
-            offset = g.op("Mod", [slots[is_sliding], block_size], f"{q}/slot_offset")
-            scatter[is_sliding] = g.op(
-                "Concat",
-                [g.op("Unsqueeze", [block, g.const([-1])], f"{q}/block_u"),
-                 g.op("Unsqueeze", [offset, g.const([-1])], f"{q}/offset_u")],
-                f"{q}/scatter_indices",
-                axis=-1,
-            )
-            num_blocks = g.op("Gather", [g.op("Shape", [tables[is_sliding]], f"{q}/tables_shape"), g.const(1)], f"{q}/num_blocks")
-            total = g.op("Mul", [num_blocks, block_size], f"{q}/total")
-            keys = g.op("Range", [g.const(0), total, g.const(1)], f"{q}/key_index")  # [total]
-            if is_sliding:  # -> positions [b, 1, total]
-                start = g.op("Mul", [first, block_size], f"{q}/first_position")
-                keys = g.op("Add", [keys, g.op("Unsqueeze", [start, g.const([1, 2])], f"{q}/first_u")], f"{q}/key_position")
-            visible = g.op(
-                "And",
-                [g.op("LessOrEqual", [keys, q_pos], f"{q}/causal"), g.op("Less", [keys, ctx], f"{q}/in_context")],
-                f"{q}/visible",
-            )
-            if is_sliding:
-                window_start = g.op("Sub", [q_pos, g.const(cfg.sliding_window)], f"{q}/window_start")
-                visible = g.op("And", [visible, g.op("Greater", [keys, window_start], f"{q}/in_window")], f"{q}/visible_window")
-            mask = g.op(
-                "Where",
-                [visible, g.const(0.0, np.float32), g.const(np.finfo(np.float32).min, np.float32)],
-                f"{q}/mask",
-            )
-            masks[is_sliding] = self.group_mask(g, mask, total, f"{q}/mask")
-            rope = cfg.rope_local if is_sliding else cfg.rope_global
-            cos_sin[is_sliding] = self.rope_tables(g, positions, rope, f"{p}/rope_{name}")
-        block_shape = g.op(
-            "Concat", [g.const([0, -1]), g.op("Unsqueeze", [block_size, g.const([0])], f"{p}/block_size_1d")],
-            f"{p}/block_shape", axis=0,
-        )
-        zeros_mass = None
-        if self.attention_stats and False not in kinds:
-            shape = g.op("Shape", [tables[False]], f"{p}/mass_shape")
-            zeros_mass = g.op("ConstantOfShape", [shape], f"{p}/zero_mass", value=onnx.helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0]))
-        token_index = None
-        if self.contrib:
-            count = g.op("ReduceProd", [g.op("Shape", [positions], f"{p}/positions_shape")], f"{p}/num_tokens", keepdims=0)
-            flat = g.op("Range", [g.const(0), count, g.const(1)], f"{p}/token_range")
-            token_index = g.op("Reshape", [flat, g.op("Shape", [positions], f"{p}/positions_shape_2")], f"{p}/token_index")
-        return StepValues(positions, tables, scatter, cos_sin, masks, block_shape, zeros_mass, token_index)
-
-    def rope_tables(self, g: Graph, positions: str, rope: RopeConfig, p: str) -> tuple[str, str]:
-        """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (float32, as in HF);
-        with contrib ops one row per token, [batch * seq, head_dim / 2], RotaryEmbedding's caches."""
-        half = self.cfg.head_dim // 2
-        inv_freq = 1.0 / (rope.theta ** (np.arange(0, half, dtype=np.int64).astype(np.float32) * 2 / self.cfg.head_dim))
-        inv_freq = (inv_freq / rope.factor).astype(np.float32)
-        pos = g.op("Cast", [positions], f"{p}/pos_f", to=TensorProto.FLOAT)
-        if self.contrib:
-            pos = g.op("Reshape", [pos, g.const([-1, 1])], f"{p}/pos_u")  # [b * s, 1]
-        else:
-            pos = g.op("Unsqueeze", [pos, g.const([-1, -2])], f"{p}/pos_u")  # [b, s, 1, 1]
-        freqs = g.op("Mul", [pos, g.const(inv_freq, np.float32)], f"{p}/freqs")
-        return g.op("Cos", [freqs], f"{p}/cos"), g.op("Sin", [freqs], f"{p}/sin")
-
-    def group_mask(self, g: Graph, mask: str, total: str, name: str) -> str:
-        """[b, s, total] -> [b, 1, s * groups, total]: one row per query head of a KV head's
-        group, in the order attention() lays the queries out (position major)."""
-        groups = self.cfg.num_groups
-        mask = g.op("Unsqueeze", [mask, g.const([1, 3])], f"{name}_u")  # [b, 1, s, 1, total]
-        if groups > 1:
-            mask = g.op("Expand", [mask, g.const([1, 1, 1, groups, 1])], f"{name}_groups")
-        shape = g.op("Concat", [g.const([0, 1, -1]), g.op("Unsqueeze", [total, g.const([0])], f"{name}_total")], f"{name}_shape", axis=0)
-        return g.op("Reshape", [mask, shape], f"{name}_rows")
 
     # -- blocks ----------------------------------------------------------------------
     def embedding_weight(self, g: Graph, table: Callable[[], np.ndarray], data: DataFile | None) -> str:
