@@ -203,31 +203,27 @@ class Gemma3Builder:
         v_all = self.to_f32(g, g.op("Gather", [v_pool, tables], f"{p}/v_gather", axis=0), f"{p}/v_gather")
 
         # Queries of one KV head in rows (position, group member), keys and values in rows of
-        # positions: [b, kvh, s * groups, hd] and [b, kvh, total, hd]. With one KV head (MQA,
-        # as Gemma 3 270M and 1B) every step here is a Reshape, not a copy.
-        if kvh == 1:
-            q = g.op("Reshape", [q, g.const([0, 1, -1, hd])], f"{p}/q_rows")
-            k_rows = g.op("Reshape", [k_all, g.const([0, 1, -1, hd])], f"{p}/k_rows")
-            v_rows = g.op("Reshape", [v_all, g.const([0, 1, -1, hd])], f"{p}/v_rows")
-        else:  # [b, blocks, bs, kvh, hd] -> [b, kvh, blocks, bs, hd]
-            q = g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])], f"{p}/q_groups")
-            q = g.op("Transpose", [q], f"{p}/q_T", perm=[0, 2, 1, 3, 4])
-            q = g.op("Reshape", [q, g.const([0, 0, -1, hd])], f"{p}/q_rows")
-            k_rows = g.op("Reshape", [g.op("Transpose", [k_all], f"{p}/k_T", perm=[0, 3, 1, 2, 4]), g.const([0, 0, -1, hd])], f"{p}/k_rows")
-            v_rows = g.op("Reshape", [g.op("Transpose", [v_all], f"{p}/v_T", perm=[0, 3, 1, 2, 4]), g.const([0, 0, -1, hd])], f"{p}/v_rows")
+        # positions: [b, kvh, s * groups, hd] and [b, kvh, total, hd].
+        q = g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])], f"{p}/q_groups")
+        q = g.op("Reshape", [self.kv_major(g, q, [0, 2, 1, 3, 4], f"{p}/q_T"), g.const([0, kvh, -1, hd])], f"{p}/q_rows")
+        k_rows = g.op("Reshape", [self.kv_major(g, k_all, [0, 3, 1, 2, 4], f"{p}/k_T"), g.const([0, kvh, -1, hd])], f"{p}/k_rows")
+        v_rows = g.op("Reshape", [self.kv_major(g, v_all, [0, 3, 1, 2, 4], f"{p}/v_T"), g.const([0, kvh, -1, hd])], f"{p}/v_rows")
         k_t = g.op("Transpose", [k_rows], f"{p}/k_rows_T", perm=[0, 1, 3, 2])  # fused into the MatMul by ORT
         scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, s * groups, total]
         probs = g.op("Softmax", [g.op("Add", [scores, step.masks[is_sliding]], f"{p}/masked")], f"{p}/Softmax", axis=-1)
         if masses is not None and not is_sliding:
             masses.append(self.block_mass(g, probs, step, f"{p}/block_mass"))
         out = g.op("MatMul", [probs, v_rows], f"{p}/context")  # [b, kvh, s * groups, hd]
-        if kvh == 1:
-            out = g.op("Reshape", [out, g.const([0, -1, nh * hd])], f"{p}/context_flat")
-        else:
-            out = g.op("Reshape", [out, g.const([0, 0, -1, groups, hd])], f"{p}/context_groups")
-            out = g.op("Transpose", [out], f"{p}/context_T", perm=[0, 2, 1, 3, 4])  # [b, s, kvh, groups, hd]
-            out = g.op("Reshape", [out, g.const([0, 0, nh * hd])], f"{p}/context_flat")
+        out = g.op("Reshape", [out, g.const([0, kvh, -1, groups, hd])], f"{p}/context_groups")
+        out = self.kv_major(g, out, [0, 2, 1, 3, 4], f"{p}/context_T")  # [b, s, kvh, groups, hd]
+        out = g.op("Reshape", [out, g.const([0, -1, nh * hd])], f"{p}/context_flat")
         return self.linear(g, out, [layer["self_attn.o_proj"]], f"{p}/o_proj")
+
+    def kv_major(self, g: Graph, x: str, perm: list[int], name: str) -> str:
+        """Transpose that brings the KV-head axis forward. With one KV head (MQA, as Gemma 3 270M
+        and 1B) the order of the elements is already right and the Reshapes around it suffice:
+        no node, where ONNX Runtime would copy the tensor."""
+        return x if self.cfg.num_kv_heads == 1 else g.op("Transpose", [x], name, perm=perm)
 
     def block_mass(self, g: Graph, probs: str, step: StepValues, name: str) -> str:
         """Attention probability each block received, summed over heads and queries: [b, max_blocks]."""

@@ -154,8 +154,7 @@ class Engine:
         vocab = self.manifest.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise RequestError(f"token ids must be in [0, {vocab})")
-        if len(ids) >= self.max_context:
-            raise RequestError(f"the prompt has {len(ids)} tokens; the model's context is {self.max_context}")
+        self.scheduler.check_context(len(ids))  # before the pool's limits: the more basic one
         capacity = (self.runner.cache.num_blocks - 1) * self.config.block_size
         if len(ids) + params.max_tokens > capacity:  # a request that can never fit would preempt forever
             raise RequestError(
@@ -280,11 +279,8 @@ class Engine:
         by_length: dict[int, list[ScheduledRow]] = {}
         for row in rows:
             by_length.setdefault(len(row.token_ids), []).append(row)
-        groups = list(by_length.values())
         sampled: dict[str, Sample] = {}
-        for group in groups:
-            if not group:
-                continue
+        for group in by_length.values():
             result = self.runner.run(build_step(group, self.config.block_size))
             wanted = [r for r in group if r.needs_logits]
             for row, row_logits in zip(wanted, result.logits):

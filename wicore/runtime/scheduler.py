@@ -64,25 +64,22 @@ class StepBudget:
     prefill: int
     chunk: int  # the most one request prefills
 
-    def take(self, req: Request) -> int:
-        """Tokens `req` runs this step (0: none fit), spent from the budget. One token left to
-        run is a decode; more are a prefill chunk (a prompt, or tokens to recompute)."""
-        left = req.num_tokens - req.num_computed
-        n = min(left, self.tokens) if left == 1 else max(0, min(left, self.tokens, self.prefill, self.chunk))
-        self.tokens -= n
-        if left > 1:
-            self.prefill -= n
-        return n
-
-    def give_back(self, req: Request, n: int) -> None:
-        """Undo `take` for a request that did not run after all."""
-        self.tokens += n
-        if req.num_tokens - req.num_computed > 1:
-            self.prefill += n
-
     @property
-    def can_prefill(self) -> bool:
-        return self.tokens > 0 and self.prefill > 0
+    def prefill_room(self) -> int:
+        """The longest prefill chunk that still fits this step."""
+        return max(0, min(self.tokens, self.prefill, self.chunk))
+
+    def fits(self, req: Request) -> int:
+        """Tokens `req` would run this step (0: none fit). One token left to run is a decode;
+        more are a prefill chunk (a prompt, or tokens to recompute)."""
+        left = req.num_tokens - req.num_computed
+        return min(left, self.tokens) if left == 1 else min(left, self.prefill_room)
+
+    def spend(self, req: Request, n: int) -> None:
+        """`req` runs `n` tokens (call before its num_computed moves)."""
+        self.tokens -= n
+        if req.num_tokens - req.num_computed > 1:
+            self.prefill -= n
 
 
 @dataclass(frozen=True)
@@ -144,14 +141,18 @@ class Scheduler:
             raise OverloadedError(f"overloaded: {len(self.waiting)} requests already waiting; retry later")
         if request.request_id in self.requests:
             raise RequestError(f"request id {request.request_id!r} is already in use")
-        if request.num_tokens >= self.config.max_context:
-            raise RequestError(
-                f"the prompt has {request.num_tokens} tokens; the model's context is {self.config.max_context}"
-            )
+        self.check_context(request.num_tokens)
         request.seq_id = next(self._seq_ids)
         request.status = Status.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
+
+    def check_context(self, num_prompt_tokens: int) -> None:
+        """RequestError unless a prompt this long leaves room for a token in the model's context."""
+        if num_prompt_tokens >= self.config.max_context:
+            raise RequestError(
+                f"the prompt has {num_prompt_tokens} tokens; the model's context is {self.config.max_context}"
+            )
 
     def abort(self, request_id: str) -> None:
         """Cancel a request at any point; it ends at the next step with reason "abort"."""
@@ -170,14 +171,14 @@ class Scheduler:
         rows: list[ScheduledRow] = []
         cfg = self.config
         decoding = any(r.num_tokens - r.num_computed == 1 for r in self.running)
-        prefill = min(cfg.max_num_batched_tokens, cfg.prefill_with_decodes) if decoding else cfg.max_num_batched_tokens
+        prefill = cfg.prefill_with_decodes if decoding else cfg.max_num_batched_tokens
         budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk)
 
         queue = sorted(self.running, key=self._rank)
         preempted_this_step = False
         while queue and budget.tokens > 0:
             req = queue.pop(0)
-            n = budget.take(req)
+            n = budget.fits(req)
             if n == 0:  # a prefill chunk, and the step's prefill tokens are spent
                 continue
             plan = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
@@ -193,8 +194,8 @@ class Scheduler:
                     break
                 plan = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
             if plan is None:
-                budget.give_back(req, n)
                 continue
+            budget.spend(req, n)
             moves += plan
             rows.append(self._row(req, n))
 
@@ -267,31 +268,29 @@ class Scheduler:
         for req in sorted(self.swapped, key=self._rank):
             if len(self.running) >= self.config.max_num_seqs or budget.tokens <= 0:
                 break
-            n = budget.take(req)
+            n = budget.fits(req)
             if n == 0:  # its next tokens are a prefill chunk, and none fit this step
                 break
             plan = self.pool.swap_in(req.seq_id)
             while plan is None and not self.running and self._unpin(req):
                 plan = self.pool.swap_in(req.seq_id)
             if plan is None:
-                budget.give_back(req, n)
                 break
             more = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
             if more is None:  # back in, but no room to grow this step: it runs next step
-                budget.give_back(req, n)
                 moves += plan
                 self._set_running(req, self.swapped)
                 continue
+            budget.spend(req, n)
             moves += plan + more
             self._set_running(req, self.swapped)
             rows.append(self._row(req, n))
 
     def _admit(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, now: float) -> None:
         for req in sorted(self.waiting, key=lambda r: self._rank(r, now)):
-            if len(self.running) >= self.config.max_num_seqs or not budget.can_prefill:
+            if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
                 break
-            first_step = min(budget.tokens, budget.prefill, budget.chunk)
-            alloc = self.pool.allocate(req.seq_id, req.token_ids, first_step)
+            alloc = self.pool.allocate(req.seq_id, req.token_ids, budget.prefill_room)
             if alloc is None:
                 break  # the best-ranked request waits for room; nothing jumps ahead of it
             if not req.was_admitted:  # readmissions after preemption are not prefix-cache traffic
@@ -302,7 +301,9 @@ class Scheduler:
             req.num_computed = alloc.num_cached_tokens
             moves += alloc.moves
             self._set_running(req, self.waiting)
-            rows.append(self._row(req, budget.take(req)))
+            n = budget.fits(req)
+            budget.spend(req, n)
+            rows.append(self._row(req, n))
 
     def _set_running(self, req: Request, source: list[Request]) -> None:
         source.remove(req)
