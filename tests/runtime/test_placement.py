@@ -9,7 +9,7 @@ import pytest
 from wicore.graph.manifest import Manifest
 from wicore.runtime.generator import Generator
 from wicore.runtime.placement import _fill, _share, plan_placement
-from wicore.runtime.providers import CAPABILITIES, Device, DeviceError, parse_device
+from wicore.runtime.providers import CAPABILITIES, Device, DeviceError, host_free_bytes, parse_device
 from wicore.runtime.sampler import SamplingParams
 
 GIB = 1 << 30
@@ -74,3 +74,34 @@ def test_partitions_on_separate_cpu_devices_generate_the_same(tiny_export):
     together = Generator.load(folder, num_threads=1, devices="cpu").generate([[5, 6, 7]], params)
     apart = Generator.load(folder, num_threads=1, devices="cpu,cpu").generate([[5, 6, 7]], params)
     assert apart.token_ids == together.token_ids
+
+
+def write_meminfo(root, free_kib: int, available_kib: int):
+    (root / "meminfo").write_text(
+        f"MemTotal:       24684100 kB\nMemFree:        {free_kib} kB\nMemAvailable:   {available_kib} kB\n"
+    )
+    return root
+
+
+def test_host_free_memory_counts_reclaimable_page_cache(tmp_path):
+    # A machine that has just written exported models: little MemFree, most of it cache.
+    proc = write_meminfo(tmp_path, free_kib=2_883_584, available_kib=22_020_096)
+    assert host_free_bytes("0", proc=proc, cgroup=tmp_path / "none") == 22_020_096 << 10
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"memory.max": "8589934592\n", "memory.current": "1073741824\n"}, 7 * GIB),  # cgroup v2
+        ({"memory.max": "max\n", "memory.current": "1073741824\n"}, 21 * GIB),  # v2, no limit
+        ({"memory/memory.limit_in_bytes": "4294967296\n", "memory/memory.usage_in_bytes": "5368709120\n"}, 0),  # v1, over
+        ({"memory/memory.limit_in_bytes": str((1 << 63) - 4096), "memory/memory.usage_in_bytes": "1"}, 21 * GIB),
+    ],
+)
+def test_host_free_memory_stays_within_the_cgroup_limit(tmp_path, files, expected):
+    proc = write_meminfo(tmp_path, free_kib=1 << 20, available_kib=21 << 20)
+    cgroup = tmp_path / "cgroup"
+    for name, text in files.items():
+        (cgroup / name).parent.mkdir(parents=True, exist_ok=True)
+        (cgroup / name).write_text(text)
+    assert host_free_bytes("0", proc=proc, cgroup=cgroup) == expected

@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
@@ -54,11 +55,46 @@ def session_options(num_threads: int | None) -> object:
 
 
 # -- free memory readers -----------------------------------------------------------------
-def host_free_bytes(_: str) -> int | None:
+def host_free_bytes(_: str, proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Memory the host can give without swapping: MemAvailable, within the cgroup's limit.
+
+    Not MemFree: page cache (the exported model just written, say) is reclaimable, and a
+    machine that has written a few GB holds most of its memory as cache.
+    """
+    available = _meminfo_kib(proc / "meminfo", "MemAvailable")
+    if available is None:
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+    free = available << 10
+    for limit, usage in (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        room = _cgroup_room(cgroup / limit, cgroup / usage)
+        if room is not None:
+            return min(free, room)
+    return free
+
+
+def _meminfo_kib(path: Path, field: str) -> int | None:
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name == field:
+                return int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room(limit_file: Path, usage_file: Path) -> int | None:
+    """limit - usage of a memory cgroup, None without a limit ("max", or v1's huge sentinel)."""
+    try:
+        limit, usage = limit_file.read_text().strip(), int(usage_file.read_text())
+    except (OSError, ValueError):
         return None
+    if not limit.isdigit() or int(limit) >= 1 << 60:
+        return None
+    return max(0, int(limit) - usage)
 
 
 def nvidia_free_bytes(index: str) -> int | None:
