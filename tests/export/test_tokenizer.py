@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 
 import wicore.export.tokenizer as export_tokenizer
-from wicore.errors import ModelSourceError, RequestError
+from wicore.errors import ModelSourceError, RequestError, UnsupportedModelError
 from wicore.export.tokenizer import (
     GEMMA3_CHAT_TEMPLATE,
     TokenizerInfo,
+    check_whole_words,
     export_tokenizer_from_gguf,
     export_tokenizer_from_hf,
 )
@@ -361,3 +362,18 @@ def test_incremental_decoder_skips_special_tokens_and_flushes_partial(tok: Token
     assert "".join(pieces) == "model\nok"
     assert decoder.flush() == tok.decode(ids)[len("model\nok") :] == "\ufffd\ufffd"
     assert decoder.flush() == ""
+
+
+def test_a_vocabulary_converted_without_its_merges_is_refused(exported: tuple[Path, TokenizerInfo], tmp_path: Path) -> None:
+    # What transformers 5.17 built from this GGUF: the pieces, none of the merges.
+    from transformers import PreTrainedTokenizerFast
+
+    data = json.loads((exported[0] / "tokenizer.json").read_text(encoding="utf-8"))
+    whole = PreTrainedTokenizerFast(tokenizer_file=str(exported[0] / "tokenizer.json"))
+    check_whole_words(whole, "gemma")  # the exported one passes
+    data["model"]["merges"] = []
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    fragments = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert fragments.encode(" that", add_special_tokens=False) != [600]
+    with pytest.raises(UnsupportedModelError, match=r"gemma: the tokenizer transformers .* splits .*'▁that'.*transformers>=5.18"):
+        check_whole_words(fragments, "gemma")

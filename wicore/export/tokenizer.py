@@ -146,6 +146,7 @@ def export_tokenizer_from_gguf(gguf_path: Path, out_dir: Path) -> TokenizerInfo:
             f"{gguf_path} holds no tokenizer (no tokenizer.ggml.tokens); use a GGUF that embeds its vocabulary"
         )
     hf_tokenizer = _hf_tokenizer_from_gguf(gguf_path, metadata)
+    check_whole_words(hf_tokenizer, str(gguf_path))
     chat_template = metadata.get("tokenizer.chat_template") or GEMMA3_CHAT_TEMPLATE
     return _write_tokenizer(hf_tokenizer, Path(out_dir), chat_template, extra_eos_ids=())
 
@@ -207,6 +208,32 @@ def _write_tokenizer(
         add_bos=add_bos,
         chat_template=chat_template,
     )
+
+
+def check_whole_words(hf_tokenizer: Any, source: str, count: int = 16) -> None:
+    """Raise UnsupportedModelError unless the vocabulary's first whole-word pieces encode as themselves.
+
+    A converter that loses a vocabulary's merges still loads and encodes, but cuts every word
+    into fragments (transformers 5.17 on Gemma 3's GGUF: "The capital" -> "The", "▁c", "ap",
+    ...), so the model would be served text it never saw. The first `count` pieces that are
+    "▁" + ASCII letters (the most frequent words of a SentencePiece vocabulary) must each come
+    back as their own id, with or without the space in front. Byte-level vocabularies have no
+    such pieces and are not checked.
+    """
+    words = sorted(
+        (i, t) for t, i in hf_tokenizer.get_vocab().items() if len(t) >= 5 and t[0] == "▁" and t[1:].isascii() and t[1:].isalpha()
+    )[:count]
+    broken = [
+        t for i, t in words
+        if all(hf_tokenizer.encode(text, add_special_tokens=False) != [i] for text in (" " + t[1:], t[1:]))
+    ]
+    if len(broken) > len(words) // 4:
+        import transformers
+
+        raise UnsupportedModelError(
+            f"{source}: the tokenizer transformers {transformers.__version__} built splits the vocabulary's own "
+            f"words ({', '.join(repr(w) for w in broken[:3])} ...) into pieces; install transformers>=5.18 and export again"
+        )
 
 
 def _adds_bos(hf_tokenizer: Any) -> bool:
