@@ -364,7 +364,9 @@ def test_incremental_decoder_skips_special_tokens_and_flushes_partial(tok: Token
     assert decoder.flush() == ""
 
 
-def test_a_vocabulary_converted_without_its_merges_is_refused(exported: tuple[Path, TokenizerInfo], tmp_path: Path) -> None:
+def test_a_vocabulary_converted_without_its_merges_is_refused(
+    exported: tuple[Path, TokenizerInfo], tmp_path: Path
+) -> None:
     # What transformers 5.17 built from this GGUF: the pieces, none of the merges.
     from transformers import PreTrainedTokenizerFast
 
@@ -375,5 +377,6 @@ def test_a_vocabulary_converted_without_its_merges_is_refused(exported: tuple[Pa
     (tmp_path / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
     fragments = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
     assert fragments.encode(" that", add_special_tokens=False) != [600]
-    with pytest.raises(UnsupportedModelError, match=r"gemma: the tokenizer transformers .* splits .*'▁that'.*transformers>=5.18"):
+    message = r"gemma: the tokenizer transformers .* splits .*'▁that'.*transformers>=5.18"
+    with pytest.raises(UnsupportedModelError, match=message):
         check_whole_words(fragments, "gemma")

@@ -216,13 +216,11 @@ def check_whole_words(hf_tokenizer: Any, source: str, count: int = 16) -> None:
     A converter that loses a vocabulary's merges still loads and encodes, but cuts every word
     into fragments (transformers 5.17 on Gemma 3's GGUF: "The capital" -> "The", "▁c", "ap",
     ...), so the model would be served text it never saw. The first `count` pieces that are
-    "▁" + ASCII letters (the most frequent words of a SentencePiece vocabulary) must each come
-    back as their own id, with or without the space in front. Byte-level vocabularies have no
-    such pieces and are not checked.
+    "▁" + ASCII letters (the most frequent words of a SentencePiece vocabulary) must come back
+    as their own id, with or without the space in front: all but a quarter of them, a margin for
+    unigram vocabularies. Byte-level vocabularies have no such pieces and are not checked.
     """
-    words = sorted(
-        (i, t) for t, i in hf_tokenizer.get_vocab().items() if len(t) >= 5 and t[0] == "▁" and t[1:].isascii() and t[1:].isalpha()
-    )[:count]
+    words = sorted((i, t) for t, i in hf_tokenizer.get_vocab().items() if _is_word_piece(t))[:count]
     broken = [
         t for i, t in words
         if all(hf_tokenizer.encode(text, add_special_tokens=False) != [i] for text in (" " + t[1:], t[1:]))
@@ -231,9 +229,14 @@ def check_whole_words(hf_tokenizer: Any, source: str, count: int = 16) -> None:
         import transformers
 
         raise UnsupportedModelError(
-            f"{source}: the tokenizer transformers {transformers.__version__} built splits the vocabulary's own "
-            f"words ({', '.join(repr(w) for w in broken[:3])} ...) into pieces; install transformers>=5.18 and export again"
+            f"{source}: the tokenizer transformers {transformers.__version__} built splits the vocabulary's "
+            f"own words ({', '.join(repr(w) for w in broken[:3])} ...) into pieces; "
+            "install transformers>=5.18 and export again"
         )
+
+
+def _is_word_piece(token: str) -> bool:
+    return len(token) >= 5 and token[0] == "▁" and token[1:].isascii() and token[1:].isalpha()
 
 
 def _adds_bos(hf_tokenizer: Any) -> bool:

@@ -68,7 +68,8 @@ def host_free_bytes(_: str, proc: Path = Path("/proc"), cgroup: Path = Path("/sy
         except (ValueError, OSError):
             return None
     free = available << 10
-    for limit, usage in (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+    v1 = ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")
+    for limit, usage in (("memory.max", "memory.current"), v1):
         room = _cgroup_room(cgroup / limit, cgroup / usage)
         if room is not None:
             return min(free, room)
