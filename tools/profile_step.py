@@ -26,7 +26,6 @@ from pathlib import Path
 
 from benchlib import int_list, run_tool, write_record
 
-import wicore.runtime.session as session
 from wicore.graph.manifest import Manifest
 from wicore.runtime.session import CacheConfig, ModelRunner, build_step
 
@@ -57,6 +56,11 @@ class Config:
     json_path: Path | None
 
 
+def num_blocks(batch: int, context: int) -> int:
+    """The sink and, for each row, the blocks of `context` tokens plus the one decoded."""
+    return 1 + batch * (context // BLOCK_SIZE + 1)
+
+
 def decode_rows(batch: int, context: int) -> list[Row]:
     per_row = context // BLOCK_SIZE + 1
     rows = []
@@ -68,8 +72,8 @@ def decode_rows(batch: int, context: int) -> list[Row]:
 
 def measure(model_dir: Path, config: Config) -> list[dict[str, object]]:
     manifest = Manifest.read(model_dir)
-    num_blocks = 1 + max(config.batches) * (config.context // BLOCK_SIZE + 1)
-    runner = ModelRunner(model_dir, manifest, CacheConfig(num_blocks, BLOCK_SIZE), config.threads)
+    cache = CacheConfig(num_blocks(max(config.batches), config.context), BLOCK_SIZE)
+    runner = ModelRunner(model_dir, manifest, cache, config.threads)
     records = []
     for batch in config.batches:
         step = build_step(decode_rows(batch, config.context), BLOCK_SIZE)
@@ -88,21 +92,9 @@ def measure(model_dir: Path, config: Config) -> list[dict[str, object]]:
 
 def profile(model_dir: Path, config: Config, batch: int) -> Counter:
     """Kernel microseconds per op type, summed over all partitions, per step."""
-    plain = session.session_options
-
-    def profiled(num_threads):
-        opts = plain(num_threads)
-        opts.enable_profiling = True
-        opts.profile_file_prefix = f"/tmp/wicore-profile-{batch}"
-        return opts
-
-    session.session_options = profiled
-    try:
-        manifest = Manifest.read(model_dir)
-        runner = ModelRunner(model_dir, manifest, CacheConfig(1 + batch * (config.context // BLOCK_SIZE + 1), BLOCK_SIZE),
-                             config.threads)
-    finally:
-        session.session_options = plain
+    cache = CacheConfig(num_blocks(batch, config.context), BLOCK_SIZE)
+    runner = ModelRunner(model_dir, Manifest.read(model_dir), cache, config.threads,
+                         profile_prefix=f"/tmp/wicore-profile-{batch}")
     step = build_step(decode_rows(batch, config.context), BLOCK_SIZE)
     for _ in range(config.num_steps):
         runner.run(step)

@@ -43,7 +43,8 @@ def onnxruntime() -> ModuleType:
     return ort
 
 
-def session_options(num_threads: int | None) -> object:
+def session_options(num_threads: int | None, profile_prefix: str | None = None) -> object:
+    """Options of every WiCore session; `profile_prefix` turns on ONNX Runtime's profiler."""
     ort = onnxruntime()
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -51,6 +52,9 @@ def session_options(num_threads: int | None) -> object:
         opts.intra_op_num_threads = num_threads
         opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    if profile_prefix is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
     return opts
 
 

@@ -156,6 +156,7 @@ class ModelRunner:
         cache: CacheConfig,
         num_threads: int | None = None,
         devices: Sequence[Device] | None = None,
+        profile_prefix: str | None = None,  # ONNX Runtime's profiler on (tools/profile_step.py)
     ) -> None:
         ort = onnxruntime()
         self.manifest = manifest
@@ -164,7 +165,7 @@ class ModelRunner:
             raise ValueError(f"{len(self.devices)} devices for {len(manifest.partitions)} partitions")
         for device in self.devices:
             device.check_can_run(manifest.dtype, manifest.op_flavour)
-        opts = session_options(num_threads)
+        opts = session_options(num_threads, profile_prefix)
         self.sessions = [
             ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers())
             for p, d in zip(manifest.partitions, self.devices)
