@@ -145,6 +145,6 @@ def gemma_270m(export_cached: Callable[..., Path]) -> Callable[[int], Path]:
 @pytest.fixture(scope="session")
 def hf_gemma_270m() -> object:
     """HF transformers' Gemma 3 270M on the same GGUF weights (fp32, eager)."""
-    from wicore.export.verify import load_hf_model
+    from wicore.cli.verify import load_hf_model
 
     return load_hf_model("gemma3-270m")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from wicore.cli import apply_config_file, parse_command_line
+from wicore.cli.main import apply_config_file, parse_command_line
 
-BLOCK_ORT = "import sys; sys.modules['onnxruntime'] = None; from wicore.cli import main; sys.exit(main(sys.argv[1:]))"
+BLOCK_ORT = "import sys; sys.modules['onnxruntime'] = None; from wicore.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def test_without_onnxruntime_wicore_names_the_extras(tmp_path):
@@ -68,7 +68,7 @@ def test_config_file_alone_fills_the_settings(tmp_path):
 
 
 def test_engine_flags_reach_the_engine_config_and_bad_ones_are_named(tmp_path):
-    from wicore.cli import engine_config
+    from wicore.cli.main import engine_config
     from wicore.errors import RequestError
 
     args = parse_command_line(["generate", "--prompt", "hi", "--a2cr-weights", "0.2,0.5,0.3", "--a2cr-decay", "0.1",

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from wicore.export.verify import VERIFY_TEXT, compare_logits, hf_logits
+from wicore.cli.verify import VERIFY_TEXT, compare_logits, hf_logits
 from wicore.runtime.generator import Generator
 from wicore.runtime.sampler import SamplingParams
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from wicore.export.sources import packaged_gguf
-from wicore.export.verify import VERIFY_TEXT
+from wicore.cli.verify import VERIFY_TEXT
 from wicore.runtime.generator import Generator
 from wicore.runtime.sampler import SamplingParams
 
@@ -85,7 +85,7 @@ def test_prompt_logits_track_fp32_and_llama_cpp(quant, llama, gemma_270m):
 def test_verify_against_hf_holds_the_flavour_to_its_stated_agreement(quant, hf_gemma_270m):
     """`wicore-export --verify` on an ort-quant export: HF computes in fp32 on dequantized weights,
     the graphs with int8 activations, so near-ties may flip; 95% argmax agreement is required."""
-    from wicore.export.verify import MIN_AGREEMENT, compare_logits, hf_logits
+    from wicore.cli.verify import MIN_AGREEMENT, compare_logits, hf_logits
 
     ids = quant.tokenizer.encode(LONG_TEXT)[:100]
     report = compare_logits(quant.prompt_logits(ids), hf_logits(hf_gemma_270m, ids), MIN_AGREEMENT["ort-quant"])

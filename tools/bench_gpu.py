@@ -25,7 +25,7 @@ import numpy as np
 
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.gguf import GGUFSource
-from wicore.export.verify import VERIFY_TEXT
+from wicore.cli.verify import VERIFY_TEXT
 from wicore.runtime.generator import Generator
 from wicore.runtime.sampler import SamplingParams
 

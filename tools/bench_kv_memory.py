@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.models import resolve_model
+from wicore.cli.models import resolve_model
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
 

@@ -94,7 +94,7 @@ def ensure_model(model_dir: Path, op_flavour: str) -> Path:
 
 def load_tokenizer(model_dir: Path) -> tuple[Any, Any]:
     """(WiCore tokenizer, manifest) of an exported model; verifies its files once, so engines may skip it."""
-    from wicore.export.tokenizer import TokenizerInfo
+    from wicore.model.tokenizer_info import TokenizerInfo
     from wicore.graph.manifest import Manifest
     from wicore.runtime.tokenizer import Tokenizer
 

@@ -47,8 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
-from wicore.hmt.device_store import ort_pool_store
-from wicore.hmt.policy import Tier
+from wicore.runtime.device_store import ort_pool_store
+from wicore.hmt.tiers import Tier
 from wicore.hmt.tiers import BatchedTierStore
 from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.sampler import SamplingParams

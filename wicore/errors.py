@@ -1,7 +1,7 @@
 """Errors a user can hit. Each says what went wrong and what to do about it.
 
 The CLI maps every `WiCoreError` to a message on stderr and a non-zero exit
-code; the HTTP API (later) maps them to OpenAI-shaped errors.
+code; the HTTP API (wicore.api.errors) maps them to OpenAI-shaped errors.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ class RequestError(WiCoreError):
     """A generation request cannot be served as asked (e.g. prompt longer than the context)."""
 
 
-class OutOfBlocksError(WiCoreError):
-    """The KV pool has no free block left for a sequence."""
+class ContextLengthError(RequestError):
+    """A prompt leaves no room for a generated token in the context or the device KV cache."""
 
 
 class OverloadedError(WiCoreError):

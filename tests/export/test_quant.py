@@ -8,14 +8,8 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
-from wicore.export.quant import (
-    BlockQuant,
-    QuantizedTensor,
-    can_transcode,
-    concat_rows,
-    quantize_symmetric,
-    transcode_gguf,
-)
+from wicore.model.quant import BlockQuant, QuantizedTensor, concat_rows, quantize_symmetric
+from wicore.export.gguf_quant import can_transcode, transcode_gguf
 
 TRANSCODED = [T.Q8_0, T.Q5_0, T.Q4_0, T.Q6_K, T.Q4_K, T.Q5_K, T.Q4_1, T.Q5_1]
 EXPECTED = {  # type -> (bits, block size, has offsets)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from wicore.errors import ModelSourceError, UnsupportedModelError, WiCoreError
-from wicore.export.config import FULL, SLIDING, Gemma3Config, RopeConfig
+from wicore.model.config import FULL, SLIDING, Gemma3Config, RopeConfig
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.hf import HFSource
 from wicore.export.sources import open_source
@@ -83,7 +83,7 @@ def test_hf_source_reads_bf16_exactly(tiny_model, tmp_path):
 # -- bad input ---------------------------------------------------------------------------
 def test_missing_gguf_fails_with_exit_code_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
-    res = run_cli("wicore.export.cli", "--model", str(tmp_path / "nope.gguf"), "--out", str(out))
+    res = run_cli("wicore.cli.export", "--model", str(tmp_path / "nope.gguf"), "--out", str(out))
     assert res.returncode == 2
     assert "GGUF file not found" in res.stderr and str(tmp_path / "nope.gguf") in res.stderr
     assert leftovers(tmp_path) == []
@@ -111,7 +111,7 @@ def test_gguf_of_another_architecture_is_refused(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    res = run_cli("wicore.export.cli", "--model", str(path), "--out", str(tmp_path / "out"))
+    res = run_cli("wicore.cli.export", "--model", str(path), "--out", str(tmp_path / "out"))
     assert res.returncode == 2
     assert "architecture 'llama' is not supported" in res.stderr
     assert not (tmp_path / "out").exists()
@@ -155,7 +155,7 @@ def test_existing_output_is_kept_unless_forced(tiny_model, tmp_path):
 @pytest.mark.parametrize("partitions", [0, 5])
 def test_partition_count_out_of_range(tiny_model, tmp_path, partitions):
     folder, _ = tiny_model()
-    res = run_cli("wicore.export.cli", "--model", str(folder), "--out", str(tmp_path / "m"), "--partitions", str(partitions))
+    res = run_cli("wicore.cli.export", "--model", str(folder), "--out", str(tmp_path / "m"), "--partitions", str(partitions))
     assert res.returncode == 2
     assert "--partitions must be" in res.stderr
     assert not (tmp_path / "m").exists()

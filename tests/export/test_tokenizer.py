@@ -23,13 +23,8 @@ import pytest
 
 import wicore.export.tokenizer as export_tokenizer
 from wicore.errors import ModelSourceError, RequestError, UnsupportedModelError
-from wicore.export.tokenizer import (
-    GEMMA3_CHAT_TEMPLATE,
-    TokenizerInfo,
-    check_whole_words,
-    export_tokenizer_from_gguf,
-    export_tokenizer_from_hf,
-)
+from wicore.model.tokenizer_info import TokenizerInfo
+from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE, check_whole_words, export_tokenizer_from_gguf, export_tokenizer_from_hf
 from wicore.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
 INFO_FILE = "wicore-tokenizer-info.json"  # test-side record of the TokenizerInfo of a cached export

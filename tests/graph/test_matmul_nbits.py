@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto
 
 from wicore.export.exporter import ExportConfig, export_model
-from wicore.export.quant import BlockQuant, quantize_symmetric
+from wicore.model.quant import BlockQuant, quantize_symmetric
 from wicore.export.sources import open_source
 from wicore.graph.manifest import Manifest
 from wicore.graph.ops import DataFile, Graph

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from wicore.hmt.block_pool import Allocation, BlockInfo, BlockPool, Move
-from wicore.hmt.policy import A2CRPolicy, EvictionPolicy, LRUPolicy, Tier
+from wicore.hmt.policy import A2CRPolicy, EvictionPolicy, LRUPolicy
+from wicore.hmt.tiers import Tier
 
 BS = 4
 TOKENS = st.lists(st.integers(0, 1), min_size=1, max_size=10)  # two token ids, so prefixes collide

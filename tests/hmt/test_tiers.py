@@ -7,7 +7,7 @@ import pytest
 
 from wicore.hmt.block_pool import Move
 from wicore.hmt.pager import Pager
-from wicore.hmt.policy import Tier
+from wicore.hmt.tiers import Tier
 from wicore.hmt.tiers import CorruptBlockError, DeviceStore, HostStore, NvmeStore
 
 LAYERS, BLOCK, HEADS, DIM = 3, 4, 2, 8

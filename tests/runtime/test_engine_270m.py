@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from wicore.export.verify import VERIFY_TEXT
+from wicore.cli.verify import VERIFY_TEXT
 from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.generator import Generator
 from wicore.runtime.sampler import SamplingParams

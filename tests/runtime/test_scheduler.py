@@ -13,7 +13,8 @@ import pytest
 
 from wicore.hmt.block_pool import BlockPool
 from wicore.hmt.kv_cache import KVCache
-from wicore.hmt.policy import LRUPolicy, Tier
+from wicore.hmt.policy import LRUPolicy
+from wicore.hmt.tiers import Tier
 from wicore.runtime.request import Priority, Request, RequestOutput
 from wicore.runtime.sampler import Sample, SamplingParams
 from wicore.runtime.scheduler import Scheduler, SchedulerConfig

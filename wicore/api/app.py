@@ -128,12 +128,11 @@ class API:
     async def complete(self, request: Request, is_chat: bool, prompts: list[list[int]], opts: Options) -> Response:
         rid = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         base = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
-        param = "messages" if is_chat else "prompt"
-        plans = [(ids, self._params(ids, opts, j, param)) for ids in prompts for j in range(opts.n)]
-        stats = [ChoiceStats() for _ in plans]
+        request_ids = self.add_requests(rid, prompts, opts, "messages" if is_chat else "prompt")
+        stats = [ChoiceStats(num_prompt_tokens=len(prompts[i // opts.n])) for i in range(len(request_ids))]
         choices = [
-            self._observed(run_choice(self.engine, ids, params, opts.stop, opts.priority, s, f"{rid}-{i}"), s)
-            for i, ((ids, params), s) in enumerate(zip(plans, stats))
+            self._observed(run_choice(self.engine, request_id, prompts[i // opts.n], opts.stop, s), s)
+            for i, (request_id, s) in enumerate(zip(request_ids, stats))
         ]
 
         def usage() -> dict[str, Any]:
@@ -143,9 +142,13 @@ class API:
             return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                     "prompt_tokens_details": {"cached_tokens": cached}}
 
+        def abort_all() -> None:  # whatever way the response ends, no request outlives it
+            for request_id in request_ids:
+                self.engine.abort(request_id)
+
         formatter = None if opts.logprobs is None else LogprobFormatter(self._tokenizer())
         if opts.stream:
-            return EventStream(event_stream(base, is_chat, choices, usage, opts.include_usage, formatter))
+            return EventStream(event_stream(base, is_chat, choices, usage, opts.include_usage, formatter), on_close=abort_all)
         texts = [""] * len(choices)
         reasons: list[str | None] = [None] * len(choices)
         tokens: list[list[TokenLogprobs]] = [[] for _ in choices]
@@ -156,7 +159,10 @@ class API:
                 reasons[index] = piece.finish_reason or reasons[index]
                 tokens[index] += piece.logprobs
 
-        await until_disconnect(request, collect())
+        try:
+            await until_disconnect(request, collect())
+        finally:
+            abort_all()
         if is_chat:
             shaped = [None if formatter is None else formatter.chat(t) for t in tokens]
             body = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": lp, "finish_reason": r}
@@ -176,19 +182,25 @@ class API:
             await choice.aclose()  # type: ignore[attr-defined]
             self.metrics.observe_choice(stats, time.monotonic())
 
-    def _params(self, ids: list[int], opts: Options, index: int, param: str) -> SamplingParams:
-        limit = self.engine.max_sequence_tokens
-        if len(ids) >= limit:
-            what = "context" if limit == self.engine.max_context else "KV pool (raise --kv-pool-gb)"
-            raise APIError(400, f"the prompt has {len(ids)} tokens; the model's {what} holds {limit} tokens "
-                           f"(prompt plus at least one generated token)", param=param,
-                           code="context_length_exceeded")
-        left = limit - len(ids)
-        max_tokens = left if opts.max_tokens is None else min(opts.max_tokens, left)
-        seed = None if opts.seed is None else (opts.seed + index) % (1 << 64)
-        return SamplingParams(max_tokens=max_tokens, temperature=opts.temperature, top_k=opts.top_k,
-                              top_p=opts.top_p, seed=seed, presence_penalty=opts.presence_penalty,
-                              frequency_penalty=opts.frequency_penalty, logprobs=opts.logprobs)
+    def add_requests(self, rid: str, prompts: list[list[int]], opts: Options, param: str) -> list[str]:
+        """Queue every choice of every prompt (n per prompt) in the engine, or none: the engine's
+        admission errors become the 400 / 503 they stand for, naming `param` for the prompt."""
+        request_ids: list[str] = []
+        try:
+            for ids in prompts:
+                for j in range(opts.n):
+                    seed = None if opts.seed is None else (opts.seed + j) % (1 << 64)
+                    params = SamplingParams(
+                        max_tokens=opts.max_tokens, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p,
+                        seed=seed, presence_penalty=opts.presence_penalty, frequency_penalty=opts.frequency_penalty,
+                        logprobs=opts.logprobs,
+                    )
+                    request_ids.append(self.engine.add_request(ids, params, opts.priority, request_id=f"{rid}-{len(request_ids)}"))
+        except WiCoreError as exc:
+            for request_id in request_ids:
+                self.engine.abort(request_id)
+            raise from_wicore(exc, param) from exc
+        return request_ids
 
     def _check_model(self, opts: Options) -> None:
         if opts.model is not None and opts.model != self.settings.model_name:
@@ -203,7 +215,7 @@ class API:
 
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.settings.model_name, "object": "model", "created": self.created, "owned_by": "wicore",
-                "max_model_len": self.engine.scheduler.config.max_context}
+                "max_model_len": self.engine.max_context}
 
 
 async def until_disconnect(request: Request, work: Any) -> None:

@@ -79,9 +79,10 @@ async def inference(api: Any, body: Any) -> dict[str, Any]:
     ids = tok.encode(prompt)
     started = time.monotonic()
     request_id = f"inf-{uuid.uuid4().hex[:24]}"
-    stats = ChoiceStats()
+    [engine_id] = api.add_requests(request_id, [ids], opts, "prompt")
+    stats = ChoiceStats(num_prompt_tokens=len(ids))
     text = ""
-    async for piece in run_choice(api.engine, ids, api._params(ids, opts, 0, "prompt"), (), "normal", stats, request_id):
+    async for piece in run_choice(api.engine, engine_id, ids, (), stats):
         text += piece.text
     api.metrics.observe_choice(stats, time.monotonic())
     return {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
-from wicore.errors import OverloadedError, RequestError, WiCoreError
+from wicore.errors import ContextLengthError, OverloadedError, RequestError, WiCoreError
 
 # HTTP status -> OpenAI error type.
 _TYPES = {
@@ -52,8 +52,11 @@ class APIError(Exception):
         }
 
 
-def from_wicore(exc: WiCoreError) -> APIError:
-    """A user-fixable engine error as the HTTP error a client can act on."""
+def from_wicore(exc: WiCoreError, param: str | None = None) -> APIError:
+    """A user-fixable engine error as the HTTP error a client can act on; `param` names the
+    request field a prompt error is about."""
+    if isinstance(exc, ContextLengthError):
+        return APIError(400, str(exc), param=param, code="context_length_exceeded")
     if isinstance(exc, OverloadedError):
         return APIError(503, str(exc), code="overloaded", headers={"Retry-After": "1"})
     if isinstance(exc, RequestError):

@@ -15,11 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from wicore.api.errors import APIError, from_wicore
+from wicore.api.errors import APIError
 from wicore.api.logprobs import LogprobQueue, TokenLogprobs
-from wicore.errors import WiCoreError
 from wicore.runtime.engine import Engine
-from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.tokenizer import IncrementalDecoder
 
 log = logging.getLogger("wicore.api")
@@ -82,23 +80,13 @@ _REASONS = {"stop": "stop", "length": "length", "deadline": "length", "abort": "
 
 
 async def run_choice(
-    engine: Engine,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    stops: tuple[str, ...],
-    priority: str,
-    stats: ChoiceStats,
-    request_id: str,
+    engine: Engine, request_id: str, prompt_ids: list[int], stops: tuple[str, ...], stats: ChoiceStats
 ) -> AsyncIterator[Piece]:
-    """Yield the choice's text pieces; the last one carries the finish reason.
+    """Yield the text pieces of request `request_id` (queued in `engine`, prompt `prompt_ids`);
+    the last one carries the finish reason.
 
     Closing the generator early (a client that went away) aborts the request in the engine.
     """
-    try:
-        rid = engine.add_request(prompt_ids, params, priority=priority, request_id=request_id)
-    except WiCoreError as exc:
-        raise from_wicore(exc) from exc
-    stats.num_prompt_tokens = len(prompt_ids)
     decoder = IncrementalDecoder(engine.tokenizer, prompt_ids=prompt_ids)
     matcher = StopMatcher(stops)
     queue = LogprobQueue()
@@ -106,7 +94,7 @@ async def run_choice(
     num_sent = 0  # of those, sent (the rest is held back by the stop matcher)
     finished = False
     try:
-        async for out in engine.outputs(rid):
+        async for out in engine.outputs(request_id):
             now = time.monotonic()
             stats.num_cached_tokens = out.num_cached_tokens
             text = ""
@@ -136,4 +124,4 @@ async def run_choice(
                 yield Piece(safe, None, queue.take(num_sent))
     finally:
         if not finished:
-            engine.abort(rid)
+            engine.abort(request_id)

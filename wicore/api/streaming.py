@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -38,9 +38,10 @@ class EventStream(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[str]) -> None:
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None] | None = None) -> None:
         super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._content = content
+        self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -49,6 +50,8 @@ class EventStream(StreamingResponse):
             aclose = getattr(self._content, "aclose", None)
             if aclose is not None:
                 await aclose()
+            if self._on_close is not None:
+                self._on_close()
 
 
 async def merge(choices: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece]]:

@@ -18,13 +18,13 @@ from typing import Callable
 import onnx
 
 from wicore.errors import WiCoreError
-from wicore.export.quant import SUPPORTED_BITS
-from wicore.export.weights import WeightSource
 from wicore.graph.gemma3 import DTYPES, OPSET, Gemma3Builder
 from wicore.graph.manifest import Manifest, PartitionRecord, sha256_file
 from wicore.graph.ops import DataFile
 from wicore.graph.partition import plan_partitions
 from wicore.graph.quant import QuantLinear
+from wicore.model.quant import SUPPORTED_BITS
+from wicore.model.weights import WeightSource
 
 Progress = Callable[[str], None]
 

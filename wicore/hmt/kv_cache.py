@@ -1,157 +1,85 @@
-"""The KV cache of one model as block groups: full-attention layers and sliding-window layers.
+"""The KV cache facade: block bookkeeping, the bytes behind it, and recovery, in one object.
 
-Gemma 3 interleaves sliding-window layers (a query sees the last `window` tokens) with
-full-attention layers. Each kind keeps its K/V in a block group of its own: a BlockPool
-over its own pools and tier stores. A sequence has one block table per group, over the
-same tokens and the same logical blocks:
+HMT (hierarchical memory tiers) keeps KV blocks in device memory, host memory and NVMe;
+A2CR (attention-aware cache replacement, wicore.hmt.policy) picks which cached blocks stay
+near the device. This class puts the parts together:
 
-    logical block      | 0 | 1 | 2 | 3 | 4 | 5 | 6 |      next query at position p
-    full group         | a | b | c | d | e | f | g |      every block, for the whole context
-    window group       | . | . | . | w | x | y | z |      from first_block = (p - window + 1) // bs
+    scheduler ──► allocate / append / swap_out / swap_in / free ...   (BlockGroups: integers,
+                  returns Move plans)
+    engine    ──► execute(moves) -> ids of sequences whose KV was lost
+                  (one Pager per group copies bytes between its TierStores; a corrupt NVMe block
+                  is dropped here, and its holders are named so the scheduler recomputes them)
+    runner    ──► attention mass per block -> record_attention (A2CR's signal)
 
-The window group releases a sequence's blocks as they fall behind the window, so at long
-context the sliding layers cost the window, not the context. Released blocks that are in
-the prefix cache stay there (unreferenced, evictable) for later prompts.
-
-A prompt reuses its first k blocks only if every group can serve them: the full group
-caches blocks [0, k) and the window group [first(k), k), the blocks the first token to
-compute (position k * bs) still sees. Every call either changes all groups or none.
+The tier-0 stores are handed in (the runtime builds them over the buffers its graphs bind),
+so this package never touches an execution provider.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+import time
+from collections.abc import Sequence
 
-from wicore.hmt.block_pool import Allocation, BlockPool, Move
-from wicore.hmt.policy import Tier
-
-FULL, WINDOW = 0, 1  # group ids, stamped on their Moves
-
-
-@dataclass(frozen=True)
-class KVGroup:
-    pool: BlockPool
-    window: int | None  # tokens a query sees; None: full attention
-
-    def first_needed(self, position: int) -> int:
-        """Logical block of the oldest key a query at `position` still sees."""
-        if self.window is None:
-            return 0
-        return max(0, (position - self.window + 1) // self.pool.block_size)
+from wicore.hmt.block_groups import BlockGroups
+from wicore.hmt.block_pool import BlockPool, Move
+from wicore.hmt.pager import Pager
+from wicore.hmt.tiers import NvmeStore, Tier
 
 
-class KVCache:
-    """The block groups of one model, driven together (the scheduler's view of the cache)."""
+class KVCache(BlockGroups):
+    """BlockGroups whose moves are executed by one pager per group."""
 
-    def __init__(self, full: BlockPool, window_pool: BlockPool | None = None, window: int | None = None) -> None:
-        if (window_pool is None) != (window is None):
-            raise ValueError("a window group needs both its pool and its window size")
-        if window_pool is not None and window_pool.block_size != full.block_size:
-            raise ValueError("the block groups must share one block size")
-        self.full = KVGroup(full, None)
-        self.groups = [self.full] + ([KVGroup(window_pool, window)] if window_pool is not None else [])
-        self.block_size = full.block_size
+    def __init__(
+        self,
+        pools: Sequence[BlockPool],
+        pagers: Sequence[Pager],
+        window: int | None = None,
+    ) -> None:
+        if len(pools) != len(pagers):
+            raise ValueError(f"{len(pools)} block groups but {len(pagers)} pagers")
+        super().__init__(pools[0], *((pools[1], window) if len(pools) > 1 else ()))
+        self.pagers = list(pagers)
+
+    def execute(self, moves: list[Move]) -> set[int]:
+        """Copy the bytes of a plan's moves, each by its group's pager, in plan order.
+
+        A block found corrupt (NVMe checksum) is dropped from the bookkeeping; the ids of the
+        sequences that held one are returned: their KV is lost and must be recomputed."""
+        corrupt: set[tuple[int, int]] = set()
+        for group, pager in enumerate(self.pagers):
+            mine = [m for m in moves if m.group == group]
+            if mine:
+                corrupt |= {(group, b) for b in pager.execute(mine)}
+        if not corrupt:
+            return set()
+        lost = self.holders(corrupt)
+        for group, block_id in corrupt:
+            self.invalidate(group, block_id)
+        return lost
+
+    def record_attention(self, block_ids: Sequence[int], mass: Sequence[float]) -> None:
+        """Attention mass each of the full group's `block_ids` received in one step."""
+        now = time.monotonic()
+        for block_id, value in zip(block_ids, mass):
+            self.full.pool.add_attention(block_id, value, now)
 
     @property
-    def window(self) -> KVGroup | None:
-        return self.groups[WINDOW] if len(self.groups) > 1 else None
+    def num_corrupt(self) -> int:
+        return sum(p.stats.num_corrupt for p in self.pagers)
 
-    # -- sequences -------------------------------------------------------------------
-    def allocate(self, seq_id: int, token_ids: Sequence[int], max_step_tokens: int) -> Allocation | None:
-        """Blocks for a new sequence: the longest prefix every group has cached is reused; the
-        full group gets blocks for the whole prompt, the window group for the first step's
-        tokens (at most `max_step_tokens` after the cached ones). None: nothing changed."""
-        hashes = self.full.pool.prefix_hashes(token_ids)
-        num_hits = self.full.pool.num_leading_hits(hashes)
-        window = self.window
-        while window is not None and num_hits and not all(
-            window.pool.is_cached(h) for h in hashes[window.first_needed(num_hits * self.block_size) : num_hits]
-        ):
-            num_hits -= 1
-        start = num_hits * self.block_size
-        wanted = [
-            (g, g.first_needed(start), len(token_ids) if g.window is None else min(len(token_ids), start + max_step_tokens))
-            for g in self.groups
-        ]
-        # The groups share one block size, so one set of chain hashes serves all of them.
-        if not all(g.pool.can_allocate_prefix(token_ids, num_hits, first, n, hashes) for g, first, n in wanted):
-            return None
-        moves: list[Move] = []
-        for g, first, n in wanted:
-            alloc = g.pool.allocate(seq_id, token_ids, num_hits, first, n, hashes)
-            assert alloc is not None, "checked above"
-            moves += alloc.moves
-        return Allocation(start, moves)
+    def group_usage(self, group: int) -> dict[str, dict[str, int]]:
+        """Blocks of one group per tier: in use (referenced or cached), referenced, free."""
+        pool = self.groups[group].pool
+        tiers = list(Tier)
+        return {
+            "blocks_in_use": {t.name.lower(): pool.usage(t) for t in tiers},
+            "blocks_referenced": {t.name.lower(): pool.usage(t) - pool.num_evictable(t) for t in tiers},
+            "blocks_free": {t.name.lower(): pool.num_free(t) for t in tiers},
+        }
 
-    def append(self, seq_id: int, start: int, num_tokens_total: int) -> list[Move] | None:
-        """Make room for the step that computes tokens [start, num_tokens_total): the window
-        group first releases what the step's queries no longer see. None: no room (blocks
-        released stay released; nothing else changed)."""
-        for g in self.groups[1:]:
-            g.pool.release(seq_id, g.first_needed(start))
-        if not all(g.pool.can_append(seq_id, num_tokens_total) for g in self.groups):
-            return None
-        return self._all(lambda pool: pool.append(seq_id, num_tokens_total))
-
-    def commit(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
-        for g in self.groups:
-            g.pool.commit(seq_id, token_ids, num_computed)
-
-    def free(self, seq_id: int) -> None:
-        for g in self.groups:
-            g.pool.free(seq_id)
-
-    def swap_out(self, seq_id: int) -> list[Move] | None:
-        if not all(g.pool.can_swap_out(seq_id) for g in self.groups):
-            return None
-        return self._all(lambda pool: pool.swap_out(seq_id))
-
-    def swap_in(self, seq_id: int) -> list[Move] | None:
-        if not all(g.pool.can_swap_in(seq_id) for g in self.groups):
-            return None
-        return self._all(lambda pool: pool.swap_in(seq_id))
-
-    def invalidate(self, group: int, block_id: int) -> None:
-        self.groups[group].pool.invalidate(block_id)
-
-    # -- queries ---------------------------------------------------------------------
-    def block_table(self, seq_id: int) -> list[int]:
-        """The full group's DEVICE slots, every block of the sequence in order."""
-        return self.full.pool.block_table(seq_id)
-
-    def window_table(self, seq_id: int) -> tuple[list[int], int]:
-        """The window group's DEVICE slots and the logical block of the first; without a
-        window group, the full table from block 0."""
-        group = self.window or self.full
-        return group.pool.block_table(seq_id), group.pool.first_block(seq_id)
-
-    def block_ids(self, seq_id: int) -> list[int]:
-        """The full group's block ids (what per-block attention statistics refer to)."""
-        return self.full.pool.block_ids(seq_id)
-
-    def block_keys(self, seq_id: int) -> set[tuple[int, int]]:
-        """(group, block id) of every live block the sequence holds."""
-        return {(i, b) for i, g in enumerate(self.groups) for b in g.pool.block_ids(seq_id)}
-
-    def num_blocks_in(self, seq_id: int, tier: Tier) -> int:
-        """The sequence's blocks in `tier`, over all groups."""
-        return sum(g.pool.num_blocks_in(seq_id, tier) for g in self.groups)
-
-    def usage(self, tier: Tier) -> int:
-        """Blocks in use in the tier, over all groups."""
-        return sum(g.pool.usage(tier) for g in self.groups)
-
-    def num_free(self, tier: Tier) -> int:
-        return sum(g.pool.num_free(tier) for g in self.groups)
-
-    def num_evictable(self, tier: Tier) -> int:
-        return sum(g.pool.num_evictable(tier) for g in self.groups)
-
-    def _all(self, call) -> list[Move]:
-        moves: list[Move] = []
-        for g in self.groups:
-            plan = call(g.pool)
-            assert plan is not None, "room was checked for every group"
-            moves += plan
-        return moves
+    def close(self) -> None:
+        """Delete the NVMe tier's files (a cache, not data)."""
+        for pager in self.pagers:
+            store = pager.stores.pop(Tier.NVME, None)
+            if isinstance(store, NvmeStore):
+                store.close()

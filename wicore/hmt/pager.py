@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wicore.hmt.block_pool import Move
-from wicore.hmt.policy import Tier
-from wicore.hmt.tiers import BatchedTierStore, CorruptBlockError, TierStore
+from wicore.hmt.tiers import BatchedTierStore, CorruptBlockError, Tier, TierStore
 
 
 @dataclass

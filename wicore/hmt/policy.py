@@ -11,16 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Iterable, Protocol
-
-
-class Tier(IntEnum):
-    """Where a block's bytes lie, fastest first: a demoted block goes to the next tier down that exists."""
-
-    DEVICE = 0  # the pool bound to the graph (device memory, or host NumPy on the CPU EP)
-    HOST = 1  # host NumPy
-    NVME = 2  # np.memmap files, checksummed per block
 
 
 class EvictionPolicy(Protocol):

@@ -16,12 +16,21 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from enum import IntEnum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from wicore.errors import WiCoreError
+
+
+class Tier(IntEnum):
+    """Where a block's bytes lie, fastest first: a demoted block goes to the next tier down that exists."""
+
+    DEVICE = 0  # the pool bound to the graph (device memory, or host NumPy on the CPU EP)
+    HOST = 1  # host NumPy
+    NVME = 2  # np.memmap files, checksummed per block
 
 
 class CorruptBlockError(WiCoreError):

@@ -1,11 +1,18 @@
-"""The serving engine: requests in, token streams out, one step loop on its own thread.
+"""The engine: requests in, token streams out, one step loop on its own thread.
 
-    add_request(...) ──► commands ──► ┌──────────── step loop (engine thread) ───────────┐
-    abort(id)        ──►              │ out = scheduler.schedule()                        │
-                                      │ corrupt = pager.execute(out.moves)                │
-                                      │ tokens = executor.run(rows)                       │
-    stream(id) ◄── Channel ◄───────── │ outputs = scheduler.update(out, tokens)           │
-                                      └───────────────────────────────────────────────────┘
+Everything that generates drives it: `wicore serve`, `wicore generate`, `wicore-export
+--verify` and the tools. One step:
+
+    add_request(...) ──► admission ──► ┌──────────── step loop (engine thread) ─────────────┐
+    abort(id)        ──►               │ out = scheduler.schedule()         rows, moves     │
+                                       │ lost = kv.execute(out.moves)       move blocks     │
+                                       │ rows = scheduler.drop_lost(...)                    │
+                                       │ result = runner.execute(rows)      run, sample     │
+    stream(id) ◄── Channel ◄────────── │ outputs = scheduler.update(rows, result)           │
+                                       └────────────────────────────────────────────────────┘
+
+Admission is checked here and nowhere else (`_admit`): a request that reaches the scheduler
+fits the context, the device KV cache and the waiting queue.
 """
 
 from __future__ import annotations
@@ -14,25 +21,29 @@ import itertools
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import AsyncIterator
 
 import numpy as np
 
-from wicore.errors import RequestError
+from wicore.errors import ContextLengthError, OverloadedError, RequestError
 from wicore.graph.manifest import Manifest
-from wicore.hmt.kv_cache import FULL, WINDOW
-from wicore.hmt.policy import A2CRConfig, Tier
+from wicore.hmt.block_groups import FULL, WINDOW
+from wicore.hmt.policy import A2CRConfig
+from wicore.hmt.tiers import Tier
+from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.runtime.channel import Channel
-from wicore.runtime.kv_memory import KVLayout, KVMemory, plan_tiers
+from wicore.runtime.graphs import ModelGraphs
+from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
+from wicore.runtime.kv_layout import KVLayout, build_kv_cache, plan_tiers
 from wicore.runtime.placement import plan_placement
 from wicore.runtime.request import Priority, Request, RequestOutput
-from wicore.runtime.sampler import Sample, SamplingParams
-from wicore.runtime.scheduler import ScheduledRow, Scheduler, SchedulerConfig
-from wicore.runtime.session import CacheConfig, ModelRunner, build_step
-
-GIB = 1 << 30
+from wicore.runtime.runner import ModelRunner
+from wicore.runtime.sampler import SamplingParams
+from wicore.runtime.scheduler import Scheduler, SchedulerConfig
+from wicore.runtime.step import RunResult, SchedulerOutput
+from wicore.runtime.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -48,19 +59,31 @@ class EngineConfig:
     num_device_blocks: int | None = None
     num_host_blocks: int | None = None
     num_nvme_blocks: int | None = None
-    num_window_device_blocks: int | None = None  # the sliding layers' device pool, if set apart
+    num_window_device_blocks: int | None = None  # the sliding layers' device buffers, if set apart
     policy: str = "a2cr"  # or "lru"
     a2cr: A2CRConfig = A2CRConfig()
     enable_prefix_cache: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     verify_files: bool = True
     devices: str = "cpu"  # see wicore.runtime.placement
+    profile_prefix: str | None = None  # ONNX Runtime's profiler on (tools/profile_step.py)
 
     def __post_init__(self) -> None:
         if self.policy not in ("a2cr", "lru"):
             raise ValueError(f"policy {self.policy!r}: choose a2cr or lru")
         if min(self.kv_pool_gb, self.host_tier_gb, self.nvme_tier_gb) < 0:
             raise ValueError("tier sizes must be >= 0")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One request run to its end by `Engine.generate`."""
+
+    token_ids: list[int]
+    finish_reason: str | None
+    num_prompt_tokens: int
+    error: str | None = None
+    prompt_logits: np.ndarray | None = None  # [num_prompt_tokens, vocab], when asked for
 
 
 class Engine:
@@ -74,21 +97,24 @@ class Engine:
         tiers = plan_tiers(config, layout)
         device = tiers[Tier.DEVICE]
         device_bytes = device.full * layout.block_bytes(FULL) + device.window * layout.block_bytes(WINDOW)
-        plan = plan_placement(model_dir, self.manifest, config.devices, device_bytes)
-        cache = CacheConfig(device.full, config.block_size, device.window or None)
-        self.runner = ModelRunner(model_dir, self.manifest, cache, config.num_threads, plan.devices)
-        self.kv = KVMemory(config, layout, tiers, self.runner)
-        self.pool = self.kv.cache
-        self.policy = self.pool.full.pool.policy  # the group attention statistics describe
-        cfg = self.manifest.config
-        eos = self._eos_token_ids()
-        sched_cfg = config.scheduler
-        sched_cfg = SchedulerConfig(**{**sched_cfg.__dict__, "eos_token_ids": eos, "max_context": min(sched_cfg.max_context, cfg.max_position_embeddings)})
-        self.scheduler = Scheduler(sched_cfg, self.pool)
-        self._tokenizer = None
+        placement = plan_placement(model_dir, self.manifest, config.devices, device_bytes)
+        buffers = KVBuffers(self.manifest, CacheConfig(device.full, config.block_size, device.window or None), placement.devices)
+        graphs = ModelGraphs(model_dir, self.manifest, buffers, placement.devices, config.num_threads, config.profile_prefix)
+        self.layout = layout
+        self.kv = build_kv_cache(config, layout, tiers, buffers)
+        self.runner = ModelRunner(graphs, config.block_size)
+        sched = config.scheduler
+        self.scheduler = Scheduler(
+            replace(sched, eos_token_ids=self.eos_token_ids,
+                    max_context=min(sched.max_context, self.manifest.config.max_position_embeddings)),
+            self.kv,
+        )
+        # Room one sequence can have on the device (one block of each group is the padding sink).
+        self._device_tokens = (device.full - 1) * config.block_size
+        self._window_blocks = device.window - 1
+        self._tokenizer: Tokenizer | None = None
         self._ids = itertools.count()
         self._lock = threading.Condition()
-        self._commands: list[tuple[str, object]] = []
         self._channels: dict[str, Channel] = {}
         self._thread: threading.Thread | None = None
         self._running = False
@@ -120,23 +146,32 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    # -- the model -------------------------------------------------------------------
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
+        """The model folder's tokenizer (loaded on first use)."""
         if self._tokenizer is None:
-            from wicore.export.tokenizer import TokenizerInfo
-            from wicore.runtime.tokenizer import Tokenizer
-
             if self.manifest.tokenizer is None:
                 raise RequestError("this model was exported without a tokenizer: send token ids")
             self._tokenizer = Tokenizer(Path(self.config.model_dir), TokenizerInfo.from_dict(self.manifest.tokenizer))
         return self._tokenizer
 
-    def _eos_token_ids(self) -> tuple[int, ...]:
-        from wicore.export.tokenizer import TokenizerInfo
-
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every token id that ends a request (unless it sets ignore_eos)."""
         if self.manifest.tokenizer is not None:
             return TokenizerInfo.from_dict(self.manifest.tokenizer).eos_token_ids
         return (self.manifest.config.eos_token_id,)
+
+    @property
+    def max_context(self) -> int:
+        """Tokens (prompt + generated) one sequence may reach: the model's context, or less if configured."""
+        return self.scheduler.config.max_context
+
+    @property
+    def max_sequence_tokens(self) -> int:
+        """Most tokens one request may reach: the context, or what the device KV cache holds."""
+        return min(self.max_context, self._device_tokens)
 
     # -- requests --------------------------------------------------------------------
     def add_request(
@@ -147,43 +182,55 @@ class Engine:
         deadline: float | None = None,
         request_id: str | None = None,
     ) -> str:
-        """Queue a request; `deadline` is in seconds from now. Returns its id."""
+        """Queue a request; `deadline` is in seconds from now. Returns its id.
+
+        Raises RequestError (ContextLengthError for a prompt with no room left) or
+        OverloadedError; a request that raises was not queued."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        priority = Priority.parse(priority)
+        with self._lock:
+            request_id = request_id or f"req-{next(self._ids)}"
+            max_tokens = self._admit(ids, params, request_id)
+            now = time.monotonic()
+            request = Request(
+                request_id=request_id, prompt_ids=ids, params=params, max_tokens=max_tokens, priority=priority,
+                arrival=now, deadline=None if deadline is None else now + deadline,
+            )
+            self.scheduler.add(request)
+            self._channels[request_id] = Channel()
+            self._lock.notify_all()
+        return request_id
+
+    def _admit(self, ids: list[int], params: SamplingParams, request_id: str) -> int:
+        """The admission check, the only one: raises unless the request can run to its end.
+        Returns the tokens it may generate (max_tokens capped by the room left)."""
         if not ids:
             raise RequestError("the prompt is empty")
         vocab = self.manifest.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise RequestError(f"token ids must be in [0, {vocab})")
-        self.scheduler.check_context(len(ids))  # before the pool's limits: the more basic one
-        capacity = (self.runner.cache.num_blocks - 1) * self.config.block_size
-        if len(ids) + params.max_tokens > capacity:  # a request that can never fit would preempt forever
-            raise RequestError(
-                f"the request needs up to {len(ids) + params.max_tokens} tokens of KV cache; the device pool holds "
-                f"{capacity} (raise --kv-pool-gb or lower max_tokens)"
+        limit = self.max_sequence_tokens
+        if len(ids) >= limit:
+            what = "context" if limit == self.max_context else "device KV cache (raise --kv-pool-gb)"
+            raise ContextLengthError(
+                f"the prompt has {len(ids)} tokens; the model's {what} holds {limit} tokens "
+                "(prompt plus at least one generated token)"
             )
-        layout, bs = self.kv.layout, self.config.block_size
-        if layout.has_window:
-            need = min(-(-(len(ids) + params.max_tokens) // bs), layout.window_blocks_per_sequence(self.scheduler.config.prefill_chunk))
-            if need > self.runner.cache.window_blocks - 1:
+        room = limit - len(ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        if self.layout.has_window:
+            chunk = self.scheduler.config.prefill_chunk
+            need = min(-(-(len(ids) + max_tokens) // self.config.block_size), self.layout.window_blocks_per_sequence(chunk))
+            if need > self._window_blocks:
                 raise RequestError(
-                    f"the request needs up to {need} blocks in the sliding-window layers' pool, which holds "
-                    f"{self.runner.cache.window_blocks - 1} (raise --kv-pool-gb or lower max_tokens)"
+                    f"the request needs up to {need} blocks in the sliding-window layers' KV cache, which holds "
+                    f"{self._window_blocks} (raise --kv-pool-gb or lower --prefill-chunk)"
                 )
-        now = time.monotonic()
-        request_id = request_id or f"req-{next(self._ids)}"
-        req = Request(
-            request_id=request_id,
-            prompt_ids=ids,
-            params=params,
-            priority=Priority.parse(priority),
-            arrival=now,
-            deadline=None if deadline is None else now + deadline,
-        )
-        with self._lock:
-            self.scheduler.add(req)  # raises OverloadedError / RequestError synchronously
-            self._channels[request_id] = Channel()
-            self._lock.notify_all()
-        return request_id
+        if self.scheduler.has_request(request_id):
+            raise RequestError(f"request id {request_id!r} is already in use")
+        if self.scheduler.num_waiting >= self.scheduler.config.max_waiting:
+            raise OverloadedError(f"overloaded: {self.scheduler.num_waiting} requests already waiting; retry later")
+        return max_tokens
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -210,20 +257,21 @@ class Engine:
         async for output in self.outputs(request_id):
             yield output
 
-    @property
-    def max_context(self) -> int:
-        """Context length the scheduler enforces (the model's, or less if configured)."""
-        return self.scheduler.config.max_context
-
-    @property
-    def max_sequence_tokens(self) -> int:
-        """Most tokens (prompt + generated) one request may reach: the context, or the device pool."""
-        return min(self.max_context, (self.runner.cache.num_blocks - 1) * self.config.block_size)
-
-    def generate(self, prompts: list[str | list[int]], params: SamplingParams) -> list[list[int]]:
-        """Blocking helper: run prompts concurrently to completion, return their output ids."""
-        ids = [self.add_request(p, params) for p in prompts]
-        return [[t for out in self.outputs(i) for t in out.new_token_ids] for i in ids]
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list[Completion]:
+        """Run prompts concurrently to their ends (starting the engine if needed); blocking."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        request_ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        self.start()
+        completions = []
+        for request_id in request_ids:
+            tokens, end, prompt_logits = [], None, None
+            for out in self.outputs(request_id):
+                tokens += out.new_token_ids
+                prompt_logits = out.prompt_logits if out.prompt_logits is not None else prompt_logits
+                end = out
+            assert end is not None
+            completions.append(Completion(tokens, end.finish_reason, end.num_prompt_tokens, end.error, prompt_logits))
+        return completions
 
     # -- loop ------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -240,76 +288,41 @@ class Engine:
             try:
                 self._step(out)
             except Exception:  # a bug in one step must not kill the engine: fail its requests
-                detail = traceback.format_exc()
                 with self._lock:
-                    for row in out.rows:
-                        self.scheduler.abort(row.request_id)
-                    self._lock.notify_all()
-                for row in out.rows:
-                    self._emit(RequestOutput(row.request_id, [], True, "error", error=detail))
+                    failed = self.scheduler.fail([row.request_id for row in out.rows], traceback.format_exc())
+                self._emit(failed)
 
-    def _step(self, out) -> None:
-        for ended in out.finished:
-            self._emit(ended)
+    def _step(self, out: SchedulerOutput) -> None:
+        self._emit(out.finished)
+        lost = self.kv.execute(out.moves)
         rows = out.rows
-        corrupt = self.kv.execute(out.moves)
-        if corrupt:
+        if lost:
             with self._lock:
-                for group, block_id in corrupt:
-                    self.pool.invalidate(group, block_id)
-                lost = self.scheduler.holders(corrupt)
-                self.scheduler.recompute(lost)
-            rows = [r for r in rows if r.request_id not in lost]
-        sampled = self._run(rows) if rows else {}
+                rows = self.scheduler.drop_lost(lost, rows)
+        result = self.runner.execute(rows, out.ended_request_ids) if rows else RunResult()
+        self._record_attention(out, result)
         with self._lock:
-            results = self.scheduler.update(rows, sampled)
-        for result in results:
-            self._emit(result)
+            outputs = self.scheduler.update(rows, result)
+        self._emit(outputs)
         self.num_steps += 1
-        self._step_times.append((time.monotonic(), len(sampled)))
+        self._step_times.append((time.monotonic(), len(result.sampled)))
         del self._step_times[:-64]
 
-    def _run(self, rows: list[ScheduledRow]) -> dict[str, Sample]:
-        """Rows of the same length run together, so nothing is padded: the decode rows (one
-        token each) as one batch, prefill chunks of equal length (prompts of one size, or
-        chunks cut at --prefill-chunk) as another, and any other chunk alone.
+    def _record_attention(self, out: SchedulerOutput, result: RunResult) -> None:
+        for row in out.rows:
+            mass = result.attention.get(row.request_id)
+            if mass is not None:
+                self.kv.record_attention(row.block_ids, mass.tolist())
 
-        A row whose sampling fails ends its own request with "error" (it gets no sample);
-        the other rows of the batch go on."""
-        by_length: dict[int, list[ScheduledRow]] = {}
-        for row in rows:
-            by_length.setdefault(len(row.token_ids), []).append(row)
-        sampled: dict[str, Sample] = {}
-        for group in by_length.values():
-            result = self.runner.run(build_step(group, self.config.block_size))
-            wanted = [r for r in group if r.needs_logits]
-            for row, row_logits in zip(wanted, result.logits):
-                try:
-                    sampled[row.request_id] = row.sampler.sample(row_logits)
-                except Exception:  # this request's sampling failed: fail it alone
-                    detail = traceback.format_exc()
-                    with self._lock:
-                        self.scheduler.abort(row.request_id)
-                    self._emit(RequestOutput(row.request_id, [], True, "error", error=detail))
-            if result.attention_mass is not None:
-                self._record_attention(group, result.attention_mass)
-        return sampled
-
-    def _record_attention(self, rows: list[ScheduledRow], mass: np.ndarray) -> None:
-        """Feed each block's attention mass of this step to the cache policy (A2CR's signal)."""
-        now = time.monotonic()
-        for row, row_mass in zip(rows, mass):
-            for block_id, value in zip(row.block_ids, row_mass.tolist()):
-                self.policy.add_attention(block_id, value, now)
-
-    def _emit(self, output: RequestOutput) -> None:
+    def _emit(self, outputs: list[RequestOutput]) -> None:
         with self._lock:
-            channel = self._channels.get(output.request_id)
-            if channel is None or channel.is_finished:
-                return
-            channel.put(output)
-            if output.finished and channel.claimed:
-                del self._channels[output.request_id]
+            for output in outputs:
+                channel = self._channels.get(output.request_id)
+                if channel is None or channel.is_finished:
+                    continue
+                channel.put(output)
+                if output.finished and channel.claimed:
+                    del self._channels[output.request_id]
 
     # -- stats -----------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
@@ -317,26 +330,20 @@ class Engine:
             s = self.scheduler
             recent = self._step_times
             span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
+            tiers = [t.name.lower() for t in Tier]
+            groups = {
+                name: {"layers": len(layers), "window": g.window, **self.kv.group_usage(i), "block_bytes": self.layout.block_bytes(i)}
+                for i, (name, layers, g) in enumerate(
+                    zip(("full", "window"), (self.layout.full_layers, self.layout.window_layers), self.kv.groups)
+                )
+            }
             return {
                 "running": len(s.running),
                 "waiting": len(s.waiting),
                 "swapped": len(s.swapped),
-                "blocks_in_use": {t.name.lower(): self.pool.usage(t) for t in Tier},  # referenced or cached
-                "blocks_referenced": {t.name.lower(): self.pool.usage(t) - self.pool.num_evictable(t) for t in Tier},
-                "blocks_free": {t.name.lower(): self.pool.num_free(t) for t in Tier},
-                "kv_groups": {  # the sums above, per block group (full-attention / sliding layers)
-                    name: {
-                        "layers": len(layers),
-                        "window": group.window,
-                        "blocks_in_use": {t.name.lower(): group.pool.usage(t) for t in Tier},
-                        "blocks_referenced": {t.name.lower(): group.pool.usage(t) - group.pool.num_evictable(t) for t in Tier},
-                        "blocks_free": {t.name.lower(): group.pool.num_free(t) for t in Tier},
-                        "block_bytes": self.kv.layout.block_bytes(index),
-                    }
-                    for index, (name, layers, group) in enumerate(zip(
-                        ("full", "window"), (self.kv.layout.full_layers, self.kv.layout.window_layers), self.pool.groups
-                    ))
-                },
+                **{key: {t: sum(g[key][t] for g in groups.values()) for t in tiers}
+                   for key in ("blocks_in_use", "blocks_referenced", "blocks_free")},
+                "kv_groups": groups,  # the sums above, per block group (full-attention / sliding layers)
                 "prefix_hit_rate": s.stats.prefix_hit_rate,
                 "prompt_tokens": s.stats.num_prompt_tokens,
                 "cached_prompt_tokens": s.stats.num_cached_tokens,

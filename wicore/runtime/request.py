@@ -5,8 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from wicore.errors import RequestError
-from wicore.runtime.sampler import Logprobs, Sampler, SamplingParams
+from wicore.runtime.sampler import Logprobs, SamplingParams
 
 
 class Priority(enum.IntEnum):
@@ -44,6 +46,7 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    max_tokens: int  # params.max_tokens, capped by the room the context and the KV cache leave
     priority: Priority
     arrival: float
     deadline: float | None = None
@@ -53,14 +56,12 @@ class Request:
     was_admitted: bool = False
     status: Status = Status.WAITING
     finish_reason: str | None = None
-    sampler: Sampler | None = None
-    seq_id: int = 0  # key in the block pool
+    seq_id: int = 0  # key of its blocks in the KV cache
+    prompt_logits: list[np.ndarray] = field(default_factory=list)  # chunks so far, if params.prompt_logits
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_ids)
-        if self.sampler is None:
-            self.sampler = Sampler(self.params)
 
     @property
     def num_tokens(self) -> int:
@@ -80,6 +81,7 @@ class RequestOutput:
     """What one step produced for a request: its new tokens, and whether it ended.
 
     `logprobs`, when the request asked for them, holds one entry per new token, in order.
+    `prompt_logits`, when asked for, come with the first token: [num_prompt_tokens, vocab].
     """
 
     request_id: str
@@ -90,3 +92,4 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     logprobs: list[Logprobs] | None = None
+    prompt_logits: np.ndarray | None = None

@@ -23,7 +23,7 @@ MAX_LOGPROBS = 20  # most alternatives a request may ask for (OpenAI's top_logpr
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16
+    max_tokens: int | None = 16  # None: as many as the context and the KV cache leave room for
     temperature: float = 0.0  # 0 selects greedy decoding
     top_k: int = 0  # 0 keeps every token
     top_p: float = 1.0
@@ -35,9 +35,10 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the k most likely
+    prompt_logits: bool = False  # also return the logits at every prompt position (no prefix-cache reuse)
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise RequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.temperature < 0:
             raise RequestError(f"temperature must be >= 0, got {self.temperature}")

@@ -12,7 +12,8 @@ Each step, in order:
 
 Rank: higher priority first, then earlier arrival. A waiting request's priority rises one
 level every `aging_seconds`, so a stream of urgent work cannot starve a low-priority one.
-The scheduler never sees arrays; the runner never sees queues.
+The scheduler never runs the model; the runner never sees queues. Admission checks (prompt,
+context, KV capacity, queue length) are the engine's: what reaches `add` fits.
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ import dataclasses
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
-from wicore.errors import OverloadedError, RequestError
+import numpy as np
+
+from wicore.hmt.block_groups import BlockGroups
 from wicore.hmt.block_pool import Move
-from wicore.hmt.kv_cache import KVCache
-from wicore.hmt.policy import Tier
+from wicore.hmt.tiers import Tier
 from wicore.runtime.request import Priority, Request, RequestOutput, Status
-from wicore.runtime.sampler import Sample, Sampler
+from wicore.runtime.sampler import Sample
+from wicore.runtime.step import RunResult, ScheduledRow, SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,8 @@ class SchedulerConfig:
     max_waiting: int = 1024
     aging_seconds: float = 10.0
     preemption: str = "swap"  # or "recompute"
-    max_context: int = 32768
-    eos_token_ids: tuple[int, ...] = ()
+    max_context: int = 32768  # tokens per sequence (the engine lowers it to the model's)
+    eos_token_ids: tuple[int, ...] = ()  # the engine sets the model's
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.prefill_with_decodes, self.prefill_chunk) < 1:
@@ -82,32 +85,6 @@ class StepBudget:
             self.prefill -= n
 
 
-@dataclass(frozen=True)
-class ScheduledRow:
-    """Run `token_ids` of one request, starting at position `start`, against `block_table`."""
-
-    request_id: str
-    token_ids: list[int]
-    start: int
-    block_table: list[int]  # DEVICE slots of the request's blocks, in order
-    block_ids: list[int]  # the same blocks' ids in the pool (for per-block statistics)
-    window_table: list[int]  # DEVICE slots of its sliding-window blocks, from logical block window_first
-    window_first: int
-    needs_logits: bool  # the row ends at the request's last known token: sample one
-    sampler: Sampler
-
-
-@dataclass(frozen=True)
-class SchedulerOutput:
-    rows: list[ScheduledRow]
-    moves: list[Move]  # execute in order before running the rows
-    finished: list[RequestOutput] = field(default_factory=list)  # ended while scheduling
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.rows)
-
-
 @dataclass
 class SchedulerStats:
     num_prompt_tokens: int = 0  # prompt tokens of admitted requests
@@ -123,9 +100,9 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, pool: KVCache, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: SchedulerConfig, kv: BlockGroups, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
-        self.pool = pool
+        self.kv = kv
         self.clock = clock
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
@@ -133,31 +110,29 @@ class Scheduler:
         self.swapped: list[Request] = []
         self.stats = SchedulerStats()
         self._aborted: deque[str] = deque()
+        self._ended: list[str] = []  # finished since the last schedule (the runner drops their state)
         self._seq_ids = itertools.count(1)
 
     # -- requests --------------------------------------------------------------------
     def add(self, request: Request) -> None:
-        if len(self.waiting) >= self.config.max_waiting:
-            raise OverloadedError(f"overloaded: {len(self.waiting)} requests already waiting; retry later")
-        if request.request_id in self.requests:
-            raise RequestError(f"request id {request.request_id!r} is already in use")
-        self.check_context(request.num_tokens)
+        """Queue an admitted request (Engine.add_request checked it)."""
+        assert request.request_id not in self.requests, "admission checks request ids"
         request.seq_id = next(self._seq_ids)
         request.status = Status.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
-    def check_context(self, num_prompt_tokens: int) -> None:
-        """RequestError unless a prompt this long leaves room for a token in the model's context."""
-        if num_prompt_tokens >= self.config.max_context:
-            raise RequestError(
-                f"the prompt has {num_prompt_tokens} tokens; the model's context is {self.config.max_context}"
-            )
-
     def abort(self, request_id: str) -> None:
         """Cancel a request at any point; it ends at the next step with reason "abort"."""
         if request_id in self.requests:
             self._aborted.append(request_id)
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.requests
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
 
     @property
     def has_work(self) -> bool:
@@ -181,7 +156,7 @@ class Scheduler:
             n = budget.fits(req)
             if n == 0:  # a prefill chunk, and the step's prefill tokens are spent
                 continue
-            plan = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
+            plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n)
             while plan is None:
                 preempted_this_step = True
                 if queue:  # the lowest-ranked running request makes room
@@ -192,7 +167,7 @@ class Scheduler:
                 elif not self._unpin(req):  # alone, and not even all of DEVICE holds it
                     finished.append(self._fail(req, "needs more KV blocks than the device tier holds"))
                     break
-                plan = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
+                plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n)
             if plan is None:
                 continue
             budget.spend(req, n)
@@ -203,7 +178,8 @@ class Scheduler:
             self._swap_in(rows, moves, budget)
             if not self.swapped:
                 self._admit(rows, moves, budget, now)
-        return SchedulerOutput(rows, moves, finished)
+        ended, self._ended = self._ended, []
+        return SchedulerOutput(rows, moves, finished, ended)
 
     def _rank(self, req: Request, now: float | None = None) -> tuple[int, float]:
         priority = req.priority
@@ -213,23 +189,26 @@ class Scheduler:
 
     def _row(self, req: Request, n: int) -> ScheduledRow:
         start = req.num_computed
-        window_table, window_first = self.pool.window_table(req.seq_id)
+        window_table, window_first = self.kv.window_table(req.seq_id)
+        needs_sample = start + n == req.num_tokens
+        in_prompt = max(0, min(start + n, len(req.prompt_ids)) - start)
         return ScheduledRow(
             request_id=req.request_id,
             token_ids=req.token_ids[start : start + n],
             start=start,
-            block_table=self.pool.block_table(req.seq_id),
-            block_ids=self.pool.block_ids(req.seq_id),
+            block_table=self.kv.block_table(req.seq_id),
+            block_ids=self.kv.block_ids(req.seq_id),
             window_table=window_table,
             window_first=window_first,
-            needs_logits=start + n == req.num_tokens,
-            sampler=req.sampler,
+            num_logits=max(in_prompt if req.params.prompt_logits else 0, int(needs_sample)),
+            needs_sample=needs_sample,
+            params=req.params,
         )
 
     def _preempt(self, req: Request) -> list[Move]:
         self.running.remove(req)
         if self.config.preemption == "swap":
-            plan = self.pool.swap_out(req.seq_id)
+            plan = self.kv.swap_out(req.seq_id)
             if plan is not None:
                 req.status = Status.SWAPPED
                 self.swapped.append(req)
@@ -245,7 +224,7 @@ class Scheduler:
         leaves on DEVICE). Without this, `req` would be swapped out and in again forever. The
         lowest-ranked swapped request that holds DEVICE blocks is sent back to recompute (its
         references go, its blocks stay cached); False when there is none."""
-        pinning = [r for r in self.swapped if r is not req and self.pool.num_blocks_in(r.seq_id, Tier.DEVICE)]
+        pinning = [r for r in self.swapped if r is not req and self.kv.num_blocks_in(r.seq_id, Tier.DEVICE)]
         if not pinning:
             return False
         victim = max(pinning, key=self._rank)
@@ -258,8 +237,9 @@ class Scheduler:
 
     def _requeue_for_recompute(self, req: Request) -> None:
         """Free the request's blocks; it re-enters the waiting queue and recomputes its tokens."""
-        self.pool.free(req.seq_id)
+        self.kv.free(req.seq_id)
         req.num_computed = 0
+        req.prompt_logits = []
         req.status = Status.WAITING
         self.waiting.append(req)
         self.stats.num_preempted_recompute += 1
@@ -271,12 +251,12 @@ class Scheduler:
             n = budget.fits(req)
             if n == 0:  # its next tokens are a prefill chunk, and none fit this step
                 break
-            plan = self.pool.swap_in(req.seq_id)
+            plan = self.kv.swap_in(req.seq_id)
             while plan is None and not self.running and self._unpin(req):
-                plan = self.pool.swap_in(req.seq_id)
+                plan = self.kv.swap_in(req.seq_id)
             if plan is None:
                 break
-            more = self.pool.append(req.seq_id, req.num_computed, req.num_computed + n)
+            more = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n)
             if more is None:  # back in, but no room to grow this step: it runs next step
                 moves += plan
                 self._set_running(req, self.swapped)
@@ -290,7 +270,7 @@ class Scheduler:
         for req in sorted(self.waiting, key=lambda r: self._rank(r, now)):
             if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
                 break
-            alloc = self.pool.allocate(req.seq_id, req.token_ids, budget.prefill_room)
+            alloc = self.kv.allocate(req.seq_id, req.token_ids, budget.prefill_room, reuse_prefix=not req.params.prompt_logits)
             if alloc is None:
                 break  # the best-ranked request waits for room; nothing jumps ahead of it
             if not req.was_admitted:  # readmissions after preemption are not prefix-cache traffic
@@ -317,9 +297,10 @@ class Scheduler:
                 if req in queue:
                     queue.remove(req)
             if req.status is not Status.WAITING:
-                self.pool.free(req.seq_id)
+                self.kv.free(req.seq_id)
             req.status = Status.FINISHED
             req.finish_reason = reason
+            self._ended.append(req.request_id)
         self.requests.pop(req.request_id, None)
         return RequestOutput(req.request_id, [], True, reason, len(req.prompt_ids), req.num_cached_prompt_tokens)
 
@@ -335,63 +316,64 @@ class Scheduler:
         expired = [r for r in self.requests.values() if r.deadline is not None and now > r.deadline]
         return [self._finish(r, "deadline") for r in expired]
 
-    def recompute(self, request_ids: set[str]) -> None:
-        """Requests whose blocks were lost (a corrupt NVMe block): run all their tokens again."""
-        for request_id in request_ids:
-            req = self.requests.get(request_id)
-            if req is None or req.status is Status.FINISHED:
-                continue
-            for queue in (self.running, self.swapped):
-                if req in queue:
-                    queue.remove(req)
+    def drop_lost(self, seq_ids: set[int], rows: list[ScheduledRow]) -> list[ScheduledRow]:
+        """Sequences `seq_ids` lost KV blocks (a corrupt NVMe block, dropped by the KV cache):
+        their requests go back to recompute every token. The rows that still run."""
+        lost = {r.request_id for r in self.requests.values() if r.seq_id in seq_ids and r.status in (Status.RUNNING, Status.SWAPPED)}
+        for request_id in lost:
+            req = self.requests[request_id]
+            (self.running if req.status is Status.RUNNING else self.swapped).remove(req)
             self._requeue_for_recompute(req)
+        return [r for r in rows if r.request_id not in lost]
 
-    def holders(self, block_keys: set[tuple[int, int]]) -> set[str]:
-        """Ids of the requests whose sequences hold any of `block_keys` ((group, block id) each)."""
-        return {
-            r.request_id
-            for r in self.requests.values()
-            if r.status in (Status.RUNNING, Status.SWAPPED) and block_keys & self.pool.block_keys(r.seq_id)
-        }
+    def fail(self, request_ids: list[str], error: str) -> list[RequestOutput]:
+        """End requests with "error" (their step raised): the final outputs to send."""
+        return [self._fail(self.requests[i], error) for i in request_ids if i in self.requests]
 
     # -- update ----------------------------------------------------------------------
-    def update(self, rows: list[ScheduledRow], sampled: dict[str, Sample]) -> list[RequestOutput]:
-        """Account for a step that ran `rows`; `sampled` maps request id -> new token (and its logprobs)."""
-        results = []
+    def update(self, rows: list[ScheduledRow], result: RunResult) -> list[RequestOutput]:
+        """Account for a step that ran `rows`: new tokens, stops, and rows whose sampling failed."""
+        outputs = []
         for row in rows:
             req = self.requests.get(row.request_id)
             if req is None or req.status is not Status.RUNNING:
                 continue
+            wants_prompt_logits = req.params.prompt_logits and not req.output_ids
             req.num_computed += len(row.token_ids)
             if req.num_computed <= len(req.prompt_ids):
                 self.stats.num_computed_prompt_tokens += len(row.token_ids)
-            self.pool.commit(req.seq_id, req.token_ids, req.num_computed)
-            if not row.needs_logits:
-                continue
-            sample = sampled.get(row.request_id)
-            if sample is None:  # its sampling failed; the engine is aborting it
-                continue
-            token = sample.token_id
-            logprobs = None if sample.logprobs is None else [sample.logprobs]
-            req.token_ids.append(token)
-            self.stats.num_generated_tokens += 1
-            reason = self._stop_reason(req, token)
-            if reason is None:
-                results.append(RequestOutput(req.request_id, [token], False, None, len(req.prompt_ids),
-                                             req.num_cached_prompt_tokens, logprobs=logprobs))
-            else:
-                end = self._finish(req, reason)
-                results.append(RequestOutput(req.request_id, [token], True, reason, end.num_prompt_tokens,
-                                             end.num_cached_tokens, logprobs=logprobs))
-        return results
+            self.kv.commit(req.seq_id, req.token_ids, req.num_computed)
+            if wants_prompt_logits:
+                req.prompt_logits.append(result.logits[row.request_id])
+            if row.request_id in result.failed:
+                outputs.append(self._fail(req, f"sampling failed:\n{result.failed[row.request_id]}"))
+            elif row.needs_sample:
+                outputs.append(self._append(req, result.sampled[row.request_id]))
+        return outputs
+
+    def _append(self, req: Request, sample: Sample) -> RequestOutput:
+        """The request's new token, and its end if it stops there."""
+        token = sample.token_id
+        req.token_ids.append(token)
+        self.stats.num_generated_tokens += 1
+        prompt_logits = None
+        if req.prompt_logits and len(req.output_ids) == 1:  # the first output carries them
+            prompt_logits, req.prompt_logits = np.concatenate(req.prompt_logits), []
+        reason = self._stop_reason(req, token)
+        if reason is not None:
+            self._finish(req, reason)
+        return RequestOutput(
+            req.request_id, [token], reason is not None, reason, len(req.prompt_ids), req.num_cached_prompt_tokens,
+            logprobs=None if sample.logprobs is None else [sample.logprobs], prompt_logits=prompt_logits,
+        )
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.config.eos_token_ids):
             return "stop"
-        if len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.config.max_context:
+        if len(req.output_ids) >= req.max_tokens or req.num_tokens >= self.config.max_context:
             return "length"
         return None
 
     def usage(self) -> dict[str, int]:
-        return {tier.name.lower(): self.pool.usage(tier) for tier in Tier}
+        return {tier.name.lower(): self.kv.usage(tier) for tier in Tier}

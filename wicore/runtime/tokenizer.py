@@ -24,7 +24,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _FastTokenizer
 
 from wicore.errors import ManifestError, RequestError
-from wicore.export.tokenizer import TokenizerInfo
+from wicore.model.tokenizer_info import TokenizerInfo
 
 # The named special tokens transformers passes to every chat template (its `special_tokens_map`).
 _SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")

@@ -7,7 +7,8 @@ import pytest
 
 from wicore.hmt.block_pool import BlockPool
 from wicore.hmt.kv_cache import FULL, WINDOW, KVCache
-from wicore.hmt.policy import LRUPolicy, Tier
+from wicore.hmt.policy import LRUPolicy
+from wicore.hmt.tiers import Tier
 
 BS, WINDOW_TOKENS = 4, 8
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from wicore.hmt.block_pool import Move
-from wicore.hmt.device_store import LayerSplitStore, OrtPoolStore, ort_pool_store
+from wicore.runtime.device_store import LayerSplitStore, OrtPoolStore, ort_pool_store
 from wicore.hmt.pager import Pager
-from wicore.hmt.policy import Tier
+from wicore.hmt.tiers import Tier
 from wicore.hmt.tiers import BatchedTierStore, DeviceStore, HostStore, NvmeStore
 from wicore.runtime.providers import CAPABILITIES, Device, onnxruntime
 

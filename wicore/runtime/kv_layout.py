@@ -1,4 +1,4 @@
-"""How the engine's KV memory is laid out: block groups, blocks per tier, stores and pagers.
+"""How the engine's KV cache is laid out: block groups, blocks per tier, and the cache built on them.
 
 The full-attention layers and the sliding-window layers are two block groups
 (wicore.hmt.kv_cache). Each tier's byte budget is shared between them: the window group
@@ -21,12 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from wicore.graph.manifest import Manifest
+from wicore.hmt.block_groups import FULL, WINDOW
 from wicore.hmt.block_pool import BlockPool
-from wicore.hmt.device_store import ort_pool_store
-from wicore.hmt.kv_cache import FULL, WINDOW, KVCache
+from wicore.hmt.kv_cache import KVCache
 from wicore.hmt.pager import Pager
-from wicore.hmt.policy import A2CRPolicy, LRUPolicy, Tier
-from wicore.hmt.tiers import DeviceStore, HostStore, NvmeStore
+from wicore.hmt.policy import A2CRPolicy, LRUPolicy
+from wicore.hmt.tiers import HostStore, NvmeStore, Tier, TierStore
+from wicore.runtime.kv_buffers import KVBuffers
 
 GIB = 1 << 30
 
@@ -103,53 +104,24 @@ def plan_tiers(config, layout: KVLayout) -> dict[Tier, TierBlocks]:
     return tiers
 
 
-class KVMemory:
-    """The block groups' pools (as a KVCache), their tier stores and one pager per group."""
-
-    def __init__(self, config, layout: KVLayout, tiers: dict[Tier, TierBlocks], runner) -> None:
-        self.layout = layout
-        self._nvme: list[NvmeStore] = []
-        pools, self.pagers = [], []
-        dtype = np.dtype(runner.manifest.kv_dtype)
-        cfg = runner.manifest.config
-        for group, layers in ((FULL, layout.full_layers), (WINDOW, layout.window_layers)):
-            if not layers:
-                continue
-            counts = [getattr(tiers[t], "window" if group == WINDOW else "full") for t in Tier]
-            block_shape = (len(layers), 2, layout.block_size, cfg.num_kv_heads, cfg.head_dim)
-            stores = {Tier.DEVICE: self._device_store(runner, list(layers), dtype), Tier.HOST: HostStore(counts[1], block_shape, dtype)}
-            if counts[2]:
-                nvme_dir = Path(config.nvme_dir or tempfile.gettempdir())
-                path = nvme_dir / f"wicore-kv-{os.getpid()}-{id(self)}-{group}.bin"
-                stores[Tier.NVME] = NvmeStore(path, counts[2], block_shape, dtype)
-                self._nvme.append(stores[Tier.NVME])
-            self.pagers.append(Pager(stores))
-            policy = A2CRPolicy(config.a2cr) if config.policy == "a2cr" else LRUPolicy()
-            pools.append(BlockPool(*counts, layout.block_size, policy, config.enable_prefix_cache, group=group))
-        self.cache = KVCache(pools[0], *((pools[1], layout.window) if len(pools) > 1 else ()))
-
-    @staticmethod
-    def _device_store(runner, layers: list[int], dtype: np.dtype):
-        if runner.pools_on_host:
-            return DeviceStore([runner.key_pools[i] for i in layers], [runner.value_pools[i] for i in layers])
-        # pools in device memory: blocks move by small gather/scatter graphs on their device
-        values, devices = runner.pool_values, runner.layer_devices
-        return ort_pool_store([values[i] for i in layers], [devices[i] for i in layers], dtype)
-
-    def execute(self, moves) -> set[tuple[int, int]]:
-        """Run a plan's moves, each by its group's pager; (group, block id) of corrupt blocks."""
-        corrupt: set[tuple[int, int]] = set()
-        for group, pager in enumerate(self.pagers):
-            mine = [m for m in moves if m.group == group]
-            if mine:
-                corrupt |= {(group, b) for b in pager.execute(mine)}
-        return corrupt
-
-    @property
-    def num_corrupt(self) -> int:
-        return sum(p.stats.num_corrupt for p in self.pagers)
-
-    def close(self) -> None:
-        for store in self._nvme:
-            store.close()
-        self._nvme = []
+def build_kv_cache(config, layout: KVLayout, tiers: dict[Tier, TierBlocks], buffers: KVBuffers) -> KVCache:
+    """The KV cache over `buffers` (tier 0) and new host / NVMe stores: per block group a
+    BlockPool with its policy and a Pager over its stores."""
+    pools, pagers = [], []
+    for group, layers in ((FULL, layout.full_layers), (WINDOW, layout.window_layers)):
+        if not layers:
+            continue
+        counts = [tiers[t].window if group == WINDOW else tiers[t].full for t in Tier]
+        block_shape = (len(layers), 2, *buffers.block_shape)  # tiers.py's BlockData
+        stores: dict[Tier, TierStore] = {
+            Tier.DEVICE: buffers.tier0_store(layers),
+            Tier.HOST: HostStore(counts[Tier.HOST], block_shape, buffers.dtype),
+        }
+        if counts[Tier.NVME]:
+            nvme_dir = Path(config.nvme_dir or tempfile.gettempdir())
+            path = nvme_dir / f"wicore-kv-{os.getpid()}-{id(buffers)}-{group}.bin"
+            stores[Tier.NVME] = NvmeStore(path, counts[Tier.NVME], block_shape, buffers.dtype)
+        pagers.append(Pager(stores))
+        policy = A2CRPolicy(config.a2cr) if config.policy == "a2cr" else LRUPolicy()
+        pools.append(BlockPool(*counts, layout.block_size, policy, config.enable_prefix_cache, group=group))
+    return KVCache(pools, pagers, layout.window if len(pools) > 1 else None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from wicore.hmt.kv_cache import FULL, WINDOW
-from wicore.hmt.policy import Tier
+from wicore.hmt.tiers import Tier
 from wicore.runtime.engine import EngineConfig
 from wicore.runtime.kv_memory import GIB, KVLayout, TierBlocks, plan_tiers
 from wicore.runtime.scheduler import SchedulerConfig

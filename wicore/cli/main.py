@@ -53,8 +53,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     """The prompts run together on the engine that `serve` uses (continuous batching, the KV
     tiers, sliding-window release), each printed when all are done."""
+    from wicore.cli.models import resolve_model
     from wicore.runtime.engine import Engine
-    from wicore.runtime.models import resolve_model
     from wicore.runtime.providers import onnxruntime
     from wicore.runtime.sampler import SamplingParams
 
@@ -212,7 +212,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from wicore.runtime.models import resolve_model
+    from wicore.cli.models import resolve_model
     from wicore.runtime.providers import onnxruntime
 
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from wicore.runtime.models import packaged_export, resolve_model
+from wicore.cli.models import packaged_export, resolve_model
 from wicore.runtime.providers import DeviceError, available_devices
 
 

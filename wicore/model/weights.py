@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from wicore.errors import UnsupportedModelError
-from wicore.export.config import Gemma3Config
+from wicore.model.config import Gemma3Config
 
 # One decoder layer's tensors, by Hugging Face's short names.
 LAYER_TENSORS = (

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         source = open_source(args.model)
         export_model(source, args.out, config)
         if args.verify:
-            from wicore.export.verify import verify_against_hf
+            from wicore.cli.verify import verify_against_hf
 
             report = verify_against_hf(args.out, args.model, num_tokens=args.verify_tokens)
             print(report.summary())

@@ -1,6 +1,6 @@
-"""Per-step values of a decoder partition: computed once from the paging inputs, shared by its layers.
+"""Values a decoder partition computes once per run from its paging inputs, shared by all its layers.
 
-Scatter indices of this step's K/V, the additive attention masks of the full-attention and the
+Scatter indices of the new tokens' K/V, the additive attention masks of the full-attention and the
 sliding layers (their block groups differ), and RoPE's cos / sin. With `contrib` (the ort-quant
 flavour) cos / sin come one row per token for com.microsoft RotaryEmbedding.
 """
@@ -13,13 +13,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from wicore.export.config import Gemma3Config, RopeConfig
 from wicore.graph import io
 from wicore.graph.ops import Graph
+from wicore.model.config import Gemma3Config, RopeConfig
 
 
 @dataclass(frozen=True)
-class StepValues:
+class SharedValues:
     """Values computed once per partition from the paging inputs and shared by all layers,
     keyed by is_sliding where full-attention and sliding layers differ (their block groups)."""
 
@@ -33,9 +33,9 @@ class StepValues:
     token_index: str | None = None  # contrib ops: [batch, seq] flat index of each token, RotaryEmbedding's position_ids
 
 
-def step_values(
+def shared_values(
     g: Graph, cfg: Gemma3Config, start: int, stop: int, attention_stats: bool = False, contrib: bool = False
-) -> StepValues:
+) -> SharedValues:
     """Inputs every partition takes and what the layers share: scatter indices, RoPE, masks.
 
     Key index j of a full layer's gathered cache is the token at position j of the row
@@ -59,7 +59,7 @@ def step_values(
         tables[True] = g.input(io.WINDOW_BLOCK_TABLES, i64, ["batch", "max_window_blocks"])
         first = g.input(io.WINDOW_FIRST_BLOCK, i64, ["batch"])
     pool = io.key_cache(start)  # any pool of this partition gives the block size
-    p = "/model/step"
+    p = "/model/shared"
     block_size = g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/block_size")
     q_pos = g.op("Unsqueeze", [positions, g.const([-1])], f"{p}/q_pos")  # [b, s, 1]
     ctx = g.op("Unsqueeze", [lens, g.const([1, 2])], f"{p}/ctx")  # [b, 1, 1]
@@ -112,7 +112,7 @@ def step_values(
         count = g.op("ReduceProd", [g.op("Shape", [positions], f"{p}/positions_shape")], f"{p}/num_tokens", keepdims=0)
         flat = g.op("Range", [g.const(0), count, g.const(1)], f"{p}/token_range")
         token_index = g.op("Reshape", [flat, g.op("Shape", [positions], f"{p}/positions_shape_2")], f"{p}/token_index")
-    return StepValues(positions, tables, scatter, cos_sin, masks, block_shape, zeros_mass, token_index)
+    return SharedValues(positions, tables, scatter, cos_sin, masks, block_shape, zeros_mass, token_index)
 
 def rope_tables(g: Graph, cfg: Gemma3Config, positions: str, rope: RopeConfig, p: str, contrib: bool) -> tuple[str, str]:
     """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (float32, as in HF);

@@ -83,13 +83,17 @@ def compare_logits(ours: np.ndarray, ref: np.ndarray, min_agreement: float = 1.0
 
 
 def verify_against_hf(model_dir: Path, source: str, num_tokens: int = 64) -> VerifyReport:
-    from wicore.runtime.generator import Generator
+    """The exported model's logits at every position of a prompt (through the engine, as served)
+    against HF transformers' on the source's weights."""
+    from wicore.runtime.engine import Engine, EngineConfig
+    from wicore.runtime.sampler import SamplingParams
 
-    gen = Generator.load(model_dir)
-    if gen.manifest.tokenizer is not None:
-        ids = gen.tokenizer.encode(" ".join([VERIFY_TEXT] * (1 + num_tokens // 60)))[:num_tokens]
-    else:
-        vocab = gen.manifest.config.vocab_size
-        ids = np.random.default_rng(0).integers(0, vocab, num_tokens).tolist()
-    ours = gen.prompt_logits(ids)
-    return compare_logits(ours, hf_logits(load_hf_model(source), ids), MIN_AGREEMENT[gen.manifest.op_flavour])
+    with Engine(EngineConfig(model_dir=Path(model_dir), host_tier_gb=0.0)) as engine:
+        if engine.manifest.tokenizer is not None:
+            ids = engine.tokenizer.encode(" ".join([VERIFY_TEXT] * (1 + num_tokens // 60)))[:num_tokens]
+        else:
+            ids = np.random.default_rng(0).integers(0, engine.manifest.config.vocab_size, num_tokens).tolist()
+        [done] = engine.generate([ids], SamplingParams(max_tokens=1, prompt_logits=True))
+        flavour = engine.manifest.op_flavour
+    assert done.prompt_logits is not None, done.error
+    return compare_logits(done.prompt_logits, hf_logits(load_hf_model(source), ids), MIN_AGREEMENT[flavour])

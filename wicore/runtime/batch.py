@@ -1,0 +1,109 @@
+"""Graph inputs of one batch of rows: token ids, positions and the paging arrays.
+
+A row runs some tokens of one sequence against its block tables (wicore.graph.io says what
+each array holds). Block size 4, a row of 3 tokens from position 5, blocks [7, 2]:
+
+    positions     5  6  7              slot_mapping  2*4+1  2*4+2  2*4+3   (block 2, offsets 1..3)
+    block_table   [7, 2]               context_len   8
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from wicore.graph import io
+
+
+@dataclass(frozen=True)
+class BatchInputs:
+    """One graph run: `batch` rows of `seq` tokens each (see wicore.graph.io for each array)."""
+
+    input_ids: np.ndarray  # [batch, seq] int64
+    positions: np.ndarray  # [batch, seq] int64
+    slot_mapping: np.ndarray  # [batch, seq] int64
+    block_tables: np.ndarray  # [batch, max_blocks] int64
+    context_lens: np.ndarray  # [batch] int64
+    logits_indices: np.ndarray  # [num_logits] int64, flat into batch * seq
+    window_slot_mapping: np.ndarray  # [batch, seq] int64, the sliding layers' block group
+    window_block_tables: np.ndarray  # [batch, max_window_blocks] int64
+    window_first_block: np.ndarray  # [batch] int64
+
+    def paging_inputs(self) -> dict[str, np.ndarray]:
+        return {
+            io.POSITIONS: self.positions,
+            io.SLOT_MAPPING: self.slot_mapping,
+            io.BLOCK_TABLES: self.block_tables,
+            io.CONTEXT_LENS: self.context_lens,
+            io.WINDOW_SLOT_MAPPING: self.window_slot_mapping,
+            io.WINDOW_BLOCK_TABLES: self.window_block_tables,
+            io.WINDOW_FIRST_BLOCK: self.window_first_block,
+        }
+
+
+class BatchRow(Protocol):
+    """One row: run `token_ids` (positions start, start + 1, ...) of a sequence whose blocks, in
+    order, are the DEVICE slots `block_table`. Its sliding layers' blocks are `window_table`,
+    the first of them holding logical block `window_first` (the blocks before it fell out of
+    the window and were released). Logits are wanted for its last `num_logits` tokens."""
+
+    token_ids: Sequence[int]
+    start: int
+    block_table: Sequence[int]
+    window_table: Sequence[int]
+    window_first: int
+    num_logits: int
+
+
+def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
+    """Graph inputs for `rows`. Rows shorter than the longest are padded: their extra slots
+    write to the sink block at position 0 and are never read. The logits come out row by
+    row, each row's last `num_logits` tokens in order."""
+    seq_len = max(len(r.token_ids) for r in rows)
+    batch = len(rows)
+    input_ids = np.zeros((batch, seq_len), np.int64)
+    positions = np.zeros((batch, seq_len), np.int64)
+    lens = np.zeros(batch, np.int64)
+    first = np.zeros(batch, np.int64)
+    slots, tables = _paging_arrays(batch, seq_len, max(len(r.block_table) for r in rows), block_size)
+    window_slots, window_tables = _paging_arrays(batch, seq_len, max(len(r.window_table) for r in rows), block_size)
+    logits_indices: list[int] = []
+    for r, row in enumerate(rows):
+        n = len(row.token_ids)
+        end = row.start + n
+        pos = np.arange(row.start, end)
+        input_ids[r, :n] = row.token_ids
+        positions[r, :n] = pos
+        _place(row.block_table, 0, pos, slots[r], tables[r], block_size)
+        _place(row.window_table, row.window_first, pos, window_slots[r], window_tables[r], block_size)
+        lens[r] = end
+        first[r] = row.window_first
+        logits_indices.extend(range(r * seq_len + n - row.num_logits, r * seq_len + n))
+    return BatchInputs(
+        input_ids, positions, slots, tables, lens, np.asarray(logits_indices, np.int64),
+        window_slots, window_tables, first,
+    )
+
+
+def _paging_arrays(batch: int, seq_len: int, max_blocks: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slot mapping and block tables filled with the sink block (where padding goes)."""
+    slots = np.full((batch, seq_len), io.SINK_BLOCK * block_size, np.int64)
+    tables = np.full((batch, max(max_blocks, 1)), io.SINK_BLOCK, np.int64)
+    return slots, tables
+
+
+def _place(table: Sequence[int], first: int, pos: np.ndarray, slots: np.ndarray, tables: np.ndarray, block_size: int) -> None:
+    """Fill one row's slots (for positions `pos`) and table from its blocks, the first of
+    which holds logical block `first`."""
+    blocks = np.asarray(table, np.int64)
+    index = pos // block_size - first
+    if len(pos) and (index[0] < 0 or index[-1] >= len(blocks)):
+        raise ValueError(
+            f"positions {pos[0]}..{pos[-1]} need logical blocks {pos[0] // block_size}..{pos[-1] // block_size}; "
+            f"the row has blocks {first}..{first + len(blocks) - 1} of {block_size}"
+        )
+    slots[: len(pos)] = blocks[index] * block_size + pos % block_size
+    tables[: len(blocks)] = blocks

@@ -1,0 +1,106 @@
+"""Runs one batch through the partitions' ONNX Runtime sessions, KV buffers bound in place.
+
+Each layer's `key_cache.{i}` input and `key_cache_out.{i}` output are bound to the same
+OrtValue of wicore.runtime.kv_buffers, so the graph's ScatterND writes the new tokens
+straight into the buffer and no run allocates or copies one. Hidden states pass from one
+partition to the next as OrtValues, without a trip through NumPy when the devices allow.
+
+    BatchInputs ──► part-00 (embed, layers) ──► part-01 ... ──► part-NN (lm head) ──► logits [num_logits, vocab]
+                        │ binds key/value buffers of its layers, in place │
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from wicore.graph import io
+from wicore.graph.manifest import Manifest
+from wicore.runtime.batch import BatchInputs
+from wicore.runtime.kv_buffers import KVBuffers
+from wicore.runtime.providers import Device, onnxruntime, session_options
+
+
+@dataclass(frozen=True)
+class GraphOutputs:
+    logits: np.ndarray  # [num_logits, vocab] float32
+    attention_mass: np.ndarray | None  # [batch, max_blocks], when the model was exported with it
+
+
+class ModelGraphs:
+    """One ONNX Runtime session per partition, each on its device, bound to the KV buffers."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        manifest: Manifest,
+        buffers: KVBuffers,
+        devices: Sequence[Device],
+        num_threads: int | None = None,
+        profile_prefix: str | None = None,  # ONNX Runtime's profiler on (tools/profile_step.py)
+    ) -> None:
+        ort = onnxruntime()
+        self.manifest = manifest
+        self.buffers = buffers
+        self.devices = list(devices)
+        if len(self.devices) != len(manifest.partitions):
+            raise ValueError(f"{len(self.devices)} devices for {len(manifest.partitions)} partitions")
+        for device in self.devices:
+            device.check_can_run(manifest.dtype, manifest.op_flavour)
+        opts = session_options(num_threads, profile_prefix)
+        self.sessions = [
+            ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers())
+            for p, d in zip(manifest.partitions, self.devices)
+        ]
+        self._input_names = [{i.name for i in s.get_inputs()} for s in self.sessions]
+
+    def _handoff_device(self, partition: int) -> tuple[str, int]:
+        """Where partition `partition` writes its hidden states: the next partition's device if
+        that is host memory or its own device, else its own device."""
+        own, nxt = self.devices[partition].ort_device, self.devices[partition + 1].ort_device
+        return nxt if nxt[0] == "cpu" or nxt == own else own
+
+    def run(self, batch: BatchInputs) -> GraphOutputs:
+        """Run every partition for one batch."""
+        hidden = None
+        mass = None
+        parts = list(zip(self.manifest.partitions, self.sessions))
+        for i, (record, session) in enumerate(parts):
+            binding = session.io_binding()
+            # The batch's result is bound first, so it is get_outputs()[0]. Hidden states go
+            # straight to the next partition's device when this session can write there (its
+            # own device, or host memory); between two accelerators they pass through the host,
+            # since a session has no allocator for another card.
+            if record.has_lm_head:
+                binding.bind_output(io.LOGITS, "cpu")
+            else:
+                binding.bind_output(io.HIDDEN_STATES_OUT, *self._handoff_device(i))
+            if record.has_embedding:
+                binding.bind_cpu_input(io.INPUT_IDS, batch.input_ids)
+            elif self._handoff_device(i - 1) == self.devices[i].ort_device:
+                binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
+            else:
+                binding.bind_cpu_input(io.HIDDEN_STATES, hidden.numpy())
+            for name, array in batch.paging_inputs().items():
+                if name in self._input_names[i]:
+                    binding.bind_cpu_input(name, array)
+            for layer in range(record.start, record.stop):
+                key, value = self.buffers.values(layer)
+                binding.bind_ortvalue_input(io.key_cache(layer), key)
+                binding.bind_ortvalue_output(io.key_cache_out(layer), key)
+                binding.bind_ortvalue_input(io.value_cache(layer), value)
+                binding.bind_ortvalue_output(io.value_cache_out(layer), value)
+            if record.has_lm_head:
+                binding.bind_cpu_input(io.LOGITS_INDICES, batch.logits_indices)
+            if record.has_attention_stats:
+                binding.bind_output(io.ATTENTION_MASS, "cpu")
+            session.run_with_iobinding(binding)
+            outputs = binding.get_outputs()
+            hidden = outputs[0]
+            if record.has_attention_stats:
+                part = outputs[-1].numpy()
+                mass = part if mass is None else mass + part
+        return GraphOutputs(hidden.numpy(), mass)

@@ -1,0 +1,63 @@
+"""The model runner: scheduled rows in, sampled tokens (or per-row failures) out.
+
+    rows ──► by length ──► build_batch ──► ModelGraphs.run ──► logits per row ──► Sampler ──► RunResult
+
+Rows of the same length run as one batch, so nothing is padded: the decode rows (one token
+each) together, prefill chunks of equal length (prompts of one size, or chunks cut at the
+prefill chunk) together, any other chunk alone. The runner keeps each request's Sampler (its
+seeded generator and penalty counts) from the request's first row until the scheduler says it
+ended; rows carry only plain data.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Sequence
+
+import numpy as np
+
+from wicore.runtime.batch import build_batch
+from wicore.runtime.graphs import ModelGraphs
+from wicore.runtime.sampler import Sampler
+from wicore.runtime.step import RunResult, ScheduledRow
+
+
+class ModelRunner:
+    def __init__(self, graphs: ModelGraphs, block_size: int) -> None:
+        self.graphs = graphs
+        self.block_size = block_size
+        self._samplers: dict[str, Sampler] = {}
+
+    def execute(self, rows: Sequence[ScheduledRow], ended_request_ids: Sequence[str] = ()) -> RunResult:
+        """Run `rows` (any mix of prefill chunks and decodes) and sample where a row asks.
+
+        A row whose sampling fails gets no sample and its traceback in `failed`; the other rows
+        go on. `ended_request_ids` are requests the scheduler finished: their samplers go."""
+        for request_id in ended_request_ids:
+            self._samplers.pop(request_id, None)
+        result = RunResult()
+        by_length: dict[int, list[ScheduledRow]] = {}
+        for row in rows:
+            by_length.setdefault(len(row.token_ids), []).append(row)
+        for group in by_length.values():
+            out = self.graphs.run(build_batch(group, self.block_size))
+            offset = 0
+            for i, row in enumerate(group):
+                logits = out.logits[offset : offset + row.num_logits]
+                offset += row.num_logits
+                if row.num_logits > 1:
+                    result.logits[row.request_id] = logits
+                if row.needs_sample:
+                    self._sample(row, logits[-1], result)
+                if out.attention_mass is not None:
+                    result.attention[row.request_id] = out.attention_mass[i, : len(row.block_ids)]
+        return result
+
+    def _sample(self, row: ScheduledRow, logits: np.ndarray, result: RunResult) -> None:
+        sampler = self._samplers.get(row.request_id)
+        if sampler is None:
+            sampler = self._samplers[row.request_id] = Sampler(row.params)
+        try:
+            result.sampled[row.request_id] = sampler.sample(logits)
+        except Exception:  # this request's sampling failed: it fails alone
+            result.failed[row.request_id] = traceback.format_exc()

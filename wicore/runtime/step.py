@@ -1,0 +1,60 @@
+"""The plain data that crosses the arrows of one engine step.
+
+    out = scheduler.schedule()            SchedulerOutput: rows, moves, requests that ended
+    lost = kv.execute(out.moves)          ids of sequences whose KV was lost (corrupt blocks)
+    rows = scheduler.drop_lost(lost, out) the rows that still run
+    result = runner.execute(rows, ...)    RunResult: sampled tokens, failures, logits, attention
+    outputs = scheduler.update(rows, result)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wicore.hmt.block_pool import Move
+from wicore.runtime.request import RequestOutput
+from wicore.runtime.sampler import Sample, SamplingParams
+
+
+@dataclass(frozen=True)
+class ScheduledRow:
+    """Run `token_ids` of one request, starting at position `start`, against `block_table`.
+
+    Logits are wanted for the row's last `num_logits` tokens (0, 1, or every token of a
+    prompt chunk whose request asked for prompt logits); the last of them is sampled from
+    when `needs_sample` (the row ends at the request's last known token)."""
+
+    request_id: str
+    token_ids: list[int]
+    start: int
+    block_table: list[int]  # DEVICE slots of the request's blocks, in order
+    block_ids: list[int]  # the same blocks' ids (what per-block statistics refer to)
+    window_table: list[int]  # DEVICE slots of its sliding-window blocks, from logical block window_first
+    window_first: int
+    num_logits: int
+    needs_sample: bool
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    rows: list[ScheduledRow]
+    moves: list[Move]  # execute in order before running the rows
+    finished: list[RequestOutput] = field(default_factory=list)  # ended while scheduling
+    ended_request_ids: list[str] = field(default_factory=list)  # every request ended since the last step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.rows)
+
+
+@dataclass
+class RunResult:
+    """What the runner produced for one step's rows, by request id."""
+
+    sampled: dict[str, Sample] = field(default_factory=dict)  # rows that ended at a token to sample
+    failed: dict[str, str] = field(default_factory=dict)  # rows whose sampling raised: the traceback
+    logits: dict[str, np.ndarray] = field(default_factory=dict)  # rows with num_logits > 1: [num_logits, vocab]
+    attention: dict[str, np.ndarray] = field(default_factory=dict)  # attention mass per block of the row (A2CR)
