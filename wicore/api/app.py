@@ -1,8 +1,8 @@
 """The Starlette app: OpenAI routes in front of one running Engine.
 
-    request ─► guard (auth, rate limit) ─► read body (size limit) ─► schemas.parse_*
-            ─► prompt ids (chat template / tokenizer) ─► one run_choice per choice
-            ─► JSON body, or SSE chunks (streaming.event_stream)
+request ─► guard (auth, rate limit) ─► read body (size limit) ─► schemas.parse_*
+        ─► prompt ids (chat template / tokenizer) ─► one run_choice per choice
+        ─► JSON body, or SSE chunks (streaming.event_stream)
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -139,8 +140,12 @@ class API:
             prompt = sum(len(ids) for ids in prompts)
             completion = sum(s.num_completion_tokens for s in stats)
             cached = sum(s.num_cached_tokens for s in stats[:: opts.n])
-            return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                    "prompt_tokens_details": {"cached_tokens": cached}}
+            return {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            }
 
         def abort_all() -> None:  # whatever way the response ends, no request outlives it
             for request_id in request_ids:
@@ -165,12 +170,16 @@ class API:
             abort_all()
         if is_chat:
             shaped = [None if formatter is None else formatter.chat(t) for t in tokens]
-            body = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": lp, "finish_reason": r}
-                    for i, (t, r, lp) in enumerate(zip(texts, reasons, shaped))]
+            body = [
+                {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": lp, "finish_reason": r}
+                for i, (t, r, lp) in enumerate(zip(texts, reasons, shaped))
+            ]
         else:
             shaped = [None if formatter is None else formatter.completion(t) for t in tokens]
-            body = [{"index": i, "text": t, "logprobs": lp, "finish_reason": r}
-                    for i, (t, r, lp) in enumerate(zip(texts, reasons, shaped))]
+            body = [
+                {"index": i, "text": t, "logprobs": lp, "finish_reason": r}
+                for i, (t, r, lp) in enumerate(zip(texts, reasons, shaped))
+            ]
         obj = "chat.completion" if is_chat else "text_completion"
         return JSONResponse({**base, "object": obj, "choices": body, "usage": usage()})
 
@@ -191,11 +200,18 @@ class API:
                 for j in range(opts.n):
                     seed = None if opts.seed is None else (opts.seed + j) % (1 << 64)
                     params = SamplingParams(
-                        max_tokens=opts.max_tokens, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p,
-                        seed=seed, presence_penalty=opts.presence_penalty, frequency_penalty=opts.frequency_penalty,
+                        max_tokens=opts.max_tokens,
+                        temperature=opts.temperature,
+                        top_k=opts.top_k,
+                        top_p=opts.top_p,
+                        seed=seed,
+                        presence_penalty=opts.presence_penalty,
+                        frequency_penalty=opts.frequency_penalty,
                         logprobs=opts.logprobs,
                     )
-                    request_ids.append(self.engine.add_request(ids, params, opts.priority, request_id=f"{rid}-{len(request_ids)}"))
+                    request_ids.append(
+                        self.engine.add_request(ids, params, opts.priority, request_id=f"{rid}-{len(request_ids)}")
+                    )
         except WiCoreError as exc:
             for request_id in request_ids:
                 self.engine.abort(request_id)
@@ -204,8 +220,12 @@ class API:
 
     def _check_model(self, opts: Options) -> None:
         if opts.model is not None and opts.model != self.settings.model_name:
-            raise APIError(404, f"model {opts.model!r} does not exist; this server serves {self.settings.model_name!r}",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"model {opts.model!r} does not exist; this server serves {self.settings.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     def _tokenizer(self) -> Tokenizer:
         try:
@@ -214,8 +234,13 @@ class API:
             raise from_wicore(exc) from exc
 
     def _model_card(self) -> dict[str, Any]:
-        return {"id": self.settings.model_name, "object": "model", "created": self.created, "owned_by": "wicore",
-                "max_model_len": self.engine.max_context}
+        return {
+            "id": self.settings.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "wicore",
+            "max_model_len": self.engine.max_context,
+        }
 
 
 async def until_disconnect(request: Request, work: Any) -> None:
@@ -306,8 +331,9 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
     ]
     middleware = [Middleware(StatusCounter, metrics=api.metrics)]
     if settings.cors_origins:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"],
-                                     allow_headers=["*"]))
+        middleware.append(
+            Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"], allow_headers=["*"])
+        )
     handlers = {APIError: _api_error, WiCoreError: _wicore_error, HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)  # type: ignore[arg-type]
     app.state.api = api

@@ -1,7 +1,7 @@
 """OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}`, one mapping from WiCore's.
 
-    APIError(status, message, param=...)  raised anywhere in a route
-    error_response(exc)                   the JSONResponse a client sees
+APIError(status, message, param=...)  raised anywhere in a route
+error_response(exc)                   the JSONResponse a client sees
 """
 
 from __future__ import annotations

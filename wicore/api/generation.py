@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 from wicore.api.errors import APIError
 from wicore.api.logprobs import LogprobQueue, TokenLogprobs
@@ -110,7 +110,9 @@ async def run_choice(
                 finished = True
                 if out.finish_reason == "error":
                     log.error("request %s failed in the engine:\n%s", request_id, out.error)
-                    raise APIError(500, f"request {request_id} failed inside the engine; see the server log", code="internal_error")
+                    raise APIError(
+                        500, f"request {request_id} failed inside the engine; see the server log", code="internal_error"
+                    )
                 text += decoder.flush()
             safe, stopped = matcher.push(text)
             num_sent += len(safe)

@@ -7,6 +7,8 @@ when /metrics is scraped.
 
 from __future__ import annotations
 
+import itertools
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from wicore.api.generation import ChoiceStats
@@ -40,7 +42,7 @@ class Metrics:
         times = stats.token_times
         if times:
             self.ttft.observe(times[0] - stats.started)
-            for a, b in zip(times, times[1:]):
+            for a, b in itertools.pairwise(times):
                 self.itl.observe(b - a)
         self.e2e.observe(ended - stats.started)
 

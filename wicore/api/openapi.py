@@ -30,51 +30,110 @@ _MESSAGE = {
     "required": ["role", "content"],
     "properties": {
         "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
-        "content": {"oneOf": [
-            {"type": "string"},
-            {"type": "array", "items": {"type": "object", "required": ["type", "text"],
-                                        "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}},
-        ]},
+        "content": {
+            "oneOf": [
+                {"type": "string"},
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "text"],
+                        "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+                    },
+                },
+            ]
+        },
     },
 }
 _ERROR = {
     "type": "object",
     "required": ["error"],
-    "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"},
-        "param": {"type": "string", "nullable": True}, "code": {"type": "string", "nullable": True}}}},
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": "string", "nullable": True},
+                "code": {"type": "string", "nullable": True},
+            },
+        }
+    },
 }
-_USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
-    "prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT}}
-_TOKEN_LOGPROB = {"type": "object", "required": ["token", "logprob", "bytes"], "properties": {
-    "token": {"type": "string"}, "logprob": _NUM, "bytes": {"type": "array", "items": _INT, "nullable": True}}}
+_USAGE = {
+    "type": "object",
+    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+    "properties": {"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT},
+}
+_TOKEN_LOGPROB = {
+    "type": "object",
+    "required": ["token", "logprob", "bytes"],
+    "properties": {"token": {"type": "string"}, "logprob": _NUM, "bytes": {"type": "array", "items": _INT, "nullable": True}},
+}
 # A choice's logprobs: chat's {content: [...]} or completions' parallel lists; null when not asked for.
-_LOGPROBS = {"type": "object", "nullable": True, "properties": {
-    "content": {"type": "array", "nullable": True, "items": {**_TOKEN_LOGPROB, "properties": {
-        **_TOKEN_LOGPROB["properties"], "top_logprobs": {"type": "array", "items": _TOKEN_LOGPROB}}}},
-    "tokens": {"type": "array", "items": {"type": "string"}},
-    "token_logprobs": {"type": "array", "items": _NUM},
-    "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": _NUM}},
-    "text_offset": {"type": "array", "items": _INT}}}
-_COMPLETION = {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
-    "id": {"type": "string"}, "object": {"type": "string"}, "created": _INT, "model": {"type": "string"},
-    "choices": {"type": "array", "items": {"type": "object", "properties": {"logprobs": _LOGPROBS}}}, "usage": _USAGE}}
+_LOGPROBS = {
+    "type": "object",
+    "nullable": True,
+    "properties": {
+        "content": {
+            "type": "array",
+            "nullable": True,
+            "items": {
+                **_TOKEN_LOGPROB,
+                "properties": {**_TOKEN_LOGPROB["properties"], "top_logprobs": {"type": "array", "items": _TOKEN_LOGPROB}},
+            },
+        },
+        "tokens": {"type": "array", "items": {"type": "string"}},
+        "token_logprobs": {"type": "array", "items": _NUM},
+        "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": _NUM}},
+        "text_offset": {"type": "array", "items": _INT},
+    },
+}
+_COMPLETION = {
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string"},
+        "created": _INT,
+        "model": {"type": "string"},
+        "choices": {"type": "array", "items": {"type": "object", "properties": {"logprobs": _LOGPROBS}}},
+        "usage": _USAGE,
+    },
+}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    return {str(c): {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-            for c in codes}
+    return {
+        str(c): {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        for c in codes
+    }
 
 
 def _post(summary: str, body: dict[str, Any]) -> dict[str, Any]:
-    ok = {"description": "a completion (JSON), or server-sent events when stream is true", "content": {
-        "application/json": {"schema": {"$ref": "#/components/schemas/Completion"}},
-        # One server-sent event: data is a JSON chunk (or an error object), then "[DONE]".
-        "text/event-stream": {"schema": {"type": "object", "required": ["data"], "properties": {
-            "data": {"type": "string"}, "event": {"type": "string"}}}}}}
-    return {"post": {"summary": summary, "security": [{"bearer": []}, {}],
-                     "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-                     "responses": {"200": ok, **_errors(400, 401, 404, 413, 429, 500, 503)}}}
+    ok = {
+        "description": "a completion (JSON), or server-sent events when stream is true",
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/Completion"}},
+            # One server-sent event: data is a JSON chunk (or an error object), then "[DONE]".
+            "text/event-stream": {
+                "schema": {
+                    "type": "object",
+                    "required": ["data"],
+                    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+                }
+            },
+        },
+    }
+    return {
+        "post": {
+            "summary": summary,
+            "security": [{"bearer": []}, {}],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+            "responses": {"200": ok, **_errors(400, 401, 404, 413, 429, 500, 503)},
+        }
+    }
 
 
 def _get(summary: str, content: dict[str, Any], auth: bool = True) -> dict[str, Any]:
@@ -85,22 +144,49 @@ def _get(summary: str, content: dict[str, Any], auth: bool = True) -> dict[str, 
 
 
 def openapi_schema() -> dict[str, Any]:
-    chat = {"type": "object", "required": ["messages"], "properties": {
-        **_COMMON, "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
-        "max_tokens": {**_INT, "minimum": 1, "nullable": True}, "max_completion_tokens": {**_INT, "minimum": 1, "nullable": True},
-        "logprobs": {"type": "boolean", "nullable": True},
-        "top_logprobs": {**_INT, "minimum": 0, "maximum": 20, "nullable": True,
-                         "description": "alternatives per token; more than 0 needs logprobs: true"}}}
-    completion = {"type": "object", "required": ["prompt"], "properties": {
-        **_COMMON, "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]},
-        "max_tokens": {**_INT, "minimum": 1, "nullable": True},
-        "logprobs": {**_INT, "minimum": 0, "maximum": 5, "nullable": True}}}
-    inference = {"type": "object", "required": ["prompt"], "properties": {
-        "prompt": {"type": "string", "minLength": 1}, "images": {"type": "array", "maxItems": 0, "nullable": True},
-        "max_tokens": {**_INT, "minimum": 1, "nullable": True},
-        "temperature": {**_NUM, "minimum": 0, "maximum": 2, "nullable": True}}}
-    inference_out = {"type": "object", "required": ["id", "content", "token_count", "latency_ms"], "properties": {
-        "id": {"type": "string"}, "content": {"type": "string"}, "token_count": _INT, "latency_ms": _NUM}}
+    chat = {
+        "type": "object",
+        "required": ["messages"],
+        "properties": {
+            **_COMMON,
+            "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
+            "max_tokens": {**_INT, "minimum": 1, "nullable": True},
+            "max_completion_tokens": {**_INT, "minimum": 1, "nullable": True},
+            "logprobs": {"type": "boolean", "nullable": True},
+            "top_logprobs": {
+                **_INT,
+                "minimum": 0,
+                "maximum": 20,
+                "nullable": True,
+                "description": "alternatives per token; more than 0 needs logprobs: true",
+            },
+        },
+    }
+    completion = {
+        "type": "object",
+        "required": ["prompt"],
+        "properties": {
+            **_COMMON,
+            "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]},
+            "max_tokens": {**_INT, "minimum": 1, "nullable": True},
+            "logprobs": {**_INT, "minimum": 0, "maximum": 5, "nullable": True},
+        },
+    }
+    inference = {
+        "type": "object",
+        "required": ["prompt"],
+        "properties": {
+            "prompt": {"type": "string", "minLength": 1},
+            "images": {"type": "array", "maxItems": 0, "nullable": True},
+            "max_tokens": {**_INT, "minimum": 1, "nullable": True},
+            "temperature": {**_NUM, "minimum": 0, "maximum": 2, "nullable": True},
+        },
+    }
+    inference_out = {
+        "type": "object",
+        "required": ["id", "content", "token_count", "latency_ms"],
+        "properties": {"id": {"type": "string"}, "content": {"type": "string"}, "token_count": _INT, "latency_ms": _NUM},
+    }
     obj = {"application/json": {"schema": {"type": "object"}}}
     return {
         "openapi": "3.0.3",
@@ -108,12 +194,17 @@ def openapi_schema() -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": _post("Chat completion", chat),
             "/v1/completions": _post("Text completion", completion),
-            "/v1/inference": {"post": {
-                "summary": "Original WiCore API (images are refused with a 400 until image input exists)",
-                "security": [{"bearer": []}, {}],
-                "requestBody": {"required": True, "content": {"application/json": {"schema": inference}}},
-                "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": inference_out}}},
-                              **_errors(400, 401, 413, 429, 500, 503)}}},
+            "/v1/inference": {
+                "post": {
+                    "summary": "Original WiCore API (images are refused with a 400 until image input exists)",
+                    "security": [{"bearer": []}, {}],
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": inference}}},
+                    "responses": {
+                        "200": {"description": "ok", "content": {"application/json": {"schema": inference_out}}},
+                        **_errors(400, 401, 413, 429, 500, 503),
+                    },
+                }
+            },
             "/v1/models": _get("Served models", obj),
             "/v1/stats": _get("Engine state", obj),
             "/metrics": _get("Prometheus metrics", {"text/plain": {"schema": {"type": "string"}}}),

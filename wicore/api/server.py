@@ -110,4 +110,3 @@ class ServerThread:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
-

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -85,14 +86,16 @@ async def merge(choices: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int,
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def chat_chunk(base: dict[str, Any], index: int, delta: dict[str, str], finish_reason: str | None,
-               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+def chat_chunk(
+    base: dict[str, Any], index: int, delta: dict[str, str], finish_reason: str | None, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
     choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     return {**base, "object": "chat.completion.chunk", "choices": [choice]}
 
 
-def completion_chunk(base: dict[str, Any], index: int, text: str, finish_reason: str | None,
-                     logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+def completion_chunk(
+    base: dict[str, Any], index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
     choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     return {**base, "object": "text_completion", "choices": [choice]}
 

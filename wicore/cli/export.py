@@ -19,12 +19,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=1, help="number of ONNX files to split the layers over")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
     ap.add_argument(
-        "--op-flavour", default="portable", choices=["portable", "ort-quant"],
+        "--op-flavour",
+        default="portable",
+        choices=["portable", "ort-quant"],
         help="portable: standard ONNX ops, any EP; ort-quant: MatMulNBits linear layers (CPU, CUDA), "
         "GGUF blocks transcoded without loss",
     )
     ap.add_argument("--weight-bits", type=int, default=8, choices=[4, 8], help="ort-quant: bits for float weights")
-    ap.add_argument("--attention-stats", action="store_true", help="also output each KV block's attention mass (for the A2CR cache policy)")
+    ap.add_argument(
+        "--attention-stats", action="store_true", help="also output each KV block's attention mass (for the A2CR cache policy)"
+    )
     ap.add_argument("--force", action="store_true", help="replace --out if it exists")
     ap.add_argument("--verify", action="store_true", help="compare the graphs with HF transformers (needs torch)")
     ap.add_argument("--verify-tokens", type=int, default=64, help="prompt length for --verify")

@@ -39,7 +39,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-batched-tokens", type=int, default=2048, help="tokens one step may run (decodes first)")
     p.add_argument(
-        "--prefill-with-decodes", type=int, default=512,
+        "--prefill-with-decodes",
+        type=int,
+        default=512,
         help="prefill tokens a step may run while requests decode (lower: steadier inter-token latency)",
     )
     p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens one request may prefill per step")
@@ -197,13 +199,22 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
         if len(weights) != 3:
             raise ValueError(f"--a2cr-weights {args.a2cr_weights!r}: give three numbers, attention,frequency,recency")
         return EngineConfig(
-            model_dir=model_dir, num_threads=args.threads, block_size=args.block_size, kv_pool_gb=args.kv_pool_gb,
-            host_tier_gb=args.host_tier_gb, nvme_tier_gb=args.nvme_tier_gb, nvme_dir=args.nvme_dir,
-            policy=args.policy, enable_prefix_cache=not args.no_prefix_cache, devices=args.devices,
+            model_dir=model_dir,
+            num_threads=args.threads,
+            block_size=args.block_size,
+            kv_pool_gb=args.kv_pool_gb,
+            host_tier_gb=args.host_tier_gb,
+            nvme_tier_gb=args.nvme_tier_gb,
+            nvme_dir=args.nvme_dir,
+            policy=args.policy,
+            enable_prefix_cache=not args.no_prefix_cache,
+            devices=args.devices,
             a2cr=A2CRConfig(*weights, decay=args.a2cr_decay),
             scheduler=SchedulerConfig(
-                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-                prefill_chunk=args.prefill_chunk, prefill_with_decodes=args.prefill_with_decodes,
+                max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_batched_tokens,
+                prefill_chunk=args.prefill_chunk,
+                prefill_with_decodes=args.prefill_with_decodes,
                 **({"max_context": args.max_context} if args.max_context else {}),
             ),
         )
@@ -228,8 +239,12 @@ def run_serve(args: argparse.Namespace) -> int:
     model_dir = resolve_model(args.model, args.devices)
     try:
         settings = ServerSettings(
-            model_name=args.served_model_name or Path(args.model).name, api_keys=tuple(keys), rate_limit_rpm=args.rate_limit,
-            rate_limit_burst=args.rate_burst, max_body_bytes=args.max_body_bytes, cors_origins=tuple(args.cors_origin),
+            model_name=args.served_model_name or Path(args.model).name,
+            api_keys=tuple(keys),
+            rate_limit_rpm=args.rate_limit,
+            rate_limit_burst=args.rate_burst,
+            max_body_bytes=args.max_body_bytes,
+            cors_origins=tuple(args.cors_origin),
         )
     except ValueError as exc:
         raise RequestError(str(exc)) from exc

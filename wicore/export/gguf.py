@@ -52,9 +52,7 @@ class GGUFSource:
         try:
             self._reader = gguf.GGUFReader(str(self.path))
         except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on bad files
-            raise ModelSourceError(
-                f"{self.path} is not a readable GGUF file (truncated or corrupt?): {exc}"
-            ) from exc
+            raise ModelSourceError(f"{self.path} is not a readable GGUF file (truncated or corrupt?): {exc}") from exc
         self._tensors = {t.name: t for t in self._reader.tensors}
         self.config = self._read_config()
 
@@ -147,10 +145,7 @@ class GGUFSource:
     def layer(self, index: int) -> LayerWeights:
         return LayerWeights(
             index,
-            {
-                hf: self._tensor(f"blk.{index}.{suffix}.weight", is_norm)
-                for suffix, (hf, is_norm) in _LAYER_NAMES.items()
-            },
+            {hf: self._tensor(f"blk.{index}.{suffix}.weight", is_norm) for suffix, (hf, is_norm) in _LAYER_NAMES.items()},
         )
 
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:

@@ -59,7 +59,7 @@ class SafetensorsIndex:
 
     def load(self, name: str) -> np.ndarray:
         """The tensor as float32 (bf16 widened exactly: its bits are the top half of an fp32)."""
-        path, base, dtype, shape, (begin, end) = self._entries[name]
+        path, base, dtype, shape, (begin, _end) = self._entries[name]
         if dtype not in _DTYPES:
             raise ModelSourceError(f"{path.name}: tensor {name} has dtype {dtype}; F32, F16 and BF16 are supported")
         raw = np.memmap(path, dtype=_DTYPES[dtype], mode="r", offset=base + begin, shape=shape)
@@ -82,9 +82,7 @@ class HFSource:
             raise ModelSourceError(f"{config_path}: invalid JSON ({exc})") from exc
         self.config = Gemma3Config.from_hf(self._hf_config)
         self._index = SafetensorsIndex(self.folder)
-        self._prefix = next(
-            (p for p in _PREFIXES if f"{p}embed_tokens.weight" in self._index), None
-        )
+        self._prefix = next((p for p in _PREFIXES if f"{p}embed_tokens.weight" in self._index), None)
         if self._prefix is None:
             raise ModelSourceError(f"{self.folder}: no embed_tokens.weight under {', '.join(_PREFIXES)}")
 
@@ -104,9 +102,7 @@ class HFSource:
         return self._tensor("norm.weight")
 
     def layer(self, index: int) -> LayerWeights:
-        return LayerWeights(
-            index, {name: self._tensor(f"layers.{index}.{name}.weight") for name in LAYER_TENSORS}
-        )
+        return LayerWeights(index, {name: self._tensor(f"layers.{index}.{name}.weight") for name in LAYER_TENSORS})
 
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
         from wicore.export.tokenizer import export_tokenizer_from_hf

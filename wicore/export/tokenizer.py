@@ -134,9 +134,7 @@ def export_tokenizer_from_hf(folder: Path, out_dir: Path) -> TokenizerInfo | Non
     )
 
 
-def _write_tokenizer(
-    hf_tokenizer: Any, out_dir: Path, chat_template: str, extra_eos_ids: Iterable[int]
-) -> TokenizerInfo:
+def _write_tokenizer(hf_tokenizer: Any, out_dir: Path, chat_template: str, extra_eos_ids: Iterable[int]) -> TokenizerInfo:
     """Write the two files as transformers saves them, with the chat template in tokenizer_config.json."""
     add_bos = _adds_bos(hf_tokenizer)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -174,8 +172,7 @@ def check_whole_words(hf_tokenizer: Any, source: str, count: int = 16) -> None:
     """
     words = sorted((i, t) for t, i in hf_tokenizer.get_vocab().items() if _is_word_piece(t))[:count]
     broken = [
-        t for i, t in words
-        if all(hf_tokenizer.encode(text, add_special_tokens=False) != [i] for text in (" " + t[1:], t[1:]))
+        t for i, t in words if all(hf_tokenizer.encode(text, add_special_tokens=False) != [i] for text in (" " + t[1:], t[1:]))
     ]
     if len(broken) > len(words) // 4:
         import transformers

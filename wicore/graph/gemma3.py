@@ -22,8 +22,8 @@ and the attention scale query_pre_attn_scalar^-0.5 into the q-norm weight.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import numpy as np
 import onnx
@@ -59,9 +59,7 @@ class PartitionSpec:
 class Gemma3Builder:
     """Builds the partitions of one model: a table of Gemma 3 facts plus the graph functions."""
 
-    def __init__(
-        self, cfg: Gemma3Config, dtype: str, attention_stats: bool = False, quant: QuantLinear | None = None
-    ) -> None:
+    def __init__(self, cfg: Gemma3Config, dtype: str, attention_stats: bool = False, quant: QuantLinear | None = None) -> None:
         """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
@@ -167,7 +165,13 @@ class Gemma3Builder:
         cos, sin = shared.cos_sin[is_sliding]
         if self.contrib:  # one kernel; its 4-D layout is [b, heads, s, hd], so it gets [b, s, heads * hd]
             flat = g.op("Reshape", [x, g.const([0, 0, -1])], f"{name}/flat")
-            y = g.op("RotaryEmbedding", [flat, shared.token_index, cos, sin], f"{name}/RotaryEmbedding", domain=MS_DOMAIN, num_heads=heads)
+            y = g.op(
+                "RotaryEmbedding",
+                [flat, shared.token_index, cos, sin],
+                f"{name}/RotaryEmbedding",
+                domain=MS_DOMAIN,
+                num_heads=heads,
+            )
             return g.op("Reshape", [y, g.const([0, 0, heads, self.cfg.head_dim])], f"{name}/heads")
         half = self.cfg.head_dim // 2
         x1, x2 = g.op_multi("Split", [x, g.const([half, half])], f"{name}/Split", 2, axis=-1)
@@ -183,7 +187,9 @@ class Gemma3Builder:
         nh, kvh, hd, groups = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_groups
         is_sliding = cfg.is_sliding(i)
 
-        qkv = self.linear(g, x, [layer["self_attn.q_proj"], layer["self_attn.k_proj"], layer["self_attn.v_proj"]], f"{p}/qkv_proj")
+        qkv = self.linear(
+            g, x, [layer["self_attn.q_proj"], layer["self_attn.k_proj"], layer["self_attn.v_proj"]], f"{p}/qkv_proj"
+        )
         q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
         q = g.op("Reshape", [q, g.const([0, 0, nh, hd])], f"{p}/q_heads")
         k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])], f"{p}/k_heads")
@@ -262,9 +268,7 @@ class Gemma3Builder:
         h = self.rms_norm(g, h, layer["post_feedforward_layernorm"], f"{p}/post_feedforward_layernorm")
         return g.op("Add", [x, h], f"{p}/mlp_residual", out=out)
 
-    def lm_head(
-        self, g: Graph, x: str, final_norm: np.ndarray, table: Callable[[], np.ndarray], data: DataFile | None
-    ) -> str:
+    def lm_head(self, g: Graph, x: str, final_norm: np.ndarray, table: Callable[[], np.ndarray], data: DataFile | None) -> str:
         """Final norm and tied LM head on the rows in logits_indices only: [num_logits, vocab]."""
         p = "/model/lm_head"
         rows = g.op("Reshape", [x, g.const([-1, self.cfg.hidden_size])], f"{p}/flatten")
@@ -297,4 +301,3 @@ def gelu_tanh(g: Graph, x: str, name: str) -> str:
     t = g.op("Tanh", [g.op("Mul", [inner, g.const(c, np.float32)], f"{name}/scaled")], f"{name}/Tanh")
     half_x = g.op("Mul", [x, g.const(0.5, np.float32)], f"{name}/half_x")
     return g.op("Mul", [half_x, g.op("Add", [t, g.const(1.0, np.float32)], f"{name}/one_plus")], f"{name}/out")
-

@@ -1,14 +1,14 @@
 """wicore.json: what an exported model folder holds, and the check that it is intact.
 
-    {
-      "format": "wicore", "export_version": 1,
-      "source": {...}, "config": {...Gemma3Config...},
-      "dtype": "fp32", "op_flavour": "portable", "opset": 17,
-      "kv": {"layout": [...], "dtype": "float32", "sink_block": 0},
-      "partitions": [{"file": "part-00.onnx", "layers": [0, 6], "inputs": [...], "outputs": [...]}, ...],
-      "tokenizer": {...} | null,
-      "files": {"part-00.onnx": "<sha256>", "part-00.onnx.data": "<sha256>", ...}
-    }
+{
+  "format": "wicore", "export_version": 1,
+  "source": {...}, "config": {...Gemma3Config...},
+  "dtype": "fp32", "op_flavour": "portable", "opset": 17,
+  "kv": {"layout": [...], "dtype": "float32", "sink_block": 0},
+  "partitions": [{"file": "part-00.onnx", "layers": [0, 6], "inputs": [...], "outputs": [...]}, ...],
+  "tokenizer": {...} | null,
+  "files": {"part-00.onnx": "<sha256>", "part-00.onnx.data": "<sha256>", ...}
+}
 """
 
 from __future__ import annotations
@@ -102,9 +102,7 @@ class Manifest:
         """Parse wicore.json; raise ManifestError if it is missing, malformed or of another version."""
         path = Path(folder) / MANIFEST
         if not path.is_file():
-            raise ManifestError(
-                f"{folder} is not an exported WiCore model (no {MANIFEST}); create one with wicore-export"
-            )
+            raise ManifestError(f"{folder} is not an exported WiCore model (no {MANIFEST}); create one with wicore-export")
         try:
             d = json.loads(path.read_text())
             if d.get("format") != "wicore":

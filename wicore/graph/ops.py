@@ -11,8 +11,9 @@ builder, so a profile or a Netron view reads like the model's module tree.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -124,9 +125,7 @@ class Graph:
         return outputs
 
     def to_model(self, opset: int, doc: str = "") -> onnx.ModelProto:
-        graph = helper.make_graph(
-            self.nodes, self.name, self.inputs, self.outputs, initializer=self.initializers, doc_string=doc
-        )
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, initializer=self.initializers, doc_string=doc)
         domains = sorted({node.domain for node in self.nodes if node.domain})  # com.microsoft contrib ops: version 1
         model = helper.make_model(
             graph,

@@ -44,8 +44,15 @@ class QuantLinear:
         return concat_rows(parts)
 
     def linear(
-        self, g: Graph, x: str, weights: list[np.ndarray], name: str, dtype: type, out: str | None = None,
-        weight_name: str | None = None, data: DataFile | None = None,
+        self,
+        g: Graph,
+        x: str,
+        weights: list[np.ndarray],
+        name: str,
+        dtype: type,
+        out: str | None = None,
+        weight_name: str | None = None,
+        data: DataFile | None = None,
     ) -> str:
         """x [..., in] @ concat(weights)ᵀ in `dtype` (the model's float type). Initializers are named
         after `weight_name` (default `name`) and written to `data` (default the graph's file)."""
@@ -68,8 +75,14 @@ class QuantLinear:
         codes = g.weight(f"{weight_name}.qweight", lambda: pack_codes(w), data)
         scales = g.weight(f"{weight_name}.row_scales", lambda: w.scales[:, :, None].astype(dtype), data)
         rows = g.op(
-            "GatherBlockQuantized", [codes, indices, scales], f"{name}/GatherBlockQuantized",
-            domain=MS_DOMAIN, gather_axis=0, quantize_axis=2, block_size=w.block_size, bits=8,
+            "GatherBlockQuantized",
+            [codes, indices, scales],
+            f"{name}/GatherBlockQuantized",
+            domain=MS_DOMAIN,
+            gather_axis=0,
+            quantize_axis=2,
+            block_size=w.block_size,
+            bits=8,
         )
         return g.op("Reshape", [rows, g.const([0, 0, -1])], f"{name}/Reshape")
 
@@ -84,8 +97,15 @@ def pack_codes(w: BlockQuant) -> np.ndarray:
 
 
 def matmul_nbits(
-    g: Graph, x: str, w: BlockQuant, name: str, dtype: type, accuracy_level: int = 4, out: str | None = None,
-    weight_name: str | None = None, data: DataFile | None = None,
+    g: Graph,
+    x: str,
+    w: BlockQuant,
+    name: str,
+    dtype: type,
+    accuracy_level: int = 4,
+    out: str | None = None,
+    weight_name: str | None = None,
+    data: DataFile | None = None,
 ) -> str:
     """x [..., K] @ wᵀ for w [N, K]. A weight with per-block offsets (Q4_K, Q5_K, Q4_1, Q5_1) adds
     sum over each block of x times its offset:

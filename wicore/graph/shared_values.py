@@ -72,8 +72,10 @@ def shared_values(
         offset = g.op("Mod", [slots[is_sliding], block_size], f"{q}/slot_offset")
         scatter[is_sliding] = g.op(
             "Concat",
-            [g.op("Unsqueeze", [block, g.const([-1])], f"{q}/block_u"),
-             g.op("Unsqueeze", [offset, g.const([-1])], f"{q}/offset_u")],
+            [
+                g.op("Unsqueeze", [block, g.const([-1])], f"{q}/block_u"),
+                g.op("Unsqueeze", [offset, g.const([-1])], f"{q}/offset_u"),
+            ],
             f"{q}/scatter_indices",
             axis=-1,
         )
@@ -100,19 +102,24 @@ def shared_values(
         rope = cfg.rope_local if is_sliding else cfg.rope_global
         cos_sin[is_sliding] = rope_tables(g, cfg, positions, rope, f"{p}/rope_{name}", contrib)
     block_shape = g.op(
-        "Concat", [g.const([0, -1]), g.op("Unsqueeze", [block_size, g.const([0])], f"{p}/block_size_1d")],
-        f"{p}/block_shape", axis=0,
+        "Concat",
+        [g.const([0, -1]), g.op("Unsqueeze", [block_size, g.const([0])], f"{p}/block_size_1d")],
+        f"{p}/block_shape",
+        axis=0,
     )
     zeros_mass = None
     if attention_stats and False not in kinds:
         shape = g.op("Shape", [tables[False]], f"{p}/mass_shape")
-        zeros_mass = g.op("ConstantOfShape", [shape], f"{p}/zero_mass", value=onnx.helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0]))
+        zeros_mass = g.op(
+            "ConstantOfShape", [shape], f"{p}/zero_mass", value=onnx.helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0])
+        )
     token_index = None
     if contrib:
         count = g.op("ReduceProd", [g.op("Shape", [positions], f"{p}/positions_shape")], f"{p}/num_tokens", keepdims=0)
         flat = g.op("Range", [g.const(0), count, g.const(1)], f"{p}/token_range")
         token_index = g.op("Reshape", [flat, g.op("Shape", [positions], f"{p}/positions_shape_2")], f"{p}/token_index")
     return SharedValues(positions, tables, scatter, cos_sin, masks, block_shape, zeros_mass, token_index)
+
 
 def rope_tables(g: Graph, cfg: Gemma3Config, positions: str, rope: RopeConfig, p: str, contrib: bool) -> tuple[str, str]:
     """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (float32, as in HF);
@@ -128,6 +135,7 @@ def rope_tables(g: Graph, cfg: Gemma3Config, positions: str, rope: RopeConfig, p
     freqs = g.op("Mul", [pos, g.const(inv_freq, np.float32)], f"{p}/freqs")
     return g.op("Cos", [freqs], f"{p}/cos"), g.op("Sin", [freqs], f"{p}/sin")
 
+
 def group_mask(g: Graph, cfg: Gemma3Config, mask: str, total: str, name: str) -> str:
     """[b, s, total] -> [b, 1, s * groups, total]: one row per query head of a KV head's
     group, in the order Gemma3Builder.attention lays the queries out (position major)."""
@@ -135,5 +143,7 @@ def group_mask(g: Graph, cfg: Gemma3Config, mask: str, total: str, name: str) ->
     mask = g.op("Unsqueeze", [mask, g.const([1, 3])], f"{name}_u")  # [b, 1, s, 1, total]
     if groups > 1:
         mask = g.op("Expand", [mask, g.const([1, 1, 1, groups, 1])], f"{name}_groups")
-    shape = g.op("Concat", [g.const([0, 1, -1]), g.op("Unsqueeze", [total, g.const([0])], f"{name}_total")], f"{name}_shape", axis=0)
+    shape = g.op(
+        "Concat", [g.const([0, 1, -1]), g.op("Unsqueeze", [total, g.const([0])], f"{name}_total")], f"{name}_shape", axis=0
+    )
     return g.op("Reshape", [mask, shape], f"{name}_rows")

@@ -20,8 +20,8 @@ compute (position k * bs) still sees. Every call either changes all groups or no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from wicore.hmt.block_pool import Allocation, BlockPool, Move
 from wicore.hmt.tiers import Tier
@@ -68,8 +68,10 @@ class BlockGroups:
         hashes = self.full.pool.prefix_hashes(token_ids)
         num_hits = self.full.pool.num_leading_hits(hashes) if reuse_prefix else 0
         window = self.window
-        while window is not None and num_hits and not all(
-            window.pool.is_cached(h) for h in hashes[window.first_needed(num_hits * self.block_size) : num_hits]
+        while (
+            window is not None
+            and num_hits
+            and not all(window.pool.is_cached(h) for h in hashes[window.first_needed(num_hits * self.block_size) : num_hits])
         ):
             num_hits -= 1
         start = num_hits * self.block_size
@@ -135,7 +137,9 @@ class BlockGroups:
 
     def holders(self, block_keys: set[tuple[int, int]]) -> set[int]:
         """Ids of the sequences holding any of `block_keys` ((group, block id) each)."""
-        return {s for i, g in enumerate(self.groups) for s in g.pool.seq_ids() if block_keys & {(i, b) for b in g.pool.block_ids(s)}}
+        return {
+            s for i, g in enumerate(self.groups) for s in g.pool.seq_ids() if block_keys & {(i, b) for b in g.pool.block_ids(s)}
+        }
 
     def num_blocks_in(self, seq_id: int, tier: Tier) -> int:
         """The sequence's blocks in `tier`, over all groups."""

@@ -28,8 +28,8 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from wicore.hmt.block_space import BlockInfo, BlockSpace, Move
 from wicore.hmt.policy import EvictionPolicy

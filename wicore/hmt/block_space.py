@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from wicore.hmt.policy import EvictionPolicy
 from wicore.hmt.tiers import Tier
@@ -187,8 +187,9 @@ class BlockSpace:
         num_dropped = shortfall - num_demoted
         for block_id in victims[:num_dropped]:
             self._drop(block_id, moves)
-        for block_id in victims[num_dropped:]:
-            self._relocate(block_id, lower, moves)
+        if lower is not None:
+            for block_id in victims[num_dropped:]:
+                self._relocate(block_id, lower, moves)
         return moves
 
     def _to_device(self, block_ids: list[int], num_new: int, now: float) -> list[Move]:

@@ -51,11 +51,17 @@ class Pager:
                         self.stats.num_corrupt += 1
             if isinstance(dst_store, BatchedTierStore):
                 if good:
-                    dst_store.write_many([m.dst[1] for m in good], np.stack(blocks))
+                    dst_store.write_many([dst_slot(m) for m in good], np.stack(blocks))
             else:
                 for move, data in zip(good, blocks):
-                    dst_store.write(move.dst[1], data)
+                    dst_store.write(dst_slot(move), data)
         return corrupt
+
+
+def dst_slot(move: Move) -> int:
+    """The slot a copying move writes (drops have no destination and are never copied)."""
+    assert move.dst is not None, "a drop copies nothing"
+    return move.dst[1]
 
 
 def _batches(moves: list[Move]) -> list[list[Move]]:
@@ -66,12 +72,15 @@ def _batches(moves: list[Move]) -> list[list[Move]]:
     for move in moves:
         pair = (move.src[0], None if move.dst is None else move.dst[0])
         last = batches[-1][-1] if batches else None
-        if last is None or pair != (last.src[0], None if last.dst is None else last.dst[0]) or tuple(move.src) in written or (
-            move.dst is not None and tuple(move.dst) in written
+        if (
+            last is None
+            or pair != (last.src[0], None if last.dst is None else last.dst[0])
+            or tuple(move.src) in written
+            or (move.dst is not None and tuple(move.dst) in written)
         ):
             batches.append([])
             written = set()
         batches[-1].append(move)
         if move.dst is not None:
-            written.add(tuple(move.dst))
+            written.add((move.dst[0], move.dst[1]))
     return batches

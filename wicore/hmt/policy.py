@@ -10,8 +10,9 @@ reports it) and `forget` (the block id was retired and may be recycled).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Protocol
 
 
 class EvictionPolicy(Protocol):

@@ -53,16 +53,12 @@ class Gemma3Config:
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != self.num_layers:
-            raise UnsupportedModelError(
-                f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers"
-            )
+            raise UnsupportedModelError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
         unknown = set(self.layer_types) - {SLIDING, FULL}
         if unknown:
             raise UnsupportedModelError(f"unknown layer types {sorted(unknown)}")
         if self.num_heads % self.num_kv_heads:
-            raise UnsupportedModelError(
-                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
-            )
+            raise UnsupportedModelError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim {self.head_dim} must be even for RoPE")
 
@@ -96,12 +92,10 @@ class Gemma3Config:
                 cfg.setdefault(key, top.get(key))
         model_type = cfg.get("model_type", "")
         if model_type not in ("gemma3_text", "gemma3"):
-            raise UnsupportedModelError(
-                f"model_type {model_type!r} is not supported; WiCore compiles Gemma 3 (gemma3_text)"
-            )
+            raise UnsupportedModelError(f"model_type {model_type!r} is not supported; WiCore compiles Gemma 3 (gemma3_text)")
         num_layers = cfg["num_hidden_layers"]
         layer_types = cfg.get("layer_types") or default_layer_types(
-            num_layers, cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6))
+            num_layers, int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
         )
         rope_global, rope_local = _hf_rope(cfg)
         eos = cfg.get("eos_token_id", 1)

@@ -61,7 +61,8 @@ class BlockQuant:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.codes.shape)  # type: ignore[return-value]
+        rows, cols = self.codes.shape
+        return rows, cols
 
     def dequantize(self) -> np.ndarray:
         """The float32 weight these codes stand for."""

@@ -50,12 +50,18 @@ class BatchRow(Protocol):
     the first of them holding logical block `window_first` (the blocks before it fell out of
     the window and were released). Logits are wanted for its last `num_logits` tokens."""
 
-    token_ids: Sequence[int]
-    start: int
-    block_table: Sequence[int]
-    window_table: Sequence[int]
-    window_first: int
-    num_logits: int
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def block_table(self) -> Sequence[int]: ...
+    @property
+    def window_table(self) -> Sequence[int]: ...
+    @property
+    def window_first(self) -> int: ...
+    @property
+    def num_logits(self) -> int: ...
 
 
 def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
@@ -83,8 +89,15 @@ def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
         first[r] = row.window_first
         logits_indices.extend(range(r * seq_len + n - row.num_logits, r * seq_len + n))
     return BatchInputs(
-        input_ids, positions, slots, tables, lens, np.asarray(logits_indices, np.int64),
-        window_slots, window_tables, first,
+        input_ids,
+        positions,
+        slots,
+        tables,
+        lens,
+        np.asarray(logits_indices, np.int64),
+        window_slots,
+        window_tables,
+        first,
     )
 
 

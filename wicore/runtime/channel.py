@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from typing import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from wicore.runtime.request import RequestOutput
 

@@ -23,6 +23,7 @@ one OrtPoolStore per device, joined along the layer axis by LayerSplitStore.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -46,13 +47,22 @@ def _value_info(name: str, elem: int, shape: Sequence[int | str]) -> onnx.ValueI
 
 def gather_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
     """slots [n] -> blocks [n, num_pools, *block_shape] (see the module docstring)."""
-    pool_shape = ["num_blocks", *block_shape]
+    pool_shape: list[int | str] = ["num_blocks", *block_shape]
     nodes = [helper.make_node("Constant", [], ["/axes_1"], value=helper.make_tensor("axes_1", TensorProto.INT64, [1], [1]))]
     parts = []
     for j in range(num_pools):
         prefix = f"/pager/{_pool_name(j)}"
-        nodes.append(helper.make_node("Gather", [_pool_name(j), SLOTS], [f"{prefix}/Gather/output_0"], name=f"{prefix}/Gather", axis=0))
-        nodes.append(helper.make_node("Unsqueeze", [f"{prefix}/Gather/output_0", "/axes_1"], [f"{prefix}/Unsqueeze/output_0"], name=f"{prefix}/Unsqueeze"))
+        nodes.append(
+            helper.make_node("Gather", [_pool_name(j), SLOTS], [f"{prefix}/Gather/output_0"], name=f"{prefix}/Gather", axis=0)
+        )
+        nodes.append(
+            helper.make_node(
+                "Unsqueeze",
+                [f"{prefix}/Gather/output_0", "/axes_1"],
+                [f"{prefix}/Unsqueeze/output_0"],
+                name=f"{prefix}/Unsqueeze",
+            )
+        )
         parts.append(f"{prefix}/Unsqueeze/output_0")
     nodes.append(helper.make_node("Concat", parts, [BLOCKS], name="/pager/Concat", axis=1))
     graph = helper.make_graph(
@@ -66,7 +76,7 @@ def gather_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -
 
 def scatter_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
     """pool_j[slots[i]] = blocks[i, j] for every pool j; outputs `{pool}_out` alias the pools."""
-    pool_shape = ["num_blocks", *block_shape]
+    pool_shape: list[int | str] = ["num_blocks", *block_shape]
     nodes = []
     outputs = []
     for j in range(num_pools):
@@ -75,7 +85,9 @@ def scatter_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) 
         nodes.append(helper.make_node("Constant", [], [index], value=helper.make_tensor(index, TensorProto.INT64, [], [j])))
         nodes.append(helper.make_node("Gather", [BLOCKS, index], [f"{prefix}/Gather/output_0"], name=f"{prefix}/Gather", axis=1))
         out = f"{_pool_name(j)}_out"
-        nodes.append(helper.make_node("ScatterND", [_pool_name(j), SLOTS, f"{prefix}/Gather/output_0"], [out], name=f"{prefix}/ScatterND"))
+        nodes.append(
+            helper.make_node("ScatterND", [_pool_name(j), SLOTS, f"{prefix}/Gather/output_0"], [out], name=f"{prefix}/ScatterND")
+        )
         outputs.append(_value_info(out, elem, pool_shape))
     graph = helper.make_graph(
         nodes,
@@ -92,11 +104,11 @@ class OrtPoolStore:
 
     `pools` holds one (key, value) OrtValue pair per layer covered, each [num_blocks, block_size,
     kv_heads, head_dim] of `dtype`; they must stay the runner's bound pools for the store's life
-    (a runner `resize` replaces them: build a new store). Blocks read and written are
+    (KVBuffers never reallocates them). Blocks read and written are
     [num_layers, 2, block_size, kv_heads, head_dim] host arrays, as for every TierStore.
     """
 
-    def __init__(self, pools: Sequence[tuple[object, object]], dtype: np.dtype, device: Device, num_threads: int | None = 1) -> None:
+    def __init__(self, pools: Sequence[tuple[Any, Any]], dtype: np.dtype, device: Device, num_threads: int | None = 1) -> None:
         if not pools:
             raise ValueError("OrtPoolStore needs the pools of at least one layer")
         ort = onnxruntime()
@@ -213,7 +225,7 @@ def ort_pool_store(
     return stores[0] if len(stores) == 1 else LayerSplitStore(stores)
 
 
-def _model(graph) -> object:
+def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
     """The graph as a model at IR version 10 (onnx writes its newest, which older ONNX
     Runtime builds refuse: the CUDA 13 build of 1.31 reads up to 13), as ops.Graph does."""
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])

@@ -61,7 +61,7 @@ class EngineConfig:
     num_nvme_blocks: int | None = None
     num_window_device_blocks: int | None = None  # the sliding layers' device buffers, if set apart
     policy: str = "a2cr"  # or "lru"
-    a2cr: A2CRConfig = A2CRConfig()
+    a2cr: A2CRConfig = field(default_factory=A2CRConfig)
     enable_prefix_cache: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     verify_files: bool = True
@@ -105,8 +105,11 @@ class Engine:
         self.runner = ModelRunner(graphs, config.block_size)
         sched = config.scheduler
         self.scheduler = Scheduler(
-            replace(sched, eos_token_ids=self.eos_token_ids,
-                    max_context=min(sched.max_context, self.manifest.config.max_position_embeddings)),
+            replace(
+                sched,
+                eos_token_ids=self.eos_token_ids,
+                max_context=min(sched.max_context, self.manifest.config.max_position_embeddings),
+            ),
             self.kv,
         )
         # Room one sequence can have on the device (one block of each group is the padding sink).
@@ -193,8 +196,13 @@ class Engine:
             max_tokens = self._admit(ids, params, request_id)
             now = time.monotonic()
             request = Request(
-                request_id=request_id, prompt_ids=ids, params=params, max_tokens=max_tokens, priority=priority,
-                arrival=now, deadline=None if deadline is None else now + deadline,
+                request_id=request_id,
+                prompt_ids=ids,
+                params=params,
+                max_tokens=max_tokens,
+                priority=priority,
+                arrival=now,
+                deadline=None if deadline is None else now + deadline,
             )
             self.scheduler.add(request)
             self._channels[request_id] = Channel()
@@ -331,18 +339,20 @@ class Engine:
             recent = self._step_times
             span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
             tiers = [t.name.lower() for t in Tier]
+            names = zip(("full", "window"), (self.layout.full_layers, self.layout.window_layers), self.kv.groups)
+            usage = [self.kv.group_usage(i) for i in range(len(self.kv.groups))]
             groups = {
-                name: {"layers": len(layers), "window": g.window, **self.kv.group_usage(i), "block_bytes": self.layout.block_bytes(i)}
-                for i, (name, layers, g) in enumerate(
-                    zip(("full", "window"), (self.layout.full_layers, self.layout.window_layers), self.kv.groups)
-                )
+                name: {"layers": len(layers), "window": g.window, **usage[i], "block_bytes": self.layout.block_bytes(i)}
+                for i, (name, layers, g) in enumerate(names)
             }
             return {
                 "running": len(s.running),
                 "waiting": len(s.waiting),
                 "swapped": len(s.swapped),
-                **{key: {t: sum(g[key][t] for g in groups.values()) for t in tiers}
-                   for key in ("blocks_in_use", "blocks_referenced", "blocks_free")},
+                **{
+                    key: {t: sum(u[key][t] for u in usage) for t in tiers}
+                    for key in ("blocks_in_use", "blocks_referenced", "blocks_free")
+                },
                 "kv_groups": groups,  # the sums above, per block group (full-attention / sliding layers)
                 "prefix_hit_rate": s.stats.prefix_hit_rate,
                 "prompt_tokens": s.stats.num_prompt_tokens,

@@ -80,6 +80,8 @@ class ModelGraphs:
                 binding.bind_output(io.HIDDEN_STATES_OUT, *self._handoff_device(i))
             if record.has_embedding:
                 binding.bind_cpu_input(io.INPUT_IDS, batch.input_ids)
+            elif hidden is None:
+                raise ValueError(f"partition {i} takes hidden states, but no partition before it made any")
             elif self._handoff_device(i - 1) == self.devices[i].ort_device:
                 binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
             else:
@@ -103,4 +105,5 @@ class ModelGraphs:
             if record.has_attention_stats:
                 part = outputs[-1].numpy()
                 mass = part if mass is None else mass + part
+        assert hidden is not None, "a model has at least one partition"
         return GraphOutputs(hidden.numpy(), mass)

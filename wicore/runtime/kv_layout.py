@@ -17,6 +17,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from wicore.hmt.pager import Pager
 from wicore.hmt.policy import A2CRPolicy, LRUPolicy
 from wicore.hmt.tiers import HostStore, NvmeStore, Tier, TierStore
 from wicore.runtime.kv_buffers import KVBuffers
+
+if TYPE_CHECKING:
+    from wicore.runtime.engine import EngineConfig
 
 GIB = 1 << 30
 
@@ -80,16 +84,18 @@ class TierBlocks:
     window: int
 
 
-def plan_tiers(config, layout: KVLayout) -> dict[Tier, TierBlocks]:
+def plan_tiers(config: EngineConfig, layout: KVLayout) -> dict[Tier, TierBlocks]:
     """Blocks per group and tier from an EngineConfig. Explicit block counts (num_*_blocks)
     apply to both groups alike."""
     sched = config.scheduler
     need = sched.max_num_seqs * layout.window_blocks_per_sequence(sched.prefill_chunk) + 1
-    device = layout.split(config.kv_pool_gb * GIB, need)
-    device = TierBlocks(max(2, device[0]), max(2, device[1]) if layout.has_window else 0)
+    full, window = layout.split(config.kv_pool_gb * GIB, need)
+    device = TierBlocks(max(2, full), max(2, window) if layout.has_window else 0)
     # The lower tiers hold what device blocks are demoted or swapped to: same byte shares.
-    share = device.window * layout.block_bytes(WINDOW) / (
-        device.window * layout.block_bytes(WINDOW) + device.full * layout.block_bytes(FULL)
+    share = (
+        device.window
+        * layout.block_bytes(WINDOW)
+        / (device.window * layout.block_bytes(WINDOW) + device.full * layout.block_bytes(FULL))
     )
     tiers = {Tier.DEVICE: device}
     for tier, gb in ((Tier.HOST, config.host_tier_gb), (Tier.NVME, config.nvme_tier_gb)):
@@ -104,7 +110,7 @@ def plan_tiers(config, layout: KVLayout) -> dict[Tier, TierBlocks]:
     return tiers
 
 
-def build_kv_cache(config, layout: KVLayout, tiers: dict[Tier, TierBlocks], buffers: KVBuffers) -> KVCache:
+def build_kv_cache(config: EngineConfig, layout: KVLayout, tiers: dict[Tier, TierBlocks], buffers: KVBuffers) -> KVCache:
     """The KV cache over `buffers` (tier 0) and new host / NVMe stores: per block group a
     BlockPool with its policy and a Pager over its stores."""
     pools, pagers = [], []
@@ -123,5 +129,6 @@ def build_kv_cache(config, layout: KVLayout, tiers: dict[Tier, TierBlocks], buff
             stores[Tier.NVME] = NvmeStore(path, counts[Tier.NVME], block_shape, buffers.dtype)
         pagers.append(Pager(stores))
         policy = A2CRPolicy(config.a2cr) if config.policy == "a2cr" else LRUPolicy()
-        pools.append(BlockPool(*counts, layout.block_size, policy, config.enable_prefix_cache, group=group))
+        device, host, nvme = counts
+        pools.append(BlockPool(device, host, nvme, layout.block_size, policy, config.enable_prefix_cache, group=group))
     return KVCache(pools, pagers, layout.window if len(pools) > 1 else None)

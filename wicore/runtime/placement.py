@@ -51,8 +51,7 @@ class Plan:
         for p in self.placements:
             layers = f"{p.partition.start}-{p.partition.stop - 1}"
             lines.append(
-                f"{p.partition.file:<14}{layers:<10}{p.device.label:<16}"
-                f"{p.weight_bytes / GIB:>9.2f}G{p.kv_bytes / GIB:>9.2f}G"
+                f"{p.partition.file:<14}{layers:<10}{p.device.label:<16}{p.weight_bytes / GIB:>9.2f}G{p.kv_bytes / GIB:>9.2f}G"
             )
         return "\n".join(lines)
 
@@ -86,8 +85,7 @@ def plan_placement(model_dir: Path, manifest: Manifest, devices: str = "cpu", kv
         device.check_can_run(manifest.dtype, manifest.op_flavour)
     num_layers = manifest.config.num_layers
     needs = [
-        (partition_weight_bytes(model_dir, r), kv_pool_bytes * (r.stop - r.start) // num_layers)
-        for r in manifest.partitions
+        (partition_weight_bytes(model_dir, r), kv_pool_bytes * (r.stop - r.start) // num_layers) for r in manifest.partitions
     ]
     sizes = [w + k for w, k in needs]
     if devices.strip() == "auto":

@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
 
 from wicore.errors import RuntimeMissingError, WiCoreError
 
@@ -108,7 +108,10 @@ def nvidia_free_bytes(index: str) -> int | None:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", index],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout
         return int(out.strip().splitlines()[0]) << 20
     except (subprocess.SubprocessError, ValueError, IndexError, OSError):
@@ -140,13 +143,59 @@ class Capability:
 CAPABILITIES: dict[str, Capability] = {
     c.name: c
     for c in (
-        Capability("cpu", "CPUExecutionProvider", "cpu", ("fp32", "fp16"), ("portable", "ort-quant"), "0", "cpu", host_free_bytes, None),
-        Capability("cuda", "CUDAExecutionProvider", "gpu", ("fp16", "fp32"), ("portable", "ort-quant"), "0", "cuda", nvidia_free_bytes, "device_id"),
-        Capability("tensorrt", "TensorrtExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cuda", nvidia_free_bytes, "device_id"),
-        Capability("openvino", "OpenVINOExecutionProvider", "cpu", ("fp32", "fp16"), ("portable",), "CPU", "cpu", host_free_bytes, "device_type"),
-        Capability("migraphx", "MIGraphXExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cpu", unknown_free_bytes, "device_id"),
-        Capability("cann", "CANNExecutionProvider", "npu", ("fp16", "fp32"), ("portable",), "0", "cpu", unknown_free_bytes, "device_id"),
-        Capability("dml", "DmlExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cpu", unknown_free_bytes, "device_id"),
+        Capability(
+            "cpu", "CPUExecutionProvider", "cpu", ("fp32", "fp16"), ("portable", "ort-quant"), "0", "cpu", host_free_bytes, None
+        ),
+        Capability(
+            "cuda",
+            "CUDAExecutionProvider",
+            "gpu",
+            ("fp16", "fp32"),
+            ("portable", "ort-quant"),
+            "0",
+            "cuda",
+            nvidia_free_bytes,
+            "device_id",
+        ),
+        Capability(
+            "tensorrt",
+            "TensorrtExecutionProvider",
+            "gpu",
+            ("fp16", "fp32"),
+            ("portable",),
+            "0",
+            "cuda",
+            nvidia_free_bytes,
+            "device_id",
+        ),
+        Capability(
+            "openvino",
+            "OpenVINOExecutionProvider",
+            "cpu",
+            ("fp32", "fp16"),
+            ("portable",),
+            "CPU",
+            "cpu",
+            host_free_bytes,
+            "device_type",
+        ),
+        Capability(
+            "migraphx",
+            "MIGraphXExecutionProvider",
+            "gpu",
+            ("fp16", "fp32"),
+            ("portable",),
+            "0",
+            "cpu",
+            unknown_free_bytes,
+            "device_id",
+        ),
+        Capability(
+            "cann", "CANNExecutionProvider", "npu", ("fp16", "fp32"), ("portable",), "0", "cpu", unknown_free_bytes, "device_id"
+        ),
+        Capability(
+            "dml", "DmlExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cpu", unknown_free_bytes, "device_id"
+        ),
     )
 }
 
@@ -204,7 +253,5 @@ def parse_device(spec: str) -> Device:
         raise DeviceError(f"unknown device {spec!r}; known: {', '.join(CAPABILITIES)}")
     if cap.provider not in installed_providers():
         have = ", ".join(d.label for d in available_devices()) or "none"
-        raise DeviceError(
-            f"{spec}: {cap.provider} is not in this ONNX Runtime build (available: {have}); {EXTRAS}"
-        )
+        raise DeviceError(f"{spec}: {cap.provider} is not in this ONNX Runtime build (available: {have}); {EXTRAS}")
     return Device(cap, index or cap.default_index)

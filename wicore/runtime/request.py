@@ -38,9 +38,9 @@ class Status(enum.Enum):
 class Request:
     """One sequence. Its tokens are prompt + output; `num_computed` of them have KV in the cache.
 
-        token_ids  [ prompt ................ | output ...... ]
-                   [ computed (KV cached)  |  to run      ]
-                                       num_computed
+    token_ids  [ prompt ................ | output ...... ]
+               [ computed (KV cached)  |  to run      ]
+                                   num_computed
     """
 
     request_id: str

@@ -91,8 +91,7 @@ def top_logprobs(logprobs: np.ndarray, token_id: int, k: int) -> Logprobs:
     k = min(k, logprobs.shape[-1])
     top = np.argpartition(-logprobs, k - 1)[:k] if k else np.arange(0)
     top = top[np.lexsort((top, -logprobs[top]))]
-    return Logprobs(token_id, float(logprobs[token_id]), tuple(int(i) for i in top),
-                    tuple(float(v) for v in logprobs[top]))
+    return Logprobs(token_id, float(logprobs[token_id]), tuple(int(i) for i in top), tuple(float(v) for v in logprobs[top]))
 
 
 class Sampler:

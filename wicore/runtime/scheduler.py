@@ -22,8 +22,8 @@ import dataclasses
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -182,10 +182,10 @@ class Scheduler:
         return SchedulerOutput(rows, moves, finished, ended)
 
     def _rank(self, req: Request, now: float | None = None) -> tuple[int, float]:
-        priority = req.priority
+        priority = int(req.priority)
         if now is not None and self.config.aging_seconds > 0:
-            priority = min(Priority.URGENT, priority + int((now - req.arrival) / self.config.aging_seconds))
-        return (-int(priority), req.arrival)
+            priority = min(int(Priority.URGENT), priority + int((now - req.arrival) / self.config.aging_seconds))
+        return (-priority, req.arrival)
 
     def _row(self, req: Request, n: int) -> ScheduledRow:
         start = req.num_computed
@@ -319,7 +319,9 @@ class Scheduler:
     def drop_lost(self, seq_ids: set[int], rows: list[ScheduledRow]) -> list[ScheduledRow]:
         """Sequences `seq_ids` lost KV blocks (a corrupt NVMe block, dropped by the KV cache):
         their requests go back to recompute every token. The rows that still run."""
-        lost = {r.request_id for r in self.requests.values() if r.seq_id in seq_ids and r.status in (Status.RUNNING, Status.SWAPPED)}
+        lost = {
+            r.request_id for r in self.requests.values() if r.seq_id in seq_ids and r.status in (Status.RUNNING, Status.SWAPPED)
+        }
         for request_id in lost:
             req = self.requests[request_id]
             (self.running if req.status is Status.RUNNING else self.swapped).remove(req)
@@ -363,8 +365,14 @@ class Scheduler:
         if reason is not None:
             self._finish(req, reason)
         return RequestOutput(
-            req.request_id, [token], reason is not None, reason, len(req.prompt_ids), req.num_cached_prompt_tokens,
-            logprobs=None if sample.logprobs is None else [sample.logprobs], prompt_logits=prompt_logits,
+            req.request_id,
+            [token],
+            reason is not None,
+            reason,
+            len(req.prompt_ids),
+            req.num_cached_prompt_tokens,
+            logprobs=None if sample.logprobs is None else [sample.logprobs],
+            prompt_logits=prompt_logits,
         )
 
     def _stop_reason(self, req: Request, token: int) -> str | None:

@@ -1,10 +1,10 @@
 """The plain data that crosses the arrows of one engine step.
 
-    out = scheduler.schedule()            SchedulerOutput: rows, moves, requests that ended
-    lost = kv.execute(out.moves)          ids of sequences whose KV was lost (corrupt blocks)
-    rows = scheduler.drop_lost(lost, out) the rows that still run
-    result = runner.execute(rows, ...)    RunResult: sampled tokens, failures, logits, attention
-    outputs = scheduler.update(rows, result)
+out = scheduler.schedule()            SchedulerOutput: rows, moves, requests that ended
+lost = kv.execute(out.moves)          ids of sequences whose KV was lost (corrupt blocks)
+rows = scheduler.drop_lost(lost, out) the rows that still run
+result = runner.execute(rows, ...)    RunResult: sampled tokens, failures, logits, attention
+outputs = scheduler.update(rows, result)
 """
 
 from __future__ import annotations

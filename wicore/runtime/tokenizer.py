@@ -123,9 +123,7 @@ class IncrementalDecoder:
     # How many prompt ids are kept as context, so the first generated token decodes as it would mid-text.
     _PROMPT_CONTEXT = 5
 
-    def __init__(
-        self, tokenizer: Tokenizer, skip_special_tokens: bool = True, prompt_ids: Sequence[int] = ()
-    ) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, prompt_ids: Sequence[int] = ()) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
         self._ids: list[int] = list(prompt_ids[-self._PROMPT_CONTEXT :]) if prompt_ids else []
@@ -181,7 +179,7 @@ def _special_token_strings(config_path: Path, tokenizer: _FastTokenizer, info: T
 class _GenerationTag(jinja2.ext.Extension):
     """Accepts transformers' `{% generation %}...{% endgeneration %}` blocks and renders their body."""
 
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012  (jinja2 reads the tag names from the class)
 
     def parse(self, parser: Any) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
