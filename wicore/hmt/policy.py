@@ -1,5 +1,8 @@
 """Which cached KV blocks to keep: eviction orders over block ids (no bytes, no tiers moved here).
 
+A2CR, attention-aware cache replacement, scores a block by the attention mass it received,
+how often and how recently it was used, with a decay over time; LRU is the plain baseline.
+
 The block pool asks a policy for an order over the unreferenced cached blocks of
 one tier and evicts from the front. A policy learns about blocks only through
 `touch` (a sequence used the block: allocated, reused by a prefix hit, appended,
