@@ -54,6 +54,7 @@ NUM_SHOWN_TOKENS = 16
 WARMUP_NEW_TOKENS = 2
 MAX_SPREAD = 1.25
 
+
 @dataclass(frozen=True)
 class Timing:
     """One measured generation: prefill over the whole prompt, then decode steps after the first token."""
@@ -235,36 +236,59 @@ def bench_hf(gguf: Path, prompt_ids: list[int], new_tokens: int, threads: int, r
 def bench_wicore(
     model_dir: Path, op_flavour: str, prompt_ids: list[int], new_tokens: int, threads: int, repeats: int = 3
 ) -> Result:
-    """WiCore's Generator on an exported model folder (exported first if missing); the generator
-    reports its own prefill/decode split."""
+    """WiCore's Engine on an exported model folder (exported first if missing), one request at a
+    time, timed as its client sees the tokens arrive:
+
+        add_request ──► first token ──► ... ──► last token
+        \\___ prefill seconds ___/\\__ decode seconds: M-1 steps __/
+
+    The whole prompt is one prefill chunk (the prefill pass the other engines run), the sliding
+    layers release their blocks behind the window as in serving, and the prefix cache is off:
+    a repeat of the same prompt would otherwise find it cached and skip the prefill."""
     try:
         import onnxruntime
 
         import wicore
         from wicore.errors import WiCoreError
-        from wicore.runtime.generator import Generator
+        from wicore.runtime.engine import Engine, EngineConfig
         from wicore.runtime.sampler import SamplingParams
+        from wicore.runtime.scheduler import SchedulerConfig
     except ImportError as exc:
         raise EngineUnavailable(f"WiCore runtime cannot be imported ({exc}); pip install -e '.[cpu]'") from exc
     model_dir = ensure_model(model_dir, op_flavour)
-
+    num_tokens = len(prompt_ids) + new_tokens
+    config = EngineConfig(
+        model_dir=model_dir,
+        num_threads=threads,
+        host_tier_gb=0.0,
+        enable_prefix_cache=False,
+        scheduler=SchedulerConfig(
+            max_num_seqs=1, prefill_chunk=len(prompt_ids), max_num_batched_tokens=max(len(prompt_ids), 2048)
+        ),
+    )
     try:
-        gen = Generator.load(model_dir, num_threads=threads)
+        engine = Engine(config)
     except WiCoreError as exc:
         raise EngineUnavailable(f"WiCore cannot load {model_dir}: {exc}") from exc
+    if num_tokens > engine.max_sequence_tokens:
+        engine.stop()
+        raise EngineUnavailable(f"{num_tokens} tokens do not fit one WiCore sequence ({engine.max_sequence_tokens})")
 
     def run_once(ids: list[int], num_new: int) -> Timing:
-        out = gen.generate([ids], SamplingParams(max_tokens=num_new, ignore_eos=True))
-        return Timing(
-            prefill_seconds=out.prefill_seconds,
-            num_prompt_tokens=out.num_prompt_tokens,
-            decode_seconds=out.decode_seconds,
-            num_decode_steps=out.num_decode_steps,
-            token_ids=tuple(out.token_ids[0]),
-        )
+        start = time.perf_counter()
+        request_id = engine.add_request(ids, SamplingParams(max_tokens=num_new, ignore_eos=True))
+        times: list[float] = []
+        token_ids: list[int] = []
+        for out in engine.outputs(request_id):
+            if out.finish_reason not in (None, "length"):
+                raise RuntimeError(f"WiCore ended the request with {out.finish_reason!r}: {out.error}")
+            times += [time.perf_counter()] * len(out.new_token_ids)
+            token_ids += out.new_token_ids
+        return Timing(times[0] - start, len(ids), times[-1] - times[0], len(token_ids) - 1, tuple(token_ids))
 
     version = f"wicore {wicore.__version__}, onnxruntime {onnxruntime.__version__}"
-    return measure("wicore", version, threads, run_once, prompt_ids, new_tokens, repeats)
+    with engine.start():
+        return measure("wicore", version, threads, run_once, prompt_ids, new_tokens, repeats)
 
 
 def run_engine(engine: str, config: BenchConfig, gguf: Path, prompt_ids: list[int]) -> Result:
@@ -288,9 +312,7 @@ def markdown_table(results: list[Result]) -> str:
     ]
     for r in results:
         ratio = f"{r.decode_tokens_per_s / reference.decode_tokens_per_s:.2f}x" if reference else "n/a"
-        lines.append(
-            f"| {r.engine} | {r.threads} | {r.prompt_tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | {ratio} |"
-        )
+        lines.append(f"| {r.engine} | {r.threads} | {r.prompt_tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -303,8 +325,7 @@ def token_report(results: list[Result], detokenize: Callable[[Sequence[int]], st
     for r in (r for r in results if r is not reference):
         n = min(len(r.token_ids), len(reference.token_ids))
         lines.append(
-            f"{r.engine} vs {reference.engine}: first {num_agreeing(r.token_ids, reference.token_ids)}"
-            f" of {n} greedy tokens agree"
+            f"{r.engine} vs {reference.engine}: first {num_agreeing(r.token_ids, reference.token_ids)} of {n} greedy tokens agree"
         )
     return "\n".join(lines)
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from wicore.runtime.engine import Engine, EngineConfig
 from wicore.cli.models import resolve_model
+from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
 
@@ -32,7 +32,10 @@ def measure(model_dir: Path, context: int, new_tokens: int, threads: int, kv_poo
     rng = np.random.default_rng(0)
     prompt = rng.integers(1000, 200_000, context - new_tokens).tolist()
     config = EngineConfig(
-        model_dir=model_dir, num_threads=threads, kv_pool_gb=kv_pool_gb, host_tier_gb=0.0,
+        model_dir=model_dir,
+        num_threads=threads,
+        kv_pool_gb=kv_pool_gb,
+        host_tier_gb=0.0,
         scheduler=SchedulerConfig(max_num_seqs=1, max_context=context + 1),
     )
     seen = []

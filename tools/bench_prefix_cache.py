@@ -159,7 +159,9 @@ def tier_blocks(workload: Workload, config: BenchConfig) -> tuple[int, int]:
     """
     per_conversation = -(-workload.num_max_conversation_tokens // BLOCK_SIZE)
     device = config.num_device_blocks or math.ceil(config.device_conversations * per_conversation) + 1
-    host = config.num_host_blocks if config.num_host_blocks is not None else math.ceil(config.host_conversations * per_conversation)
+    host = (
+        config.num_host_blocks if config.num_host_blocks is not None else math.ceil(config.host_conversations * per_conversation)
+    )
     return max(device, per_conversation + 1), host
 
 
@@ -347,7 +349,12 @@ def run(config: BenchConfig, num_busy_before: float | None) -> int:
         return 1
     has_attention = manifest.has_attention_stats
     workload = build_workload(
-        tokenizer.encode, config.num_users, config.num_turns, config.num_system_tokens, config.num_answer_tokens, config.seed,
+        tokenizer.encode,
+        config.num_users,
+        config.num_turns,
+        config.num_system_tokens,
+        config.num_answer_tokens,
+        config.seed,
         config.num_visitors,
     )
     num_blocks = tier_blocks(workload, config)

@@ -148,9 +148,7 @@ class BenchConfig:
 # --------------------------------------------------------------------------- statistics
 
 
-def summarize(
-    engine: str, mode: str, threads: int, served: Served, num_attempts: int, reference: Sequence[int]
-) -> LevelResult:
+def summarize(engine: str, mode: str, threads: int, served: Served, num_attempts: int, reference: Sequence[int]) -> LevelResult:
     """The level's numbers from its traces (definitions in the module docstring)."""
     traces = served.traces
     first = min(t.token_times[0] for t in traces)
@@ -194,7 +192,11 @@ def run_levels(config: BenchConfig) -> tuple[list[LevelResult], dict[str, str], 
     versions = {"wicore": f"wicore {wicore.__version__}"}
     skipped: dict[str, str] = {}
     servers: list[tuple[str, str, WiCoreServer | LlamaContexts | LlamaBatched]] = [
-        ("wicore", "continuous batching", WiCoreServer(model_dir, tokenizer, config.threads, config.is_prefix_cache, config.budget))
+        (
+            "wicore",
+            "continuous batching",
+            WiCoreServer(model_dir, tokenizer, config.threads, config.is_prefix_cache, config.budget),
+        )
     ]
     num_ctx = config.num_prompt_tokens + config.num_new_tokens + 16
     gguf = gguf_path() if config.llama_modes else Path()
@@ -357,8 +359,11 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         llama_modes=tuple(m for m in modes if m != "contexts" or contexts),
         llama_contexts=contexts,
         is_prefix_cache=not args.no_prefix_cache,
-        budget={k: v for k, v in (("max_num_batched_tokens", args.max_batched_tokens),
-                                  ("prefill_with_decodes", args.prefill_with_decodes)) if v is not None},
+        budget={
+            k: v
+            for k, v in (("max_num_batched_tokens", args.max_batched_tokens), ("prefill_with_decodes", args.prefill_with_decodes))
+            if v is not None
+        },
         num_retries=args.retries,
         max_wait_s=args.max_wait,
         num_single_repeats=args.single_repeats,

@@ -77,7 +77,10 @@ def ensure_model(model_dir: Path, op_flavour: str) -> Path:
     if (model_dir / MANIFEST).is_file():
         flavour = Manifest.read(model_dir).op_flavour
         if flavour != op_flavour:
-            print(f"warning: {model_dir} holds {flavour!r} graphs; --op-flavour {op_flavour} applies to exports only", file=sys.stderr)
+            print(
+                f"warning: {model_dir} holds {flavour!r} graphs; --op-flavour {op_flavour} applies to exports only",
+                file=sys.stderr,
+            )
         return model_dir
     if model_dir.exists():
         raise EngineUnavailable(f"{model_dir} exists but holds no exported model ({MANIFEST}); pass another --model-dir")
@@ -94,8 +97,8 @@ def ensure_model(model_dir: Path, op_flavour: str) -> Path:
 
 def load_tokenizer(model_dir: Path) -> tuple[Any, Any]:
     """(WiCore tokenizer, manifest) of an exported model; verifies its files once, so engines may skip it."""
-    from wicore.model.tokenizer_info import TokenizerInfo
     from wicore.graph.manifest import Manifest
+    from wicore.model.tokenizer_info import TokenizerInfo
     from wicore.runtime.tokenizer import Tokenizer
 
     manifest = Manifest.read(model_dir)
@@ -237,9 +240,7 @@ def wait_for_quiet(label: str, max_wait_s: float) -> None:
         busy = num_busy_cores()
 
 
-def measure_calmest(
-    label: str, run: Callable[[], MeasuredT], num_retries: int, max_wait_s: float
-) -> tuple[MeasuredT, int]:
+def measure_calmest(label: str, run: Callable[[], MeasuredT], num_retries: int, max_wait_s: float) -> tuple[MeasuredT, int]:
     """Run once; again (up to `num_retries` times) while other processes competed, each attempt
     after waiting for a quiet moment. Returns the calmest attempt and the number of attempts."""
     attempts: list[MeasuredT] = []
@@ -260,7 +261,7 @@ def measure_calmest(
 
 
 def int_list(text: str) -> tuple[int, ...]:
-    """"1,4,16" -> (1, 4, 16)."""
+    """ "1,4,16" -> (1, 4, 16)."""
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 

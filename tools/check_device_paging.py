@@ -47,9 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
+from wicore.hmt.tiers import BatchedTierStore, Tier
 from wicore.runtime.device_store import ort_pool_store
-from wicore.hmt.tiers import Tier
-from wicore.hmt.tiers import BatchedTierStore
 from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
@@ -77,7 +76,7 @@ def prompt_ids(engine: Engine, text: str) -> list[int]:
 
 def group_stores(engine: Engine) -> list[tuple[str, list[int], object]]:
     """(group name, its layers, its pager) per block group: full-attention, then sliding layers."""
-    layout = engine.kv.layout
+    layout = engine.layout
     groups = [(name, list(layers)) for name, layers in (("full", layout.full_layers), ("window", layout.window_layers)) if layers]
     return [(name, layers, pager) for (name, layers), pager in zip(groups, engine.kv.pagers)]
 
@@ -123,23 +122,27 @@ def run_workload(config: EngineConfig, args: argparse.Namespace, force_ort_store
     engine = Engine(config)
     try:
         groups = group_stores(engine)
-        if force_ort_store:
-            runner = engine.runner
-            dtype = np.dtype(engine.manifest.kv_dtype)
-            values, devices = runner.pool_values, runner.layer_devices
+        if force_ort_store:  # the same KV buffers, paged by the gather / scatter graphs
+            buffers = engine.runner.graphs.buffers
             for _, layers, pager in groups:
                 pager.stores[Tier.DEVICE] = ort_pool_store(
-                    [values[i] for i in layers], [devices[i] for i in layers], dtype, args.threads
+                    [buffers.values(i) for i in layers], [buffers.layer_devices[i] for i in layers], buffers.dtype, args.threads
                 )
         stores = {name: type(pager.stores[Tier.DEVICE]).__name__ for name, _, pager in groups}
         self_check = (
             {name: check_store_round_trip(pager.stores[Tier.DEVICE]) for name, _, pager in groups}
-            if config.num_host_blocks else None
+            if config.num_host_blocks
+            else None
         )
-        timings = {
-            name: time_store(pager.stores[Tier.DEVICE])
-            for name, _, pager in groups if isinstance(pager.stores[Tier.DEVICE], BatchedTierStore)
-        } if config.num_host_blocks else {}
+        timings = (
+            {
+                name: time_store(pager.stores[Tier.DEVICE])
+                for name, _, pager in groups
+                if isinstance(pager.stores[Tier.DEVICE], BatchedTierStore)
+            }
+            if config.num_host_blocks
+            else {}
+        )
         pager_seconds = 0.0
         execute = engine.kv.execute
 
@@ -162,7 +165,7 @@ def run_workload(config: EngineConfig, args: argparse.Namespace, force_ort_store
         follow_ups = []
         for prompt, answer in zip(prompts, answers):
             ids = prompt + answer + prompt_ids(engine, FOLLOW_UP)[1:]  # no second BOS
-            follow_ups.append(engine.generate([ids], params)[0])
+            follow_ups.append(engine.generate([ids], params)[0].token_ids)
         seconds = time.perf_counter() - start
         stats = engine.stats()
         moves: dict[str, int] = {}
@@ -222,12 +225,20 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="wicore-check-") as nvme_dir:
         base = {
-            "model_dir": args.model_dir, "num_threads": args.threads, "block_size": args.block_size,
-            "devices": args.devices, "scheduler": SchedulerConfig(max_num_seqs=args.requests),
+            "model_dir": args.model_dir,
+            "num_threads": args.threads,
+            "block_size": args.block_size,
+            "devices": args.devices,
+            "scheduler": SchedulerConfig(max_num_seqs=args.requests),
         }
         reference_cfg = EngineConfig(**base, num_device_blocks=512, num_host_blocks=0, num_nvme_blocks=0)
-        paged_cfg = EngineConfig(**base, num_device_blocks=args.device_blocks, num_host_blocks=args.host_blocks,
-                                 num_nvme_blocks=args.nvme_blocks, nvme_dir=Path(nvme_dir))
+        paged_cfg = EngineConfig(
+            **base,
+            num_device_blocks=args.device_blocks,
+            num_host_blocks=args.host_blocks,
+            num_nvme_blocks=args.nvme_blocks,
+            nvme_dir=Path(nvme_dir),
+        )
         runs = {"reference": run_workload(reference_cfg, args, False), "paged": run_workload(paged_cfg, args, False)}
         if args.force_ort_store:
             runs["paged_ort"] = run_workload(paged_cfg, args, True)
@@ -241,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     result["runs"] = runs
     paged_runs = [r for n, r in runs.items() if n != "reference"]
     result["paged_moves_happened"] = all(
-        any(k.startswith("device->") and not k.endswith("dropped") for k in r["moves"]) and any(k.endswith("->device") for k in r["moves"])
+        any(k.startswith("device->") and not k.endswith("dropped") for k in r["moves"])
+        and any(k.endswith("->device") for k in r["moves"])
         for r in paged_runs
     )
     result["self_checks_exact"] = all(all(r["store_self_check"].values()) for r in paged_runs)

@@ -1,16 +1,28 @@
-"""Time one decode step of an exported model at several batch sizes, and where its kernel time goes.
+"""Time decode steps of an exported model at several batch sizes, and where their kernel time goes.
 
-Each row decodes one token at position --context of its own sequence (its blocks hold zeros:
-the cost of a step does not depend on the values). Steps run through WiCore's ModelRunner,
-as the engine runs them (IOBinding, pools bound in place), on the CPU EP with --threads.
+Steps run through a WiCore Engine's own parts, as its step loop runs them, without its thread.
+`--batch` requests of `--context` prompt tokens each are prefilled; then every step is a real
+decode step (one new token a row, at positions --context, --context + 1, ...) on the rows the
+engine's scheduler produced, so block tables and sliding-window tables (the blocks behind the
+window released) are the engine's:
+
+    out = scheduler.schedule()              untimed   one decode row a request
+    kv.execute(out.moves)                   untimed   a new block where a row crosses one
+    graphs.run(build_batch(out.rows))       graphs ms the ONNX Runtime sessions alone
+    result = runner.execute(out.rows)       step ms   the engine's model step: graphs and sampling
+    scheduler.update(out.rows, result)      untimed
+
+(The graphs run twice a step; the second run writes the same KV again.)
 
     step ms      median over --steps timed steps, after 3 warm-up steps
     tok/s        batch / step time: the decode rate of that many streams, prefills aside
-    --profile    ONNX Runtime's profiler on separate runs: kernel time per op type, the top ones
+    --profile    ONNX Runtime's profiler on, in a second engine run the same way: kernel time
+                 per op type over the timed steps' graph runs (prefill and warm-up left out)
 
 Usage (from the repository root):
     PYTHONPATH=. python tools/profile_step.py --model-dir models/gemma3-270m-quant --batch 1,16 --profile
     PYTHONPATH=. python tools/profile_step.py --model-dir OLD --model-dir NEW --batch 1,16   # compare exports
+    PYTHONPATH=. python tools/profile_step.py --model-dir /tmp/g3-fp16 --devices cuda:0 --batch 1,8,32
 """
 
 from __future__ import annotations
@@ -19,30 +31,24 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from benchlib import int_list, run_tool, write_record
 
-from wicore.graph.manifest import Manifest
-from wicore.runtime.session import CacheConfig, ModelRunner, build_step
+from wicore.runtime.batch import build_batch
+from wicore.runtime.engine import Engine, EngineConfig
+from wicore.runtime.sampler import SamplingParams
+from wicore.runtime.scheduler import SchedulerConfig
 
 BLOCK_SIZE = 16
+NUM_WARMUP_STEPS = 3
+NUM_SPARE_TOKENS = 8  # rows start decoding a step or two apart; none may end while timed
 TOP_OPS = 8
-
-
-@dataclass(frozen=True)
-class Row:
-    """A decode row of wicore.runtime.session.StepRow: one token at `start`, blocks of its own."""
-
-    token_ids: tuple[int, ...]
-    start: int
-    block_table: tuple[int, ...]
-    window_table: tuple[int, ...]
-    window_first: int = 0
-    needs_logits: bool = True
 
 
 @dataclass(frozen=True)
@@ -52,59 +58,107 @@ class Config:
     context: int
     threads: int
     num_steps: int
+    devices: str
     profile: bool
     json_path: Path | None
 
+    def __post_init__(self) -> None:
+        if min(self.batches, default=0) < 1 or self.context < 1 or self.num_steps < 1:
+            raise ValueError("--batch sizes, --context and --steps must be positive")
 
-def num_blocks(batch: int, context: int) -> int:
-    """The sink and, for each row, the blocks of `context` tokens plus the one decoded."""
-    return 1 + batch * (context // BLOCK_SIZE + 1)
+
+@dataclass(frozen=True)
+class StepTimes:
+    graphs_seconds: list[float]
+    step_seconds: list[float]
 
 
-def decode_rows(batch: int, context: int) -> list[Row]:
-    per_row = context // BLOCK_SIZE + 1
-    rows = []
-    for r in range(batch):
-        table = tuple(1 + r * per_row + b for b in range(per_row))  # block 0 is the sink
-        rows.append(Row((100,), context, table, table))
-    return rows
+def engine_config(model_dir: Path, batch: int, config: Config, profile_prefix: str | None = None) -> EngineConfig:
+    """An engine whose device tier holds `batch` sequences to their last token, and nothing more."""
+    tokens = config.context + NUM_WARMUP_STEPS + config.num_steps + NUM_SPARE_TOKENS
+    return EngineConfig(
+        model_dir=model_dir,
+        num_threads=config.threads,
+        block_size=BLOCK_SIZE,
+        num_device_blocks=1 + batch * -(-tokens // BLOCK_SIZE),  # the sink, then each row's blocks
+        num_host_blocks=0,
+        num_nvme_blocks=0,
+        enable_prefix_cache=False,
+        scheduler=SchedulerConfig(max_num_seqs=batch),
+        devices=config.devices,
+        profile_prefix=profile_prefix,
+    )
+
+
+def decode_steps(engine: Engine, batch: int, config: Config) -> StepTimes:
+    """Prefill `batch` requests of `config.context` random prompt tokens, then warm up and time
+    decode steps (see the module docstring)."""
+    rng = np.random.default_rng(batch)
+    params = SamplingParams(max_tokens=NUM_WARMUP_STEPS + config.num_steps + NUM_SPARE_TOKENS, ignore_eos=True)
+    for _ in range(batch):
+        engine.add_request(rng.integers(1000, engine.manifest.config.vocab_size, config.context).tolist(), params)
+    times = StepTimes([], [])
+    num_decodes = 0
+    while num_decodes < NUM_WARMUP_STEPS + config.num_steps:
+        out = engine.scheduler.schedule()
+        if not out.rows or out.finished or engine.kv.execute(out.moves):
+            raise RuntimeError(f"after {num_decodes} decode steps: a request ended, lost KV or was not scheduled")
+        is_decode = len(out.rows) == batch and all(len(r.token_ids) == 1 for r in out.rows)
+        start = time.perf_counter()
+        if is_decode:
+            engine.runner.graphs.run(build_batch(out.rows, BLOCK_SIZE))
+        middle = time.perf_counter()
+        result = engine.runner.execute(out.rows, out.ended_request_ids)
+        end = time.perf_counter()
+        engine.scheduler.update(out.rows, result)
+        if result.failed:
+            raise RuntimeError(f"sampling failed: {next(iter(result.failed.values()))}")
+        if is_decode:
+            num_decodes += 1
+            if num_decodes > NUM_WARMUP_STEPS:
+                times.graphs_seconds.append(middle - start)
+                times.step_seconds.append(end - middle)
+    return times
 
 
 def measure(model_dir: Path, config: Config) -> list[dict[str, object]]:
-    manifest = Manifest.read(model_dir)
-    cache = CacheConfig(num_blocks(max(config.batches), config.context), BLOCK_SIZE)
-    runner = ModelRunner(model_dir, manifest, cache, config.threads)
     records = []
     for batch in config.batches:
-        step = build_step(decode_rows(batch, config.context), BLOCK_SIZE)
-        for _ in range(3):
-            runner.run(step)
-        times = []
-        for _ in range(config.num_steps):
-            start = time.perf_counter()
-            runner.run(step)
-            times.append(time.perf_counter() - start)
-        ms = 1000 * statistics.median(times)
-        records.append({"model": str(model_dir), "flavour": manifest.op_flavour, "batch": batch, "step_ms": ms,
-                        "tokens_per_s": batch / ms * 1000})
+        with Engine(engine_config(model_dir, batch, config)) as engine:
+            times = decode_steps(engine, batch, config)
+            flavour = engine.manifest.op_flavour
+            devices = ",".join(d.label for d in engine.runner.graphs.devices)
+        ms = 1000 * statistics.median(times.step_seconds)
+        records.append(
+            {
+                "model": str(model_dir),
+                "flavour": flavour,
+                "devices": devices,
+                "batch": batch,
+                "step_ms": ms,
+                "graphs_ms": 1000 * statistics.median(times.graphs_seconds),
+                "tokens_per_s": batch / ms * 1000,
+            }
+        )
     return records
 
 
 def profile(model_dir: Path, config: Config, batch: int) -> Counter:
-    """Kernel microseconds per op type, summed over all partitions, per step."""
-    cache = CacheConfig(num_blocks(batch, config.context), BLOCK_SIZE)
-    runner = ModelRunner(model_dir, Manifest.read(model_dir), cache, config.threads,
-                         profile_prefix=f"/tmp/wicore-profile-{batch}")
-    step = build_step(decode_rows(batch, config.context), BLOCK_SIZE)
-    for _ in range(config.num_steps):
-        runner.run(step)
+    """Kernel microseconds per op type, summed over all partitions, per graph run of the timed
+    steps: a session's last 2 * --steps runs (`model_run` events), the node events inside them."""
+    num_runs = 2 * config.num_steps
     per_op: Counter = Counter()
-    for s in runner.sessions:
-        path = Path(s.end_profiling())
-        for event in json.loads(path.read_text()):
-            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-                per_op[event["args"]["op_name"]] += event["dur"] / config.num_steps
-        path.unlink()
+    with tempfile.TemporaryDirectory(prefix="wicore-profile-") as folder:
+        with Engine(engine_config(model_dir, batch, config, f"{folder}/b{batch}")) as engine:
+            decode_steps(engine, batch, config)
+            paths = [Path(s.end_profiling()) for s in engine.runner.graphs.sessions]
+        for path in paths:
+            events = json.loads(path.read_text())
+            runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[-num_runs:]
+            for event in events:
+                is_kernel = event.get("cat") == "Node" and event["name"].endswith("_kernel_time")
+                if is_kernel and any(first <= event["ts"] <= last for first, last in runs):
+                    per_op[event["args"]["op_name"]] += event["dur"] / num_runs
     return per_op
 
 
@@ -112,13 +166,23 @@ def parse_args(argv) -> Config:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", action="append", required=True, help="exported model; repeat to compare")
     parser.add_argument("--batch", default="1,16", help="batch sizes (rows decoding together)")
-    parser.add_argument("--context", type=int, default=160, help="tokens each row already has in its cache")
+    parser.add_argument("--context", type=int, default=160, help="prompt tokens of each row: where its decoding starts")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30, help="timed steps per batch size")
+    parser.add_argument("--devices", default="cpu", help="as wicore's --devices: cpu, cuda:0, cuda:0,cpu, ... (default cpu)")
     parser.add_argument("--profile", action="store_true", help="also break kernel time down by op type")
     parser.add_argument("--json", type=Path, help="also write a JSON record here")
     args = parser.parse_args(argv)
-    return Config(tuple(str(m) for m in args.model_dir), int_list(args.batch), args.context, args.threads, args.steps, args.profile, args.json)
+    return Config(
+        tuple(str(m) for m in args.model_dir),
+        int_list(args.batch),
+        args.context,
+        args.threads,
+        args.steps,
+        args.devices,
+        args.profile,
+        args.json,
+    )
 
 
 def run(config: Config, num_busy_before: float | None) -> int:
@@ -127,18 +191,26 @@ def run(config: Config, num_busy_before: float | None) -> int:
         records += measure(Path(model_dir), config)
         if config.profile:
             profiles[model_dir] = {b: profile(Path(model_dir), config, b) for b in config.batches}
-    print(f"decode step, context {config.context}, {config.threads} threads, median of {config.num_steps}\n")
-    print("| model | flavour | batch | step ms | tok/s |\n|---|---|---:|---:|---:|")
+    print(f"decode steps from context {config.context}, {config.threads} threads, median of {config.num_steps}\n")
+    print("| model | flavour | devices | batch | step ms | graphs ms | tok/s |\n|---|---|---|---:|---:|---:|---:|")
     for r in records:
-        print(f"| {r['model']} | {r['flavour']} | {r['batch']} | {r['step_ms']:.2f} | {r['tokens_per_s']:.1f} |")
+        print(
+            f"| {r['model']} | {r['flavour']} | {r['devices']} | {r['batch']} | {r['step_ms']:.2f} | "
+            f"{r['graphs_ms']:.2f} | {r['tokens_per_s']:.1f} |"
+        )
     for model, by_batch in profiles.items():
         for batch, per_op in by_batch.items():
             total = sum(per_op.values())
             top = ", ".join(f"{op} {us / 1000:.2f}" for op, us in per_op.most_common(TOP_OPS))
-            print(f"\n{model}, batch {batch}: kernels {total / 1000:.2f} ms a step (profiled); ms by op: {top}")
+            print(f"\n{model}, batch {batch}: kernels {total / 1000:.2f} ms a graph run (profiled); ms by op: {top}")
     if config.json_path is not None:
-        write_record(config.json_path, config, num_busy_cores_before=num_busy_before, results=records,
-                     profiles={m: {b: dict(p) for b, p in bb.items()} for m, bb in profiles.items()})
+        write_record(
+            config.json_path,
+            config,
+            num_busy_cores_before=num_busy_before,
+            results=records,
+            profiles={m: {b: dict(p) for b, p in bb.items()} for m, bb in profiles.items()},
+        )
     return 0
 
 

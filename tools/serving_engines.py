@@ -225,11 +225,7 @@ class LlamaBatched:
         status = self.llama_cpp.llama_decode(ctx, batch)
         if status != 0:
             raise RuntimeError(f"llama_decode returned {status}")
-        return {
-            seq: argmax_logits(self.llama_cpp, ctx, k, self.num_vocab)
-            for k, (seq, _, _, wants) in enumerate(items)
-            if wants
-        }
+        return {seq: argmax_logits(self.llama_cpp, ctx, k, self.num_vocab) for k, (seq, _, _, wants) in enumerate(items) if wants}
 
     def _serve(self, ctx, batch, memory, prompts: list[list[int]], num_new_tokens: int) -> tuple[Trace, ...]:
         start = time.perf_counter()

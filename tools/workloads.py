@@ -1,9 +1,9 @@
 """The prompts the benchmarks send, as token ids: the same for every engine of one run.
 
-    build_prompt_ids   bench_generate: one prompt, BOS then PARAGRAPH repeated (HF tokenizer of the GGUF)
-    build_prompts      bench_serving: one prompt per request, a distinct header, then SENTENCES shuffled
-    build_workload     bench_prefix_cache: users chatting in Gemma's chat format under a shared system prompt
-    unbounded_cache    the hit rate of a cache that never evicts on a chat workload: any policy's ceiling
+build_prompt_ids   bench_generate: one prompt, BOS then PARAGRAPH repeated (HF tokenizer of the GGUF)
+build_prompts      bench_serving: one prompt per request, a distinct header, then SENTENCES shuffled
+build_workload     bench_prefix_cache: users chatting in Gemma's chat format under a shared system prompt
+unbounded_cache    the hit rate of a cache that never evicts on a chat workload: any policy's ceiling
 """
 
 from __future__ import annotations
@@ -158,14 +158,21 @@ class Workload:
 
 
 def build_workload(
-    encode: Callable[..., list[int]], num_users: int, num_turns: int, num_system_tokens: int, num_answer_tokens: int, seed: int,
+    encode: Callable[..., list[int]],
+    num_users: int,
+    num_turns: int,
+    num_system_tokens: int,
+    num_answer_tokens: int,
+    seed: int,
     num_visitors: int = 0,
 ) -> Workload:
     """Users, their messages and the round-robin order, all from `seed`. Each round also brings
     `num_visitors` one-off visitors (one turn each, under the same system prompt) at random
     places: blocks seen once, which a recency-only policy keeps ahead of returning users'."""
     rng = random.Random(seed)
-    system_ids = fill_to(encode(SYSTEM_PROMPT, add_bos=False), lambda: encode(" " + SYSTEM_PROMPT, add_bos=False), num_system_tokens)
+    system_ids = fill_to(
+        encode(SYSTEM_PROMPT, add_bos=False), lambda: encode(" " + SYSTEM_PROMPT, add_bos=False), num_system_tokens
+    )
     head = encode("<start_of_turn>user\n", add_bos=True) + system_ids  # BOS first
     topics = [TOPICS[u % len(TOPICS)] for u in range(num_users)]
     pieces = []
@@ -175,7 +182,9 @@ def build_workload(
         for _ in range(1, num_turns):
             message = f"{rng.choice(FOLLOW_UPS)} (This is still about {topic}.)"
             turns.append(
-                tuple(encode(f"<end_of_turn>\n<start_of_turn>user\n{message}<end_of_turn>\n<start_of_turn>model\n", add_bos=False))
+                tuple(
+                    encode(f"<end_of_turn>\n<start_of_turn>user\n{message}<end_of_turn>\n<start_of_turn>model\n", add_bos=False)
+                )
             )
         pieces.append(tuple(turns))
     order = []
@@ -197,7 +206,9 @@ def unbounded_cache(workload: Workload, block_size: int) -> tuple[float, int]:
     at a time in order: the ceiling of any policy, and the working set it needs. Answers are stand-in
     ids (only which tokens are equal matters)."""
     answers = {
-        (u, t): tuple(-1 - (u * len(workload.pieces[0]) + t) * workload.num_answer_tokens - i for i in range(workload.num_answer_tokens))
+        (u, t): tuple(
+            -1 - (u * len(workload.pieces[0]) + t) * workload.num_answer_tokens - i for i in range(workload.num_answer_tokens)
+        )
         for u, t in workload.order
     }
     cached: set[tuple[int, ...]] = set()  # token prefixes ending at a block boundary

@@ -268,7 +268,15 @@ class Engine:
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list[Completion]:
         """Run prompts concurrently to their ends (starting the engine if needed); blocking."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
-        request_ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        request_ids: list[str] = []
+        try:
+            for prompt, sp in zip(prompts, params_list):
+                request_ids.append(self.add_request(prompt, sp))
+        except Exception:  # all or nothing: the prompts queued so far are taken back
+            for request_id in request_ids:
+                self.abort(request_id)
+                self.outputs(request_id)  # claimed, so the engine forgets it once it ends
+            raise
         self.start()
         completions = []
         for request_id in request_ids:

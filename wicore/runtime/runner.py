@@ -23,6 +23,8 @@ from wicore.runtime.step import RunResult, ScheduledRow
 
 
 class ModelRunner:
+    """Rows in, sampled tokens out, over the model's graphs (see the module docstring)."""
+
     def __init__(self, graphs: ModelGraphs, block_size: int) -> None:
         self.graphs = graphs
         self.block_size = block_size
@@ -45,8 +47,8 @@ class ModelRunner:
             for i, row in enumerate(group):
                 logits = out.logits[offset : offset + row.num_logits]
                 offset += row.num_logits
-                if row.num_logits > 1:
-                    result.logits[row.request_id] = logits
+                if row.num_logits:
+                    result.logits[row.request_id] = logits  # a view: no copy for a decode row
                 if row.needs_sample:
                     self._sample(row, logits[-1], result)
                 if out.attention_mass is not None:

@@ -56,5 +56,5 @@ class RunResult:
 
     sampled: dict[str, Sample] = field(default_factory=dict)  # rows that ended at a token to sample
     failed: dict[str, str] = field(default_factory=dict)  # rows whose sampling raised: the traceback
-    logits: dict[str, np.ndarray] = field(default_factory=dict)  # rows with num_logits > 1: [num_logits, vocab]
+    logits: dict[str, np.ndarray] = field(default_factory=dict)  # rows with num_logits > 0: [num_logits, vocab]
     attention: dict[str, np.ndarray] = field(default_factory=dict)  # attention mass per block of the row (A2CR)
