@@ -1,27 +1,27 @@
-"""KVCache: a full-attention and a sliding-window block group driven together (block_size 4,
+"""BlockGroups: a full-attention and a sliding-window block group driven together (block_size 4,
 window 8: a query at position p sees positions p - 7 .. p, i.e. logical blocks from (p - 7) // 4)."""
 
 from __future__ import annotations
 
 import pytest
 
+from wicore.hmt.block_groups import FULL, WINDOW, BlockGroups
 from wicore.hmt.block_pool import BlockPool
-from wicore.hmt.kv_cache import FULL, WINDOW, KVCache
 from wicore.hmt.policy import LRUPolicy
 from wicore.hmt.tiers import Tier
 
 BS, WINDOW_TOKENS = 4, 8
 
 
-def make_cache(full: int = 32, window: int = 8, window_host: int = 0) -> KVCache:
-    return KVCache(
+def make_cache(full: int = 32, window: int = 8, window_host: int = 0) -> BlockGroups:
+    return BlockGroups(
         BlockPool(full, 0, 0, BS, LRUPolicy(), group=FULL),
         BlockPool(window, window_host, 0, BS, LRUPolicy(), group=WINDOW),
         WINDOW_TOKENS,
     )
 
 
-def run(cache: KVCache, seq_id: int, tokens: list[int], chunk: int) -> None:
+def run(cache: BlockGroups, seq_id: int, tokens: list[int], chunk: int) -> None:
     """Prefill `tokens` chunk by chunk as the scheduler does, committing after each step."""
     alloc = cache.allocate(seq_id, tokens, chunk)
     assert alloc is not None
@@ -46,7 +46,14 @@ def test_the_window_group_holds_the_window_while_the_full_group_holds_everything
     # Released blocks were full and committed: they stay cached (evictable) in the window group.
     window = cache.window.pool
     assert window.usage(Tier.DEVICE) == 7 and window.num_evictable(Tier.DEVICE) == 4  # 7 usable slots
-    assert cache.block_keys(1) == {(FULL, b) for b in cache.block_ids(1)} | {(WINDOW, b) for b in window.block_ids(1)}
+    # Every block the sequence holds, in either group, names it as a holder; the released
+    # window blocks (cached, nobody's) name no one.
+    held = {(FULL, b) for b in cache.block_ids(1)} | {(WINDOW, b) for b in window.block_ids(1)}
+    assert len(held) == 15 + 3
+    assert all(cache.holders({key}) == {1} for key in held)
+    released = {(WINDOW, b.block_id) for b in window.blocks() if b.block_id not in window.block_ids(1)}
+    assert len(released) == 4
+    assert cache.holders(released) == set()
 
 
 def test_a_prefix_hit_needs_the_window_blocks_before_the_first_token_to_compute():
@@ -56,7 +63,7 @@ def test_a_prefix_hit_needs_the_window_blocks_before_the_first_token_to_compute(
     cache.free(1)
     # All 9 full blocks before the last hit in the full group; the window group kept the
     # blocks the 37th token (position 36) sees, 7 and 8: so all 9 are reused.
-    alloc = cache.allocate(2, prompt[:37] + [999], 8)
+    alloc = cache.allocate(2, [*prompt[:37], 999], 8)
     assert alloc.num_cached_tokens == 36
     assert cache.window_table(2)[1] == 7
     cache.free(2)
@@ -81,7 +88,7 @@ def test_a_group_without_room_changes_nothing_in_the_other():
 
 
 def test_swap_out_and_in_covers_both_groups():
-    cache = KVCache(
+    cache = BlockGroups(
         BlockPool(16, 16, 0, BS, LRUPolicy(), group=FULL), BlockPool(8, 8, 0, BS, LRUPolicy(), group=WINDOW), WINDOW_TOKENS
     )
     run(cache, 1, list(range(30)), chunk=6)
@@ -95,6 +102,24 @@ def test_swap_out_and_in_covers_both_groups():
 
 def test_the_groups_must_agree():
     with pytest.raises(ValueError, match="block size"):
-        KVCache(BlockPool(4, 0, 0, 4, LRUPolicy()), BlockPool(4, 0, 0, 8, LRUPolicy()), 8)
+        BlockGroups(BlockPool(4, 0, 0, 4, LRUPolicy()), BlockPool(4, 0, 0, 8, LRUPolicy()), 8)
     with pytest.raises(ValueError, match="window size"):
-        KVCache(BlockPool(4, 0, 0, 4, LRUPolicy()), BlockPool(4, 0, 0, 4, LRUPolicy()))
+        BlockGroups(BlockPool(4, 0, 0, 4, LRUPolicy()), BlockPool(4, 0, 0, 4, LRUPolicy()))
+
+
+def test_holders_name_every_sequence_sharing_a_block():
+    cache = make_cache(full=32, window=16)
+    prefix = list(range(100, 108))  # two full blocks
+    run(cache, 1, [*prefix, 1, 2, 3], chunk=16)
+    run(cache, 2, [*prefix, 4, 5, 6, 7, 8], chunk=16)
+    shared, own = cache.block_ids(2)[:2], cache.block_ids(2)[2:]
+    assert cache.block_ids(1)[:2] == shared and not set(cache.block_ids(1)[2:]) & set(own)
+    assert cache.holders({(FULL, shared[0])}) == {1, 2}
+    assert cache.holders({(FULL, own[0])}) == {2}
+    assert cache.holders({(FULL, cache.block_ids(1)[2]), (FULL, own[1])}) == {1, 2}
+    # A block id is only meaningful within its group.
+    window_ids = set(cache.window.pool.block_ids(1)) | set(cache.window.pool.block_ids(2))
+    stranger = next(i for i in range(100) if i not in window_ids)
+    assert cache.holders({(WINDOW, stranger)}) == set()
+    cache.free(1)
+    assert cache.holders({(FULL, shared[0])}) == {2}

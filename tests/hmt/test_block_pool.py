@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 from hypothesis import settings
@@ -259,7 +260,7 @@ def test_swap_out_and_in_restores_the_same_blocks_on_device():
     tokens = list(range(12))
     pool.allocate(1, tokens)
     pool.commit(1, tokens, 12)
-    pool.allocate(2, tokens[:4] + [90, 91])  # shares block 0
+    pool.allocate(2, [*tokens[:4], 90, 91])  # shares block 0
     assert pool.block_ids(2) == [0, 3]
     assert pool.swap_out(1) == [Move(1, (D, 2), (H, 0)), Move(2, (D, 3), (H, 1))]
     assert pool.is_swapped(1) and pool.tier_of(0) is D  # the shared block stays

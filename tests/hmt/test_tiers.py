@@ -7,8 +7,7 @@ import pytest
 
 from wicore.hmt.block_pool import Move
 from wicore.hmt.pager import Pager
-from wicore.hmt.tiers import Tier
-from wicore.hmt.tiers import CorruptBlockError, DeviceStore, HostStore, NvmeStore
+from wicore.hmt.tiers import CorruptBlockError, DeviceStore, HostStore, NvmeStore, Tier
 
 LAYERS, BLOCK, HEADS, DIM = 3, 4, 2, 8
 SHAPE = (LAYERS, 2, BLOCK, HEADS, DIM)
@@ -124,3 +123,35 @@ def test_a_pool_plan_with_swaps_through_the_sink_moves_every_block_intact(stores
             assert np.array_equal(stores[info.tier].read(info.slot), truth[info.block_id]), info
             checked += 1
     assert checked >= 8
+
+
+def test_kv_cache_drops_a_block_found_corrupt_and_names_the_sequence_that_lost_it(stores):
+    """KVCache.execute: a sequence swapped out to NVMe (no host tier) comes back with one block
+    corrupted there. The good blocks arrive intact, the corrupt one leaves the prefix cache,
+    and the sequence is named so that the scheduler recomputes it."""
+    from wicore.hmt.block_pool import BlockPool
+    from wicore.hmt.kv_cache import KVCache
+    from wicore.hmt.policy import LRUPolicy
+
+    pool = BlockPool(6, 0, 4, BLOCK, LRUPolicy())
+    kv = KVCache([pool], [Pager(stores)])
+    prompt = [*range(2 * BLOCK), 99]  # two full blocks and one token
+    assert kv.execute(kv.allocate(1, prompt, 16).moves) == set()
+    block_ids = kv.block_ids(1)
+    truth = {b: block(20 + i) for i, b in enumerate(block_ids)}
+    for b in block_ids:
+        stores[Tier.DEVICE].write(pool.slot_of(b), truth[b])
+    kv.commit(1, prompt, len(prompt))
+    assert kv.execute(kv.swap_out(1)) == set()
+    assert kv.num_blocks_in(1, Tier.NVME) == 3
+    bad = block_ids[1]
+    stores[Tier.NVME].data[pool.slot_of(bad)].reshape(-1)[0] += 1.0  # behind the store's back
+    assert kv.execute(kv.swap_in(1)) == {1}
+    assert kv.num_corrupt == 1
+    hashes = pool.prefix_hashes(prompt)
+    assert pool.is_cached(hashes[0]) and not pool.is_cached(hashes[1])
+    for b in (block_ids[0], block_ids[2]):
+        assert np.array_equal(stores[Tier.DEVICE].read(pool.slot_of(b)), truth[b])
+    assert kv.holders({(0, bad)}) == {1}  # it keeps its reference until it is freed to recompute
+    kv.free(1)
+    assert kv.holders({(0, b) for b in block_ids}) == set() and bad not in {i.block_id for i in pool.blocks()}

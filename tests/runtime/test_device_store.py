@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from wicore.hmt.block_pool import Move
-from wicore.runtime.device_store import LayerSplitStore, OrtPoolStore, ort_pool_store
 from wicore.hmt.pager import Pager
-from wicore.hmt.tiers import Tier
-from wicore.hmt.tiers import BatchedTierStore, DeviceStore, HostStore, NvmeStore
+from wicore.hmt.tiers import BatchedTierStore, DeviceStore, HostStore, NvmeStore, Tier
+from wicore.runtime.device_store import LayerSplitStore, OrtPoolStore, ort_pool_store
 from wicore.runtime.providers import CAPABILITIES, Device, onnxruntime
 
 LAYERS, NUM_BLOCKS, BLOCK, HEADS, DIM = 3, 6, 4, 2, 8
@@ -211,11 +210,12 @@ def test_engine_swaps_through_ort_pool_stores_losslessly(tiny_export, tmp_path):
         config = EngineConfig(model_dir=model_dir, num_threads=1, block_size=4, nvme_dir=tmp_path,
                               scheduler=SchedulerConfig(max_num_batched_tokens=48, prefill_chunk=16), **tiers)
         with Engine(config) as eng:
-            runner, dtype = eng.runner, np.dtype(eng.manifest.kv_dtype)
-            layouts = [l for l in (eng.kv.layout.full_layers, eng.kv.layout.window_layers) if l]
+            buffers = eng.runner.graphs.buffers
+            layouts = [layers for layers in (eng.layout.full_layers, eng.layout.window_layers) if layers]
             for layers, pager in zip(layouts, eng.kv.pagers):
+                assert isinstance(pager.stores[Tier.DEVICE], DeviceStore)  # what a CPU engine picks itself
                 pager.stores[Tier.DEVICE] = ort_pool_store(
-                    [runner.pool_values[i] for i in layers], [runner.layer_devices[i] for i in layers], dtype
+                    [buffers.values(i) for i in layers], [buffers.layer_devices[i] for i in layers], buffers.dtype
                 )
             outputs = []
             for _ in range(2):  # the second round finds its prompts cached, some demoted to NVMe

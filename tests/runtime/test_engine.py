@@ -1,4 +1,5 @@
-"""The engine end to end on a tiny random Gemma 3: concurrency, preemption, tiers, prefix cache."""
+"""The engine end to end on a tiny random Gemma 3: concurrency, preemption, tiers, prefix cache,
+admission. What a prompt generates is checked against HF transformers' greedy generation."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from wicore.errors import OverloadedError, RequestError
+from wicore.errors import ContextLengthError, OverloadedError, RequestError
+from wicore.hmt.tiers import Tier
 from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.generator import Generator
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
 
@@ -18,16 +19,32 @@ PROMPTS = [RNG.integers(3, 512, int(n)).tolist() for n in RNG.integers(3, 60, 12
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tiny_export):
-    return tiny_export(2)[0]
+def hf_greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
+    """HF transformers' greedy continuation of `prompt`, EOS not stopping it (as ignore_eos)."""
+    import torch
+
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None)
+    new = out[0, len(prompt) :].tolist()
+    assert len(new) == num_tokens
+    return new
 
 
 @pytest.fixture(scope="module")
-def alone(model_dir):
-    """What each prompt generates on its own (the offline generator, one prompt at a time)."""
-    gen = Generator.load(model_dir, num_threads=1, block_size=4)
-    return [gen.generate([p], GREEDY).token_ids[0] for p in PROMPTS]
+def tiny(tiny_export):
+    return tiny_export(2)  # (exported folder, HF model)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny):
+    return tiny[0]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny):
+    """What each prompt generates on its own: HF transformers' greedy generation."""
+    return [hf_greedy(tiny[1], p, 10) for p in PROMPTS]
 
 
 def engine(model_dir, **overrides) -> Engine:
@@ -65,19 +82,19 @@ def test_preemption_by_swap_to_host_is_lossless(model_dir, alone):
     with engine(model_dir, num_device_blocks=41, num_host_blocks=200) as eng:
         assert run_all(eng, PROMPTS) == alone
         stats = eng.stats()
-        host_cached = eng.pool.num_evictable(1)
+        host_cached = eng.kv.num_evictable(Tier.HOST)
     assert stats["preempted_swap"] > 0
     # Every request ended: what is left on the host is prefix cache, referenced by nobody.
     assert stats["blocks_in_use"]["host"] == host_cached
 
 
-def test_sliding_layers_release_blocks_behind_the_window(model_dir):
+def test_sliding_layers_release_blocks_behind_the_window(tiny):
     """Window 8, block size 4, chunks of 16: a sequence holds at most 7 window blocks
     ((8 - 1 + 16) / 4 + 1), so 8 device blocks (one the sink) serve 100-token requests."""
+    model_dir, hf_model = tiny
     prompts = [RNG.integers(3, 512, 60).tolist(), RNG.integers(3, 512, 70).tolist()]
     params = SamplingParams(max_tokens=40, ignore_eos=True)
-    gen = Generator.load(model_dir, num_threads=1, block_size=4)
-    expected = [gen.generate([p], params).token_ids[0] for p in prompts]
+    expected = [hf_greedy(hf_model, p, 40) for p in prompts]
     with engine(model_dir, num_window_device_blocks=8, scheduler=SchedulerConfig(max_num_seqs=1, prefill_chunk=16)) as eng:
         assert run_all(eng, prompts, params) == expected
         groups = eng.stats()["kv_groups"]
@@ -119,7 +136,7 @@ def test_corrupt_nvme_block_is_detected_and_recomputed(model_dir, alone, tmp_pat
 
 def test_prefix_cache_prefills_only_the_suffix(model_dir):
     prefix = RNG.integers(3, 512, 100).tolist()
-    first, second = prefix + [5, 6, 7], prefix + [9, 10]
+    first, second = [*prefix, 5, 6, 7], [*prefix, 9, 10]
     with engine(model_dir) as eng:
         out_first = run_all(eng, [first])[0]
         before = eng.stats()["computed_prompt_tokens"]
@@ -150,7 +167,7 @@ def test_abort_returns_blocks_and_ends_the_stream(model_dir):
         stats = eng.stats()
     assert stats["running"] == 0
     # Only prefix-cached (unreferenced, reusable) blocks remain on the device.
-    assert stats["blocks_in_use"]["device"] == eng.pool.num_evictable(0)
+    assert stats["blocks_in_use"]["device"] == eng.kv.num_evictable(Tier.DEVICE)
 
 
 def test_deadline_ends_a_request(model_dir):
@@ -164,14 +181,84 @@ def test_waiting_queue_limit_rejects_with_overloaded(model_dir):
     eng = engine(model_dir, scheduler=SchedulerConfig(max_waiting=2))  # not started: nothing drains
     eng.add_request([5, 6], GREEDY)
     eng.add_request([5, 7], GREEDY)
-    with pytest.raises(OverloadedError, match="overloaded"):
-        eng.add_request([5, 8], GREEDY)
+    with pytest.raises(OverloadedError) as err:
+        eng.add_request([5, 8], GREEDY, request_id="third")
+    assert str(err.value) == "overloaded: 2 requests already waiting; retry later"
+    assert eng.scheduler.num_waiting == 2 and not eng.scheduler.has_request("third")
 
 
-def test_request_larger_than_the_device_pool_is_refused(model_dir):
-    eng = engine(model_dir, num_device_blocks=5)
-    with pytest.raises(RequestError, match="needs up to 22 tokens of KV cache; the device pool holds 16"):
-        eng.add_request([1] * 12, GREEDY)
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([], "the prompt is empty"),
+        ([5, 512], "token ids must be in [0, 512)"),
+        ([-1, 5], "token ids must be in [0, 512)"),
+    ],
+)
+def test_malformed_prompts_are_refused_and_not_queued(model_dir, prompt, message):
+    with engine(model_dir) as eng:
+        with pytest.raises(RequestError) as err:
+            eng.add_request(prompt, GREEDY, request_id="bad")
+        assert eng.scheduler.num_waiting == 0 and not eng.scheduler.has_request("bad")
+    assert type(err.value) is RequestError and str(err.value) == message
+
+
+def test_a_request_id_in_use_is_refused(model_dir):
+    with engine(model_dir) as eng:
+        assert eng.add_request([5, 6], GREEDY, request_id="a") == "a"
+        with pytest.raises(RequestError) as err:
+            eng.add_request([5, 7], GREEDY, request_id="a")
+        assert eng.scheduler.num_waiting == 1
+    assert type(err.value) is RequestError and str(err.value) == "request id 'a' is already in use"
+
+
+def test_a_prompt_that_fills_the_device_kv_cache_is_refused_and_a_shorter_one_is_capped(tiny):
+    """5 device blocks of 4, one the sink: 16 tokens per sequence. A 16-token prompt has no
+    room; a 12-token prompt asking for 10 tokens gets 4 (HF's first 4), ending with "length"."""
+    model_dir, hf_model = tiny
+    with engine(model_dir, num_device_blocks=5) as eng:
+        assert eng.max_sequence_tokens == 16 and eng.max_context == 256
+        with pytest.raises(ContextLengthError) as err:
+            eng.add_request(list(range(3, 19)), GREEDY, request_id="long")
+        assert str(err.value) == (
+            "the prompt has 16 tokens; the model's device KV cache (raise --kv-pool-gb) holds 16 tokens "
+            "(prompt plus at least one generated token)"
+        )
+        assert not eng.scheduler.has_request("long")
+        prompt = list(range(3, 15))
+        [done] = eng.generate([prompt], GREEDY)
+    assert (done.token_ids, done.finish_reason, done.num_prompt_tokens) == (hf_greedy(hf_model, prompt, 4), "length", 12)
+
+
+def test_a_request_the_sliding_layers_cache_cannot_hold_is_refused(model_dir):
+    """5 window device blocks (4 usable): 10 prompt + 10 new tokens need 5 blocks; 10 + 6 need 4."""
+    eng = engine(model_dir, num_window_device_blocks=5)
+    with pytest.raises(RequestError) as err:
+        eng.add_request(list(range(3, 13)), GREEDY, request_id="wide")
+    assert type(err.value) is RequestError and str(err.value) == (
+        "the request needs up to 5 blocks in the sliding-window layers' KV cache, which holds 4 "
+        "(raise --kv-pool-gb or lower --prefill-chunk)"
+    )
+    assert not eng.scheduler.has_request("wide")
+    eng.add_request(list(range(3, 13)), SamplingParams(max_tokens=6, ignore_eos=True), request_id="narrow")
+    assert eng.scheduler.has_request("narrow")
+
+
+def test_generate_refusing_one_prompt_queues_none(model_dir):
+    """`generate` raises for a prompt with no room; the prompts before it must not stay queued
+    (they would run later with nobody to read them, their channels kept forever)."""
+    with engine(model_dir, scheduler=SchedulerConfig(max_context=20, prefill_chunk=16)) as eng:
+        with pytest.raises(ContextLengthError):
+            eng.generate([[5, 6, 7], list(range(3, 30))], GREEDY)
+        eng.start()  # the prompt queued before the refused one was aborted: it ends at the first step
+        deadline = time.monotonic() + 30
+        while eng.scheduler.has_work and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = eng.stats()
+        assert (stats["running"], stats["waiting"], stats["generated_tokens"], stats["computed_prompt_tokens"]) == (0, 0, 0, 0)
+        assert eng.stats()["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
+        with pytest.raises(RequestError, match="unknown request id"):
+            eng.outputs("req-0")  # its channel was claimed and forgotten
 
 
 def test_priority_then_fcfs_order_of_admission(model_dir):
@@ -185,18 +272,24 @@ def test_priority_then_fcfs_order_of_admission(model_dir):
         eng.add_request([5, 6, 11], GREEDY, priority="high"): "high",
     }
     # One running request at a time: the order in which they finish is the order of admission.
-    # It is recorded on the engine thread, as outputs are emitted, not by consumer threads
-    # whose wake-ups a loaded machine may reorder.
+    # It is recorded on the engine thread, as the scheduler reports the endings, not by
+    # consumer threads whose wake-ups a loaded machine may reorder.
     finished = []
-    emit = eng._emit
-    eng._emit = lambda output: (finished.append(ids[output.request_id]) if output.finished else None, emit(output))
+    update = eng.scheduler.update
+
+    def record(rows, result):
+        outputs = update(rows, result)
+        finished.extend(ids[o.request_id] for o in outputs if o.finished)
+        return outputs
+
+    eng.scheduler.update = record
     with eng.start():
         for rid in ids:
             assert list(eng.outputs(rid))[-1].finish_reason == "length"
     assert finished == ["urgent", "high", "normal-1", "normal-2", "low"]
 
 
-def test_attention_stats_reach_the_policy_and_change_no_output(tiny_model, alone, tmp_path):
+def test_attention_stats_reach_the_kv_cache_and_change_no_output(tiny_model, alone, tmp_path):
     from wicore.export.exporter import ExportConfig, export_model
     from wicore.export.sources import open_source
 
@@ -205,8 +298,14 @@ def test_attention_stats_reach_the_policy_and_change_no_output(tiny_model, alone
     export_model(open_source(str(folder)), stats_dir, ExportConfig(num_partitions=2, attention_stats=True), progress=lambda _: None)
     eng = engine(stats_dir)
     received = []
-    record = eng.policy.add_attention
-    eng.policy.add_attention = lambda block_id, mass, now=None: (received.append(mass), record(block_id, mass, now))
+    record = eng.kv.record_attention
+
+    def record_and_keep(block_ids, mass):
+        assert len(block_ids) == len(mass)
+        received.extend(mass)
+        record(block_ids, mass)
+
+    eng.kv.record_attention = record_and_keep
     with eng:
         assert run_all(eng, PROMPTS) == alone
     # Every step's mass over a row's blocks sums to full-attention layers * heads * tokens run
@@ -232,16 +331,16 @@ def test_a_step_that_fails_ends_its_requests_and_the_engine_goes_on(model_dir, a
     """The runner raising in one step (a broken kernel, say) fails the requests of that step
     with finish reason "error"; their blocks return and later requests run normally."""
     with engine(model_dir).start() as eng:
-        run = eng.runner.run
+        execute = eng.runner.execute
         failures = []
 
-        def fail_once(step):
+        def fail_once(rows, ended_request_ids=()):
             if not failures:
-                failures.append(step)
+                failures.append(rows)
                 raise RuntimeError("kernel failed")
-            return run(step)
+            return execute(rows, ended_request_ids)
 
-        eng.runner.run = fail_once
+        eng.runner.execute = fail_once
         rid = eng.add_request(PROMPTS[0], GREEDY)
         outputs = list(eng.outputs(rid))
         assert outputs[-1].finished and outputs[-1].finish_reason == "error"

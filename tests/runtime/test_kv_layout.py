@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from wicore.hmt.kv_cache import FULL, WINDOW
+from wicore.hmt.block_groups import FULL, WINDOW
 from wicore.hmt.tiers import Tier
 from wicore.runtime.engine import EngineConfig
-from wicore.runtime.kv_memory import GIB, KVLayout, TierBlocks, plan_tiers
+from wicore.runtime.kv_layout import GIB, KVLayout, TierBlocks, plan_tiers
 from wicore.runtime.scheduler import SchedulerConfig
 
 # Gemma 3 270M, fp32, block size 16: 3 full layers, 15 sliding, 2 * 16 * 1 * 256 * 4 bytes per layer block.

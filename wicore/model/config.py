@@ -50,6 +50,7 @@ class Gemma3Config:
     bos_token_id: int = 2
     eos_token_id: int = 1
     pad_token_id: int = 0
+    eos_token_ids: tuple[int, ...] = ()  # every id that ends generation, when the source lists several
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != self.num_layers:
@@ -78,6 +79,7 @@ class Gemma3Config:
         """Inverse of `to_dict` (the manifest's `config`)."""
         d = dict(d)
         d["layer_types"] = tuple(d["layer_types"])
+        d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
         d["rope_global"] = RopeConfig(**d["rope_global"])
         d["rope_local"] = RopeConfig(**d["rope_local"])
         return cls(**d)
@@ -117,6 +119,7 @@ class Gemma3Config:
             final_logit_softcapping=cfg.get("final_logit_softcapping"),
             bos_token_id=_first(cfg.get("bos_token_id"), 2),
             eos_token_id=_first(eos, 1),
+            eos_token_ids=tuple(eos) if isinstance(eos, list) else (),
             pad_token_id=_first(cfg.get("pad_token_id"), 0),
         )
 

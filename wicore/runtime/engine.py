@@ -164,7 +164,8 @@ class Engine:
         """Every token id that ends a request (unless it sets ignore_eos)."""
         if self.manifest.tokenizer is not None:
             return TokenizerInfo.from_dict(self.manifest.tokenizer).eos_token_ids
-        return (self.manifest.config.eos_token_id,)
+        cfg = self.manifest.config
+        return cfg.eos_token_ids or (cfg.eos_token_id,)
 
     @property
     def max_context(self) -> int:
