@@ -17,7 +17,7 @@ The workload, the same for every run:
               + a new question, so its prefix is found in whatever tier it was demoted to
 
 Before the paged run's workload, the tier-0 store's own round trip is checked on the engine's
-real pools (write random blocks to the first and last usable slots, read them back bit-exact,
+real pools (write random blocks to the first and last usable frames, read them back bit-exact,
 restore). Prints one JSON object: moves per tier pair, preemptions, prefix hits, whether outputs
 are equal (and where the first difference is), seconds spent in the pager.
 
@@ -82,23 +82,23 @@ def group_stores(engine: Engine) -> list[tuple[str, list[int], object]]:
 
 
 def check_store_round_trip(store) -> bool:
-    """Random blocks written to the first usable and the last slot of tier 0 read back bit-exact,
-    one by one and batched; the slots' contents are restored after."""
-    slots = [1, store.num_slots - 1]  # block 0 is the padding sink
-    saved = [store.read(s) for s in slots]
+    """Random blocks written to the first usable and the last frame of tier 0 read back bit-exact,
+    one by one and batched; the frames' contents are restored after."""
+    frames = [1, store.num_frames - 1]  # block 0 is the padding sink
+    saved = [store.read(s) for s in frames]
     rng = np.random.default_rng(0)
     ok = True
-    for slot, old in zip(slots, saved):
+    for frame, old in zip(frames, saved):
         data = rng.standard_normal(old.shape).astype(old.dtype)
-        store.write(slot, data)
-        ok &= store.read(slot).tobytes() == data.tobytes()
+        store.write(frame, data)
+        ok &= store.read(frame).tobytes() == data.tobytes()
     if isinstance(store, BatchedTierStore):
-        data = rng.standard_normal((len(slots), *saved[0].shape)).astype(saved[0].dtype)
-        store.write_many(slots, data)
-        ok &= store.read_many(slots).tobytes() == data.tobytes()
-    for slot, old in zip(slots, saved):
-        store.write(slot, old)
-        ok &= store.read(slot).tobytes() == old.tobytes()
+        data = rng.standard_normal((len(frames), *saved[0].shape)).astype(saved[0].dtype)
+        store.write_many(frames, data)
+        ok &= store.read_many(frames).tobytes() == data.tobytes()
+    for frame, old in zip(frames, saved):
+        store.write(frame, old)
+        ok &= store.read(frame).tobytes() == old.tobytes()
     return bool(ok)
 
 
@@ -106,15 +106,18 @@ def time_store(store, counts: tuple[int, ...] = (1, 8)) -> dict[str, float]:
     """Median ms of read_many / write_many of n blocks (written back unchanged), BatchedTierStore only."""
     result = {}
     for n in counts:
-        slots = list(range(1, min(n, store.num_slots - 1) + 1))
-        data = store.read_many(slots)
-        for op, call in (("read", lambda s=slots: store.read_many(s)), ("write", lambda s=slots, d=data: store.write_many(s, d))):
+        frames = list(range(1, min(n, store.num_frames - 1) + 1))
+        data = store.read_many(frames)
+        for op, call in (
+            ("read", lambda s=frames: store.read_many(s)),
+            ("write", lambda s=frames, d=data: store.write_many(s, d)),
+        ):
             times = []
             for _ in range(11):
                 start = time.perf_counter()
                 call()
                 times.append(time.perf_counter() - start)
-            result[f"{op}_many_{len(slots)}_ms"] = round(1e3 * sorted(times)[len(times) // 2], 3)
+            result[f"{op}_many_{len(frames)}_ms"] = round(1e3 * sorted(times)[len(times) // 2], 3)
     return result
 
 
@@ -178,7 +181,7 @@ def run_workload(config: EngineConfig, args: argparse.Namespace, force_ort_store
         return {
             "devices": config.devices,
             "stores": stores,
-            "device_blocks_per_group": {name: pager.stores[Tier.DEVICE].num_slots for name, _, pager in groups},
+            "device_blocks_per_group": {name: pager.stores[Tier.DEVICE].num_frames for name, _, pager in groups},
             "host_blocks": config.num_host_blocks,
             "nvme_blocks": config.num_nvme_blocks,
             "store_self_check": self_check,

@@ -45,7 +45,7 @@ def test_the_window_group_holds_the_window_while_the_full_group_holds_everything
     assert (first, len(table)) == (12, 3)  # the last step (positions 56..59) sees positions 49.., blocks 12..14
     # Released blocks were full and committed: they stay cached (evictable) in the window group.
     window = cache.window.pool
-    assert window.usage(Tier.DEVICE) == 7 and window.num_evictable(Tier.DEVICE) == 4  # 7 usable slots
+    assert window.usage(Tier.DEVICE) == 7 and window.num_evictable(Tier.DEVICE) == 4  # 7 usable frames
     # Every block the sequence holds, in either group, names it as a holder; the released
     # window blocks (cached, nobody's) name no one.
     held = {(FULL, b) for b in cache.block_ids(1)} | {(WINDOW, b) for b in window.block_ids(1)}

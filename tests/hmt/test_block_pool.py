@@ -1,4 +1,4 @@
-"""BlockPool on tiny pools (block_size 4): exact block ids, slots, move plans, and a random walk."""
+"""BlockPool on tiny pools (block_size 4): exact block ids, frames, move plans, and a random walk."""
 
 from __future__ import annotations
 
@@ -50,10 +50,10 @@ def state(pool: BlockPool) -> tuple[list[BlockInfo], list[int]]:
     return pool.blocks(), [pool.num_free(t) for t in Tier]
 
 
-# -- slots and ids ---------------------------------------------------------------------------
-def test_lowest_free_slot_first_and_the_sink_is_never_handed_out():
+# -- frames and ids ---------------------------------------------------------------------------
+def test_lowest_free_frame_first_and_the_sink_is_never_handed_out():
     pool, _ = make_pool(device=10)
-    assert pool.num_slots(D) == 9 and pool.num_free(D) == 9
+    assert pool.num_frames(D) == 9 and pool.num_free(D) == 9
     assert pool.allocate(1, list(range(9))) == Allocation(num_cached_tokens=0, moves=[])
     assert pool.block_ids(1) == [0, 1, 2] and pool.block_table(1) == [1, 2, 3]
     assert pool.allocate(2, list(range(5))).num_cached_tokens == 0
@@ -62,7 +62,7 @@ def test_lowest_free_slot_first_and_the_sink_is_never_handed_out():
     pool.free(1)  # nothing committed: no block is cached, all three retire
     assert pool.usage(D) == 2 and pool.num_evictable(D) == 0
     pool.allocate(3, [7])
-    assert pool.block_ids(3) == [0] and pool.block_table(3) == [1]  # lowest recycled id, lowest slot
+    assert pool.block_ids(3) == [0] and pool.block_table(3) == [1]  # lowest recycled id, lowest frame
 
 
 def test_append_adds_blocks_only_when_a_block_fills():
@@ -139,27 +139,27 @@ def one_block_prompts(pool: BlockPool, clock: FakeClock, tokens: list[int]) -> N
 
 
 def test_lru_eviction_drops_the_least_recently_used_cached_blocks():
-    pool, clock = make_pool(device=6)  # 5 usable slots
-    one_block_prompts(pool, clock, [1, 2, 3])  # blocks 0, 1, 2 in slots 1, 2, 3
+    pool, clock = make_pool(device=6)  # 5 usable frames
+    one_block_prompts(pool, clock, [1, 2, 3])  # blocks 0, 1, 2 in frames 1, 2, 3
     clock.now = 4.0
     pool.allocate(4, [1, 1, 1, 1, 9])  # prefix hit on block 0; its tail block 3 retires at free
     clock.now = 5.0
     pool.free(4)  # block 0 last used at t=5: now the most recent
     clock.now = 6.0
-    alloc = pool.allocate(5, list(range(16)))  # 4 blocks: 2 free slots + 2 victims
+    alloc = pool.allocate(5, list(range(16)))  # 4 blocks: 2 free frames + 2 victims
     assert alloc.moves == [Move(1, (D, 2), None), Move(2, (D, 3), None)]
     assert pool.block_ids(5) == [1, 2, 3, 4] and pool.block_table(5) == [2, 3, 4, 5]
-    assert pool.slot_of(0) == 1 and pool.num_evictable(D) == 1
+    assert pool.frame_of(0) == 1 and pool.num_evictable(D) == 1
 
 
 def test_a_cached_prefix_loses_its_tail_before_its_head():
     """Blocks freed together tie on recency: the deepest goes first, so the prefix that is
     left can still be hit (a tail without its head never can)."""
-    pool, clock = make_pool(device=5)  # 4 usable slots
+    pool, clock = make_pool(device=5)  # 4 usable frames
     prompt = list(range(13))  # 3 full blocks cached: ids 0, 1, 2 at depths 0, 1, 2
     cached_prompt(pool, 1, prompt)
     clock.now = 1.0
-    alloc = pool.allocate(2, [50, 51, 52, 53, 54, 55])  # 2 blocks: 1 free slot + 1 victim
+    alloc = pool.allocate(2, [50, 51, 52, 53, 54, 55])  # 2 blocks: 1 free frame + 1 victim
     assert alloc.moves == [Move(2, (D, 3), None)]
     pool.free(2)
     assert pool.allocate(3, prompt).num_cached_tokens == 8  # blocks 0 and 1 still hit
@@ -167,7 +167,7 @@ def test_a_cached_prefix_loses_its_tail_before_its_head():
 
 @pytest.mark.parametrize(("make_policy", "victim"), [(LRUPolicy, Move(0, (D, 1), None)), (A2CRPolicy, Move(1, (D, 2), None))])
 def test_a2cr_keeps_a_frequently_hit_block_that_lru_drops(make_policy: type[EvictionPolicy], victim: Move):
-    pool, clock = make_pool(device=4, policy=make_policy())  # 3 usable slots
+    pool, clock = make_pool(device=4, policy=make_policy())  # 3 usable frames
     one_block_prompts(pool, clock, [1])
     for t in (2.0, 3.0, 4.0):  # block 0 hit three times
         clock.now = t
@@ -178,18 +178,18 @@ def test_a2cr_keeps_a_frequently_hit_block_that_lru_drops(make_policy: type[Evic
 
 
 def test_victims_cascade_to_host_then_nvme_then_are_dropped():
-    pool, clock = make_pool(device=3, host=1, nvme=1)  # 2 DEVICE slots
+    pool, clock = make_pool(device=3, host=1, nvme=1)  # 2 DEVICE frames
     one_block_prompts(pool, clock, [1, 2])  # block 0 at D1, block 1 at D2
     clock.now = 3.0
     assert cached_prompt(pool, 3, [3] * BS) == [Move(0, (D, 1), (H, 0))]
-    assert [(b.block_id, b.tier, b.slot) for b in pool.blocks()] == [(0, H, 0), (1, D, 2), (2, D, 1)]
+    assert [(b.block_id, b.tier, b.frame) for b in pool.blocks()] == [(0, H, 0), (1, D, 2), (2, D, 1)]
     clock.now = 4.0
     moves = cached_prompt(pool, 4, [4] * BS)
     assert moves == [Move(0, (H, 0), (N, 0)), Move(1, (D, 2), (H, 0))]
     clock.now = 5.0
     moves = cached_prompt(pool, 5, [5] * BS)
     assert moves == [Move(0, (N, 0), None), Move(1, (H, 0), (N, 0)), Move(2, (D, 1), (H, 0))]
-    assert [(b.block_id, b.tier, b.slot) for b in pool.blocks()] == [(0, D, 1), (1, N, 0), (2, H, 0), (3, D, 2)]
+    assert [(b.block_id, b.tier, b.frame) for b in pool.blocks()] == [(0, D, 1), (1, N, 0), (2, H, 0), (3, D, 2)]
 
 
 def test_a_hit_in_nvme_is_promoted_after_room_is_made():
@@ -198,8 +198,8 @@ def test_a_hit_in_nvme_is_promoted_after_room_is_made():
     clock.now = 6.0
     alloc = pool.allocate(6, [2, 2, 2, 2, 9])  # hit on block 1, in NVME
     assert alloc.num_cached_tokens == 4
-    # DEVICE is full, so block 1 goes up through the sink and its NVME slot takes part in the
-    # cascade: D victim 3 (LRU, t=4) -> HOST, whose block 2 -> the NVME slot 1 left. Then the
+    # DEVICE is full, so block 1 goes up through the sink and its NVME frame takes part in the
+    # cascade: D victim 3 (LRU, t=4) -> HOST, whose block 2 -> the NVME frame 1 left. Then the
     # fresh block's room: D victim 0 -> HOST, 3 -> NVME, and 2, the oldest, is dropped.
     assert alloc.moves == [
         Move(1, (N, 0), (D, 0)),
@@ -226,7 +226,7 @@ def test_an_absent_host_tier_is_skipped():
 def test_release_retires_private_blocks_and_keeps_cached_ones_for_hits():
     pool, _ = make_pool(device=10)
     tokens = list(range(14))
-    pool.allocate(1, tokens)  # blocks 0..3 in slots 1..4
+    pool.allocate(1, tokens)  # blocks 0..3 in frames 1..4
     pool.commit(1, tokens, 8)  # blocks 0 and 1 full and cached; 2 and 3 not yet
     pool.release(1, 1)
     assert pool.first_block(1) == 1 and pool.block_ids(1) == [1, 2, 3] and pool.block_table(1) == [2, 3, 4]
@@ -303,7 +303,7 @@ def test_swap_out_fails_cleanly_without_room_below():
 
 # -- full pool -------------------------------------------------------------------------------
 def test_allocate_and_append_return_none_and_change_nothing_when_full():
-    pool, _ = make_pool(device=4)  # 3 usable slots
+    pool, _ = make_pool(device=4)  # 3 usable frames
     pool.allocate(1, list(range(8)))
     assert not pool.can_allocate(2) and pool.can_allocate(1)
     before = state(pool)
@@ -317,9 +317,9 @@ def test_allocate_and_append_return_none_and_change_nothing_when_full():
 
 def test_allocate_counts_reused_blocks_as_no_longer_evictable():
     pool, _ = make_pool(device=4)
-    cached_prompt(pool, 1, list(range(8)))  # blocks 0 and 1 cached; 1 slot free
+    cached_prompt(pool, 1, list(range(8)))  # blocks 0 and 1 cached; 1 frame free
     before = state(pool)
-    # Reusing block 0 leaves 1 free + 1 evictable slot, but 3 new blocks are needed.
+    # Reusing block 0 leaves 1 free + 1 evictable frame, but 3 new blocks are needed.
     assert pool.allocate(2, list(range(4)) + [9] * 9) is None
     assert state(pool) == before
 
@@ -379,9 +379,9 @@ def test_misuse_is_reported():
 
 # -- random walk -----------------------------------------------------------------------------
 def replay(before: list[BlockInfo], moves: list[Move], pool: BlockPool) -> None:
-    """Execute a plan on the slots as they were: each move finds its block at src and an empty
+    """Execute a plan on the frames as they were: each move finds its block at src and an empty
     dst, only unreferenced blocks are dropped, and the blocks end where the pool says they are."""
-    at = {(b.tier, b.slot): b.block_id for b in before}
+    at = {(b.tier, b.frame): b.block_id for b in before}
     ref_count = {b.block_id: b.ref_count for b in before}
     for move in moves:
         assert at.pop(move.src) == move.block_id
@@ -390,7 +390,7 @@ def replay(before: list[BlockInfo], moves: list[Move], pool: BlockPool) -> None:
         else:
             assert move.dst not in at
             at[move.dst] = move.block_id
-    now_at = {b.block_id: (b.tier, b.slot) for b in pool.blocks()}
+    now_at = {b.block_id: (b.tier, b.frame) for b in pool.blocks()}
     for place, block_id in at.items():
         assert now_at[block_id] == place
 
@@ -534,15 +534,15 @@ class PoolMachine(RuleBasedStateMachine):
         if self.pool is None:
             return
         pool, blocks = self.pool, self.pool.blocks()
-        places = [(b.tier, b.slot) for b in blocks]
-        assert len(set(places)) == len(places)  # no slot holds two blocks
+        places = [(b.tier, b.frame) for b in blocks]
+        assert len(set(places)) == len(places)  # no frame holds two blocks
         assert (D, BlockPool.SINK_SLOT) not in places
         for tier in Tier:
             in_tier = [b for b in blocks if b.tier is tier]
             first = 1 if tier is D else 0
-            assert all(first <= b.slot < first + pool.num_slots(tier) for b in in_tier)
+            assert all(first <= b.frame < first + pool.num_frames(tier) for b in in_tier)
             assert pool.usage(tier) == len(in_tier)
-            assert pool.num_free(tier) + pool.usage(tier) == pool.num_slots(tier)
+            assert pool.num_free(tier) + pool.usage(tier) == pool.num_frames(tier)
             assert pool.num_evictable(tier) == sum(b.ref_count == 0 for b in in_tier)
         holders = Counter(b for s in self.tokens for b in pool.block_ids(s))
         for b in blocks:
@@ -556,7 +556,7 @@ class PoolMachine(RuleBasedStateMachine):
             assert pool.first_block(seq_id) + len(block_ids) == -(-len(tokens) // BS)
             assert pool.is_swapped(seq_id) == (seq_id in self.swapped)
             if seq_id not in self.swapped:
-                assert pool.block_table(seq_id) == [pool.slot_of(b) for b in block_ids]
+                assert pool.block_table(seq_id) == [pool.frame_of(b) for b in block_ids]
 
     def teardown(self) -> None:
         if self.pool is None:

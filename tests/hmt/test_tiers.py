@@ -52,7 +52,7 @@ def test_corrupt_nvme_block_is_detected(stores):
     nvme = stores[Tier.NVME]
     nvme.write(1, block(3))
     nvme.data[1, 2, 1, 3, 0, 5] += 1e-3  # one value, behind the store's back
-    with pytest.raises(CorruptBlockError, match="slot 1"):
+    with pytest.raises(CorruptBlockError, match="frame 1"):
         nvme.read(1)
     with pytest.raises(CorruptBlockError):
         nvme.read(0)  # never written
@@ -79,7 +79,7 @@ def test_dropped_blocks_copy_nothing(stores):
 
 def test_a_pool_plan_with_swaps_through_the_sink_moves_every_block_intact(stores):
     """A real BlockPool plan executed on real stores: each block's bytes end where the pool
-    says the block is, through the promotions that pass the DEVICE sink slot."""
+    says the block is, through the promotions that pass the DEVICE sink frame."""
     from wicore.hmt.block_pool import BlockPool
     from wicore.hmt.policy import LRUPolicy
 
@@ -97,11 +97,11 @@ def test_a_pool_plan_with_swaps_through_the_sink_moves_every_block_intact(stores
         execute(alloc.moves)
         block_id = pool.block_ids(seq)[0]
         truth[block_id] = block(100 + seq)
-        stores[Tier.DEVICE].write(pool.slot_of(block_id), truth[block_id])
+        stores[Tier.DEVICE].write(pool.frame_of(block_id), truth[block_id])
         pool.commit(seq, prompt, BLOCK)
         pool.free(seq)
     holder = list(range(1000, 1000 + BLOCK * pool.num_free(Tier.DEVICE)))
-    execute(pool.allocate(500, holder).moves)  # takes every free DEVICE slot: hits must evict
+    execute(pool.allocate(500, holder).moves)  # takes every free DEVICE frame: hits must evict
     assert pool.num_free(Tier.DEVICE) == 0
     num_through_sink = 0
     num_hits = 0
@@ -120,7 +120,7 @@ def test_a_pool_plan_with_swaps_through_the_sink_moves_every_block_intact(stores
     checked = 0
     for info in pool.blocks():
         if info.block_id in truth:
-            assert np.array_equal(stores[info.tier].read(info.slot), truth[info.block_id]), info
+            assert np.array_equal(stores[info.tier].read(info.frame), truth[info.block_id]), info
             checked += 1
     assert checked >= 8
 
@@ -140,18 +140,18 @@ def test_kv_cache_drops_a_block_found_corrupt_and_names_the_sequence_that_lost_i
     block_ids = kv.block_ids(1)
     truth = {b: block(20 + i) for i, b in enumerate(block_ids)}
     for b in block_ids:
-        stores[Tier.DEVICE].write(pool.slot_of(b), truth[b])
+        stores[Tier.DEVICE].write(pool.frame_of(b), truth[b])
     kv.commit(1, prompt, len(prompt))
     assert kv.execute(kv.swap_out(1)) == set()
     assert kv.num_blocks_in(1, Tier.NVME) == 3
     bad = block_ids[1]
-    stores[Tier.NVME].data[pool.slot_of(bad)].reshape(-1)[0] += 1.0  # behind the store's back
+    stores[Tier.NVME].data[pool.frame_of(bad)].reshape(-1)[0] += 1.0  # behind the store's back
     assert kv.execute(kv.swap_in(1)) == {1}
     assert kv.num_corrupt == 1
     hashes = pool.prefix_hashes(prompt)
     assert pool.is_cached(hashes[0]) and not pool.is_cached(hashes[1])
     for b in (block_ids[0], block_ids[2]):
-        assert np.array_equal(stores[Tier.DEVICE].read(pool.slot_of(b)), truth[b])
+        assert np.array_equal(stores[Tier.DEVICE].read(pool.frame_of(b)), truth[b])
     assert kv.holders({(0, bad)}) == {1}  # it keeps its reference until it is freed to recompute
     kv.free(1)
     assert kv.holders({(0, b) for b in block_ids}) == set() and bad not in {i.block_id for i in pool.blocks()}

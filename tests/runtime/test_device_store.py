@@ -24,7 +24,10 @@ def random_pools(dtype: np.dtype, seed: int = 0) -> tuple[list[np.ndarray], list
 
 def as_ort_values(keys: list[np.ndarray], values: list[np.ndarray]) -> list[tuple[object, object]]:
     ort = onnxruntime()
-    return [(ort.OrtValue.ortvalue_from_numpy(k, "cpu", 0), ort.OrtValue.ortvalue_from_numpy(v, "cpu", 0)) for k, v in zip(keys, values)]
+    return [
+        (ort.OrtValue.ortvalue_from_numpy(k, "cpu", 0), ort.OrtValue.ortvalue_from_numpy(v, "cpu", 0))
+        for k, v in zip(keys, values)
+    ]
 
 
 def block(seed: int, dtype: np.dtype, n: int | None = None) -> np.ndarray:
@@ -43,16 +46,16 @@ def pools(request):
 
 def test_reads_match_numpy(pools):
     keys, values, store, truth = pools
-    assert store.num_slots == NUM_BLOCKS and isinstance(store, BatchedTierStore)
-    for slot in (0, 2, NUM_BLOCKS - 1):
-        got = store.read(slot)
+    assert store.num_frames == NUM_BLOCKS and isinstance(store, BatchedTierStore)
+    for frame in (0, 2, NUM_BLOCKS - 1):
+        got = store.read(frame)
         assert got.shape == SHAPE and got.dtype == keys[0].dtype
-        assert got.tobytes() == truth.read(slot).tobytes()
-        assert np.array_equal(got[1, 0], keys[1][slot]) and np.array_equal(got[2, 1], values[2][slot])
+        assert got.tobytes() == truth.read(frame).tobytes()
+        assert np.array_equal(got[1, 0], keys[1][frame]) and np.array_equal(got[2, 1], values[2][frame])
     many = store.read_many([NUM_BLOCKS - 1, 0, 3, 0])
     assert many.shape == (4, *SHAPE)
-    for got, slot in zip(many, [NUM_BLOCKS - 1, 0, 3, 0]):
-        assert got.tobytes() == truth.read(slot).tobytes()
+    for got, frame in zip(many, [NUM_BLOCKS - 1, 0, 3, 0]):
+        assert got.tobytes() == truth.read(frame).tobytes()
     assert store.read_many([]).shape == (0, *SHAPE)
 
 
@@ -82,16 +85,16 @@ def test_batched_write_then_read(pools):
     store.write_many([], data[:0])
 
 
-def test_bad_slots_and_shapes_raise(pools):
+def test_bad_frames_and_shapes_raise(pools):
     keys, _, store, _ = pools
     data = block(3, keys[0].dtype)
-    with pytest.raises(IndexError, match=f"slot {NUM_BLOCKS} is out of range for a device pool of {NUM_BLOCKS} blocks"):
+    with pytest.raises(IndexError, match=f"frame {NUM_BLOCKS} is out of range for a device pool of {NUM_BLOCKS} blocks"):
         store.read(NUM_BLOCKS)
-    with pytest.raises(IndexError, match="slot -1 is out of range"):
+    with pytest.raises(IndexError, match="frame -1 is out of range"):
         store.write(-1, data)
-    with pytest.raises(IndexError, match="slot 9 is out of range"):
+    with pytest.raises(IndexError, match="frame 9 is out of range"):
         store.read_many([0, 9])
-    with pytest.raises(ValueError, match="got a slot twice"):
+    with pytest.raises(ValueError, match="got a frame twice"):
         store.write_many([1, 1], np.stack([data, data]))
     with pytest.raises(ValueError, match="blocks of shape"):
         store.write(1, data[:2])
@@ -119,13 +122,13 @@ class CountingStore(OrtPoolStore):
         super().__init__(*args)
         self.calls: list[tuple[str, list[int]]] = []
 
-    def read_many(self, slots):
-        self.calls.append(("read", list(slots)))
-        return super().read_many(slots)
+    def read_many(self, frames):
+        self.calls.append(("read", list(frames)))
+        return super().read_many(frames)
 
-    def write_many(self, slots, data):
-        self.calls.append(("write", list(slots)))
-        super().write_many(slots, data)
+    def write_many(self, frames, data):
+        self.calls.append(("write", list(frames)))
+        super().write_many(frames, data)
 
 
 @pytest.fixture
@@ -163,7 +166,7 @@ def test_pager_batches_runs_and_keeps_plan_order(tiers):
     assert pager.stats.num_moves == {("device", "host"): 4, ("host", "device"): 1, ("host", "nvme"): 1}
 
 
-def test_pager_cuts_a_run_that_writes_a_slot_twice(tiers):
+def test_pager_cuts_a_run_that_writes_a_frame_twice(tiers):
     stores, truth = tiers
     stores[Tier.HOST].write(0, block(8, np.float32))
     stores[Tier.HOST].write(1, block(9, np.float32))
@@ -186,10 +189,14 @@ def test_pager_skips_corrupt_blocks_in_a_batch(tiers):
     assert pager.stats.num_corrupt == 1
 
 
-def test_a_run_is_cut_before_reading_a_slot_it_wrote():
+def test_a_run_is_cut_before_reading_a_frame_it_wrote():
     from wicore.hmt.pager import _batches
 
-    chain = [Move(1, (Tier.DEVICE, 1), (Tier.DEVICE, 2)), Move(2, (Tier.DEVICE, 2), (Tier.DEVICE, 3)), Move(3, (Tier.DEVICE, 4), (Tier.DEVICE, 1))]
+    chain = [
+        Move(1, (Tier.DEVICE, 1), (Tier.DEVICE, 2)),
+        Move(2, (Tier.DEVICE, 2), (Tier.DEVICE, 3)),
+        Move(3, (Tier.DEVICE, 4), (Tier.DEVICE, 1)),
+    ]
     assert [[m.block_id for m in b] for b in _batches(chain)] == [[1], [2, 3]]
 
 
@@ -207,8 +214,14 @@ def test_engine_swaps_through_ort_pool_stores_losslessly(tiny_export, tmp_path):
     params = SamplingParams(max_tokens=10, ignore_eos=True)
 
     def run(**tiers) -> tuple[list[list[int]], dict, list[str]]:
-        config = EngineConfig(model_dir=model_dir, num_threads=1, block_size=4, nvme_dir=tmp_path,
-                              scheduler=SchedulerConfig(max_num_batched_tokens=48, prefill_chunk=16), **tiers)
+        config = EngineConfig(
+            model_dir=model_dir,
+            num_threads=1,
+            block_size=4,
+            nvme_dir=tmp_path,
+            scheduler=SchedulerConfig(max_num_batched_tokens=48, prefill_chunk=16),
+            **tiers,
+        )
         with Engine(config) as eng:
             buffers = eng.runner.graphs.buffers
             layouts = [layers for layers in (eng.layout.full_layers, eng.layout.window_layers) if layers]

@@ -122,11 +122,11 @@ class BlockGroups:
 
     # -- queries ---------------------------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:
-        """The full group's DEVICE slots, every block of the sequence in order."""
+        """The full group's DEVICE frames, every block of the sequence in order."""
         return self.full.pool.block_table(seq_id)
 
     def window_table(self, seq_id: int) -> tuple[list[int], int]:
-        """The window group's DEVICE slots and the logical block of the first; without a
+        """The window group's DEVICE frames and the logical block of the first; without a
         window group, the full table from block 0."""
         group = self.window or self.full
         return group.pool.block_table(seq_id), group.pool.first_block(seq_id)

@@ -1,15 +1,16 @@
-"""Integer bookkeeping for the paged KV cache over three tiers: ids, slots, refcounts, prefix hashes.
+"""Integer bookkeeping for the paged KV cache over three tiers: ids, frames, refcounts, prefix hashes.
 
 No bytes move here. A call that needs bytes moved returns a plan, a list of
 `Move`s, which the pager executes in list order before the step runs: a plan may
-hand out a slot that an earlier move of the same plan vacated.
+hand out a frame that an earlier move of the same plan vacated.
 
 A *block* holds the K/V of `block_size` consecutive tokens of a sequence and keeps
-its `block_id` for as long as it lives; it lies in one tier at a *slot* (an index
-into that tier's store). A sequence of 10 tokens, block_size 4, 8 computed:
+its `block_id` for as long as it lives; it lies in one tier at a *frame* (an index
+into that tier's store; a *slot*, in the graphs, is one token's place in a DEVICE buffer,
+frame * block_size + offset). A sequence of 10 tokens, block_size 4, 8 computed:
 
     tokens      | t0 t1 t2 t3 | t4 t5 t6 t7 | t8 t9 .  .  |
-    block_ids   |      7      |      2      |      5      |  block_table: their DEVICE slots
+    block_ids   |      7      |      2      |      5      |  block_table: their DEVICE frames
     chain hash  |     h0      |     h1      |   (none)    |  h0 = H(b"", t0..t3), h1 = H(h0, t4..t7)
                 |<-- num_computed = 8 ----->|
 
@@ -107,14 +108,14 @@ class BlockPool(BlockSpace):
         return self._seq(seq_id).first_block
 
     def block_table(self, seq_id: int) -> list[int]:
-        """DEVICE slots of the sequence's live blocks, in token order."""
-        slots = []
+        """DEVICE frames of the sequence's live blocks, in token order."""
+        frames = []
         for block_id in self._seq(seq_id).block_ids:
             block = self._blocks[block_id]
             if block.tier is not Tier.DEVICE:
                 raise ValueError(f"sequence {seq_id}: block {block_id} is in {block.tier.name}; swap_in first")
-            slots.append(block.slot)
-        return slots
+            frames.append(block.frame)
+        return frames
 
     def is_swapped(self, seq_id: int) -> bool:
         return self._seq(seq_id).is_swapped
@@ -306,7 +307,7 @@ class BlockPool(BlockSpace):
 
     def invalidate(self, block_id: int) -> None:
         """The block's bytes are corrupt: it leaves the prefix cache now. Holders keep their
-        reference (the caller recomputes them: free + add again); its slot is freed when the
+        reference (the caller recomputes them: free + add again); its frame is freed when the
         last one lets go. A block id no longer live has nothing to invalidate.
         """
         block = self._blocks.get(block_id)

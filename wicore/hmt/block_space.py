@@ -1,21 +1,21 @@
-"""Where every KV block lies: tiers, slots, free lists, refcounts, the prefix cache map, eviction.
+"""Where every KV block lies: tiers, frames, free lists, refcounts, the prefix cache map, eviction.
 
 The bookkeeping under BlockPool (which adds sequences and prefix hashing). No bytes
 move here either: calls that need bytes moved append `Move`s to a plan.
 
-Every slot of a tier is in one of these states (`usage` = owned + cached):
+Every frame of a tier is in one of these states (`usage` = owned + cached):
 
     DEVICE | sink | owned: ref_count > 0 | cached, ref_count 0 (evictable) | free |
-             slot 0: padding rows of a step scatter here; never handed out
+             frame 0: padding rows of a step scatter here; never handed out
     HOST   | owned (swapped out)  | cached, ref_count 0 (evictable) | free |
     NVME   | owned (swapped out)  | cached, ref_count 0 (evictable) | free |
 
-Invariants: a block is in exactly one (tier, slot) and a slot holds at most one
+Invariants: a block is in exactly one (tier, frame) and a frame holds at most one
 block; ref_count = number of sequences holding the block; a block with ref_count 0
-is cached (otherwise it is retired at once: slot freed, id recyclable); a running
+is cached (otherwise it is retired at once: frame freed, id recyclable); a running
 (not swapped) sequence has all its blocks on DEVICE.
 
-Eviction is a cascade down the tiers: to free DEVICE slots, the policy's worst
+Eviction is a cascade down the tiers: to free DEVICE frames, the policy's worst
 unreferenced cached DEVICE blocks are demoted to HOST as far as HOST has room
 (HOST first making room the same way, towards NVME), and the rest are dropped.
 Candidates the policy scores equal go deepest block first, so a cached prefix loses
@@ -35,7 +35,7 @@ from wicore.hmt.tiers import Tier
 
 @dataclass(frozen=True)
 class Move:
-    """Copy one block's bytes from `src` to `dst` ((tier, slot) each); dst None = dropped, no copy."""
+    """Copy one block's bytes from `src` to `dst` ((tier, frame) each); dst None = dropped, no copy."""
 
     block_id: int
     src: tuple[Tier, int]
@@ -49,7 +49,7 @@ class BlockInfo:
 
     block_id: int
     tier: Tier
-    slot: int
+    frame: int
     ref_count: int
     is_cached: bool
 
@@ -58,7 +58,7 @@ class BlockInfo:
 class Block:
     block_id: int
     tier: Tier
-    slot: int
+    frame: int
     ref_count: int = 0
     hash: bytes | None = None  # set only while the prefix cache maps this hash to this block
     depth: int = 0  # logical block index in its sequence(s): eviction ties go deepest first
@@ -67,7 +67,7 @@ class Block:
 class BlockSpace:
     """The blocks of one block group over its three tiers, and how they move between them."""
 
-    SINK_SLOT = 0  # DEVICE slot for padding rows' writes; never handed out
+    SINK_SLOT = 0  # DEVICE frame for padding rows' writes; never handed out
 
     def __init__(
         self,
@@ -79,32 +79,32 @@ class BlockSpace:
         group: int = 0,
     ) -> None:
         if num_device_blocks < 2:
-            raise ValueError(f"num_device_blocks must be >= 2 (slot 0 is the padding sink), got {num_device_blocks}")
+            raise ValueError(f"num_device_blocks must be >= 2 (frame 0 is the padding sink), got {num_device_blocks}")
         if num_host_blocks < 0 or num_nvme_blocks < 0:
             raise ValueError(f"host and NVMe block counts must be >= 0, got {num_host_blocks} and {num_nvme_blocks}")
         self.group = group
         self.policy = policy
         self._clock = clock
-        # Sorted lists are heaps: the lowest free slot is handed out first.
-        self._free_slots = {
+        # Sorted lists are heaps: the lowest free frame is handed out first.
+        self._free_frames = {
             Tier.DEVICE: list(range(self.SINK_SLOT + 1, num_device_blocks)),
             Tier.HOST: list(range(num_host_blocks)),
             Tier.NVME: list(range(num_nvme_blocks)),
         }
-        self._num_slots = {t: len(slots) for t, slots in self._free_slots.items()}
+        self._num_frames = {t: len(frames) for t, frames in self._free_frames.items()}
         self._evictable: dict[Tier, set[int]] = {t: set() for t in Tier}
         self._blocks: dict[int, Block] = {}
         self._cache: dict[bytes, int] = {}  # chain hash -> block id
         self._free_ids: list[int] = []  # heap of retired block ids, recycled lowest first
         self._next_id = 0
 
-    def num_slots(self, tier: Tier) -> int:
-        """Usable slots of the tier (DEVICE: all but the sink)."""
-        return self._num_slots[tier]
+    def num_frames(self, tier: Tier) -> int:
+        """Usable frames of the tier (DEVICE: all but the sink)."""
+        return self._num_frames[tier]
 
     def num_free(self, tier: Tier) -> int:
         """Slots neither owned by a sequence nor holding a cached block."""
-        return len(self._free_slots[tier])
+        return len(self._free_frames[tier])
 
     def num_evictable(self, tier: Tier) -> int:
         """Cached blocks with ref_count 0 in the tier."""
@@ -112,13 +112,13 @@ class BlockSpace:
 
     def usage(self, tier: Tier) -> int:
         """Slots in use in the tier (owned or cached)."""
-        return self._num_slots[tier] - self.num_free(tier)
+        return self._num_frames[tier] - self.num_free(tier)
 
     def tier_of(self, block_id: int) -> Tier:
         return self._block(block_id).tier
 
-    def slot_of(self, block_id: int) -> int:
-        return self._block(block_id).slot
+    def frame_of(self, block_id: int) -> int:
+        return self._block(block_id).frame
 
     def ref_count(self, block_id: int) -> int:
         return self._block(block_id).ref_count
@@ -126,7 +126,7 @@ class BlockSpace:
     def blocks(self) -> list[BlockInfo]:
         """Every live block (owned or cached), by id."""
         return [
-            BlockInfo(b.block_id, b.tier, b.slot, b.ref_count, b.hash is not None)
+            BlockInfo(b.block_id, b.tier, b.frame, b.ref_count, b.hash is not None)
             for b in sorted(self._blocks.values(), key=lambda b: b.block_id)
         ]
 
@@ -145,8 +145,8 @@ class BlockSpace:
         return self.num_free(tier) + self.num_evictable(tier)
 
     def _lower(self, tier: Tier) -> Tier | None:
-        """The next tier down that exists (has slots), where the tier's victims are demoted."""
-        return next((t for t in Tier if t > tier and self._num_slots[t] > 0), None)
+        """The next tier down that exists (has frames), where the tier's victims are demoted."""
+        return next((t for t in Tier if t > tier and self._num_frames[t] > 0), None)
 
     def _fits(self, hit_ids: list[int], num_new: int) -> bool:
         """Whether DEVICE can take `num_new` fresh blocks plus the reused `hit_ids` held elsewhere."""
@@ -166,20 +166,20 @@ class BlockSpace:
             if block.ref_count == 0:
                 self._evictable[block.tier].add(block_id)
 
-    def _make_room(self, tier: Tier, num_slots: int, now: float) -> list[Move]:
-        """Evict cached blocks until `tier` has `num_slots` free slots (the caller checked that
+    def _make_room(self, tier: Tier, num_frames: int, now: float) -> list[Move]:
+        """Evict cached blocks until `tier` has `num_frames` free frames (the caller checked that
         free + evictable suffice); return the moves, in execution order.
 
         The policy picks the victims; the best of them are demoted one tier down as far as
         that tier has room (it first makes room the same way), the worst are dropped.
         """
         moves: list[Move] = []
-        shortfall = num_slots - self.num_free(tier)
+        shortfall = num_frames - self.num_free(tier)
         if shortfall <= 0:
             return moves
         candidates = sorted(self._evictable[tier], key=lambda b: (-self._blocks[b].depth, b))
         victims = self.policy.order(candidates, now)[:shortfall]
-        assert len(victims) == shortfall, f"{tier.name}: {shortfall} slots wanted, the caller checked the room"
+        assert len(victims) == shortfall, f"{tier.name}: {shortfall} frames wanted, the caller checked the room"
         lower = self._lower(tier)
         num_demoted = 0 if lower is None else min(shortfall, self._room(lower))
         if lower is not None:
@@ -196,10 +196,10 @@ class BlockSpace:
         """Make DEVICE room for `block_ids` (held elsewhere) and `num_new` fresh blocks, then move
         the blocks up; the fresh blocks are the caller's to create.
 
-        While DEVICE has free slots a block moves straight up. Once it must evict, each block
-        first moves to the sink slot (scratch space between steps), so that the slot it leaves
+        While DEVICE has free frames a block moves straight up. Once it must evict, each block
+        first moves to the sink frame (scratch space between steps), so that the frame it leaves
         below can take the DEVICE victim demoted to make room for it (a swap, which a plan
-        executed in order cannot do directly), and then into the freed DEVICE slot.
+        executed in order cannot do directly), and then into the freed DEVICE frame.
         """
         moves: list[Move] = []
         for block_id in block_ids:
@@ -207,30 +207,30 @@ class BlockSpace:
                 self._relocate(block_id, Tier.DEVICE, moves)
                 continue
             block = self._blocks[block_id]
-            moves.append(Move(block_id, (block.tier, block.slot), (Tier.DEVICE, self.SINK_SLOT), self.group))
-            heapq.heappush(self._free_slots[block.tier], block.slot)
-            block.tier, block.slot = Tier.DEVICE, self.SINK_SLOT
+            moves.append(Move(block_id, (block.tier, block.frame), (Tier.DEVICE, self.SINK_SLOT), self.group))
+            heapq.heappush(self._free_frames[block.tier], block.frame)
+            block.tier, block.frame = Tier.DEVICE, self.SINK_SLOT
             moves += self._make_room(Tier.DEVICE, 1, now)
-            slot = heapq.heappop(self._free_slots[Tier.DEVICE])
-            moves.append(Move(block_id, (Tier.DEVICE, self.SINK_SLOT), (Tier.DEVICE, slot), self.group))
-            block.slot = slot
+            frame = heapq.heappop(self._free_frames[Tier.DEVICE])
+            moves.append(Move(block_id, (Tier.DEVICE, self.SINK_SLOT), (Tier.DEVICE, frame), self.group))
+            block.frame = frame
         return moves + self._make_room(Tier.DEVICE, num_new, now)
 
     def _relocate(self, block_id: int, dst: Tier, moves: list[Move]) -> None:
-        """Move the block to the lowest free slot of `dst` (the caller made room)."""
+        """Move the block to the lowest free frame of `dst` (the caller made room)."""
         block = self._blocks[block_id]
-        slot = heapq.heappop(self._free_slots[dst])
-        moves.append(Move(block_id, (block.tier, block.slot), (dst, slot), self.group))
-        heapq.heappush(self._free_slots[block.tier], block.slot)
+        frame = heapq.heappop(self._free_frames[dst])
+        moves.append(Move(block_id, (block.tier, block.frame), (dst, frame), self.group))
+        heapq.heappush(self._free_frames[block.tier], block.frame)
         if block_id in self._evictable[block.tier]:
             self._evictable[block.tier].remove(block_id)
             self._evictable[dst].add(block_id)
-        block.tier, block.slot = dst, slot
+        block.tier, block.frame = dst, frame
 
     def _drop(self, block_id: int, moves: list[Move]) -> None:
-        """Discard an unreferenced cached block: out of the cache, slot and id freed."""
+        """Discard an unreferenced cached block: out of the cache, frame and id freed."""
         block = self._blocks[block_id]
-        moves.append(Move(block_id, (block.tier, block.slot), None, self.group))
+        moves.append(Move(block_id, (block.tier, block.frame), None, self.group))
         self._uncache(block)
         self._retire(block)
 
@@ -240,9 +240,9 @@ class BlockSpace:
             block.hash = None
 
     def _retire(self, block: Block) -> None:
-        """Free the block's slot and id; the block must be unreferenced and out of the cache."""
+        """Free the block's frame and id; the block must be unreferenced and out of the cache."""
         self._evictable[block.tier].discard(block.block_id)
-        heapq.heappush(self._free_slots[block.tier], block.slot)
+        heapq.heappush(self._free_frames[block.tier], block.frame)
         heapq.heappush(self._free_ids, block.block_id)
         del self._blocks[block.block_id]
         self.policy.forget(block.block_id)
@@ -260,7 +260,7 @@ class BlockSpace:
             block_id = heapq.heappop(self._free_ids)
         else:
             block_id, self._next_id = self._next_id, self._next_id + 1
-        slot = heapq.heappop(self._free_slots[Tier.DEVICE])
-        self._blocks[block_id] = Block(block_id, Tier.DEVICE, slot, ref_count=1, depth=depth)
+        frame = heapq.heappop(self._free_frames[Tier.DEVICE])
+        self._blocks[block_id] = Block(block_id, Tier.DEVICE, frame, ref_count=1, depth=depth)
         self.policy.touch(block_id, now)
         return block_id

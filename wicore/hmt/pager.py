@@ -26,8 +26,8 @@ class Pager:
 
         Consecutive moves between the same two tiers run as one batch (all reads, then all
         writes; one graph run on a BatchedTierStore) only where that equals plan order: a
-        batch never reads a slot it writes nor writes a slot twice, so a plan may still hand
-        out a slot that an earlier move vacated. A corrupt block's destination is left as it
+        batch never reads a frame it writes nor writes a frame twice, so a plan may still hand
+        out a frame that an earlier move vacated. A corrupt block's destination is left as it
         was: its holders must recompute.
         """
         corrupt: set[int] = set()
@@ -51,22 +51,22 @@ class Pager:
                         self.stats.num_corrupt += 1
             if isinstance(dst_store, BatchedTierStore):
                 if good:
-                    dst_store.write_many([dst_slot(m) for m in good], np.stack(blocks))
+                    dst_store.write_many([dst_frame(m) for m in good], np.stack(blocks))
             else:
                 for move, data in zip(good, blocks):
-                    dst_store.write(dst_slot(move), data)
+                    dst_store.write(dst_frame(move), data)
         return corrupt
 
 
-def dst_slot(move: Move) -> int:
-    """The slot a copying move writes (drops have no destination and are never copied)."""
+def dst_frame(move: Move) -> int:
+    """The frame a copying move writes (drops have no destination and are never copied)."""
     assert move.dst is not None, "a drop copies nothing"
     return move.dst[1]
 
 
 def _batches(moves: list[Move]) -> list[list[Move]]:
     """The plan cut into runs of consecutive moves between the same tiers, each cut before a
-    move that reads a slot the run writes or writes one it already writes."""
+    move that reads a frame the run writes or writes one it already writes."""
     batches: list[list[Move]] = []
     written: set[tuple[int, int]] = set()
     for move in moves:

@@ -6,8 +6,8 @@ A block's bytes are the K and V of `block_size` tokens in every layer:
 
     tier 0  DeviceStore  the pools bound to the graphs (NumPy on the CPU EP: copies are slices);
                          pools in device memory: OrtPoolStore (device_store.py), gather/scatter graphs
-    tier 1  HostStore    one NumPy array [num_slots, *block shape]
-    tier 2  NvmeStore    an np.memmap file of the same layout, plus a checksum per slot that is
+    tier 1  HostStore    one NumPy array [num_frames, *block shape]
+    tier 2  NvmeStore    an np.memmap file of the same layout, plus a checksum per frame that is
                          checked on every read: a corrupt block raises CorruptBlockError, it is
                          never returned
 """
@@ -36,30 +36,30 @@ class Tier(IntEnum):
 class CorruptBlockError(WiCoreError):
     """A block read back from NVMe does not match the checksum written with it."""
 
-    def __init__(self, slot: int, path: Path) -> None:
-        super().__init__(f"KV block in slot {slot} of {path} is corrupt (checksum mismatch)")
-        self.slot = slot
+    def __init__(self, frame: int, path: Path) -> None:
+        super().__init__(f"KV block in frame {frame} of {path} is corrupt (checksum mismatch)")
+        self.frame = frame
 
 
 class TierStore(Protocol):
-    num_slots: int
+    num_frames: int
 
-    def read(self, slot: int) -> np.ndarray:
+    def read(self, frame: int) -> np.ndarray:
         """The block's bytes, [num_layers, 2, block_size, kv_heads, head_dim]."""
 
-    def write(self, slot: int, data: np.ndarray) -> None:
-        """Overwrite the slot with `data` (same layout as `read`)."""
+    def write(self, frame: int, data: np.ndarray) -> None:
+        """Overwrite the frame with `data` (same layout as `read`)."""
 
 
 @runtime_checkable
 class BatchedTierStore(TierStore, Protocol):
     """A store that moves many blocks in one call (one graph run for device pools)."""
 
-    def read_many(self, slots: Sequence[int]) -> np.ndarray:
-        """The blocks in `slots`, [len(slots), num_layers, 2, block_size, kv_heads, head_dim]."""
+    def read_many(self, frames: Sequence[int]) -> np.ndarray:
+        """The blocks in `frames`, [len(frames), num_layers, 2, block_size, kv_heads, head_dim]."""
 
-    def write_many(self, slots: Sequence[int], data: np.ndarray) -> None:
-        """Overwrite each of the distinct `slots` with its block of `data`."""
+    def write_many(self, frames: Sequence[int], data: np.ndarray) -> None:
+        """Overwrite each of the distinct `frames` with its block of `data`."""
 
 
 class DeviceStore:
@@ -68,52 +68,52 @@ class DeviceStore:
     def __init__(self, key_pools: list[np.ndarray], value_pools: list[np.ndarray]) -> None:
         self.key_pools = key_pools
         self.value_pools = value_pools
-        self.num_slots = key_pools[0].shape[0]
+        self.num_frames = key_pools[0].shape[0]
 
-    def read(self, slot: int) -> np.ndarray:
-        return np.stack([np.stack([k[slot], v[slot]]) for k, v in zip(self.key_pools, self.value_pools)])
+    def read(self, frame: int) -> np.ndarray:
+        return np.stack([np.stack([k[frame], v[frame]]) for k, v in zip(self.key_pools, self.value_pools)])
 
-    def write(self, slot: int, data: np.ndarray) -> None:
+    def write(self, frame: int, data: np.ndarray) -> None:
         for layer, (k, v) in enumerate(zip(self.key_pools, self.value_pools)):
-            k[slot] = data[layer, 0]
-            v[slot] = data[layer, 1]
+            k[frame] = data[layer, 0]
+            v[frame] = data[layer, 1]
 
 
 class HostStore:
-    def __init__(self, num_slots: int, block_shape: tuple[int, ...], dtype: np.dtype) -> None:
-        self.num_slots = num_slots
-        self.data = np.zeros((num_slots, *block_shape), dtype)
+    def __init__(self, num_frames: int, block_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.num_frames = num_frames
+        self.data = np.zeros((num_frames, *block_shape), dtype)
 
-    def read(self, slot: int) -> np.ndarray:
-        return self.data[slot].copy()
+    def read(self, frame: int) -> np.ndarray:
+        return self.data[frame].copy()
 
-    def write(self, slot: int, data: np.ndarray) -> None:
-        self.data[slot] = data
+    def write(self, frame: int, data: np.ndarray) -> None:
+        self.data[frame] = data
 
 
 class NvmeStore:
-    """A memory-mapped file on fast local storage, with a BLAKE2b digest per slot."""
+    """A memory-mapped file on fast local storage, with a BLAKE2b digest per frame."""
 
-    def __init__(self, path: Path, num_slots: int, block_shape: tuple[int, ...], dtype: np.dtype) -> None:
+    def __init__(self, path: Path, num_frames: int, block_shape: tuple[int, ...], dtype: np.dtype) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.num_slots = num_slots
-        self.data = np.memmap(self.path, dtype=dtype, mode="w+", shape=(max(num_slots, 1), *block_shape))
-        self._digests: list[bytes | None] = [None] * num_slots
+        self.num_frames = num_frames
+        self.data = np.memmap(self.path, dtype=dtype, mode="w+", shape=(max(num_frames, 1), *block_shape))
+        self._digests: list[bytes | None] = [None] * num_frames
 
     @staticmethod
     def _digest(data: np.ndarray) -> bytes:
         return hashlib.blake2b(np.ascontiguousarray(data).data, digest_size=16).digest()
 
-    def read(self, slot: int) -> np.ndarray:
-        data = np.array(self.data[slot])
-        if self._digests[slot] is None or self._digest(data) != self._digests[slot]:
-            raise CorruptBlockError(slot, self.path)
+    def read(self, frame: int) -> np.ndarray:
+        data = np.array(self.data[frame])
+        if self._digests[frame] is None or self._digest(data) != self._digests[frame]:
+            raise CorruptBlockError(frame, self.path)
         return data
 
-    def write(self, slot: int, data: np.ndarray) -> None:
-        self.data[slot] = data
-        self._digests[slot] = self._digest(self.data[slot])
+    def write(self, frame: int, data: np.ndarray) -> None:
+        self.data[frame] = data
+        self._digests[frame] = self._digest(self.data[frame])
 
     def close(self) -> None:
         """Drop the mapping and delete the file (its contents are a cache, not data)."""

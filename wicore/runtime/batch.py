@@ -46,7 +46,7 @@ class BatchInputs:
 
 class BatchRow(Protocol):
     """One row: run `token_ids` (positions start, start + 1, ...) of a sequence whose blocks, in
-    order, are the DEVICE slots `block_table`. Its sliding layers' blocks are `window_table`,
+    order, are the DEVICE frames `block_table`. Its sliding layers' blocks are `window_table`,
     the first of them holding logical block `window_first` (the blocks before it fell out of
     the window and were released). Logits are wanted for its last `num_logits` tokens."""
 

@@ -5,13 +5,13 @@ store builds two graphs over the pools of one device, runs them with a session o
 and binds each pool input (and each scatter output) to the pool's own OrtValue: the same
 in-place trick as the step graphs, so no pool is ever copied whole.
 
-    gather  slots [n] int64, key_cache.{l}, value_cache.{l}           (pools [N, bs, kvh, hd])
-            Gather(pool_j, slots, axis=0) -> Unsqueeze(axis=1) ─┐  j = 2 * l + (0 key | 1 value)
+    gather  frames [n] int64, key_cache.{l}, value_cache.{l}           (pools [N, bs, kvh, hd])
+            Gather(pool_j, frames, axis=0) -> Unsqueeze(axis=1) ─┐  j = 2 * l + (0 key | 1 value)
             Concat(axis=1) over j ◄─────────────────────────────┘
             -> blocks [n, 2L, bs, kvh, hd]  bound to host memory: one device -> host copy
 
-    scatter slots [n, 1] int64, blocks [n, 2L, bs, kvh, hd] (host), key_cache.{l}, value_cache.{l}
-            Gather(blocks, j, axis=1) -> ScatterND(pool_j, slots, .) -> key_cache_out.{l} ...
+    scatter frames [n, 1] int64, blocks [n, 2L, bs, kvh, hd] (host), key_cache.{l}, value_cache.{l}
+            Gather(blocks, j, axis=1) -> ScatterND(pool_j, frames, .) -> key_cache_out.{l} ...
             each *_out bound to the same OrtValue as its input: written in place
 
 On the host a block reads [L, 2, bs, kvh, hd] (tiers.py's BlockData): [n, 2L, ...] and
@@ -32,7 +32,7 @@ from onnx import TensorProto, helper
 from wicore.runtime.providers import Device, onnxruntime, session_options
 
 OPSET = 17
-SLOTS = "slots"
+SLOTS = "frames"
 BLOCKS = "blocks"
 
 
@@ -46,7 +46,7 @@ def _value_info(name: str, elem: int, shape: Sequence[int | str]) -> onnx.ValueI
 
 
 def gather_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
-    """slots [n] -> blocks [n, num_pools, *block_shape] (see the module docstring)."""
+    """frames [n] -> blocks [n, num_pools, *block_shape] (see the module docstring)."""
     pool_shape: list[int | str] = ["num_blocks", *block_shape]
     nodes = [helper.make_node("Constant", [], ["/axes_1"], value=helper.make_tensor("axes_1", TensorProto.INT64, [1], [1]))]
     parts = []
@@ -75,7 +75,7 @@ def gather_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -
 
 
 def scatter_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
-    """pool_j[slots[i]] = blocks[i, j] for every pool j; outputs `{pool}_out` alias the pools."""
+    """pool_j[frames[i]] = blocks[i, j] for every pool j; outputs `{pool}_out` alias the pools."""
     pool_shape: list[int | str] = ["num_blocks", *block_shape]
     nodes = []
     outputs = []
@@ -119,7 +119,7 @@ class OrtPoolStore:
         for value in self._pools:
             if tuple(value.shape()) != shape:
                 raise ValueError(f"pools of one store must share a shape: {tuple(value.shape())} != {shape}")
-        self.num_slots = shape[0]
+        self.num_frames = shape[0]
         self.num_layers = len(pools)
         self.block_shape = (self.num_layers, 2, *shape[1:])
         elem = helper.np_dtype_to_tensor_dtype(self.dtype)
@@ -132,22 +132,22 @@ class OrtPoolStore:
             scatter_graph(len(self._pools), elem, shape[1:]).SerializeToString(), sess_options=opts, providers=providers
         )
 
-    def _slot_array(self, slots: Sequence[int]) -> np.ndarray:
-        ids = np.asarray(slots, np.int64).reshape(-1)
-        bad = ids[(ids < 0) | (ids >= self.num_slots)]
+    def _frame_array(self, frames: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(frames, np.int64).reshape(-1)
+        bad = ids[(ids < 0) | (ids >= self.num_frames)]
         if bad.size:
-            raise IndexError(f"KV block slot {int(bad[0])} is out of range for a device pool of {self.num_slots} blocks")
+            raise IndexError(f"KV block frame {int(bad[0])} is out of range for a device pool of {self.num_frames} blocks")
         return ids
 
-    def read(self, slot: int) -> np.ndarray:
-        return self.read_many([slot])[0]
+    def read(self, frame: int) -> np.ndarray:
+        return self.read_many([frame])[0]
 
-    def write(self, slot: int, data: np.ndarray) -> None:
-        self.write_many([slot], np.asarray(data)[None])
+    def write(self, frame: int, data: np.ndarray) -> None:
+        self.write_many([frame], np.asarray(data)[None])
 
-    def read_many(self, slots: Sequence[int]) -> np.ndarray:
-        """The blocks in `slots`, [len(slots), num_layers, 2, block_size, kv_heads, head_dim]; one run."""
-        ids = self._slot_array(slots)
+    def read_many(self, frames: Sequence[int]) -> np.ndarray:
+        """The blocks in `frames`, [len(frames), num_layers, 2, block_size, kv_heads, head_dim]; one run."""
+        ids = self._frame_array(frames)
         if not ids.size:
             return np.zeros((0, *self.block_shape), self.dtype)
         binding = self._gather.io_binding()
@@ -158,17 +158,17 @@ class OrtPoolStore:
         self._gather.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy().reshape(len(ids), *self.block_shape)
 
-    def write_many(self, slots: Sequence[int], data: np.ndarray) -> None:
-        """Overwrite each slot with its block of `data` [len(slots), num_layers, 2, ...]; one run.
+    def write_many(self, frames: Sequence[int], data: np.ndarray) -> None:
+        """Overwrite each frame with its block of `data` [len(frames), num_layers, 2, ...]; one run.
 
         Slots must be distinct: ScatterND writes repeated indices in no defined order.
         """
-        ids = self._slot_array(slots)
+        ids = self._frame_array(frames)
         if len(set(ids.tolist())) != len(ids):
-            raise ValueError(f"write_many got a slot twice: {ids.tolist()}")
+            raise ValueError(f"write_many got a frame twice: {ids.tolist()}")
         data = np.asarray(data)
         if data.shape != (len(ids), *self.block_shape):
-            raise ValueError(f"blocks of shape {data.shape} for {len(ids)} slots of {self.block_shape}")
+            raise ValueError(f"blocks of shape {data.shape} for {len(ids)} frames of {self.block_shape}")
         if not ids.size:
             return
         blocks = np.ascontiguousarray(data, self.dtype).reshape(len(ids), 2 * self.num_layers, *self.block_shape[2:])
@@ -186,27 +186,27 @@ class LayerSplitStore:
     their blocks joined along the layer axis in layer order."""
 
     def __init__(self, stores: Sequence[OrtPoolStore]) -> None:
-        if len({s.num_slots for s in stores}) != 1:
+        if len({s.num_frames for s in stores}) != 1:
             raise ValueError("every device's pool must hold the same number of blocks")
         self.stores = list(stores)
-        self.num_slots = self.stores[0].num_slots
+        self.num_frames = self.stores[0].num_frames
         self._bounds = np.cumsum([0] + [s.num_layers for s in self.stores]).tolist()
 
-    def read(self, slot: int) -> np.ndarray:
-        return self.read_many([slot])[0]
+    def read(self, frame: int) -> np.ndarray:
+        return self.read_many([frame])[0]
 
-    def write(self, slot: int, data: np.ndarray) -> None:
-        self.write_many([slot], np.asarray(data)[None])
+    def write(self, frame: int, data: np.ndarray) -> None:
+        self.write_many([frame], np.asarray(data)[None])
 
-    def read_many(self, slots: Sequence[int]) -> np.ndarray:
-        return np.concatenate([s.read_many(slots) for s in self.stores], axis=1)
+    def read_many(self, frames: Sequence[int]) -> np.ndarray:
+        return np.concatenate([s.read_many(frames) for s in self.stores], axis=1)
 
-    def write_many(self, slots: Sequence[int], data: np.ndarray) -> None:
+    def write_many(self, frames: Sequence[int], data: np.ndarray) -> None:
         data = np.asarray(data)
         if data.ndim < 2 or data.shape[1] != self._bounds[-1]:
             raise ValueError(f"blocks of shape {data.shape} for a store of {self._bounds[-1]} layers")
         for store, start, stop in zip(self.stores, self._bounds, self._bounds[1:]):
-            store.write_many(slots, data[:, start:stop])
+            store.write_many(frames, data[:, start:stop])
 
 
 def ort_pool_store(

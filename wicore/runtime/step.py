@@ -29,9 +29,9 @@ class ScheduledRow:
     request_id: str
     token_ids: list[int]
     start: int
-    block_table: list[int]  # DEVICE slots of the request's blocks, in order
+    block_table: list[int]  # DEVICE frames of the request's blocks, in order
     block_ids: list[int]  # the same blocks' ids (what per-block statistics refer to)
-    window_table: list[int]  # DEVICE slots of its sliding-window blocks, from logical block window_first
+    window_table: list[int]  # DEVICE frames of its sliding-window blocks, from logical block window_first
     window_first: int
     num_logits: int
     needs_sample: bool
