@@ -10,10 +10,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
-
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -32,10 +31,6 @@ class Served:
     @property
     def url(self) -> str:
         return self.server.url
-
-    @property
-    def api(self):  # noqa: ANN201 - wicore.api.app.API
-        return self.app.state.api  # type: ignore[attr-defined]
 
 
 def start(model_dir, settings: ServerSettings, **engine_options: object) -> Served:
@@ -74,8 +69,9 @@ def small_gemma_server(gemma_270m) -> Iterator[Served]:
     """The real model with a 64-token context: every generation is short."""
     from wicore.runtime.scheduler import SchedulerConfig
 
-    served = start(gemma_270m(1), ServerSettings(model_name="gemma3-270m"), num_device_blocks=32,
-                   scheduler=SchedulerConfig(max_context=64))
+    served = start(
+        gemma_270m(1), ServerSettings(model_name="gemma3-270m"), num_device_blocks=32, scheduler=SchedulerConfig(max_context=64)
+    )
     yield served
     served.server.stop()
     served.engine.stop()
@@ -87,7 +83,10 @@ def _launch(model: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "wicore.cli", "serve", "--model", str(model), "--port", str(port), "--threads", "2", *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

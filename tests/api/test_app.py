@@ -6,6 +6,12 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from starlette.requests import Request
+from starlette.responses import Response
+
+from wicore.api.app import ServerSettings, create_app
+from wicore.api.server import ServerThread
+from wicore.errors import OverloadedError, RequestError
 
 
 @pytest.fixture(scope="module")
@@ -16,6 +22,23 @@ def open_server(tiny_server):
 @pytest.fixture(scope="module")
 def locked_server(tiny_server):
     return tiny_server(api_keys=("secret-1", "secret-2"), rate_limit_rpm=60, rate_limit_burst=3)
+
+
+async def raise_by_name(request: Request) -> Response:
+    """A route that raises the exception its path names, with the message "boom"."""
+    kinds = {"RuntimeError": RuntimeError, "RequestError": RequestError, "OverloadedError": OverloadedError}
+    raise kinds[request.path_params["name"]]("boom")
+
+
+@pytest.fixture(scope="module")
+def raising_url(open_server):
+    """The real app over the open server's engine, with one more route, /raise/{name}, that raises:
+    what a bug in any handler looks like to the app's exception handlers (Starlette's test style)."""
+    app = create_app(open_server.engine, ServerSettings(model_name="tiny"))
+    app.add_route("/raise/{name}", raise_by_name, methods=["GET"])
+    server = ServerThread(app).start()
+    yield server.url
+    server.stop()
 
 
 def assert_openai_error(response: httpx.Response, status: int, param: str | None = None) -> dict:
@@ -49,6 +72,9 @@ def test_unknown_model_is_404(open_server):
 def test_text_endpoints_without_a_tokenizer_say_so(open_server):
     r = httpx.post(f"{open_server.url}/v1/completions", json={"prompt": "hello"})
     assert "without a tokenizer" in assert_openai_error(r, 400)["message"]
+    # Token ids too: the answer's text could not be decoded.
+    r = httpx.post(f"{open_server.url}/v1/completions", json={"prompt": [1, 2, 3]})
+    assert "without a tokenizer" in assert_openai_error(r, 400)["message"]
 
 
 def test_malformed_json_and_body_limit(open_server):
@@ -63,20 +89,17 @@ def test_unknown_route_and_method_are_openai_shaped(open_server):
     assert_openai_error(httpx.get(f"{open_server.url}/v1/completions"), 405)
 
 
-def test_exception_in_one_request_is_500_and_the_server_goes_on(open_server, monkeypatch):
-    def broken() -> dict:
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(open_server.api, "_model_card", broken)
-    error = assert_openai_error(httpx.get(f"{open_server.url}/v1/models"), 500)
-    assert error["type"] == "server_error" and "boom" not in error["message"]
-    monkeypatch.undo()
-    assert httpx.get(f"{open_server.url}/v1/models").status_code == 200
+def test_exception_in_one_request_is_500_and_the_server_goes_on(raising_url):
+    error = assert_openai_error(httpx.get(f"{raising_url}/raise/RuntimeError"), 500)
+    assert error["type"] == "server_error" and error["code"] == "internal_error"
+    assert "boom" not in error["message"] and "see the server log" in error["message"]
+    assert httpx.get(f"{raising_url}/v1/models").json()["data"][0]["id"] == "tiny"
 
 
 def test_cors(open_server):
-    r = httpx.options(f"{open_server.url}/v1/models", headers={
-        "Origin": "https://app.example", "Access-Control-Request-Method": "GET"})
+    r = httpx.options(
+        f"{open_server.url}/v1/models", headers={"Origin": "https://app.example", "Access-Control-Request-Method": "GET"}
+    )
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
     r = httpx.get(f"{open_server.url}/health", headers={"Origin": "https://evil.example"})
     assert "access-control-allow-origin" not in r.headers
@@ -109,10 +132,19 @@ def test_stats_and_metrics(open_server):
     stats = httpx.get(f"{open_server.url}/v1/stats").json()
     assert stats["running"] == 0 and stats["blocks_referenced"]["device"] == 0
     text = httpx.get(f"{open_server.url}/metrics").text
-    for name in ("wicore_requests_total", "wicore_prompt_tokens_total", "wicore_generated_tokens_total",
-                 "wicore_time_to_first_token_seconds_bucket", "wicore_inter_token_seconds_bucket",
-                 "wicore_e2e_request_seconds_bucket", "wicore_requests_running", "wicore_requests_waiting",
-                 'wicore_kv_blocks_used{tier="device"}', 'wicore_kv_blocks_free{tier="host"}', "wicore_prefix_cache_hit_rate"):
+    for name in (
+        "wicore_requests_total",
+        "wicore_prompt_tokens_total",
+        "wicore_generated_tokens_total",
+        "wicore_time_to_first_token_seconds_bucket",
+        "wicore_inter_token_seconds_bucket",
+        "wicore_e2e_request_seconds_bucket",
+        "wicore_requests_running",
+        "wicore_requests_waiting",
+        'wicore_kv_blocks_used{tier="device"}',
+        'wicore_kv_blocks_free{tier="host"}',
+        "wicore_prefix_cache_hit_rate",
+    ):
         assert name in text
     assert 'wicore_requests_total{route="/health",status="200"}' in text
 
@@ -122,12 +154,8 @@ def test_openapi_lists_the_endpoints(open_server):
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/v1/stats"} <= set(schema["paths"])
 
 
-def test_engine_errors_map_to_their_status(open_server, monkeypatch):
-    from wicore.errors import OverloadedError, RequestError
-
-    for exc, status in ((RequestError("the chat template rejected the messages"), 400), (OverloadedError("full"), 503)):
-        def fail() -> dict:
-            raise exc
-
-        monkeypatch.setattr(open_server.api, "_model_card", fail)
-        assert_openai_error(httpx.get(f"{open_server.url}/v1/models"), status)
+def test_engine_errors_raised_in_a_route_map_to_their_status(raising_url):
+    error = assert_openai_error(httpx.get(f"{raising_url}/raise/RequestError"), 400)
+    assert error["message"] == "boom" and error["type"] == "invalid_request_error"
+    r = httpx.get(f"{raising_url}/raise/OverloadedError")
+    assert assert_openai_error(r, 503)["code"] == "overloaded" and r.headers["retry-after"] == "1"

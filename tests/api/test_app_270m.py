@@ -6,10 +6,18 @@ import json
 import math
 import threading
 import time
+from collections.abc import AsyncIterator
 
 import httpx
 import openai
 import pytest
+
+from wicore.api.app import ServerSettings, create_app
+from wicore.api.server import ServerThread
+from wicore.runtime.engine import Engine, EngineConfig
+from wicore.runtime.request import RequestOutput
+from wicore.runtime.sampler import SamplingParams
+from wicore.runtime.scheduler import SchedulerConfig
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +34,7 @@ def wait_idle(served, timeout: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         stats = httpx.get(f"{served.url}/v1/stats").json()
-        if stats["running"] == 0 and stats["waiting"] == 0 and stats["swapped"] == 0 or time.monotonic() > deadline:
+        if stats["running"] == stats["waiting"] == stats["swapped"] == 0 or time.monotonic() > deadline:
             return stats
         time.sleep(0.05)
 
@@ -42,6 +50,13 @@ def stream_text(stream) -> tuple[str, str | None, object]:
     return text, reason, usage
 
 
+def assert_openai_error(response: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
+    return error
+
+
 def test_chat_streamed_deltas_join_to_the_non_streamed_text(client, gemma_server):
     full = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16, temperature=0)
     tok = gemma_server.engine.tokenizer
@@ -49,8 +64,11 @@ def test_chat_streamed_deltas_join_to_the_non_streamed_text(client, gemma_server
     assert full.usage.prompt_tokens == len(prompt_ids)
     assert full.usage.completion_tokens == 16 and full.usage.total_tokens == len(prompt_ids) + 16
     assert full.choices[0].finish_reason == "length" and full.choices[0].message.role == "assistant"
-    text, reason, usage = stream_text(client.chat.completions.create(
-        model=MODEL, messages=CHAT, max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True}))
+    text, reason, usage = stream_text(
+        client.chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert text == full.choices[0].message.content and text
     assert reason == "length"
     assert (usage.prompt_tokens, usage.completion_tokens) == (full.usage.prompt_tokens, 16)
@@ -59,12 +77,13 @@ def test_chat_streamed_deltas_join_to_the_non_streamed_text(client, gemma_server
 def test_completions_match_the_engine(client, gemma_server):
     tok = gemma_server.engine.tokenizer
     ids = tok.encode("The capital of France is")
-    expected = gemma_server.engine.generate([ids], _greedy(8))[0]
+    expected = gemma_server.engine.generate([ids], SamplingParams(max_tokens=8))[0].token_ids
     out = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0)
     assert out.choices[0].text == tok.decode(expected)
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 8)
-    streamed, _, _ = stream_text(client.completions.create(
-        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True))
+    streamed, _, _ = stream_text(
+        client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True)
+    )
     assert streamed == out.choices[0].text
 
 
@@ -90,29 +109,82 @@ def test_n_choices_and_prompt_lists(client):
     assert [c.index for c in out.choices] == [0, 1, 2, 3]
     assert out.choices[0].text == out.choices[1].text and out.choices[2].text == out.choices[3].text
     assert out.usage.completion_tokens == 16
-    sampled = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=6, temperature=1.0, seed=1, n=3,
-                                             extra_body={"priority": "urgent"})
+    sampled = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=6, temperature=1.0, seed=1, n=3, extra_body={"priority": "urgent"}
+    )
     assert len(sampled.choices) == 3 and sampled.usage.completion_tokens <= 18
     again = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=6, temperature=1.0, seed=1, n=3)
     assert [c.message.content for c in again.choices] == [c.message.content for c in sampled.choices]  # seeded
 
 
 def test_prompt_longer_than_the_context_is_400_with_both_numbers(client, gemma_server):
-    engine = gemma_server.engine
-    capacity = (engine.runner.cache.num_blocks - 1) * engine.config.block_size
-    context = min(engine.scheduler.config.max_context, capacity)
-    assert context == 95 * 16
+    limit = gemma_server.engine.max_sequence_tokens
+    assert limit == 95 * 16  # 96 device blocks of 16 tokens, one of them the padding sink
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model=MODEL, prompt=[5] * (context + 10), max_tokens=4)
-    assert f"has {context + 10} tokens" in info.value.message and f"holds {context} tokens" in info.value.message
+        client.completions.create(model=MODEL, prompt=[5] * (limit + 10), max_tokens=4)
+    assert f"has {limit + 10} tokens" in info.value.message and f"holds {limit} tokens" in info.value.message
     assert info.value.param == "prompt"
     assert info.value.code == "context_length_exceeded"
 
 
+def test_n_choices_of_a_prompt_too_long_admit_nothing(gemma_server):
+    limit = gemma_server.engine.max_sequence_tokens
+    r = httpx.post(f"{gemma_server.url}/v1/completions", json={"model": MODEL, "prompt": [5] * (limit + 4), "n": 3})
+    error = assert_openai_error(r, 400, "prompt")
+    assert error["code"] == "context_length_exceeded" and f"has {limit + 4} tokens" in error["message"]
+    messages = [{"role": "user", "content": "hello " * limit}]
+    r = httpx.post(f"{gemma_server.url}/v1/chat/completions", json={"model": MODEL, "messages": messages, "n": 3})
+    assert assert_openai_error(r, 400, "messages")["code"] == "context_length_exceeded"
+    stats = httpx.get(f"{gemma_server.url}/v1/stats").json()
+    assert (stats["running"], stats["waiting"]) == (0, 0)
+    assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
+
+
+def test_a_later_prompt_too_long_takes_back_the_choices_queued_before_it(gemma_server):
+    """Prompts [short, too long] with n=3: the three choices of the short one are queued before
+    the long one is refused; the API aborts them, so none runs to its end."""
+    limit = gemma_server.engine.max_sequence_tokens
+    before = gemma_server.engine.stats()["generated_tokens"]
+    body = {"model": MODEL, "prompt": [[2, 651, 6037], [5] * (limit + 4)], "n": 3, "max_tokens": 50, "temperature": 0}
+    r = httpx.post(f"{gemma_server.url}/v1/completions", json=body)
+    assert assert_openai_error(r, 400, "prompt")["code"] == "context_length_exceeded"
+    stats = wait_idle(gemma_server)
+    assert (stats["running"], stats["waiting"]) == (0, 0)
+    assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
+    assert stats["generated_tokens"] - before < 3 * 50
+
+
 def test_max_tokens_is_capped_by_the_context_left(client, gemma_server):
-    capacity = (gemma_server.engine.runner.cache.num_blocks - 1) * gemma_server.engine.config.block_size
-    out = client.completions.create(model=MODEL, prompt=[2] * (capacity - 3), max_tokens=50, temperature=0)
+    limit = gemma_server.engine.max_sequence_tokens
+    out = client.completions.create(model=MODEL, prompt=[2] * (limit - 3), max_tokens=50, temperature=0)
     assert out.usage.completion_tokens <= 3
+
+
+def test_token_ids_outside_the_vocabulary_are_400(gemma_server):
+    r = httpx.post(f"{gemma_server.url}/v1/completions", json={"model": MODEL, "prompt": [2, 262144, 3]})
+    assert assert_openai_error(r, 400)["message"] == "token ids must be in [0, 262144)"
+
+
+def test_a_full_waiting_queue_is_503_and_queues_none_of_the_choices(gemma_270m):
+    """Two choices, room for one waiting request: the engine takes the first and refuses the
+    second (OverloadedError), so the API takes the first back and answers 503."""
+    config = EngineConfig(
+        model_dir=gemma_270m(1), num_threads=2, verify_files=False, num_device_blocks=32, scheduler=SchedulerConfig(max_waiting=1)
+    )
+    with Engine(config) as engine:  # not started yet: what is queued stays waiting
+        server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL))).start()
+        try:
+            r = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "Hello", "n": 2})
+            assert assert_openai_error(r, 503)["code"] == "overloaded" and r.headers["retry-after"] == "1"
+            engine.start()  # the engine drops the request the API took back, running none of it
+            deadline = time.monotonic() + 30
+            while engine.stats()["waiting"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            stats = engine.stats()
+            assert (stats["running"], stats["waiting"]) == (0, 0)
+            assert stats["computed_prompt_tokens"] == stats["generated_tokens"] == 0
+        finally:
+            server.stop()
 
 
 def test_concurrent_streaming_clients_all_complete(client, gemma_server):
@@ -121,8 +193,9 @@ def test_concurrent_streaming_clients_all_complete(client, gemma_server):
     results: list[tuple[str, str | None] | None] = [None] * len(prompts)
 
     def run(i: int) -> None:
-        text, reason, _ = stream_text(client.completions.create(
-            model=MODEL, prompt=prompts[i], max_tokens=10, temperature=0, stream=True))
+        text, reason, _ = stream_text(
+            client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=10, temperature=0, stream=True)
+        )
         results[i] = (text, reason)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
@@ -154,14 +227,25 @@ def test_disconnecting_clients_leave_no_running_requests_and_no_referenced_block
 
 def test_32_concurrent_chat_streams_are_complete_and_correct(client):
     prompts = [f"Write the number {i} in words." for i in range(32)]
-    expected = [client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}], max_tokens=6,
-                                               temperature=0).choices[0].message.content for p in prompts[:4]]
+    expected = [
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}], max_tokens=6, temperature=0)
+        .choices[0]
+        .message.content
+        for p in prompts[:4]
+    ]
     results: list[tuple[str, str | None, object] | None] = [None] * len(prompts)
 
     def run(i: int) -> None:
-        results[i] = stream_text(client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": prompts[i]}], max_tokens=6, temperature=0, stream=True,
-            stream_options={"include_usage": True}))
+        results[i] = stream_text(
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": prompts[i]}],
+                max_tokens=6,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
     for t in threads:
@@ -170,7 +254,7 @@ def test_32_concurrent_chat_streams_are_complete_and_correct(client):
         t.join(timeout=300)
     assert all(r is not None for r in results)
     assert [r[0] for r in results[:4]] == expected  # batching changes nothing
-    for text, reason, usage in results:
+    for _, reason, usage in results:
         assert reason in ("length", "stop") and usage.completion_tokens <= 6
         assert reason == "stop" or usage.completion_tokens == 6
 
@@ -206,8 +290,9 @@ def test_a_non_streaming_client_that_gives_up_aborts_its_request(gemma_server):
 
 def test_messages_the_chat_template_rejects_are_400(client):
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=MODEL, max_tokens=2, messages=[
-            {"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+        client.chat.completions.create(
+            model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+        )
     assert "chat template" in info.value.message
 
 
@@ -219,12 +304,6 @@ def test_metrics_count_tokens_and_latencies(client, gemma_server):
     assert values["wicore_time_to_first_token_seconds_count"] >= 1
     assert values["wicore_inter_token_seconds_count"] >= 2
     assert values['wicore_requests_total{route="/v1/completions",status="200"}'] >= 1
-
-
-def _greedy(n: int):
-    from wicore.runtime.sampler import SamplingParams
-
-    return SamplingParams(max_tokens=n)
 
 
 # -- logprobs, penalties -------------------------------------------------------------------
@@ -255,7 +334,7 @@ def test_chat_logprobs_with_top_logprobs_streamed_and_not(client):
 def test_completion_logprobs_follow_the_engine_tokens(client, gemma_server):
     tok = gemma_server.engine.tokenizer
     prompt = "The capital of France is"
-    expected_ids = gemma_server.engine.generate([tok.encode(prompt)], _greedy(8))[0]
+    expected_ids = gemma_server.engine.generate([tok.encode(prompt)], SamplingParams(max_tokens=8))[0].token_ids
     out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=3)
     lp = out.choices[0].logprobs
     assert lp.tokens == [tok.decode([i]) for i in expected_ids]
@@ -282,8 +361,9 @@ def test_a_stop_string_cuts_the_logprobs_with_the_text(client):
     kept = sum(offset < cut for offset in full.logprobs.text_offset)  # tokens whose text begins before the cut
     assert 0 < kept < 12
     for stream in (False, True):
-        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, logprobs=1, stop=stop,
-                                        stream=stream)
+        out = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=12, temperature=0, logprobs=1, stop=stop, stream=stream
+        )
         chunks = list(out) if stream else [out]
         text = "".join(c.choices[0].text for c in chunks)
         tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
@@ -297,8 +377,9 @@ def test_frequency_penalty_lowers_exactly_the_repeated_tokens(client):
     prompt = "Count: 1 1 1 1 1 1 1 1"
 
     def run(penalty: float):
-        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, logprobs=5,
-                                        frequency_penalty=penalty)
+        out = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=24, temperature=0, logprobs=5, frequency_penalty=penalty
+        )
         return out.choices[0].logprobs
 
     plain, penalised = run(0.0), run(2.0)
@@ -316,8 +397,10 @@ def test_frequency_penalty_lowers_exactly_the_repeated_tokens(client):
 
 def test_out_of_range_logprobs_and_penalties_are_400_naming_them(client):
     for kwargs, param in [
-        (dict(logprobs=True, top_logprobs=21), "top_logprobs"), (dict(top_logprobs=2), "top_logprobs"),
-        (dict(presence_penalty=2.5), "presence_penalty"), (dict(frequency_penalty=-3), "frequency_penalty"),
+        (dict(logprobs=True, top_logprobs=21), "top_logprobs"),
+        (dict(top_logprobs=2), "top_logprobs"),
+        (dict(presence_penalty=2.5), "presence_penalty"),
+        (dict(frequency_penalty=-3), "frequency_penalty"),
     ]:
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2, **kwargs)
@@ -328,29 +411,77 @@ def test_out_of_range_logprobs_and_penalties_are_400_naming_them(client):
 
 
 # -- failures and priority ------------------------------------------------------------------
-def test_a_request_failing_mid_stream_ends_with_an_error_event_and_the_others_go_on(client, gemma_server):
+class FailingEngine:
+    """The real engine through its public interface, except that a request for the prompt
+    `poison_ids`, once `fail` is set, ends at its next output the way the engine ends a request
+    that failed inside it (a row whose sampling raised): finish reason "error" and the traceback.
+
+    The engine-level half (ModelRunner.execute puts such a row in `failed`; the scheduler ends it
+    with "error") belongs to the runtime tests; this checks what the API makes of that output."""
+
+    def __init__(self, engine: Engine, poison_ids: list[int]) -> None:
+        self.engine = engine
+        self.poison_ids = poison_ids
+        self.fail = threading.Event()
+        self.poisoned: set[str] = set()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.engine, name)
+
+    def add_request(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        priority: str = "normal",
+        deadline: float | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        request_id = self.engine.add_request(prompt, params, priority, deadline, request_id)
+        if prompt == self.poison_ids:
+            self.poisoned.add(request_id)
+        return request_id
+
+    async def outputs(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        async for out in self.engine.outputs(request_id):
+            if request_id in self.poisoned and self.fail.is_set() and not out.finished:
+                self.engine.abort(request_id)  # its blocks go back, as a failed request's do
+                error = "Traceback ...\nRuntimeError: this request's sampler failed"
+                yield RequestOutput(request_id, [], finished=True, finish_reason="error", error=error)
+                return
+            yield out
+
+
+@pytest.fixture
+def failing(gemma_server):
+    """(the engine wrapper, the URL of the real app in front of it): a second server on the same engine."""
+    engine = FailingEngine(gemma_server.engine, gemma_server.engine.tokenizer.encode("Once upon a time"))
+    server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL))).start()  # type: ignore[arg-type]
+    yield engine, server.url
+    server.stop()
+
+
+def test_a_request_failing_mid_stream_ends_with_an_error_event_and_the_others_go_on(failing, gemma_server):
+    engine, url = failing
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
     prompts = [f"Count from {i} to {i + 5}:" for i in range(2)]
-    expected = [client.completions.create(model=MODEL, prompt=p, max_tokens=24, temperature=0).choices[0].text
-                for p in prompts]
+    expected = [api.completions.create(model=MODEL, prompt=p, max_tokens=24, temperature=0).choices[0].text for p in prompts]
     results: list[str | None] = [None] * len(prompts)
     started = threading.Barrier(len(prompts) + 1)
 
     def run(i: int) -> None:
         text = ""
-        for n, chunk in enumerate(client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=24,
-                                                              temperature=0, stream=True)):
+        for n, chunk in enumerate(
+            api.completions.create(model=MODEL, prompt=prompts[i], max_tokens=24, temperature=0, stream=True)
+        ):
             text += chunk.choices[0].text
             if n == 0:
                 started.wait(timeout=60)
         results[i] = text
 
-    def broken(logits) -> None:
-        raise RuntimeError("this request's sampler failed")
-
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 300, "temperature": 0, "stream": True}
     events: list[dict] = []
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    with httpx.stream("POST", f"{gemma_server.url}/v1/completions", json=body, timeout=120) as r:
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
         lines = r.iter_lines()
         for line in lines:
             if line.startswith("data: "):
@@ -359,39 +490,54 @@ def test_a_request_failing_mid_stream_ends_with_an_error_event_and_the_others_go
         for t in threads:
             t.start()
         started.wait(timeout=60)  # the other streams are running too
-        # The engine runs the real model; only this request's sampler now raises.
-        gemma_server.engine.scheduler.requests[f"{events[0]['id']}-0"].sampler.sample = broken
+        engine.fail.set()  # the poisoned request's next output is the engine's "error"
         rest = [line for line in lines if line.startswith("data: ")]
     for t in threads:
         t.join(timeout=300)
     assert rest[-1] == "data: [DONE]"
     error = json.loads(rest[-2][6:])["error"]
     assert error["code"] == "internal_error" and events[0]["id"] in error["message"]
+    assert "sampler failed" not in error["message"]  # the traceback goes to the log, not the client
     assert all("choices" in json.loads(line[6:]) for line in rest[:-2])
     assert results == expected  # the concurrent streams completed, unchanged
     stats = wait_idle(gemma_server)
     assert stats["running"] == 0 and stats["blocks_referenced"]["device"] == 0
-    again = client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=24, temperature=0)
+    again = api.completions.create(model=MODEL, prompt=prompts[0], max_tokens=24, temperature=0)
     assert again.choices[0].text == expected[0]  # the server goes on serving
 
 
-def test_priority_from_the_api_orders_queued_requests(gemma_270m):
-    from wicore.api.app import ServerSettings, create_app
-    from wicore.api.server import ServerThread
-    from wicore.runtime.engine import Engine, EngineConfig
-    from wicore.runtime.scheduler import SchedulerConfig
+def test_a_request_failing_in_the_engine_is_500_internal_error(failing, gemma_server):
+    engine, url = failing
+    engine.fail.set()
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 300, "temperature": 0}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    error = assert_openai_error(r, 500)
+    assert error["type"] == "server_error" and error["code"] == "internal_error"
+    assert "failed inside the engine" in error["message"] and "sampler failed" not in error["message"]
+    stats = wait_idle(gemma_server)
+    assert stats["running"] == 0 and stats["blocks_referenced"]["device"] == 0
+    ok = httpx.post(f"{url}/v1/completions", json={**body, "prompt": "Hello", "max_tokens": 3}, timeout=120)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
 
+
+def test_priority_from_the_api_orders_queued_requests(gemma_270m):
     # One sequence at a time, no aging: the engine starts only once all five requests wait.
-    engine = Engine(EngineConfig(model_dir=gemma_270m(1), num_threads=2, verify_files=False, num_device_blocks=32,
-                                 scheduler=SchedulerConfig(max_num_seqs=1, aging_seconds=0)))
+    engine = Engine(
+        EngineConfig(
+            model_dir=gemma_270m(1),
+            num_threads=2,
+            verify_files=False,
+            num_device_blocks=32,
+            scheduler=SchedulerConfig(max_num_seqs=1, aging_seconds=0),
+        )
+    )
     server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL))).start()
     api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
     order: list[str] = []
     lock = threading.Lock()
 
     def run(name: str, priority: str | int) -> None:
-        api.completions.create(model=MODEL, prompt=f"Say {name}", max_tokens=3, temperature=0,
-                               extra_body={"priority": priority})
+        api.completions.create(model=MODEL, prompt=f"Say {name}", max_tokens=3, temperature=0, extra_body={"priority": priority})
         with lock:
             order.append(name)
 

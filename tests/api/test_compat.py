@@ -13,19 +13,35 @@ from wicore.errors import RequestError
 
 def test_original_config_keys_map_to_flags(tmp_path):
     path = tmp_path / "wicore.json"
-    path.write_text(json.dumps({
-        "model_path": "m", "server_port": 9000, "max_batch_size": 8, "max_context_length": 4096,
-        "gpu_memory_gb": 2, "cpu_memory_gb": 4, "enable_hmt": False, "api-key": "k",
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "model_path": "m",
+                "server_port": 9000,
+                "max_batch_size": 8,
+                "max_context_length": 4096,
+                "gpu_memory_gb": 2,
+                "cpu_memory_gb": 4,
+                "enable_hmt": False,
+                "api-key": "k",
+            }
+        )
+    )
     assert load_config_file(path) == {
-        "model": "m", "port": 9000, "max_num_seqs": 8, "max_context": 4096, "kv_pool_gb": 2,
-        "host_tier_gb": 0.0, "nvme_tier_gb": 0.0, "api_key": "k",
+        "model": "m",
+        "port": 9000,
+        "max_num_seqs": 8,
+        "max_context": 4096,
+        "kv_pool_gb": 2,
+        "host_tier_gb": 0.0,
+        "nvme_tier_gb": 0.0,
+        "api_key": "k",
     }
 
 
 def test_toml_config(tmp_path):
     path = tmp_path / "wicore.toml"
-    path.write_text('server_port = 9001\nmax_batched_tokens = 128\n')
+    path.write_text("server_port = 9001\nmax_batched_tokens = 128\n")
     assert load_config_file(path) == {"port": 9001, "max_batched_tokens": 128}
 
 
@@ -60,6 +76,9 @@ def test_inference_on_the_real_model(gemma_server):
     r = httpx.post(f"{gemma_server.url}/v1/inference", json={"prompt": "The capital of France is", "max_tokens": 6}, timeout=120)
     body = r.json()
     assert r.status_code == 200 and set(body) == {"id", "content", "token_count", "latency_ms"}
-    completion = httpx.post(f"{gemma_server.url}/v1/completions", timeout=120, json={
-        "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}).json()
+    completion = httpx.post(
+        f"{gemma_server.url}/v1/completions",
+        timeout=120,
+        json={"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0},
+    ).json()
     assert body["content"] == completion["choices"][0]["text"] and body["token_count"] == 6

@@ -36,18 +36,31 @@ def test_queue_releases_tokens_whose_text_begins_in_what_was_sent():
 def test_chat_shape_with_bytes_of_a_byte_fallback_token():
     fmt = LogprobFormatter(Vocabulary())  # type: ignore[arg-type]
     shaped = fmt.chat([TokenLogprobs(0, lp(1, -0.25, (1, -0.25), (2, float("-inf"))))])
-    assert shaped == {"refusal": None, "content": [{
-        "token": " Paris", "logprob": -0.25, "bytes": [32, 80, 97, 114, 105, 115],
-        "top_logprobs": [{"token": " Paris", "logprob": -0.25, "bytes": [32, 80, 97, 114, 105, 115]},
-                         {"token": "\ufffd", "logprob": MIN_LOGPROB, "bytes": [0xE2]}],
-    }]}
+    assert shaped == {
+        "refusal": None,
+        "content": [
+            {
+                "token": " Paris",
+                "logprob": -0.25,
+                "bytes": [32, 80, 97, 114, 105, 115],
+                "top_logprobs": [
+                    {"token": " Paris", "logprob": -0.25, "bytes": [32, 80, 97, 114, 105, 115]},
+                    {"token": "\ufffd", "logprob": MIN_LOGPROB, "bytes": [0xE2]},
+                ],
+            }
+        ],
+    }
 
 
 def test_completion_shape_always_holds_the_chosen_token():
     fmt = LogprobFormatter(Vocabulary())  # type: ignore[arg-type]
-    shaped = fmt.completion([TokenLogprobs(0, lp(1, -0.5, (1, -0.5))),
-                             TokenLogprobs(6, lp(4, -3.0, (3, -0.1))),  # sampled, not among the top 1
-                             TokenLogprobs(7, lp(0, -1.0))])
+    shaped = fmt.completion(
+        [
+            TokenLogprobs(0, lp(1, -0.5, (1, -0.5))),
+            TokenLogprobs(6, lp(4, -3.0, (3, -0.1))),  # sampled, not among the top 1
+            TokenLogprobs(7, lp(0, -1.0)),
+        ]
+    )
     assert shaped == {
         "tokens": [" Paris", ".", "<eos>"],
         "token_logprobs": [-0.5, -3.0, -1.0],

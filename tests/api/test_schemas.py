@@ -17,13 +17,39 @@ def test_defaults_and_unknown_fields_ignored():
 
 
 def test_fields_are_read():
-    req = parse_chat({
-        "messages": MSG, "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": -1,
-        "seed": 3, "stop": "x", "n": 2, "stream": True, "stream_options": {"include_usage": True}, "priority": "high",
-        "user": "u", "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": False,
-    })
-    assert req.options == Options(max_tokens=7, temperature=0.0, top_p=0.5, top_k=0, seed=3, stop=("x",), n=2,
-                                  stream=True, include_usage=True, priority="high", user="u")
+    req = parse_chat(
+        {
+            "messages": MSG,
+            "max_tokens": 5,
+            "max_completion_tokens": 7,
+            "temperature": 0,
+            "top_p": 0.5,
+            "top_k": -1,
+            "seed": 3,
+            "stop": "x",
+            "n": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "priority": "high",
+            "user": "u",
+            "presence_penalty": 0,
+            "frequency_penalty": 0.0,
+            "logprobs": False,
+        }
+    )
+    assert req.options == Options(
+        max_tokens=7,
+        temperature=0.0,
+        top_p=0.5,
+        top_k=0,
+        seed=3,
+        stop=("x",),
+        n=2,
+        stream=True,
+        include_usage=True,
+        priority="high",
+        user="u",
+    )
 
 
 def test_nulls_mean_not_given():
@@ -34,12 +60,32 @@ def test_nulls_mean_not_given():
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("max_tokens", 0), ("max_tokens", "5"), ("max_tokens", 1.5), ("max_tokens", True),
-        ("temperature", -0.1), ("temperature", 2.5), ("temperature", "hot"),
-        ("top_p", 0), ("top_p", 1.1), ("top_k", -2), ("n", 0), ("n", 17), ("seed", "s"),
-        ("stop", 3), ("stop", ["a", 1]), ("stream", "yes"), ("stream_options", 1), ("priority", "asap"),
-        ("presence_penalty", 3), ("frequency_penalty", -2.5), ("presence_penalty", "x"), ("logprobs", 2),
-        ("top_logprobs", 2), ("top_logprobs", 21), ("top_logprobs", -1), ("user", 5),
+        ("max_tokens", 0),
+        ("max_tokens", "5"),
+        ("max_tokens", 1.5),
+        ("max_tokens", True),
+        ("temperature", -0.1),
+        ("temperature", 2.5),
+        ("temperature", "hot"),
+        ("top_p", 0),
+        ("top_p", 1.1),
+        ("top_k", -2),
+        ("n", 0),
+        ("n", 17),
+        ("seed", "s"),
+        ("stop", 3),
+        ("stop", ["a", 1]),
+        ("stream", "yes"),
+        ("stream_options", 1),
+        ("priority", "asap"),
+        ("presence_penalty", 3),
+        ("frequency_penalty", -2.5),
+        ("presence_penalty", "x"),
+        ("logprobs", 2),
+        ("top_logprobs", 2),
+        ("top_logprobs", 21),
+        ("top_logprobs", -1),
+        ("user", 5),
     ],
 )
 def test_bad_values_name_the_parameter(field, value):
@@ -48,6 +94,14 @@ def test_bad_values_name_the_parameter(field, value):
     assert info.value.status == 400
     assert info.value.param == field
     assert field in info.value.message
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty", "frequency_penalty"])
+def test_nan_is_out_of_range(field):
+    # Python's json module reads the NaN literal, so `{"temperature": NaN}` arrives as float("nan").
+    with pytest.raises(APIError) as info:
+        parse_chat({"messages": MSG, field: float("nan")})
+    assert (info.value.status, info.value.param) == (400, field)
 
 
 @pytest.mark.parametrize("value", [6, -1, True, False, "3", 1.5])
@@ -65,8 +119,12 @@ def test_top_logprobs_needs_logprobs_true():
 
 @pytest.mark.parametrize(
     "body, logprobs",
-    [({}, None), ({"logprobs": False, "top_logprobs": 0}, None), ({"logprobs": True}, 0),
-     ({"logprobs": True, "top_logprobs": 20}, 20)],
+    [
+        ({}, None),
+        ({"logprobs": False, "top_logprobs": 0}, None),
+        ({"logprobs": True}, 0),
+        ({"logprobs": True, "top_logprobs": 20}, 20),
+    ],
 )
 def test_chat_logprobs(body, logprobs):
     assert parse_chat({"messages": MSG, **body}).options.logprobs == logprobs
@@ -85,7 +143,9 @@ def test_penalties_are_read():
 @pytest.mark.parametrize(
     "messages, param",
     [
-        ([], "messages"), ("hi", "messages"), ([{"role": "robot", "content": "x"}], "messages[0].role"),
+        ([], "messages"),
+        ("hi", "messages"),
+        ([{"role": "robot", "content": "x"}], "messages[0].role"),
         ([{"role": "user", "content": 5}], "messages[0].content"),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0]"),
         ([{"role": "user", "content": [{"type": "text", "text": 1}]}], "messages[0].content[0].text"),
@@ -98,11 +158,15 @@ def test_bad_messages(messages, param):
 
 
 def test_content_parts_and_roles():
-    req = parse_chat({"messages": [
-        {"role": "developer", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-        {"role": "assistant", "content": None},
-    ]})
+    req = parse_chat(
+        {
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": None},
+            ]
+        }
+    )
     assert req.messages == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},

@@ -30,8 +30,9 @@ def test_serve_with_keys_from_flags_and_file_then_sigterm(tiny_export, tmp_path,
 
 
 def test_serve_rejects_a_folder_that_is_not_an_export(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "wicore.cli", "serve", "--model", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "wicore.cli", "serve", "--model", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 2 and "no exported model here" in res.stderr
 
 

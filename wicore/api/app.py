@@ -214,7 +214,7 @@ class API:
                     )
         except WiCoreError as exc:
             for request_id in request_ids:
-                self.engine.abort(request_id)
+                self.engine.cancel(request_id)
             raise from_wicore(exc, param) from exc
         return request_ids
 

@@ -81,7 +81,7 @@ def _number(body: dict[str, Any], name: str, lo: float, hi: float, lo_open: bool
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(name, f"expected a number, got {type(value).__name__}")
-    if value < lo or value > hi or (lo_open and value == lo):
+    if not lo <= value <= hi or (lo_open and value == lo):  # NaN (JSON's NaN literal) fails too
         raise _bad(name, f"{value} is out of range {'(' if lo_open else '['}{lo}, {hi}]")
     return float(value)
 

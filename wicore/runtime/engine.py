@@ -242,9 +242,20 @@ class Engine:
         return max_tokens
 
     def abort(self, request_id: str) -> None:
+        """End the request at the next step (reason "abort"); its outputs can still be read."""
         with self._lock:
             self.scheduler.abort(request_id)
             self._lock.notify_all()
+
+    def cancel(self, request_id: str) -> None:
+        """Abort a request whose outputs nobody will read: its channel goes when it ends."""
+        self.abort(request_id)
+        with self._lock:
+            channel = self._channels.get(request_id)
+            if channel is not None:
+                channel.claimed = True
+                if channel.is_finished:
+                    del self._channels[request_id]
 
     def outputs(self, request_id: str) -> Channel:
         """The request's output channel: iterate it (blocking) or `async for` over it.
@@ -275,8 +286,7 @@ class Engine:
                 request_ids.append(self.add_request(prompt, sp))
         except Exception:  # all or nothing: the prompts queued so far are taken back
             for request_id in request_ids:
-                self.abort(request_id)
-                self.outputs(request_id)  # claimed, so the engine forgets it once it ends
+                self.cancel(request_id)
             raise
         self.start()
         completions = []

@@ -12,6 +12,7 @@ are computed only for requests that ask for them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,9 @@ class SamplingParams:
     prompt_logits: bool = False  # also return the logits at every prompt position (no prefix-cache reuse)
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise RequestError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise RequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.temperature < 0:
