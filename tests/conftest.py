@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -23,7 +23,7 @@ ROOT = Path(wicore.__file__).parent
 
 def _code_key() -> str:
     h = hashlib.sha256()
-    for path in sorted([*ROOT.glob("export/*.py"), *ROOT.glob("graph/*.py")]):
+    for path in sorted([*ROOT.glob("export/*.py"), *ROOT.glob("graph/*.py"), *ROOT.glob("model/*.py")]):
         h.update(path.read_bytes())
     return h.hexdigest()[:12]
 
@@ -116,7 +116,9 @@ def tiny_export(tiny_model, tmp_path_factory):
             from wicore.export.exporter import ExportConfig, export_model
             from wicore.export.sources import open_source
 
-            export_model(open_source(str(folder)), out, ExportConfig(dtype=dtype, num_partitions=partitions), progress=lambda _: None)
+            export_model(
+                open_source(str(folder)), out, ExportConfig(dtype=dtype, num_partitions=partitions), progress=lambda _: None
+            )
             made[key] = (out, model)
         return made[key]
 

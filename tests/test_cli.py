@@ -17,7 +17,9 @@ BLOCK_ORT = "import sys; sys.modules['onnxruntime'] = None; from wicore.cli.main
 def test_without_onnxruntime_wicore_names_the_extras(tmp_path):
     res = subprocess.run(
         [sys.executable, "-c", BLOCK_ORT, "generate", "--model", str(tmp_path), "--prompt", "hi"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 2
     assert "no ONNX Runtime is installed: pip install 'wicore[cpu]'" in res.stderr
@@ -27,7 +29,9 @@ def test_without_onnxruntime_wicore_names_the_extras(tmp_path):
 def test_generate_on_a_folder_that_is_not_an_export(tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "wicore.cli", "generate", "--model", str(tmp_path), "--prompt", "hi"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 2
     assert f"{tmp_path}: no exported model here (no wicore.json)" in res.stderr
@@ -36,7 +40,9 @@ def test_generate_on_a_folder_that_is_not_an_export(tmp_path):
 def test_generate_needs_a_prompt(tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "wicore.cli", "generate", "--model", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 2
     assert "give at least one --prompt or --prompt-file" in res.stderr
@@ -44,14 +50,37 @@ def test_generate_needs_a_prompt(tmp_path):
 
 def test_flags_on_the_command_line_win_over_the_config_file_even_at_their_default(tmp_path):
     config = tmp_path / "serve.json"
-    config.write_text(json.dumps({
-        "port": 9000, "kv_pool_gb": 3, "policy": "lru", "no_prefix_cache": True, "api_key": "from-file",
-        "host_tier_gb": 0.5, "max_num_seqs": 8, "nvme_dir": "/tmp/x",
-    }))
-    args = parse_command_line([
-        "serve", "--config", str(config), "--port", "8000", "--kv-pool-gb", "1.0", "--policy", "a2cr",
-        "--api-key", "from-flag", "--max-num-seqs", "16",
-    ])
+    config.write_text(
+        json.dumps(
+            {
+                "port": 9000,
+                "kv_pool_gb": 3,
+                "policy": "lru",
+                "no_prefix_cache": True,
+                "api_key": "from-file",
+                "host_tier_gb": 0.5,
+                "max_num_seqs": 8,
+                "nvme_dir": "/tmp/x",
+            }
+        )
+    )
+    args = parse_command_line(
+        [
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            "8000",
+            "--kv-pool-gb",
+            "1.0",
+            "--policy",
+            "a2cr",
+            "--api-key",
+            "from-flag",
+            "--max-num-seqs",
+            "16",
+        ]
+    )
     apply_config_file(args)
     # Given, at the default (port, kv pool, policy) or not (keys, max_num_seqs): the flag wins.
     assert (args.port, args.kv_pool_gb, args.policy, args.api_key, args.max_num_seqs) == (8000, 1.0, "a2cr", ["from-flag"], 16)
@@ -71,8 +100,23 @@ def test_engine_flags_reach_the_engine_config_and_bad_ones_are_named(tmp_path):
     from wicore.cli.main import engine_config
     from wicore.errors import RequestError
 
-    args = parse_command_line(["generate", "--prompt", "hi", "--a2cr-weights", "0.2,0.5,0.3", "--a2cr-decay", "0.1",
-                               "--max-batched-tokens", "1024", "--prefill-with-decodes", "128", "--prefill-chunk", "64"])
+    args = parse_command_line(
+        [
+            "generate",
+            "--prompt",
+            "hi",
+            "--a2cr-weights",
+            "0.2,0.5,0.3",
+            "--a2cr-decay",
+            "0.1",
+            "--max-batched-tokens",
+            "1024",
+            "--prefill-with-decodes",
+            "128",
+            "--prefill-chunk",
+            "64",
+        ]
+    )
     config = engine_config(args, tmp_path)
     assert (config.a2cr.w_attention, config.a2cr.w_frequency, config.a2cr.w_recency, config.a2cr.decay) == (0.2, 0.5, 0.3, 0.1)
     sched = config.scheduler

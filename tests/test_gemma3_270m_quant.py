@@ -11,12 +11,14 @@ fp32 (98% argmax agreement), 1.6 against llama.cpp (94%; fp32 against llama.cpp:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from wicore.export.sources import packaged_gguf
 from wicore.cli.verify import VERIFY_TEXT
-from wicore.runtime.generator import Generator
+from wicore.export.sources import packaged_gguf
+from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.sampler import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -26,7 +28,15 @@ LONG_TEXT = " ".join([VERIFY_TEXT] * 9)
 
 @pytest.fixture(scope="module")
 def quant(export_cached):
-    return Generator.load(export_cached("gemma3-270m-ort-quant", "gemma3-270m", op_flavour="ort-quant"), num_threads=2)
+    folder = export_cached("gemma3-270m-ort-quant", "gemma3-270m", op_flavour="ort-quant")
+    with Engine(EngineConfig(model_dir=folder, num_threads=2, host_tier_gb=0)) as engine:
+        yield engine
+
+
+def prompt_logits(engine: Engine, ids: list[int]) -> np.ndarray:
+    (completion,) = engine.generate([ids], SamplingParams(max_tokens=1, prompt_logits=True))
+    assert completion.error is None, completion.error
+    return completion.prompt_logits
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +60,11 @@ def test_graphs_keep_the_gguf_blocks(quant):
     head's own codes, so no float copy of the 262k x 640 table is stored (302 MB of weights, fp32 1023 MB)."""
     import onnx
 
+    folder = Path(quant.config.model_dir)
     part = quant.manifest.partitions[0].file
-    ops = [n.op_type for n in onnx.load(quant.model_dir / part, load_external_data=False).graph.node]
+    ops = [n.op_type for n in onnx.load(folder / part, load_external_data=False).graph.node]
     assert ops.count("MatMulNBits") == 18 * 4 + 1 and ops.count("GatherBlockQuantized") == 1
-    assert (quant.model_dir / f"{part}.data").stat().st_size < 350e6
+    assert (folder / f"{part}.data").stat().st_size < 350e6
 
 
 def test_greedy_tokens_match_llama_cpp(quant, llama):
@@ -64,7 +75,9 @@ def test_greedy_tokens_match_llama_cpp(quant, llama):
         tok.encode(LONG_TEXT + " In summary,"),
         tok.encode("The capital of France is"),
     ]
-    ours = quant.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True)).token_ids
+    completions = quant.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True))
+    assert [(c.error, c.finish_reason) for c in completions] == [(None, "length")] * 4
+    ours = [c.token_ids for c in completions]
     theirs = [llama_greedy(llama, ids, 32) for ids in prompts]
     assert ours[:3] == theirs[:3]
     assert ours[3][:11] == theirs[3][:11]
@@ -73,8 +86,9 @@ def test_greedy_tokens_match_llama_cpp(quant, llama):
 
 def test_prompt_logits_track_fp32_and_llama_cpp(quant, llama, gemma_270m):
     ids = quant.tokenizer.encode(LONG_TEXT)[:100]
-    ours = quant.prompt_logits(ids)
-    fp32 = Generator.load(gemma_270m(1), num_threads=2).prompt_logits(ids)
+    ours = prompt_logits(quant, ids)
+    with Engine(EngineConfig(model_dir=gemma_270m(1), num_threads=2, host_tier_gb=0)) as engine:
+        fp32 = prompt_logits(engine, ids)
     llama.reset()
     llama.eval(ids)
     theirs = np.array(llama.scores[: len(ids)])
@@ -88,7 +102,7 @@ def test_verify_against_hf_holds_the_flavour_to_its_stated_agreement(quant, hf_g
     from wicore.cli.verify import MIN_AGREEMENT, compare_logits, hf_logits
 
     ids = quant.tokenizer.encode(LONG_TEXT)[:100]
-    report = compare_logits(quant.prompt_logits(ids), hf_logits(hf_gemma_270m, ids), MIN_AGREEMENT["ort-quant"])
+    report = compare_logits(prompt_logits(quant, ids), hf_logits(hf_gemma_270m, ids), MIN_AGREEMENT["ort-quant"])
     assert report.ok and report.summary().endswith("-> OK")
     assert report.argmax_agreement >= 0.95  # measured 98%
     assert report.max_abs_diff < 0.1 * report.logit_scale

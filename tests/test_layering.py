@@ -29,12 +29,21 @@ def lint_imports(root: Path, config: Path) -> subprocess.CompletedProcess[str]:
     """import-linter on the `wicore` package under `root` (it checks which one it found)."""
     env = {**os.environ, "PYTHONPATH": str(root)}
     found = subprocess.run(
-        [sys.executable, "-c", "import wicore; print(wicore.__file__)"], cwd=root, env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", "import wicore; print(wicore.__file__)"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert Path(found.stdout.strip()) == root / "wicore" / "__init__.py"
     return subprocess.run(
         [sys.executable, "-c", LINT, "--config", str(config), "--no-cache", "--no-logo"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -62,7 +71,12 @@ def test_the_package_keeps_its_import_contracts():
         # A cycle back from the KV bookkeeping to the runtime that drives it.
         ("hmt/tiers.py", "import wicore.runtime", CONTRACTS[0], "wicore.hmt is not allowed to import wicore.runtime"),
         # The engine pulling in the exporter (transformers, GGUF readers).
-        ("runtime/engine.py", "import wicore.export.exporter", CONTRACTS[1], "wicore.runtime is not allowed to import wicore.export"),
+        (
+            "runtime/engine.py",
+            "import wicore.export.exporter",
+            CONTRACTS[1],
+            "wicore.runtime is not allowed to import wicore.export",
+        ),
     ],
 )
 def test_an_import_against_a_contract_is_caught(tmp_path, module, added, broken, report):

@@ -8,16 +8,29 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
-from wicore.model.quant import BlockQuant, QuantizedTensor, concat_rows, quantize_symmetric
 from wicore.export.gguf_quant import can_transcode, transcode_gguf
+from wicore.model.quant import BlockQuant, QuantizedTensor, concat_rows, quantize_symmetric
 
 TRANSCODED = [T.Q8_0, T.Q5_0, T.Q4_0, T.Q6_K, T.Q4_K, T.Q5_K, T.Q4_1, T.Q5_1]
 EXPECTED = {  # type -> (bits, block size, has offsets)
-    T.Q8_0: (8, 32, False), T.Q5_0: (8, 32, False), T.Q4_0: (4, 32, False), T.Q6_K: (8, 16, False),
-    T.Q4_K: (4, 32, True), T.Q5_K: (8, 32, True), T.Q4_1: (4, 32, True), T.Q5_1: (8, 32, True),
+    T.Q8_0: (8, 32, False),
+    T.Q5_0: (8, 32, False),
+    T.Q4_0: (4, 32, False),
+    T.Q6_K: (8, 16, False),
+    T.Q4_K: (4, 32, True),
+    T.Q5_K: (8, 32, True),
+    T.Q4_1: (4, 32, True),
+    T.Q5_1: (8, 32, True),
 }
 F16_FIELDS = {  # byte offsets of each type's float16 fields (d, dmin / m): random bytes there could be NaN
-    T.Q8_0: (0,), T.Q5_0: (0,), T.Q4_0: (0,), T.Q6_K: (208,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q4_1: (0, 2), T.Q5_1: (0, 2),
+    T.Q8_0: (0,),
+    T.Q5_0: (0,),
+    T.Q4_0: (0,),
+    T.Q6_K: (208,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q4_1: (0, 2),
+    T.Q5_1: (0, 2),
 }
 
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from wicore.errors import ModelSourceError, UnsupportedModelError, WiCoreError
-from wicore.model.config import FULL, SLIDING, Gemma3Config, RopeConfig
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.hf import HFSource
 from wicore.export.sources import open_source
+from wicore.model.config import FULL, SLIDING, Gemma3Config, RopeConfig
 
 
 def run_cli(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -33,10 +33,19 @@ def test_hf_config_transformers4_style_with_linear_rope_scaling():
         {
             "model_type": "gemma3",
             "text_config": {
-                "model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 2560, "intermediate_size": 10240,
-                "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-                "sliding_window": 1024, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
-                "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "query_pre_attn_scalar": 256,
+                "model_type": "gemma3_text",
+                "vocab_size": 262208,
+                "hidden_size": 2560,
+                "intermediate_size": 10240,
+                "num_hidden_layers": 34,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 4,
+                "head_dim": 256,
+                "sliding_window": 1024,
+                "rope_theta": 1000000.0,
+                "rope_local_base_freq": 10000.0,
+                "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                "query_pre_attn_scalar": 256,
             },
             "eos_token_id": [1, 106],
         }
@@ -147,7 +156,12 @@ def test_existing_output_is_kept_unless_forced(tiny_model, tmp_path):
         export_model(open_source(str(folder)), out, ExportConfig(), progress=lambda _: None)
     export_model(open_source(str(folder)), out, ExportConfig(num_partitions=2, overwrite=True), progress=lambda _: None)
     assert sorted(p.name for p in out.iterdir()) == [
-        "embed_tokens.data", "part-00.onnx", "part-00.onnx.data", "part-01.onnx", "part-01.onnx.data", "wicore.json",
+        "embed_tokens.data",
+        "part-00.onnx",
+        "part-00.onnx.data",
+        "part-01.onnx",
+        "part-01.onnx.data",
+        "wicore.json",
     ]
     assert leftovers(tmp_path) == ["m"]
 

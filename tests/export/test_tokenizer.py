@@ -23,8 +23,8 @@ import pytest
 
 import wicore.export.tokenizer as export_tokenizer
 from wicore.errors import ModelSourceError, RequestError, UnsupportedModelError
-from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE, check_whole_words, export_tokenizer_from_gguf, export_tokenizer_from_hf
+from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
 INFO_FILE = "wicore-tokenizer-info.json"  # test-side record of the TokenizerInfo of a cached export
@@ -171,9 +171,7 @@ def _hf_folder(exported: tuple[Path, TokenizerInfo], dest: Path, chat_template: 
 
 
 @pytest.mark.slow
-def test_export_from_hf_folder_falls_back_to_gemma_template(
-    exported: tuple[Path, TokenizerInfo], tmp_path: Path
-) -> None:
+def test_export_from_hf_folder_falls_back_to_gemma_template(exported: tuple[Path, TokenizerInfo], tmp_path: Path) -> None:
     folder = _hf_folder(exported, tmp_path / "hf", chat_template=None)
     info = export_tokenizer_from_hf(folder, tmp_path / "out")
     assert info == exported[1]
@@ -359,9 +357,7 @@ def test_incremental_decoder_skips_special_tokens_and_flushes_partial(tok: Token
     assert decoder.flush() == ""
 
 
-def test_a_vocabulary_converted_without_its_merges_is_refused(
-    exported: tuple[Path, TokenizerInfo], tmp_path: Path
-) -> None:
+def test_a_vocabulary_converted_without_its_merges_is_refused(exported: tuple[Path, TokenizerInfo], tmp_path: Path) -> None:
     # What transformers 5.17 built from this GGUF: the pieces, none of the merges.
     from transformers import PreTrainedTokenizerFast
 

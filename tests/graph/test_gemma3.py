@@ -2,26 +2,83 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from wicore.graph.manifest import Manifest
-from wicore.runtime.generator import Generator, Sequence, sequence_row
-from wicore.runtime.session import build_step
-from wicore.runtime.sampler import Sampler, SamplingParams
-from wicore.runtime.session import CacheConfig, ModelRunner
+from wicore.runtime.batch import build_batch
+from wicore.runtime.engine import Engine, EngineConfig
+from wicore.runtime.graphs import ModelGraphs
+from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
+from wicore.runtime.placement import plan_placement
+from wicore.runtime.sampler import SamplingParams
+from wicore.runtime.scheduler import SchedulerConfig
 
 PROMPT = np.random.default_rng(0).integers(0, 512, 40).tolist()  # 40 tokens: 5x the sliding window
+
+
+def engine(folder: Path, block_size: int = 4, prefill_chunk: int = 256, **overrides: object) -> Engine:
+    """An engine on a tiny export: 64 device blocks, no lower tiers, `prefill_chunk` tokens a step."""
+    settings: dict[str, object] = dict(
+        model_dir=folder,
+        num_threads=1,
+        block_size=block_size,
+        num_device_blocks=64,
+        num_host_blocks=0,
+        num_nvme_blocks=0,
+        scheduler=SchedulerConfig(prefill_chunk=prefill_chunk),
+    )
+    return Engine(EngineConfig(**{**settings, **overrides}))
+
+
+def prompt_logits(eng: Engine, ids: list[int]) -> np.ndarray:
+    """Logits at every position of `ids` [len, vocab]."""
+    (completion,) = eng.generate([ids], SamplingParams(max_tokens=1, prompt_logits=True))
+    assert completion.error is None, completion.error
+    return completion.prompt_logits
+
+
+def token_ids(eng: Engine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    completions = eng.generate(prompts, params)
+    assert [c.error for c in completions] == [None] * len(prompts)
+    return [c.token_ids for c in completions]
+
+
+@dataclass(frozen=True)
+class Row:
+    """A batch row (wicore.runtime.batch.BatchRow). By default the sliding layers get the
+    same blocks as the full layers, none released."""
+
+    token_ids: list[int]
+    start: int
+    block_table: list[int]
+    window_table: list[int] | None = None
+    window_first: int = 0
+    num_logits: int = 1
+
+    def __post_init__(self) -> None:
+        if self.window_table is None:
+            object.__setattr__(self, "window_table", self.block_table)
+
+
+def graphs(folder: Path, cache: CacheConfig) -> ModelGraphs:
+    """The graphs of an export on the CPU, bound to new zero-filled KV buffers of `cache`."""
+    manifest = Manifest.read(folder)
+    devices = plan_placement(folder, manifest, "cpu").devices
+    return ModelGraphs(folder, manifest, KVBuffers(manifest, cache, devices), devices, num_threads=1)
 
 
 @pytest.mark.parametrize("partitions", [1, 2, 4])
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_logits_at_every_position_match_hf(tiny_export, reference_logits, partitions, block_size):
     folder, model = tiny_export(partitions)
-    gen = Generator.load(folder, num_threads=1, block_size=block_size, prefill_chunk=7)
-    ours = gen.prompt_logits(PROMPT)
+    with engine(folder, block_size=block_size, prefill_chunk=7) as eng:
+        ours = prompt_logits(eng, PROMPT)
+        assert eng.num_steps == 6  # chunks of 7, 7, 7, 7, 7 and 5 tokens
     ref = reference_logits(model, PROMPT)
     assert ours.shape == (40, 512)
     np.testing.assert_allclose(ours, ref, atol=2e-5, rtol=0)
@@ -40,9 +97,9 @@ def test_logits_at_every_position_match_hf(tiny_export, reference_logits, partit
 )
 def test_config_variants_match_hf(tiny_export, reference_logits, overrides):
     folder, model = tiny_export(1, **overrides)
-    gen = Generator.load(folder, num_threads=1, block_size=4, prefill_chunk=9)
-    ours, ref = gen.prompt_logits(PROMPT), reference_logits(model, PROMPT)
-    np.testing.assert_allclose(ours, ref, atol=2e-5, rtol=0)
+    with engine(folder, prefill_chunk=9) as eng:
+        ours = prompt_logits(eng, PROMPT)
+    np.testing.assert_allclose(ours, reference_logits(model, PROMPT), atol=2e-5, rtol=0)
 
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
@@ -56,61 +113,61 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
 @pytest.mark.parametrize("prompt_len", [16, 17, 15])  # ends on, just past and just before a block boundary
 def test_greedy_decode_matches_hf_around_block_boundaries(tiny_export, prompt_len):
     folder, model = tiny_export(1)
-    gen = Generator.load(folder, num_threads=1, block_size=8, prefill_chunk=8)
     ids = PROMPT[:prompt_len]
-    out = gen.generate([ids], SamplingParams(max_tokens=20, ignore_eos=True))
-    assert out.token_ids[0] == hf_greedy(model, ids, 20)
-    assert out.finish_reasons == ["length"]
+    with engine(folder, block_size=8, prefill_chunk=8) as eng:
+        (out,) = eng.generate([ids], SamplingParams(max_tokens=20, ignore_eos=True))
+    assert out.token_ids == hf_greedy(model, ids, 20)
+    assert out.finish_reason == "length"
+    assert out.num_prompt_tokens == prompt_len
 
 
 def test_non_contiguous_block_table_and_sink(tiny_export, reference_logits):
     """Blocks out of order, the sink block untouched by a real row, padding rows in one step."""
     folder, model = tiny_export(1)
-    manifest = Manifest.read(folder)
-    runner = ModelRunner(folder, manifest, CacheConfig(num_blocks=16, block_size=4), num_threads=1)
-    long = Sequence(list(PROMPT[:13]), 13, Sampler(SamplingParams()), block_ids=[9, 3, 14, 6])
-    short = Sequence(list(PROMPT[20:25]), 5, Sampler(SamplingParams()), block_ids=[1, 12])
-    logits = runner.run(build_step([sequence_row(long, 13), sequence_row(short, 5)], block_size=4)).logits
+    g = graphs(folder, CacheConfig(num_blocks=16, block_size=4))
+    long, short = [9, 3, 14, 6], [1, 12]
+    logits = g.run(build_batch([Row(PROMPT[:13], 0, long), Row(PROMPT[20:25], 0, short)], block_size=4)).logits
 
     assert logits.shape == (2, 512)
     np.testing.assert_allclose(logits[0], reference_logits(model, PROMPT[:13])[-1], atol=2e-5, rtol=0)
     np.testing.assert_allclose(logits[1], reference_logits(model, PROMPT[20:25])[-1], atol=2e-5, rtol=0)
-    # The pools were written in place, in the blocks each row owns: the 13th token of
+    # The buffers were written in place, in the blocks each row owns: the 13th token of
     # `long` is slot 0 of block 6, the 5th of `short` slot 0 of block 12.
-    for pools in (runner.key_pools, runner.value_pools):
-        for pool in pools:
+    for layer in range(g.buffers.num_layers):
+        for pool in g.buffers.arrays(layer):
+            assert pool.shape == (16, 4, 2, 32)
             assert all(pool[b].any(axis=(1, 2)).all() for b in (9, 3, 14, 1))
             assert pool[6, 0].any() and pool[12, 0].any()
             assert not pool[6, 1:].any() and not pool[12, 1:].any()
             assert not pool[[2, 4, 5, 7, 8, 10, 11, 13, 15]].any()
 
     # Decode one token for each row against what the cache now holds.
-    for seq, n in ((long, 13), (short, 5)):
-        seq.num_computed = n
-        seq.token_ids.append(7)
-    logits = runner.run(build_step([sequence_row(long, 1), sequence_row(short, 1)], block_size=4)).logits
+    logits = g.run(build_batch([Row([7], 13, long), Row([7], 5, short)], block_size=4)).logits
     np.testing.assert_allclose(logits[0], reference_logits(model, PROMPT[:13] + [7])[-1], atol=2e-5, rtol=0)
     np.testing.assert_allclose(logits[1], reference_logits(model, PROMPT[20:25] + [7])[-1], atol=2e-5, rtol=0)
 
 
 def test_batch_generates_what_each_generates_alone(tiny_export):
+    """Four prompts prefilled together in chunks of 6, then decoded together, against each
+    alone (no prefix cache: the lone runs compute every token again)."""
     folder, _ = tiny_export(2)
-    gen = Generator.load(folder, num_threads=1, block_size=4, prefill_chunk=6)
     prompts = [PROMPT[:3], PROMPT[:17], PROMPT[5:30], PROMPT[30:31]]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    together = gen.generate(prompts, params).token_ids
-    alone = [gen.generate([p], params).token_ids[0] for p in prompts]
+    with engine(folder, prefill_chunk=6, enable_prefix_cache=False) as eng:
+        together = token_ids(eng, prompts, params)
+        alone = [token_ids(eng, [p], params)[0] for p in prompts]
     assert together == alone
     assert all(len(t) == 12 for t in together)
 
 
 def test_seeded_sampling_is_repeatable_and_batch_independent(tiny_export):
     folder, _ = tiny_export(1)
-    gen = Generator.load(folder, num_threads=1, block_size=4)
     params = SamplingParams(max_tokens=16, temperature=1.0, top_k=50, top_p=0.9, seed=1234, ignore_eos=True)
-    first = gen.generate([PROMPT[:10]], params).token_ids[0]
-    again = gen.generate([PROMPT[:10], PROMPT[:20]], params).token_ids[0]
-    other_seed = gen.generate([PROMPT[:10]], SamplingParams(**{**params.__dict__, "seed": 99})).token_ids[0]
+    with engine(folder, enable_prefix_cache=False) as eng:
+        first = token_ids(eng, [PROMPT[:10]], params)[0]
+        again = token_ids(eng, [PROMPT[:10], PROMPT[:20]], params)[0]
+        other_seed = token_ids(eng, [PROMPT[:10]], dataclasses.replace(params, seed=99))[0]
+    assert len(first) == 16
     assert first == again
     assert first != other_seed
 
@@ -119,8 +176,9 @@ def test_fp16_export_tracks_fp32(tiny_export, reference_logits):
     folder, model = tiny_export(1, dtype="fp16")
     manifest = Manifest.read(folder)
     assert manifest.dtype == "fp16" and manifest.kv_dtype == "float16"
-    gen = Generator.load(folder, num_threads=1, block_size=4)
-    ours, ref = gen.prompt_logits(PROMPT), reference_logits(model, PROMPT)
+    with engine(folder) as eng:
+        ours = prompt_logits(eng, PROMPT)
+    ref = reference_logits(model, PROMPT)
     scale = np.abs(ref).max()
     assert np.abs(ours - ref).max() < 2e-2 * scale
     assert (ours.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
@@ -138,11 +196,9 @@ def test_attention_mass_per_block_matches_hf_attention_probs(tiny_model, tmp_pat
     folder, model = tiny_model()
     out = tmp_path / "stats"
     export_model(open_source(str(folder)), out, ExportConfig(num_partitions=2, attention_stats=True), progress=lambda _: None)
-    manifest = Manifest.read(out)
-    assert manifest.has_attention_stats
-    runner = ModelRunner(out, manifest, CacheConfig(num_blocks=8, block_size=4), num_threads=1)
-    seq = Sequence(list(PROMPT[:10]), 10, Sampler(SamplingParams()), block_ids=[5, 2, 7])
-    result = runner.run(build_step([sequence_row(seq, 10)], block_size=4))
+    assert Manifest.read(out).has_attention_stats
+    g = graphs(out, CacheConfig(num_blocks=8, block_size=4))
+    result = g.run(build_batch([Row(PROMPT[:10], 0, [5, 2, 7])], block_size=4))
 
     with torch.no_grad():
         attentions = model(torch.tensor([PROMPT[:10]]), output_attentions=True).attentions
@@ -153,25 +209,15 @@ def test_attention_mass_per_block_matches_hf_attention_probs(tiny_model, tmp_pat
     assert result.attention_mass.sum() == pytest.approx(1 * 4 * 10)  # full layers * heads * queries
 
 
-@dataclass(frozen=True)
-class WindowRow:
-    token_ids: list[int]
-    start: int
-    block_table: list[int]
-    window_table: list[int]
-    window_first: int
-    needs_logits: bool = True
-
-
 def test_sliding_layers_read_only_their_window_blocks(tiny_export, reference_logits):
-    """The sliding layers' pool holds 5 usable blocks, reused as a ring as the window
+    """The sliding layers' buffers hold 5 usable blocks, reused as a ring as the window
     (8 tokens) moves over a 40-token prompt; blocks outside the window are filled with large
     garbage before every step, so reading any of them would wreck the logits. (Garbage, not
     NaN: the unwritten tail of a live block is read and masked, and 0 x NaN is NaN.)"""
     folder, model = tiny_export(2)
     manifest = Manifest.read(folder)
     block_size, window, ring = 4, 8, [3, 1, 5, 2, 4]
-    runner = ModelRunner(folder, manifest, CacheConfig(num_blocks=12, block_size=block_size, num_window_blocks=6), num_threads=1)
+    g = graphs(folder, CacheConfig(num_blocks=12, block_size=block_size, num_window_blocks=6))
     full_blocks = [11, 2, 7, 4, 9, 1, 10, 3, 6, 8]  # out of order, 40 tokens
     ref = reference_logits(model, PROMPT)
     sliding = [i for i in range(manifest.config.num_layers) if manifest.config.is_sliding(i)]
@@ -181,10 +227,16 @@ def test_sliding_layers_read_only_their_window_blocks(tiny_export, reference_log
         last = (start + n - 1) // block_size
         live = {ring[i % len(ring)] for i in range(first, last + 1)}
         for layer in sliding:
-            for pool in (runner.key_pools[layer], runner.value_pools[layer]):
+            for pool in g.buffers.arrays(layer):
                 pool[[b for b in ring if b not in live]] = 1e3
-        row = WindowRow(PROMPT[start : start + n], start, full_blocks[: last + 1],
-                        [ring[i % len(ring)] for i in range(first, last + 1)], first)
-        logits = runner.run(build_step([row], block_size, all_logits=True)).logits
+        row = Row(
+            PROMPT[start : start + n],
+            start,
+            full_blocks[: last + 1],
+            [ring[i % len(ring)] for i in range(first, last + 1)],
+            first,
+            num_logits=n,
+        )
+        logits = g.run(build_batch([row], block_size)).logits
         np.testing.assert_allclose(logits, ref[start : start + n], atol=2e-5, rtol=0)
-    assert runner.key_pools[sliding[0]].shape[0] == 6 and runner.key_pools[2].shape[0] == 12
+    assert g.buffers.arrays(sliding[0])[0].shape[0] == 6 and g.buffers.arrays(2)[0].shape[0] == 12

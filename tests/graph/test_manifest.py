@@ -11,7 +11,7 @@ from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph.manifest import Manifest
 from wicore.graph.partition import plan_partitions
-from wicore.runtime.generator import Generator
+from wicore.runtime.engine import Engine, EngineConfig
 
 
 @pytest.mark.parametrize(
@@ -29,6 +29,12 @@ def test_plan_partitions(layers, n, ranges):
     assert [(s.start, s.stop) for s in specs] == ranges
     assert [s.has_embedding for s in specs] == [True] + [False] * (n - 1)
     assert [s.has_lm_head for s in specs] == [False] * (n - 1) + [True]
+
+
+def open_engine(folder) -> None:
+    """Open (and close) an engine on `folder`: it checks the files against wicore.json first."""
+    with Engine(EngineConfig(model_dir=folder, num_threads=1, block_size=4, num_device_blocks=8, num_host_blocks=0)):
+        pass
 
 
 @pytest.fixture
@@ -59,13 +65,13 @@ def test_tampered_partition_is_refused_by_name(exported):
     raw[len(raw) // 2] ^= 0x01
     data.write_bytes(bytes(raw))
     with pytest.raises(ManifestError, match=r"part-01\.onnx\.data does not match its sha256"):
-        Generator.load(exported)
+        open_engine(exported)
 
 
 def test_missing_partition_is_refused_by_name(exported):
     (exported / "part-00.onnx").unlink()
     with pytest.raises(ManifestError, match=r"part-00\.onnx is missing"):
-        Generator.load(exported)
+        open_engine(exported)
 
 
 def test_folder_without_manifest(tmp_path):

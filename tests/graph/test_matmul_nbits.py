@@ -8,12 +8,12 @@ import pytest
 from onnx import TensorProto
 
 from wicore.export.exporter import ExportConfig, export_model
-from wicore.model.quant import BlockQuant, quantize_symmetric
 from wicore.export.sources import open_source
 from wicore.graph.manifest import Manifest
 from wicore.graph.ops import DataFile, Graph
 from wicore.graph.quant import matmul_nbits
-from wicore.runtime.generator import Generator
+from wicore.model.quant import BlockQuant, quantize_symmetric
+from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.providers import CAPABILITIES, Device, DeviceError, onnxruntime
 from wicore.runtime.sampler import SamplingParams
 
@@ -91,8 +91,29 @@ def tiny_exports(tiny_model, tmp_path_factory):
     return out
 
 
+def engine(folder) -> Engine:
+    """An engine on a tiny export: 64 device blocks of 4 tokens, no lower tiers."""
+    config = EngineConfig(
+        model_dir=folder, num_threads=1, block_size=4, num_device_blocks=64, num_host_blocks=0, num_nvme_blocks=0
+    )
+    return Engine(config)
+
+
+def prompt_logits(eng: Engine, prompt: list[int]) -> np.ndarray:
+    (completion,) = eng.generate([prompt], SamplingParams(max_tokens=1, prompt_logits=True))
+    assert completion.error is None, completion.error
+    return completion.prompt_logits
+
+
+def greedy(eng: Engine, prompt: list[int], n: int) -> list[int]:
+    (completion,) = eng.generate([prompt], SamplingParams(max_tokens=n, ignore_eos=True))
+    assert completion.error is None and len(completion.token_ids) == n
+    return completion.token_ids
+
+
 def logits(folder, prompt=PROMPT) -> np.ndarray:
-    return Generator.load(folder, num_threads=1, block_size=4).prompt_logits(prompt)
+    with engine(folder) as eng:
+        return prompt_logits(eng, prompt)
 
 
 def test_manifest_records_the_flavour_and_graphs_use_matmul_nbits(tiny_exports):
@@ -121,13 +142,11 @@ def test_tiny_ort_quant_tracks_fp32(tiny_exports):
     """8-bit weights and int8 activations against fp32 on a random model (sensitive: its norms are
     drawn N(0, 0.5)). Measured: max |diff| 4.4% of the largest logit, 95% of argmaxes agree,
     the same 16 greedy tokens."""
-    fp32 = Generator.load(tiny_exports["fp32"], num_threads=1, block_size=4)
-    quant = Generator.load(tiny_exports["quant"], num_threads=1, block_size=4)
-    ref, ours = fp32.prompt_logits(PROMPT), quant.prompt_logits(PROMPT)
-    assert np.abs(ours - ref).max() < 0.08 * np.abs(ref).max()
-    assert (ours.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
-    params = SamplingParams(max_tokens=16, ignore_eos=True)
-    assert quant.generate([PROMPT[:9]], params).token_ids == fp32.generate([PROMPT[:9]], params).token_ids
+    with engine(tiny_exports["fp32"]) as fp32, engine(tiny_exports["quant"]) as quant:
+        ref, ours = prompt_logits(fp32, PROMPT), prompt_logits(quant, PROMPT)
+        assert np.abs(ours - ref).max() < 0.08 * np.abs(ref).max()
+        assert (ours.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+        assert greedy(quant, PROMPT[:9], 16) == greedy(fp32, PROMPT[:9], 16)
 
 
 def test_export_refuses_unknown_flavours_and_bits():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wicore.runtime.generator import Generator
+from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.providers import installed_providers
 from wicore.runtime.sampler import SamplingParams
 
@@ -24,19 +24,33 @@ def test_openvino_provider_is_installed():
     assert "OpenVINOExecutionProvider" in installed_providers()
 
 
+def engine(folder, devices: str) -> Engine:
+    """An engine on the 270M, no host tier; no prefix cache, so every request computes its prompt."""
+    config = EngineConfig(model_dir=folder, num_threads=2, devices=devices, host_tier_gb=0, enable_prefix_cache=False)
+    return Engine(config)
+
+
+def logits_and_tokens(engine: Engine, ids: list[int]) -> tuple[np.ndarray, list[int]]:
+    """The prompt's logits at every position, and 40 greedy tokens after it."""
+    (scored,) = engine.generate([ids], SamplingParams(max_tokens=1, prompt_logits=True))
+    (greedy,) = engine.generate([ids], SamplingParams(max_tokens=40, ignore_eos=True))
+    assert scored.error is None and greedy.error is None and len(greedy.token_ids) == 40
+    return scored.prompt_logits, greedy.token_ids
+
+
 @pytest.fixture(scope="module")
 def reference(gemma_270m):
-    gen = Generator.load(gemma_270m(3), num_threads=2, devices="cpu")
-    ids = gen.tokenizer.encode(PROMPT)
-    return ids, gen.prompt_logits(ids), gen.generate([ids], SamplingParams(max_tokens=40, ignore_eos=True)).token_ids[0]
+    with engine(gemma_270m(3), "cpu") as cpu:
+        ids = cpu.tokenizer.encode(PROMPT)
+        return ids, *logits_and_tokens(cpu, ids)
 
 
 @pytest.mark.parametrize("devices", PLACEMENTS)
 def test_openvino_matches_the_cpu_ep(gemma_270m, reference, devices):
     ids, ref_logits, ref_tokens = reference
-    gen = Generator.load(gemma_270m(3), num_threads=2, devices=devices)
-    assert [d.label for d in gen.devices] == devices.split(",")
-    logits = gen.prompt_logits(ids)
+    with engine(gemma_270m(3), devices) as ov:
+        assert [d.label for d in ov.runner.graphs.devices] == devices.split(",")
+        logits, tokens = logits_and_tokens(ov, ids)
     assert np.abs(logits - ref_logits).max() < LOGIT_TOLERANCE
     assert (logits.argmax(-1) == ref_logits.argmax(-1)).all()
-    assert gen.generate([ids], SamplingParams(max_tokens=40, ignore_eos=True)).token_ids[0] == ref_tokens
+    assert tokens == ref_tokens

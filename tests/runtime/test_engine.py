@@ -25,7 +25,9 @@ def hf_greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
 
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None)
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None
+        )
     new = out[0, len(prompt) :].tolist()
     assert len(new) == num_tokens
     return new
@@ -49,7 +51,11 @@ def alone(tiny):
 
 def engine(model_dir, **overrides) -> Engine:
     settings = dict(
-        num_threads=1, block_size=4, num_device_blocks=256, num_host_blocks=0, num_nvme_blocks=0,
+        num_threads=1,
+        block_size=4,
+        num_device_blocks=256,
+        num_host_blocks=0,
+        num_nvme_blocks=0,
         scheduler=SchedulerConfig(max_num_batched_tokens=48, prefill_chunk=16),
     )
     return Engine(EngineConfig(model_dir=model_dir, **{**settings, **overrides}))
@@ -295,7 +301,9 @@ def test_attention_stats_reach_the_kv_cache_and_change_no_output(tiny_model, alo
 
     folder, _ = tiny_model()
     stats_dir = tmp_path / "stats"
-    export_model(open_source(str(folder)), stats_dir, ExportConfig(num_partitions=2, attention_stats=True), progress=lambda _: None)
+    export_model(
+        open_source(str(folder)), stats_dir, ExportConfig(num_partitions=2, attention_stats=True), progress=lambda _: None
+    )
     eng = engine(stats_dir)
     received = []
     record = eng.kv.record_attention

@@ -9,7 +9,6 @@ import pytest
 
 from wicore.cli.verify import VERIFY_TEXT
 from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.generator import Generator
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
 
@@ -20,15 +19,22 @@ PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def workload(gemma_270m):
-    """32 prompts of mixed lengths (4 past the 512-token sliding window) and their outputs alone."""
+    """32 prompts of mixed lengths (4 past the 512-token sliding window), their outputs alone
+    (one request at a time, no prefix cache: each computes its whole prompt), the tokenizer."""
     folder = gemma_270m(3)
-    gen = Generator.load(folder, num_threads=2, verify=False)
-    words = (" ".join([VERIFY_TEXT] * 12)).split()
-    rng = np.random.default_rng(0)
-    lengths = [int(n) for n in rng.integers(4, 120, 28)] + [530, 560, 600, 700]
-    prompts = [gen.tokenizer.encode(" ".join(words[i % 40 : i % 40 + n])) for i, n in enumerate(lengths)]
-    alone = [gen.generate([p], PARAMS).token_ids[0] for p in prompts]
-    return folder, prompts, alone
+    config = EngineConfig(model_dir=folder, num_threads=2, verify_files=False, host_tier_gb=0, enable_prefix_cache=False)
+    with Engine(config) as engine:
+        tok = engine.tokenizer
+        words = (" ".join([VERIFY_TEXT] * 12)).split()
+        rng = np.random.default_rng(0)
+        lengths = [int(n) for n in rng.integers(4, 120, 28)] + [530, 560, 600, 700]
+        prompts = [tok.encode(" ".join(words[i % 40 : i % 40 + n])) for i, n in enumerate(lengths)]
+        alone = []
+        for p in prompts:
+            (completion,) = engine.generate([p], PARAMS)
+            assert completion.error is None and completion.finish_reason == "length"
+            alone.append(completion.token_ids)
+    return folder, prompts, alone, tok
 
 
 def run(engine: Engine, prompts: list[list[int]], stagger: float) -> list[list[int]]:
@@ -40,7 +46,7 @@ def run(engine: Engine, prompts: list[list[int]], stagger: float) -> list[list[i
 
 
 def test_32_concurrent_requests_arriving_over_time_match_alone(workload):
-    folder, prompts, alone = workload
+    folder, prompts, alone, _ = workload
     with Engine(EngineConfig(model_dir=folder, num_threads=2, verify_files=False)).start() as engine:
         assert run(engine, prompts, stagger=0.05) == alone
         stats = engine.stats()
@@ -48,10 +54,16 @@ def test_32_concurrent_requests_arriving_over_time_match_alone(workload):
 
 
 def test_tier0_too_small_swaps_and_still_matches(workload, tmp_path):
-    folder, prompts, alone = workload
+    folder, prompts, alone, _ = workload
     config = EngineConfig(
-        model_dir=folder, num_threads=2, verify_files=False, num_device_blocks=120, num_host_blocks=40,
-        num_nvme_blocks=400, nvme_dir=tmp_path, scheduler=SchedulerConfig(max_num_batched_tokens=256),
+        model_dir=folder,
+        num_threads=2,
+        verify_files=False,
+        num_device_blocks=120,
+        num_host_blocks=40,
+        num_nvme_blocks=400,
+        nvme_dir=tmp_path,
+        scheduler=SchedulerConfig(max_num_batched_tokens=256),
     )
     with Engine(config) as engine:
         ids = [engine.add_request(p, PARAMS) for p in prompts]
@@ -66,10 +78,9 @@ def test_a_shared_1024_token_prefix_past_the_window_is_prefilled_once(workload):
     """The second prompt reuses the first one's 64 full blocks (1,024 tokens): the full
     layers' blocks 0-63 and the sliding layers' blocks 32-63 (what position 1,024 still sees
     through the 512-token window; the first request released the rest and kept them cached)."""
-    folder, prompts, _ = workload
+    folder, prompts, _, tok = workload
     words = (" ".join([VERIFY_TEXT] * 40)).split()
-    gen_tokens = Generator.load(folder, num_threads=2, verify=False).tokenizer.encode(" ".join(words))
-    prefix = gen_tokens[:1024]
+    prefix = tok.encode(" ".join(words))[:1024]
     first, second = prefix + prompts[0][1:], prefix + prompts[1][1:]  # suffixes without their BOS
     params = SamplingParams(max_tokens=8, ignore_eos=True)
 

@@ -29,10 +29,17 @@ def hf_generate(model, prompt: list[int], num_tokens: int, stop_at_eos: bool = F
 
 
 def engine(model_dir, **scheduler) -> Engine:
-    return Engine(EngineConfig(
-        model_dir=model_dir, num_threads=1, block_size=4, num_device_blocks=128, num_host_blocks=0, num_nvme_blocks=0,
-        scheduler=SchedulerConfig(prefill_chunk=16, **scheduler),
-    ))
+    return Engine(
+        EngineConfig(
+            model_dir=model_dir,
+            num_threads=1,
+            block_size=4,
+            num_device_blocks=128,
+            num_host_blocks=0,
+            num_nvme_blocks=0,
+            scheduler=SchedulerConfig(prefill_chunk=16, **scheduler),
+        )
+    )
 
 
 def generate(model_dir, params: SamplingParams, prompt: list[int] = PROMPT, **scheduler) -> Completion:

@@ -11,8 +11,13 @@ from wicore.runtime.kv_layout import GIB, KVLayout, TierBlocks, plan_tiers
 from wicore.runtime.scheduler import SchedulerConfig
 
 # Gemma 3 270M, fp32, block size 16: 3 full layers, 15 sliding, 2 * 16 * 1 * 256 * 4 bytes per layer block.
-LAYOUT = KVLayout(full_layers=(5, 11, 17), window_layers=tuple(i for i in range(18) if i not in (5, 11, 17)),
-                  window=512, block_size=16, layer_block_bytes=32768)
+LAYOUT = KVLayout(
+    full_layers=(5, 11, 17),
+    window_layers=tuple(i for i in range(18) if i not in (5, 11, 17)),
+    window=512,
+    block_size=16,
+    layer_block_bytes=32768,
+)
 
 
 def test_block_bytes_and_window_need():
@@ -40,8 +45,9 @@ def test_a_small_pool_splits_evenly():
 
 @pytest.mark.parametrize("window_override", [None, 12])
 def test_block_counts_given_apply_to_both_groups(window_override):
-    config = EngineConfig(model_dir="unused", num_device_blocks=40, num_host_blocks=7, num_nvme_blocks=0,
-                          num_window_device_blocks=window_override)
+    config = EngineConfig(
+        model_dir="unused", num_device_blocks=40, num_host_blocks=7, num_nvme_blocks=0, num_window_device_blocks=window_override
+    )
     tiers = plan_tiers(config, LAYOUT)
     assert tiers[Tier.DEVICE] == TierBlocks(40, window_override or 40)
     assert tiers[Tier.HOST] == TierBlocks(7, 7) and tiers[Tier.NVME] == TierBlocks(0, 0)

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from wicore.graph.manifest import Manifest
-from wicore.runtime.generator import Generator
+from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.placement import _fill, _share, plan_placement
 from wicore.runtime.providers import CAPABILITIES, Device, DeviceError, host_free_bytes, parse_device
 from wicore.runtime.sampler import SamplingParams
@@ -69,11 +69,23 @@ def test_plan_refuses_a_device_without_room(tiny_export):
 
 
 def test_partitions_on_separate_cpu_devices_generate_the_same(tiny_export):
-    folder, _ = tiny_export(2)
+    import torch
+
+    folder, model = tiny_export(2)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
-    together = Generator.load(folder, num_threads=1, devices="cpu").generate([[5, 6, 7]], params)
-    apart = Generator.load(folder, num_threads=1, devices="cpu,cpu").generate([[5, 6, 7]], params)
-    assert apart.token_ids == together.token_ids
+    with torch.no_grad():
+        hf = model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=8, min_new_tokens=8, do_sample=False)[0, 3:].tolist()
+    outputs = {}
+    for devices in ("cpu", "cpu,cpu"):
+        config = EngineConfig(
+            model_dir=folder, num_threads=1, block_size=4, num_device_blocks=16, num_host_blocks=0, devices=devices
+        )
+        with Engine(config) as engine:
+            assert [d.label for d in engine.runner.graphs.devices] == ["cpu", "cpu"]
+            (completion,) = engine.generate([[5, 6, 7]], params)
+        assert completion.error is None and len(completion.token_ids) == 8
+        outputs[devices] = completion.token_ids
+    assert outputs["cpu,cpu"] == outputs["cpu"] == hf
 
 
 def write_meminfo(root, free_kib: int, available_kib: int):

@@ -47,8 +47,13 @@ def test_seed_repeats_and_differs():
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("max_tokens", 0, "max_tokens"), ("temperature", -1.0, "temperature"), ("top_k", -2, "top_k"), ("top_p", 0.0, "top_p"),
-     ("seed", -1, "seed")],
+    [
+        ("max_tokens", 0, "max_tokens"),
+        ("temperature", -1.0, "temperature"),
+        ("top_k", -2, "top_k"),
+        ("top_p", 0.0, "top_p"),
+        ("seed", -1, "seed"),
+    ],
 )
 def test_invalid_params_are_rejected(field, value, message):
     with pytest.raises(RequestError, match=message):
