@@ -102,6 +102,20 @@ def test_config_variants_match_hf(tiny_export, reference_logits, overrides):
     np.testing.assert_allclose(ours, reference_logits(model, PROMPT), atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize(
+    ("prefill_chunk", "length", "num_steps"),
+    [(13, 40, 4), (256, 1, 1)],  # chunks of 13, 13, 13 and 1 tokens; a one-token prompt
+    ids=["last-chunk-of-one", "one-token-prompt"],
+)
+def test_prompt_logits_of_one_token_chunks_match_hf(tiny_export, reference_logits, prefill_chunk, length, num_steps):
+    folder, model = tiny_export(1)
+    with engine(folder, prefill_chunk=prefill_chunk) as eng:
+        ours = prompt_logits(eng, PROMPT[:length])
+        assert eng.num_steps == num_steps
+    assert ours.shape == (length, 512)
+    np.testing.assert_allclose(ours, reference_logits(model, PROMPT[:length]), atol=2e-5, rtol=0)
+
+
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     import torch
 
