@@ -72,6 +72,12 @@ class Request:
         return self.token_ids[len(self.prompt_ids) :]
 
     @property
+    def wants_prompt_logits(self) -> bool:
+        """Still prefilling a prompt whose every position's logits were asked for (a recompute
+        after the first token needs none: they were sent with it)."""
+        return self.params.prompt_logits and not self.output_ids
+
+    @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
 

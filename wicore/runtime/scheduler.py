@@ -191,7 +191,6 @@ class Scheduler:
         start = req.num_computed
         window_table, window_first = self.kv.window_table(req.seq_id)
         needs_sample = start + n == req.num_tokens
-        in_prompt = max(0, min(start + n, len(req.prompt_ids)) - start)
         return ScheduledRow(
             request_id=req.request_id,
             token_ids=req.token_ids[start : start + n],
@@ -200,7 +199,7 @@ class Scheduler:
             block_ids=self.kv.block_ids(req.seq_id),
             window_table=window_table,
             window_first=window_first,
-            num_logits=max(in_prompt if req.params.prompt_logits else 0, int(needs_sample)),
+            num_logits=n if req.wants_prompt_logits else int(needs_sample),
             needs_sample=needs_sample,
             params=req.params,
         )
@@ -340,7 +339,7 @@ class Scheduler:
             req = self.requests.get(row.request_id)
             if req is None or req.status is not Status.RUNNING:
                 continue
-            wants_prompt_logits = req.params.prompt_logits and not req.output_ids
+            wants_prompt_logits = req.wants_prompt_logits  # before this step's token is appended
             req.num_computed += len(row.token_ids)
             if req.num_computed <= len(req.prompt_ids):
                 self.stats.num_computed_prompt_tokens += len(row.token_ids)
