@@ -22,10 +22,6 @@ class Authenticator:
     def __init__(self, keys: tuple[str, ...] | list[str]) -> None:
         self._keys = [k.encode() for k in keys if k]
 
-    @property
-    def is_enabled(self) -> bool:
-        return bool(self._keys)
-
     def check(self, authorization: str | None) -> str | None:
         """The key the header carries (None when auth is off); raises a 401 APIError otherwise."""
         if not self._keys:

@@ -10,8 +10,6 @@ from wicore.errors import ManifestError
 from wicore.export.sources import PACKAGED
 from wicore.graph.manifest import MANIFEST
 
-DEFAULT_MODEL = "gemma3-270m"
-
 
 def cache_dir() -> Path:
     base = os.environ.get("WICORE_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "wicore")

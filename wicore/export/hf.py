@@ -54,9 +54,6 @@ class SafetensorsIndex:
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
-    def names(self) -> list[str]:
-        return list(self._entries)
-
     def load(self, name: str) -> np.ndarray:
         """The tensor as float32 (bf16 widened exactly: its bits are the top half of an fp32)."""
         path, base, dtype, shape, (begin, _end) = self._entries[name]

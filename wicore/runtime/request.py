@@ -55,7 +55,6 @@ class Request:
     num_cached_prompt_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     was_admitted: bool = False
     status: Status = Status.WAITING
-    finish_reason: str | None = None
     seq_id: int = 0  # key of its blocks in the KV cache
     prompt_logits: list[np.ndarray] = field(default_factory=list)  # chunks so far, if params.prompt_logits
 
@@ -76,10 +75,6 @@ class Request:
         """Still prefilling a prompt whose every position's logits were asked for (a recompute
         after the first token needs none: they were sent with it)."""
         return self.params.prompt_logits and not self.output_ids
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is Status.FINISHED
 
 
 @dataclass(frozen=True)

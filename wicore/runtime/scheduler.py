@@ -298,7 +298,6 @@ class Scheduler:
             if req.status is not Status.WAITING:
                 self.kv.free(req.seq_id)
             req.status = Status.FINISHED
-            req.finish_reason = reason
             self._ended.append(req.request_id)
         self.requests.pop(req.request_id, None)
         return RequestOutput(req.request_id, [], True, reason, len(req.prompt_ids), req.num_cached_prompt_tokens)
@@ -381,6 +380,3 @@ class Scheduler:
         if len(req.output_ids) >= req.max_tokens or req.num_tokens >= self.config.max_context:
             return "length"
         return None
-
-    def usage(self) -> dict[str, int]:
-        return {tier.name.lower(): self.kv.usage(tier) for tier in Tier}

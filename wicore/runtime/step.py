@@ -45,10 +45,6 @@ class SchedulerOutput:
     finished: list[RequestOutput] = field(default_factory=list)  # ended while scheduling
     ended_request_ids: list[str] = field(default_factory=list)  # every request ended since the last step
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.rows)
-
 
 @dataclass
 class RunResult:

@@ -62,9 +62,6 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def token_to_id(self, token: str) -> int | None:
-        return self._tokenizer.token_to_id(token)
-
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry (`▁Paris`, `<0xE2>`, `<eos>`), or None past the vocabulary."""
         return self._tokenizer.id_to_token(token_id)
