@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
@@ -92,7 +93,14 @@ class API:
 
     async def models(self, request: Request) -> Response:
         self.guard(request)
-        return JSONResponse({"object": "list", "data": [self._model_card()]})
+        card = {
+            "id": self.settings.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "wicore",
+            "max_model_len": self.engine.max_context,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
 
     async def stats(self, request: Request) -> Response:
         self.guard(request)
@@ -168,18 +176,11 @@ class API:
             await until_disconnect(request, collect())
         finally:
             abort_all()
-        if is_chat:
-            shaped = [None if formatter is None else formatter.chat(t) for t in tokens]
-            body = [
-                {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": lp, "finish_reason": r}
-                for i, (t, r, lp) in enumerate(zip(texts, reasons, shaped))
-            ]
-        else:
-            shaped = [None if formatter is None else formatter.completion(t) for t in tokens]
-            body = [
-                {"index": i, "text": t, "logprobs": lp, "finish_reason": r}
-                for i, (t, r, lp) in enumerate(zip(texts, reasons, shaped))
-            ]
+        body = []
+        for i, (text, reason, toks) in enumerate(zip(texts, reasons, tokens)):
+            shaped = None if formatter is None else (formatter.chat(toks) if is_chat else formatter.completion(toks))
+            content = {"message": {"role": "assistant", "content": text}} if is_chat else {"text": text}
+            body.append({"index": i, **content, "logprobs": shaped, "finish_reason": reason})
         obj = "chat.completion" if is_chat else "text_completion"
         return JSONResponse({**base, "object": obj, "choices": body, "usage": usage()})
 
@@ -233,15 +234,6 @@ class API:
         except WiCoreError as exc:
             raise from_wicore(exc) from exc
 
-    def _model_card(self) -> dict[str, Any]:
-        return {
-            "id": self.settings.model_name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "wicore",
-            "max_model_len": self.engine.max_context,
-        }
-
 
 async def until_disconnect(request: Request, work: Any) -> None:
     """Await `work`; if the client goes away first, cancel it (which aborts its engine requests)."""
@@ -289,14 +281,14 @@ class StatusCounter:
             self.metrics.observe_request(scope.get("path", ""), status)
 
 
-async def _api_error(request: Request, exc: Exception) -> Response:
+async def _client_error(request: Request, exc: Exception) -> Response:
+    """An APIError as it is; WiCore's errors and Starlette's own (404, 405) as the APIError they stand for."""
+    if isinstance(exc, WiCoreError):
+        exc = from_wicore(exc)
+    elif isinstance(exc, HTTPException):
+        exc = APIError(exc.status_code, str(exc.detail), code="http_error")
     assert isinstance(exc, APIError)
     return error_response(exc)
-
-
-async def _wicore_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, WiCoreError)
-    return error_response(from_wicore(exc))
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
@@ -305,17 +297,8 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return error_response(APIError(500, f"internal error (request {request_id}); see the server log", code="internal_error"))
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    from starlette.exceptions import HTTPException
-
-    assert isinstance(exc, HTTPException)
-    return error_response(APIError(exc.status_code, str(exc.detail), code="http_error"))
-
-
 def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
     """The app for a started engine; stopping the engine stays with the caller."""
-    from starlette.exceptions import HTTPException
-
     from wicore.api.openapi import openapi_route
 
     api = API(engine, settings)
@@ -334,7 +317,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
         middleware.append(
             Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"], allow_headers=["*"])
         )
-    handlers = {APIError: _api_error, WiCoreError: _wicore_error, HTTPException: _http_error, Exception: _internal_error}
+    handlers = {APIError: _client_error, WiCoreError: _client_error, HTTPException: _client_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)  # type: ignore[arg-type]
     app.state.api = api
     return app

@@ -15,12 +15,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from wicore.api.errors import APIError
 from wicore.api.generation import ChoiceStats, run_choice
-from wicore.api.schemas import Options, _bad, _int, _number
+from wicore.api.schemas import Options, _bad, _int, _number, _object, _unsupported
 from wicore.errors import RequestError
 
-# Original config key -> (flag destination, conversion).
+# Original config key -> flag destination.
 ORIGINAL_KEYS: dict[str, str] = {
     "model_path": "model",
     "server_port": "port",
@@ -66,13 +65,12 @@ def load_config_file(path: Path) -> dict[str, Any]:
 
 async def inference(api: Any, body: Any) -> dict[str, Any]:
     """Run one /v1/inference request on `api` (a wicore.api.app.API)."""
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    body = _object(body)
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise _bad("prompt", "expected a non-empty string")
     if body.get("images"):
-        raise APIError(400, "images: image input is not supported by this server yet", param="images", code="unsupported")
+        raise _unsupported("images", "image input")
     temperature = _number(body, "temperature", 0.0, 2.0)
     opts = Options(max_tokens=_int(body, "max_tokens", 1), temperature=0.0 if temperature is None else temperature)
     tok = api._tokenizer()

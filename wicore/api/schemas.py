@@ -60,12 +60,8 @@ def _bad(param: str, message: str) -> APIError:
     return APIError(400, f"{param}: {message}", param=param, code="invalid_value")
 
 
-def _get(body: dict[str, Any], name: str) -> Any:
-    return body.get(name)
-
-
 def _int(body: dict[str, Any], name: str, lo: int | None = None, hi: int | None = None) -> int | None:
-    value = _get(body, name)
+    value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
@@ -76,7 +72,7 @@ def _int(body: dict[str, Any], name: str, lo: int | None = None, hi: int | None 
 
 
 def _number(body: dict[str, Any], name: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
-    value = _get(body, name)
+    value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -87,14 +83,14 @@ def _number(body: dict[str, Any], name: str, lo: float, hi: float, lo_open: bool
 
 
 def _bool(body: dict[str, Any], name: str) -> bool | None:
-    value = _get(body, name)
+    value = body.get(name)
     if value is not None and not isinstance(value, bool):
         raise _bad(name, f"expected a boolean, got {type(value).__name__}")
     return value
 
 
 def _str(body: dict[str, Any], name: str) -> str | None:
-    value = _get(body, name)
+    value = body.get(name)
     if value is not None and not isinstance(value, str):
         raise _bad(name, f"expected a string, got {type(value).__name__}")
     return value
@@ -105,7 +101,7 @@ def _unsupported(name: str, what: str) -> APIError:
 
 
 def parse_stop(body: dict[str, Any]) -> tuple[str, ...]:
-    value = _get(body, "stop")
+    value = body.get("stop")
     if value is None:
         return ()
     if isinstance(value, str):
@@ -118,7 +114,7 @@ def parse_stop(body: dict[str, Any]) -> tuple[str, ...]:
 
 
 def parse_priority(body: dict[str, Any]) -> str:
-    value = _get(body, "priority")
+    value = body.get("priority")
     if value is None:
         return "normal"
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(PRIORITIES):
@@ -151,7 +147,7 @@ def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...], logpr
             max_tokens = value
             break
     top_k = _int(body, "top_k", -1)
-    stream_options = _get(body, "stream_options")
+    stream_options = body.get("stream_options")
     include_usage = False
     if stream_options is not None:
         if not isinstance(stream_options, dict):
@@ -181,7 +177,7 @@ def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...], logpr
 
 
 def parse_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = _get(body, "messages")
+    messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "expected a non-empty list of messages")
     out = []
@@ -216,7 +212,7 @@ def _content(content: Any, where: str) -> str | list[dict[str, str]]:
 
 
 def parse_prompts(body: dict[str, Any]) -> list[str | list[int]]:
-    prompt = _get(body, "prompt")
+    prompt = body.get("prompt")
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt:

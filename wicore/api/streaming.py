@@ -86,18 +86,8 @@ async def merge(choices: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int,
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def chat_chunk(
-    base: dict[str, Any], index: int, delta: dict[str, str], finish_reason: str | None, logprobs: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    return {**base, "object": "chat.completion.chunk", "choices": [choice]}
-
-
-def completion_chunk(
-    base: dict[str, Any], index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-    return {**base, "object": "text_completion", "choices": [choice]}
+def chunk(base: dict[str, Any], is_chat: bool, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {**base, "object": "chat.completion.chunk" if is_chat else "text_completion", "choices": choices}
 
 
 async def event_stream(
@@ -114,25 +104,22 @@ async def event_stream(
     try:
         if is_chat:
             for i in range(len(choices)):
-                yield sse({**chat_chunk(base, i, {"role": "assistant", "content": ""}, None), **extra})
+                role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                yield sse({**chunk(base, True, [role]), **extra})
         async for index, piece in merge(choices):
             if is_chat:
                 delta = {"content": piece.text} if piece.text or piece.finish_reason is None else {}
                 shaped = None if logprobs is None else logprobs.chat(piece.logprobs)
-                chunk = chat_chunk(base, index, delta, piece.finish_reason, shaped)
+                choice = {"index": index, "delta": delta, "logprobs": shaped, "finish_reason": piece.finish_reason}
             else:
                 shaped = None if logprobs is None else logprobs.completion(piece.logprobs)
-                chunk = completion_chunk(base, index, piece.text, piece.finish_reason, shaped)
-            yield sse({**chunk, **extra})
+                choice = {"index": index, "text": piece.text, "logprobs": shaped, "finish_reason": piece.finish_reason}
+            yield sse({**chunk(base, is_chat, [choice]), **extra})
         if include_usage:
-            yield sse({**base, "object": chunk_object(is_chat), "choices": [], "usage": usage()})
+            yield sse({**chunk(base, is_chat, []), "usage": usage()})
     except APIError as exc:
         yield sse(exc.body())
     except Exception:  # one failing stream ends with an error event; the server goes on
         log.exception("stream %s failed", base.get("id"))
         yield sse(APIError(500, f"stream {base.get('id')} failed; see the server log", code="internal_error").body())
     yield DONE
-
-
-def chunk_object(is_chat: bool) -> str:
-    return "chat.completion.chunk" if is_chat else "text_completion"
