@@ -20,7 +20,7 @@ compute (position k * bs) still sees. Every call either changes all groups or no
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from wicore.hmt.block_pool import Allocation, BlockPool, Move
@@ -95,9 +95,9 @@ class BlockGroups:
         released stay released; nothing else changed)."""
         for g in self.groups[1:]:
             g.pool.release(seq_id, g.first_needed(start))
-        if not all(g.pool.can_append(seq_id, num_tokens_total) for g in self.groups):
-            return None
-        return self._all(lambda pool: pool.append(seq_id, num_tokens_total))
+        return self._all(
+            lambda pool: pool.can_append(seq_id, num_tokens_total), lambda pool: pool.append(seq_id, num_tokens_total)
+        )
 
     def commit(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
         for g in self.groups:
@@ -108,14 +108,10 @@ class BlockGroups:
             g.pool.free(seq_id)
 
     def swap_out(self, seq_id: int) -> list[Move] | None:
-        if not all(g.pool.can_swap_out(seq_id) for g in self.groups):
-            return None
-        return self._all(lambda pool: pool.swap_out(seq_id))
+        return self._all(lambda pool: pool.can_swap_out(seq_id), lambda pool: pool.swap_out(seq_id))
 
     def swap_in(self, seq_id: int) -> list[Move] | None:
-        if not all(g.pool.can_swap_in(seq_id) for g in self.groups):
-            return None
-        return self._all(lambda pool: pool.swap_in(seq_id))
+        return self._all(lambda pool: pool.can_swap_in(seq_id), lambda pool: pool.swap_in(seq_id))
 
     def invalidate(self, group: int, block_id: int) -> None:
         self.groups[group].pool.invalidate(block_id)
@@ -155,7 +151,10 @@ class BlockGroups:
     def num_evictable(self, tier: Tier) -> int:
         return sum(g.pool.num_evictable(tier) for g in self.groups)
 
-    def _all(self, call) -> list[Move]:
+    def _all(self, can: Callable[[BlockPool], bool], call: Callable[[BlockPool], list[Move] | None]) -> list[Move] | None:
+        """`call` on every group's pool when `can` holds for each (the plans joined), else None: all or none."""
+        if not all(can(g.pool) for g in self.groups):
+            return None
         moves: list[Move] = []
         for g in self.groups:
             plan = call(g.pool)

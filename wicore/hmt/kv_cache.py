@@ -29,12 +29,7 @@ from wicore.hmt.tiers import NvmeStore, Tier
 class KVCache(BlockGroups):
     """BlockGroups whose moves are executed by one pager per group."""
 
-    def __init__(
-        self,
-        pools: Sequence[BlockPool],
-        pagers: Sequence[Pager],
-        window: int | None = None,
-    ) -> None:
+    def __init__(self, pools: Sequence[BlockPool], pagers: Sequence[Pager], window: int | None = None) -> None:
         if len(pools) != len(pagers):
             raise ValueError(f"{len(pools)} block groups but {len(pagers)} pagers")
         super().__init__(pools[0], *((pools[1], window) if len(pools) > 1 else ()))
@@ -70,11 +65,10 @@ class KVCache(BlockGroups):
     def group_usage(self, group: int) -> dict[str, dict[str, int]]:
         """Blocks of one group per tier: in use (referenced or cached), referenced, free."""
         pool = self.groups[group].pool
-        tiers = list(Tier)
         return {
-            "blocks_in_use": {t.name.lower(): pool.usage(t) for t in tiers},
-            "blocks_referenced": {t.name.lower(): pool.usage(t) - pool.num_evictable(t) for t in tiers},
-            "blocks_free": {t.name.lower(): pool.num_free(t) for t in tiers},
+            "blocks_in_use": {t.name.lower(): pool.usage(t) for t in Tier},
+            "blocks_referenced": {t.name.lower(): pool.usage(t) - pool.num_evictable(t) for t in Tier},
+            "blocks_free": {t.name.lower(): pool.num_free(t) for t in Tier},
         }
 
     def close(self) -> None:
