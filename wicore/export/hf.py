@@ -17,7 +17,7 @@ import numpy as np
 
 from wicore.errors import ModelSourceError
 from wicore.model.config import Gemma3Config
-from wicore.model.weights import LAYER_TENSORS, LayerWeights
+from wicore.model.weights import LayerWeights, expected_shapes
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 # Where the text decoder lives in the checkpoints of the text-only and multimodal Gemma 3 classes.
@@ -99,7 +99,7 @@ class HFSource:
         return self._tensor("norm.weight")
 
     def layer(self, index: int) -> LayerWeights:
-        return LayerWeights(index, {name: self._tensor(f"layers.{index}.{name}.weight") for name in LAYER_TENSORS})
+        return LayerWeights(index, {name: self._tensor(f"layers.{index}.{name}.weight") for name in expected_shapes(self.config)})
 
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
         from wicore.export.tokenizer import export_tokenizer_from_hf

@@ -229,10 +229,7 @@ def _hf_tokenizer_from_gguf(gguf_path: Path, metadata: dict[str, Any]) -> Any:
     """
     try:
         from transformers import PreTrainedTokenizerFast
-        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-            GGUF_TOKENIZER_MAPPING,
-            convert_gguf_tokenizer,
-        )
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
     except ImportError:  # another transformers layout: its own GGUF path (needs torch)
         from transformers import AutoTokenizer
 

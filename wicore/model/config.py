@@ -152,10 +152,7 @@ def _rope_from_params(params: dict[str, Any] | None, theta: float) -> RopeConfig
 def _hf_rope(cfg: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
     params = cfg.get("rope_parameters")
     if isinstance(params, dict) and FULL in params:  # transformers >= 5
-        return (
-            _rope_from_params(params[FULL], 1_000_000.0),
-            _rope_from_params(params.get(SLIDING), 10_000.0),
-        )
+        return _rope_from_params(params[FULL], 1_000_000.0), _rope_from_params(params.get(SLIDING), 10_000.0)
     theta = float(cfg.get("rope_theta", 1_000_000.0))
     rope_global = _rope_from_params(cfg.get("rope_scaling"), theta)
     rope_local = RopeConfig(float(cfg.get("rope_local_base_freq", 10_000.0)))

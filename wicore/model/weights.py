@@ -16,27 +16,10 @@ import numpy as np
 from wicore.errors import UnsupportedModelError
 from wicore.model.config import Gemma3Config
 
-# One decoder layer's tensors, by Hugging Face's short names.
-LAYER_TENSORS = (
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "self_attn.q_norm",
-    "self_attn.k_norm",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-    "input_layernorm",
-    "post_attention_layernorm",
-    "pre_feedforward_layernorm",
-    "post_feedforward_layernorm",
-)
-
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer: `tensors[name]` for every name in LAYER_TENSORS."""
+    """One decoder layer: `tensors[name]` for every name of `expected_shapes`."""
 
     index: int
     tensors: dict[str, np.ndarray]
@@ -67,7 +50,7 @@ class WeightSource(Protocol):
 
 
 def expected_shapes(cfg: Gemma3Config) -> dict[str, tuple[int, ...]]:
-    """Shape of every per-layer tensor, used to check a source before building."""
+    """Shape of every per-layer tensor, by Hugging Face's short names (used to check a source before building)."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     return {
         "self_attn.q_proj": (q, h),
