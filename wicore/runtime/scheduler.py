@@ -255,14 +255,13 @@ class Scheduler:
                 plan = self.kv.swap_in(req.seq_id)
             if plan is None:
                 break
+            moves += plan
+            self._set_running(req, self.swapped)
             more = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n)
             if more is None:  # back in, but no room to grow this step: it runs next step
-                moves += plan
-                self._set_running(req, self.swapped)
                 continue
             budget.spend(req, n)
-            moves += plan + more
-            self._set_running(req, self.swapped)
+            moves += more
             rows.append(self._row(req, n))
 
     def _admit(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, now: float) -> None:
