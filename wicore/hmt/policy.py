@@ -137,15 +137,13 @@ class A2CRPolicy:
         """Each block's score at `now` (see the class docstring); no block's history changes."""
         self._latest = max(self._latest, now)
         ids = list(dict.fromkeys(block_ids))
-        counters = {b: self._counters(b, now) for b in ids}
-        max_frequency = max((f for f, _ in counters.values()), default=0.0)
-        max_attention = max((a for _, a in counters.values()), default=0.0)
+        terms = {b: self._terms(b, now) for b in ids}
+        max_frequency = max((f for f, _, _ in terms.values()), default=0.0)
+        max_attention = max((a for _, a, _ in terms.values()), default=0.0)
         cfg = self.config
         return {
-            b: cfg.w_attention * _ratio(counters[b][1], max_attention)
-            + cfg.w_frequency * _ratio(counters[b][0], max_frequency)
-            + cfg.w_recency * self._recency(b, now)
-            for b in ids
+            b: cfg.w_attention * _ratio(a, max_attention) + cfg.w_frequency * _ratio(f, max_frequency) + cfg.w_recency * r
+            for b, (f, a, r) in terms.items()
         }
 
     # -- helpers -------------------------------------------------------------------------
@@ -154,19 +152,14 @@ class A2CRPolicy:
         (dt < 0) decays nothing."""
         return math.exp(-self.config.decay * max(0.0, now - since) / 60.0)
 
-    def _counters(self, block_id: int, now: float) -> tuple[float, float]:
-        """(frequency, attention) of the block decayed to `now`, without updating its history."""
+    def _terms(self, block_id: int, now: float) -> tuple[float, float, float]:
+        """(F, A, R) of the block at `now` (see the class docstring), without updating its history."""
         history = self._history.get(block_id)
         if history is None:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         factor = self._factor(history.updated_at, now)
-        return history.frequency * factor, history.attention * factor
-
-    def _recency(self, block_id: int, now: float) -> float:
-        history = self._history.get(block_id)
-        if history is None or history.last_access == -math.inf:
-            return 0.0
-        return self._factor(history.last_access, now)
+        recency = 0.0 if history.last_access == -math.inf else self._factor(history.last_access, now)
+        return history.frequency * factor, history.attention * factor, recency
 
     def _decayed_to(self, block_id: int, now: float) -> _History:
         """The block's history with its counters brought forward to `now` (created if new)."""
