@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Self
 
 import numpy as np
 
@@ -93,7 +92,7 @@ class QuantizedTensor(np.ndarray):
     _source: Callable[[], BlockQuant] | None
     _blocks: BlockQuant | None
 
-    def __new__(cls, values: np.ndarray, blocks: Callable[[], BlockQuant]) -> Self:
+    def __new__(cls, values: np.ndarray, blocks: Callable[[], BlockQuant]) -> QuantizedTensor:
         obj = np.asarray(values).view(cls)
         obj._source = blocks
         return obj
