@@ -92,11 +92,8 @@ def plan_tiers(config: EngineConfig, layout: KVLayout) -> dict[Tier, TierBlocks]
     full, window = layout.split(config.kv_pool_gb * GIB, need)
     device = TierBlocks(max(2, full), max(2, window) if layout.has_window else 0)
     # The lower tiers hold what device blocks are demoted or swapped to: same byte shares.
-    share = (
-        device.window
-        * layout.block_bytes(WINDOW)
-        / (device.window * layout.block_bytes(WINDOW) + device.full * layout.block_bytes(FULL))
-    )
+    window_bytes = device.window * layout.block_bytes(WINDOW)
+    share = window_bytes / (window_bytes + device.full * layout.block_bytes(FULL))
     tiers = {Tier.DEVICE: device}
     for tier, gb in ((Tier.HOST, config.host_tier_gb), (Tier.NVME, config.nvme_tier_gb)):
         window = int(gb * GIB * share // layout.block_bytes(WINDOW)) if layout.has_window else 0
