@@ -52,18 +52,10 @@ def gather_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -
     parts = []
     for j in range(num_pools):
         prefix = f"/pager/{_pool_name(j)}"
-        nodes.append(
-            helper.make_node("Gather", [_pool_name(j), SLOTS], [f"{prefix}/Gather/output_0"], name=f"{prefix}/Gather", axis=0)
-        )
-        nodes.append(
-            helper.make_node(
-                "Unsqueeze",
-                [f"{prefix}/Gather/output_0", "/axes_1"],
-                [f"{prefix}/Unsqueeze/output_0"],
-                name=f"{prefix}/Unsqueeze",
-            )
-        )
-        parts.append(f"{prefix}/Unsqueeze/output_0")
+        gathered, unsqueezed = f"{prefix}/Gather/output_0", f"{prefix}/Unsqueeze/output_0"
+        nodes.append(helper.make_node("Gather", [_pool_name(j), SLOTS], [gathered], name=f"{prefix}/Gather", axis=0))
+        nodes.append(helper.make_node("Unsqueeze", [gathered, "/axes_1"], [unsqueezed], name=f"{prefix}/Unsqueeze"))
+        parts.append(unsqueezed)
     nodes.append(helper.make_node("Concat", parts, [BLOCKS], name="/pager/Concat", axis=1))
     graph = helper.make_graph(
         nodes,
@@ -81,13 +73,10 @@ def scatter_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) 
     outputs = []
     for j in range(num_pools):
         prefix = f"/pager/{_pool_name(j)}"
-        index = f"{prefix}/index"
+        index, block, out = f"{prefix}/index", f"{prefix}/Gather/output_0", f"{_pool_name(j)}_out"
         nodes.append(helper.make_node("Constant", [], [index], value=helper.make_tensor(index, TensorProto.INT64, [], [j])))
-        nodes.append(helper.make_node("Gather", [BLOCKS, index], [f"{prefix}/Gather/output_0"], name=f"{prefix}/Gather", axis=1))
-        out = f"{_pool_name(j)}_out"
-        nodes.append(
-            helper.make_node("ScatterND", [_pool_name(j), SLOTS, f"{prefix}/Gather/output_0"], [out], name=f"{prefix}/ScatterND")
-        )
+        nodes.append(helper.make_node("Gather", [BLOCKS, index], [block], name=f"{prefix}/Gather", axis=1))
+        nodes.append(helper.make_node("ScatterND", [_pool_name(j), SLOTS, block], [out], name=f"{prefix}/ScatterND"))
         outputs.append(_value_info(out, elem, pool_shape))
     graph = helper.make_graph(
         nodes,
