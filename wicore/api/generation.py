@@ -33,9 +33,6 @@ class StopMatcher:
     def push(self, text: str) -> tuple[str, bool]:
         """(text safe to send, whether a stop string completed)."""
         self._pending += text
-        if not self.stops:
-            out, self._pending = self._pending, ""
-            return out, False
         hits = [i for i in (self._pending.find(s) for s in self.stops) if i >= 0]
         if hits:
             out, self._pending = self._pending[: min(hits)], ""
@@ -51,7 +48,7 @@ class StopMatcher:
     def _held_length(self) -> int:
         """Length of the longest suffix of the pending text that is a proper prefix of a stop string."""
         text = self._pending
-        for n in range(min(len(text), max(len(s) for s in self.stops) - 1), 0, -1):
+        for n in range(min(len(text), max((len(s) for s in self.stops), default=0) - 1), 0, -1):
             suffix = text[-n:]
             if any(s.startswith(suffix) for s in self.stops):
                 return n

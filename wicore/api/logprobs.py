@@ -78,12 +78,8 @@ class LogprobFormatter:
         content = []
         for t in tokens:
             lp = t.logprobs
-            content.append(
-                {
-                    **self._entry(lp.token_id, lp.logprob),
-                    "top_logprobs": [self._entry(i, v) for i, v in zip(lp.top_ids, lp.top_logprobs)],
-                }
-            )
+            top = [self._entry(i, v) for i, v in zip(lp.top_ids, lp.top_logprobs)]
+            content.append({**self._entry(lp.token_id, lp.logprob), "top_logprobs": top})
         return {"content": content, "refusal": None}
 
     def completion(self, tokens: list[TokenLogprobs]) -> dict[str, Any]:
