@@ -51,12 +51,13 @@ def test_manifest_records_partitions_and_io(exported):
     first, last = m.partitions
     assert first.inputs[:5] == ("input_ids", "positions", "slot_mapping", "block_tables", "context_lens")
     assert "key_cache.0" in first.inputs and "value_cache_out.1" in first.outputs
-    assert first.outputs[-1] == "hidden_states_out" and last.outputs[-1] == "logits"
+    assert first.outputs[-1] == "hidden_states_out" and last.outputs[-2:] == ("logits", "greedy_tokens")
     assert last.inputs[0] == "hidden_states" and "logits_indices" in last.inputs
     assert set(m.files) == {"embed_tokens.data", "part-00.onnx", "part-00.onnx.data", "part-01.onnx", "part-01.onnx.data"}
     raw = json.loads((exported / "wicore.json").read_text())
     assert raw["kv"]["layout"] == ["num_blocks", "block_size", "num_kv_heads", "head_dim"]
     assert raw["source"]["kind"] == "hf" and raw["op_flavour"] == "portable" and raw["dtype"] == "fp32"
+    assert raw["attention"] == "portable" and m.attention == "portable"
 
 
 def test_tampered_partition_is_refused_by_name(exported):

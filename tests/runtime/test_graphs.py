@@ -183,3 +183,18 @@ def test_a_later_run_reads_the_kv_an_earlier_one_wrote(graphs, tiny):
                 array[window[0]] = np.nan
     second = graphs.run(build_batch([Row(tokens[12:], 12, full, window[1:], 1, 8)], BS))
     np.testing.assert_allclose(second.logits, hf_forward(model, tokens).logits[0].numpy()[12:], atol=1e-5, rtol=0)
+
+
+def test_greedy_tokens_come_back_without_the_logits(graphs):
+    """With logits=False only the graph's argmax reaches the host, and it is the logits' argmax."""
+    rows = [
+        prompt_row(RNG.integers(3, 512, 5).tolist(), [3, 7], 2, [6, 2]),
+        prompt_row(RNG.integers(3, 512, 5).tolist(), [5, 8], 1),
+    ]
+    batch = build_batch(rows, BS)
+    full = graphs.run(batch)
+    greedy_only = graphs.run(batch, logits=False)  # writes the same K/V again: same result
+    assert greedy_only.logits is None and full.logits is not None
+    assert full.greedy_tokens.tolist() == full.logits.argmax(-1).tolist()
+    assert greedy_only.greedy_tokens.tolist() == full.greedy_tokens.tolist()
+    assert len(full.greedy_tokens) == 3

@@ -25,6 +25,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="portable: standard ONNX ops, any EP; ort-quant: MatMulNBits linear layers (CPU, CUDA), "
         "GGUF blocks transcoded without loss",
     )
+    ap.add_argument(
+        "--attention",
+        default="portable",
+        choices=["portable", "paged"],
+        help="portable: standard ONNX ops, any EP; paged: ONNX Runtime's PagedAttention reading the fp16 KV in place "
+        "(CUDA EP, --dtype fp16)",
+    )
     ap.add_argument("--weight-bits", type=int, default=8, choices=[4, 8], help="ort-quant: bits for float weights")
     ap.add_argument(
         "--attention-stats", action="store_true", help="also output each KV block's attention mass (for the A2CR cache policy)"
@@ -48,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             attention_stats=args.attention_stats,
             overwrite=args.force,
             weight_bits=args.weight_bits,
+            attention=args.attention,
         )
         source = open_source(args.model)
         export_model(source, args.out, config)

@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 
 from wicore.errors import WiCoreError
-from wicore.graph.gemma3 import DTYPES, OPSET, Gemma3Builder
+from wicore.graph.gemma3 import ATTENTIONS, DTYPES, OPSET, Gemma3Builder
 from wicore.graph.manifest import Manifest, PartitionRecord, sha256_file
 from wicore.graph.ops import DataFile
 from wicore.graph.partition import plan_partitions
@@ -41,6 +41,7 @@ class ExportConfig:
     overwrite: bool = False
     weight_bits: int = 8  # ort-quant: bits for weights without a lossless GGUF encoding (float sources)
     accuracy_level: int = 4  # ort-quant: MatMulNBits activations, 4 = int8 (fast on CPU), 0 = float (exact)
+    attention: str = "portable"  # "paged": com.microsoft.PagedAttention over the fp16 KV (CUDA EP)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -49,14 +50,20 @@ class ExportConfig:
             raise WiCoreError(f"--op-flavour {self.op_flavour!r}: choose one of {', '.join(OP_FLAVOURS)}")
         if self.weight_bits not in SUPPORTED_BITS:
             raise WiCoreError(f"--weight-bits {self.weight_bits}: choose one of {', '.join(map(str, SUPPORTED_BITS))}")
+        if self.attention not in ATTENTIONS:
+            raise WiCoreError(f"--attention {self.attention!r}: choose one of {', '.join(ATTENTIONS)}")
+        if self.attention == "paged" and self.dtype != "fp16":
+            raise WiCoreError("--attention paged needs --dtype fp16 (ONNX Runtime's PagedAttention reads a float16 KV cache)")
+        if self.attention == "paged" and self.attention_stats:
+            raise WiCoreError("--attention paged gives no attention statistics; drop --attention-stats")
+        if self.num_partitions < 1:
+            raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
 
     def quant(self) -> QuantLinear | None:
         """How linear layers are encoded: None for float MatMuls (portable)."""
         if not OP_FLAVOURS[self.op_flavour]:
             return None
         return QuantLinear(weight_bits=self.weight_bits, accuracy_level=self.accuracy_level)
-        if self.num_partitions < 1:
-            raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
 
 
 def stderr_progress(message: str) -> None:
@@ -85,9 +92,14 @@ def export_model(source: WeightSource, out_dir: Path, config: ExportConfig, prog
 def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progress: Progress) -> Manifest:
     cfg = source.config
     specs = plan_partitions(cfg.num_layers, config.num_partitions)
-    builder = Gemma3Builder(cfg, config.dtype, attention_stats=config.attention_stats, quant=config.quant())
+    builder = Gemma3Builder(
+        cfg, config.dtype, attention_stats=config.attention_stats, quant=config.quant(), attention=config.attention
+    )
     started = time.monotonic()
-    progress(f"{cfg.num_layers} layers, {cfg.hidden_size} hidden, {config.dtype}, {config.op_flavour}, {len(specs)} partition(s)")
+    progress(
+        f"{cfg.num_layers} layers, {cfg.hidden_size} hidden, {config.dtype}, {config.op_flavour}, "
+        f"{config.attention} attention, {len(specs)} partition(s)"
+    )
     shared = DataFile(folder / "embed_tokens.data") if len(specs) > 1 else None
     records = []
     try:
@@ -134,6 +146,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         partitions=tuple(records),
         tokenizer=tokenizer,
         files=files,
+        attention=config.attention,
     )
     manifest.write(folder)
     return manifest

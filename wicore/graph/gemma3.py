@@ -31,12 +31,14 @@ from onnx import TensorProto
 
 from wicore.graph import io
 from wicore.graph.ops import DataFile, Graph
+from wicore.graph.paged_attention import paged_attention
 from wicore.graph.quant import MS_DOMAIN, QuantLinear
 from wicore.graph.shared_values import SharedValues, shared_values
 from wicore.model.config import Gemma3Config
 from wicore.model.weights import LayerWeights, check_layer
 
 OPSET = 17
+ATTENTIONS = ("portable", "paged")
 DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
 TABLE = "model.embed_tokens"  # the token embedding, also the tied LM head
 
@@ -59,10 +61,23 @@ class PartitionSpec:
 class Gemma3Builder:
     """Builds the partitions of one model: a table of Gemma 3 facts plus the graph functions."""
 
-    def __init__(self, cfg: Gemma3Config, dtype: str, attention_stats: bool = False, quant: QuantLinear | None = None) -> None:
-        """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py)."""
+    def __init__(
+        self,
+        cfg: Gemma3Config,
+        dtype: str,
+        attention_stats: bool = False,
+        quant: QuantLinear | None = None,
+        attention: str = "portable",
+    ) -> None:
+        """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py).
+        `attention`: "portable" (standard ops) or "paged" (com.microsoft.PagedAttention, fp16, CUDA)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention {attention!r}: expected one of {ATTENTIONS}")
+        if attention == "paged" and (dtype != "fp16" or attention_stats):
+            raise ValueError("the paged attention needs fp16 graphs and gives no attention statistics")
+        self.paged = attention == "paged"
         self.cfg = cfg
         self.dtype = dtype
         self.attention_stats = attention_stats
@@ -94,7 +109,9 @@ class Gemma3Builder:
             x = self.embed(g, tokens, embedding, embedding_data)
         else:
             x = g.input(io.HIDDEN_STATES, f32, ["batch", "seq", cfg.hidden_size])
-        shared = shared_values(g, cfg, spec.start, spec.stop, attention_stats=self.attention_stats, contrib=self.contrib)
+        shared = shared_values(
+            g, cfg, spec.start, spec.stop, attention_stats=self.attention_stats, contrib=self.contrib, paged=self.paged
+        )
         pool_shapes = {
             False: ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim],
             True: ["num_window_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim],
@@ -114,8 +131,10 @@ class Gemma3Builder:
             g.output(io.value_cache_out(i), self.onnx_dtype, pool_shape)
         if spec.has_lm_head:
             g.input(io.LOGITS_INDICES, TensorProto.INT64, ["num_logits"])
-            self.lm_head(g, x, final_norm, embedding, embedding_data)
+            logits = self.lm_head(g, x, final_norm, embedding, embedding_data)
             g.output(io.LOGITS, f32, ["num_logits", cfg.vocab_size])
+            g.op("ArgMax", [logits], "/model/greedy/ArgMax", out=io.GREEDY_TOKENS, axis=-1, keepdims=0)
+            g.output(io.GREEDY_TOKENS, TensorProto.INT64, ["num_logits"])
         else:
             g.output(io.HIDDEN_STATES_OUT, f32, ["batch", "seq", cfg.hidden_size])
         if masses is not None:
@@ -145,16 +164,15 @@ class Gemma3Builder:
         std = g.op("Sqrt", [g.op("Add", [mean, g.const(self.cfg.rms_norm_eps, np.float32)], f"{name}/Add")], f"{name}/Sqrt")
         return g.op("Mul", [g.op("Div", [x, std], f"{name}/Div"), w], f"{name}/Mul")
 
-    def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str) -> str:
-        """x @ concat(weights)ᵀ; weights are [out, in] (HF layout), stored [in, out] in the model dtype."""
+    def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str, x_is_f32: bool = True) -> str:
+        """x @ concat(weights)ᵀ; weights are [out, in] (HF layout), stored [in, out] in the model dtype.
+        x is float32 (cast to the model dtype here) unless `x_is_f32` is False; the result is float32."""
+        if self.dtype != "fp32" and x_is_f32:
+            x = g.op("Cast", [x], f"{name}/Cast_in", to=self.onnx_dtype)
         if self.quant is not None:
-            x = x if self.dtype == "fp32" else g.op("Cast", [x], f"{name}/Cast_in", to=self.onnx_dtype)
             return self.to_f32(g, self.quant.linear(g, x, weights, name, self.np_dtype), name)
         w = np.concatenate(weights, axis=0).T.astype(self.np_dtype)
         w = g.weight(f"{name}.weight", np.ascontiguousarray(w))
-        if self.dtype == "fp32":
-            return g.op("MatMul", [x, w], f"{name}/MatMul")
-        x = g.op("Cast", [x], f"{name}/Cast_in", to=self.onnx_dtype)
         return self.to_f32(g, g.op("MatMul", [x, w], f"{name}/MatMul"), name)
 
     def to_f32(self, g: Graph, x: str, name: str) -> str:
@@ -199,6 +217,10 @@ class Gemma3Builder:
         k = self.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
         q = self.rope(g, q, shared, is_sliding, nh, f"{p}/q_rope")
         k = self.rope(g, k, shared, is_sliding, kvh, f"{p}/k_rope")
+
+        if shared.paged is not None:  # one op writes the new K/V and reads the blocks in place
+            out = paged_attention(g, cfg, i, q, k, v, shared.paged, self.onnx_dtype, p)
+            return self.linear(g, out, [layer["self_attn.o_proj"]], f"{p}/o_proj", x_is_f32=False)
 
         # Write the new tokens' K/V into the KV buffers, then read the rows' blocks back.
         indices = shared.scatter_indices[is_sliding]

@@ -29,6 +29,21 @@ that fell out of the window can be released (partitions with sliding layers only
 
 `attention_mass` covers the full-attention layers only (their tables list every block).
 
+The last partition also outputs the greedy choice, so a step whose rows all decode greedily
+reads token ids back instead of [num_logits, vocab] float32 logits:
+
+    greedy_tokens   [num_logits]            int64  argmax of each logits row
+
+Graphs exported with the `paged` attention (graph/paged_attention.py, CUDA EP) take, instead of
+context_lens and the window tables above:
+
+    cumulative_seqlens   [batch + 1]          int32  r * seq: where row r's tokens start, packed
+    past_seqlens         [batch]              int32  the row's tokens already in the cache
+    paged_window_tables  [batch, max_wblocks] int64  the window group's blocks at their logical
+                                                     index from block 0 (released ones: the sink)
+    attention_bounds     [2]                  int32  (host) longest row's new tokens, its tokens
+                                                     in the cache after the step
+
 The block size is read from the pool's shape inside the graph, so it is chosen
 when the runtime allocates the pools, not at export time.
 """
@@ -48,6 +63,11 @@ ATTENTION_MASS = "attention_mass"
 WINDOW_SLOT_MAPPING = "window_slot_mapping"
 WINDOW_BLOCK_TABLES = "window_block_tables"
 WINDOW_FIRST_BLOCK = "window_first_block"
+GREEDY_TOKENS = "greedy_tokens"
+CUMULATIVE_SEQLENS = "cumulative_seqlens"
+PAST_SEQLENS = "past_seqlens"
+PAGED_WINDOW_TABLES = "paged_window_tables"
+ATTENTION_BOUNDS = "attention_bounds"
 
 SINK_BLOCK = 0  # reserved: padding tokens scatter here, no sequence ever owns it
 

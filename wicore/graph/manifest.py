@@ -3,7 +3,7 @@
 {
   "format": "wicore", "export_version": 1,
   "source": {...}, "config": {...Gemma3Config...},
-  "dtype": "fp32", "op_flavour": "portable", "opset": 17,
+  "dtype": "fp32", "op_flavour": "portable", "attention": "portable", "opset": 17,
   "kv": {"layout": [...], "dtype": "float32", "sink_block": 0},
   "partitions": [{"file": "part-00.onnx", "layers": [0, 6], "inputs": [...], "outputs": [...]}, ...],
   "tokenizer": {...} | null,
@@ -66,6 +66,7 @@ class Manifest:
     partitions: tuple[PartitionRecord, ...]
     tokenizer: dict[str, Any] | None
     files: dict[str, str]  # file name -> sha256
+    attention: str = "portable"  # or "paged": com.microsoft.PagedAttention (graph/paged_attention.py)
 
     @property
     def has_attention_stats(self) -> bool:
@@ -83,6 +84,7 @@ class Manifest:
             "config": self.config.to_dict(),
             "dtype": self.dtype,
             "op_flavour": self.op_flavour,
+            "attention": self.attention,
             "opset": self.opset,
             "kv": {
                 "layout": ["num_blocks", "block_size", "num_kv_heads", "head_dim"],
@@ -120,6 +122,7 @@ class Manifest:
                 partitions=tuple(PartitionRecord.from_dict(p) for p in d["partitions"]),
                 tokenizer=d.get("tokenizer"),
                 files=dict(d["files"]),
+                attention=d.get("attention", "portable"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{path} is malformed ({exc!r}); re-export the model") from exc

@@ -119,8 +119,11 @@ class Graph:
         self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=name, **attrs))
         return outputs[0]
 
-    def op_multi(self, op_type: str, inputs: Sequence[str], name: str, num_outputs: int, **attrs: Any) -> list[str]:
-        outputs = [f"{name}/output_{i}" for i in range(num_outputs)]
+    def op_multi(
+        self, op_type: str, inputs: Sequence[str], name: str, num_outputs: int, outs: Sequence[str | None] = (), **attrs: Any
+    ) -> list[str]:
+        """A node with several outputs; `outs` names some of them directly (None: the default name)."""
+        outputs = [(outs[i] if i < len(outs) else None) or f"{name}/output_{i}" for i in range(num_outputs)]
         self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=name, **attrs))
         return outputs
 

@@ -15,6 +15,7 @@ from onnx import TensorProto
 
 from wicore.graph import io
 from wicore.graph.ops import Graph
+from wicore.graph.paged_attention import PagedValues, paged_values
 from wicore.model.config import Gemma3Config, RopeConfig
 
 
@@ -31,10 +32,11 @@ class SharedValues:
     block_shape: str  # [0, -1, block_size]: Reshape target of [batch, total] to [batch, blocks, block_size]
     zeros_mass: str | None = None  # [batch, max_blocks] zeros: attention mass of a partition without full layers
     token_index: str | None = None  # contrib ops: [batch, seq] flat index of each token, RotaryEmbedding's position_ids
+    paged: PagedValues | None = None  # the paged attention's inputs (then no masks, tables or scatter indices)
 
 
 def shared_values(
-    g: Graph, cfg: Gemma3Config, start: int, stop: int, attention_stats: bool = False, contrib: bool = False
+    g: Graph, cfg: Gemma3Config, start: int, stop: int, attention_stats: bool = False, contrib: bool = False, paged: bool = False
 ) -> SharedValues:
     """Inputs every partition takes and what the layers share: scatter indices, RoPE, masks.
 
@@ -51,6 +53,15 @@ def shared_values(
         raise ValueError("a partition needs at least one layer")
     kinds = sorted({cfg.is_sliding(i) for i in range(start, stop)})
     positions = g.input(io.POSITIONS, i64, ["batch", "seq"])
+    p = "/model/shared"
+    if paged:  # the op takes the paging inputs itself: only RoPE is shared
+        cos_sin = {
+            k: rope_tables(g, cfg, positions, cfg.rope_local if k else cfg.rope_global, _rope_name(k), contrib) for k in kinds
+        }
+        token_index = _token_index(g, positions) if contrib else None
+        return SharedValues(
+            positions, {}, {}, cos_sin, {}, "", token_index=token_index, paged=paged_values(g, cfg, kinds, positions)
+        )
     slots = {False: g.input(io.SLOT_MAPPING, i64, ["batch", "seq"])}
     tables = {False: g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"])}
     lens = g.input(io.CONTEXT_LENS, i64, ["batch"])
@@ -59,7 +70,6 @@ def shared_values(
         tables[True] = g.input(io.WINDOW_BLOCK_TABLES, i64, ["batch", "max_window_blocks"])
         first = g.input(io.WINDOW_FIRST_BLOCK, i64, ["batch"])
     pool = io.key_cache(start)  # any pool of this partition gives the block size
-    p = "/model/shared"
     block_size = g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/block_size")
     q_pos = g.op("Unsqueeze", [positions, g.const([-1])], f"{p}/q_pos")  # [b, s, 1]
     ctx = g.op("Unsqueeze", [lens, g.const([1, 2])], f"{p}/ctx")  # [b, 1, 1]
@@ -100,7 +110,7 @@ def shared_values(
         )
         masks[is_sliding] = group_mask(g, cfg, mask, total, f"{q}/mask")
         rope = cfg.rope_local if is_sliding else cfg.rope_global
-        cos_sin[is_sliding] = rope_tables(g, cfg, positions, rope, f"{p}/rope_{name}", contrib)
+        cos_sin[is_sliding] = rope_tables(g, cfg, positions, rope, _rope_name(is_sliding), contrib)
     block_shape = g.op(
         "Concat",
         [g.const([0, -1]), g.op("Unsqueeze", [block_size, g.const([0])], f"{p}/block_size_1d")],
@@ -113,12 +123,20 @@ def shared_values(
         zeros_mass = g.op(
             "ConstantOfShape", [shape], f"{p}/zero_mass", value=onnx.helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0])
         )
-    token_index = None
-    if contrib:
-        count = g.op("ReduceProd", [g.op("Shape", [positions], f"{p}/positions_shape")], f"{p}/num_tokens", keepdims=0)
-        flat = g.op("Range", [g.const(0), count, g.const(1)], f"{p}/token_range")
-        token_index = g.op("Reshape", [flat, g.op("Shape", [positions], f"{p}/positions_shape_2")], f"{p}/token_index")
+    token_index = _token_index(g, positions) if contrib else None
     return SharedValues(positions, tables, scatter, cos_sin, masks, block_shape, zeros_mass, token_index)
+
+
+def _rope_name(is_sliding: bool) -> str:
+    return f"/model/shared/rope_{'sliding' if is_sliding else 'global'}"
+
+
+def _token_index(g: Graph, positions: str) -> str:
+    """[batch, seq]: the flat index of each token (RotaryEmbedding's position_ids into one-row-a-token caches)."""
+    p = "/model/shared"
+    count = g.op("ReduceProd", [g.op("Shape", [positions], f"{p}/positions_shape")], f"{p}/num_tokens", keepdims=0)
+    flat = g.op("Range", [g.const(0), count, g.const(1)], f"{p}/token_range")
+    return g.op("Reshape", [flat, g.op("Shape", [positions], f"{p}/positions_shape_2")], f"{p}/token_index")
 
 
 def rope_tables(g: Graph, cfg: Gemma3Config, positions: str, rope: RopeConfig, p: str, contrib: bool) -> tuple[str, str]:

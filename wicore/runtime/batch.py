@@ -31,6 +31,11 @@ class BatchInputs:
     window_slot_mapping: np.ndarray  # [batch, seq] int64, the sliding layers' block group
     window_block_tables: np.ndarray  # [batch, max_window_blocks] int64
     window_first_block: np.ndarray  # [batch] int64
+    # the paged attention's (graph/paged_attention.py)
+    cumulative_seqlens: np.ndarray  # [batch + 1] int32
+    past_seqlens: np.ndarray  # [batch] int32
+    paged_window_tables: np.ndarray  # [batch, max_window_blocks] int64, from logical block 0
+    attention_bounds: np.ndarray  # [2] int32
 
     def paging_inputs(self) -> dict[str, np.ndarray]:
         return {
@@ -41,6 +46,10 @@ class BatchInputs:
             io.WINDOW_SLOT_MAPPING: self.window_slot_mapping,
             io.WINDOW_BLOCK_TABLES: self.window_block_tables,
             io.WINDOW_FIRST_BLOCK: self.window_first_block,
+            io.CUMULATIVE_SEQLENS: self.cumulative_seqlens,
+            io.PAST_SEQLENS: self.past_seqlens,
+            io.PAGED_WINDOW_TABLES: self.paged_window_tables,
+            io.ATTENTION_BOUNDS: self.attention_bounds,
         }
 
 
@@ -74,8 +83,12 @@ def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
     positions = np.zeros((batch, seq_len), np.int64)
     lens = np.zeros(batch, np.int64)
     first = np.zeros(batch, np.int64)
-    slots, tables = _paging_arrays(batch, seq_len, max(len(r.block_table) for r in rows), block_size)
+    # A padded row's padding reaches block (start + seq_len - 1) // block_size: the paged attention
+    # reads that far (for the padding's own queries), so the tables list the sink block up to there.
+    reach = max(-(-(r.start + seq_len) // block_size) for r in rows)
+    slots, tables = _paging_arrays(batch, seq_len, max(reach, *(len(r.block_table) for r in rows)), block_size)
     window_slots, window_tables = _paging_arrays(batch, seq_len, max(len(r.window_table) for r in rows), block_size)
+    paged_window = np.full((batch, max(reach, *(r.window_first + len(r.window_table) for r in rows))), io.SINK_BLOCK, np.int64)
     logits_indices: list[int] = []
     for r, row in enumerate(rows):
         n = len(row.token_ids)
@@ -87,6 +100,7 @@ def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
         _place(row.window_table, row.window_first, pos, window_slots[r], window_tables[r], block_size)
         lens[r] = end
         first[r] = row.window_first
+        paged_window[r, row.window_first : row.window_first + len(row.window_table)] = row.window_table
         logits_indices.extend(range(r * seq_len + n - row.num_logits, r * seq_len + n))
     return BatchInputs(
         input_ids,
@@ -98,6 +112,10 @@ def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
         window_slots,
         window_tables,
         first,
+        np.arange(batch + 1, dtype=np.int32) * seq_len,
+        np.asarray([r.start for r in rows], np.int32),
+        paged_window,
+        np.asarray([seq_len, max(r.start for r in rows) + seq_len], np.int32),
     )
 
 

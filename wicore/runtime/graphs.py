@@ -26,7 +26,8 @@ from wicore.runtime.providers import Device, onnxruntime, session_options
 
 @dataclass(frozen=True)
 class GraphOutputs:
-    logits: np.ndarray  # [num_logits, vocab] float32
+    logits: np.ndarray | None  # [num_logits, vocab] float32; None when only the greedy tokens were asked for
+    greedy_tokens: np.ndarray | None  # [num_logits] int64: argmax of each logits row, when the graph gives it
     attention_mass: np.ndarray | None  # [batch, max_blocks], when the model was exported with it
 
 
@@ -49,13 +50,14 @@ class ModelGraphs:
         if len(self.devices) != len(manifest.partitions):
             raise ValueError(f"{len(self.devices)} devices for {len(manifest.partitions)} partitions")
         for device in self.devices:
-            device.check_can_run(manifest.dtype, manifest.op_flavour)
+            device.check_can_run(manifest.dtype, manifest.op_flavour, manifest.attention)
         opts = session_options(num_threads, profile_prefix)
         self.sessions = [
             ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers())
             for p, d in zip(manifest.partitions, self.devices)
         ]
         self._input_names = [{i.name for i in s.get_inputs()} for s in self.sessions]
+        self.has_greedy_tokens = io.GREEDY_TOKENS in manifest.partitions[-1].outputs
 
     def _handoff_device(self, partition: int) -> tuple[str, int]:
         """Where partition `partition` writes its hidden states: the next partition's device if
@@ -63,10 +65,13 @@ class ModelGraphs:
         own, nxt = self.devices[partition].ort_device, self.devices[partition + 1].ort_device
         return nxt if nxt[0] == "cpu" or nxt == own else own
 
-    def run(self, batch: BatchInputs) -> GraphOutputs:
-        """Run every partition for one batch."""
+    def run(self, batch: BatchInputs, logits: bool = True) -> GraphOutputs:
+        """Run every partition for one batch. With `logits` False and a graph that gives the greedy
+        tokens, only those come back to the host (the logits stay on the device, unread)."""
         hidden = None
         mass = None
+        greedy = None
+        want_logits = logits or not self.has_greedy_tokens
         parts = list(zip(self.manifest.partitions, self.sessions))
         for i, (record, session) in enumerate(parts):
             binding = session.io_binding()
@@ -74,10 +79,12 @@ class ModelGraphs:
             # straight to the next partition's device when this session can write there (its
             # own device, or host memory); between two accelerators they pass through the host,
             # since a session has no allocator for another card.
-            if record.has_lm_head:
-                binding.bind_output(io.LOGITS, "cpu")
-            else:
+            if not record.has_lm_head:
                 binding.bind_output(io.HIDDEN_STATES_OUT, *self._handoff_device(i))
+            elif want_logits:
+                binding.bind_output(io.LOGITS, "cpu")
+            if record.has_lm_head and self.has_greedy_tokens:
+                binding.bind_output(io.GREEDY_TOKENS, "cpu")
             if record.has_embedding:
                 binding.bind_cpu_input(io.INPUT_IDS, batch.input_ids)
             elif hidden is None:
@@ -102,8 +109,10 @@ class ModelGraphs:
             session.run_with_iobinding(binding)
             outputs = binding.get_outputs()
             hidden = outputs[0]
+            if record.has_lm_head and self.has_greedy_tokens:
+                greedy = outputs[1 if want_logits else 0].numpy()
             if record.has_attention_stats:
                 part = outputs[-1].numpy()
                 mass = part if mass is None else mass + part
         assert hidden is not None, "a model has at least one partition"
-        return GraphOutputs(hidden.numpy(), mass)
+        return GraphOutputs(hidden.numpy() if want_logits else None, greedy, mass)

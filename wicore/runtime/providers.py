@@ -135,6 +135,7 @@ class Capability:
     ort_device: str  # where OrtValues for this EP are allocated ("cpu" or "cuda")
     free_bytes: Callable[[str], int | None]  # free memory of a device, None if unknown
     option_key: str | None  # provider option that selects the device
+    attentions: tuple[str, ...] = ("portable",)  # attention graphs it runs (paged: com.microsoft.PagedAttention)
 
     def provider_options(self, index: str) -> dict[str, str]:
         return {self.option_key: index} if self.option_key else {}
@@ -156,6 +157,7 @@ CAPABILITIES: dict[str, Capability] = {
             "cuda",
             nvidia_free_bytes,
             "device_id",
+            attentions=("portable", "paged"),
         ),
         Capability(
             "tensorrt",
@@ -224,9 +226,13 @@ class Device:
     def free_bytes(self) -> int | None:
         return self.capability.free_bytes(self.index)
 
-    def check_can_run(self, dtype: str, op_flavour: str) -> None:
+    def check_can_run(self, dtype: str, op_flavour: str, attention: str = "portable") -> None:
         """Raise DeviceError, naming what would work, if this EP cannot run such graphs."""
         cap = self.capability
+        if attention not in cap.attentions:
+            raise DeviceError(
+                f"{self.label} cannot run the {attention!r} attention; re-export with --attention {cap.attentions[0]}"
+            )
         if dtype not in cap.dtypes:
             raise DeviceError(f"{self.label} cannot run {dtype} graphs; re-export with --dtype {cap.dtypes[0]}")
         if op_flavour not in cap.op_flavours:

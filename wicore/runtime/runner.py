@@ -1,6 +1,10 @@
 """The model runner: scheduled rows in, sampled tokens (or per-row failures) out.
 
     rows ──► by length ──► build_batch ──► ModelGraphs.run ──► logits per row ──► Sampler ──► RunResult
+                                                          └──► greedy tokens (argmax in the graph) ──┘
+
+When every row of a batch decodes greedily (no penalties, no logprobs, no prompt logits) only the
+graph's argmax comes back to the host, not [rows, vocab] float32 logits (1 MB a row for Gemma 3).
 
 Rows of the same length run as one batch, so nothing is padded: the decode rows (one token
 each) together, prefill chunks of equal length (prompts of one size, or chunks cut at the
@@ -18,7 +22,7 @@ import numpy as np
 
 from wicore.runtime.batch import build_batch
 from wicore.runtime.graphs import ModelGraphs
-from wicore.runtime.sampler import Sampler
+from wicore.runtime.sampler import Sample, Sampler
 from wicore.runtime.step import RunResult, ScheduledRow
 
 
@@ -42,15 +46,20 @@ class ModelRunner:
         for row in rows:
             by_length.setdefault(len(row.token_ids), []).append(row)
         for group in by_length.values():
-            out = self.graphs.run(build_batch(group, self.block_size))
+            out = self.graphs.run(build_batch(group, self.block_size), logits=any(map(_needs_logits, group)))
             offset = 0
             for i, row in enumerate(group):
-                logits = out.logits[offset : offset + row.num_logits]
                 offset += row.num_logits
-                if row.num_logits:
-                    result.logits[row.request_id] = logits  # a view: no copy for a decode row
-                if row.needs_sample:
-                    self._sample(row, logits[-1], result)
+                if out.logits is None:  # every row samples greedily: the graph's argmax is the token
+                    if row.needs_sample:
+                        assert out.greedy_tokens is not None
+                        result.sampled[row.request_id] = Sample(int(out.greedy_tokens[offset - 1]))
+                else:
+                    logits = out.logits[offset - row.num_logits : offset]
+                    if row.num_logits:
+                        result.logits[row.request_id] = logits  # a view: no copy for a decode row
+                    if row.needs_sample:
+                        self._sample(row, logits[-1], result)
                 if out.attention_mass is not None:
                     result.attention[row.request_id] = out.attention_mass[i, : len(row.block_ids)]
         return result
@@ -63,3 +72,10 @@ class ModelRunner:
             result.sampled[row.request_id] = sampler.sample(logits)
         except Exception:  # this request's sampling failed: it fails alone
             result.failed[row.request_id] = traceback.format_exc()
+
+
+def _needs_logits(row: ScheduledRow) -> bool:
+    """Whether the row needs its logits on the host: prompt logits, or a sampler that is more
+    than an argmax (temperature, penalties, logprobs)."""
+    p = row.params
+    return p.prompt_logits or (row.needs_sample and not (p.is_greedy and not p.has_penalties and p.logprobs is None))

@@ -1,0 +1,110 @@
+"""The `paged` attention: ONNX Runtime's com.microsoft.PagedAttention reads and writes the fp16 KV
+buffers in place (CUDA EP only; the `portable` attention in gemma3.py runs on every EP).
+
+Where the portable attention gathers every block of a row, casts it to float32 and transposes it
+(about 1.2 ms a layer at batch 32 on the Gemma-3-27B shape), this op reads the blocks where they
+are, GQA and the sliding window included, in one kernel (flash-decoding style for decode rows,
+FlashAttention or a memory-efficient kernel for prefill chunks).
+
+The op takes the batch's tokens packed, [tokens, heads * head_dim]. WiCore's rows are
+[batch, seq], every row `seq` tokens long (the runner batches rows of equal length), so row r
+is tokens r * seq ... r * seq + seq - 1:
+
+    cumulative_seqlens  [batch + 1]  int32  0, seq, 2 seq, ...
+    past_seqlens        [batch]      int32  tokens of the row already in the cache (its start)
+    slot_mapping        [batch, seq] int64  where each new token's K/V goes (padding: the sink block)
+    block_tables        [batch, n]   int64  the row's blocks from logical block 0
+    paged_window_tables [batch, n]   int64  the sliding group's blocks at their logical index:
+                                            released blocks (behind the window) are the sink block,
+                                            never read since the window masks them
+    attention_bounds    [2]          int32  host memory: the longest row's new tokens and its
+                                            tokens in the cache after the step (kernel choice)
+
+Gemma's q/k norms and RoPE run before the op as in the portable graph (float32), and the
+attention scale is already folded into the q-norm weight, so the op's scale is 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx import TensorProto
+
+from wicore.graph import io
+from wicore.graph.ops import Graph
+from wicore.graph.quant import MS_DOMAIN
+from wicore.model.config import Gemma3Config
+
+
+@dataclass(frozen=True)
+class PagedValues:
+    """The op's per-batch inputs, shared by every layer of a partition (keyed by is_sliding)."""
+
+    cumulative_seqlens: str
+    past_seqlens: str
+    bounds: str
+    slots: dict[bool, str]  # [tokens] int32
+    tables: dict[bool, str]  # [batch, n] int32
+    hidden_shape: str  # [batch, seq, -1]: Reshape target of the packed output
+
+
+def paged_values(g: Graph, cfg: Gemma3Config, kinds: list[bool], positions: str) -> PagedValues:
+    """Declare the paging inputs of the paged attention and convert them to the op's int32."""
+    p = "/model/paged"
+    i32, i64 = TensorProto.INT32, TensorProto.INT64
+    cumulative = g.input(io.CUMULATIVE_SEQLENS, i32, ["batch_plus_1"])
+    past = g.input(io.PAST_SEQLENS, i32, ["batch"])
+    bounds = g.input(io.ATTENTION_BOUNDS, i32, [2])
+    names = {False: (io.SLOT_MAPPING, io.BLOCK_TABLES), True: (io.WINDOW_SLOT_MAPPING, io.PAGED_WINDOW_TABLES)}
+    slots, tables = {}, {}
+    for is_sliding in kinds:
+        slot_name, table_name = names[is_sliding]
+        kind = "sliding" if is_sliding else "global"
+        slot = g.input(slot_name, i64, ["batch", "seq"])
+        table = g.input(table_name, i64, ["batch", "max_window_blocks" if is_sliding else "max_blocks"])
+        flat = g.op("Reshape", [slot, g.const([-1])], f"{p}/{kind}/slots_flat")
+        slots[is_sliding] = g.op("Cast", [flat], f"{p}/{kind}/slots", to=i32)
+        tables[is_sliding] = g.op("Cast", [table], f"{p}/{kind}/tables", to=i32)
+    shape = g.op("Concat", [g.op("Shape", [positions], f"{p}/batch_seq"), g.const([-1])], f"{p}/hidden_shape", axis=0)
+    return PagedValues(cumulative, past, bounds, slots, tables, shape)
+
+
+def paged_attention(
+    g: Graph, cfg: Gemma3Config, layer: int, q: str, k: str, v: str, paged: PagedValues, kv_type: int, name: str
+) -> str:
+    """q [b, s, heads, hd], k and v [b, s, kv_heads, hd] (float32, normed and rotated) -> the
+    attention output [b, s, heads * hd] in the KV dtype (float16), the layer's K/V written."""
+    is_sliding = cfg.is_sliding(layer)
+    packed = []
+    for x, width, label in ((q, cfg.num_heads, "q"), (k, cfg.num_kv_heads, "k"), (v, cfg.num_kv_heads, "v")):
+        flat = g.op("Reshape", [x, g.const([-1, width * cfg.head_dim])], f"{name}/{label}_packed")
+        packed.append(g.op("Cast", [flat], f"{name}/{label}_cast", to=kv_type))
+    inputs = [
+        *packed,
+        io.key_cache(layer),
+        io.value_cache(layer),
+        paged.cumulative_seqlens,
+        paged.past_seqlens,
+        paged.tables[is_sliding],
+        "",  # cos_cache: RoPE is applied before the op
+        "",  # sin_cache
+        paged.slots[is_sliding],
+        *[""] * 5,  # head_sink, q_norm_weight, k_norm_weight, k_scale, v_scale
+        paged.bounds,
+    ]
+    # A key at position j is visible to a query at position p when p - window < j <= p, that is
+    # j >= p - (window - 1): the op's left window is window - 1 tokens.
+    window = cfg.sliding_window - 1 if is_sliding else -1
+    out, _, _ = g.op_multi(
+        "PagedAttention",
+        inputs,
+        f"{name}/PagedAttention",
+        3,
+        outs=[None, io.key_cache_out(layer), io.value_cache_out(layer)],
+        domain=MS_DOMAIN,
+        num_heads=cfg.num_heads,
+        kv_num_heads=cfg.num_kv_heads,
+        scale=1.0,
+        local_window_size=window,
+    )
+    return g.op("Reshape", [out, paged.hidden_shape], f"{name}/heads_merged")
