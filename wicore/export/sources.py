@@ -25,12 +25,8 @@ def packaged_gguf(name: str) -> Path:
 
 
 def open_source(spec: str) -> WeightSource:
-    """A packaged model name, a GGUF file or a Hugging Face folder."""
-    if spec in PACKAGED:
-        from wicore.export.gguf import GGUFSource
-
-        return GGUFSource(packaged_gguf(spec))
-    path = Path(spec)
+    """A packaged model name (its assembled .gguf), a GGUF file or a Hugging Face folder."""
+    path = packaged_gguf(spec) if spec in PACKAGED else Path(spec)
     if path.suffix == ".gguf":
         from wicore.export.gguf import GGUFSource
 
