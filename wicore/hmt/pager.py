@@ -68,19 +68,15 @@ def _batches(moves: list[Move]) -> list[list[Move]]:
     """The plan cut into runs of consecutive moves between the same tiers, each cut before a
     move that reads a frame the run writes or writes one it already writes."""
     batches: list[list[Move]] = []
-    written: set[tuple[int, int]] = set()
+    written: set[tuple[Tier, int]] = set()
+    last_pair = None
     for move in moves:
         pair = (move.src[0], None if move.dst is None else move.dst[0])
-        last = batches[-1][-1] if batches else None
-        if (
-            last is None
-            or pair != (last.src[0], None if last.dst is None else last.dst[0])
-            or tuple(move.src) in written
-            or (move.dst is not None and tuple(move.dst) in written)
-        ):
+        if pair != last_pair or move.src in written or move.dst in written:
             batches.append([])
             written = set()
         batches[-1].append(move)
+        last_pair = pair
         if move.dst is not None:
-            written.add((move.dst[0], move.dst[1]))
+            written.add(move.dst)
     return batches
