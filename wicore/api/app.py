@@ -25,11 +25,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from wicore.api import compat
 from wicore.api.auth import Authenticator
 from wicore.api.errors import APIError, error_response, from_wicore
 from wicore.api.generation import ChoiceStats, Piece, run_choice
 from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
 from wicore.api.metrics import Metrics
+from wicore.api.openapi import openapi_route
 from wicore.api.ratelimit import RateLimiter
 from wicore.api.schemas import Options, parse_chat, parse_completion
 from wicore.api.streaming import EventStream, event_stream, merge
@@ -128,10 +130,8 @@ class API:
 
     async def inference(self, request: Request) -> Response:
         """The original WiCore endpoint (wicore.api.compat)."""
-        from wicore.api.compat import inference
-
         self.guard(request)
-        return JSONResponse(await inference(self, await self.read_json(request)))
+        return JSONResponse(await compat.inference(self, await self.read_json(request)))
 
     # -- generation ------------------------------------------------------------------
     async def complete(self, request: Request, is_chat: bool, prompts: list[list[int]], opts: Options) -> Response:
@@ -299,8 +299,6 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
     """The app for a started engine; stopping the engine stays with the caller."""
-    from wicore.api.openapi import openapi_route
-
     api = API(engine, settings)
     routes = [
         Route("/health", api.health, methods=["GET"]),

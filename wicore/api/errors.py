@@ -10,17 +10,8 @@ from starlette.responses import JSONResponse
 
 from wicore.errors import ContextLengthError, OverloadedError, RequestError, WiCoreError
 
-# HTTP status -> OpenAI error type.
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    503: "server_error",
-}
+# HTTP status -> OpenAI error type, where it is not invalid_request_error (4xx) or server_error (5xx).
+_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
 
 
 class APIError(Exception):
