@@ -14,7 +14,6 @@ import numpy as np
 from wicore.model.quant import BlockQuant
 
 
-# -- GGUF transcoding --------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Layout:
     """Where one GGUF block type keeps its scale fields, and how its codes map to ours."""
