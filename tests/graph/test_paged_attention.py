@@ -55,8 +55,15 @@ def test_every_layer_is_one_paged_attention_node_over_its_own_buffers(paged_expo
             assert node.output[1:] == [io.key_cache_out(layer), io.value_cache_out(layer)]
             seen.append(layer)
         inputs = set(record.inputs)
-        assert {io.CUMULATIVE_SEQLENS, io.PAST_SEQLENS, io.ATTENTION_BOUNDS} <= inputs
-        assert not inputs & {io.CONTEXT_LENS, io.WINDOW_BLOCK_TABLES, io.WINDOW_FIRST_BLOCK}
+        assert io.CUMULATIVE_SEQLENS in inputs
+        assert not inputs & {io.CONTEXT_LENS, io.WINDOW_FIRST_BLOCK}
+        for node in nodes:  # each layer kind reads its own group's table, past lengths and bounds
+            names = (
+                (io.WINDOW_PAST_SEQLENS, io.WINDOW_ATTENTION_BOUNDS)
+                if "sliding" in node.input[7]
+                else (io.PAST_SEQLENS, io.ATTENTION_BOUNDS)
+            )
+            assert (node.input[6], node.input[16]) == names
         assert not [n for n in graph.node if n.op_type in ("ScatterND", "Softmax")]  # the op does both
     assert sorted(seen) == list(range(cfg.num_layers))
     assert manifest.partitions[-1].outputs[-2:] == (io.LOGITS, io.GREEDY_TOKENS)

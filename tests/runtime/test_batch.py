@@ -1,5 +1,6 @@
 """build_batch's arrays for the paged attention (graph/paged_attention.py): packed row starts,
-the tokens already cached, window tables at their logical index, and the host-side bounds."""
+the tokens already cached (in the window group: from the row's first window block), and the
+host-side bounds."""
 
 from __future__ import annotations
 
@@ -28,10 +29,11 @@ def test_decode_rows_of_a_sliding_window_engine():
     b = build_batch(rows, BS)
     assert b.cumulative_seqlens.tolist() == [0, 1, 2] and b.cumulative_seqlens.dtype.name == "int32"
     assert b.past_seqlens.tolist() == [13, 5] and b.past_seqlens.dtype.name == "int32"
+    assert b.window_past_seqlens.tolist() == [13 - 2 * BS, 5] and b.window_past_seqlens.dtype.name == "int32"
     sink = io.SINK_BLOCK
-    assert b.paged_window_tables.tolist() == [[sink, sink, 9, 10], [11, 12, sink, sink]]
+    assert b.window_block_tables.tolist() == [[9, 10], [11, 12]]
     assert b.window_slot_mapping.tolist() == [[10 * BS + 1], [12 * BS + 1]]
-    assert b.attention_bounds.tolist() == [1, 14]
+    assert b.attention_bounds.tolist() == [1, 14] and b.window_attention_bounds.tolist() == [1, 6]
     assert b.block_tables.tolist() == [[1, 2, 3, 4], [5, 6, sink, sink]]
 
 
@@ -42,9 +44,9 @@ def test_padded_rows_reach_only_the_sink_past_their_blocks():
     rows = [Row([1, 2, 3, 4, 5, 6], 0, [3, 4], [3, 4], 0, 1), Row([7, 8], 6, [5, 6], [7, 8], 0, 1)]
     b = build_batch(rows, BS)
     assert b.cumulative_seqlens.tolist() == [0, 6, 12]
-    assert b.past_seqlens.tolist() == [0, 6]
+    assert b.past_seqlens.tolist() == [0, 6] and b.window_past_seqlens.tolist() == [0, 6]
     assert b.attention_bounds.tolist() == [6, 12]
     sink = io.SINK_BLOCK
     assert b.block_tables.tolist() == [[3, 4, sink], [5, 6, sink]]
-    assert b.paged_window_tables.tolist() == [[3, 4, sink], [7, 8, sink]]
+    assert b.window_block_tables.tolist() == [[3, 4, sink], [7, 8, sink]]
     assert b.slot_mapping[1].tolist() == [6 * BS + 2, 6 * BS + 3] + [sink * BS] * 4

@@ -35,14 +35,15 @@ reads token ids back instead of [num_logits, vocab] float32 logits:
     greedy_tokens   [num_logits]            int64  argmax of each logits row
 
 Graphs exported with the `paged` attention (graph/paged_attention.py, CUDA EP) take, instead of
-context_lens and the window tables above:
+context_lens and window_first_block:
 
-    cumulative_seqlens   [batch + 1]          int32  r * seq: where row r's tokens start, packed
-    past_seqlens         [batch]              int32  the row's tokens already in the cache
-    paged_window_tables  [batch, max_wblocks] int64  the window group's blocks at their logical
-                                                     index from block 0 (released ones: the sink)
-    attention_bounds     [2]                  int32  (host) longest row's new tokens, its tokens
-                                                     in the cache after the step
+    cumulative_seqlens       [batch + 1]  int32  r * seq: where row r's tokens start, packed
+    past_seqlens             [batch]      int32  the row's tokens already in the cache
+    attention_bounds         [2]          int32  (host) the longest row's new tokens, and its
+                                                 tokens in the cache after the step
+    window_past_seqlens      [batch]      int32  as past_seqlens, counted from the first block of
+                                                 window_block_tables (the released ones left out)
+    window_attention_bounds  [2]          int32  (host) as attention_bounds, counted the same way
 
 The block size is read from the pool's shape inside the graph, so it is chosen
 when the runtime allocates the pools, not at export time.
@@ -66,8 +67,9 @@ WINDOW_FIRST_BLOCK = "window_first_block"
 GREEDY_TOKENS = "greedy_tokens"
 CUMULATIVE_SEQLENS = "cumulative_seqlens"
 PAST_SEQLENS = "past_seqlens"
-PAGED_WINDOW_TABLES = "paged_window_tables"
 ATTENTION_BOUNDS = "attention_bounds"
+WINDOW_PAST_SEQLENS = "window_past_seqlens"
+WINDOW_ATTENTION_BOUNDS = "window_attention_bounds"
 
 SINK_BLOCK = 0  # reserved: padding tokens scatter here, no sequence ever owns it
 

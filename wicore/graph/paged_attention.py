@@ -14,11 +14,14 @@ is tokens r * seq ... r * seq + seq - 1:
     past_seqlens        [batch]      int32  tokens of the row already in the cache (its start)
     slot_mapping        [batch, seq] int64  where each new token's K/V goes (padding: the sink block)
     block_tables        [batch, n]   int64  the row's blocks from logical block 0
-    paged_window_tables [batch, n]   int64  the sliding group's blocks at their logical index:
-                                            released blocks (behind the window) are the sink block,
-                                            never read since the window masks them
     attention_bounds    [2]          int32  host memory: the longest row's new tokens and its
                                             tokens in the cache after the step (kernel choice)
+
+The sliding layers see their rows from the first block the window group still holds: their
+table is window_block_tables and their past length window_past_seqlens = start - first *
+block_size. Positions only enter the op through the causal mask and the window, both of which
+depend on differences of positions, so the shift changes nothing but what is read: at 8K
+context the op walks ~1K cached tokens of a sliding layer, not 8K of which 7K are masked.
 
 Gemma's q/k norms and RoPE run before the op as in the portable graph (float32), and the
 attention scale is already folded into the q-norm weight, so the op's scale is 1.
@@ -41,8 +44,8 @@ class PagedValues:
     """The op's per-batch inputs, shared by every layer of a partition (keyed by is_sliding)."""
 
     cumulative_seqlens: str
-    past_seqlens: str
-    bounds: str
+    past_seqlens: dict[bool, str]  # [batch] int32
+    bounds: dict[bool, str]  # [2] int32, host memory
     slots: dict[bool, str]  # [tokens] int32
     tables: dict[bool, str]  # [batch, n] int32
     hidden_shape: str  # [batch, seq, -1]: Reshape target of the packed output
@@ -53,13 +56,16 @@ def paged_values(g: Graph, cfg: Gemma3Config, kinds: list[bool], positions: str)
     p = "/model/paged"
     i32, i64 = TensorProto.INT32, TensorProto.INT64
     cumulative = g.input(io.CUMULATIVE_SEQLENS, i32, ["batch_plus_1"])
-    past = g.input(io.PAST_SEQLENS, i32, ["batch"])
-    bounds = g.input(io.ATTENTION_BOUNDS, i32, [2])
-    names = {False: (io.SLOT_MAPPING, io.BLOCK_TABLES), True: (io.WINDOW_SLOT_MAPPING, io.PAGED_WINDOW_TABLES)}
-    slots, tables = {}, {}
+    names = {
+        False: (io.SLOT_MAPPING, io.BLOCK_TABLES, io.PAST_SEQLENS, io.ATTENTION_BOUNDS),
+        True: (io.WINDOW_SLOT_MAPPING, io.WINDOW_BLOCK_TABLES, io.WINDOW_PAST_SEQLENS, io.WINDOW_ATTENTION_BOUNDS),
+    }
+    slots, tables, past, bounds = {}, {}, {}, {}
     for is_sliding in kinds:
-        slot_name, table_name = names[is_sliding]
+        slot_name, table_name, past_name, bounds_name = names[is_sliding]
         kind = "sliding" if is_sliding else "global"
+        past[is_sliding] = g.input(past_name, i32, ["batch"])
+        bounds[is_sliding] = g.input(bounds_name, i32, [2])
         slot = g.input(slot_name, i64, ["batch", "seq"])
         table = g.input(table_name, i64, ["batch", "max_window_blocks" if is_sliding else "max_blocks"])
         flat = g.op("Reshape", [slot, g.const([-1])], f"{p}/{kind}/slots_flat")
@@ -84,13 +90,13 @@ def paged_attention(
         io.key_cache(layer),
         io.value_cache(layer),
         paged.cumulative_seqlens,
-        paged.past_seqlens,
+        paged.past_seqlens[is_sliding],
         paged.tables[is_sliding],
         "",  # cos_cache: RoPE is applied before the op
         "",  # sin_cache
         paged.slots[is_sliding],
         *[""] * 5,  # head_sink, q_norm_weight, k_norm_weight, k_scale, v_scale
-        paged.bounds,
+        paged.bounds[is_sliding],
     ]
     # A key at position j is visible to a query at position p when p - window < j <= p, that is
     # j >= p - (window - 1): the op's left window is window - 1 tokens.

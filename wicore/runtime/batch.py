@@ -34,8 +34,9 @@ class BatchInputs:
     # the paged attention's (graph/paged_attention.py)
     cumulative_seqlens: np.ndarray  # [batch + 1] int32
     past_seqlens: np.ndarray  # [batch] int32
-    paged_window_tables: np.ndarray  # [batch, max_window_blocks] int64, from logical block 0
     attention_bounds: np.ndarray  # [2] int32
+    window_past_seqlens: np.ndarray  # [batch] int32, from the row's first window block
+    window_attention_bounds: np.ndarray  # [2] int32
 
     def paging_inputs(self) -> dict[str, np.ndarray]:
         return {
@@ -48,8 +49,9 @@ class BatchInputs:
             io.WINDOW_FIRST_BLOCK: self.window_first_block,
             io.CUMULATIVE_SEQLENS: self.cumulative_seqlens,
             io.PAST_SEQLENS: self.past_seqlens,
-            io.PAGED_WINDOW_TABLES: self.paged_window_tables,
             io.ATTENTION_BOUNDS: self.attention_bounds,
+            io.WINDOW_PAST_SEQLENS: self.window_past_seqlens,
+            io.WINDOW_ATTENTION_BOUNDS: self.window_attention_bounds,
         }
 
 
@@ -85,10 +87,10 @@ def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
     first = np.zeros(batch, np.int64)
     # A padded row's padding reaches block (start + seq_len - 1) // block_size: the paged attention
     # reads that far (for the padding's own queries), so the tables list the sink block up to there.
-    reach = max(-(-(r.start + seq_len) // block_size) for r in rows)
-    slots, tables = _paging_arrays(batch, seq_len, max(reach, *(len(r.block_table) for r in rows)), block_size)
-    window_slots, window_tables = _paging_arrays(batch, seq_len, max(len(r.window_table) for r in rows), block_size)
-    paged_window = np.full((batch, max(reach, *(r.window_first + len(r.window_table) for r in rows))), io.SINK_BLOCK, np.int64)
+    reach = [-(-(r.start + seq_len) // block_size) for r in rows]
+    slots, tables = _paging_arrays(batch, seq_len, max(*reach, *(len(r.block_table) for r in rows)), block_size)
+    window_width = max(*(n - r.window_first for n, r in zip(reach, rows)), *(len(r.window_table) for r in rows))
+    window_slots, window_tables = _paging_arrays(batch, seq_len, window_width, block_size)
     logits_indices: list[int] = []
     for r, row in enumerate(rows):
         n = len(row.token_ids)
@@ -100,8 +102,9 @@ def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
         _place(row.window_table, row.window_first, pos, window_slots[r], window_tables[r], block_size)
         lens[r] = end
         first[r] = row.window_first
-        paged_window[r, row.window_first : row.window_first + len(row.window_table)] = row.window_table
         logits_indices.extend(range(r * seq_len + n - row.num_logits, r * seq_len + n))
+    past = np.asarray([r.start for r in rows], np.int64)
+    window_past = past - first * block_size
     return BatchInputs(
         input_ids,
         positions,
@@ -113,9 +116,10 @@ def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
         window_tables,
         first,
         np.arange(batch + 1, dtype=np.int32) * seq_len,
-        np.asarray([r.start for r in rows], np.int32),
-        paged_window,
-        np.asarray([seq_len, max(r.start for r in rows) + seq_len], np.int32),
+        past.astype(np.int32),
+        np.asarray([seq_len, past.max() + seq_len], np.int32),
+        window_past.astype(np.int32),
+        np.asarray([seq_len, window_past.max() + seq_len], np.int32),
     )
 
 

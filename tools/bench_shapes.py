@@ -1,0 +1,283 @@
+"""Decode speed at a named Gemma 3's real shapes on one GPU, WiCore against HF transformers, same run.
+
+Builds a random-weight Hugging Face checkpoint with the model's shapes (hidden size, heads, MLP,
+vocabulary, sliding pattern) and `max(--layers)` layers, exports it with WiCore's exporter once per
+layer count and variant, and times decode steps on the CUDA EP through the engine's own parts
+(tools/profile_step.py: scheduler rows, the window release, the runner with its sampling). HF
+transformers (bf16, sdpa, DynamicCache, argmax on the device) decodes the same checkpoint in the
+same run. Per-layer cost is fitted over the layer counts and extrapolated to the model's depth:
+
+    step ms (L layers) = fixed + per_layer * L        (least squares; residuals in the JSON)
+
+    floor ms           weight bytes of the full model / the device's measured copy bandwidth
+
+With `--check`, the first layer count's exports also run one `--check-tokens` prompt (past the
+sliding window) for logits at every position, against HF in float32: argmax agreement and the
+largest absolute difference.
+
+    PYTHONPATH=. python tools/bench_shapes.py --shape gemma3-27b --layers 2,8 --variants portable,paged \\
+        --batch 1,8,32,64 --context 512 --work /tmp/shapes --check --json docs/results/shapes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import profile_step
+from benchlib import int_list, write_record
+from profile_step import Config as StepConfig
+from profile_step import decode_steps, engine_config
+
+from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.sources import open_source
+from wicore.runtime.engine import Engine
+from wicore.runtime.sampler import SamplingParams
+
+_PATTERN = 6  # five sliding layers, then a full one
+SHAPES: dict[str, dict[str, object]] = {
+    "gemma3-1b": dict(hidden_size=1152, intermediate_size=6912, num_attention_heads=4, num_key_value_heads=1,
+                      head_dim=256, query_pre_attn_scalar=256, vocab_size=262144, sliding_window=512, depth=26),
+    "gemma3-4b": dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=8, num_key_value_heads=4,
+                      head_dim=256, query_pre_attn_scalar=256, vocab_size=262208, sliding_window=1024, depth=34),
+    "gemma3-12b": dict(hidden_size=3840, intermediate_size=15360, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=256, query_pre_attn_scalar=256, vocab_size=262208, sliding_window=1024, depth=48),
+    "gemma3-27b": dict(hidden_size=5376, intermediate_size=21504, num_attention_heads=32, num_key_value_heads=16,
+                       head_dim=128, query_pre_attn_scalar=168, vocab_size=262208, sliding_window=1024, depth=62),
+}  # fmt: skip
+# variant -> export settings: fp16 graphs; "int4" is ort-quant with 4-bit weights (float activations on GPU)
+VARIANTS: dict[str, dict[str, object]] = {
+    "portable": dict(dtype="fp16", attention="portable"),
+    "paged": dict(dtype="fp16", attention="paged"),
+    "int4-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0),
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    shape: str
+    layers: tuple[int, ...]
+    variants: tuple[str, ...]
+    batches: tuple[int, ...]
+    context: int
+    steps: int
+    work: Path
+    hf: bool
+    check: bool
+    check_tokens: int
+    json_path: Path | None
+    threads: int = 1
+
+
+def hf_config(shape: str, layers: int) -> dict[str, object]:
+    s = {k: v for k, v in SHAPES[shape].items() if k != "depth"}
+    types = ["full_attention" if (i + 1) % _PATTERN == 0 else "sliding_attention" for i in range(layers)]
+    global_rope = {"rope_type": "default", "rope_theta": 1_000_000.0}
+    if shape != "gemma3-1b":
+        global_rope = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}
+    rope = {"full_attention": global_rope, "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+    return dict(s, num_hidden_layers=layers, layer_types=types, max_position_embeddings=131072, rope_parameters=rope)
+
+
+def make_checkpoints(config: Config) -> dict[int, Path]:
+    """One random bf16 checkpoint with max(layers) layers; a folder per layer count sharing its files."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    full = config.work / f"{config.shape}-hf"
+    if not (full / "config.json").is_file():
+        torch.manual_seed(0)
+        torch.set_default_dtype(torch.bfloat16)
+        with torch.device("cuda"):
+            model = Gemma3ForCausalLM(Gemma3TextConfig(**hf_config(config.shape, max(config.layers))))
+        torch.set_default_dtype(torch.float32)
+        model.save_pretrained(full)
+        del model
+        torch.cuda.empty_cache()
+    folders = {}
+    for n in config.layers:
+        folder = config.work / f"{config.shape}-hf-{n}"
+        folder.mkdir(parents=True, exist_ok=True)
+        cfg = json.loads((full / "config.json").read_text())
+        types = cfg["layer_types"][:n]
+        if "full_attention" not in types:  # the engine needs one; the fit needs the same mix at every depth
+            types[-1] = "full_attention"
+        cfg.update(num_hidden_layers=n, layer_types=types)
+        (folder / "config.json").write_text(json.dumps(cfg))
+        for f in full.glob("*.safetensors*"):
+            if not (folder / f.name).exists():
+                (folder / f.name).symlink_to(f)
+        folders[n] = folder
+    return folders
+
+
+def export(folder: Path, variant: str, out: Path) -> Path:
+    if not (out / "wicore.json").is_file():
+        t = time.perf_counter()
+        export_model(open_source(str(folder)), out, ExportConfig(overwrite=True, **VARIANTS[variant]), progress=lambda _: None)  # type: ignore[arg-type]
+        print(f"exported {out.name} in {time.perf_counter() - t:.0f} s", flush=True)
+    return out
+
+
+def wicore_steps(model_dir: Path, config: Config) -> dict[int, float]:
+    """Median decode step ms per batch size (an engine per batch size, as tools/profile_step.py)."""
+    step = StepConfig((str(model_dir),), config.batches, config.context, 1, config.steps, "cuda:0", False, None)
+    # Rows that finished their prompt decode while the others prefill: room for those tokens too.
+    profile_step.NUM_SPARE_TOKENS = 8 + -(-max(config.batches) * config.context // 256)
+    times = {}
+    for batch in config.batches:
+        with Engine(engine_config(model_dir, batch, step)) as engine:
+            times[batch] = 1000 * statistics.median(decode_steps(engine, batch, step).step_seconds)
+        print(f"  {model_dir.name} batch {batch}: {times[batch]:.2f} ms", flush=True)
+    return times
+
+
+def hf_steps(folder: Path, config: Config) -> dict[int, float]:
+    """Median decode step ms of HF transformers (bf16, sdpa) per batch size, argmax on the GPU."""
+    import torch
+    from transformers import Gemma3ForCausalLM
+
+    model = Gemma3ForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="sdpa", device_map="cuda").eval()
+    times = {}
+    with torch.no_grad():
+        for batch in config.batches:
+            ids = torch.randint(1000, model.config.vocab_size, (batch, config.context), device="cuda")
+            out = model(ids, use_cache=True, logits_to_keep=1)
+            cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            samples = []
+            for i in range(3 + config.steps):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                token = model(token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+                torch.cuda.synchronize()
+                if i >= 3:
+                    samples.append(time.perf_counter() - start)
+            times[batch] = 1000 * statistics.median(samples)
+            print(f"  HF {folder.name} batch {batch}: {times[batch]:.2f} ms", flush=True)
+            del out, cache
+            torch.cuda.empty_cache()
+    del model
+    torch.cuda.empty_cache()
+    return times
+
+
+def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int) -> dict[str, dict[str, float]]:
+    """Prompt logits at every position of one random prompt: each export against HF float32."""
+    import torch
+    from transformers import Gemma3ForCausalLM
+
+    rng = np.random.default_rng(7)
+    model = Gemma3ForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager", device_map="cuda").eval()
+    prompt = rng.integers(1000, model.config.vocab_size, num_tokens).tolist()
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt], device="cuda")).logits[0].float().cpu().numpy()
+    del model
+    torch.cuda.empty_cache()
+    report = {}
+    for variant, model_dir in model_dirs.items():
+        engine_cfg = engine_config(model_dir, 1, StepConfig((), (1,), num_tokens, 1, 1, "cuda:0", False, None))
+        with Engine(engine_cfg) as engine:
+            got = engine.generate([prompt], SamplingParams(max_tokens=1, prompt_logits=True))[0].prompt_logits
+        assert got is not None
+        agree = float(np.mean(got.argmax(-1) == ref.argmax(-1)))
+        report[variant] = {"argmax_agreement": agree, "max_abs_diff": float(np.abs(got - ref).max())}
+        print(f"  check {variant}: argmax agreement {agree:.4f}, max |diff| {report[variant]['max_abs_diff']:.4f}", flush=True)
+    return report
+
+
+def copy_bandwidth() -> float:
+    """Bytes a second the GPU reads and writes in a device-to-device copy of 4 GiB."""
+    import torch
+
+    a = torch.empty(1 << 31, dtype=torch.int16, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(5):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    return 2 * a.numel() * 2 * 5 / (time.perf_counter() - start)
+
+
+def fit(times: dict[int, dict[int, float]], depth: int) -> dict[int, dict[str, float]]:
+    """Per batch size: fixed + per_layer * L over the layer counts, and the estimate at `depth`."""
+    fits = {}
+    for batch in next(iter(times.values())):
+        layers = np.array(sorted(times), dtype=np.float64)
+        ms = np.array([times[n][batch] for n in sorted(times)])
+        per_layer, fixed = np.polyfit(layers, ms, 1)
+        residual = float(np.abs(fixed + per_layer * layers - ms).max())
+        full = fixed + per_layer * depth
+        fits[batch] = {"fixed_ms": fixed, "per_layer_ms": per_layer, "max_residual_ms": residual, "full_ms": full,
+                       "full_tokens_per_s": batch / full * 1000}  # fmt: skip
+    return fits
+
+
+def weight_bytes(shape: str, bytes_per_weight: float) -> float:
+    s = SHAPES[shape]
+    h, inter, hd = s["hidden_size"], s["intermediate_size"], s["head_dim"]
+    attn = h * hd * (2 * s["num_attention_heads"] + 2 * s["num_key_value_heads"])  # type: ignore[operator]
+    per_layer = attn + 3 * h * inter  # type: ignore[operator]
+    return (per_layer * s["depth"] + h * s["vocab_size"]) * bytes_per_weight  # type: ignore[operator]
+
+
+def run(config: Config) -> int:
+    config.work.mkdir(parents=True, exist_ok=True)
+    folders = make_checkpoints(config)
+    exports = {
+        (n, v): export(folders[n], v, config.work / f"{config.shape}-{n}-{v}") for n in config.layers for v in config.variants
+    }
+    report: dict[str, object] = {}
+    if config.check:
+        n = config.layers[0]
+        report["check"] = check(folders[n], {v: exports[n, v] for v in config.variants}, config.check_tokens)
+    depth = int(SHAPES[config.shape]["depth"])  # type: ignore[call-overload]
+    results: dict[str, dict[str, object]] = {}
+    if config.hf:  # first: ONNX Runtime's CUDA arenas are not handed back to torch when a session closes
+        times = {n: hf_steps(folders[n], config) for n in config.layers}
+        results["hf-sdpa-bf16"] = {"ms": times, "fit": fit(times, depth)}
+    for variant in config.variants:
+        times = {n: wicore_steps(exports[n, variant], config) for n in config.layers}
+        results[variant] = {"ms": times, "fit": fit(times, depth)}
+    bandwidth = copy_bandwidth()
+    floor_ms = 1000 * weight_bytes(config.shape, 2) / bandwidth
+    print(f"\n{config.shape}, {depth} layers (fitted over {config.layers}), context {config.context}; ms a decode step (tok/s)")
+    print(f"fp16 weight-read floor {floor_ms:.1f} ms at the measured copy bandwidth {bandwidth / 1e12:.2f} TB/s\n")
+    print("| | " + " | ".join(f"batch {b}" for b in config.batches) + " |\n|---|" + "---:|" * len(config.batches))
+    for name, r in results.items():
+        cells = [f"{f['full_ms']:.1f} ({f['full_tokens_per_s']:.0f})" for f in r["fit"].values()]  # type: ignore[union-attr]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    if config.json_path is not None:
+        write_record(config.json_path, config, floor_ms=floor_ms, copy_bandwidth=bandwidth, results=results, **report)
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> Config:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="gemma3-27b", choices=sorted(SHAPES))
+    p.add_argument("--layers", default="2,8", help="layer counts to export and time (at least two, for the fit)")
+    p.add_argument("--variants", default="portable,paged", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--batch", default="1,8,32", help="batch sizes (rows decoding together)")
+    p.add_argument("--context", type=int, default=512, help="prompt tokens of each row before the timed decode steps")
+    p.add_argument("--steps", type=int, default=20, help="timed decode steps per point")
+    p.add_argument("--work", type=Path, default=Path("/tmp/wicore-shapes"), help="checkpoints and exports (kept, reused)")
+    p.add_argument("--no-hf", dest="hf", action="store_false", help="skip the HF transformers peer")
+    p.add_argument("--check", action="store_true", help="compare prompt logits with HF float32 first")
+    p.add_argument("--check-tokens", type=int, default=1100)
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+    layers, variants = int_list(a.layers), tuple(a.variants.split(","))
+    if len(set(layers)) < 2 or any(v not in VARIANTS for v in variants):
+        raise SystemExit("error: --layers needs two or more counts; --variants: " + ", ".join(VARIANTS))
+    return Config(a.shape, layers, variants, int_list(a.batch), a.context, a.steps, a.work, a.hf, a.check, a.check_tokens, a.json)
+
+
+if __name__ == "__main__":
+    sys.exit(run(parse_args(None)))
