@@ -20,14 +20,11 @@ def packaged_export(devices: str = "cpu") -> tuple[str, str]:
     """(dtype, op flavour) of the export of a packaged model that suits `devices`: `ort-quant`
     when every device is a CPU that runs it (the GGUF's own quantized weights: 2.7x the fp32
     graphs' decode), fp16 when every device is an accelerator that runs fp16, else portable fp32.
-    `auto` stands for the first accelerator installed, or the CPU."""
-    from wicore.runtime.providers import available_devices, parse_device
+    `auto` stands for the device placement fills first: the first accelerator installed, or the CPU."""
+    from wicore.runtime.placement import device_list
 
-    if devices.strip() == "auto":
-        found = [d for d in available_devices() if d.capability.device_kind != "cpu"][:1] or [parse_device("cpu")]
-    else:
-        found = [parse_device(s) for s in devices.split(",")]
-    caps = [d.capability for d in found]
+    found = device_list(devices)
+    caps = [d.capability for d in (found[:1] if devices.strip() == "auto" else found)]
     if all(c.device_kind == "cpu" and "ort-quant" in c.op_flavours for c in caps):
         return "fp32", "ort-quant"
     if all(c.device_kind != "cpu" and "fp16" in c.dtypes for c in caps):

@@ -69,18 +69,22 @@ def partition_weight_bytes(model_dir: Path, record: PartitionRecord) -> int:
 
 
 def device_list(spec: str) -> list[Device]:
+    """The devices of a --devices spec; `auto`: the first accelerator installed (not a CPU, whatever
+    its EP: OpenVINO's default device is the CPU), then the plain CPU to spill to."""
     if spec.strip() == "auto":
         found = available_devices()
-        accelerators = [d for d in found if d.capability.name != "cpu"]
-        return accelerators[:1] + [d for d in found if d.capability.name == "cpu"]
-    return [parse_device(s) for s in spec.split(",") if s.strip()]
+        accelerators = [d for d in found if d.capability.device_kind != "cpu"]
+        devices = accelerators[:1] + [d for d in found if d.capability.name == "cpu"]
+    else:
+        devices = [parse_device(s) for s in spec.split(",") if s.strip()]
+    if not devices:
+        raise DeviceError(f"--devices {spec!r} names no device")
+    return devices
 
 
 def plan_placement(model_dir: Path, manifest: Manifest, devices: str = "cpu", kv_pool_bytes: int = 0) -> Plan:
     """Assign every partition a device (see the module docstring for the three modes)."""
     candidates = device_list(devices)
-    if not candidates:
-        raise DeviceError(f"--devices {devices!r} names no device")
     for device in candidates:
         device.check_can_run(manifest.dtype, manifest.op_flavour)
     num_layers = manifest.config.num_layers
