@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import profile_step
 from benchlib import int_list, write_record
 from profile_step import Config as StepConfig
 from profile_step import decode_steps, engine_config
@@ -128,8 +127,6 @@ def export(folder: Path, variant: str, out: Path) -> Path:
 def wicore_steps(model_dir: Path, config: Config) -> dict[int, float]:
     """Median decode step ms per batch size (an engine per batch size, as tools/profile_step.py)."""
     step = StepConfig((str(model_dir),), config.batches, config.context, 1, config.steps, "cuda:0", False, None)
-    # Rows that finished their prompt decode while the others prefill: room for those tokens too.
-    profile_step.NUM_SPARE_TOKENS = 8 + -(-max(config.batches) * config.context // 256)
     times = {}
     for batch in config.batches:
         with Engine(engine_config(model_dir, batch, step)) as engine:

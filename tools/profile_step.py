@@ -47,7 +47,7 @@ from wicore.runtime.scheduler import SchedulerConfig
 
 BLOCK_SIZE = 16
 NUM_WARMUP_STEPS = 3
-NUM_SPARE_TOKENS = 8  # rows start decoding a step or two apart; none may end while timed
+NUM_SPARE_TOKENS = 8  # beyond what the first rows decode while the last ones prefill; none may end while timed
 TOP_OPS = 8
 
 
@@ -73,9 +73,17 @@ class StepTimes:
     step_seconds: list[float]
 
 
+def num_new_tokens(batch: int, config: Config) -> int:
+    """Tokens each request generates: the warm-up and timed steps, plus one a step for the steps
+    its row decodes while later rows still prefill (at most `prefill_with_decodes` prompt tokens
+    a step once any row decodes: at batch 32 and context 512, ~32 steps)."""
+    prefill_steps = -(-batch * config.context // SchedulerConfig().prefill_with_decodes)
+    return NUM_WARMUP_STEPS + config.num_steps + prefill_steps + NUM_SPARE_TOKENS
+
+
 def engine_config(model_dir: Path, batch: int, config: Config, profile_prefix: str | None = None) -> EngineConfig:
     """An engine whose device tier holds `batch` sequences to their last token, and nothing more."""
-    tokens = config.context + NUM_WARMUP_STEPS + config.num_steps + NUM_SPARE_TOKENS
+    tokens = config.context + num_new_tokens(batch, config)
     return EngineConfig(
         model_dir=model_dir,
         num_threads=config.threads,
@@ -94,7 +102,7 @@ def decode_steps(engine: Engine, batch: int, config: Config) -> StepTimes:
     """Prefill `batch` requests of `config.context` random prompt tokens, then warm up and time
     decode steps (see the module docstring)."""
     rng = np.random.default_rng(batch)
-    params = SamplingParams(max_tokens=NUM_WARMUP_STEPS + config.num_steps + NUM_SPARE_TOKENS, ignore_eos=True)
+    params = SamplingParams(max_tokens=num_new_tokens(batch, config), ignore_eos=True)
     for _ in range(batch):
         engine.add_request(rng.integers(1000, engine.manifest.config.vocab_size, config.context).tolist(), params)
     times = StepTimes([], [])

@@ -9,12 +9,14 @@ from wicore.runtime.providers import DeviceError, available_devices
 
 
 def test_cpu_gets_the_gguf_quantized_graphs():
-    assert packaged_export("cpu") == ("fp32", "ort-quant")
+    assert packaged_export("cpu") == ("fp32", "ort-quant", "portable")
 
 
 def test_auto_follows_the_installed_runtime():
     accelerators = [d for d in available_devices() if d.capability.device_kind != "cpu"]
-    expected = ("fp16", "portable") if accelerators and "fp16" in accelerators[0].capability.dtypes else ("fp32", "ort-quant")
+    expected = ("fp32", "ort-quant", "portable")
+    if accelerators and "fp16" in accelerators[0].capability.dtypes:
+        expected = ("fp16", "portable", "paged" if "paged" in accelerators[0].capability.attentions else "portable")
     assert packaged_export("auto") == expected
 
 

@@ -86,7 +86,7 @@ def plan_placement(model_dir: Path, manifest: Manifest, devices: str = "cpu", kv
     """Assign every partition a device (see the module docstring for the three modes)."""
     candidates = device_list(devices)
     for device in candidates:
-        device.check_can_run(manifest.dtype, manifest.op_flavour)
+        device.check_can_run(manifest.dtype, manifest.op_flavour, manifest.attention)
     num_layers = manifest.config.num_layers
     needs = [
         (partition_weight_bytes(model_dir, r), kv_pool_bytes * (r.stop - r.start) // num_layers) for r in manifest.partitions
