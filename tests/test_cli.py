@@ -128,3 +128,40 @@ def test_engine_flags_reach_the_engine_config_and_bad_ones_are_named(tmp_path):
     ]:
         with pytest.raises(RequestError, match=message):
             engine_config(parse_command_line(["serve", *flags]), tmp_path)
+
+
+def serve(*args: str) -> subprocess.CompletedProcess:
+    """`wicore serve` on an empty folder: whatever it refuses first, it refuses before loading one."""
+    return subprocess.run([sys.executable, "-m", "wicore.cli", "serve", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("make_args", "message"),
+    [
+        (lambda tmp: ["--api-key", ""], "--api-key is empty (an unset shell variable?)"),
+        (lambda tmp: ["--api-key", "  "], "--api-key is empty"),
+        (lambda tmp: ["--api-key-file", str(write(tmp / "k.txt", "# keys\n\n"))], "holds no key"),
+        (lambda tmp: ["--api-key-file", str(write(tmp / "k.txt", ""))], "holds no key"),
+    ],
+)
+def test_asking_for_auth_and_giving_no_key_refuses_to_start(tmp_path, make_args, message):
+    res = serve("--model", str(tmp_path), *make_args(tmp_path))
+    assert res.returncode == 2 and message in res.stderr
+    assert "no exported model" not in res.stderr  # refused before the model was looked at
+
+
+def test_a_port_in_use_is_refused_in_one_line_before_the_model_loads(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = serve("--model", str(tmp_path), "--port", str(port))
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"wicore: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

@@ -234,7 +234,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise RequestError(f"the HTTP server needs {exc.name}: pip install 'wicore[cpu]' (starlette, hypercorn)") from exc
     if args.config is not None:
         apply_config_file(args)
-    keys = list(args.api_key) + (read_key_file(args.api_key_file) if args.api_key_file else [])
+    keys = api_keys(args, read_key_file)
+    check_port_free(args.host, args.port)
     onnxruntime()  # fail early, with the extras to install, before any export
     model_dir = resolve_model(args.model, args.devices)
     try:
@@ -249,6 +250,39 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise RequestError(str(exc)) from exc
     return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds)
+
+
+def api_keys(args: argparse.Namespace, read_key_file) -> list[str]:
+    """The keys `serve` accepts. Asking for a key and getting none is an error, never "no auth":
+    an empty --api-key (an unset shell variable) or a key file with no key in it."""
+    if any(not key.strip() for key in args.api_key):
+        raise RequestError(
+            "--api-key is empty (an unset shell variable?); give a key, or leave the flag out to serve without auth"
+        )
+    keys = [key.strip() for key in args.api_key]
+    if args.api_key_file is not None:
+        from_file = read_key_file(args.api_key_file)
+        if not from_file:
+            raise RequestError(f"the API key file {args.api_key_file} holds no key (blank and '#' lines are skipped)")
+        keys += from_file
+    return keys
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port that is taken before loading the model (one line, not a traceback later)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise RequestError(f"--host {host!r}: {exc.strerror}") from exc
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise RequestError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
 
 
 def read_text(path: Path) -> str:
