@@ -149,6 +149,17 @@ def test_stats_and_metrics(open_server):
     assert 'wicore_requests_total{route="/health",status="200"}' in text
 
 
+def test_unknown_paths_share_one_metrics_series(open_server):
+    """Random paths (no key needed to send them) must not add a series each to /metrics."""
+    for i in range(50):
+        assert httpx.get(f"{open_server.url}/no/such/path/{i}").status_code == 404
+    text = httpx.get(f"{open_server.url}/metrics").text
+    series = [line for line in text.splitlines() if line.startswith("wicore_requests_total{")]
+    assert not [line for line in series if "no/such" in line]
+    other = [line for line in series if 'route="other",status="404"' in line]
+    assert len(other) == 1 and float(other[0].split()[-1]) >= 50
+
+
 def test_openapi_lists_the_endpoints(open_server):
     schema = httpx.get(f"{open_server.url}/openapi.json").json()
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/v1/stats"} <= set(schema["paths"])

@@ -555,3 +555,15 @@ def test_priority_from_the_api_orders_queued_requests(gemma_270m):
     finally:
         server.stop()
         engine.stop()
+
+
+def test_a_request_the_queue_can_never_hold_is_a_400_and_admits_nothing(gemma_server):
+    """200 prompts x n=8 is 1,600 choices; the queue holds 1,024: no retry can help, so not a 503."""
+    body = {"prompt": ["hi"] * 200, "n": 8, "max_tokens": 4}
+    r = httpx.post(f"{gemma_server.url}/v1/completions", json=body, timeout=30)
+    error = assert_openai_error(r, 400, param="n")
+    assert error["code"] == "too_many_choices" and "1600 choices" in error["message"] and "at most 1024" in error["message"]
+    stats = httpx.get(f"{gemma_server.url}/v1/stats").json()
+    assert stats["running"] == 0 and stats["waiting"] == 0 and stats["blocks_referenced"]["device"] == 0
+    ok = httpx.post(f"{gemma_server.url}/v1/completions", json={**body, "prompt": ["hi"] * 2, "n": 2}, timeout=60)
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 4

@@ -195,6 +195,15 @@ class API:
     def add_requests(self, rid: str, prompts: list[list[int]], opts: Options, param: str) -> list[str]:
         """Queue every choice of every prompt (n per prompt) in the engine, or none: the engine's
         admission errors become the 400 / 503 they stand for, naming `param` for the prompt."""
+        num_choices = len(prompts) * opts.n
+        if num_choices > self.engine.max_waiting:  # never fits: a 400, not a 503 to retry
+            raise APIError(
+                400,
+                f"this request has {num_choices} choices ({len(prompts)} prompts x n={opts.n}); the server "
+                f"queues at most {self.engine.max_waiting}: send fewer prompts or a smaller n",
+                param="n" if opts.n > 1 else param,
+                code="too_many_choices",
+            )
         request_ids: list[str] = []
         try:
             for ids in prompts:
@@ -257,11 +266,13 @@ async def until_disconnect(request: Request, work: Any) -> None:
 
 
 class StatusCounter:
-    """Counts every response by route and status into the app's metrics."""
+    """Counts every response by route and status into the app's metrics. Paths that are not a
+    route count as "other": a label per raw path would let anyone grow /metrics without bound."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: frozenset[str]) -> None:
         self.app = app
         self.metrics = metrics
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -278,7 +289,8 @@ class StatusCounter:
         try:
             await self.app(scope, receive, record)
         finally:
-            self.metrics.observe_request(scope.get("path", ""), status)
+            path = scope.get("path", "")
+            self.metrics.observe_request(path if path in self.routes else "other", status)
 
 
 async def _client_error(request: Request, exc: Exception) -> Response:
@@ -310,7 +322,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
         Route("/metrics", api.metrics_route, methods=["GET"]),
         Route("/openapi.json", openapi_route, methods=["GET"]),
     ]
-    middleware = [Middleware(StatusCounter, metrics=api.metrics)]
+    middleware = [Middleware(StatusCounter, metrics=api.metrics, routes=frozenset(r.path for r in routes))]
     if settings.cors_origins:
         middleware.append(
             Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"], allow_headers=["*"])

@@ -173,6 +173,11 @@ class Engine:
         return self.scheduler.config.max_context
 
     @property
+    def max_waiting(self) -> int:
+        """Requests the queue holds at most: a batch of more can never be admitted whole."""
+        return self.scheduler.config.max_waiting
+
+    @property
     def max_sequence_tokens(self) -> int:
         """Most tokens one request may reach: the context, or what the device KV cache holds."""
         return min(self.max_context, self._device_tokens)
