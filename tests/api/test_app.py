@@ -84,6 +84,17 @@ def test_malformed_json_and_body_limit(open_server):
     assert "4096" in assert_openai_error(r, 413)["message"]
 
 
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/v1/inference"])
+def test_json_too_deep_or_with_a_lone_surrogate_is_a_400(open_server, route):
+    headers = {"content-type": "application/json"}
+    deep = httpx.post(f"{open_server.url}{route}", content=b"[" * 3000, headers=headers)
+    assert "nested too deeply" in assert_openai_error(deep, 400)["message"]
+    body = b'{"prompt": "a\\ud800b", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
+    surrogate = httpx.post(f"{open_server.url}{route}", content=body, headers=headers)
+    assert "lone surrogate" in assert_openai_error(surrogate, 400)["message"]
+    assert httpx.get(f"{open_server.url}/health").status_code == 200
+
+
 def test_unknown_route_and_method_are_openai_shaped(open_server):
     assert_openai_error(httpx.get(f"{open_server.url}/v1/nothing"), 404)
     assert_openai_error(httpx.get(f"{open_server.url}/v1/completions"), 405)

@@ -85,9 +85,18 @@ class API:
             if len(body) > limit:
                 raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
         try:
-            return json.loads(body)
+            value = json.loads(body)
         except ValueError as exc:
             raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        except RecursionError:
+            raise APIError(400, "the request body's JSON is nested too deeply", code="invalid_json") from None
+        try:  # JSON's \ud800 escapes can make strings no tokenizer (or UTF-8) takes
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(
+                400, "the request body has a lone surrogate (an unpaired \\ud800-\\udfff escape)", code="invalid_json"
+            ) from None
+        return value
 
     # -- routes ----------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
