@@ -197,3 +197,33 @@ def test_body_must_be_an_object():
 
 def test_completion_priority_numbers():
     assert parse_completion({"prompt": "a", "priority": 3}).options.priority == "urgent"
+
+
+USER = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [TOOL]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+        ({"functions": [TOOL["function"]]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+        ({"response_format": "json"}, "response_format"),
+    ],
+)
+def test_tool_calls_and_structured_output_are_refused_not_ignored(extra, param):
+    with pytest.raises(APIError) as err:
+        parse_chat({"messages": USER, **extra})
+    assert err.value.status == 400 and err.value.param == param and err.value.code == "unsupported"
+
+
+@pytest.mark.parametrize(
+    "extra", [{"tools": []}, {"tools": None}, {"tool_choice": "none"}, {"response_format": {"type": "text"}}]
+)
+def test_their_off_values_pass(extra):
+    assert parse_chat({"messages": USER, **extra}).messages[0]["content"] == "hi"

@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI endpoints, parsed and checked: a 400 names the parameter.
 
 Unknown fields are ignored, as OpenAI does; `null` means "not given". Known fields whose
-feature WiCore lacks (echo, best_of, suffix, image parts) are refused with a 400 rather
-than silently ignored, so a client never gets an answer it did not ask for.
+feature WiCore lacks (echo, best_of, suffix, image parts, tools, response_format) are refused
+with a 400 rather than silently ignored, so a client never gets an answer it did not ask for.
 
     logprobs  chat: `logprobs: true` and `top_logprobs: 0..20`   completions: `logprobs: 0..5`
               both become Options.logprobs = how many alternatives per token (None: no logprobs)
@@ -227,8 +227,23 @@ def parse_prompts(body: dict[str, Any]) -> list[str | list[int]]:
 
 def parse_chat(body: Any) -> ChatRequest:
     body = _object(body)
+    refuse_structured_output(body)
     messages = parse_messages(body)
     return ChatRequest(messages, parse_options(body, ("max_completion_tokens", "max_tokens"), parse_chat_logprobs(body)))
+
+
+def refuse_structured_output(body: dict[str, Any]) -> None:
+    """Tool calls and constrained output are not implemented: a 400 rather than plain text that a
+    client would take for an answer in the format it asked for. Their "off" values pass."""
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise _unsupported(name, "tool calling")
+    for name in ("tool_choice", "function_call"):
+        if body.get(name) not in (None, "none"):
+            raise _unsupported(name, "tool calling")
+    response_format = body.get("response_format")
+    if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
+        raise _unsupported("response_format", "a response_format other than text")
 
 
 def parse_completion(body: Any) -> CompletionRequest:
