@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -155,3 +160,26 @@ def test_kv_cache_drops_a_block_found_corrupt_and_names_the_sequence_that_lost_i
     assert kv.holders({(0, bad)}) == {1}  # it keeps its reference until it is freed to recompute
     kv.free(1)
     assert kv.holders({(0, b) for b in block_ids}) == set() and bad not in {i.block_id for i in pool.blocks()}
+
+
+def test_nvme_file_is_private_and_closing_removes_it(tmp_path):
+    path = tmp_path / f"wicore-kv-{os.getpid()}-1-full.bin"
+    path.write_bytes(b"old")
+    path.chmod(0o644)  # an earlier file of the same name does not lend its mode
+    store = NvmeStore(path, 3, SHAPE, np.dtype(np.float32))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    store.write(1, np.ones(SHAPE, np.float32))
+    np.testing.assert_array_equal(store.read(1), np.ones(SHAPE, np.float32))
+    store.close()
+    assert not path.exists()
+
+
+def test_files_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    stale = tmp_path / f"wicore-kv-{int(dead.stdout)}-7-full.bin"
+    mine = tmp_path / f"wicore-kv-{os.getpid()}-7-full.bin"
+    other = tmp_path / "notes.bin"
+    for path in (stale, mine, other):
+        path.write_bytes(b"x")
+    assert NvmeStore.remove_stale(tmp_path) == [stale]
+    assert not stale.exists() and mine.exists() and other.exists()

@@ -15,6 +15,7 @@ A block's bytes are the K and V of `block_size` tokens in every layer:
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from enum import IntEnum
 from pathlib import Path
@@ -92,14 +93,37 @@ class HostStore:
 
 
 class NvmeStore:
-    """A memory-mapped file on fast local storage, with a BLAKE2b digest per frame."""
+    """A memory-mapped file on fast local storage, with a BLAKE2b digest per frame.
+
+    The file is `wicore-kv-<pid>-*.bin`, readable by its owner only (it holds the users' KV);
+    `close` deletes it, and `remove_stale` deletes those of processes that died without closing."""
+
+    PATTERN = "wicore-kv-*.bin"
 
     def __init__(self, path: Path, num_frames: int, block_shape: tuple[int, ...], dtype: np.dtype) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.num_frames = num_frames
-        self.data = np.memmap(self.path, dtype=dtype, mode="w+", shape=(max(num_frames, 1), *block_shape))
+        shape = (max(num_frames, 1), *block_shape)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+            os.ftruncate(fd, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        finally:
+            os.close(fd)
+        self.data = np.memmap(self.path, dtype=dtype, mode="r+", shape=shape)
         self._digests: list[bytes | None] = [None] * num_frames
+
+    @classmethod
+    def remove_stale(cls, folder: Path) -> list[Path]:
+        """Delete the NVMe tier files in `folder` whose process is gone (a SIGKILL leaves them)."""
+        removed = []
+        for path in Path(folder).glob(cls.PATTERN):
+            pid = path.name.split("-")[2]
+            if pid.isdigit() and not _alive(int(pid)):
+                path.unlink(missing_ok=True)
+                removed.append(path)
+        return removed
 
     @staticmethod
     def _digest(data: np.ndarray) -> bytes:
@@ -119,3 +143,13 @@ class NvmeStore:
         """Drop the mapping and delete the file (its contents are a cache, not data)."""
         del self.data
         self.path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -122,6 +122,7 @@ def build_kv_cache(config: EngineConfig, layout: KVLayout, tiers: dict[Tier, Tie
         }
         if counts[Tier.NVME]:
             nvme_dir = Path(config.nvme_dir or tempfile.gettempdir())
+            NvmeStore.remove_stale(nvme_dir)
             path = nvme_dir / f"wicore-kv-{os.getpid()}-{id(buffers)}-{group}.bin"
             stores[Tier.NVME] = NvmeStore(path, counts[Tier.NVME], block_shape, buffers.dtype)
         pagers.append(Pager(stores))
