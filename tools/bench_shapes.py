@@ -26,7 +26,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +56,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "paged": dict(dtype="fp16", attention="paged"),
     "int4-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0),
 }
+GRAPHS = "+graphs"  # a variant's export run with CUDA graphs (EngineConfig.cuda_graphs): "paged+graphs"
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,12 @@ def export(folder: Path, variant: str, out: Path) -> Path:
     return out
 
 
-def wicore_steps(model_dir: Path, config: Config) -> dict[int, float]:
+def wicore_steps(model_dir: Path, config: Config, cuda_graphs: bool) -> dict[int, float]:
     """Median decode step ms per batch size (an engine per batch size, as tools/profile_step.py)."""
     step = StepConfig((str(model_dir),), config.batches, config.context, 1, config.steps, "cuda:0", False, None)
     times = {}
     for batch in config.batches:
-        with Engine(engine_config(model_dir, batch, step)) as engine:
+        with Engine(replace(engine_config(model_dir, batch, step), cuda_graphs=cuda_graphs)) as engine:
             times[batch] = 1000 * statistics.median(decode_steps(engine, batch, step).step_seconds)
         print(f"  {model_dir.name} batch {batch}: {times[batch]:.2f} ms", flush=True)
     return times
@@ -164,27 +165,38 @@ def hf_steps(folder: Path, config: Config) -> dict[int, float]:
     return times
 
 
-def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int) -> dict[str, dict[str, float]]:
-    """Prompt logits at every position of one random prompt: each export against HF float32."""
+def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int) -> dict[str, dict[str, object]]:
+    """Prompt logits at every position of one random prompt: each export against HF float32; and
+    24 greedy tokens of four prompts decoded together, which a "+graphs" variant must repeat."""
     import torch
     from transformers import Gemma3ForCausalLM
 
     rng = np.random.default_rng(7)
     model = Gemma3ForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager", device_map="cuda").eval()
-    prompt = rng.integers(1000, model.config.vocab_size, num_tokens).tolist()
+    vocab = model.config.vocab_size
+    prompt = rng.integers(1000, vocab, num_tokens).tolist()
     with torch.no_grad():
         ref = model(torch.tensor([prompt], device="cuda")).logits[0].float().cpu().numpy()
     del model
     torch.cuda.empty_cache()
-    report = {}
+    prompts = [rng.integers(1000, vocab, n).tolist() for n in (5, 40, 300, 1030)]
+    report: dict[str, dict[str, object]] = {}
     for variant, model_dir in model_dirs.items():
-        engine_cfg = engine_config(model_dir, 1, StepConfig((), (1,), num_tokens, 1, 1, "cuda:0", False, None))
-        with Engine(engine_cfg) as engine:
+        engine_cfg = engine_config(model_dir, 4, StepConfig((), (1,), num_tokens, 1, 24, "cuda:0", False, None))
+        with Engine(replace(engine_cfg, cuda_graphs=variant.endswith(GRAPHS))) as engine:
             got = engine.generate([prompt], SamplingParams(max_tokens=1, prompt_logits=True))[0].prompt_logits
+            tokens = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
         assert got is not None
         agree = float(np.mean(got.argmax(-1) == ref.argmax(-1)))
-        report[variant] = {"argmax_agreement": agree, "max_abs_diff": float(np.abs(got - ref).max())}
-        print(f"  check {variant}: argmax agreement {agree:.4f}, max |diff| {report[variant]['max_abs_diff']:.4f}", flush=True)
+        base = report.get(variant.removesuffix(GRAPHS), {}).get("greedy")
+        report[variant] = {"argmax_agreement": agree, "max_abs_diff": float(np.abs(got - ref).max()), "greedy": tokens}
+        same = ""
+        if base is not None:  # tokens up to each row's first difference, over all
+            kept = sum(next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(tokens, base))  # type: ignore[arg-type]
+            same = f", greedy tokens: {kept} / {sum(map(len, tokens))} as uncaptured before a row's first difference"
+        print(
+            f"  check {variant}: argmax agreement {agree:.4f}, max |diff| {report[variant]['max_abs_diff']:.4f}{same}", flush=True
+        )
     return report
 
 
@@ -228,9 +240,11 @@ def weight_bytes(shape: str, bytes_per_weight: float) -> float:
 def run(config: Config) -> int:
     config.work.mkdir(parents=True, exist_ok=True)
     folders = make_checkpoints(config)
-    exports = {
-        (n, v): export(folders[n], v, config.work / f"{config.shape}-{n}-{v}") for n in config.layers for v in config.variants
-    }
+    exports = {}
+    for n in config.layers:
+        for v in config.variants:
+            base = v.removesuffix(GRAPHS)
+            exports[n, v] = export(folders[n], base, config.work / f"{config.shape}-{n}-{base}")
     report: dict[str, object] = {}
     if config.check:
         n = config.layers[0]
@@ -241,7 +255,7 @@ def run(config: Config) -> int:
         times = {n: hf_steps(folders[n], config) for n in config.layers}
         results["hf-sdpa-bf16"] = {"ms": times, "fit": fit(times, depth)}
     for variant in config.variants:
-        times = {n: wicore_steps(exports[n, variant], config) for n in config.layers}
+        times = {n: wicore_steps(exports[n, variant], config, variant.endswith(GRAPHS)) for n in config.layers}
         results[variant] = {"ms": times, "fit": fit(times, depth)}
     bandwidth = copy_bandwidth()
     floor_ms = 1000 * weight_bytes(config.shape, 2) / bandwidth
@@ -260,7 +274,11 @@ def parse_args(argv: list[str] | None) -> Config:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="gemma3-27b", choices=sorted(SHAPES))
     p.add_argument("--layers", default="2,8", help="layer counts to export and time (at least two, for the fit)")
-    p.add_argument("--variants", default="portable,paged", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument(
+        "--variants",
+        default="portable,paged",
+        help=f"comma-separated, of {', '.join(VARIANTS)}; '{GRAPHS}' after one: CUDA graphs",
+    )
     p.add_argument("--batch", default="1,8,32", help="batch sizes (rows decoding together)")
     p.add_argument("--context", type=int, default=512, help="prompt tokens of each row before the timed decode steps")
     p.add_argument("--steps", type=int, default=20, help="timed decode steps per point")
@@ -271,7 +289,7 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     layers, variants = int_list(a.layers), tuple(a.variants.split(","))
-    if len(set(layers)) < 2 or any(v not in VARIANTS for v in variants):
+    if len(set(layers)) < 2 or any(v.removesuffix(GRAPHS) not in VARIANTS for v in variants):
         raise SystemExit("error: --layers needs two or more counts; --variants: " + ", ".join(VARIANTS))
     return Config(a.shape, layers, variants, int_list(a.batch), a.context, a.steps, a.work, a.hf, a.check, a.check_tokens, a.json)
 

@@ -88,3 +88,18 @@ def test_an_ep_without_the_op_refuses_the_export_and_names_the_portable_one(page
 def test_the_exporter_refuses_what_the_op_cannot_do(settings, message):
     with pytest.raises(WiCoreError, match=message):
         ExportConfig(**settings)
+
+
+def test_cuda_graphs_are_refused_without_the_paged_attention_on_one_cuda_device(tiny_export):
+    folder, _ = tiny_export()
+    manifest = Manifest.read(folder)
+    devices = [parse_device("cpu")]
+    buffers = KVBuffers(manifest, CacheConfig(4, 4), devices)
+    with pytest.raises(DeviceError, match="CUDA graphs need an export with --attention paged"):
+        ModelGraphs(folder, manifest, buffers, devices, cuda_graphs=True)
+
+
+def test_decode_buckets_double_up_to_the_largest_batch():
+    from wicore.runtime.cuda_graphs import buckets
+
+    assert buckets(1) == [1] and buckets(8) == [1, 2, 4, 8] and buckets(33) == [1, 2, 4, 8, 16, 32, 64]

@@ -50,6 +50,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--a2cr-weights", default="0.4,0.3,0.3", help="A2CR weights: attention,frequency,recency")
     p.add_argument("--a2cr-decay", type=float, default=0.05, help="A2CR history decay, per minute")
     p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="replay greedy decode steps from CUDA graphs (an --attention paged export on one cuda device)",
+    )
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -209,6 +214,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             policy=args.policy,
             enable_prefix_cache=not args.no_prefix_cache,
             devices=args.devices,
+            cuda_graphs=args.cuda_graphs,
             a2cr=A2CRConfig(*weights, decay=args.a2cr_decay),
             scheduler=SchedulerConfig(
                 max_num_seqs=args.max_num_seqs,

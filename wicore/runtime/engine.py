@@ -67,6 +67,7 @@ class EngineConfig:
     verify_files: bool = True
     devices: str = "cpu"  # see wicore.runtime.placement
     profile_prefix: str | None = None  # ONNX Runtime's profiler on (tools/profile_step.py)
+    cuda_graphs: bool = False  # greedy decode steps replayed from CUDA graphs (paged export on one CUDA device)
 
     def __post_init__(self) -> None:
         if self.policy not in ("a2cr", "lru"):
@@ -99,7 +100,9 @@ class Engine:
         device_bytes = device.full * layout.block_bytes(FULL) + device.window * layout.block_bytes(WINDOW)
         placement = plan_placement(model_dir, self.manifest, config.devices, device_bytes)
         buffers = KVBuffers(self.manifest, CacheConfig(device.full, config.block_size, device.window or None), placement.devices)
-        graphs = ModelGraphs(model_dir, self.manifest, buffers, placement.devices, config.num_threads, config.profile_prefix)
+        graphs = ModelGraphs(
+            model_dir, self.manifest, buffers, placement.devices, config.num_threads, config.profile_prefix, config.cuda_graphs
+        )
         self.layout = layout
         self.kv = build_kv_cache(config, layout, tiers, buffers)
         self.runner = ModelRunner(graphs, config.block_size)
@@ -112,6 +115,10 @@ class Engine:
             ),
             self.kv,
         )
+        if config.cuda_graphs:  # tables as wide as the longest sequence, and a sliding window plus two blocks
+            bs, context = config.block_size, self.scheduler.config.max_context
+            window = -(-self.manifest.config.sliding_window // bs) + 2 if layout.has_window else 1
+            graphs.enable_decode_graphs(bs, sched.max_num_seqs, -(-context // bs), window, context)
         # Room one sequence can have on the device (one block of each group is the padding sink).
         self._device_tokens = (device.full - 1) * config.block_size
         self._window_blocks = device.window - 1

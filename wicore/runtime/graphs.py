@@ -20,8 +20,9 @@ import numpy as np
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
 from wicore.runtime.batch import BatchInputs
+from wicore.runtime.cuda_graphs import DecodeGraphs
 from wicore.runtime.kv_buffers import KVBuffers
-from wicore.runtime.providers import Device, onnxruntime, session_options
+from wicore.runtime.providers import Device, DeviceError, onnxruntime, session_options
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class ModelGraphs:
         devices: Sequence[Device],
         num_threads: int | None = None,
         profile_prefix: str | None = None,  # ONNX Runtime's profiler on (tools/profile_step.py)
+        cuda_graphs: bool = False,  # decode steps captured and replayed (runtime/cuda_graphs.py)
     ) -> None:
         ort = onnxruntime()
         self.manifest = manifest
@@ -51,13 +53,40 @@ class ModelGraphs:
             raise ValueError(f"{len(self.devices)} devices for {len(manifest.partitions)} partitions")
         for device in self.devices:
             device.check_can_run(manifest.dtype, manifest.op_flavour, manifest.attention)
+        if cuda_graphs and (
+            manifest.attention != "paged" or {d.label for d in self.devices} != {f"cuda:{self.devices[0].index}"}
+        ):
+            raise DeviceError("CUDA graphs need an export with --attention paged, every partition on one cuda device")
         opts = session_options(num_threads, profile_prefix)
         self.sessions = [
-            ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers())
+            ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers(cuda_graphs))
             for p, d in zip(manifest.partitions, self.devices)
         ]
         self._input_names = [{i.name for i in s.get_inputs()} for s in self.sessions]
         self.has_greedy_tokens = io.GREEDY_TOKENS in manifest.partitions[-1].outputs
+        self.decode_graphs: DecodeGraphs | None = None
+        self._run_options = None
+        if cuda_graphs:  # a session that captures runs uncaptured only when told so
+            self._run_options = ort.RunOptions()
+            self._run_options.add_run_config_entry("gpu_graph_id", "-1")
+
+    def enable_decode_graphs(
+        self, block_size: int, max_rows: int, max_blocks: int, max_window_blocks: int, max_context: int
+    ) -> None:
+        """Replay greedy decode steps of up to `max_rows` rows from captured CUDA graphs."""
+        self.decode_graphs = DecodeGraphs(self, block_size, max_rows, max_blocks, max_window_blocks, max_context)
+
+    def input_names(self, partition: int) -> set[str]:
+        return self._input_names[partition]
+
+    def bind_kv(self, binding, record) -> None:
+        """Bind the partition's KV buffers as its cache inputs and, in place, its cache outputs."""
+        for layer in range(record.start, record.stop):
+            key, value = self.buffers.values(layer)
+            binding.bind_ortvalue_input(io.key_cache(layer), key)
+            binding.bind_ortvalue_output(io.key_cache_out(layer), key)
+            binding.bind_ortvalue_input(io.value_cache(layer), value)
+            binding.bind_ortvalue_output(io.value_cache_out(layer), value)
 
     def _handoff_device(self, partition: int) -> tuple[str, int]:
         """Where partition `partition` writes its hidden states: the next partition's device if
@@ -68,10 +97,12 @@ class ModelGraphs:
     def run(self, batch: BatchInputs, logits: bool = True) -> GraphOutputs:
         """Run every partition for one batch. With `logits` False and a graph that gives the greedy
         tokens, only those come back to the host (the logits stay on the device, unread)."""
+        want_logits = logits or not self.has_greedy_tokens
+        if not want_logits and self.decode_graphs is not None and self.decode_graphs.can_run(batch):
+            return GraphOutputs(None, self.decode_graphs.run(batch), None)
         hidden = None
         mass = None
         greedy = None
-        want_logits = logits or not self.has_greedy_tokens
         parts = list(zip(self.manifest.partitions, self.sessions))
         for i, (record, session) in enumerate(parts):
             binding = session.io_binding()
@@ -96,17 +127,12 @@ class ModelGraphs:
             for name, array in batch.paging_inputs().items():
                 if name in self._input_names[i]:
                     binding.bind_cpu_input(name, array)
-            for layer in range(record.start, record.stop):
-                key, value = self.buffers.values(layer)
-                binding.bind_ortvalue_input(io.key_cache(layer), key)
-                binding.bind_ortvalue_output(io.key_cache_out(layer), key)
-                binding.bind_ortvalue_input(io.value_cache(layer), value)
-                binding.bind_ortvalue_output(io.value_cache_out(layer), value)
+            self.bind_kv(binding, record)
             if record.has_lm_head:
                 binding.bind_cpu_input(io.LOGITS_INDICES, batch.logits_indices)
             if record.has_attention_stats:
                 binding.bind_output(io.ATTENTION_MASS, "cpu")
-            session.run_with_iobinding(binding)
+            session.run_with_iobinding(binding, self._run_options)
             outputs = binding.get_outputs()
             hidden = outputs[0]
             if record.has_lm_head and self.has_greedy_tokens:

@@ -218,9 +218,13 @@ class Device:
             return ("cpu", 0)
         return (self.capability.ort_device, int(self.index))
 
-    def providers(self) -> list:
-        """The session's provider list: this EP, with the CPU EP behind it for any op it lacks."""
-        own = (self.capability.provider, self.capability.provider_options(self.index))
+    def providers(self, cuda_graphs: bool = False) -> list:
+        """The session's provider list: this EP, with the CPU EP behind it for any op it lacks.
+        `cuda_graphs`: the CUDA EP may capture runs into CUDA graphs (runtime/cuda_graphs.py)."""
+        options = self.capability.provider_options(self.index)
+        if cuda_graphs:
+            options["enable_cuda_graph"] = "1"
+        own = (self.capability.provider, options)
         return [own] if self.capability.name == "cpu" else [own, "CPUExecutionProvider"]
 
     def free_bytes(self) -> int | None:

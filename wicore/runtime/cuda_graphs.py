@@ -1,0 +1,151 @@
+"""Decode steps replayed from CUDA graphs that ONNX Runtime captures (CUDA EP, paged attention).
+
+At batch 1 a decode step of the 27B shape spends more time dispatching ~60 ONNX Runtime kernels
+a layer than reading the weights (docs/PERFORMANCE.md). ONNX Runtime's CUDA EP can capture a
+session's run into a CUDA graph and replay it (`enable_cuda_graph`), as vLLM does with its
+decode steps, provided that every input and output of the run stays at one device address with
+one shape. So each batch-size bucket (1, 2, 4, 8, ... rows) gets its own inputs, allocated
+once on the device and refilled in place each step, and its own graph id:
+
+    rows ──► padded to the bucket ──► copied into the bucket's device inputs ──► replay ──► greedy tokens
+             (extra rows: one token at position 0 in the sink block; their tokens are dropped)
+
+The block tables have a fixed width too (the most blocks a sequence can hold), and the paged
+attention's host-side bounds are the largest the step can see, so the kernels chosen at capture
+stay valid as sequences grow. Only decode steps whose rows all sample greedily run this way;
+prefill chunks, and rows that want logits on the host, run uncaptured (graph id -1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wicore.graph import io
+from wicore.runtime.batch import BatchInputs
+
+_HOST = (io.ATTENTION_BOUNDS, io.WINDOW_ATTENTION_BOUNDS)  # read by the op on the host, at capture
+
+
+def buckets(max_rows: int) -> list[int]:
+    """1, 2, 4, ... up to the first power of two that holds `max_rows`."""
+    out = [1]
+    while out[-1] < max_rows:
+        out.append(out[-1] * 2)
+    return out
+
+
+@dataclass
+class _Bucket:
+    rows: int
+    graph_id: int
+    inputs: dict[str, object]  # name -> OrtValue (device, or host for the bounds)
+    bindings: list[object]  # one IOBinding a partition, bound once
+    greedy: object  # OrtValue [rows] int64 on the last partition's device
+
+
+class DecodeGraphs:
+    """Captured decode steps of a ModelGraphs whose partitions all run on one CUDA device."""
+
+    def __init__(self, graphs, block_size: int, max_rows: int, max_blocks: int, max_window_blocks: int, max_context: int) -> None:
+        from wicore.runtime.providers import onnxruntime
+
+        self._ort = onnxruntime()
+        self.graphs = graphs
+        self.sink_slot = io.SINK_BLOCK * block_size  # offset 0 of the sink block
+        self.max_blocks = max_blocks
+        self.max_window_blocks = max(max_window_blocks, 1)
+        self.max_context = max_context
+        self._buckets = [self._bucket(n, i) for i, n in enumerate(buckets(max_rows))]
+
+    def _bucket(self, rows: int, graph_id: int) -> _Bucket:
+        ort, graphs = self._ort, self.graphs
+        kind, index = graphs.devices[0].ort_device
+        hidden = graphs.manifest.config.hidden_size
+        shapes: dict[str, tuple[tuple[int, ...], type]] = {
+            io.INPUT_IDS: ((rows, 1), np.int64),
+            io.POSITIONS: ((rows, 1), np.int64),
+            io.SLOT_MAPPING: ((rows, 1), np.int64),
+            io.BLOCK_TABLES: ((rows, self.max_blocks), np.int64),
+            io.WINDOW_SLOT_MAPPING: ((rows, 1), np.int64),
+            io.WINDOW_BLOCK_TABLES: ((rows, self.max_window_blocks), np.int64),
+            io.CUMULATIVE_SEQLENS: ((rows + 1,), np.int32),
+            io.PAST_SEQLENS: ((rows,), np.int32),
+            io.WINDOW_PAST_SEQLENS: ((rows,), np.int32),
+            io.LOGITS_INDICES: ((rows,), np.int64),
+        }
+        inputs: dict[str, object] = {
+            name: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, kind, index)
+            for name, (shape, dtype) in shapes.items()
+        }
+        bounds = np.asarray([1, self.max_context], np.int32)
+        for name in _HOST:  # the largest bounds: the kernels chosen at capture hold for every replay
+            inputs[name] = ort.OrtValue.ortvalue_from_numpy(bounds.copy())
+        greedy = ort.OrtValue.ortvalue_from_shape_and_type([rows], np.int64, kind, index)
+        handoff = [
+            ort.OrtValue.ortvalue_from_shape_and_type([rows, 1, hidden], np.float32, kind, index) for _ in graphs.sessions[:-1]
+        ]
+        bindings = []
+        for i, (record, session) in enumerate(zip(graphs.manifest.partitions, graphs.sessions)):
+            binding = session.io_binding()
+            names = graphs.input_names(i)
+            for name, value in inputs.items():
+                if name in names:
+                    binding.bind_ortvalue_input(name, value)
+            if i > 0:
+                binding.bind_ortvalue_input(io.HIDDEN_STATES, handoff[i - 1])
+            graphs.bind_kv(binding, record)
+            if record.has_lm_head:
+                binding.bind_ortvalue_output(io.GREEDY_TOKENS, greedy)
+            else:
+                binding.bind_ortvalue_output(io.HIDDEN_STATES_OUT, handoff[i])
+            bindings.append(binding)
+        return _Bucket(rows, graph_id, inputs, bindings, greedy)
+
+    def can_run(self, batch: BatchInputs) -> bool:
+        rows, seq = batch.input_ids.shape
+        return (
+            seq == 1
+            and rows <= self._buckets[-1].rows
+            and batch.block_tables.shape[1] <= self.max_blocks
+            and batch.window_block_tables.shape[1] <= self.max_window_blocks
+        )
+
+    def run(self, batch: BatchInputs) -> np.ndarray:
+        """The greedy token of each row of a decode batch (`can_run`), from a replayed graph."""
+        rows = batch.input_ids.shape[0]
+        bucket = next(b for b in self._buckets if b.rows >= rows)
+        for name, array in self._padded(batch, bucket.rows).items():
+            bucket.inputs[name].update_inplace(array)  # type: ignore[attr-defined]
+        options = self._ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(bucket.graph_id))
+        for session, binding in zip(self.graphs.sessions, bucket.bindings):
+            session.run_with_iobinding(binding, options)
+        return bucket.greedy.numpy()[:rows]  # type: ignore[attr-defined]
+
+    def _padded(self, batch: BatchInputs, rows: int) -> dict[str, np.ndarray]:
+        """The batch's inputs at the bucket's shapes: extra rows decode one token at position 0 of
+        the sink block, and the tables are padded with the sink to their fixed width."""
+        n = batch.input_ids.shape[0]
+        sink_slot = self.sink_slot
+
+        def pad(array: np.ndarray, width: int | None, fill: int) -> np.ndarray:
+            shape = (rows, *(array.shape[1:] if width is None else (width,)))
+            out = np.full(shape, fill, array.dtype)
+            out[(slice(0, n), *(slice(0, s) for s in array.shape[1:]))] = array
+            return out
+
+        sink = io.SINK_BLOCK
+        return {
+            io.INPUT_IDS: pad(batch.input_ids, None, 0),
+            io.POSITIONS: pad(batch.positions, None, 0),
+            io.SLOT_MAPPING: pad(batch.slot_mapping, None, sink_slot),
+            io.BLOCK_TABLES: pad(batch.block_tables, self.max_blocks, sink),
+            io.WINDOW_SLOT_MAPPING: pad(batch.window_slot_mapping, None, sink_slot),
+            io.WINDOW_BLOCK_TABLES: pad(batch.window_block_tables, self.max_window_blocks, sink),
+            io.CUMULATIVE_SEQLENS: np.arange(rows + 1, dtype=np.int32),
+            io.PAST_SEQLENS: pad(batch.past_seqlens, None, 0),
+            io.WINDOW_PAST_SEQLENS: pad(batch.window_past_seqlens, None, 0),
+            io.LOGITS_INDICES: np.arange(rows, dtype=np.int64),
+        }
