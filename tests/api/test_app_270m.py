@@ -166,17 +166,22 @@ def test_token_ids_outside_the_vocabulary_are_400(gemma_server):
 
 
 def test_a_full_waiting_queue_is_503_and_queues_none_of_the_choices(gemma_270m):
-    """Two choices, room for one waiting request: the engine takes the first and refuses the
-    second (OverloadedError), so the API takes the first back and answers 503."""
+    """Two choices, a queue of two with one place taken: the engine takes the first choice and
+    refuses the second (OverloadedError), so the API takes the first back and answers 503 (a
+    retry can succeed once the queue drains; more choices than the queue holds are a 400)."""
     config = EngineConfig(
-        model_dir=gemma_270m(1), num_threads=2, verify_files=False, num_device_blocks=32, scheduler=SchedulerConfig(max_waiting=1)
+        model_dir=gemma_270m(1), num_threads=2, verify_files=False, num_device_blocks=32, scheduler=SchedulerConfig(max_waiting=2)
     )
     with Engine(config) as engine:  # not started yet: what is queued stays waiting
+        blocker = engine.add_request([2, 651, 6037], SamplingParams(max_tokens=1))
         server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL))).start()
         try:
             r = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "Hello", "n": 2})
             assert assert_openai_error(r, 503)["code"] == "overloaded" and r.headers["retry-after"] == "1"
-            engine.start()  # the engine drops the request the API took back, running none of it
+            too_many = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "Hello", "n": 3})
+            assert assert_openai_error(too_many, 400, param="n")["code"] == "too_many_choices"
+            engine.cancel(blocker)
+            engine.start()  # the engine drops the requests taken back, running none of them
             deadline = time.monotonic() + 30
             while engine.stats()["waiting"] and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -53,6 +53,10 @@ class ServerSettings:
     rate_limit_burst: int | None = None
     max_body_bytes: int = 1 << 20
     cors_origins: tuple[str, ...] = ()
+    # Host header names accepted (any port); empty: any. Set when serving without a key on a
+    # loopback address, so a web page cannot reach the server by DNS rebinding.
+    allowed_hosts: tuple[str, ...] = ()
+    failed_auth_per_minute: float = 30.0  # wrong or missing keys one client address may send
 
     def __post_init__(self) -> None:
         if self.rate_limit_rpm < 0 or self.max_body_bytes < 1:
@@ -65,25 +69,46 @@ class API:
         self.settings = settings
         self.auth = Authenticator(settings.api_keys)
         self.limiter = RateLimiter(settings.rate_limit_rpm, settings.rate_limit_burst) if settings.rate_limit_rpm else None
+        self.failed_auth = RateLimiter(settings.failed_auth_per_minute, burst=10)
         self.metrics = Metrics()
         self.created = int(time.time())
 
     # -- guards ----------------------------------------------------------------------
     def guard(self, request: Request) -> None:
-        key = self.auth.check(request.headers.get("authorization"))
+        client = request.client.host if request.client else "anonymous"
+        self._check_host(request)
+        try:
+            key = self.auth.check(request.headers.get("authorization"))
+        except APIError:
+            self.failed_auth.check(client)  # past 10 quick failures from one address: 429s
+            raise
         if self.limiter is not None:
-            self.limiter.check(key or (request.client.host if request.client else "anonymous"))
+            self.limiter.check(key or client)
+
+    def _check_host(self, request: Request) -> None:
+        allowed = self.settings.allowed_hosts
+        if allowed:
+            host = request.headers.get("host", "")
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+            if name.strip("[]") not in allowed:
+                raise APIError(400, f"Host {host!r} is not served here (set an API key to serve other names)", code="bad_host")
 
     async def read_json(self, request: Request) -> Any:
         limit = self.settings.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise APIError(413, f"the request body has {declared} bytes; the limit is {limit}", code="body_too_large")
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if not self.settings.api_keys and kind != "application/json":  # a cross-site form cannot send JSON
+            raise APIError(415, f"Content-Type must be application/json, not {kind or 'none'!r}", code="unsupported_media_type")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+        except ClientDisconnect:  # gone mid-body: nobody to answer, nothing to log
+            raise APIError(499, "the client closed the connection", code="client_closed") from None
         try:
             value = json.loads(body)
         except ValueError as exc:

@@ -252,10 +252,32 @@ def run_serve(args: argparse.Namespace) -> int:
             rate_limit_burst=args.rate_burst,
             max_body_bytes=args.max_body_bytes,
             cors_origins=tuple(args.cors_origin),
+            allowed_hosts=() if keys else local_host_names(args.host),
         )
     except ValueError as exc:
         raise RequestError(str(exc)) from exc
+    if not keys:
+        print(
+            f"wicore: warning: serving without an API key: anything that reaches {args.host}:{args.port} can use it "
+            "(set --api-key or --api-key-file)",
+            file=sys.stderr,
+        )
     return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds)
+
+
+def local_host_names(host: str) -> tuple[str, ...]:
+    """Host header names a keyless server on `host` answers: its own address and, on loopback,
+    the loopback names. On a wildcard address the names are unknown: any (and a warning)."""
+    import ipaddress
+
+    if host in ("0.0.0.0", "::", ""):
+        return ()
+    loopback = ("127.0.0.1", "localhost", "::1")
+    try:
+        is_loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        is_loopback = host == "localhost"
+    return tuple(dict.fromkeys((host, *loopback))) if is_loopback else (host,)
 
 
 def api_keys(args: argparse.Namespace, read_key_file) -> list[str]:
