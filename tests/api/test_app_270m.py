@@ -572,3 +572,25 @@ def test_a_request_the_queue_can_never_hold_is_a_400_and_admits_nothing(gemma_se
     assert stats["running"] == 0 and stats["waiting"] == 0 and stats["blocks_referenced"]["device"] == 0
     ok = httpx.post(f"{gemma_server.url}/v1/completions", json={**body, "prompt": ["hi"] * 2, "n": 2}, timeout=60)
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 4
+
+
+def test_a_stream_cut_by_shutdown_ends_with_an_error_event_and_done(gemma_server):
+    """A second server on the same engine, 2 s of grace: a long stream still open when the grace
+    runs out gets a 503 error event and [DONE] (not a silent close), and its request is aborted."""
+    server = ServerThread(create_app(gemma_server.engine, ServerSettings(model_name=MODEL)), grace_seconds=2.0).start()
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0, "stream": True}
+    stopper = threading.Thread(target=server.stop)
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        lines = (line for line in r.iter_lines() if line.startswith("data: "))
+        first = json.loads(next(lines)[6:])
+        stopper.start()
+        rest = list(lines)
+    stopper.join(timeout=60)
+    assert first["choices"][0]["finish_reason"] is None
+    assert rest[-1] == "data: [DONE]"
+    error = json.loads(rest[-2][6:])["error"]
+    assert error["code"] == "server_shutting_down" and "shutting down" in error["message"]
+    deadline = time.monotonic() + 30
+    while gemma_server.engine.stats()["running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gemma_server.engine.stats()["running"] == 0

@@ -34,7 +34,7 @@ from wicore.api.metrics import Metrics
 from wicore.api.openapi import openapi_route
 from wicore.api.ratelimit import RateLimiter
 from wicore.api.schemas import Options, parse_chat, parse_completion
-from wicore.api.streaming import EventStream, event_stream, merge
+from wicore.api.streaming import EventStream, Streams, event_stream, merge
 from wicore.errors import WiCoreError
 from wicore.runtime.engine import Engine
 from wicore.runtime.sampler import SamplingParams
@@ -71,6 +71,7 @@ class API:
         self.limiter = RateLimiter(settings.rate_limit_rpm, settings.rate_limit_burst) if settings.rate_limit_rpm else None
         self.failed_auth = RateLimiter(settings.failed_auth_per_minute, burst=10)
         self.metrics = Metrics()
+        self.streams = Streams()  # open event streams, cut by a shutdown (wicore/api/server.py)
         self.created = int(time.time())
 
     # -- guards ----------------------------------------------------------------------
@@ -195,7 +196,8 @@ class API:
 
         formatter = None if opts.logprobs is None else LogprobFormatter(self._tokenizer())
         if opts.stream:
-            return EventStream(event_stream(base, is_chat, choices, usage, opts.include_usage, formatter), on_close=abort_all)
+            body = event_stream(base, is_chat, choices, usage, opts.include_usage, formatter, self.streams)
+            return EventStream(body, on_close=abort_all)
         texts = [""] * len(choices)
         reasons: list[str | None] = [None] * len(choices)
         tokens: list[list[TokenLogprobs]] = [[] for _ in choices]

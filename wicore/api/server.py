@@ -2,7 +2,8 @@
 
 Shutdown (SIGTERM or SIGINT): Hypercorn stops accepting, in-flight requests get
 `grace_seconds` to finish, then their connections are cancelled, which aborts their engine
-requests; the engine stops last.
+requests; the engine stops last. Streams still open a second before the grace period ends are
+cut with an error event and `[DONE]` (wicore/api/streaming.py), so their clients see why.
 """
 
 from __future__ import annotations
@@ -55,7 +56,17 @@ async def _serve_until_signal(app: Any, config: Config) -> None:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread, or no signals (Windows)
             pass
-    await hypercorn_serve(app, config, shutdown_trigger=stop.wait)
+    await hypercorn_serve(app, config, shutdown_trigger=lambda: _until_stopped(stop, app, config.graceful_timeout))
+
+
+async def _until_stopped(stop: asyncio.Event, app: Any, grace_seconds: float) -> None:
+    """Hypercorn's shutdown trigger: returns when `stop` is set, having scheduled the cut of
+    the streams still open just before the grace period runs out."""
+    await stop.wait()
+    api = getattr(getattr(app, "state", None), "api", None)
+    if api is not None:
+        cut_at = max(0.0, grace_seconds - min(1.0, grace_seconds / 2))
+        asyncio.get_running_loop().call_later(cut_at, api.streams.cut)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -100,7 +111,10 @@ class ServerThread:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             self._ready.set()
-            await hypercorn_serve(self.app, self.config, shutdown_trigger=self._stop.wait)
+            stop = self._stop
+            await hypercorn_serve(
+                self.app, self.config, shutdown_trigger=lambda: _until_stopped(stop, self.app, self.config.graceful_timeout)
+            )
 
         asyncio.run(main())
 

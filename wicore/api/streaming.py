@@ -6,7 +6,9 @@
     data: [DONE]
 
 A response that ends early (the client went away) closes its body iterator, which
-cancels the choices and so aborts their requests in the engine.
+cancels the choices and so aborts their requests in the engine. A server shutting down cuts
+the streams still open shortly before its grace period ends (`Streams.cut`): each ends with
+an error event and `[DONE]`, so a client can tell a cut answer from a finished one.
 """
 
 from __future__ import annotations
@@ -55,11 +57,26 @@ class EventStream(StreamingResponse):
                 self._on_close()
 
 
-async def merge(choices: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece]]:
+class Streams:
+    """The queues of the streams open now, so that a shutdown can end them (`cut`)."""
+
+    def __init__(self) -> None:
+        self.open: set[asyncio.Queue] = set()
+
+    def cut(self) -> None:
+        """End every open stream with a 503 error event (call on the server's event loop)."""
+        error = APIError(503, "the server is shutting down; the answer was cut short: retry", code="server_shutting_down")
+        for queue in self.open:
+            queue.put_nowait((-1, error))
+
+
+async def merge(choices: list[AsyncIterator[Piece]], streams: Streams | None = None) -> AsyncIterator[tuple[int, Piece]]:
     """(choice index, piece) from all choices as they arrive; the first error is raised.
 
     Leaving early cancels the remaining choices (each aborts its engine request)."""
     queue: asyncio.Queue[tuple[int, Piece | Exception | None]] = asyncio.Queue()
+    if streams is not None:
+        streams.open.add(queue)
 
     async def drain(index: int, choice: AsyncIterator[Piece]) -> None:
         try:
@@ -81,6 +98,8 @@ async def merge(choices: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int,
             else:
                 yield index, item
     finally:
+        if streams is not None:
+            streams.open.discard(queue)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -97,6 +116,7 @@ async def event_stream(
     usage: Any,
     include_usage: bool,
     logprobs: LogprobFormatter | None = None,
+    streams: Streams | None = None,
 ) -> AsyncIterator[str]:
     """The SSE body of a streamed completion. `usage()` gives the final usage object; with
     `logprobs`, each chunk carries those of the tokens whose text it starts."""
@@ -106,7 +126,7 @@ async def event_stream(
             for i in range(len(choices)):
                 role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 yield sse({**chunk(base, True, [role]), **extra})
-        async for index, piece in merge(choices):
+        async for index, piece in merge(choices, streams):
             if is_chat:
                 delta = {"content": piece.text} if piece.text or piece.finish_reason is None else {}
                 shaped = None if logprobs is None else logprobs.chat(piece.logprobs)
