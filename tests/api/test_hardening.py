@@ -94,3 +94,26 @@ def test_a_client_gone_mid_body_is_counted_as_such_not_as_a_500(loopback_server)
 )
 def test_the_names_a_keyless_server_answers(host, names):
     assert local_host_names(host) == names
+
+
+def test_a_body_dripping_slower_than_the_timeout_gets_a_408(tiny_server):
+    server = tiny_server(body_timeout_seconds=1.0)
+    with socket.create_connection(("127.0.0.1", server.server.port), timeout=10) as sock:
+        head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n"
+        sock.sendall(head.encode())
+        started = time.monotonic()
+        reply = b""
+        for byte in b'{"prompt": [1, 2, 3], "max_tokens": 1}':
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                break
+            sock.settimeout(0.3)
+            try:
+                reply += sock.recv(4096)
+            except TimeoutError:
+                continue
+            if reply:
+                break
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:80]
+    assert b"request_timeout" in reply and time.monotonic() - started < 6

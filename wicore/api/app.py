@@ -57,6 +57,7 @@ class ServerSettings:
     # loopback address, so a web page cannot reach the server by DNS rebinding.
     allowed_hosts: tuple[str, ...] = ()
     failed_auth_per_minute: float = 30.0  # wrong or missing keys one client address may send
+    body_timeout_seconds: float = 30.0  # the whole request body must arrive within this (slow-drip uploads)
 
     def __post_init__(self) -> None:
         if self.rate_limit_rpm < 0 or self.max_body_bytes < 1:
@@ -103,13 +104,20 @@ class API:
         if not self.settings.api_keys and kind != "application/json":  # a cross-site form cannot send JSON
             raise APIError(415, f"Content-Type must be application/json, not {kind or 'none'!r}", code="unsupported_media_type")
         body = bytearray()
-        try:
+
+        async def receive() -> None:
             async for chunk in request.stream():
-                body += chunk
+                body.extend(chunk)
                 if len(body) > limit:
                     raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+
+        timeout = self.settings.body_timeout_seconds
+        try:
+            await asyncio.wait_for(receive(), timeout)
         except ClientDisconnect:  # gone mid-body: nobody to answer, nothing to log
             raise APIError(499, "the client closed the connection", code="client_closed") from None
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body did not arrive within {timeout:g} s", code="request_timeout") from None
         try:
             value = json.loads(body)
         except ValueError as exc:

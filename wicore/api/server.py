@@ -29,7 +29,7 @@ def hypercorn_config(host: str, port: int, grace_seconds: float = 30.0, access_l
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.graceful_timeout = grace_seconds
-    config.keep_alive_timeout = 75.0
+    config.keep_alive_timeout = 20.0  # also closes connections that never finish their headers
     config.accesslog = "-" if access_log else None
     config.errorlog = "-"
     return config
