@@ -151,4 +151,4 @@ class GGUFSource:
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
         from wicore.export.tokenizer import export_tokenizer_from_gguf
 
-        return export_tokenizer_from_gguf(self.path, out_dir).to_dict()
+        return export_tokenizer_from_gguf(self.path, out_dir, self._reader).to_dict()
