@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,14 +33,7 @@ class TokenizerInfo:
             raise ManifestError("the tokenizer adds a bos token but has no bos_token_id; export the model again")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "files": list(self.files),
-            "bos_token_id": self.bos_token_id,
-            "eos_token_ids": list(self.eos_token_ids),
-            "pad_token_id": self.pad_token_id,
-            "add_bos": self.add_bos,
-            "chat_template": self.chat_template,
-        }
+        return {**dataclasses.asdict(self), "files": list(self.files), "eos_token_ids": list(self.eos_token_ids)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TokenizerInfo:
