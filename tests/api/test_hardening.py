@@ -22,7 +22,7 @@ def loopback_server(tiny_server):
 
 @pytest.fixture(scope="module")
 def keyed_server(tiny_server):
-    return tiny_server(api_keys=("right-key",))
+    return tiny_server(api_keys=("right-key",), failed_auth_per_minute=1.0)  # no refill within the test
 
 
 def error(response: httpx.Response, status: int) -> dict:
@@ -60,6 +60,7 @@ def test_with_a_key_the_content_type_is_not_policed(keyed_server):
 
 
 def test_wrong_keys_are_rate_limited_per_address_and_the_right_key_still_works(keyed_server):
+    """A burst of 10 failures, then 429s (the default refill is 30 a minute; 1 here)."""
     url = f"{keyed_server.url}/v1/models"
     statuses = [httpx.get(url, headers={"authorization": f"Bearer guess-{i}"}).status_code for i in range(14)]
     assert statuses[:10] == [401] * 10 and statuses[10:] == [429] * 4
