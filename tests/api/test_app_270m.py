@@ -161,8 +161,9 @@ def test_max_tokens_is_capped_by_the_context_left(client, gemma_server):
 
 
 def test_token_ids_outside_the_vocabulary_are_400(gemma_server):
-    r = httpx.post(f"{gemma_server.url}/v1/completions", json={"model": MODEL, "prompt": [2, 262144, 3]})
-    assert assert_openai_error(r, 400)["message"] == "token ids must be in [0, 262144)"
+    r = httpx.post(f"{gemma_server.url}/v1/completions", json={"model": MODEL, "prompt": [2, 262144, 3]}, timeout=60)
+    error = assert_openai_error(r, 400, param="prompt")
+    assert error["message"] == "token ids must be in [0, 262144)" and error["code"] == "invalid_request"
 
 
 def test_a_full_waiting_queue_is_503_and_queues_none_of_the_choices(gemma_270m):
@@ -299,6 +300,7 @@ def test_messages_the_chat_template_rejects_are_400(client):
             model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
         )
     assert "chat template" in info.value.message
+    assert info.value.body["param"] == "messages" and info.value.body["code"] == "invalid_request"  # type: ignore[index]
 
 
 def test_metrics_count_tokens_and_latencies(client, gemma_server):

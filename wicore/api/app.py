@@ -160,7 +160,10 @@ class API:
         req = parse_chat(await self.read_json(request))
         self._check_model(req.options)
         tok = self._tokenizer()
-        prompt = tok.apply_chat_template(req.messages, add_generation_prompt=True)
+        try:
+            prompt = tok.apply_chat_template(req.messages, add_generation_prompt=True)
+        except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
+            raise from_wicore(exc, "messages") from exc
         return await self.complete(request, True, [tok.encode(prompt, add_bos=False)], req.options)
 
     async def completions(self, request: Request) -> Response:

@@ -51,7 +51,7 @@ def from_wicore(exc: WiCoreError, param: str | None = None) -> APIError:
     if isinstance(exc, OverloadedError):
         return APIError(503, str(exc), code="overloaded", headers={"Retry-After": "1"})
     if isinstance(exc, RequestError):
-        return APIError(400, str(exc))
+        return APIError(400, str(exc), param=param, code="invalid_request")
     return APIError(500, str(exc), code="internal_error")
 
 
