@@ -596,3 +596,10 @@ def test_a_stream_cut_by_shutdown_ends_with_an_error_event_and_done(gemma_server
     while gemma_server.engine.stats()["running"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gemma_server.engine.stats()["running"] == 0
+
+
+def test_models_report_the_longest_sequence_this_server_takes(gemma_server):
+    """The device pool of this server holds 1,520 tokens (96 blocks of 16, one the sink), less
+    than the model's 32,768-token context: /v1/models says what a request can really use."""
+    card = httpx.get(f"{gemma_server.url}/v1/models", timeout=30).json()["data"][0]
+    assert card["max_model_len"] == gemma_server.engine.max_sequence_tokens == 95 * 16

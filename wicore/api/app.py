@@ -143,7 +143,7 @@ class API:
             "object": "model",
             "created": self.created,
             "owned_by": "wicore",
-            "max_model_len": self.engine.max_context,
+            "max_model_len": self.engine.max_sequence_tokens,  # what this server accepts: the context, or the KV pool
         }
         return JSONResponse({"object": "list", "data": [card]})
 
