@@ -165,3 +165,17 @@ def test_a_port_in_use_is_refused_in_one_line_before_the_model_loads(tmp_path):
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_export_onto_an_existing_folder_is_refused_before_the_source_is_read(tmp_path):
+    """The source here does not exist: had it been opened first, the error would name it."""
+    out = tmp_path / "model"
+    out.mkdir()
+    res = subprocess.run(
+        [sys.executable, "-m", "wicore.cli.export", "--model", str(tmp_path / "missing.gguf"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode != 0
+    assert res.stderr.strip() == f"wicore-export: error: {out} already exists; pass --force to replace it"

@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         from wicore.export.exporter import ExportConfig, export_model
         from wicore.export.sources import open_source
 
+        if args.out.exists() and not args.force:  # before reading (and hashing) a multi-GB source
+            raise WiCoreError(f"{args.out} already exists; pass --force to replace it")
         config = ExportConfig(
             dtype=args.dtype,
             num_partitions=args.partitions,
