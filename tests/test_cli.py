@@ -22,8 +22,8 @@ def test_without_onnxruntime_wicore_names_the_extras(tmp_path):
         timeout=120,
     )
     assert res.returncode == 2
-    assert "no ONNX Runtime is installed: pip install 'wicore[cpu]'" in res.stderr
-    assert "wicore[cuda]" in res.stderr and "wicore[openvino]" in res.stderr
+    assert "no ONNX Runtime is installed: in the WiCore checkout, pip install '.[cpu]'" in res.stderr
+    assert "'.[cuda]' for NVIDIA" in res.stderr and "'.[openvino]' for Intel" in res.stderr
 
 
 def test_generate_on_a_folder_that_is_not_an_export(tmp_path):

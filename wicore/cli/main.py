@@ -237,7 +237,9 @@ def run_serve(args: argparse.Namespace) -> int:
         from wicore.api.auth import read_key_file
         from wicore.api.server import serve
     except ImportError as exc:
-        raise RequestError(f"the HTTP server needs {exc.name}: pip install 'wicore[cpu]' (starlette, hypercorn)") from exc
+        raise RequestError(
+            f"the HTTP server needs {exc.name}: pip install '.[cpu]' in the WiCore checkout (starlette, hypercorn)"
+        ) from exc
     if args.config is not None:
         apply_config_file(args)
     keys = api_keys(args, read_key_file)

@@ -27,7 +27,8 @@ from types import ModuleType
 
 from wicore.errors import RuntimeMissingError, WiCoreError
 
-EXTRAS = "pip install 'wicore[cpu]' (or wicore[cuda] for NVIDIA, wicore[openvino] for Intel)"
+# WiCore installs from its checkout (it is not on a package index): the extra picks the runtime.
+EXTRAS = "in the WiCore checkout, pip install '.[cpu]' (or '.[cuda]' for NVIDIA, '.[openvino]' for Intel)"
 
 
 class DeviceError(WiCoreError):
