@@ -37,3 +37,21 @@ def test_retry_after_rounds_up_to_the_refill_time():
     with pytest.raises(APIError) as info:
         limiter.check("a")
     assert info.value.headers["Retry-After"] == "8"  # 10 s per token, 2.5 s already refilled
+
+
+def test_refilled_buckets_are_forgotten_past_max_keys_and_limited_ones_kept():
+    clock = Clock()
+    limiter = RateLimiter(requests_per_minute=60, burst=1, clock=clock)
+    limiter.MAX_KEYS = 5
+    for i in range(3):
+        limiter.check(f"old-{i}")  # t=0: one token each, spent; full again at t=1
+    clock.now = 0.5
+    limiter.check("new-0")  # full again at t=1.5
+    clock.now = 1.4
+    limiter.check("hot")  # spent at t=1.4: not full at t=1.5
+    assert limiter.num_keys == 5
+    clock.now = 1.5
+    limiter.check("new-1")  # past MAX_KEYS: the four refilled buckets go, "hot" stays
+    assert limiter.num_keys == 2
+    with pytest.raises(APIError):
+        limiter.check("hot")

@@ -15,7 +15,7 @@ _COMMON: dict[str, Any] = {
     "temperature": {**_NUM, "minimum": 0, "maximum": 2, "nullable": True},
     "top_p": {**_NUM, "exclusiveMinimum": True, "minimum": 0, "maximum": 1, "nullable": True},
     "top_k": {**_INT, "minimum": -1, "nullable": True},
-    "seed": {**_INT, "minimum": -(2**63), "maximum": 2**63 - 1, "nullable": True},
+    "seed": {**_INT, "minimum": -(2**63), "maximum": 2**64 - 1, "nullable": True},  # signed or unsigned 64-bit
     "stop": _STOP,
     "n": {**_INT, "minimum": 1, "maximum": 16, "nullable": True},
     "stream": {"type": "boolean", "nullable": True},

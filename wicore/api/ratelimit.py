@@ -20,6 +20,10 @@ class TokenBucket:
         self._tokens = burst
         self._last = clock()
 
+    def is_full(self) -> bool:
+        """Whether the bucket has refilled: forgetting it changes nothing."""
+        return self._tokens + (self._clock() - self._last) * self.rate >= self.burst
+
     def take(self) -> float | None:
         """Take one token; None if granted, else the seconds until one is available."""
         now = self._clock()
@@ -32,7 +36,10 @@ class TokenBucket:
 
 
 class RateLimiter:
-    """One bucket per client key (the API key, or the client address when auth is off)."""
+    """One bucket per client key (the API key, or the client address when auth is off). Past
+    MAX_KEYS keys, refilled buckets are forgotten, so many addresses cannot grow it without bound."""
+
+    MAX_KEYS = 4096
 
     def __init__(self, requests_per_minute: float, burst: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate = requests_per_minute / 60.0
@@ -41,11 +48,17 @@ class RateLimiter:
         self._buckets: dict[str, TokenBucket] = {}
         self._lock = threading.Lock()
 
+    @property
+    def num_keys(self) -> int:
+        return len(self._buckets)
+
     def check(self, key: str) -> None:
         """Raise a 429 APIError with Retry-After when `key` is over its rate."""
         with self._lock:
             bucket = self._buckets.get(key)
             if bucket is None:
+                if len(self._buckets) >= self.MAX_KEYS:
+                    self._buckets = {k: b for k, b in self._buckets.items() if not b.is_full()}
                 bucket = self._buckets[key] = TokenBucket(self.rate, self.burst, self._clock)
             wait = bucket.take()
         if wait is not None:
