@@ -53,9 +53,8 @@ class ModelGraphs:
             raise ValueError(f"{len(self.devices)} devices for {len(manifest.partitions)} partitions")
         for device in self.devices:
             device.check_can_run(manifest.dtype, manifest.op_flavour, manifest.attention)
-        if cuda_graphs and (
-            manifest.attention != "paged" or {d.label for d in self.devices} != {f"cuda:{self.devices[0].index}"}
-        ):
+        one_gpu = self.devices[0].capability.name == "cuda" and all(d == self.devices[0] for d in self.devices)
+        if cuda_graphs and (manifest.attention != "paged" or not one_gpu):
             raise DeviceError("CUDA graphs need an export with --attention paged, every partition on one cuda device")
         opts = session_options(num_threads, profile_prefix)
         self.sessions = [

@@ -111,6 +111,9 @@ def build_kv_cache(config: EngineConfig, layout: KVLayout, tiers: dict[Tier, Tie
     """The KV cache over `buffers` (tier 0) and new host / NVMe stores: per block group a
     BlockPool with its policy and a Pager over its stores."""
     pools, pagers = [], []
+    nvme_dir = Path(config.nvme_dir or tempfile.gettempdir())
+    if tiers[Tier.NVME].full or tiers[Tier.NVME].window:
+        NvmeStore.remove_stale(nvme_dir)  # files a killed process left (once, for both groups)
     for group, layers in ((FULL, layout.full_layers), (WINDOW, layout.window_layers)):
         if not layers:
             continue
@@ -121,8 +124,6 @@ def build_kv_cache(config: EngineConfig, layout: KVLayout, tiers: dict[Tier, Tie
             Tier.HOST: HostStore(counts[Tier.HOST], block_shape, buffers.dtype),
         }
         if counts[Tier.NVME]:
-            nvme_dir = Path(config.nvme_dir or tempfile.gettempdir())
-            NvmeStore.remove_stale(nvme_dir)
             path = nvme_dir / f"wicore-kv-{os.getpid()}-{id(buffers)}-{group}.bin"
             stores[Tier.NVME] = NvmeStore(path, counts[Tier.NVME], block_shape, buffers.dtype)
         pagers.append(Pager(stores))
