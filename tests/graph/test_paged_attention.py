@@ -7,15 +7,22 @@ structure, the manifest, and the clear errors of the exporter and of an EP that 
 
 from __future__ import annotations
 
+from collections import Counter
+
+import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 
 from wicore.errors import WiCoreError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph import io
+from wicore.graph.gemma3 import Gemma3Builder
 from wicore.graph.manifest import Manifest
+from wicore.graph.ops import DataFile, Graph
+from wicore.graph.shared_values import shared_values
 from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
 from wicore.runtime.providers import DeviceError, parse_device
@@ -67,6 +74,60 @@ def test_every_layer_is_one_paged_attention_node_over_its_own_buffers(paged_expo
         assert not [n for n in graph.node if n.op_type in ("ScatterND", "Softmax")]  # the op does both
     assert sorted(seen) == list(range(cfg.num_layers))
     assert manifest.partitions[-1].outputs[-2:] == (io.LOGITS, io.GREEDY_TOKENS)
+
+
+def test_a_layer_is_a_handful_of_fused_kernels_in_float16(paged_export):
+    """At batch 1 a decode step costs a kernel a node: a paged layer holds ONNX Runtime's fused
+    kernels only, its activations float16 between the residual's norms (no Cast in a layer)."""
+    record = Manifest.read(paged_export).partitions[0]
+    graph = onnx.load(paged_export / record.file, load_external_data=False).graph
+    layer = Counter(n.op_type for n in graph.node if n.name.startswith("/model/layers.0/"))
+    assert layer == {
+        "SimplifiedLayerNormalization": 6,  # 4 around the residual, q and k norms
+        "MatMul": 4,
+        "Split": 2,
+        "RotaryEmbedding": 2,
+        "PagedAttention": 1,
+        "FastGelu": 1,
+        "Mul": 1,
+        "Add": 2,
+        "Reshape": 6,  # views, no kernel
+    }
+
+
+def test_packed_rows_are_gemmas_norm_and_rope_at_each_tokens_position(tiny_model, tmp_path):
+    """Gemma3Builder.packed_rows (q/k norm, scale, RoPE, packing for the op) run on the CPU EP
+    against the rotate-half formula in float64, at the positions of two rows."""
+    folder, _ = tiny_model()
+    cfg = open_source(str(folder)).config
+    builder = Gemma3Builder(cfg, "fp16", attention="paged")
+    g = Graph("rows", DataFile(tmp_path / "rows.data"))
+    shared = shared_values(g, cfg, 0, cfg.num_layers, contrib=True, paged=True, rope_type=TensorProto.FLOAT16)
+    heads, hd = cfg.num_heads, cfg.head_dim
+    x = g.input("x", TensorProto.FLOAT16, ["batch", "seq", heads * hd])
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=hd).astype(np.float32)
+    for is_sliding in (True, False):
+        rows = builder.packed_rows(g, x, weight, heads, shared, is_sliding, f"rows{is_sliding}", scale=0.5)
+        g.output(rows, TensorProto.FLOAT16, ["tokens", heads * hd])
+    session = ort.InferenceSession(g.to_model(17).SerializeToString(), providers=["CPUExecutionProvider"])
+    positions = np.array([[5, 6, 7], [1000, 1001, 1002]], dtype=np.int64)
+    xs = rng.normal(size=(2, 3, heads * hd)).astype(np.float16)
+    feeds = {"positions": positions, "x": xs}
+    for unused in session.get_inputs():  # the paging inputs: read by PagedAttention only
+        dtype = np.int32 if unused.type == "tensor(int32)" else np.int64
+        feeds.setdefault(unused.name, np.zeros([2 if isinstance(d, str) else d for d in unused.shape], dtype))
+    rows = session.run(None, feeds)
+
+    h = xs.astype(np.float64).reshape(2, 3, heads, hd)
+    normed = h / np.sqrt((h**2).mean(-1, keepdims=True) + cfg.rms_norm_eps) * (1 + weight) * 0.5
+    half = hd // 2
+    for got, rope in zip(rows, (cfg.rope_local, cfg.rope_global), strict=True):
+        angle = positions[..., None, None] / rope.theta ** (np.arange(half) * 2 / hd) / rope.factor
+        x1, x2 = normed[..., :half], normed[..., half:]
+        want = np.concatenate([x1 * np.cos(angle) - x2 * np.sin(angle), x2 * np.cos(angle) + x1 * np.sin(angle)], -1)
+        assert got.shape == (6, heads * hd)
+        np.testing.assert_allclose(got.astype(np.float64), want.reshape(6, heads * hd), atol=4e-3)
 
 
 def test_an_ep_without_the_op_refuses_the_export_and_names_the_portable_one(paged_export):

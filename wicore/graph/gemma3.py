@@ -13,9 +13,15 @@ the last also applies the final norm and the tied LM head to the rows in
     x ──► RMSNorm ─► gate|up ─► gelu_tanh(gate) * up ─► down ─► RMSNorm ─┐
     └◄───────────────────────────────────────────────────────────────────┘ (+)
 
-Conventions: the residual stream, norms, RoPE and attention are float32 in
-both dtypes; with `fp16` the weights, the matmuls and the KV pools are
-float16 (Gemma's activations overflow float16 in the residual stream).
+Conventions: the residual stream is float32 in both dtypes (Gemma's activations
+overflow float16 there); with `fp16` the weights, the matmuls and the KV pools
+are float16. Between the residual's norms the activations are float32 in the
+portable graphs (norms, RoPE and attention in float32, a Cast around each
+MatMul) and float16 in the `paged` graphs, which run on CUDA only and are
+written in ONNX Runtime's fused kernels: each norm one SimplifiedLayerNormalization
+whose output type folds in the Cast, RoPE one RotaryEmbedding, GELU one
+FastGelu (at batch 1 a decode step is as many kernels as nodes, and the
+27B shape's ~60 small nodes a layer cost as much as its weight reads).
 Gemma's RMSNorm scales by (1 + w): the 1 is folded into the stored weight,
 and the attention scale query_pre_attn_scalar^-0.5 into the q-norm weight.
 """
@@ -40,6 +46,7 @@ from wicore.model.weights import LayerWeights, check_layer
 OPSET = 17
 ATTENTIONS = ("portable", "paged")
 DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
+DTYPES_BY_ONNX = {onnx_type: np_type for np_type, onnx_type in DTYPES.values()}
 TABLE = "model.embed_tokens"  # the token embedding, also the tied LM head
 
 
@@ -83,9 +90,11 @@ class Gemma3Builder:
         self.attention_stats = attention_stats
         self.quant = quant
         self.np_dtype, self.onnx_dtype = DTYPES[dtype]
-        # ort-quant may use com.microsoft contrib ops beyond MatMulNBits (RotaryEmbedding, FastGelu):
-        # the EPs that run that flavour (CPU, CUDA) implement them; portable stays on standard ONNX.
-        self.contrib = quant is not None
+        # ort-quant and paged may use com.microsoft contrib ops (RotaryEmbedding, FastGelu): the EPs
+        # that run those flavours (CPU and CUDA; CUDA) implement them; portable stays on standard ONNX.
+        self.contrib = quant is not None or self.paged
+        # The activations' type between the residual's norms (module docstring).
+        self.act_type = self.onnx_dtype if self.paged else TensorProto.FLOAT
 
     # -- entry point -----------------------------------------------------------------
     def build(
@@ -110,7 +119,14 @@ class Gemma3Builder:
         else:
             x = g.input(io.HIDDEN_STATES, f32, ["batch", "seq", cfg.hidden_size])
         shared = shared_values(
-            g, cfg, spec.start, spec.stop, attention_stats=self.attention_stats, contrib=self.contrib, paged=self.paged
+            g,
+            cfg,
+            spec.start,
+            spec.stop,
+            attention_stats=self.attention_stats,
+            contrib=self.contrib,
+            paged=self.paged,
+            rope_type=self.act_type,
         )
         pool_shapes = {
             False: ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim],
@@ -156,24 +172,34 @@ class Gemma3Builder:
         scale = np.float32(self.cfg.hidden_size**0.5)
         return g.op("Mul", [x, g.const(scale, np.float32)], "/model/embed_tokens/scale")
 
-    def rms_norm(self, g: Graph, x: str, weight: np.ndarray, name: str, scale: float = 1.0) -> str:
-        """x / sqrt(mean(x^2) + eps) * (1 + w) * scale, in the pattern ORT fuses into one kernel."""
-        w = g.const(((1.0 + weight.astype(np.float64)) * scale).astype(np.float32), np.float32)
+    def rms_norm(self, g: Graph, x: str, weight: np.ndarray, name: str, scale: float = 1.0, to: int = TensorProto.FLOAT) -> str:
+        """x / sqrt(mean(x^2) + eps) * (1 + w) * scale in float32, the result of type `to`. Paged
+        graphs: one SimplifiedLayerNormalization of any input type (it computes in float32); the
+        others: the standard-op pattern ORT fuses into that kernel, on float32 x, then a Cast."""
+        w = (1.0 + weight.astype(np.float64)) * scale
+        if self.paged:
+            w = g.const(w.astype(DTYPES_BY_ONNX[to]), DTYPES_BY_ONNX[to])
+            eps = self.cfg.rms_norm_eps
+            return g.op("SimplifiedLayerNormalization", [x, w], name, axis=-1, epsilon=eps, stash_type=1)
+        w = g.const(w.astype(np.float32), np.float32)
         sq = g.op("Pow", [x, g.const(2.0, np.float32)], f"{name}/Pow")
         mean = g.op("ReduceMean", [sq], f"{name}/ReduceMean", axes=[-1], keepdims=1)
         std = g.op("Sqrt", [g.op("Add", [mean, g.const(self.cfg.rms_norm_eps, np.float32)], f"{name}/Add")], f"{name}/Sqrt")
-        return g.op("Mul", [g.op("Div", [x, std], f"{name}/Div"), w], f"{name}/Mul")
+        y = g.op("Mul", [g.op("Div", [x, std], f"{name}/Div"), w], f"{name}/Mul")
+        return y if to == TensorProto.FLOAT else g.op("Cast", [y], f"{name}/Cast", to=to)
 
-    def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str, x_is_f32: bool = True) -> str:
+    def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str) -> str:
         """x @ concat(weights)ᵀ; weights are [out, in] (HF layout), stored [in, out] in the model dtype.
-        x is float32 (cast to the model dtype here) unless `x_is_f32` is False; the result is float32."""
-        if self.dtype != "fp32" and x_is_f32:
+        x and the result are of the activation type; the MatMul runs in the model dtype."""
+        cast = self.act_type != self.onnx_dtype
+        if cast:
             x = g.op("Cast", [x], f"{name}/Cast_in", to=self.onnx_dtype)
         if self.quant is not None:
-            return self.to_f32(g, self.quant.linear(g, x, weights, name, self.np_dtype), name)
-        w = np.concatenate(weights, axis=0).T.astype(self.np_dtype)
-        w = g.weight(f"{name}.weight", np.ascontiguousarray(w))
-        return self.to_f32(g, g.op("MatMul", [x, w], f"{name}/MatMul"), name)
+            y = self.quant.linear(g, x, weights, name, self.np_dtype)
+        else:
+            w = np.concatenate(weights, axis=0).T.astype(self.np_dtype)
+            y = g.op("MatMul", [x, g.weight(f"{name}.weight", np.ascontiguousarray(w))], f"{name}/MatMul")
+        return g.op("Cast", [y], f"{name}/Cast_out", to=self.act_type) if cast else y
 
     def to_f32(self, g: Graph, x: str, name: str) -> str:
         return x if self.dtype == "fp32" else g.op("Cast", [x], f"{name}/Cast_out", to=TensorProto.FLOAT)
@@ -197,6 +223,27 @@ class Gemma3Builder:
         b = g.op("Add", [g.op("Mul", [x2, cos], f"{name}/x2cos"), g.op("Mul", [x1, sin], f"{name}/x1sin")], f"{name}/out2")
         return g.op("Concat", [a, b], f"{name}/Concat", axis=-1)
 
+    def packed_rows(
+        self,
+        g: Graph,
+        x: str,
+        norm: np.ndarray,
+        heads: int,
+        shared: SharedValues,
+        is_sliding: bool,
+        name: str,
+        scale: float = 1.0,
+    ) -> str:
+        """Paged graphs: q or k [b, s, heads * hd] -> normed and rotated token rows [tokens, heads * hd],
+        as the op takes them. In between the rows are [tokens, heads, 1, hd]: the norm's last
+        axis, and RotaryEmbedding's [batch, heads, seq, hd] layout with one token a batch row."""
+        hd = self.cfg.head_dim
+        x = g.op("Reshape", [x, g.const([-1, heads, 1, hd])], f"{name}_heads")
+        x = self.rms_norm(g, x, norm, f"{name}_norm", scale=scale, to=self.act_type)
+        cos, sin = shared.cos_sin[is_sliding]
+        rope = g.op("RotaryEmbedding", [x, shared.token_index, cos, sin], f"{name}_rope/RotaryEmbedding", domain=MS_DOMAIN)
+        return g.op("Reshape", [rope, g.const([-1, heads * hd])], f"{name}_packed")
+
     def attention(self, g: Graph, layer: LayerWeights, x: str, shared: SharedValues, masses: list[str] | None) -> str:
         """Paged grouped-query attention of one layer; returns [b, s, hidden] before the post-norm.
         With `masses`, a full-attention layer appends its attention mass per block [b, max_blocks]."""
@@ -209,18 +256,21 @@ class Gemma3Builder:
             g, x, [layer["self_attn.q_proj"], layer["self_attn.k_proj"], layer["self_attn.v_proj"]], f"{p}/qkv_proj"
         )
         q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
+        scale = cfg.query_pre_attn_scalar**-0.5
+        if shared.paged is not None:  # one op writes the new K/V and reads the blocks in place
+            q = self.packed_rows(g, q, layer["self_attn.q_norm"], nh, shared, is_sliding, f"{p}/q", scale)
+            k = self.packed_rows(g, k, layer["self_attn.k_norm"], kvh, shared, is_sliding, f"{p}/k")
+            v = g.op("Reshape", [v, g.const([-1, kvh * hd])], f"{p}/v_packed")
+            out = paged_attention(g, cfg, i, q, k, v, shared.paged, p)
+            return self.linear(g, out, [layer["self_attn.o_proj"]], f"{p}/o_proj")
+
         q = g.op("Reshape", [q, g.const([0, 0, nh, hd])], f"{p}/q_heads")
         k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])], f"{p}/k_heads")
         v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])], f"{p}/v_heads")
-        scale = cfg.query_pre_attn_scalar**-0.5
         q = self.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
         k = self.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
         q = self.rope(g, q, shared, is_sliding, nh, f"{p}/q_rope")
         k = self.rope(g, k, shared, is_sliding, kvh, f"{p}/k_rope")
-
-        if shared.paged is not None:  # one op writes the new K/V and reads the blocks in place
-            out = paged_attention(g, cfg, i, q, k, v, shared.paged, self.onnx_dtype, p)
-            return self.linear(g, out, [layer["self_attn.o_proj"]], f"{p}/o_proj", x_is_f32=False)
 
         # Write the new tokens' K/V into the KV buffers, then read the rows' blocks back.
         indices = shared.scatter_indices[is_sliding]
@@ -281,11 +331,11 @@ class Gemma3Builder:
         self, g: Graph, layer: LayerWeights, x: str, shared: SharedValues, masses: list[str] | None, out: str | None = None
     ) -> str:
         p = f"/model/layers.{layer.index}"
-        h = self.rms_norm(g, x, layer["input_layernorm"], f"{p}/input_layernorm")
+        h = self.rms_norm(g, x, layer["input_layernorm"], f"{p}/input_layernorm", to=self.act_type)
         h = self.attention(g, layer, h, shared, masses)
         h = self.rms_norm(g, h, layer["post_attention_layernorm"], f"{p}/post_attention_layernorm")
         x = g.op("Add", [x, h], f"{p}/attn_residual")
-        h = self.rms_norm(g, x, layer["pre_feedforward_layernorm"], f"{p}/pre_feedforward_layernorm")
+        h = self.rms_norm(g, x, layer["pre_feedforward_layernorm"], f"{p}/pre_feedforward_layernorm", to=self.act_type)
         h = self.mlp(g, layer, h)
         h = self.rms_norm(g, h, layer["post_feedforward_layernorm"], f"{p}/post_feedforward_layernorm")
         return g.op("Add", [x, h], f"{p}/mlp_residual", out=out)
@@ -295,9 +345,7 @@ class Gemma3Builder:
         p = "/model/lm_head"
         rows = g.op("Reshape", [x, g.const([-1, self.cfg.hidden_size])], f"{p}/flatten")
         rows = g.op("Gather", [rows, io.LOGITS_INDICES], f"{p}/select_rows", axis=0)
-        rows = self.rms_norm(g, rows, final_norm, "/model/norm")
-        if self.dtype != "fp32":
-            rows = g.op("Cast", [rows], f"{p}/Cast_in", to=self.onnx_dtype)
+        rows = self.rms_norm(g, rows, final_norm, "/model/norm", to=self.onnx_dtype)
         cap = self.cfg.final_logit_softcapping
         fp32 = self.dtype == "fp32"
         logits_out = io.LOGITS if fp32 and not cap else None

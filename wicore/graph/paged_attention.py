@@ -23,8 +23,10 @@ block_size. Positions only enter the op through the causal mask and the window, 
 depend on differences of positions, so the shift changes nothing but what is read: at 8K
 context the op walks ~1K cached tokens of a sliding layer, not 8K of which 7K are masked.
 
-Gemma's q/k norms and RoPE run before the op as in the portable graph (float32), and the
-attention scale is already folded into the q-norm weight, so the op's scale is 1.
+Gemma's q/k norms and RoPE run before the op (float16, one fused kernel each; the op's own
+q/k norm and rotary would count positions from past_seqlens, which the sliding layers' window
+shift moves), and the attention scale is already folded into the q-norm weight, so the op's
+scale is 1.
 """
 
 from __future__ import annotations
@@ -75,18 +77,14 @@ def paged_values(g: Graph, cfg: Gemma3Config, kinds: list[bool], positions: str)
     return PagedValues(cumulative, past, bounds, slots, tables, shape)
 
 
-def paged_attention(
-    g: Graph, cfg: Gemma3Config, layer: int, q: str, k: str, v: str, paged: PagedValues, kv_type: int, name: str
-) -> str:
-    """q [b, s, heads, hd], k and v [b, s, kv_heads, hd] (float32, normed and rotated) -> the
-    attention output [b, s, heads * hd] in the KV dtype (float16), the layer's K/V written."""
+def paged_attention(g: Graph, cfg: Gemma3Config, layer: int, q: str, k: str, v: str, paged: PagedValues, name: str) -> str:
+    """Token rows q [tokens, heads * hd], k and v [tokens, kv_heads * hd] (the KV dtype, float16;
+    q and k normed and rotated) -> the attention output [b, s, heads * hd], the layer's K/V written."""
     is_sliding = cfg.is_sliding(layer)
-    packed = []
-    for x, width, label in ((q, cfg.num_heads, "q"), (k, cfg.num_kv_heads, "k"), (v, cfg.num_kv_heads, "v")):
-        flat = g.op("Reshape", [x, g.const([-1, width * cfg.head_dim])], f"{name}/{label}_packed")
-        packed.append(g.op("Cast", [flat], f"{name}/{label}_cast", to=kv_type))
     inputs = [
-        *packed,
+        q,
+        k,
+        v,
         io.key_cache(layer),
         io.value_cache(layer),
         paged.cumulative_seqlens,

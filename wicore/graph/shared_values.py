@@ -31,12 +31,20 @@ class SharedValues:
     masks: dict[bool, str]  # additive mask [batch, 1, seq * groups, blocks * block_size]
     block_shape: str  # [0, -1, block_size]: Reshape target of [batch, total] to [batch, blocks, block_size]
     zeros_mass: str | None = None  # [batch, max_blocks] zeros: attention mass of a partition without full layers
-    token_index: str | None = None  # contrib ops: [batch, seq] flat index of each token, RotaryEmbedding's position_ids
+    token_index: str | None = None  # contrib ops: flat index of each token, RotaryEmbedding's position_ids
+    # ([batch, seq]; paged: [tokens, 1])
     paged: PagedValues | None = None  # the paged attention's inputs (then no masks, tables or scatter indices)
 
 
 def shared_values(
-    g: Graph, cfg: Gemma3Config, start: int, stop: int, attention_stats: bool = False, contrib: bool = False, paged: bool = False
+    g: Graph,
+    cfg: Gemma3Config,
+    start: int,
+    stop: int,
+    attention_stats: bool = False,
+    contrib: bool = False,
+    paged: bool = False,
+    rope_type: int = TensorProto.FLOAT,
 ) -> SharedValues:
     """Inputs every partition takes and what the layers share: scatter indices, RoPE, masks.
 
@@ -56,9 +64,10 @@ def shared_values(
     p = "/model/shared"
     if paged:  # the op takes the paging inputs itself: only RoPE is shared
         cos_sin = {
-            k: rope_tables(g, cfg, positions, cfg.rope_local if k else cfg.rope_global, _rope_name(k), contrib) for k in kinds
+            k: rope_tables(g, cfg, positions, cfg.rope_local if k else cfg.rope_global, _rope_name(k), contrib, rope_type)
+            for k in kinds
         }
-        token_index = _token_index(g, positions) if contrib else None
+        token_index = _token_index(g, positions, g.const([-1, 1]))  # one token a row (Gemma3Builder.packed_rows)
         return SharedValues(
             positions, {}, {}, cos_sin, {}, "", token_index=token_index, paged=paged_values(g, cfg, kinds, positions)
         )
@@ -123,7 +132,7 @@ def shared_values(
         zeros_mass = g.op(
             "ConstantOfShape", [shape], f"{p}/zero_mass", value=onnx.helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0])
         )
-    token_index = _token_index(g, positions) if contrib else None
+    token_index = _token_index(g, positions, g.op("Shape", [positions], f"{p}/positions_shape_2")) if contrib else None
     return SharedValues(positions, tables, scatter, cos_sin, masks, block_shape, zeros_mass, token_index)
 
 
@@ -131,17 +140,20 @@ def _rope_name(is_sliding: bool) -> str:
     return f"/model/shared/rope_{'sliding' if is_sliding else 'global'}"
 
 
-def _token_index(g: Graph, positions: str) -> str:
-    """[batch, seq]: the flat index of each token (RotaryEmbedding's position_ids into one-row-a-token caches)."""
+def _token_index(g: Graph, positions: str, shape: str) -> str:
+    """The flat index of each token in `shape` (RotaryEmbedding's position_ids into one-row-a-token caches)."""
     p = "/model/shared"
     count = g.op("ReduceProd", [g.op("Shape", [positions], f"{p}/positions_shape")], f"{p}/num_tokens", keepdims=0)
     flat = g.op("Range", [g.const(0), count, g.const(1)], f"{p}/token_range")
-    return g.op("Reshape", [flat, g.op("Shape", [positions], f"{p}/positions_shape_2")], f"{p}/token_index")
+    return g.op("Reshape", [flat, shape], f"{p}/token_index")
 
 
-def rope_tables(g: Graph, cfg: Gemma3Config, positions: str, rope: RopeConfig, p: str, contrib: bool) -> tuple[str, str]:
-    """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (float32, as in HF);
-    with contrib ops one row per token, [batch * seq, head_dim / 2], RotaryEmbedding's caches."""
+def rope_tables(
+    g: Graph, cfg: Gemma3Config, positions: str, rope: RopeConfig, p: str, contrib: bool, to: int = TensorProto.FLOAT
+) -> tuple[str, str]:
+    """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (computed in float32, as in
+    HF; of type `to`); with contrib ops one row per token, [batch * seq, head_dim / 2],
+    RotaryEmbedding's caches."""
     half = cfg.head_dim // 2
     inv_freq = 1.0 / (rope.theta ** (np.arange(0, half, dtype=np.int64).astype(np.float32) * 2 / cfg.head_dim))
     inv_freq = (inv_freq / rope.factor).astype(np.float32)
@@ -151,7 +163,10 @@ def rope_tables(g: Graph, cfg: Gemma3Config, positions: str, rope: RopeConfig, p
     else:
         pos = g.op("Unsqueeze", [pos, g.const([-1, -2])], f"{p}/pos_u")  # [b, s, 1, 1]
     freqs = g.op("Mul", [pos, g.const(inv_freq, np.float32)], f"{p}/freqs")
-    return g.op("Cos", [freqs], f"{p}/cos"), g.op("Sin", [freqs], f"{p}/sin")
+    tables = g.op("Cos", [freqs], f"{p}/cos"), g.op("Sin", [freqs], f"{p}/sin")
+    if to == TensorProto.FLOAT:
+        return tables
+    return g.op("Cast", [tables[0]], f"{p}/cos_cast", to=to), g.op("Cast", [tables[1]], f"{p}/sin_cast", to=to)
 
 
 def group_mask(g: Graph, cfg: Gemma3Config, mask: str, total: str, name: str) -> str:
