@@ -17,7 +17,11 @@ window released) are the engine's:
     step ms      median over --steps timed steps, after 3 warm-up steps
     tok/s        batch / step time: the decode rate of that many streams, prefills aside
     --profile    ONNX Runtime's profiler on, in a second engine run the same way: kernel time
-                 per op type over the timed steps' graph runs (prefill and warm-up left out)
+                 per op type over the timed steps' graph runs (prefill and warm-up left out).
+                 On the CUDA EP these are the host's times to launch each node, not GPU time.
+    --gpu-kernels  GPU time per kernel over 4 more engine steps, from CUPTI through torch's
+                 profiler (CUDA EP; torch installed): busy ms a step beside the step's wall
+                 time is what the host leaves the GPU idle.
 
 Usage (from the repository root):
     PYTHONPATH=. python tools/profile_step.py --model-dir models/gemma3-270m-quant --batch 1,16 --profile
@@ -49,6 +53,7 @@ BLOCK_SIZE = 16
 NUM_WARMUP_STEPS = 3
 NUM_SPARE_TOKENS = 8  # beyond what the first rows decode while the last ones prefill; none may end while timed
 TOP_OPS = 8
+KERNEL_STEPS = 4  # --gpu-kernels: engine steps profiled (after the timed ones: within NUM_SPARE_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class Config:
     devices: str
     profile: bool
     json_path: Path | None
+    gpu_kernels: bool = False
 
     def __post_init__(self) -> None:
         if min(self.batches, default=0) < 1 or self.context < 1 or self.num_steps < 1:
@@ -170,6 +176,29 @@ def profile(model_dir: Path, config: Config, batch: int) -> Counter:
     return per_op
 
 
+def gpu_kernels(model_dir: Path, config: Config, batch: int) -> tuple[float, Counter]:
+    """(wall ms, {kernel: GPU µs}) a decode step, over KERNEL_STEPS engine steps after the timed
+    ones. CUPTI (through torch's profiler) sees every kernel of the process, ONNX Runtime's too."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("error: --gpu-kernels needs torch with CUDA (it reads CUPTI through torch's profiler)")
+    per_kernel: Counter = Counter()
+    with Engine(engine_config(model_dir, batch, config)) as engine:
+        decode_steps(engine, batch, config)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            for _ in range(KERNEL_STEPS):
+                out = engine.scheduler.schedule()
+                engine.kv.execute(out.moves)
+                engine.scheduler.update(out.rows, engine.runner.execute(out.rows, out.ended_request_ids))
+            wall_ms = 1000 * (time.perf_counter() - start) / KERNEL_STEPS
+    for event in prof.key_averages():
+        if event.self_device_time_total > 0:
+            per_kernel[event.key[:70]] += event.self_device_time_total / KERNEL_STEPS
+    return wall_ms, per_kernel
+
+
 def parse_args(argv) -> Config:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", action="append", required=True, help="exported model; repeat to compare")
@@ -179,6 +208,7 @@ def parse_args(argv) -> Config:
     parser.add_argument("--steps", type=int, default=30, help="timed steps per batch size")
     parser.add_argument("--devices", default="cpu", help="as wicore's --devices: cpu, cuda:0, cuda:0,cpu, ... (default cpu)")
     parser.add_argument("--profile", action="store_true", help="also break kernel time down by op type")
+    parser.add_argument("--gpu-kernels", action="store_true", help="also GPU time per kernel (CUDA; needs torch)")
     parser.add_argument("--json", type=Path, help="also write a JSON record here")
     args = parser.parse_args(argv)
     return Config(
@@ -190,15 +220,18 @@ def parse_args(argv) -> Config:
         args.devices,
         args.profile,
         args.json,
+        args.gpu_kernels,
     )
 
 
 def run(config: Config, num_busy_before: float | None) -> int:
-    records, profiles = [], {}
+    records, profiles, kernels = [], {}, {}
     for model_dir in config.model_dirs:  # alternate models per batch size would be fairer; runs are short
         records += measure(Path(model_dir), config)
         if config.profile:
             profiles[model_dir] = {b: profile(Path(model_dir), config, b) for b in config.batches}
+        if config.gpu_kernels:
+            kernels[model_dir] = {b: gpu_kernels(Path(model_dir), config, b) for b in config.batches}
     print(f"decode steps from context {config.context}, {config.threads} threads, median of {config.num_steps}\n")
     print("| model | flavour | devices | batch | step ms | graphs ms | tok/s |\n|---|---|---|---:|---:|---:|---:|")
     for r in records:
@@ -211,6 +244,12 @@ def run(config: Config, num_busy_before: float | None) -> int:
             total = sum(per_op.values())
             top = ", ".join(f"{op} {us / 1000:.2f}" for op, us in per_op.most_common(TOP_OPS))
             print(f"\n{model}, batch {batch}: kernels {total / 1000:.2f} ms a graph run (profiled); ms by op: {top}")
+    for model, by_batch in kernels.items():
+        for batch, (wall_ms, per_kernel) in by_batch.items():
+            busy = sum(per_kernel.values()) / 1000
+            print(f"\n{model}, batch {batch}: GPU busy {busy:.2f} of {wall_ms:.2f} ms a step; ms by kernel:")
+            for name, us in per_kernel.most_common(2 * TOP_OPS):
+                print(f"  {us / 1000:7.3f}  {name}")
     if config.json_path is not None:
         write_record(
             config.json_path,
@@ -218,6 +257,7 @@ def run(config: Config, num_busy_before: float | None) -> int:
             num_busy_cores_before=num_busy_before,
             results=records,
             profiles={m: {b: dict(p) for b, p in bb.items()} for m, bb in profiles.items()},
+            gpu_kernels={m: {b: {"wall_ms": w, "kernels_us": dict(k)} for b, (w, k) in bb.items()} for m, bb in kernels.items()},
         )
     return 0
 
