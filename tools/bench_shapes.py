@@ -73,6 +73,7 @@ class Config:
     check_tokens: int
     json_path: Path | None
     threads: int = 1
+    block_size: int = 16
 
 
 def hf_config(shape: str, layers: int) -> dict[str, object]:
@@ -127,7 +128,9 @@ def export(folder: Path, variant: str, out: Path) -> Path:
 
 def wicore_steps(model_dir: Path, config: Config, cuda_graphs: bool) -> dict[int, float]:
     """Median decode step ms per batch size (an engine per batch size, as tools/profile_step.py)."""
-    step = StepConfig((str(model_dir),), config.batches, config.context, 1, config.steps, "cuda:0", False, None)
+    step = StepConfig(
+        (str(model_dir),), config.batches, config.context, 1, config.steps, "cuda:0", False, None, block_size=config.block_size
+    )
     times = {}
     for batch in config.batches:
         with Engine(replace(engine_config(model_dir, batch, step), cuda_graphs=cuda_graphs)) as engine:
@@ -165,7 +168,7 @@ def hf_steps(folder: Path, config: Config) -> dict[int, float]:
     return times
 
 
-def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int) -> dict[str, dict[str, object]]:
+def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size: int) -> dict[str, dict[str, object]]:
     """Prompt logits at every position of one random prompt: each export against HF float32; and
     24 greedy tokens of four prompts decoded together, which a "+graphs" variant must repeat."""
     import torch
@@ -182,7 +185,8 @@ def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int) -> dict[st
     prompts = [rng.integers(1000, vocab, n).tolist() for n in (5, 40, 300, 1030)]
     report: dict[str, dict[str, object]] = {}
     for variant, model_dir in model_dirs.items():
-        engine_cfg = engine_config(model_dir, 4, StepConfig((), (1,), num_tokens, 1, 24, "cuda:0", False, None))
+        step = StepConfig((), (1,), num_tokens, 1, 24, "cuda:0", False, None, block_size=block_size)
+        engine_cfg = engine_config(model_dir, 4, step)
         with Engine(replace(engine_cfg, cuda_graphs=variant.endswith(GRAPHS))) as engine:
             got = engine.generate([prompt], SamplingParams(max_tokens=1, prompt_logits=True))[0].prompt_logits
             tokens = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
@@ -248,7 +252,7 @@ def run(config: Config) -> int:
     report: dict[str, object] = {}
     if config.check:
         n = config.layers[0]
-        report["check"] = check(folders[n], {v: exports[n, v] for v in config.variants}, config.check_tokens)
+        report["check"] = check(folders[n], {v: exports[n, v] for v in config.variants}, config.check_tokens, config.block_size)
     depth = int(SHAPES[config.shape]["depth"])  # type: ignore[call-overload]
     results: dict[str, dict[str, object]] = {}
     if config.hf:  # first: ONNX Runtime's CUDA arenas are not handed back to torch when a session closes
@@ -259,7 +263,10 @@ def run(config: Config) -> int:
         results[variant] = {"ms": times, "fit": fit(times, depth)}
     bandwidth = copy_bandwidth()
     floor_ms = 1000 * weight_bytes(config.shape, 2) / bandwidth
-    print(f"\n{config.shape}, {depth} layers (fitted over {config.layers}), context {config.context}; ms a decode step (tok/s)")
+    print(
+        f"\n{config.shape}, {depth} layers (fitted over {config.layers}), context {config.context}, "
+        f"blocks of {config.block_size}; ms a decode step (tok/s)"
+    )
     print(f"fp16 weight-read floor {floor_ms:.1f} ms at the measured copy bandwidth {bandwidth / 1e12:.2f} TB/s\n")
     print("| | " + " | ".join(f"batch {b}" for b in config.batches) + " |\n|---|" + "---:|" * len(config.batches))
     for name, r in results.items():
@@ -286,12 +293,16 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip the HF transformers peer")
     p.add_argument("--check", action="store_true", help="compare prompt logits with HF float32 first")
     p.add_argument("--check-tokens", type=int, default=1100)
+    p.add_argument("--block-size", type=int, default=16, help="KV block (page) size in tokens")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     layers, variants = int_list(a.layers), tuple(a.variants.split(","))
     if len(set(layers)) < 2 or any(v.removesuffix(GRAPHS) not in VARIANTS for v in variants):
         raise SystemExit("error: --layers needs two or more counts; --variants: " + ", ".join(VARIANTS))
-    return Config(a.shape, layers, variants, int_list(a.batch), a.context, a.steps, a.work, a.hf, a.check, a.check_tokens, a.json)
+    return Config(
+        a.shape, layers, variants, int_list(a.batch), a.context, a.steps, a.work, a.hf, a.check, a.check_tokens, a.json,
+        block_size=a.block_size,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
