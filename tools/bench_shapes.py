@@ -73,7 +73,7 @@ class Config:
     check_tokens: int
     json_path: Path | None
     threads: int = 1
-    block_size: int = 16
+    block_size: int | None = None  # None: the engine's default (a paged export: its FlashAttention tile)
 
 
 def hf_config(shape: str, layers: int) -> dict[str, object]:
@@ -145,6 +145,10 @@ def hf_steps(folder: Path, config: Config) -> dict[int, float]:
     from transformers import Gemma3ForCausalLM
 
     model = Gemma3ForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="sdpa", device_map="cuda").eval()
+    # torch 2.11 picks cuDNN's SDPA on an H100, which builds a new cuDNN plan on the host for every
+    # new KV length: 5.7 ms a call, once per layer per decode step (profiled, 2026-11-24). Flash and
+    # memory-efficient SDPA keep HF on the GPU's clock.
+    torch.backends.cuda.enable_cudnn_sdp(False)
     times = {}
     with torch.no_grad():
         for batch in config.batches:
@@ -168,7 +172,7 @@ def hf_steps(folder: Path, config: Config) -> dict[int, float]:
     return times
 
 
-def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size: int) -> dict[str, dict[str, object]]:
+def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size: int | None) -> dict[str, dict[str, object]]:
     """Prompt logits at every position of one random prompt: each export against HF float32; and
     24 greedy tokens of four prompts decoded together, which a "+graphs" variant must repeat."""
     import torch
@@ -265,7 +269,7 @@ def run(config: Config) -> int:
     floor_ms = 1000 * weight_bytes(config.shape, 2) / bandwidth
     print(
         f"\n{config.shape}, {depth} layers (fitted over {config.layers}), context {config.context}, "
-        f"blocks of {config.block_size}; ms a decode step (tok/s)"
+        f"blocks of {config.block_size or 'the engine default'}; ms a decode step (tok/s)"
     )
     print(f"fp16 weight-read floor {floor_ms:.1f} ms at the measured copy bandwidth {bandwidth / 1e12:.2f} TB/s\n")
     print("| | " + " | ".join(f"batch {b}" for b in config.batches) + " |\n|---|" + "---:|" * len(config.batches))
@@ -293,7 +297,7 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip the HF transformers peer")
     p.add_argument("--check", action="store_true", help="compare prompt logits with HF float32 first")
     p.add_argument("--check-tokens", type=int, default=1100)
-    p.add_argument("--block-size", type=int, default=16, help="KV block (page) size in tokens")
+    p.add_argument("--block-size", type=int, default=None, help="KV block (page) size in tokens (default: the engine's)")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     layers, variants = int_list(a.layers), tuple(a.variants.split(","))

@@ -44,12 +44,12 @@ from pathlib import Path
 import numpy as np
 from benchlib import int_list, run_tool, write_record
 
+from wicore.graph.manifest import Manifest
 from wicore.runtime.batch import build_batch
-from wicore.runtime.engine import Engine, EngineConfig
+from wicore.runtime.engine import Engine, EngineConfig, default_block_size
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
 
-BLOCK_SIZE = 16  # default --block-size
 NUM_WARMUP_STEPS = 3
 NUM_SPARE_TOKENS = 8  # beyond what the first rows decode while the last ones prefill; none may end while timed
 TOP_OPS = 8
@@ -67,7 +67,7 @@ class Config:
     profile: bool
     json_path: Path | None
     gpu_kernels: bool = False
-    block_size: int = BLOCK_SIZE
+    block_size: int | None = None  # None: the engine's default for the model
 
     def __post_init__(self) -> None:
         if min(self.batches, default=0) < 1 or self.context < 1 or self.num_steps < 1:
@@ -91,11 +91,12 @@ def num_new_tokens(batch: int, config: Config) -> int:
 def engine_config(model_dir: Path, batch: int, config: Config, profile_prefix: str | None = None) -> EngineConfig:
     """An engine whose device tier holds `batch` sequences to their last token, and nothing more."""
     tokens = config.context + num_new_tokens(batch, config)
+    block_size = config.block_size or default_block_size(Manifest.read(model_dir))
     return EngineConfig(
         model_dir=model_dir,
         num_threads=config.threads,
-        block_size=config.block_size,
-        num_device_blocks=1 + batch * -(-tokens // config.block_size),  # the sink, then each row's blocks
+        block_size=block_size,
+        num_device_blocks=1 + batch * -(-tokens // block_size),  # the sink, then each row's blocks
         num_host_blocks=0,
         num_nvme_blocks=0,
         enable_prefix_cache=False,
@@ -121,7 +122,7 @@ def decode_steps(engine: Engine, batch: int, config: Config) -> StepTimes:
         is_decode = len(out.rows) == batch and all(len(r.token_ids) == 1 for r in out.rows)
         start = time.perf_counter()
         if is_decode:
-            engine.runner.graphs.run(build_batch(out.rows, config.block_size))
+            engine.runner.graphs.run(build_batch(out.rows, engine.layout.block_size))
         middle = time.perf_counter()
         result = engine.runner.execute(out.rows, out.ended_request_ids)
         end = time.perf_counter()
@@ -210,7 +211,7 @@ def parse_args(argv) -> Config:
     parser.add_argument("--devices", default="cpu", help="as wicore's --devices: cpu, cuda:0, cuda:0,cpu, ... (default cpu)")
     parser.add_argument("--profile", action="store_true", help="also break kernel time down by op type")
     parser.add_argument("--gpu-kernels", action="store_true", help="also GPU time per kernel (CUDA; needs torch)")
-    parser.add_argument("--block-size", type=int, default=BLOCK_SIZE, help="KV block (page) size in tokens")
+    parser.add_argument("--block-size", type=int, default=None, help="KV block (page) size in tokens (default: the engine's)")
     parser.add_argument("--json", type=Path, help="also write a JSON record here")
     args = parser.parse_args(argv)
     return Config(

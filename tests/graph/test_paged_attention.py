@@ -22,7 +22,9 @@ from wicore.graph import io
 from wicore.graph.gemma3 import Gemma3Builder
 from wicore.graph.manifest import Manifest
 from wicore.graph.ops import DataFile, Graph
+from wicore.graph.paged_attention import flash_page_size
 from wicore.graph.shared_values import shared_values
+from wicore.runtime.engine import default_block_size
 from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
 from wicore.runtime.providers import DeviceError, parse_device
@@ -128,6 +130,14 @@ def test_packed_rows_are_gemmas_norm_and_rope_at_each_tokens_position(tiny_model
         want = np.concatenate([x1 * np.cos(angle) - x2 * np.sin(angle), x2 * np.cos(angle) + x1 * np.sin(angle)], -1)
         assert got.shape == (6, heads * hd)
         np.testing.assert_allclose(got.astype(np.float64), want.reshape(6, heads * hd), atol=4e-3)
+
+
+def test_a_paged_export_gets_the_blocks_its_flash_kernels_need(paged_export, tiny_export):
+    """ONNX Runtime runs the op's FlashAttention only on blocks a K/V tile never straddles."""
+    assert [flash_page_size(d) for d in (64, 128, 256)] == [256, 128, 64]
+    paged = Manifest.read(paged_export)
+    assert default_block_size(paged) == flash_page_size(paged.config.head_dim)
+    assert default_block_size(Manifest.read(tiny_export()[0])) == 16
 
 
 def test_an_ep_without_the_op_refuses_the_export_and_names_the_portable_one(paged_export):

@@ -31,7 +31,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Where the model runs, its KV tiers and the scheduler's limits: `generate` and `serve` alike."""
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--devices", default="cpu", help="where partitions run: cpu, auto, cuda:0, openvino:CPU,cpu ...")
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="tokens a KV block (default 16; a paged-attention export: 64-256, as its kernels need)",
+    )
     p.add_argument("--kv-pool-gb", type=float, default=1.0, help="tier 0 (device) KV pool")
     p.add_argument("--host-tier-gb", type=float, default=1.0, help="tier 1 (host RAM) KV blocks")
     p.add_argument("--nvme-tier-gb", type=float, default=0.0, help="tier 2 (NVMe file) KV blocks")

@@ -36,9 +36,9 @@ import onnx
 from onnx import TensorProto
 
 from wicore.graph import io
-from wicore.graph.ops import DataFile, Graph
+from wicore.graph.ops import MS_DOMAIN, DataFile, Graph
 from wicore.graph.paged_attention import paged_attention
-from wicore.graph.quant import MS_DOMAIN, QuantLinear
+from wicore.graph.quant import QuantLinear
 from wicore.graph.shared_values import SharedValues, shared_values
 from wicore.model.config import Gemma3Config
 from wicore.model.weights import LayerWeights, check_layer

@@ -22,6 +22,9 @@ from onnx import TensorProto, helper, numpy_helper
 _ALIGN = 4096  # external data offsets aligned to pages, so ONNX Runtime can mmap them
 
 
+MS_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops (MatMulNBits, PagedAttention, RotaryEmbedding, ...)
+
+
 class DataFile:
     """An external data file that weights are appended to, possibly shared by several graphs."""
 

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wicore.graph.ops import DataFile, Graph
+from wicore.graph.ops import MS_DOMAIN, DataFile, Graph
 from wicore.model.quant import SUPPORTED_BITS, BlockQuant, concat_rows, quantize_symmetric
-
-MS_DOMAIN = "com.microsoft"
 
 
 @dataclass(frozen=True)

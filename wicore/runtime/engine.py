@@ -29,6 +29,7 @@ import numpy as np
 
 from wicore.errors import ContextLengthError, OverloadedError, RequestError
 from wicore.graph.manifest import Manifest
+from wicore.graph.paged_attention import flash_page_size
 from wicore.hmt.block_groups import FULL, WINDOW
 from wicore.hmt.policy import A2CRConfig
 from wicore.hmt.tiers import Tier
@@ -50,7 +51,7 @@ from wicore.runtime.tokenizer import Tokenizer
 class EngineConfig:
     model_dir: Path
     num_threads: int | None = None
-    block_size: int = 16
+    block_size: int | None = None  # tokens a KV block; None: default_block_size(the model)
     kv_pool_gb: float = 1.0  # tier 0
     host_tier_gb: float = 1.0  # tier 1
     nvme_tier_gb: float = 0.0  # tier 2
@@ -76,6 +77,11 @@ class EngineConfig:
             raise ValueError("tier sizes must be >= 0")
 
 
+def default_block_size(manifest: Manifest) -> int:
+    """16 tokens (as vLLM), or for a paged-attention export the block its FlashAttention kernels need."""
+    return flash_page_size(manifest.config.head_dim) if manifest.attention == "paged" else 16
+
+
 @dataclass(frozen=True)
 class Completion:
     """One request run to its end by `Engine.generate`."""
@@ -94,18 +100,19 @@ class Engine:
         self.manifest = Manifest.read(model_dir)
         if config.verify_files:
             self.manifest.verify(model_dir)
-        layout = KVLayout.of(self.manifest, config.block_size)
+        bs = config.block_size or default_block_size(self.manifest)
+        layout = KVLayout.of(self.manifest, bs)
         tiers = plan_tiers(config, layout)
         device = tiers[Tier.DEVICE]
         device_bytes = device.full * layout.block_bytes(FULL) + device.window * layout.block_bytes(WINDOW)
         placement = plan_placement(model_dir, self.manifest, config.devices, device_bytes)
-        buffers = KVBuffers(self.manifest, CacheConfig(device.full, config.block_size, device.window or None), placement.devices)
+        buffers = KVBuffers(self.manifest, CacheConfig(device.full, bs, device.window or None), placement.devices)
         graphs = ModelGraphs(
             model_dir, self.manifest, buffers, placement.devices, config.num_threads, config.profile_prefix, config.cuda_graphs
         )
         self.layout = layout
         self.kv = build_kv_cache(config, layout, tiers, buffers)
-        self.runner = ModelRunner(graphs, config.block_size)
+        self.runner = ModelRunner(graphs, bs)
         sched = config.scheduler
         self.scheduler = Scheduler(
             replace(
@@ -116,11 +123,11 @@ class Engine:
             self.kv,
         )
         if config.cuda_graphs:  # tables as wide as the longest sequence, and a sliding window plus two blocks
-            bs, context = config.block_size, self.scheduler.config.max_context
+            context = self.scheduler.config.max_context
             window = -(-self.manifest.config.sliding_window // bs) + 2 if layout.has_window else 1
             graphs.enable_decode_graphs(bs, sched.max_num_seqs, -(-context // bs), window, context)
         # Room one sequence can have on the device (one block of each group is the padding sink).
-        self._device_tokens = (device.full - 1) * config.block_size
+        self._device_tokens = (device.full - 1) * bs
         self._window_blocks = device.window - 1
         self._tokenizer: Tokenizer | None = None
         self._ids = itertools.count()
@@ -241,7 +248,7 @@ class Engine:
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         if self.layout.has_window:
             chunk = self.scheduler.config.prefill_chunk
-            need = min(-(-(len(ids) + max_tokens) // self.config.block_size), self.layout.window_blocks_per_sequence(chunk))
+            need = min(-(-(len(ids) + max_tokens) // self.layout.block_size), self.layout.window_blocks_per_sequence(chunk))
             if need > self._window_blocks:
                 raise RequestError(
                     f"the request needs up to {need} blocks in the sliding-window layers' KV cache, which holds "
