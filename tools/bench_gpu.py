@@ -8,11 +8,13 @@ blocks behind the window, as in serving). For the real Gemma 3 270M GGUF it:
      the default) or WiCore's CPU fp32 engine (`--reference cpu`), on three prompts run
      concurrently, the third past the sliding window: greedy tokens, and prompt logits at every
      position (argmax agreement before and past the window);
-  2. exports fp32 (1 and 3 partitions), fp16 (1 and 3) and, with `--quant`, ort-quant graphs,
-     and compares greedy tokens and prompt logits of CUDA fp16, CUDA fp32, a CUDA + CPU
+  2. exports fp32 (1 and 3 partitions), fp16 (1 and 3, and with the paged attention) and, with
+     `--quant`, ort-quant graphs, and compares greedy tokens and prompt logits of CUDA fp16
+     (portable; paged, with and without CUDA graphs), CUDA fp32, a CUDA + CPU
      placement, with two GPUs a cuda:0 + cuda:1 placement, and ort-quant on CUDA and CPU,
      against the CPU fp32 engine;
-  3. times batch decode (1, 8, 32 rows) of WiCore on CUDA fp16 (and ort-quant) and of HF
+  3. times batch decode (1, 8, 32 rows) of WiCore on CUDA fp16 (portable; paged, with and
+     without CUDA graphs; and ort-quant) and of HF
      transformers (eager, bf16, on the same GPU), in the same run.
 
     python tools/bench_gpu.py --gguf model.gguf --work /tmp/wicore-gpu --json result.json
@@ -57,9 +59,9 @@ class Outputs:
     blocks_held: dict[str, int] | None = None  # the engine's device blocks per group late in the run
 
 
-def export(gguf: Path, out: Path, dtype: str, partitions: int, flavour: str = "portable") -> Path:
+def export(gguf: Path, out: Path, dtype: str, partitions: int, flavour: str = "portable", attention: str = "portable") -> Path:
     if not (out / "wicore.json").exists():
-        config = ExportConfig(dtype=dtype, num_partitions=partitions, op_flavour=flavour)
+        config = ExportConfig(dtype=dtype, num_partitions=partitions, op_flavour=flavour, attention=attention)
         export_model(GGUFSource(gguf), out, config, progress=lambda _: None)
     return out
 
@@ -82,7 +84,7 @@ def prompt_ids(folder: Path) -> list[list[int]]:
     return [tokenizer.encode(p) for p in PROMPTS]
 
 
-def engine_outputs(folder: Path, devices: str, prompts: list[list[int]], new_tokens: int) -> Outputs:
+def engine_outputs(folder: Path, devices: str, prompts: list[list[int]], new_tokens: int, cuda_graphs: bool = False) -> Outputs:
     """Greedy tokens of the prompts run concurrently, then their prompt logits, from one Engine.
 
     Its device blocks per group are read at the last prompt's (the longest: its prefill ends
@@ -90,7 +92,7 @@ def engine_outputs(folder: Path, devices: str, prompts: list[list[int]], new_tok
     the context, the window group only the window's (plus one) once the sliding layers have
     released the rest."""
     greedy = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-    with Engine(engine_config(folder, devices)) as engine:
+    with Engine(engine_config(folder, devices, cuda_graphs=cuda_graphs)) as engine:
         request_ids = [engine.add_request(p, greedy) for p in prompts]
         engine.start()
         held: list[dict[str, int]] = []
@@ -184,8 +186,11 @@ def compare(gguf: Path, work: Path, new_tokens: int, quant: bool) -> dict:
     fp32 = export(gguf, work / "fp32", "fp32", 1)
     fp32_3 = export(gguf, work / "fp32-p3", "fp32", 3)
     fp16 = export(gguf, work / "fp16", "fp16", 1)
+    paged = export(gguf, work / "fp16-paged", "fp16", 1, attention="paged")
     runs = [
         ("cuda fp16", fp16, "cuda:0"),
+        ("cuda fp16 paged", paged, "cuda:0"),
+        ("cuda fp16 paged + CUDA graphs", paged, "cuda:0"),
         ("cuda fp32", fp32, "cuda:0"),
         ("cuda:0 + cpu fp32 (3 partitions)", fp32_3, "cuda:0,cuda:0,cpu"),
     ]
@@ -202,7 +207,7 @@ def compare(gguf: Path, work: Path, new_tokens: int, quant: bool) -> dict:
     report = {}
     for name, folder, devices in runs:
         try:
-            got = engine_outputs(folder, devices, prompts, new_tokens)
+            got = engine_outputs(folder, devices, prompts, new_tokens, cuda_graphs=name.endswith("CUDA graphs"))
         except Exception as exc:  # e.g. a flavour this EP refuses: report it and go on
             report[name] = {"error": repr(exc)}
         else:
@@ -212,10 +217,12 @@ def compare(gguf: Path, work: Path, new_tokens: int, quant: bool) -> dict:
     return report
 
 
-def bench_wicore(folder: Path, devices: str, batch: int, new_tokens: int) -> float:
+def bench_wicore(folder: Path, devices: str, batch: int, new_tokens: int, cuda_graphs: bool = False) -> float:
     """Aggregate decode tok/s of `batch` requests served together: the tokens after each
     request's first, over the time from the last first token to the last token."""
-    config = engine_config(folder, devices, enable_prefix_cache=False, scheduler=SchedulerConfig(max_num_seqs=batch))
+    config = engine_config(
+        folder, devices, enable_prefix_cache=False, scheduler=SchedulerConfig(max_num_seqs=batch), cuda_graphs=cuda_graphs
+    )
     with Engine(config).start() as engine:
         prompts = [engine.tokenizer.encode(f"Story {i}: once upon a time") for i in range(batch)]
         engine.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
@@ -285,7 +292,13 @@ def main() -> None:
     result["compare"] = compare(args.gguf, args.work, args.new_tokens, args.quant)
     speed = {}
     for batch in (int(b) for b in args.batches.split(",")):
-        speed[batch] = {"wicore cuda fp16": bench_wicore(args.work / "fp16", "cuda:0", batch, args.new_tokens)}
+        speed[batch] = {
+            "wicore cuda fp16": bench_wicore(args.work / "fp16", "cuda:0", batch, args.new_tokens),
+            "wicore cuda fp16 paged": bench_wicore(args.work / "fp16-paged", "cuda:0", batch, args.new_tokens),
+            "wicore cuda fp16 paged + CUDA graphs": bench_wicore(
+                args.work / "fp16-paged", "cuda:0", batch, args.new_tokens, cuda_graphs=True
+            ),
+        }
         if args.quant and (args.work / "ort-quant" / "wicore.json").exists():
             try:
                 speed[batch]["wicore cuda ort-quant"] = bench_wicore(args.work / "ort-quant", "cuda:0", batch, args.new_tokens)
