@@ -46,7 +46,8 @@ from benchlib import int_list, run_tool, write_record
 
 from wicore.graph.manifest import Manifest
 from wicore.runtime.batch import build_batch
-from wicore.runtime.engine import Engine, EngineConfig, default_block_size
+from wicore.runtime.engine import Engine, EngineConfig
+from wicore.runtime.kv_layout import default_block_size
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
 

@@ -24,9 +24,9 @@ from wicore.graph.manifest import Manifest
 from wicore.graph.ops import DataFile, Graph
 from wicore.graph.paged_attention import flash_page_size
 from wicore.graph.shared_values import shared_values
-from wicore.runtime.engine import default_block_size
 from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
+from wicore.runtime.kv_layout import choose_block_size, default_block_size
 from wicore.runtime.providers import DeviceError, parse_device
 
 WINDOW = 8  # the tiny model's sliding window (tests/conftest.py)
@@ -138,6 +138,17 @@ def test_a_paged_export_gets_the_blocks_its_flash_kernels_need(paged_export, tin
     paged = Manifest.read(paged_export)
     assert default_block_size(paged) == flash_page_size(paged.config.head_dim)
     assert default_block_size(Manifest.read(tiny_export()[0])) == 16
+
+
+def test_smaller_blocks_for_a_paged_export_are_taken_with_a_warning(paged_export, caplog):
+    paged = Manifest.read(paged_export)
+    tile = flash_page_size(paged.config.head_dim)
+    assert choose_block_size(paged, None) == tile and not caplog.records
+    assert choose_block_size(paged, 2 * tile) == 2 * tile and not caplog.records
+    assert choose_block_size(paged, 16) == 16
+    assert [r.getMessage() for r in caplog.records] == [
+        f"KV blocks of 16 tokens: the paged attention runs FlashAttention on multiples of {tile} only"
+    ]
 
 
 def test_an_ep_without_the_op_refuses_the_export_and_names_the_portable_one(paged_export):

@@ -29,7 +29,6 @@ import numpy as np
 
 from wicore.errors import ContextLengthError, OverloadedError, RequestError
 from wicore.graph.manifest import Manifest
-from wicore.graph.paged_attention import flash_page_size
 from wicore.hmt.block_groups import FULL, WINDOW
 from wicore.hmt.policy import A2CRConfig
 from wicore.hmt.tiers import Tier
@@ -37,7 +36,7 @@ from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.runtime.channel import Channel
 from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
-from wicore.runtime.kv_layout import KVLayout, build_kv_cache, plan_tiers
+from wicore.runtime.kv_layout import KVLayout, build_kv_cache, choose_block_size, plan_tiers
 from wicore.runtime.placement import plan_placement
 from wicore.runtime.request import Priority, Request, RequestOutput
 from wicore.runtime.runner import ModelRunner
@@ -77,11 +76,6 @@ class EngineConfig:
             raise ValueError("tier sizes must be >= 0")
 
 
-def default_block_size(manifest: Manifest) -> int:
-    """16 tokens (as vLLM), or for a paged-attention export the block its FlashAttention kernels need."""
-    return flash_page_size(manifest.config.head_dim) if manifest.attention == "paged" else 16
-
-
 @dataclass(frozen=True)
 class Completion:
     """One request run to its end by `Engine.generate`."""
@@ -100,7 +94,7 @@ class Engine:
         self.manifest = Manifest.read(model_dir)
         if config.verify_files:
             self.manifest.verify(model_dir)
-        bs = config.block_size or default_block_size(self.manifest)
+        bs = choose_block_size(self.manifest, config.block_size)
         layout = KVLayout.of(self.manifest, bs)
         tiers = plan_tiers(config, layout)
         device = tiers[Tier.DEVICE]

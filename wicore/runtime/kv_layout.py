@@ -12,6 +12,7 @@ of the memory goes to the full-attention layers, whose blocks cover the whole co
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import tempfile
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from wicore.graph.manifest import Manifest
+from wicore.graph.paged_attention import flash_page_size
 from wicore.hmt.block_groups import FULL, WINDOW
 from wicore.hmt.block_pool import BlockPool
 from wicore.hmt.kv_cache import KVCache
@@ -34,6 +36,23 @@ if TYPE_CHECKING:
     from wicore.runtime.engine import EngineConfig
 
 GIB = 1 << 30
+
+
+log = logging.getLogger(__name__)
+
+
+def default_block_size(manifest: Manifest) -> int:
+    """16 tokens (as vLLM), or for a paged-attention export the block its FlashAttention kernels need."""
+    return flash_page_size(manifest.config.head_dim) if manifest.attention == "paged" else 16
+
+
+def choose_block_size(manifest: Manifest, requested: int | None) -> int:
+    """`requested`, or the model's default; a paged export warned where its kernels will be slow."""
+    size = requested or default_block_size(manifest)
+    tile = flash_page_size(manifest.config.head_dim)
+    if manifest.attention == "paged" and size % tile:
+        log.warning("KV blocks of %d tokens: the paged attention runs FlashAttention on multiples of %d only", size, tile)
+    return size
 
 
 @dataclass(frozen=True)
