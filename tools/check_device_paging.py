@@ -33,6 +33,7 @@ Usage (from the repository root; WiCore importable, e.g. PYTHONPATH=.):
     wicore-export --model gemma3-270m --out /tmp/g3 --partitions 3
     PYTHONPATH=. python tools/check_device_paging.py /tmp/g3 --devices cpu --force-ort-store
     PYTHONPATH=. python tools/check_device_paging.py /tmp/g3-fp16 --devices cuda --json paging.json
+    PYTHONPATH=. python tools/check_device_paging.py /tmp/g3-paged --devices cuda:0 --cuda-graphs   # paged runs captured
 """
 
 from __future__ import annotations
@@ -214,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--devices", default="cpu", help="as wicore's --devices: cpu, cuda, cuda:0,cuda:1, ...")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=None, help="tokens a KV block (default: the engine's for the model)")
+    parser.add_argument("--cuda-graphs", action="store_true", help="the paged runs replay decode steps from CUDA graphs")
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--device-blocks", type=int, default=10, help="tier 0 of the paged run, sink included")
@@ -241,12 +243,13 @@ def main(argv: list[str] | None = None) -> int:
             num_host_blocks=args.host_blocks,
             num_nvme_blocks=args.nvme_blocks,
             nvme_dir=Path(nvme_dir),
+            cuda_graphs=args.cuda_graphs,
         )
         runs = {"reference": run_workload(reference_cfg, args, False), "paged": run_workload(paged_cfg, args, False)}
         if args.force_ort_store:
             runs["paged_ort"] = run_workload(paged_cfg, args, True)
     outputs = {name: run.pop("outputs") for name, run in runs.items()}
-    result: dict[str, object] = {"model_dir": str(args.model_dir), "devices": args.devices}
+    result: dict[str, object] = {"model_dir": str(args.model_dir), "devices": args.devices, "cuda_graphs": args.cuda_graphs}
     for name, run in runs.items():
         if name != "reference":
             run["vs_reference"] = compare(outputs["reference"], outputs[name])
