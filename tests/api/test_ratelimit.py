@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from wicore.api.errors import APIError
-from wicore.api.ratelimit import RateLimiter
+from wicore.api.ratelimit import RateLimiter, default_burst
 
 
 class Clock:
@@ -55,3 +55,12 @@ def test_refilled_buckets_are_forgotten_past_max_keys_and_limited_ones_kept():
     assert limiter.num_keys == 2
     with pytest.raises(APIError):
         limiter.check("hot")
+
+
+def test_the_default_burst_is_ten_seconds_worth_and_at_least_five():
+    assert [default_burst(rpm) for rpm in (6, 30, 60, 120, 600)] == [5, 5, 10, 20, 100]
+    limiter = RateLimiter(requests_per_minute=120, clock=Clock())  # --rate-limit 120: 20 at once, then 429
+    for _ in range(20):
+        limiter.check("a")
+    with pytest.raises(APIError):
+        limiter.check("a")

@@ -35,6 +35,12 @@ class TokenBucket:
         return (1 - self._tokens) / self.rate
 
 
+def default_burst(requests_per_minute: float) -> int:
+    """Ten seconds' worth of requests, at least 5: a client may open a few streams at once (a
+    chat page loads models, then asks) without hitting a 429 at a rate it stays under."""
+    return max(5, math.ceil(requests_per_minute / 6.0))
+
+
 class RateLimiter:
     """One bucket per client key (the API key, or the client address when auth is off). Past
     MAX_KEYS keys, refilled buckets are forgotten, so many addresses cannot grow it without bound."""
@@ -43,7 +49,7 @@ class RateLimiter:
 
     def __init__(self, requests_per_minute: float, burst: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate = requests_per_minute / 60.0
-        self.burst = float(burst if burst is not None else max(1, math.ceil(requests_per_minute / 60.0)))
+        self.burst = float(burst if burst is not None else default_burst(requests_per_minute))
         self._clock = clock
         self._buckets: dict[str, TokenBucket] = {}
         self._lock = threading.Lock()

@@ -161,7 +161,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", action="append", default=[], help="accepted Bearer key; repeat for several")
     p.add_argument("--api-key-file", type=Path, default=None, help="file with one accepted key per line")
     p.add_argument("--rate-limit", type=float, default=0.0, help="requests per minute per key (0: no limit)")
-    p.add_argument("--rate-burst", type=int, default=None, help="requests a key may send at once (default: 1 s worth)")
+    p.add_argument(
+        "--rate-burst", type=int, default=None, help="requests a key may send at once (default: 10 s worth, at least 5)"
+    )
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin ('*' for any); repeat")
     p.add_argument("--grace-seconds", type=float, default=30.0, help="on SIGTERM, time in-flight requests get to finish")

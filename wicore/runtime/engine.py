@@ -38,6 +38,7 @@ from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
 from wicore.runtime.kv_layout import KVLayout, build_kv_cache, choose_block_size, plan_tiers
 from wicore.runtime.placement import plan_placement
+from wicore.runtime.rate import RateMeter
 from wicore.runtime.request import Priority, Request, RequestOutput
 from wicore.runtime.runner import ModelRunner
 from wicore.runtime.sampler import SamplingParams
@@ -129,7 +130,7 @@ class Engine:
         self._channels: dict[str, Channel] = {}
         self._thread: threading.Thread | None = None
         self._running = False
-        self._step_times: list[tuple[float, int]] = []  # (time, generated tokens) of recent steps
+        self._generated = RateMeter()  # tokens generated a second over the last 10 s: stats()' tokens_per_second
         self.num_steps = 0
 
     # -- lifecycle -------------------------------------------------------------------
@@ -345,8 +346,7 @@ class Engine:
             outputs = self.scheduler.update(rows, result)
         self._emit(outputs)
         self.num_steps += 1
-        self._step_times.append((time.monotonic(), len(result.sampled)))
-        del self._step_times[:-64]
+        self._generated.add(len(result.sampled))
 
     def _record_attention(self, out: SchedulerOutput, result: RunResult) -> None:
         for row in out.rows:
@@ -368,8 +368,6 @@ class Engine:
     def stats(self) -> dict[str, object]:
         with self._lock:
             s = self.scheduler
-            recent = self._step_times
-            span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
             tiers = [t.name.lower() for t in Tier]
             names = zip(("full", "window"), (self.layout.full_layers, self.layout.window_layers), self.kv.groups)
             usage = [self.kv.group_usage(i) for i in range(len(self.kv.groups))]
@@ -394,6 +392,6 @@ class Engine:
                 "preempted_swap": s.stats.num_preempted_swap,
                 "preempted_recompute": s.stats.num_preempted_recompute,
                 "corrupt_blocks": self.kv.num_corrupt,
-                "tokens_per_second": sum(n for _, n in recent[1:]) / span if span else 0.0,
+                "tokens_per_second": self._generated.rate(),
                 "steps": self.num_steps,
             }
