@@ -12,6 +12,8 @@ import time
 import httpx
 import pytest
 
+from wicore.graph.manifest import Manifest
+
 
 def test_serve_with_keys_from_flags_and_file_then_sigterm(tiny_export, tmp_path, launch):
     folder, _ = tiny_export()
@@ -25,8 +27,12 @@ def test_serve_with_keys_from_flags_and_file_then_sigterm(tiny_export, tmp_path,
             assert r.json()["data"][0]["id"] == "tiny"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+        log = proc.stdout.read()
     finally:
         proc.kill()
+    m = Manifest.read(folder)  # one startup line says what is serving, where, and with which guards
+    assert f"tiny: {m.config.num_layers} layers, {m.dtype} {m.op_flavour}, portable attention; on cpu, 2 CPU threads; " in log
+    assert "KV blocks of 16 tokens free: " in log and "; CUDA graphs off; auth 2 key(s); rate limit off\n" in log
 
 
 def test_serve_rejects_a_folder_that_is_not_an_export(tmp_path):

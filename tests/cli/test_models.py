@@ -25,3 +25,15 @@ def test_an_unknown_device_is_refused_before_any_export(tmp_path, monkeypatch):
     with pytest.raises(DeviceError, match="unknown device 'tpu:0'"):
         resolve_model("gemma3-270m", "tpu:0")
     assert not any(tmp_path.iterdir())
+
+
+def test_plan_takes_the_packaged_name_that_serve_takes(gemma_270m, tmp_path, monkeypatch, capsys):
+    """`wicore plan --model gemma3-270m` plans the export serve would use (here already cached)."""
+    from wicore.cli.main import main
+
+    monkeypatch.setenv("WICORE_CACHE", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "gemma3-270m-ort-quant").symlink_to(gemma_270m(1))  # the name of the CPU export
+    assert main(["plan", "--model", "gemma3-270m", "--devices", "cpu"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [row[:3] for row in rows if row and row[0].endswith(".onnx")] == [["part-00.onnx", "0-17", "cpu"]]

@@ -41,11 +41,27 @@ def serve(engine_config: EngineConfig, settings: ServerSettings, host: str, port
     engine = Engine(engine_config).start()
     try:
         app = create_app(engine, settings)
+        log.info("%s", startup_summary(engine, settings))
         log.info("serving %s on http://%s:%d", settings.model_name, host, port)
         asyncio.run(_serve_until_signal(app, hypercorn_config(host, port, grace_seconds, access_log=True)))
     finally:
         engine.stop()
     return 0
+
+
+def startup_summary(engine: Engine, settings: ServerSettings) -> str:
+    """One line of what is serving: the export, where it runs, the KV tiers, and the guards."""
+    m, stats = engine.manifest, engine.stats()
+    free: dict[str, int] = stats["blocks_free"]  # type: ignore[assignment]
+    devices = ", ".join(dict.fromkeys(d.label for d in engine.runner.graphs.devices))
+    rate = f"{settings.rate_limit_rpm:g}/min a key" if settings.rate_limit_rpm else "off"
+    auth = f"{len(settings.api_keys)} key(s)" if settings.api_keys else "off"
+    return (
+        f"{settings.model_name}: {m.config.num_layers} layers, {m.dtype} {m.op_flavour}, {m.attention} attention; "
+        f"on {devices}, {engine.config.num_threads or 'all'} CPU threads; KV blocks of {engine.layout.block_size} "
+        f"tokens free: {free['device']} device, {free['host']} host, {free['nvme']} NVMe; "
+        f"CUDA graphs {'on' if engine.config.cuda_graphs else 'off'}; auth {auth}; rate limit {rate}"
+    )
 
 
 async def _serve_until_signal(app: Any, config: Config) -> None:

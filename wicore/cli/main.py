@@ -136,18 +136,22 @@ def print_generate_stats(num_prompt_tokens: int, results: list, start: float) ->
 
 def add_plan(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="show which device would run each partition (loads no weights)")
-    p.add_argument("--model", required=True, help="exported model folder")
+    p.add_argument(
+        "--model", required=True, help="exported model folder, or a packaged name (exported on first use, as serve does)"
+    )
     p.add_argument("--devices", default="auto", help="auto, cpu, cuda:0,cuda:1, openvino:CPU,cpu, ...")
     p.add_argument("--kv-pool-gb", type=float, default=1.0, help="KV pool to place beside the weights")
     p.set_defaults(func=run_plan)
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from wicore.cli.models import resolve_model
     from wicore.graph.manifest import Manifest
     from wicore.runtime.placement import GIB, plan_placement
 
-    manifest = Manifest.read(Path(args.model))
-    print(plan_placement(Path(args.model), manifest, args.devices, int(args.kv_pool_gb * GIB)).describe())
+    model_dir = resolve_model(args.model, args.devices)
+    manifest = Manifest.read(model_dir)
+    print(plan_placement(model_dir, manifest, args.devices, int(args.kv_pool_gb * GIB)).describe())
     return 0
 
 
