@@ -33,6 +33,7 @@ def test_serve_with_keys_from_flags_and_file_then_sigterm(tiny_export, tmp_path,
     m = Manifest.read(folder)  # one startup line says what is serving, where, and with which guards
     assert f"tiny: {m.config.num_layers} layers, {m.dtype} {m.op_flavour}, portable attention; on cpu, 2 CPU threads; " in log
     assert "KV blocks of 16 tokens free: " in log and "; CUDA graphs off; auth 2 key(s); rate limit off\n" in log
+    assert log.count("Running on http://") == 1  # Hypercorn's lines go through logging once
 
 
 def test_serve_rejects_a_folder_that_is_not_an_export(tmp_path):

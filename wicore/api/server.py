@@ -30,8 +30,10 @@ def hypercorn_config(host: str, port: int, grace_seconds: float = 30.0, access_l
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.graceful_timeout = grace_seconds
     config.keep_alive_timeout = 20.0  # also closes connections that never finish their headers
-    config.accesslog = "-" if access_log else None
-    config.errorlog = "-"
+    # Hypercorn's own loggers, through logging's handlers: with "-" it adds a stream handler of its
+    # own and the records also reach the root handler (every line twice, in two formats).
+    config.accesslog = logging.getLogger("hypercorn.access") if access_log else None
+    config.errorlog = logging.getLogger("hypercorn.error")
     return config
 
 

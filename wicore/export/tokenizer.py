@@ -17,6 +17,7 @@ GGUF path imports torch). Serving loads tokenizer.json with `tokenizers` alone
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -25,6 +26,9 @@ from typing import Any
 
 from wicore.errors import ModelSourceError, UnsupportedModelError
 from wicore.model.tokenizer_info import TokenizerInfo
+
+# Exporting uses transformers for tokenizers only: its "PyTorch was not found" advice on import is noise.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
