@@ -176,6 +176,19 @@ def test_openapi_lists_the_endpoints(open_server):
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/v1/stats"} <= set(schema["paths"])
 
 
+def test_docs_is_a_self_contained_page_over_the_openapi_schema(open_server):
+    """/docs renders /openapi.json in the browser (checked in headless chromium when written);
+    here: it is served, loads nothing from another host, and the schema has what it reads."""
+    r = httpx.get(f"{open_server.url}/docs")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert 'fetch("/openapi.json")' in r.text
+    assert "http://" not in r.text and "https://" not in r.text and "<script src" not in r.text
+    schema = httpx.get(f"{open_server.url}/openapi.json").json()
+    chat = schema["paths"]["/v1/chat/completions"]["post"]
+    assert schema["info"]["title"] and chat["summary"] == "Chat completion"
+    assert "messages" in chat["requestBody"]["content"]["application/json"]["schema"]["properties"]
+
+
 def test_engine_errors_raised_in_a_route_map_to_their_status(raising_url):
     error = assert_openai_error(httpx.get(f"{raising_url}/raise/RequestError"), 400)
     assert error["message"] == "boom" and error["type"] == "invalid_request_error"

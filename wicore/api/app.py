@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from wicore.api import compat
 from wicore.api.auth import Authenticator
+from wicore.api.docs_page import docs_route
 from wicore.api.errors import APIError, error_response, from_wicore
 from wicore.api.generation import ChoiceStats, Piece, run_choice
 from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
@@ -368,6 +369,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
         Route("/v1/stats", api.stats, methods=["GET"]),
         Route("/metrics", api.metrics_route, methods=["GET"]),
         Route("/openapi.json", openapi_route, methods=["GET"]),
+        Route("/docs", docs_route, methods=["GET"]),
     ]
     middleware = [Middleware(StatusCounter, metrics=api.metrics, routes=frozenset(r.path for r in routes))]
     if settings.cors_origins:
