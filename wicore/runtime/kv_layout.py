@@ -31,11 +31,10 @@ from wicore.hmt.pager import Pager
 from wicore.hmt.policy import A2CRPolicy, LRUPolicy
 from wicore.hmt.tiers import HostStore, NvmeStore, Tier, TierStore
 from wicore.runtime.kv_buffers import KVBuffers
+from wicore.runtime.placement import GIB
 
 if TYPE_CHECKING:
     from wicore.runtime.engine import EngineConfig
-
-GIB = 1 << 30
 
 
 log = logging.getLogger(__name__)
