@@ -28,6 +28,21 @@ def _code_key() -> str:
     return h.hexdigest()[:12]
 
 
+class FakeClock:
+    """A monotonic clock the test moves by hand: `clock.now += seconds`."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = os.environ.get("WICORE_TEST_CACHE")

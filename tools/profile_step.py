@@ -47,7 +47,7 @@ from benchlib import int_list, run_tool, write_record
 from wicore.graph.manifest import Manifest
 from wicore.runtime.batch import build_batch
 from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.kv_layout import default_block_size
+from wicore.runtime.kv_layout import choose_block_size
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
 
@@ -92,7 +92,7 @@ def num_new_tokens(batch: int, config: Config) -> int:
 def engine_config(model_dir: Path, batch: int, config: Config, profile_prefix: str | None = None) -> EngineConfig:
     """An engine whose device tier holds `batch` sequences to their last token, and nothing more."""
     tokens = config.context + num_new_tokens(batch, config)
-    block_size = config.block_size or default_block_size(Manifest.read(model_dir))
+    block_size = choose_block_size(Manifest.read(model_dir), config.block_size)  # the engine will pick the same
     return EngineConfig(
         model_dir=model_dir,
         num_threads=config.threads,

@@ -6,16 +6,7 @@ from wicore.api.errors import APIError
 from wicore.api.ratelimit import RateLimiter, default_burst
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_bucket_allows_a_burst_then_429_with_retry_after():
-    clock = Clock()
+def test_bucket_allows_a_burst_then_429_with_retry_after(clock):
     limiter = RateLimiter(requests_per_minute=60, burst=2, clock=clock)
     limiter.check("a")
     limiter.check("a")
@@ -29,8 +20,7 @@ def test_bucket_allows_a_burst_then_429_with_retry_after():
         limiter.check("a")
 
 
-def test_retry_after_rounds_up_to_the_refill_time():
-    clock = Clock()
+def test_retry_after_rounds_up_to_the_refill_time(clock):
     limiter = RateLimiter(requests_per_minute=6, burst=1, clock=clock)
     limiter.check("a")
     clock.now = 2.5
@@ -39,8 +29,7 @@ def test_retry_after_rounds_up_to_the_refill_time():
     assert info.value.headers["Retry-After"] == "8"  # 10 s per token, 2.5 s already refilled
 
 
-def test_refilled_buckets_are_forgotten_past_max_keys_and_limited_ones_kept():
-    clock = Clock()
+def test_refilled_buckets_are_forgotten_past_max_keys_and_limited_ones_kept(clock):
     limiter = RateLimiter(requests_per_minute=60, burst=1, clock=clock)
     limiter.MAX_KEYS = 5
     for i in range(3):
@@ -57,9 +46,9 @@ def test_refilled_buckets_are_forgotten_past_max_keys_and_limited_ones_kept():
         limiter.check("hot")
 
 
-def test_the_default_burst_is_ten_seconds_worth_and_at_least_five():
+def test_the_default_burst_is_ten_seconds_worth_and_at_least_five(clock):
     assert [default_burst(rpm) for rpm in (6, 30, 60, 120, 600)] == [5, 5, 10, 20, 100]
-    limiter = RateLimiter(requests_per_minute=120, clock=Clock())  # --rate-limit 120: 20 at once, then 429
+    limiter = RateLimiter(requests_per_minute=120, clock=clock)  # --rate-limit 120: 20 at once, then 429
     for _ in range(20):
         limiter.check("a")
     with pytest.raises(APIError):

@@ -7,16 +7,7 @@ import pytest
 from wicore.runtime.rate import RateMeter
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_a_steady_decode_reads_its_own_rate_and_idle_time_brings_it_to_zero():
-    clock = Clock()
+def test_a_steady_decode_reads_its_own_rate_and_idle_time_brings_it_to_zero(clock):
     meter = RateMeter(window=10.0, clock=clock)
     assert meter.rate() == 0.0  # no time has passed
     for _ in range(40):  # 8 tokens every 0.5 s for 20 s: 16 tok/s
@@ -29,8 +20,7 @@ def test_a_steady_decode_reads_its_own_rate_and_idle_time_brings_it_to_zero():
     assert meter.rate() == 0.0
 
 
-def test_the_first_seconds_are_divided_by_the_time_since_start_not_the_window():
-    clock = Clock()
+def test_the_first_seconds_are_divided_by_the_time_since_start_not_the_window(clock):
     meter = RateMeter(window=10.0, clock=clock)
     clock.now += 2.0
     meter.add(30)

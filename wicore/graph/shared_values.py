@@ -62,9 +62,9 @@ def shared_values(
     kinds = sorted({cfg.is_sliding(i) for i in range(start, stop)})
     positions = g.input(io.POSITIONS, i64, ["batch", "seq"])
     p = "/model/shared"
-    if paged:  # the op takes the paging inputs itself: only RoPE is shared
+    if paged:  # the op takes the paging inputs itself: only RoPE is shared, as RotaryEmbedding's caches
         cos_sin = {
-            k: rope_tables(g, cfg, positions, cfg.rope_local if k else cfg.rope_global, _rope_name(k), contrib, rope_type)
+            k: rope_tables(g, cfg, positions, cfg.rope_local if k else cfg.rope_global, _rope_name(k), True, rope_type)
             for k in kinds
         }
         token_index = _token_index(g, positions, g.const([-1, 1]))  # one token a row (Gemma3Builder.packed_rows)
@@ -132,7 +132,7 @@ def shared_values(
         zeros_mass = g.op(
             "ConstantOfShape", [shape], f"{p}/zero_mass", value=onnx.helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0])
         )
-    token_index = _token_index(g, positions, g.op("Shape", [positions], f"{p}/positions_shape_2")) if contrib else None
+    token_index = _token_index(g, positions) if contrib else None
     return SharedValues(positions, tables, scatter, cos_sin, masks, block_shape, zeros_mass, token_index)
 
 
@@ -140,12 +140,14 @@ def _rope_name(is_sliding: bool) -> str:
     return f"/model/shared/rope_{'sliding' if is_sliding else 'global'}"
 
 
-def _token_index(g: Graph, positions: str, shape: str) -> str:
-    """The flat index of each token in `shape` (RotaryEmbedding's position_ids into one-row-a-token caches)."""
+def _token_index(g: Graph, positions: str, shape: str | None = None) -> str:
+    """The flat index of each token (RotaryEmbedding's position_ids into one-row-a-token caches),
+    in `shape`, or in the shape of `positions` [batch, seq]."""
     p = "/model/shared"
-    count = g.op("ReduceProd", [g.op("Shape", [positions], f"{p}/positions_shape")], f"{p}/num_tokens", keepdims=0)
+    positions_shape = g.op("Shape", [positions], f"{p}/positions_shape")
+    count = g.op("ReduceProd", [positions_shape], f"{p}/num_tokens", keepdims=0)
     flat = g.op("Range", [g.const(0), count, g.const(1)], f"{p}/token_range")
-    return g.op("Reshape", [flat, shape], f"{p}/token_index")
+    return g.op("Reshape", [flat, shape or positions_shape], f"{p}/token_index")
 
 
 def rope_tables(
