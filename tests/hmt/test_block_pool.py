@@ -111,6 +111,24 @@ def test_hashes_are_chained_so_a_block_hits_only_after_the_same_prefix():
     assert pool.allocate(3, [1, 1, 1, 1, 2, 2, 2, 9, 3]).num_cached_tokens == 4
 
 
+def test_extra_keys_tell_blocks_with_the_same_tokens_apart():
+    """Block 1 holds an image's tokens (the same ids for every image): it hits only with the same
+    extra key (the image's digest), and only blocks after a matching one hit."""
+    pool, _ = make_pool()
+    tokens = [1, 2, 3, 4, 9, 9, 9, 9, 5, 6, 7, 8, 0]
+    alloc = pool.allocate(1, tokens, extra_keys={1: b"cat"})
+    assert alloc is not None and alloc.num_cached_tokens == 0
+    pool.commit(1, tokens, len(tokens))  # the committed hashes take the keys given at allocation
+    pool.free(1)
+    assert pool.prefix_hashes(tokens)[0] == pool.prefix_hashes(tokens, {1: b"cat"})[0]  # block 0 has no key
+    for seq_id, keys in ((2, {1: b"dog"}), (3, {})):
+        assert pool.allocate(seq_id, tokens, extra_keys=keys).num_cached_tokens == 4
+        assert pool.block_ids(seq_id)[0] == 0
+        pool.free(seq_id)
+    assert pool.allocate(4, tokens, extra_keys={1: b"cat"}).num_cached_tokens == 12
+    assert pool.block_ids(4)[:3] == [0, 1, 2]
+
+
 def test_a_duplicate_block_stays_private_and_retires_when_freed():
     pool, _ = make_pool()
     pool.allocate(1, list(range(5)))

@@ -20,7 +20,7 @@ compute (position k * bs) still sees. Every call either changes all groups or no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from wicore.hmt.block_pool import Allocation, BlockPool, Move
@@ -59,13 +59,19 @@ class BlockGroups:
 
     # -- sequences -------------------------------------------------------------------
     def allocate(
-        self, seq_id: int, token_ids: Sequence[int], max_step_tokens: int, reuse_prefix: bool = True
+        self,
+        seq_id: int,
+        token_ids: Sequence[int],
+        max_step_tokens: int,
+        reuse_prefix: bool = True,
+        extra_keys: Mapping[int, bytes] | None = None,
     ) -> Allocation | None:
         """Blocks for a new sequence: the longest prefix every group has cached is reused (unless
         `reuse_prefix` is False: a request that wants every prompt position's logits); the full
         group gets blocks for the whole prompt, the window group for the first step's tokens (at
-        most `max_step_tokens` after the cached ones). None: nothing changed."""
-        hashes = self.full.pool.prefix_hashes(token_ids)
+        most `max_step_tokens` after the cached ones). `extra_keys`: see BlockPool.allocate.
+        None: nothing changed."""
+        hashes = self.full.pool.prefix_hashes(token_ids, extra_keys)
         num_hits = self.full.pool.num_leading_hits(hashes) if reuse_prefix else 0
         window = self.window
         while (
@@ -84,7 +90,7 @@ class BlockGroups:
             return None
         moves: list[Move] = []
         for g, first, n in wanted:
-            alloc = g.pool.allocate(seq_id, token_ids, num_hits, first, n, hashes)
+            alloc = g.pool.allocate(seq_id, token_ids, num_hits, first, n, hashes, extra_keys)
             assert alloc is not None, "checked above"
             moves += alloc.moves
         return Allocation(start, moves)

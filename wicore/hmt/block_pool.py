@@ -15,7 +15,9 @@ frame * block_size + offset). A sequence of 10 tokens, block_size 4, 8 computed:
                 |<-- num_computed = 8 ----->|
 
 Only full, computed blocks enter the prefix cache (chain hash -> block); a prompt
-whose leading blocks hash the same reuses them (ref_count + 1).
+whose leading blocks hash the same reuses them (ref_count + 1). A block whose KV depends on
+more than its tokens (an image's soft tokens: the same ids for every image) is hashed with
+`extra_keys[i]` too (the image's digest), given when the sequence is allocated.
 
 A pool may serve sliding-window layers (wicore.hmt.kv_cache): a sequence then
 releases its leading blocks as they fall out of the window (`release`), and its
@@ -26,10 +28,11 @@ Where blocks lie, eviction and the tier states: wicore.hmt.block_space.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from wicore.hmt.block_space import BlockInfo, BlockSpace, Move
@@ -58,6 +61,7 @@ class _Sequence:
     last_hash: bytes  # chain hash of block num_hashed - 1 (b"" before the first block)
     is_swapped: bool = False
     first_block: int = 0  # leading logical blocks released (out of the window) or never held
+    extra_keys: Mapping[int, bytes] = dataclasses.field(default_factory=dict)  # hashed with the blocks' tokens
 
     @property
     def num_blocks(self) -> int:
@@ -129,6 +133,7 @@ class BlockPool(BlockSpace):
         first_block: int = 0,
         num_tokens: int | None = None,
         hashes: Sequence[bytes] | None = None,
+        extra_keys: Mapping[int, bytes] | None = None,
     ) -> Allocation | None:
         """Blocks for a new sequence's prompt: the longest cached run of leading full blocks
         (in any tier; at most (len - 1) // block_size of them, so the last prompt token is
@@ -138,7 +143,8 @@ class BlockPool(BlockSpace):
         [first_block, num_hits) are reused (all must be cached: see `is_cached`), the ones
         before `first_block` are not held at all, and fresh blocks are added for the first
         `num_tokens` tokens only (the rest come with `append`). `hashes`, the prompt's
-        `prefix_hashes`, saves hashing it again when the caller already has them.
+        `prefix_hashes`, saves hashing it again when the caller already has them. `extra_keys`
+        (logical block -> bytes) are hashed with the blocks' tokens, here and when they are committed.
 
         None (and nothing changed) if DEVICE cannot hold them even after evicting.
         """
@@ -146,7 +152,8 @@ class BlockPool(BlockSpace):
             raise ValueError(f"sequence {seq_id} already has blocks; free it first")
         if not token_ids:
             raise ValueError(f"sequence {seq_id}: a prompt needs at least one token")
-        hashes = self.prefix_hashes(token_ids) if hashes is None else hashes
+        extra_keys = extra_keys or {}
+        hashes = self.prefix_hashes(token_ids, extra_keys) if hashes is None else hashes
         if num_hits is None:
             num_hits = self.num_leading_hits(hashes)
         if not 0 <= first_block <= num_hits <= len(hashes):
@@ -164,7 +171,7 @@ class BlockPool(BlockSpace):
         moves = self._to_device(away_ids, num_new, now)
         new_ids = [self._new_block(now, num_hits + i) for i in range(num_new)]
         last_hash = hashes[num_hits - 1] if num_hits else b""
-        self._seqs[seq_id] = _Sequence(hit_ids + new_ids, num_hits, last_hash, first_block=first_block)
+        self._seqs[seq_id] = _Sequence(hit_ids + new_ids, num_hits, last_hash, first_block=first_block, extra_keys=extra_keys)
         return Allocation(num_hits * self.block_size, moves)
 
     def can_allocate_prefix(
@@ -180,7 +187,7 @@ class BlockPool(BlockSpace):
         hit_ids = [self._cache[h] for h in hashes[first_block:num_hits]]
         return self._fits(hit_ids, self._num_blocks(len(token_ids) if num_tokens is None else num_tokens) - num_hits)
 
-    def prefix_hashes(self, token_ids: Sequence[int]) -> list[bytes]:
+    def prefix_hashes(self, token_ids: Sequence[int], extra_keys: Mapping[int, bytes] | None = None) -> list[bytes]:
         """Chain hashes of the prompt's leading full blocks that could be reused: all but the
         block of the last token, which is always computed (empty with the cache off)."""
         hashes: list[bytes] = []
@@ -188,7 +195,7 @@ class BlockPool(BlockSpace):
             return hashes
         parent = b""
         for i in range((len(token_ids) - 1) // self.block_size):
-            parent = self._chain_hash(parent, token_ids, i)
+            parent = self._chain_hash(parent, token_ids, i, (extra_keys or {}).get(i, b""))
             hashes.append(parent)
         return hashes
 
@@ -245,7 +252,7 @@ class BlockPool(BlockSpace):
         if not self.enable_prefix_cache:
             return
         for i in range(seq.num_hashed, num_full):
-            seq.last_hash = self._chain_hash(seq.last_hash, token_ids, i)
+            seq.last_hash = self._chain_hash(seq.last_hash, token_ids, i, seq.extra_keys.get(i, b""))
             seq.num_hashed = i + 1
             if i >= seq.first_block and seq.last_hash not in self._cache:
                 block_id = seq.block_ids[i - seq.first_block]
@@ -333,11 +340,12 @@ class BlockPool(BlockSpace):
     def _num_blocks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _chain_hash(self, parent: bytes, token_ids: Sequence[int], index: int) -> bytes:
-        """sha256 of the parent block's chain hash and the token ids (int64) of block `index`.
+    def _chain_hash(self, parent: bytes, token_ids: Sequence[int], index: int, extra_key: bytes = b"") -> bytes:
+        """sha256 of the parent block's chain hash, the token ids (int64) of block `index` and
+        its extra key (a fixed number of token bytes precede it, so the parts cannot run together).
 
         A cryptographic hash, not Python's 64-bit hash(): a collision would serve one
         prompt another prompt's KV.
         """
         block_tokens = token_ids[index * self.block_size : (index + 1) * self.block_size]
-        return hashlib.sha256(parent + array("q", block_tokens).tobytes()).digest()
+        return hashlib.sha256(parent + array("q", block_tokens).tobytes() + extra_key).digest()
