@@ -152,6 +152,16 @@ def reference_logits() -> Callable[[object, list[int]], np.ndarray]:
     return hf_logits
 
 
+# -- a tiny random multimodal Gemma 3 (tests/multimodal.py) ----------------------------
+@pytest.fixture(scope="session")
+def tiny_multimodal(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny random Gemma3ForConditionalGeneration with its tokenizer and processor, saved HF-style
+    (multimodal.TinyMultimodal: .folder, .model, .processor, .export(dtype) -> exported folder)."""
+    import multimodal
+
+    return multimodal.build(tmp_path_factory.mktemp("tiny_multimodal"), TINY)
+
+
 # -- the real Gemma 3 270M ---------------------------------------------------------------
 @pytest.fixture(scope="session")
 def gemma_270m(export_cached: Callable[..., Path]) -> Callable[[int], Path]:

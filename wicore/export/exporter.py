@@ -19,11 +19,14 @@ import onnx
 
 from wicore.errors import WiCoreError
 from wicore.graph.gemma3 import ATTENTIONS, DTYPES, OPSET, Gemma3Builder
-from wicore.graph.manifest import Manifest, PartitionRecord, sha256_file
+from wicore.graph.manifest import Manifest, PartitionRecord, VisionRecord, sha256_file
 from wicore.graph.ops import DataFile
 from wicore.graph.partition import plan_partitions
 from wicore.graph.quant import QuantLinear
+from wicore.graph.vision import FILE_NAME as VISION_FILE
+from wicore.graph.vision import VisionBuilder
 from wicore.model.quant import SUPPORTED_BITS
+from wicore.model.vision import VisionWeights
 from wicore.model.weights import WeightSource
 
 Progress = Callable[[str], None]
@@ -92,8 +95,17 @@ def export_model(source: WeightSource, out_dir: Path, config: ExportConfig, prog
 def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progress: Progress) -> Manifest:
     cfg = source.config
     specs = plan_partitions(cfg.num_layers, config.num_partitions)
+    vision = source.vision()
+    if vision is not None and config.attention == "paged":
+        progress("the vision tower is left out: the paged attention is causal only; export with --attention portable for images")
+        vision = None
     builder = Gemma3Builder(
-        cfg, config.dtype, attention_stats=config.attention_stats, quant=config.quant(), attention=config.attention
+        cfg,
+        config.dtype,
+        attention_stats=config.attention_stats,
+        quant=config.quant(),
+        attention=config.attention,
+        image_inputs=vision is not None,
     )
     started = time.monotonic()
     progress(
@@ -133,6 +145,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
     finally:
         if shared is not None:
             shared.close()
+    vision_record = None if vision is None else _write_vision(vision, folder, config.dtype, progress)
     progress("tokenizer")
     tokenizer = source.write_tokenizer(folder)
     progress("checksums")
@@ -147,9 +160,25 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         tokenizer=tokenizer,
         files=files,
         attention=config.attention,
+        vision=vision_record,
     )
     manifest.write(folder)
     return manifest
+
+
+def _write_vision(vision: VisionWeights, folder: Path, dtype: str, progress: Progress) -> VisionRecord:
+    """The vision partition: vision.onnx + its external weights."""
+    cfg = vision.config
+    progress(
+        f"{VISION_FILE}: {cfg.num_layers} SigLIP layers, {cfg.image_size}x{cfg.image_size}, {cfg.mm_tokens_per_image} tokens"
+    )
+    data = DataFile(folder / f"{VISION_FILE}.data")
+    try:
+        model = VisionBuilder(vision, dtype).build(data)
+    finally:
+        data.close()
+    onnx.save_model(model, folder / VISION_FILE)
+    return VisionRecord(VISION_FILE, tuple(v.name for v in model.graph.input), tuple(v.name for v in model.graph.output), cfg)
 
 
 def _replace_dir(new: Path, target: Path) -> None:

@@ -148,6 +148,10 @@ class GGUFSource:
             {hf: self._tensor(f"blk.{index}.{suffix}.weight", is_norm) for suffix, (hf, is_norm) in _LAYER_NAMES.items()},
         )
 
+    def vision(self) -> None:
+        """A GGUF holds the text model only (llama.cpp keeps the vision tower in a separate mmproj file)."""
+        return None
+
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
         from wicore.export.tokenizer import export_tokenizer_from_gguf
 

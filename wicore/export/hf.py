@@ -17,11 +17,17 @@ import numpy as np
 
 from wicore.errors import ModelSourceError
 from wicore.model.config import Gemma3Config
+from wicore.model.vision import VisionConfig
 from wicore.model.weights import LayerWeights, expected_shapes
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 # Where the text decoder lives in the checkpoints of the text-only and multimodal Gemma 3 classes.
 _PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+# ... and the vision tower (SigLIP's `vision_model.` level is gone from transformers 5's own saves).
+_VISION_PREFIXES = ("vision_tower.vision_model.", "vision_tower.", "model.vision_tower.vision_model.", "model.vision_tower.")
+_PROJECTOR_PREFIXES = ("multi_modal_projector.", "model.multi_modal_projector.")
+# short name (wicore.model.vision.vision_shapes) -> the projector's tensor in the checkpoint
+_PROJECTOR_NAMES = {"projector.norm.weight": "mm_soft_emb_norm.weight", "projector.projection": "mm_input_projection_weight"}
 
 
 class SafetensorsIndex:
@@ -101,8 +107,41 @@ class HFSource:
     def layer(self, index: int) -> LayerWeights:
         return LayerWeights(index, {name: self._tensor(f"layers.{index}.{name}.weight") for name in expected_shapes(self.config)})
 
+    def vision(self) -> HFVision | None:
+        """The vision tower and projector of a Gemma3ForConditionalGeneration folder; None for text-only ones."""
+        processor_path = self.folder / "preprocessor_config.json"
+        try:
+            processor = json.loads(processor_path.read_text()) if processor_path.is_file() else {}
+        except ValueError as exc:
+            raise ModelSourceError(f"{processor_path}: invalid JSON ({exc})") from exc
+        config = VisionConfig.from_hf(self._hf_config, processor)
+        return None if config is None else HFVision(self.folder, self._index, config)
+
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
         from wicore.export.tokenizer import export_tokenizer_from_hf
 
         info = export_tokenizer_from_hf(self.folder, out_dir)
         return None if info is None else info.to_dict()
+
+
+class HFVision:
+    """The SigLIP tower and the projector of a multimodal Gemma 3 folder (wicore.model.vision.VisionWeights)."""
+
+    def __init__(self, folder: Path, index: SafetensorsIndex, config: VisionConfig) -> None:
+        self.folder = folder
+        self.config = config
+        self._index = index
+        anchor = "embeddings.patch_embedding.weight"
+        self._prefix = next((p for p in _VISION_PREFIXES if p + anchor in index), None)
+        self._projector = next((p for p in _PROJECTOR_PREFIXES if p + "mm_input_projection_weight" in index), None)
+        if self._prefix is None or self._projector is None:
+            raise ModelSourceError(
+                f"{folder}: config.json describes a vision tower but the safetensors lack its weights "
+                f"(vision_tower.*{anchor}, multi_modal_projector.mm_input_projection_weight)"
+            )
+
+    def tensor(self, name: str) -> np.ndarray:
+        full = self._projector + _PROJECTOR_NAMES[name] if name in _PROJECTOR_NAMES else self._prefix + name
+        if full not in self._index:
+            raise ModelSourceError(f"{self.folder}: tensor {full} is missing")
+        return self._index.load(full)

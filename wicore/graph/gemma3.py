@@ -75,15 +75,20 @@ class Gemma3Builder:
         attention_stats: bool = False,
         quant: QuantLinear | None = None,
         attention: str = "portable",
+        image_inputs: bool = False,
     ) -> None:
         """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py).
-        `attention`: "portable" (standard ops) or "paged" (com.microsoft.PagedAttention, fp16, CUDA)."""
+        `attention`: "portable" (standard ops) or "paged" (com.microsoft.PagedAttention, fp16, CUDA).
+        `image_inputs`: the graphs take image embeddings and image spans (wicore.graph.io, "Images")."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         if attention not in ATTENTIONS:
             raise ValueError(f"attention {attention!r}: expected one of {ATTENTIONS}")
-        if attention == "paged" and (dtype != "fp16" or attention_stats):
-            raise ValueError("the paged attention needs fp16 graphs and gives no attention statistics")
+        if attention == "paged" and (dtype != "fp16" or attention_stats or image_inputs):
+            raise ValueError(
+                "the paged attention needs fp16 graphs, gives no attention statistics and is causal only (no images)"
+            )
+        self.image_inputs = image_inputs
         self.paged = attention == "paged"
         self.cfg = cfg
         self.dtype = dtype
@@ -116,6 +121,8 @@ class Gemma3Builder:
         if spec.has_embedding:
             tokens = g.input(io.INPUT_IDS, TensorProto.INT64, ["batch", "seq"])
             x = self.embed(g, tokens, embedding, embedding_data)
+            if self.image_inputs:
+                x = self.place_images(g, x)
         else:
             x = g.input(io.HIDDEN_STATES, f32, ["batch", "seq", cfg.hidden_size])
         shared = shared_values(
@@ -127,6 +134,7 @@ class Gemma3Builder:
             contrib=self.contrib,
             paged=self.paged,
             rope_type=self.act_type,
+            image_spans=self.image_inputs,
         )
         pool_shapes = {
             False: ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim],
@@ -172,6 +180,21 @@ class Gemma3Builder:
         scale = np.float32(self.cfg.hidden_size**0.5)
         return g.op("Mul", [x, g.const(scale, np.float32)], "/model/embed_tokens/scale")
 
+    def place_images(self, g: Graph, x: str) -> str:
+        """The image tokens' embeddings replace their token embeddings (after the sqrt(hidden) scale,
+        which HF applies to token embeddings only):
+
+            x [b, s, H] ──► rows [b * s, H] ──► ScatterND rows[image_token_indices] = image_embeds ──► [b, s, H]
+        """
+        p = "/model/embed_images"
+        h = self.cfg.hidden_size
+        embeds = g.input(io.IMAGE_EMBEDS, TensorProto.FLOAT, ["num_image_tokens", h])
+        indices = g.input(io.IMAGE_TOKEN_INDICES, TensorProto.INT64, ["num_image_tokens"])
+        rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows")
+        index = g.op("Unsqueeze", [indices, g.const([-1])], f"{p}/index")
+        rows = g.op("ScatterND", [rows, index, embeds], f"{p}/ScatterND")
+        return g.op("Reshape", [rows, g.op("Shape", [x], f"{p}/shape")], f"{p}/tokens")
+
     def rms_norm(self, g: Graph, x: str, weight: np.ndarray, name: str, scale: float = 1.0, to: int = TensorProto.FLOAT) -> str:
         """x / sqrt(mean(x^2) + eps) * (1 + w) * scale in float32, the result of type `to`. Paged
         graphs: one SimplifiedLayerNormalization of any input type (it computes in float32); the
@@ -181,11 +204,7 @@ class Gemma3Builder:
             w = g.const(w.astype(DTYPES_BY_ONNX[to]), DTYPES_BY_ONNX[to])
             eps = self.cfg.rms_norm_eps
             return g.op("SimplifiedLayerNormalization", [x, w], name, axis=-1, epsilon=eps, stash_type=1)
-        w = g.const(w.astype(np.float32), np.float32)
-        sq = g.op("Pow", [x, g.const(2.0, np.float32)], f"{name}/Pow")
-        mean = g.op("ReduceMean", [sq], f"{name}/ReduceMean", axes=[-1], keepdims=1)
-        std = g.op("Sqrt", [g.op("Add", [mean, g.const(self.cfg.rms_norm_eps, np.float32)], f"{name}/Add")], f"{name}/Sqrt")
-        y = g.op("Mul", [g.op("Div", [x, std], f"{name}/Div"), w], f"{name}/Mul")
+        y = rms_norm_f32(g, x, w, self.cfg.rms_norm_eps, name)
         return y if to == TensorProto.FLOAT else g.op("Cast", [y], f"{name}/Cast", to=to)
 
     def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str) -> str:
@@ -361,6 +380,15 @@ class Gemma3Builder:
             logits = g.op("Tanh", [logits], f"{p}/softcap_tanh")
             logits = g.op("Mul", [logits, g.const(cap, np.float32)], f"{p}/softcap", out=io.LOGITS)
         return logits
+
+
+def rms_norm_f32(g: Graph, x: str, scale: np.ndarray, eps: float, name: str) -> str:
+    """x / sqrt(mean(x^2) + eps) * scale on float32 x, in the standard ops ORT fuses into one kernel."""
+    w = g.const(scale.astype(np.float32), np.float32)
+    sq = g.op("Pow", [x, g.const(2.0, np.float32)], f"{name}/Pow")
+    mean = g.op("ReduceMean", [sq], f"{name}/ReduceMean", axes=[-1], keepdims=1)
+    std = g.op("Sqrt", [g.op("Add", [mean, g.const(eps, np.float32)], f"{name}/Add")], f"{name}/Sqrt")
+    return g.op("Mul", [g.op("Div", [x, std], f"{name}/Div"), w], f"{name}/Mul")
 
 
 def gelu_tanh(g: Graph, x: str, name: str) -> str:

@@ -47,6 +47,36 @@ context_lens and window_first_block:
 
 The block size is read from the pool's shape inside the graph, so it is chosen
 when the runtime allocates the pools, not at export time.
+
+Images (exports of a multimodal checkpoint, portable attention). The vision partition
+(graph/vision.py) turns the pixel values of n images into the embeddings of their soft tokens:
+
+    pixel_values    [num_images, 3, size, size]                  float32
+    image_features  [num_images, mm_tokens_per_image, hidden]   float32  (the text width)
+
+In the prompt an image is <start_of_image>, mm_tokens_per_image <image_soft_token>s and
+<end_of_image>. The decoder partitions take the features of the image tokens a step runs, and
+where each image ends, so that the tokens of one image attend to each other both ways:
+
+    image_embeds         [num_image_tokens, hidden]  float32  first partition: replace the (scaled)
+                                                              token embeddings of ...
+    image_token_indices  [num_image_tokens]          int64    ... these tokens, flat indices into
+                                                              batch * seq (no image: both empty)
+    attend_until         [batch, seq]                int64    every partition: a query sees keys at
+                                                              positions < attend_until (and in the
+                                                              context, and in the window of a
+                                                              sliding layer): position + 1 for text
+                                                              (causal), one past the last soft token
+                                                              of its image for an image token
+
+         positions   5   6   7   8   9  10  11          (image soft tokens at 6..9, block I)
+         token       t  [I   I   I   I]  t   t
+         attend_until 6  10  10  10  10  11  12
+
+As in HF (`token_type_ids`), only the soft tokens are bidirectional: <start_of_image> and
+<end_of_image> are text. A step never cuts an image (runtime/request.py), so every soft token
+of an image is in the cache or in the step when its queries run. The `paged` attention's
+kernel is causal only: paged exports have no vision partition and refuse images.
 """
 
 from __future__ import annotations
@@ -70,6 +100,12 @@ PAST_SEQLENS = "past_seqlens"
 ATTENTION_BOUNDS = "attention_bounds"
 WINDOW_PAST_SEQLENS = "window_past_seqlens"
 WINDOW_ATTENTION_BOUNDS = "window_attention_bounds"
+
+PIXEL_VALUES = "pixel_values"
+IMAGE_FEATURES = "image_features"
+IMAGE_EMBEDS = "image_embeds"
+IMAGE_TOKEN_INDICES = "image_token_indices"
+ATTEND_UNTIL = "attend_until"
 
 SINK_BLOCK = 0  # reserved: padding tokens scatter here, no sequence ever owns it
 

@@ -7,6 +7,8 @@
   "kv": {"layout": [...], "dtype": "float32", "sink_block": 0},
   "partitions": [{"file": "part-00.onnx", "layers": [0, 6], "inputs": [...], "outputs": [...]}, ...],
   "tokenizer": {...} | null,
+  "vision": {"file": "vision.onnx", "inputs": [...], "outputs": [...], "config": {...VisionConfig,
+             preprocessing included...}} | null,
   "files": {"part-00.onnx": "<sha256>", "part-00.onnx.data": "<sha256>", ...}
 }
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 from wicore.errors import ManifestError
 from wicore.model.config import Gemma3Config
+from wicore.model.vision import VisionConfig
 
 MANIFEST = "wicore.json"
 EXPORT_VERSION = 1
@@ -57,6 +60,23 @@ class PartitionRecord:
 
 
 @dataclass(frozen=True)
+class VisionRecord:
+    """The vision partition (graph/vision.py): its file, IO names, and the tower's config."""
+
+    file: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    config: VisionConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "inputs": list(self.inputs), "outputs": list(self.outputs), "config": self.config.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> VisionRecord:
+        return cls(d["file"], tuple(d["inputs"]), tuple(d["outputs"]), VisionConfig.from_dict(d["config"]))
+
+
+@dataclass(frozen=True)
 class Manifest:
     source: dict[str, Any]
     config: Gemma3Config
@@ -67,6 +87,7 @@ class Manifest:
     tokenizer: dict[str, Any] | None
     files: dict[str, str]  # file name -> sha256
     attention: str = "portable"  # or "paged": com.microsoft.PagedAttention (graph/paged_attention.py)
+    vision: VisionRecord | None = None  # a multimodal export's vision partition
 
     @property
     def has_attention_stats(self) -> bool:
@@ -93,6 +114,7 @@ class Manifest:
             },
             "partitions": [p.to_dict() for p in self.partitions],
             "tokenizer": self.tokenizer,
+            "vision": None if self.vision is None else self.vision.to_dict(),
             "files": self.files,
         }
 
@@ -123,6 +145,7 @@ class Manifest:
                 tokenizer=d.get("tokenizer"),
                 files=dict(d["files"]),
                 attention=d.get("attention", "portable"),
+                vision=VisionRecord.from_dict(d["vision"]) if d.get("vision") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{path} is malformed ({exc!r}); re-export the model") from exc

@@ -45,6 +45,7 @@ def shared_values(
     contrib: bool = False,
     paged: bool = False,
     rope_type: int = TensorProto.FLOAT,
+    image_spans: bool = False,
 ) -> SharedValues:
     """Inputs every partition takes and what the layers share: scatter indices, RoPE, masks.
 
@@ -55,6 +56,10 @@ def shared_values(
 
         k <= p  and  k < context_len             (causal, within the row)
         k >  p - sliding_window                  (sliding layers only)
+
+    With `image_spans` the first condition is k < attend_until[p] (wicore.graph.io, "Images"):
+    p + 1 for text, the end of its image for an image token, as HF's Gemma 3 masks: causal or
+    within one image, and (sliding layers) in the window.
     """
     i64 = TensorProto.INT64
     if start == stop:
@@ -81,6 +86,10 @@ def shared_values(
     pool = io.key_cache(start)  # any pool of this partition gives the block size
     block_size = g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/block_size")
     q_pos = g.op("Unsqueeze", [positions, g.const([-1])], f"{p}/q_pos")  # [b, s, 1]
+    q_until = None  # [b, s, 1]: attend_until
+    if image_spans:
+        until = g.input(io.ATTEND_UNTIL, i64, ["batch", "seq"])
+        q_until = g.op("Unsqueeze", [until, g.const([-1])], f"{p}/q_until")
     ctx = g.op("Unsqueeze", [lens, g.const([1, 2])], f"{p}/ctx")  # [b, 1, 1]
 
     scatter, masks, cos_sin = {}, {}, {}
@@ -104,11 +113,11 @@ def shared_values(
         if is_sliding:  # -> positions [b, 1, total]
             start = g.op("Mul", [first, block_size], f"{q}/first_position")
             keys = g.op("Add", [keys, g.op("Unsqueeze", [start, g.const([1, 2])], f"{q}/first_u")], f"{q}/key_position")
-        visible = g.op(
-            "And",
-            [g.op("LessOrEqual", [keys, q_pos], f"{q}/causal"), g.op("Less", [keys, ctx], f"{q}/in_context")],
-            f"{q}/visible",
-        )
+        if q_until is None:
+            causal = g.op("LessOrEqual", [keys, q_pos], f"{q}/causal")
+        else:  # causal, or within the query's image
+            causal = g.op("Less", [keys, q_until], f"{q}/causal_or_image")
+        visible = g.op("And", [causal, g.op("Less", [keys, ctx], f"{q}/in_context")], f"{q}/visible")
         if is_sliding:
             window_start = g.op("Sub", [q_pos, g.const(cfg.sliding_window)], f"{q}/window_start")
             visible = g.op("And", [visible, g.op("Greater", [keys, window_start], f"{q}/in_window")], f"{q}/visible_window")

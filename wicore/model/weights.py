@@ -15,6 +15,7 @@ import numpy as np
 
 from wicore.errors import UnsupportedModelError
 from wicore.model.config import Gemma3Config
+from wicore.model.vision import VisionWeights
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class WeightSource(Protocol):
 
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
         """Write tokenizer files into out_dir; return the manifest's tokenizer record, or None."""
+
+    def vision(self) -> VisionWeights | None:
+        """The vision tower and projector of a multimodal model; None for a text-only one."""
 
 
 def expected_shapes(cfg: Gemma3Config) -> dict[str, tuple[int, ...]]:
