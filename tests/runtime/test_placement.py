@@ -61,6 +61,18 @@ def test_plan_reads_partition_sizes_without_loading_weights(tiny_export):
     assert "part-01.onnx  2-3" in plan.describe()
 
 
+def test_the_vision_partition_goes_with_the_first_partition_or_where_told(tiny_multimodal):
+    folder = tiny_multimodal.export()
+    manifest = Manifest.read(folder)
+    plan = plan_placement(folder, manifest, "cpu")
+    assert plan.vision is not None and plan.vision.device == plan.placements[0].device
+    assert plan.vision.weight_bytes > 4 * (64 * 32 + 3 * 32 * 32)  # position embedding and the layers' qkv
+    assert "vision.onnx   images    cpu" in plan.describe()
+    assert plan_placement(folder, manifest, "cpu", vision_device="cpu").vision.device.label == "cpu"
+    with pytest.raises(DeviceError, match="unknown device 'tpu:0'"):
+        plan_placement(folder, manifest, "cpu", vision_device="tpu:0")
+
+
 def test_plan_refuses_a_device_without_room(tiny_export):
     folder, _ = tiny_export(2)
     with pytest.raises(DeviceError, match="would need .* GiB for part-00.onnx, part-01.onnx"):

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
 from wicore.hmt.block_groups import BlockGroups
 from wicore.hmt.block_pool import BlockPool
 from wicore.hmt.policy import LRUPolicy
 from wicore.hmt.tiers import Tier
+from wicore.runtime.images import ImageInput, ImageSpan
 from wicore.runtime.request import Priority, Request, RequestOutput
 from wicore.runtime.sampler import Sample, SamplingParams
 from wicore.runtime.scheduler import Scheduler, SchedulerConfig
@@ -33,10 +35,12 @@ class Driver:
         self.ended: dict[str, RequestOutput] = {}
         self.generated: dict[str, int] = {}
 
-    def add(self, request_id: str, prompt: list[int], max_tokens: int, priority: Priority) -> None:
+    def add(
+        self, request_id: str, prompt: list[int], max_tokens: int, priority: Priority, image_spans: tuple[ImageSpan, ...] = ()
+    ) -> None:
         self.now += 1
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        self.sched.add(Request(request_id, prompt, params, max_tokens, priority, self.now))
+        self.sched.add(Request(request_id, prompt, params, max_tokens, priority, self.now, image_spans=image_spans))
         self.generated[request_id] = 0
 
     def step(self) -> list[tuple[str, int]]:
@@ -234,3 +238,19 @@ def test_a_row_whose_sampling_failed_ends_its_request_with_error_and_the_others_
     assert d.kv.num_blocks_in(d.sched.requests["ok"].seq_id, Tier.DEVICE) == 1
     assert step_once(d, {"ok": 12})[0].finish_reason == "length"
     assert referenced(d.kv) == 0
+
+
+def test_a_prefill_chunk_never_cuts_an_image():
+    """Image tokens 5..12 of a 20-token prompt, chunks of at most 8: the first chunk stops before
+    the image, the next runs it whole; while B decodes and 6 prefill tokens fit a step, the image
+    waits for a step with room (B's decodes go on)."""
+    span = ImageSpan(5, 13, ImageInput(np.zeros((1, 1, 3), np.uint8)))
+    d = Driver(64, prefill_chunk=8)
+    d.add("A", list(range(20)), 1, Priority.NORMAL, (span,))
+    assert [d.step() for _ in range(3)] == [[("A", 5)], [("A", 8)], [("A", 7)]]
+
+    d = Driver(64, prefill_chunk=8, prefill_with_decodes=6)
+    d.add("B", [1, 2, 3], 3, Priority.HIGH)
+    d.step()  # B's prompt; it decodes from now on
+    d.add("A", list(range(20)), 1, Priority.NORMAL, (span,))
+    assert [d.step() for _ in range(4)] == [[("B", 1), ("A", 5)], [("B", 1)], [("A", 8)], [("A", 7)]]

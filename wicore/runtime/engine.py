@@ -12,7 +12,11 @@ Everything that generates drives it: `wicore serve`, `wicore generate`, `wicore-
                                        └────────────────────────────────────────────────────┘
 
 Admission is checked here and nowhere else (`_admit`): a request that reaches the scheduler
-fits the context, the device KV cache and the waiting queue.
+fits the context, the device KV cache and the waiting queue, and its images fit its prompt.
+
+A model exported with a vision partition takes images with a prompt (`add_request(...,
+images=)`): their embeddings replace the prompt's image tokens (wicore.runtime.images,
+wicore.runtime.vision), and image requests batch with text-only ones.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ import itertools
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +34,12 @@ import numpy as np
 from wicore.errors import ContextLengthError, OverloadedError, RequestError
 from wicore.graph.manifest import Manifest
 from wicore.hmt.block_groups import FULL, WINDOW
-from wicore.hmt.policy import A2CRConfig
 from wicore.hmt.tiers import Tier
 from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.runtime.channel import Channel
+from wicore.runtime.engine_config import EngineConfig
 from wicore.runtime.graphs import ModelGraphs
+from wicore.runtime.images import ImageInput, ImageSpan
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
 from wicore.runtime.kv_layout import KVLayout, build_kv_cache, choose_block_size, plan_tiers
 from wicore.runtime.placement import plan_placement
@@ -42,39 +47,10 @@ from wicore.runtime.rate import RateMeter
 from wicore.runtime.request import Priority, Request, RequestOutput
 from wicore.runtime.runner import ModelRunner
 from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.scheduler import Scheduler, SchedulerConfig
+from wicore.runtime.scheduler import Scheduler
 from wicore.runtime.step import RunResult, SchedulerOutput
 from wicore.runtime.tokenizer import Tokenizer
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    model_dir: Path
-    num_threads: int | None = None
-    block_size: int | None = None  # tokens a KV block; None: default_block_size(the model)
-    kv_pool_gb: float = 1.0  # tier 0
-    host_tier_gb: float = 1.0  # tier 1
-    nvme_tier_gb: float = 0.0  # tier 2
-    nvme_dir: Path | None = None
-    # Exact block counts per tier, overriding the sizes above (tests, tuning).
-    num_device_blocks: int | None = None
-    num_host_blocks: int | None = None
-    num_nvme_blocks: int | None = None
-    num_window_device_blocks: int | None = None  # the sliding layers' device buffers, if set apart
-    policy: str = "a2cr"  # or "lru"
-    a2cr: A2CRConfig = field(default_factory=A2CRConfig)
-    enable_prefix_cache: bool = True
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    verify_files: bool = True
-    devices: str = "cpu"  # see wicore.runtime.placement
-    profile_prefix: str | None = None  # ONNX Runtime's profiler on (tools/profile_step.py)
-    cuda_graphs: bool = False  # greedy decode steps replayed from CUDA graphs (paged export on one CUDA device)
-
-    def __post_init__(self) -> None:
-        if self.policy not in ("a2cr", "lru"):
-            raise ValueError(f"policy {self.policy!r}: choose a2cr or lru")
-        if min(self.kv_pool_gb, self.host_tier_gb, self.nvme_tier_gb) < 0:
-            raise ValueError("tier sizes must be >= 0")
+from wicore.runtime.vision import NO_VISION, VisionEncoder
 
 
 @dataclass(frozen=True)
@@ -90,24 +66,32 @@ class Completion:
 
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
         model_dir = Path(config.model_dir)
         self.manifest = Manifest.read(model_dir)
         if config.verify_files:
             self.manifest.verify(model_dir)
+        vision = self.manifest.vision
+        if vision is not None:  # a step never cuts an image: the step's limits hold at least one
+            config = replace(config, scheduler=config.scheduler.at_least(vision.config.mm_tokens_per_image))
+        self.config = config
         bs = choose_block_size(self.manifest, config.block_size)
         layout = KVLayout.of(self.manifest, bs)
         tiers = plan_tiers(config, layout)
         device = tiers[Tier.DEVICE]
         device_bytes = device.full * layout.block_bytes(FULL) + device.window * layout.block_bytes(WINDOW)
-        placement = plan_placement(model_dir, self.manifest, config.devices, device_bytes)
+        placement = plan_placement(model_dir, self.manifest, config.devices, device_bytes, config.vision_device)
         buffers = KVBuffers(self.manifest, CacheConfig(device.full, bs, device.window or None), placement.devices)
         graphs = ModelGraphs(
             model_dir, self.manifest, buffers, placement.devices, config.num_threads, config.profile_prefix, config.cuda_graphs
         )
         self.layout = layout
         self.kv = build_kv_cache(config, layout, tiers, buffers)
-        self.runner = ModelRunner(graphs, bs)
+        self.vision = None
+        if placement.vision is not None:
+            self.vision = VisionEncoder(
+                model_dir, placement.vision.record, placement.vision.device, config.num_threads, config.image_cache_size
+            )
+        self.runner = ModelRunner(graphs, bs, self.vision)
         sched = config.scheduler
         self.scheduler = Scheduler(
             replace(
@@ -199,16 +183,22 @@ class Engine:
         priority: Priority | str = Priority.NORMAL,
         deadline: float | None = None,
         request_id: str | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> str:
-        """Queue a request; `deadline` is in seconds from now. Returns its id.
+        """Queue a request; `deadline` is in seconds from now. Returns its id. `images` go, in
+        order, where the prompt has an image: a `<start_of_image>` in text, a run of the image
+        token in ids (`expand_images` writes it).
 
         Raises RequestError (ContextLengthError for a prompt with no room left) or
         OverloadedError; a request that raises was not queued."""
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(self.expand_images(prompt) if images else prompt)
+        else:
+            ids = list(prompt)
         priority = Priority.parse(priority)
         with self._lock:
             request_id = request_id or f"req-{next(self._ids)}"
-            max_tokens = self._admit(ids, params, request_id)
+            max_tokens, spans = self._admit(ids, params, request_id, images)
             now = time.monotonic()
             request = Request(
                 request_id=request_id,
@@ -218,17 +208,31 @@ class Engine:
                 priority=priority,
                 arrival=now,
                 deadline=None if deadline is None else now + deadline,
+                image_spans=spans,
             )
             self.scheduler.add(request)
             self._channels[request_id] = Channel()
             self._lock.notify_all()
         return request_id
 
-    def _admit(self, ids: list[int], params: SamplingParams, request_id: str) -> int:
+    def expand_images(self, text: str) -> str:
+        """`text` with each `<start_of_image>` expanded into its image's tokens, as HF's Gemma3Processor
+        does; encode the result and pass the images with it to `add_request`."""
+        if self.vision is None:
+            raise RequestError(NO_VISION)
+        return self.vision.expand(text, self.tokenizer)
+
+    def _admit(
+        self, ids: list[int], params: SamplingParams, request_id: str, images: Sequence[ImageInput]
+    ) -> tuple[int, tuple[ImageSpan, ...]]:
         """The admission check, the only one: raises unless the request can run to its end.
-        Returns the tokens it may generate (max_tokens capped by the room left)."""
+        Returns the tokens it may generate (max_tokens capped by the room left) and where its
+        images go in the prompt."""
         if not ids:
             raise RequestError("the prompt is empty")
+        if images and self.vision is None:
+            raise RequestError(NO_VISION)
+        spans = () if self.vision is None else self.vision.spans(ids, images)
         vocab = self.manifest.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise RequestError(f"token ids must be in [0, {vocab})")
@@ -253,7 +257,7 @@ class Engine:
             raise RequestError(f"request id {request_id!r} is already in use")
         if self.scheduler.num_waiting >= self.scheduler.config.max_waiting:
             raise OverloadedError(f"overloaded: {self.scheduler.num_waiting} requests already waiting; retry later")
-        return max_tokens
+        return max_tokens, spans
 
     def abort(self, request_id: str) -> None:
         """End the request at the next step (reason "abort"); its outputs can still be read."""
@@ -291,13 +295,19 @@ class Engine:
         async for output in self.outputs(request_id):
             yield output
 
-    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list[Completion]:
-        """Run prompts concurrently to their ends (starting the engine if needed); blocking."""
+    def generate(
+        self,
+        prompts: list[str | list[int]],
+        params: SamplingParams | list[SamplingParams],
+        images: Sequence[Sequence[ImageInput]] = (),
+    ) -> list[Completion]:
+        """Run prompts concurrently to their ends (starting the engine if needed); blocking.
+        `images[i]`: the images of prompt i (none where the list is shorter)."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         request_ids: list[str] = []
         try:
-            for prompt, sp in zip(prompts, params_list):
-                request_ids.append(self.add_request(prompt, sp))
+            for i, (prompt, sp) in enumerate(zip(prompts, params_list)):
+                request_ids.append(self.add_request(prompt, sp, images=images[i] if i < len(images) else ()))
         except Exception:  # all or nothing: the prompts queued so far are taken back
             for request_id in request_ids:
                 self.cancel(request_id)

@@ -93,9 +93,10 @@ class ModelGraphs:
         own, nxt = self.devices[partition].ort_device, self.devices[partition + 1].ort_device
         return nxt if nxt[0] == "cpu" or nxt == own else own
 
-    def run(self, batch: BatchInputs, logits: bool = True) -> GraphOutputs:
+    def run(self, batch: BatchInputs, logits: bool = True, images: dict[str, np.ndarray] | None = None) -> GraphOutputs:
         """Run every partition for one batch. With `logits` False and a graph that gives the greedy
-        tokens, only those come back to the host (the logits stay on the device, unread)."""
+        tokens, only those come back to the host (the logits stay on the device, unread). `images`:
+        the image inputs of a multimodal export (wicore.runtime.vision.VisionEncoder.decoder_inputs)."""
         want_logits = logits or not self.has_greedy_tokens
         if not want_logits and self.decode_graphs is not None and self.decode_graphs.can_run(batch):
             return GraphOutputs(None, self.decode_graphs.run(batch), None)
@@ -123,7 +124,7 @@ class ModelGraphs:
                 binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
             else:
                 binding.bind_cpu_input(io.HIDDEN_STATES, hidden.numpy())
-            for name, array in batch.paging_inputs().items():
+            for name, array in {**batch.paging_inputs(), **(images or {})}.items():
                 if name in self._input_names[i]:
                     binding.bind_cpu_input(name, array)
             self.bind_kv(binding, record)

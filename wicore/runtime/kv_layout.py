@@ -18,7 +18,6 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,12 +29,9 @@ from wicore.hmt.kv_cache import KVCache
 from wicore.hmt.pager import Pager
 from wicore.hmt.policy import A2CRPolicy, LRUPolicy
 from wicore.hmt.tiers import HostStore, NvmeStore, Tier, TierStore
+from wicore.runtime.engine_config import EngineConfig
 from wicore.runtime.kv_buffers import KVBuffers
 from wicore.runtime.placement import GIB
-
-if TYPE_CHECKING:
-    from wicore.runtime.engine import EngineConfig
-
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,9 @@ tier 0 is per device). Hidden states cross devices between partitions.
                                       out by size, e.g. two cards sharing one model
     --devices openvino:CPU,cpu,cpu    as many devices as partitions: one to one
 
+A multimodal export's vision partition runs on the first partition's device (which takes its
+embeddings), or on `--vision-device` (a CPU beside a full GPU, or a second card).
+
 A device whose free memory cannot be read is assumed to have room; every plan is checked
 against the free memory that can be read.
 """
@@ -22,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from wicore.graph.manifest import Manifest, PartitionRecord
+from wicore.graph.manifest import Manifest, PartitionRecord, VisionRecord
 from wicore.runtime.providers import Device, DeviceError, available_devices, parse_device
 
 HEADROOM = 0.9
@@ -38,8 +41,16 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class VisionPlacement:
+    record: VisionRecord
+    device: Device
+    weight_bytes: int
+
+
+@dataclass(frozen=True)
 class Plan:
     placements: tuple[Placement, ...]
+    vision: VisionPlacement | None = None
 
     @property
     def devices(self) -> list[Device]:
@@ -53,10 +64,13 @@ class Plan:
             lines.append(
                 f"{p.partition.file:<14}{layers:<10}{p.device.label:<16}{p.weight_bytes / GIB:>9.2f}G{p.kv_bytes / GIB:>9.2f}G"
             )
+        if self.vision is not None:
+            v = self.vision
+            lines.append(f"{v.record.file:<14}{'images':<10}{v.device.label:<16}{v.weight_bytes / GIB:>9.2f}G{'-':>10}")
         return "\n".join(lines)
 
 
-def partition_weight_bytes(model_dir: Path, record: PartitionRecord) -> int:
+def partition_weight_bytes(model_dir: Path, record: PartitionRecord | VisionRecord) -> int:
     """Bytes of the partition's initializers, read from the graph without loading the weights."""
     model = onnx.load(str(Path(model_dir) / record.file), load_external_data=False)
     total = 0
@@ -82,8 +96,11 @@ def device_list(spec: str) -> list[Device]:
     return devices
 
 
-def plan_placement(model_dir: Path, manifest: Manifest, devices: str = "cpu", kv_pool_bytes: int = 0) -> Plan:
-    """Assign every partition a device (see the module docstring for the three modes)."""
+def plan_placement(
+    model_dir: Path, manifest: Manifest, devices: str = "cpu", kv_pool_bytes: int = 0, vision_device: str | None = None
+) -> Plan:
+    """Assign every partition a device (see the module docstring for the three modes), and the
+    vision partition, if any, `vision_device` or the first partition's."""
     candidates = device_list(devices)
     for device in candidates:
         device.check_can_run(manifest.dtype, manifest.op_flavour, manifest.attention)
@@ -98,8 +115,18 @@ def plan_placement(model_dir: Path, manifest: Manifest, devices: str = "cpu", kv
         owners = list(range(len(sizes)))
     else:
         owners = _share(sizes, len(candidates))
+    vision = None
+    if manifest.vision is not None:
+        device = candidates[owners[0]] if vision_device is None else parse_device(vision_device)
+        device.check_can_run(manifest.dtype, "portable", "portable")
+        vision = VisionPlacement(manifest.vision, device, partition_weight_bytes(model_dir, manifest.vision))
+        if device in candidates:  # its weights count with the partitions' on that device
+            sizes, owners = sizes + [vision.weight_bytes], owners + [candidates.index(device)]
+        elif not _fits(device, vision.weight_bytes):
+            raise DeviceError(f"{device.label} has no room for the {vision.weight_bytes / GIB:.2f} GiB of {manifest.vision.file}")
     _check_memory(sizes, owners, candidates, manifest)
-    return Plan(tuple(Placement(r, candidates[o], w, k) for r, (w, k), o in zip(manifest.partitions, needs, owners)))
+    placements = tuple(Placement(r, candidates[o], w, k) for r, (w, k), o in zip(manifest.partitions, needs, owners))
+    return Plan(placements, vision)
 
 
 def _fill(sizes: list[int], devices: list[Device]) -> list[int]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wicore.errors import RequestError
+from wicore.runtime.images import ImageSpan, block_keys, chunk_end
 from wicore.runtime.sampler import Logprobs, SamplingParams
 
 
@@ -57,6 +58,7 @@ class Request:
     status: Status = Status.WAITING
     seq_id: int = 0  # key of its blocks in the KV cache
     prompt_logits: list[np.ndarray] = field(default_factory=list)  # chunks so far, if params.prompt_logits
+    image_spans: tuple[ImageSpan, ...] = ()  # the prompt's images (wicore.runtime.images)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -69,6 +71,19 @@ class Request:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[len(self.prompt_ids) :]
+
+    def chunk(self, limit: int) -> int:
+        """Tokens to run from num_computed when at most `limit` may: never an image in part
+        (wicore.graph.io: its tokens attend to each other), so possibly fewer, or none."""
+        return chunk_end(self.image_spans, self.num_computed, self.num_computed + limit) - self.num_computed
+
+    def images_in(self, start: int, stop: int) -> tuple[ImageSpan, ...]:
+        """The images with soft tokens in positions [start, stop)."""
+        return tuple(s for s in self.image_spans if s.start < stop and start < s.stop)
+
+    def extra_keys(self, block_size: int) -> dict[int, bytes]:
+        """What the prefix cache hashes with each block's token ids: the digests of its images."""
+        return block_keys(self.image_spans, block_size)
 
     @property
     def wants_prompt_logits(self) -> bool:

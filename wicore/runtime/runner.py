@@ -6,6 +6,10 @@
 When every row of a batch decodes greedily (no penalties, no logprobs, no prompt logits) only the
 graph's argmax comes back to the host, not [rows, vocab] float32 logits (1 MB a row for Gemma 3).
 
+A model with a vision partition also gets, per batch, the embeddings of the image tokens its
+rows run and where their images end (wicore.runtime.vision); each image of the step is encoded
+once, or taken from the encoder's cache.
+
 Rows of the same length run as one batch, so nothing is padded: the decode rows (one token
 each) together, prefill chunks of equal length (prompts of one size, or chunks cut at the
 prefill chunk) together, any other chunk alone. The runner keeps each request's Sampler (its
@@ -24,14 +28,16 @@ from wicore.runtime.batch import build_batch
 from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.sampler import Sample, Sampler
 from wicore.runtime.step import RunResult, ScheduledRow
+from wicore.runtime.vision import VisionEncoder
 
 
 class ModelRunner:
     """Rows in, sampled tokens out, over the model's graphs (see the module docstring)."""
 
-    def __init__(self, graphs: ModelGraphs, block_size: int) -> None:
+    def __init__(self, graphs: ModelGraphs, block_size: int, vision: VisionEncoder | None = None) -> None:
         self.graphs = graphs
         self.block_size = block_size
+        self.vision = vision
         self._samplers: dict[str, Sampler] = {}
 
     def execute(self, rows: Sequence[ScheduledRow], ended_request_ids: Sequence[str] = ()) -> RunResult:
@@ -45,8 +51,11 @@ class ModelRunner:
         by_length: dict[int, list[ScheduledRow]] = {}
         for row in rows:
             by_length.setdefault(len(row.token_ids), []).append(row)
-        for group in by_length.values():
-            out = self.graphs.run(build_batch(group, self.block_size), logits=any(map(_needs_logits, group)))
+        vision = self.vision
+        features = vision.features(span.image for row in rows for span in row.images) if vision is not None else {}
+        for length, group in by_length.items():
+            images = vision.decoder_inputs(group, length, features) if vision is not None else None
+            out = self.graphs.run(build_batch(group, self.block_size), logits=any(map(_needs_logits, group)), images=images)
             offset = 0
             for i, row in enumerate(group):
                 offset += row.num_logits

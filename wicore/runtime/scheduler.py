@@ -58,6 +58,15 @@ class SchedulerConfig:
         if self.preemption not in ("swap", "recompute"):
             raise ValueError(f"preemption {self.preemption!r}: choose swap or recompute")
 
+    def at_least(self, tokens: int) -> SchedulerConfig:
+        """This config with room for a chunk of `tokens` in every step (an image's, run whole)."""
+        return dataclasses.replace(
+            self,
+            max_num_batched_tokens=max(self.max_num_batched_tokens, tokens),
+            prefill_with_decodes=max(self.prefill_with_decodes, tokens),
+            prefill_chunk=max(self.prefill_chunk, tokens),
+        )
+
 
 @dataclass
 class StepBudget:
@@ -74,9 +83,9 @@ class StepBudget:
 
     def fits(self, req: Request) -> int:
         """Tokens `req` would run this step (0: none fit). One token left to run is a decode;
-        more are a prefill chunk (a prompt, or tokens to recompute)."""
+        more are a prefill chunk (a prompt, or tokens to recompute), which never cuts an image."""
         left = req.num_tokens - req.num_computed
-        return min(left, self.tokens) if left == 1 else min(left, self.prefill_room)
+        return min(left, self.tokens) if left == 1 else req.chunk(min(left, self.prefill_room))
 
     def spend(self, req: Request, n: int) -> None:
         """`req` runs `n` tokens (call before its num_computed moves)."""
@@ -202,6 +211,7 @@ class Scheduler:
             num_logits=n if req.wants_prompt_logits else int(needs_sample),
             needs_sample=needs_sample,
             params=req.params,
+            images=req.images_in(start, start + n),
         )
 
     def _preempt(self, req: Request) -> list[Move]:
@@ -268,7 +278,13 @@ class Scheduler:
         for req in sorted(self.waiting, key=lambda r: self._rank(r, now)):
             if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
                 break
-            alloc = self.kv.allocate(req.seq_id, req.token_ids, budget.prefill_room, reuse_prefix=not req.params.prompt_logits)
+            alloc = self.kv.allocate(
+                req.seq_id,
+                req.token_ids,
+                budget.prefill_room,
+                reuse_prefix=not req.params.prompt_logits,
+                extra_keys=req.extra_keys(self.kv.block_size),
+            )
             if alloc is None:
                 break  # the best-ranked request waits for room; nothing jumps ahead of it
             if not req.was_admitted:  # readmissions after preemption are not prefix-cache traffic
@@ -280,8 +296,9 @@ class Scheduler:
             moves += alloc.moves
             self._set_running(req, self.waiting)
             n = budget.fits(req)
-            budget.spend(req, n)
-            rows.append(self._row(req, n))
+            if n:  # else its next chunk is an image that does not fit this step: it runs next step
+                budget.spend(req, n)
+                rows.append(self._row(req, n))
 
     def _set_running(self, req: Request, source: list[Request]) -> None:
         source.remove(req)

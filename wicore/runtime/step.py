@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wicore.hmt.block_pool import Move
+from wicore.runtime.images import ImageSpan
 from wicore.runtime.request import RequestOutput
 from wicore.runtime.sampler import Sample, SamplingParams
 
@@ -36,6 +37,8 @@ class ScheduledRow:
     num_logits: int
     needs_sample: bool
     params: SamplingParams
+    images: tuple[ImageSpan, ...] = ()  # the images with soft tokens in this row (each one whole: in the
+    # row, or partly cached before it)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,42 @@
+"""The engine's settings, in one frozen dataclass (its own module, so that the modules the engine
+is built from can take it without importing the engine)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wicore.hmt.policy import A2CRConfig
+from wicore.runtime.scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: Path
+    num_threads: int | None = None
+    block_size: int | None = None  # tokens a KV block; None: default_block_size(the model)
+    kv_pool_gb: float = 1.0  # tier 0
+    host_tier_gb: float = 1.0  # tier 1
+    nvme_tier_gb: float = 0.0  # tier 2
+    nvme_dir: Path | None = None
+    # Exact block counts per tier, overriding the sizes above (tests, tuning).
+    num_device_blocks: int | None = None
+    num_host_blocks: int | None = None
+    num_nvme_blocks: int | None = None
+    num_window_device_blocks: int | None = None  # the sliding layers' device buffers, if set apart
+    policy: str = "a2cr"  # or "lru"
+    a2cr: A2CRConfig = field(default_factory=A2CRConfig)
+    enable_prefix_cache: bool = True
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    verify_files: bool = True
+    devices: str = "cpu"  # see wicore.runtime.placement
+    profile_prefix: str | None = None  # ONNX Runtime's profiler on (tools/profile_step.py)
+    cuda_graphs: bool = False  # greedy decode steps replayed from CUDA graphs (paged export on one CUDA device)
+    vision_device: str | None = None  # where the vision partition runs; None: the first partition's device
+    image_cache_size: int = 64  # images whose features are kept (each distinct image is encoded once)
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("a2cr", "lru"):
+            raise ValueError(f"policy {self.policy!r}: choose a2cr or lru")
+        if min(self.kv_pool_gb, self.host_tier_gb, self.nvme_tier_gb) < 0:
+            raise ValueError("tier sizes must be >= 0")
