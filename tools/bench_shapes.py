@@ -22,7 +22,9 @@ largest absolute difference.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import os
 import statistics
 import sys
 import time
@@ -56,7 +58,17 @@ VARIANTS: dict[str, dict[str, object]] = {
     "paged": dict(dtype="fp16", attention="paged"),
     "int4-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0),
 }
-GRAPHS = "+graphs"  # a variant's export run with CUDA graphs (EngineConfig.cuda_graphs): "paged+graphs"
+# Run-time flags after a variant's name ("int4-paged+graphs+nofpa"): the same export, run with these.
+FLAGS = {
+    "graphs": "CUDA graphs (EngineConfig.cuda_graphs)",
+    "nofpa": "ORT_FPA_INTB_GEMM=0: MatMulNBits on its default kernels, not the CUTLASS fpA_intB ones WiCore turns on",
+}
+
+
+def split_variant(variant: str) -> tuple[str, set[str]]:
+    """'int4-paged+graphs+nofpa' -> ('int4-paged', {'graphs', 'nofpa'})."""
+    base, *flags = variant.split("+")
+    return base, set(flags)
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,7 @@ class Config:
     check: bool
     check_tokens: int
     json_path: Path | None
+    hf_compiled: bool = False
     threads: int = 1
     block_size: int | None = None  # None: the engine's default (a paged export: its FlashAttention tile)
 
@@ -126,14 +139,17 @@ def export(folder: Path, variant: str, out: Path) -> Path:
     return out
 
 
-def wicore_steps(model_dir: Path, config: Config, cuda_graphs: bool) -> dict[int, float]:
+def wicore_steps(model_dir: Path, config: Config, flags: set[str]) -> dict[int, float]:
     """Median decode step ms per batch size (an engine per batch size, as tools/profile_step.py)."""
+    os.environ.pop("ORT_FPA_INTB_GEMM", None)
+    if "nofpa" in flags:  # read when each session is created (wicore/runtime/providers.py)
+        os.environ["ORT_FPA_INTB_GEMM"] = "0"
     step = StepConfig(
         (str(model_dir),), config.batches, config.context, 1, config.steps, "cuda:0", False, None, block_size=config.block_size
     )
     times = {}
     for batch in config.batches:
-        with Engine(replace(engine_config(model_dir, batch, step), cuda_graphs=cuda_graphs)) as engine:
+        with Engine(replace(engine_config(model_dir, batch, step), cuda_graphs="graphs" in flags)) as engine:
             times[batch] = 1000 * statistics.median(decode_steps(engine, batch, step).step_seconds)
         print(f"  {model_dir.name} batch {batch}: {times[batch]:.2f} ms", flush=True)
     return times
@@ -172,6 +188,60 @@ def hf_steps(folder: Path, config: Config) -> dict[int, float]:
     return times
 
 
+def hf_compiled_steps(folder: Path, config: Config) -> dict[int, float]:
+    """Median decode step ms of HF transformers bf16 with a static cache under
+    `torch.compile(mode="reduce-overhead")` (CUDA graphs), the strongest torch peer.
+
+    transformers' StaticCache gives the sliding layers a cache that keeps a Python position counter,
+    so the compiled step recompiles at every position and never records a graph. Here every layer
+    gets a plain static cache instead: exact while prompt and decoded tokens stay inside the window.
+    Compiled once per batch size (about a minute each at 8 layers)."""
+    import torch
+    from transformers import Gemma3ForCausalLM, StaticCache
+
+    model = Gemma3ForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="sdpa", device_map="cuda").eval()
+    torch.backends.cuda.enable_cudnn_sdp(False)  # see hf_steps
+    length = config.context + 3 + config.steps + 1
+    if length > model.config.sliding_window:
+        raise SystemExit(f"the compiled HF peer needs context + steps <= the sliding window ({model.config.sliding_window})")
+    plain = copy.deepcopy(model.config)
+    plain.layer_types = ["full_attention"] * plain.num_hidden_layers
+    eager = model.forward
+    step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    times = {}
+    with torch.no_grad():
+        for batch in config.batches:
+            cache = StaticCache(config=plain, max_cache_len=length)
+            ids = torch.randint(1000, model.config.vocab_size, (batch, config.context), device="cuda")
+            positions = torch.arange(config.context, device="cuda")
+            out = eager(input_ids=ids, past_key_values=cache, cache_position=positions, use_cache=True, logits_to_keep=1)
+            token = out.logits[:, -1:].argmax(-1)
+            samples = []
+            start_compile = time.perf_counter()
+            for i in range(3 + config.steps):
+                position = torch.tensor([config.context + i], device="cuda")
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                logits = step(input_ids=token, past_key_values=cache, cache_position=position, use_cache=True).logits
+                token = logits[:, -1:].argmax(-1)
+                torch.cuda.synchronize()
+                if i == 2:
+                    print(
+                        f"  HF compiled {folder.name} batch {batch}: compiled in {time.perf_counter() - start_compile:.0f} s",
+                        flush=True,
+                    )
+                if i >= 3:
+                    samples.append(time.perf_counter() - start)
+            times[batch] = 1000 * statistics.median(samples)
+            print(f"  HF compiled {folder.name} batch {batch}: {times[batch]:.2f} ms", flush=True)
+            del out, cache, logits
+            torch.cuda.empty_cache()
+    del model, step
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    return times
+
+
 def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size: int | None) -> dict[str, dict[str, object]]:
     """Prompt logits at every position of one random prompt: each export against HF float32; and
     24 greedy tokens of four prompts decoded together, which a "+graphs" variant must repeat."""
@@ -191,12 +261,12 @@ def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size
     for variant, model_dir in model_dirs.items():
         step = StepConfig((), (1,), num_tokens, 1, 24, "cuda:0", False, None, block_size=block_size)
         engine_cfg = engine_config(model_dir, 4, step)
-        with Engine(replace(engine_cfg, cuda_graphs=variant.endswith(GRAPHS))) as engine:
+        with Engine(replace(engine_cfg, cuda_graphs="graphs" in split_variant(variant)[1])) as engine:
             got = engine.generate([prompt], SamplingParams(max_tokens=1, prompt_logits=True))[0].prompt_logits
             tokens = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
         assert got is not None
         agree = float(np.mean(got.argmax(-1) == ref.argmax(-1)))
-        base = report.get(variant.removesuffix(GRAPHS), {}).get("greedy")
+        base = report.get(split_variant(variant)[0], {}).get("greedy")
         report[variant] = {"argmax_agreement": agree, "max_abs_diff": float(np.abs(got - ref).max()), "greedy": tokens}
         same = ""
         if base is not None:  # tokens up to each row's first difference, over all
@@ -251,7 +321,7 @@ def run(config: Config) -> int:
     exports = {}
     for n in config.layers:
         for v in config.variants:
-            base = v.removesuffix(GRAPHS)
+            base = split_variant(v)[0]
             exports[n, v] = export(folders[n], base, config.work / f"{config.shape}-{n}-{base}")
     report: dict[str, object] = {}
     if config.check:
@@ -262,8 +332,11 @@ def run(config: Config) -> int:
     if config.hf:  # first: ONNX Runtime's CUDA arenas are not handed back to torch when a session closes
         times = {n: hf_steps(folders[n], config) for n in config.layers}
         results["hf-sdpa-bf16"] = {"ms": times, "fit": fit(times, depth)}
+    if config.hf_compiled:  # at the largest layer count only: each compile takes a minute or more
+        n = max(config.layers)
+        results["hf-compiled-bf16"] = {"ms": {n: hf_compiled_steps(folders[n], config)}}
     for variant in config.variants:
-        times = {n: wicore_steps(exports[n, variant], config, variant.endswith(GRAPHS)) for n in config.layers}
+        times = {n: wicore_steps(exports[n, variant], config, split_variant(variant)[1]) for n in config.layers}
         results[variant] = {"ms": times, "fit": fit(times, depth)}
     bandwidth = copy_bandwidth()
     floor_ms = 1000 * weight_bytes(config.shape, 2) / bandwidth
@@ -274,6 +347,8 @@ def run(config: Config) -> int:
     print(f"fp16 weight-read floor {floor_ms:.1f} ms at the measured copy bandwidth {bandwidth / 1e12:.2f} TB/s\n")
     print("| | " + " | ".join(f"batch {b}" for b in config.batches) + " |\n|---|" + "---:|" * len(config.batches))
     for name, r in results.items():
+        if "fit" not in r:
+            continue
         cells = [f"{f['full_ms']:.1f} ({f['full_tokens_per_s']:.0f})" for f in r["fit"].values()]  # type: ignore[union-attr]
         print(f"| {name} | " + " | ".join(cells) + " |")
     if config.json_path is not None:
@@ -288,24 +363,30 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument(
         "--variants",
         default="portable,paged",
-        help=f"comma-separated, of {', '.join(VARIANTS)}; '{GRAPHS}' after one: CUDA graphs",
+        help=f"comma-separated, of {', '.join(VARIANTS)}; flags after one: " + "; ".join(f"+{k}: {v}" for k, v in FLAGS.items()),
     )
     p.add_argument("--batch", default="1,8,32", help="batch sizes (rows decoding together)")
     p.add_argument("--context", type=int, default=512, help="prompt tokens of each row before the timed decode steps")
     p.add_argument("--steps", type=int, default=20, help="timed decode steps per point")
     p.add_argument("--work", type=Path, default=Path("/tmp/wicore-shapes"), help="checkpoints and exports (kept, reused)")
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip the HF transformers peer")
+    p.add_argument(
+        "--hf-compiled", action="store_true", help="also HF with a static cache under torch.compile, at the largest layer count"
+    )
     p.add_argument("--check", action="store_true", help="compare prompt logits with HF float32 first")
     p.add_argument("--check-tokens", type=int, default=1100)
     p.add_argument("--block-size", type=int, default=None, help="KV block (page) size in tokens (default: the engine's)")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     layers, variants = int_list(a.layers), tuple(a.variants.split(","))
-    if len(set(layers)) < 2 or any(v.removesuffix(GRAPHS) not in VARIANTS for v in variants):
-        raise SystemExit("error: --layers needs two or more counts; --variants: " + ", ".join(VARIANTS))
+    parts = [split_variant(v) for v in variants]
+    if len(set(layers)) < 2 or any(base not in VARIANTS or not flags <= FLAGS.keys() for base, flags in parts):
+        raise SystemExit(
+            "error: --layers needs two or more counts; --variants: " + ", ".join(VARIANTS) + ", flags " + ", ".join(FLAGS)
+        )
     return Config(
         a.shape, layers, variants, int_list(a.batch), a.context, a.steps, a.work, a.hf, a.check, a.check_tokens, a.json,
-        block_size=a.block_size,
+        hf_compiled=a.hf_compiled, block_size=a.block_size,
     )  # fmt: skip
 
 
