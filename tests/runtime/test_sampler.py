@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from wicore.errors import RequestError
-from wicore.runtime.sampler import Sampler, SamplingParams
+from wicore.runtime.sampler import Sampler, SamplingParams, candidates, temperature_weights
 
 LOGITS = np.log(np.array([0.05, 0.4, 0.1, 0.3, 0.15], np.float32))  # probs by token id
 
@@ -147,3 +147,44 @@ def test_a_tiny_temperature_is_greedy_not_nan():
 def test_invalid_penalties_and_logprobs_are_rejected(field, value):
     with pytest.raises(RequestError, match=field):
         SamplingParams(**{field: value})
+
+
+def reference_candidates(weights: np.ndarray, top_k: int, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """top-k then top-p by a full sort of the vocabulary (most likely first, ties by id)."""
+    ids = np.lexsort((np.arange(len(weights)), -weights.astype(np.float64)))
+    if top_k:
+        ids = ids[:top_k]
+    probs = weights[ids].astype(np.float64) / weights[ids].sum(dtype=np.float64)
+    keep = int(np.searchsorted(np.cumsum(probs), top_p)) + 1 if top_p < 1.0 else len(ids)
+    return ids[:keep], probs[:keep] / probs[:keep].sum()
+
+
+@pytest.mark.parametrize("top_k", [0, 1, 5, 40, 3000])
+@pytest.mark.parametrize("top_p", [1.0, 0.5, 0.95])
+@pytest.mark.parametrize("shape", ["flat", "peaked", "ties"])
+def test_candidates_equal_a_full_sort(top_k, top_p, shape):
+    rng = np.random.default_rng(top_k + int(top_p * 100))
+    logits = (rng.standard_normal(5000) * 2).astype(np.float32)
+    if shape == "peaked":
+        logits[[4321, 17]] += [30.0, 28.0]
+    if shape == "ties":  # coarse values: many tokens share each weight, also at the k-th place
+        logits = np.round(logits).astype(np.float32)
+    weights = temperature_weights(logits, 0.8)
+    got = candidates(weights, top_k, top_p)
+    if not top_k and top_p == 1.0:
+        assert got is None
+        return
+    ids, probs = got
+    want_ids, want_probs = reference_candidates(weights, top_k, top_p)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(probs, want_probs, rtol=1e-9)
+
+
+def test_temperature_sampling_over_many_blocks_follows_the_distribution():
+    # 3000 tokens (six CDF blocks); the mass sits in tokens of different blocks, the last included.
+    logits = np.full(3000, -40.0, np.float32)
+    logits[[3, 700, 1536, 2999]] = np.log([0.1, 0.2, 0.3, 0.4])
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=11))
+    counts = np.bincount([sampler(logits) for _ in range(20000)], minlength=3000) / 20000
+    np.testing.assert_allclose(counts[[3, 700, 1536, 2999]], [0.1, 0.2, 0.3, 0.4], atol=0.015)
+    assert counts.sum() == pytest.approx(counts[[3, 700, 1536, 2999]].sum())
