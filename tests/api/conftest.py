@@ -1,6 +1,7 @@
 """Real Hypercorn servers on free loopback ports, in front of real engines.
 
 `tiny_server(**settings)`: a random tiny Gemma 3 (no tokenizer): auth, limits, errors, metrics.
+`multimodal_server(**settings)`: a random tiny multimodal Gemma 3 with a tokenizer: images.
 `gemma_server`: the real Gemma 3 270M (slow layer): text endpoints driven by the openai package.
 """
 
@@ -46,6 +47,22 @@ def tiny_server(tiny_export) -> Iterator[Callable[..., Served]]:
     def make(**settings: object) -> Served:
         folder, _ = tiny_export()
         served = start(folder, ServerSettings(model_name="tiny", **settings))  # type: ignore[arg-type]
+        started.append(served)
+        return served
+
+    yield make
+    for served in started:
+        served.server.stop()
+        served.engine.stop()
+
+
+@pytest.fixture(scope="module")
+def multimodal_server(tiny_multimodal) -> Iterator[Callable[..., Served]]:
+    """multimodal_server(**settings): the tiny random multimodal Gemma 3 (tests/multimodal.py)."""
+    started: list[Served] = []
+
+    def make(**settings: object) -> Served:
+        served = start(tiny_multimodal.export(), ServerSettings(model_name="tiny-mm", **settings), num_device_blocks=128)  # type: ignore[arg-type]
         started.append(served)
         return served
 

@@ -442,8 +442,9 @@ class FailingEngine:
         priority: str = "normal",
         deadline: float | None = None,
         request_id: str | None = None,
+        images: tuple = (),
     ) -> str:
-        request_id = self.engine.add_request(prompt, params, priority, deadline, request_id)
+        request_id = self.engine.add_request(prompt, params, priority, deadline, request_id, images)
         if prompt == self.poison_ids:
             self.poisoned.add(request_id)
         return request_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from wicore.api.errors import APIError
+from wicore.api.images import ImagePart
 from wicore.api.schemas import Options, parse_chat, parse_completion
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -147,7 +148,8 @@ def test_penalties_are_read():
         ("hi", "messages"),
         ([{"role": "robot", "content": "x"}], "messages[0].role"),
         ([{"role": "user", "content": 5}], "messages[0].content"),
-        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0]"),
+        ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}], "messages[0].content[0]"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content[0].image_url"),
         ([{"role": "user", "content": [{"type": "text", "text": 1}]}], "messages[0].content[0].text"),
     ],
 )
@@ -172,6 +174,28 @@ def test_content_parts_and_roles():
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": ""},
     ]
+    assert req.images == ()
+
+
+def test_image_parts_stay_in_place_and_their_urls_are_collected():
+    req = parse_chat(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "data:a"}}, {"type": "text", "text": "?"}],
+                },
+                {"role": "assistant", "content": "a cat"},
+                {"role": "user", "content": [{"type": "text", "text": "and"}, {"type": "image_url", "image_url": "data:b"}]},
+            ]
+        }
+    )
+    assert [m["content"] for m in req.messages] == [
+        [{"type": "image"}, {"type": "text", "text": "?"}],
+        "a cat",
+        [{"type": "text", "text": "and"}, {"type": "image"}],
+    ]
+    assert req.images == (ImagePart("data:a", "messages[0].content[0]"), ImagePart("data:b", "messages[2].content[1]"))
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 """The Starlette app: OpenAI routes in front of one running Engine.
 
 request ─► guard (auth, rate limit) ─► read body (size limit) ─► schemas.parse_*
-        ─► prompt ids (chat template / tokenizer) ─► one run_choice per choice
-        ─► JSON body, or SSE chunks (streaming.event_stream)
+        ─► images (wicore.api.images) ─► prompt ids (chat template / tokenizer)
+        ─► one run_choice per choice ─► JSON body, or SSE chunks (streaming.event_stream)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -30,6 +30,7 @@ from wicore.api.auth import Authenticator
 from wicore.api.docs_page import docs_route
 from wicore.api.errors import APIError, error_response, from_wicore
 from wicore.api.generation import ChoiceStats, Piece, run_choice
+from wicore.api.images import ImagePart, ImageSettings, load_images
 from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
 from wicore.api.metrics import Metrics
 from wicore.api.openapi import openapi_route
@@ -38,7 +39,9 @@ from wicore.api.schemas import Options, parse_chat, parse_completion
 from wicore.api.streaming import EventStream, Streams, event_stream, merge
 from wicore.errors import WiCoreError
 from wicore.runtime.engine import Engine
+from wicore.runtime.images import ImageInput
 from wicore.runtime.sampler import SamplingParams
+from wicore.runtime.vision import NO_VISION
 
 if TYPE_CHECKING:
     from wicore.runtime.tokenizer import Tokenizer
@@ -52,17 +55,21 @@ class ServerSettings:
     api_keys: tuple[str, ...] = ()
     rate_limit_rpm: float = 0.0  # requests per minute per key; 0 = no limit
     rate_limit_burst: int | None = None
-    max_body_bytes: int = 1 << 20
+    max_body_bytes: int | None = None  # None: 1 MiB, or 32 MiB for a model that takes images (base64 in the body)
     cors_origins: tuple[str, ...] = ()
     # Host header names accepted (any port); empty: any. Set when serving without a key on a
     # loopback address, so a web page cannot reach the server by DNS rebinding.
     allowed_hosts: tuple[str, ...] = ()
     failed_auth_per_minute: float = 30.0  # wrong or missing keys one client address may send
     body_timeout_seconds: float = 30.0  # the whole request body must arrive within this (slow-drip uploads)
+    images: ImageSettings = field(default_factory=ImageSettings)  # limits of image inputs (wicore.api.images)
 
     def __post_init__(self) -> None:
-        if self.rate_limit_rpm < 0 or self.max_body_bytes < 1:
+        if self.rate_limit_rpm < 0 or (self.max_body_bytes is not None and self.max_body_bytes < 1):
             raise ValueError("rate_limit_rpm must be >= 0 and max_body_bytes >= 1")
+
+    def body_limit(self, takes_images: bool) -> int:
+        return self.max_body_bytes or ((32 if takes_images else 1) << 20)
 
 
 class API:
@@ -75,6 +82,7 @@ class API:
         self.metrics = Metrics()
         self.streams = Streams()  # open event streams, cut by a shutdown (wicore/api/server.py)
         self.created = int(time.time())
+        self.body_limit = settings.body_limit(engine.vision is not None)
 
     # -- guards ----------------------------------------------------------------------
     def guard(self, request: Request) -> None:
@@ -97,7 +105,7 @@ class API:
                 raise APIError(400, f"Host {host!r} is not served here (set an API key to serve other names)", code="bad_host")
 
     async def read_json(self, request: Request) -> Any:
-        limit = self.settings.max_body_bytes
+        limit = self.body_limit
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise APIError(413, f"the request body has {declared} bytes; the limit is {limit}", code="body_too_large")
@@ -160,12 +168,15 @@ class API:
         self.guard(request)
         req = parse_chat(await self.read_json(request))
         self._check_model(req.options)
+        images = await self.images(req.images)
         tok = self._tokenizer()
         try:
             prompt = tok.apply_chat_template(req.messages, add_generation_prompt=True)
         except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
             raise from_wicore(exc, "messages") from exc
-        return await self.complete(request, True, [tok.encode(prompt, add_bos=False)], req.options)
+        if images:
+            prompt = self.engine.expand_images(prompt)
+        return await self.complete(request, True, [tok.encode(prompt, add_bos=False)], req.options, images)
 
     async def completions(self, request: Request) -> Response:
         self.guard(request)
@@ -181,10 +192,21 @@ class API:
         return JSONResponse(await compat.inference(self, await self.read_json(request)))
 
     # -- generation ------------------------------------------------------------------
-    async def complete(self, request: Request, is_chat: bool, prompts: list[list[int]], opts: Options) -> Response:
+    async def images(self, parts: tuple[ImagePart, ...]) -> list[ImageInput]:
+        """The request's images, loaded for the model; a 400 naming the part when there is something wrong."""
+        if not parts:
+            return []
+        vision = self.engine.vision
+        if vision is None:
+            raise APIError(400, f"{parts[0].param}: {NO_VISION}", param=parts[0].param, code="images_not_supported")
+        return await load_images(parts, vision.config.preprocessing, self.settings.images)
+
+    async def complete(
+        self, request: Request, is_chat: bool, prompts: list[list[int]], opts: Options, images: list[ImageInput] | None = None
+    ) -> Response:
         rid = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         base = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
-        request_ids = self.add_requests(rid, prompts, opts, "messages" if is_chat else "prompt")
+        request_ids = self.add_requests(rid, prompts, opts, "messages" if is_chat else "prompt", images or [])
         stats = [ChoiceStats(num_prompt_tokens=len(prompts[i // opts.n])) for i in range(len(request_ids))]
         choices = [
             self._observed(run_choice(self.engine, request_id, prompts[i // opts.n], opts.stop, s), s)
@@ -240,9 +262,12 @@ class API:
             await choice.aclose()  # type: ignore[attr-defined]
             self.metrics.observe_choice(stats, time.monotonic())
 
-    def add_requests(self, rid: str, prompts: list[list[int]], opts: Options, param: str) -> list[str]:
+    def add_requests(
+        self, rid: str, prompts: list[list[int]], opts: Options, param: str, images: list[ImageInput] | None = None
+    ) -> list[str]:
         """Queue every choice of every prompt (n per prompt) in the engine, or none: the engine's
-        admission errors become the 400 / 503 they stand for, naming `param` for the prompt."""
+        admission errors become the 400 / 503 they stand for, naming `param` for the prompt.
+        `images` go with every prompt (the engine encodes each distinct image once)."""
         num_choices = len(prompts) * opts.n
         if num_choices > self.engine.max_waiting:  # never fits: a 400, not a 503 to retry
             raise APIError(
@@ -268,7 +293,9 @@ class API:
                         logprobs=opts.logprobs,
                     )
                     request_ids.append(
-                        self.engine.add_request(ids, params, opts.priority, request_id=f"{rid}-{len(request_ids)}")
+                        self.engine.add_request(
+                            ids, params, opts.priority, request_id=f"{rid}-{len(request_ids)}", images=images or ()
+                        )
                     )
         except WiCoreError as exc:
             for request_id in request_ids:

@@ -3,6 +3,9 @@
     POST /v1/inference  {prompt, images?, max_tokens?, temperature?}
                      -> {id, content, token_count, latency_ms}
 
+`images` is a list of base64 images (or data: URLs). They go where the prompt writes
+`<start_of_image>`, one each, in order; a prompt without any gets them all in front of its text.
+
 `--config FILE` (JSON or TOML) takes the flags' names (`port`, `kv_pool_gb`, ...) and the
 original keys below; flags given on the command line win over the file.
 """
@@ -16,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from wicore.api.generation import ChoiceStats, run_choice
-from wicore.api.schemas import Options, _bad, _int, _number, _object, _unsupported
+from wicore.api.images import ImagePart
+from wicore.api.schemas import Options, _bad, _int, _number, _object
 from wicore.errors import RequestError
 
 # Original config key -> flag destination.
@@ -69,15 +73,17 @@ async def inference(api: Any, body: Any) -> dict[str, Any]:
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise _bad("prompt", "expected a non-empty string")
-    if body.get("images"):
-        raise _unsupported("images", "image input")
     temperature = _number(body, "temperature", 0.0, 2.0)
     opts = Options(max_tokens=_int(body, "max_tokens", 1), temperature=0.0 if temperature is None else temperature)
+    images = await api.images(_image_parts(body.get("images")))
     tok = api._tokenizer()
+    if images:
+        boi = tok.id_to_token(api.engine.vision.config.boi_token_id)
+        prompt = api.engine.expand_images(prompt if boi in prompt else boi * len(images) + prompt)
     ids = tok.encode(prompt)
     started = time.monotonic()
     request_id = f"inf-{uuid.uuid4().hex[:24]}"
-    [engine_id] = api.add_requests(request_id, [ids], opts, "prompt")
+    [engine_id] = api.add_requests(request_id, [ids], opts, "prompt", images)
     stats = ChoiceStats(num_prompt_tokens=len(ids))
     text = ""
     async for piece in run_choice(api.engine, engine_id, ids, (), stats):
@@ -89,3 +95,12 @@ async def inference(api: Any, body: Any) -> dict[str, Any]:
         "token_count": stats.num_completion_tokens,
         "latency_ms": round((time.monotonic() - started) * 1000.0, 3),
     }
+
+
+def _image_parts(images: Any) -> tuple[ImagePart, ...]:
+    """`images`: base64 strings (or data: URLs) -> image parts named images[i]."""
+    if images is None:
+        return ()
+    if not isinstance(images, list) or not all(isinstance(i, str) and i for i in images):
+        raise _bad("images", "expected a list of base64-encoded images")
+    return tuple(ImagePart(i if i.startswith("data:") else f"data:;base64,{i}", f"images[{n}]") for n, i in enumerate(images))

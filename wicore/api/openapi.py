@@ -36,9 +36,27 @@ _MESSAGE = {
                 {
                     "type": "array",
                     "items": {
-                        "type": "object",
-                        "required": ["type", "text"],
-                        "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+                        "oneOf": [
+                            {
+                                "type": "object",
+                                "required": ["type", "text"],
+                                "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+                            },
+                            {
+                                "type": "object",
+                                "description": "an image: a data: URL (base64 PNG, JPEG, WebP or GIF); http(s) URLs only "
+                                "where the server fetches them (--allow-image-urls)",
+                                "required": ["type", "image_url"],
+                                "properties": {
+                                    "type": {"type": "string", "enum": ["image_url"]},
+                                    "image_url": {
+                                        "type": "object",
+                                        "required": ["url"],
+                                        "properties": {"url": {"type": "string"}, "detail": {"type": "string"}},
+                                    },
+                                },
+                            },
+                        ]
                     },
                 },
             ]
@@ -177,7 +195,11 @@ def openapi_schema() -> dict[str, Any]:
         "required": ["prompt"],
         "properties": {
             "prompt": {"type": "string", "minLength": 1},
-            "images": {"type": "array", "maxItems": 0, "nullable": True},
+            "images": {
+                "type": "array",
+                "items": {"type": "string", "description": "a base64 image (or a data: URL)"},
+                "nullable": True,
+            },
             "max_tokens": {**_INT, "minimum": 1, "nullable": True},
             "temperature": {**_NUM, "minimum": 0, "maximum": 2, "nullable": True},
         },
@@ -196,7 +218,7 @@ def openapi_schema() -> dict[str, Any]:
             "/v1/completions": _post("Text completion", completion),
             "/v1/inference": {
                 "post": {
-                    "summary": "Original WiCore API (images are refused with a 400 until image input exists)",
+                    "summary": "Original WiCore API (images go where the prompt writes <start_of_image>, else in front)",
                     "security": [{"bearer": []}, {}],
                     "requestBody": {"required": True, "content": {"application/json": {"schema": inference}}},
                     "responses": {

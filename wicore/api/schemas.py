@@ -1,8 +1,12 @@
 """Request bodies of the OpenAI endpoints, parsed and checked: a 400 names the parameter.
 
 Unknown fields are ignored, as OpenAI does; `null` means "not given". Known fields whose
-feature WiCore lacks (echo, best_of, suffix, image parts, tools, response_format) are refused
+feature WiCore lacks (echo, best_of, suffix, audio parts, tools, response_format) are refused
 with a 400 rather than silently ignored, so a client never gets an answer it did not ask for.
+
+    image_url parts  {"type": "image_url", "image_url": {"url": ...}} (or "image_url": "<url>"):
+                     the message keeps {"type": "image"} where the chat template places the
+                     image; the URL goes to ChatRequest.images (wicore.api.images loads them)
 
     logprobs  chat: `logprobs: true` and `top_logprobs: 0..20`   completions: `logprobs: 0..5`
               both become Options.logprobs = how many alternatives per token (None: no logprobs)
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wicore.api.errors import APIError
+from wicore.api.images import ImagePart
 
 PRIORITIES = ("low", "normal", "high", "urgent")
 ROLES = ("system", "developer", "user", "assistant")
@@ -48,6 +53,7 @@ class Options:
 class ChatRequest:
     messages: list[dict[str, Any]]
     options: Options
+    images: tuple[ImagePart, ...] = ()  # the image_url parts, in the order of the conversation
 
 
 @dataclass(frozen=True)
@@ -176,11 +182,13 @@ def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...], logpr
     )
 
 
-def parse_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def parse_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[ImagePart]]:
+    """The messages, and the image parts found in them in order."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "expected a non-empty list of messages")
-    out = []
+    out: list[dict[str, Any]] = []
+    images: list[ImagePart] = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -188,11 +196,12 @@ def parse_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         role = message.get("role")
         if role not in ROLES:
             raise _bad(f"{where}.role", f"{role!r}: choose one of {', '.join(ROLES)}")
-        out.append({"role": "system" if role == "developer" else role, "content": _content(message.get("content"), where)})
-    return out
+        content = _content(message.get("content"), where, images)
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out, images
 
 
-def _content(content: Any, where: str) -> str | list[dict[str, str]]:
+def _content(content: Any, where: str, images: list[ImagePart]) -> str | list[dict[str, str]]:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -201,14 +210,27 @@ def _content(content: Any, where: str) -> str | list[dict[str, str]]:
         raise _bad(f"{where}.content", "expected a string or a list of content parts")
     parts = []
     for j, part in enumerate(content):
+        param = f"{where}.content[{j}]"
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise _bad(f"{where}.content[{j}]", "expected an object with a type")
+            raise _bad(param, "expected an object with a type")
+        if part["type"] == "image_url":
+            images.append(ImagePart(_image_url(part.get("image_url"), param), param))
+            parts.append({"type": "image"})
+            continue
         if part["type"] != "text":
-            raise _unsupported(f"{where}.content[{j}]", f"content of type {part['type']!r}")
+            raise _unsupported(param, f"content of type {part['type']!r}")
         if not isinstance(part.get("text"), str):
-            raise _bad(f"{where}.content[{j}].text", "expected a string")
+            raise _bad(f"{param}.text", "expected a string")
         parts.append({"type": "text", "text": part["text"]})
     return parts
+
+
+def _image_url(value: Any, param: str) -> str:
+    """The URL of an image_url part: {"url": ...} as OpenAI sends it, or the URL itself."""
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise _bad(f"{param}.image_url", 'expected {"url": "data:image/png;base64,..."}')
+    return url
 
 
 def parse_prompts(body: dict[str, Any]) -> list[str | list[int]]:
@@ -228,8 +250,9 @@ def parse_prompts(body: dict[str, Any]) -> list[str | list[int]]:
 def parse_chat(body: Any) -> ChatRequest:
     body = _object(body)
     refuse_structured_output(body)
-    messages = parse_messages(body)
-    return ChatRequest(messages, parse_options(body, ("max_completion_tokens", "max_tokens"), parse_chat_logprobs(body)))
+    messages, images = parse_messages(body)
+    options = parse_options(body, ("max_completion_tokens", "max_tokens"), parse_chat_logprobs(body))
+    return ChatRequest(messages, options, tuple(images))
 
 
 def refuse_structured_output(body: dict[str, Any]) -> None:
