@@ -179,3 +179,22 @@ def test_export_onto_an_existing_folder_is_refused_before_the_source_is_read(tmp
     )
     assert res.returncode != 0
     assert res.stderr.strip() == f"wicore-export: error: {out} already exists; pass --force to replace it"
+
+
+def test_generate_with_an_image_prints_hf_greedy_text(tiny_multimodal, tmp_path, capsys):
+    import torch
+    from multimodal import png, user
+
+    from wicore.cli.main import main
+
+    image = tmp_path / "cat.png"
+    image.write_bytes(png(11))
+    folder = str(tiny_multimodal.export())
+    argv = ["generate", "--model", folder, "--chat", "--prompt", "Describe", "--image", str(image), "--max-tokens", "6"]
+    assert main([*argv, "--threads", "1"]) == 0
+    inputs = tiny_multimodal.inputs(user(image.read_bytes(), "Describe"), [image.read_bytes()])
+    with torch.no_grad():
+        out = tiny_multimodal.model.generate(**inputs, max_new_tokens=6, do_sample=False)[0, inputs["input_ids"].shape[1] :]
+    assert capsys.readouterr().out == tiny_multimodal.processor.tokenizer.decode(out, skip_special_tokens=True) + "\n"
+    assert main(["plan", "--model", folder, "--devices", "cpu", "--vision-device", "cpu"]) == 0
+    assert "vision.onnx   images    cpu" in capsys.readouterr().out

@@ -22,6 +22,13 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        type=Path,
+        help="an image (PNG, JPEG, WebP, GIF) before each prompt's text; repeat",
+    )
     p.add_argument("--stats", action="store_true", help="print prefill and decode speed to stderr")
     add_engine_args(p)
     p.set_defaults(func=run_generate)
@@ -31,6 +38,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Where the model runs, its KV tiers and the scheduler's limits: `generate` and `serve` alike."""
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--devices", default="cpu", help="where partitions run: cpu, auto, cuda:0, openvino:CPU,cpu ...")
+    p.add_argument("--vision-device", default=None, help="where the vision partition runs (default: the first partition's)")
     p.add_argument(
         "--block-size",
         type=int,
@@ -80,11 +88,16 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     with Engine(engine_config(args, resolve_model(args.model, args.devices))) as engine:
         tok = engine.tokenizer
+        images = [load_image_file(engine, path) for path in args.image]
         if args.chat:
-            prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]), add_bos=False) for t in texts]
-        else:
-            prompts = [tok.encode(t) for t in texts]
-        request_ids = [engine.add_request(p, params) for p in prompts]
+            images_first = [{"type": "image"}] * len(images)
+            turns = [[*images_first, {"type": "text", "text": t}] if images else t for t in texts]
+            texts = [tok.apply_chat_template([{"role": "user", "content": turn}]) for turn in turns]
+        elif images:  # as /v1/inference: the images in front of the text
+            texts = [tok.id_to_token(engine.vision.config.boi_token_id) * len(images) + t for t in texts]
+        texts = [engine.expand_images(t) for t in texts] if images else texts
+        prompts = [tok.encode(t, add_bos=False if args.chat else None) for t in texts]
+        request_ids = [engine.add_request(p, params, images=images) for p in prompts]
         start = time.perf_counter()
         engine.start()
         results = asyncio.run(collect(engine, request_ids))
@@ -99,6 +112,22 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.stats:
         print_generate_stats(sum(map(len, prompts)), results, start)
     return 1 if failed else 0
+
+
+def load_image_file(engine, path: Path):  # -> ImageInput
+    from wicore.runtime.image_loader import load_image
+    from wicore.runtime.vision import NO_VISION
+
+    if engine.vision is None:
+        raise RequestError(f"--image {path}: {NO_VISION}")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RequestError(f"--image {path}: {exc.strerror}") from exc
+    try:
+        return load_image(data, engine.vision.config.preprocessing)
+    except RequestError as exc:
+        raise RequestError(f"--image {path}: {exc}") from exc
 
 
 async def collect(engine, request_ids: list[str]) -> list[tuple[list[int], list[float], object]]:
@@ -140,6 +169,7 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
         "--model", required=True, help="exported model folder, or a packaged name (exported on first use, as serve does)"
     )
     p.add_argument("--devices", default="auto", help="auto, cpu, cuda:0,cuda:1, openvino:CPU,cpu, ...")
+    p.add_argument("--vision-device", default=None, help="where the vision partition runs (default: the first partition's)")
     p.add_argument("--kv-pool-gb", type=float, default=1.0, help="KV pool to place beside the weights")
     p.set_defaults(func=run_plan)
 
@@ -151,7 +181,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     model_dir = resolve_model(args.model, args.devices)
     manifest = Manifest.read(model_dir)
-    print(plan_placement(model_dir, manifest, args.devices, int(args.kv_pool_gb * GIB)).describe())
+    print(plan_placement(model_dir, manifest, args.devices, int(args.kv_pool_gb * GIB), args.vision_device).describe())
     return 0
 
 
@@ -168,7 +198,16 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rate-burst", type=int, default=None, help="requests a key may send at once (default: 10 s worth, at least 5)"
     )
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    p.add_argument(
+        "--max-body-bytes", type=int, default=None, help="default 1 MiB; 32 MiB for a model that takes images (base64 in JSON)"
+    )
+    p.add_argument("--max-images-per-request", type=int, default=8)
+    p.add_argument("--max-image-bytes", type=int, default=20 << 20, help="encoded bytes of one image")
+    p.add_argument("--max-image-pixels", type=int, default=25_000_000, help="decoded width x height of one image")
+    p.add_argument(
+        "--allow-image-urls", action="store_true", help="fetch http(s) image URLs (default: only data: URLs are taken)"
+    )
+    p.add_argument("--image-url-timeout", type=float, default=10.0, help="seconds to fetch one image URL")
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin ('*' for any); repeat")
     p.add_argument("--grace-seconds", type=float, default=30.0, help="on SIGTERM, time in-flight requests get to finish")
     add_engine_args(p)
@@ -225,6 +264,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             policy=args.policy,
             enable_prefix_cache=not args.no_prefix_cache,
             devices=args.devices,
+            vision_device=args.vision_device,
             cuda_graphs=args.cuda_graphs,
             a2cr=A2CRConfig(*weights, decay=args.a2cr_decay),
             scheduler=SchedulerConfig(
@@ -246,7 +286,9 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         from wicore.api.app import ServerSettings
         from wicore.api.auth import read_key_file
+        from wicore.api.images import ImageSettings
         from wicore.api.server import serve
+        from wicore.runtime.image_loader import ImageLimits
     except ImportError as exc:
         raise RequestError(
             f"the HTTP server needs {exc.name}: pip install '.[cpu]' in the WiCore checkout (starlette, hypercorn)"
@@ -266,6 +308,12 @@ def run_serve(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             cors_origins=tuple(args.cors_origin),
             allowed_hosts=() if keys else local_host_names(args.host),
+            images=ImageSettings(
+                max_images=args.max_images_per_request,
+                limits=ImageLimits(args.max_image_bytes, args.max_image_pixels),
+                fetch_urls=args.allow_image_urls,
+                fetch_timeout=args.image_url_timeout,
+            ),
         )
     except ValueError as exc:
         raise RequestError(str(exc)) from exc
