@@ -242,9 +242,13 @@ def hf_compiled_steps(folder: Path, config: Config) -> dict[int, float]:
     return times
 
 
+SAMPLED = {"temperature": 1.0, "top_p": 0.95, "seed": 5}  # the check's seeded sampling: the same tokens when the logits are
+
+
 def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size: int | None) -> dict[str, dict[str, object]]:
     """Prompt logits at every position of one random prompt: each export against HF float32; and
-    24 greedy tokens of four prompts decoded together, which a "+graphs" variant must repeat."""
+    24 greedy and 24 seeded sampled tokens of four prompts decoded together, which a "+graphs"
+    variant must repeat."""
     import torch
     from transformers import Gemma3ForCausalLM
 
@@ -264,14 +268,18 @@ def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size
         with Engine(replace(engine_cfg, cuda_graphs="graphs" in split_variant(variant)[1])) as engine:
             got = engine.generate([prompt], SamplingParams(max_tokens=1, prompt_logits=True))[0].prompt_logits
             tokens = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
+            sampled = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True, **SAMPLED))]
         assert got is not None
         agree = float(np.mean(got.argmax(-1) == ref.argmax(-1)))
-        base = report.get(split_variant(variant)[0], {}).get("greedy")
-        report[variant] = {"argmax_agreement": agree, "max_abs_diff": float(np.abs(got - ref).max()), "greedy": tokens}
+        base = report.get(split_variant(variant)[0], {})
+        report[variant] = {
+            "argmax_agreement": agree, "max_abs_diff": float(np.abs(got - ref).max()), "greedy": tokens, "sampled": sampled,
+        }  # fmt: skip
         same = ""
-        if base is not None:  # tokens up to each row's first difference, over all
-            kept = sum(next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(tokens, base))  # type: ignore[arg-type]
-            same = f", greedy tokens: {kept} / {sum(map(len, tokens))} as uncaptured before a row's first difference"
+        if base:  # tokens up to each row's first difference, over all
+            for kind, mine in (("greedy", tokens), ("sampled", sampled)):
+                kept = sum(next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(mine, base[kind]))  # type: ignore[arg-type]
+                same += f", {kind} tokens: {kept} / {sum(map(len, mine))} as uncaptured before a row's first difference"
         print(
             f"  check {variant}: argmax agreement {agree:.4f}, max |diff| {report[variant]['max_abs_diff']:.4f}{same}", flush=True
         )

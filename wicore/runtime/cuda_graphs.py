@@ -12,8 +12,9 @@ once on the device and refilled in place each step, and its own graph id:
 
 The block tables have a fixed width too (the most blocks a sequence can hold), and the paged
 attention's host-side bounds are the largest the step can see, so the kernels chosen at capture
-stay valid as sequences grow. Only decode steps whose rows all sample greedily run this way;
-prefill chunks, and rows that want logits on the host, run uncaptured (graph id -1).
+stay valid as sequences grow. Every decode step runs this way: the greedy tokens come back to
+the host, and the [rows, vocab] logits too when a row samples (they are written into the bucket's
+device buffer either way). Prefill chunks and image prompts run uncaptured (graph id -1).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class _Bucket:
     inputs: dict[str, object]  # name -> OrtValue (device, or host for the bounds)
     bindings: list[object]  # one IOBinding a partition, bound once
     greedy: object  # OrtValue [rows] int64 on the last partition's device
+    logits: object  # OrtValue [rows, vocab] float32 there
 
 
 class DecodeGraphs:
@@ -83,6 +85,7 @@ class DecodeGraphs:
         for name in _HOST:  # the largest bounds: the kernels chosen at capture hold for every replay
             inputs[name] = ort.OrtValue.ortvalue_from_numpy(bounds.copy())
         greedy = ort.OrtValue.ortvalue_from_shape_and_type([rows], np.int64, kind, index)
+        logits = ort.OrtValue.ortvalue_from_shape_and_type([rows, graphs.manifest.config.vocab_size], np.float32, kind, index)
         handoff = [
             ort.OrtValue.ortvalue_from_shape_and_type([rows, 1, hidden], np.float32, kind, index) for _ in graphs.sessions[:-1]
         ]
@@ -97,11 +100,12 @@ class DecodeGraphs:
                 binding.bind_ortvalue_input(io.HIDDEN_STATES, handoff[i - 1])
             graphs.bind_kv(binding, record)
             if record.has_lm_head:
+                binding.bind_ortvalue_output(io.LOGITS, logits)
                 binding.bind_ortvalue_output(io.GREEDY_TOKENS, greedy)
             else:
                 binding.bind_ortvalue_output(io.HIDDEN_STATES_OUT, handoff[i])
             bindings.append(binding)
-        return _Bucket(rows, graph_id, inputs, bindings, greedy)
+        return _Bucket(rows, graph_id, inputs, bindings, greedy, logits)
 
     def can_run(self, batch: BatchInputs) -> bool:
         rows, seq = batch.input_ids.shape
@@ -112,8 +116,9 @@ class DecodeGraphs:
             and batch.window_block_tables.shape[1] <= self.max_window_blocks
         )
 
-    def run(self, batch: BatchInputs) -> np.ndarray:
-        """The greedy token of each row of a decode batch (`can_run`), from a replayed graph."""
+    def run(self, batch: BatchInputs, logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """The greedy token of each row of a decode batch (`can_run`), from a replayed graph, and
+        with `logits` the rows' [rows, vocab] logits."""
         rows = batch.input_ids.shape[0]
         bucket = next(b for b in self._buckets if b.rows >= rows)
         for name, array in self._padded(batch, bucket.rows).items():
@@ -122,7 +127,8 @@ class DecodeGraphs:
         options.add_run_config_entry("gpu_graph_id", str(bucket.graph_id))
         for session, binding in zip(self.graphs.sessions, bucket.bindings):
             session.run_with_iobinding(binding, options)
-        return bucket.greedy.numpy()[:rows]  # type: ignore[attr-defined]
+        greedy = bucket.greedy.numpy()[:rows]  # type: ignore[attr-defined]
+        return greedy, bucket.logits.numpy()[:rows] if logits else None  # type: ignore[attr-defined]
 
     def _padded(self, batch: BatchInputs, rows: int) -> dict[str, np.ndarray]:
         """The batch's inputs at the bucket's shapes: extra rows decode one token at position 0 of

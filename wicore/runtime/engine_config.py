@@ -31,7 +31,7 @@ class EngineConfig:
     verify_files: bool = True
     devices: str = "cpu"  # see wicore.runtime.placement
     profile_prefix: str | None = None  # ONNX Runtime's profiler on (tools/profile_step.py)
-    cuda_graphs: bool = False  # greedy decode steps replayed from CUDA graphs (paged export on one CUDA device)
+    cuda_graphs: bool = False  # decode steps replayed from CUDA graphs (paged export on one CUDA device)
     vision_device: str | None = None  # where the vision partition runs; None: the first partition's device
     image_cache_size: int = 64  # images whose features are kept (each distinct image is encoded once)
 

@@ -98,8 +98,9 @@ class ModelGraphs:
         tokens, only those come back to the host (the logits stay on the device, unread). `images`:
         the image inputs of a multimodal export (wicore.runtime.vision.VisionEncoder.decoder_inputs)."""
         want_logits = logits or not self.has_greedy_tokens
-        if not want_logits and self.decode_graphs is not None and self.decode_graphs.can_run(batch):
-            return GraphOutputs(None, self.decode_graphs.run(batch), None)
+        if not images and self.decode_graphs is not None and self.decode_graphs.can_run(batch):
+            tokens, rows = self.decode_graphs.run(batch, want_logits)
+            return GraphOutputs(rows, tokens, None)
         hidden = None
         mass = None
         greedy = None
