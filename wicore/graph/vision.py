@@ -7,9 +7,10 @@ standard ops only, so every execution provider runs it).
         ──► post LayerNorm ──► back to [n, hidden, P, P] ──► AveragePool pool x pool ──► [n, T², hidden]
         ──► RMSNorm (1 + w) ──► MatMul [hidden, text_hidden] ──► image_features [n, T², text_hidden]
 
-Attention is bidirectional over the P² patches, softmax(q kᵀ / sqrt(head_dim)) v per head. As in the
-decoder, the residual stream, the norms and the attention are float32; with `fp16` the weights and
-the matmuls of the linear layers are float16 (a Cast around each).
+Attention is bidirectional over the P² patches, softmax(q kᵀ / sqrt(head_dim)) v per head. The
+residual stream and the norms are float32; with `fp16` the weights, the linear layers and the
+attention are float16 (as HF runs the tower in half precision): at 4,096 patches the attention's
+[heads, 4096, 4096] scores are most of the tower's work and memory.
 """
 
 from __future__ import annotations
@@ -80,17 +81,17 @@ class VisionBuilder:
         """Multi-head self-attention over the patches, without a mask: [n, P², hidden]."""
         cfg, p, q = self.cfg, f"/vision/layers.{i}/attn", f"encoder.layers.{i}.self_attn"
         heads, hd, h = cfg.num_heads, cfg.head_dim, cfg.hidden_size
-        qkv = self.linear(g, x, [f"{q}.q_proj", f"{q}.k_proj", f"{q}.v_proj"], f"{p}/qkv_proj")
+        qkv = self.linear(g, x, [f"{q}.q_proj", f"{q}.k_proj", f"{q}.v_proj"], f"{p}/qkv_proj", cast_out=False)
         q_, k, v = g.op_multi("Split", [qkv, g.const([h, h, h])], f"{p}/qkv_split", 3, axis=-1)
         split = g.const([0, 0, heads, hd])
         q_ = g.op("Transpose", [g.op("Reshape", [q_, split], f"{p}/q_heads")], f"{p}/q_T", perm=[0, 2, 1, 3])
         k = g.op("Transpose", [g.op("Reshape", [k, split], f"{p}/k_heads")], f"{p}/k_T", perm=[0, 2, 3, 1])
         v = g.op("Transpose", [g.op("Reshape", [v, split], f"{p}/v_heads")], f"{p}/v_T", perm=[0, 2, 1, 3])
-        q_ = g.op("Mul", [q_, g.const(np.float32(hd**-0.5), np.float32)], f"{p}/q_scale")
+        q_ = g.op("Mul", [q_, g.const(hd**-0.5, self.np_dtype)], f"{p}/q_scale")
         probs = g.op("Softmax", [g.op("MatMul", [q_, k], f"{p}/scores")], f"{p}/Softmax", axis=-1)  # [n, heads, P², P²]
         out = g.op("Transpose", [g.op("MatMul", [probs, v], f"{p}/context")], f"{p}/context_T", perm=[0, 2, 1, 3])
         out = g.op("Reshape", [out, g.const([0, 0, h])], f"{p}/context_flat")
-        return self.linear(g, out, [f"{q}.out_proj"], f"{p}/out_proj")
+        return self.linear(g, out, [f"{q}.out_proj"], f"{p}/out_proj", cast_in=False)
 
     def project(self, g: Graph, x: str) -> str:
         """Average-pool the patch grid to tokens_per_side², RMSNorm, map to the text width."""
@@ -116,15 +117,15 @@ class VisionBuilder:
         b = g.const(self.tensor(f"{weights}.bias"), np.float32)
         return g.op("LayerNormalization", [x, w, b], f"{name}/LayerNormalization", axis=-1, epsilon=self.cfg.layer_norm_eps)
 
-    def linear(self, g: Graph, x: str, names: list[str], name: str) -> str:
-        """float32 x @ concat(W)ᵀ + concat(b) of HF [out, in] weights; the MatMul in the model dtype."""
+    def linear(self, g: Graph, x: str, names: list[str], name: str, cast_in: bool = True, cast_out: bool = True) -> str:
+        """x @ concat(W)ᵀ + concat(b) of HF [out, in] weights in the model dtype; x and the result
+        float32 unless `cast_in` / `cast_out` is False (then of the model dtype)."""
         w = np.concatenate([self.tensor(f"{n}.weight") for n in names], axis=0).T.astype(self.np_dtype)
         b = np.concatenate([self.tensor(f"{n}.bias") for n in names]).astype(self.np_dtype)
-        y = g.op(
-            "MatMul", [self.to_model_dtype(g, x, name), g.weight(f"{name}.weight", np.ascontiguousarray(w))], f"{name}/MatMul"
-        )
+        x = self.to_model_dtype(g, x, name) if cast_in else x
+        y = g.op("MatMul", [x, g.weight(f"{name}.weight", np.ascontiguousarray(w))], f"{name}/MatMul")
         y = g.op("Add", [y, g.const(b, self.np_dtype)], f"{name}/Add")
-        return self.to_f32(g, y, name)
+        return self.to_f32(g, y, name) if cast_out else y
 
     def to_model_dtype(self, g: Graph, x: str, name: str) -> str:
         return x if self.dtype == "fp32" else g.op("Cast", [x], f"{name}/Cast_in", to=self.onnx_dtype)
