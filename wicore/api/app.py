@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -72,6 +72,29 @@ class ServerSettings:
         return self.max_body_bytes or ((32 if takes_images else 1) << 20)
 
 
+@dataclass(frozen=True)
+class Job:
+    """A checked request: each prompt's token ids, the options, the images that go with every prompt."""
+
+    is_chat: bool
+    prompts: list[list[int]]
+    options: Options
+    images: list[ImageInput] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A job's choices, queued in the engine. Reading `choices` runs them; `abort()` ends them all
+    (call it however the answer ends); `usage()` counts what has run so far."""
+
+    base: dict[str, Any]  # id, created, model: the fields every chunk and answer carries
+    is_chat: bool
+    choices: list[AsyncIterator[Piece]]
+    usage: Callable[[], dict[str, Any]]
+    abort: Callable[[], None]
+    logprobs: LogprobFormatter | None
+
+
 class API:
     def __init__(self, engine: Engine, settings: ServerSettings) -> None:
         self.engine = engine
@@ -86,20 +109,28 @@ class API:
 
     # -- guards ----------------------------------------------------------------------
     def guard(self, request: Request) -> None:
-        client = request.client.host if request.client else "anonymous"
-        self._check_host(request)
+        client = client_address(request)
+        self.check_host(request)
+        key = self.authenticate(client, request.headers.get("authorization"))
+        self.check_rate(key or client)
+
+    def authenticate(self, client: str, authorization: str | None) -> str | None:
+        """The key an Authorization header carries (None when auth is off), or a 401."""
         try:
-            key = self.auth.check(request.headers.get("authorization"))
+            return self.auth.check(authorization)
         except APIError:
             self.failed_auth.check(client)  # past 10 quick failures from one address: 429s
             raise
-        if self.limiter is not None:
-            self.limiter.check(key or client)
 
-    def _check_host(self, request: Request) -> None:
+    def check_rate(self, key: str) -> None:
+        """A 429 when `key` (the API key, or the client address without keys) is over its rate."""
+        if self.limiter is not None:
+            self.limiter.check(key)
+
+    def check_host(self, conn: HTTPConnection) -> None:
         allowed = self.settings.allowed_hosts
         if allowed:
-            host = request.headers.get("host", "")
+            host = conn.headers.get("host", "")
             name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
             if name.strip("[]") not in allowed:
                 raise APIError(400, f"Host {host!r} is not served here (set an API key to serve other names)", code="bad_host")
@@ -127,19 +158,7 @@ class API:
             raise APIError(499, "the client closed the connection", code="client_closed") from None
         except asyncio.TimeoutError:
             raise APIError(408, f"the request body did not arrive within {timeout:g} s", code="request_timeout") from None
-        try:
-            value = json.loads(body)
-        except ValueError as exc:
-            raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-        except RecursionError:
-            raise APIError(400, "the request body's JSON is nested too deeply", code="invalid_json") from None
-        try:  # JSON's \ud800 escapes can make strings no tokenizer (or UTF-8) takes
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise APIError(
-                400, "the request body has a lone surrogate (an unpaired \\ud800-\\udfff escape)", code="invalid_json"
-            ) from None
-        return value
+        return parse_json(body)
 
     # -- routes ----------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -166,25 +185,11 @@ class API:
 
     async def chat(self, request: Request) -> Response:
         self.guard(request)
-        req = parse_chat(await self.read_json(request))
-        self._check_model(req.options)
-        images = await self.images(req.images)
-        tok = self._tokenizer()
-        try:
-            prompt = tok.apply_chat_template(req.messages, add_generation_prompt=True)
-        except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
-            raise from_wicore(exc, "messages") from exc
-        if images:
-            prompt = self.engine.expand_images(prompt)
-        return await self.complete(request, True, [tok.encode(prompt, add_bos=False)], req.options, images)
+        return await self.complete(request, await self.prepare(True, await self.read_json(request)))
 
     async def completions(self, request: Request) -> Response:
         self.guard(request)
-        req = parse_completion(await self.read_json(request))
-        self._check_model(req.options)
-        tok = self._tokenizer()
-        prompts = [tok.encode(p) if isinstance(p, str) else p for p in req.prompts]
-        return await self.complete(request, False, prompts, req.options)
+        return await self.complete(request, await self.prepare(False, await self.read_json(request)))
 
     async def inference(self, request: Request) -> Response:
         """The original WiCore endpoint (wicore.api.compat)."""
@@ -192,6 +197,26 @@ class API:
         return JSONResponse(await compat.inference(self, await self.read_json(request)))
 
     # -- generation ------------------------------------------------------------------
+    async def prepare(self, is_chat: bool, body: Any) -> Job:
+        """A chat or completion body, checked and tokenized (its images loaded): what both the HTTP
+        endpoints and /v1/ws (wicore.api.websocket) queue."""
+        if not is_chat:
+            req = parse_completion(body)
+            self._check_model(req.options)
+            tok = self._tokenizer()
+            return Job(False, [tok.encode(p) if isinstance(p, str) else p for p in req.prompts], req.options)
+        chat = parse_chat(body)
+        self._check_model(chat.options)
+        images = await self.images(chat.images)
+        tok = self._tokenizer()
+        try:
+            prompt = tok.apply_chat_template(chat.messages, add_generation_prompt=True)
+        except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
+            raise from_wicore(exc, "messages") from exc
+        if images:
+            prompt = self.engine.expand_images(prompt)
+        return Job(True, [tok.encode(prompt, add_bos=False)], chat.options, images)
+
     async def images(self, parts: tuple[ImagePart, ...]) -> list[ImageInput]:
         """The request's images, loaded for the model; a 400 naming the part when there is something wrong."""
         if not parts:
@@ -201,12 +226,12 @@ class API:
             raise APIError(400, f"{parts[0].param}: {NO_VISION}", param=parts[0].param, code="images_not_supported")
         return await load_images(parts, vision.config.preprocessing, self.settings.images)
 
-    async def complete(
-        self, request: Request, is_chat: bool, prompts: list[list[int]], opts: Options, images: list[ImageInput] | None = None
-    ) -> Response:
+    def start(self, job: Job) -> Generation:
+        """Queue the job's choices in the engine (all or none); nothing runs until they are read."""
+        is_chat, prompts, opts = job.is_chat, job.prompts, job.options
         rid = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         base = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
-        request_ids = self.add_requests(rid, prompts, opts, "messages" if is_chat else "prompt", images or [])
+        request_ids = self.add_requests(rid, prompts, opts, "messages" if is_chat else "prompt", job.images)
         stats = [ChoiceStats(num_prompt_tokens=len(prompts[i // opts.n])) for i in range(len(request_ids))]
         choices = [
             self._observed(run_choice(self.engine, request_id, prompts[i // opts.n], opts.stop, s), s)
@@ -229,8 +254,14 @@ class API:
                 self.engine.abort(request_id)
 
         formatter = None if opts.logprobs is None else LogprobFormatter(self._tokenizer())
+        return Generation(base, is_chat, choices, usage, abort_all, formatter)
+
+    async def complete(self, request: Request, job: Job) -> Response:
+        """The HTTP answer to a job: an event stream, or one JSON body once every choice ends."""
+        gen = self.start(job)
+        is_chat, opts, choices, formatter, abort_all = job.is_chat, job.options, gen.choices, gen.logprobs, gen.abort
         if opts.stream:
-            body = event_stream(base, is_chat, choices, usage, opts.include_usage, formatter, self.streams)
+            body = event_stream(gen.base, is_chat, choices, gen.usage, opts.include_usage, formatter, self.streams)
             return EventStream(body, on_close=abort_all)
         texts = [""] * len(choices)
         reasons: list[str | None] = [None] * len(choices)
@@ -252,7 +283,7 @@ class API:
             content = {"message": {"role": "assistant", "content": text}} if is_chat else {"text": text}
             body.append({"index": i, **content, "logprobs": shaped, "finish_reason": reason})
         obj = "chat.completion" if is_chat else "text_completion"
-        return JSONResponse({**base, "object": obj, "choices": body, "usage": usage()})
+        return JSONResponse({**gen.base, "object": obj, "choices": body, "usage": gen.usage()})
 
     async def _observed(self, choice: AsyncIterator[Piece], stats: ChoiceStats) -> AsyncIterator[Piece]:
         try:
@@ -317,6 +348,27 @@ class API:
             return self.engine.tokenizer
         except WiCoreError as exc:
             raise from_wicore(exc) from exc
+
+
+def client_address(conn: HTTPConnection) -> str:
+    return conn.client.host if conn.client else "anonymous"
+
+
+def parse_json(body: bytes | str) -> Any:
+    """A request body (or a WebSocket message) as JSON, or the 400 that says what is wrong with it."""
+    try:
+        value = json.loads(body)
+    except ValueError as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "the request body's JSON is nested too deeply", code="invalid_json") from None
+    try:  # JSON's \ud800 escapes can make strings no tokenizer (or UTF-8) takes
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(
+            400, "the request body has a lone surrogate (an unpaired \\ud800-\\udfff escape)", code="invalid_json"
+        ) from None
+    return value
 
 
 async def until_disconnect(request: Request, work: Any) -> None:
