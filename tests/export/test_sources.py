@@ -75,6 +75,9 @@ def test_gguf_config_of_the_packaged_270m():
     assert layer["self_attn.q_proj"].shape == (1024, 640) and layer["mlp.down_proj"].shape == (640, 2048)
     assert layer["input_layernorm"].dtype == np.float32
     assert src.embedding().shape == (262144, 640)
+    # Gemma's image tokens by name (what an mmproj vision tower needs); the 270M has no soft token.
+    tokens = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
+    assert src.token_ids(tokens) == {"<start_of_image>": 255999, "<end_of_image>": 256000}
 
 
 def test_hf_source_reads_bf16_exactly(tiny_model, tmp_path):

@@ -15,6 +15,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Compile a Gemma 3 model (GGUF file, Hugging Face folder or packaged name) into ONNX partitions.",
     )
     ap.add_argument("--model", required=True, help="gemma3-270m, a .gguf file or a Hugging Face folder")
+    ap.add_argument(
+        "--mmproj", default=None, help="llama.cpp's mmproj GGUF of a multimodal Gemma 3: its vision tower (with a text .gguf)"
+    )
     ap.add_argument("--out", required=True, type=Path, help="output folder (written atomically)")
     ap.add_argument("--partitions", type=int, default=1, help="number of ONNX files to split the layers over")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             weight_bits=args.weight_bits,
             attention=args.attention,
         )
-        source = open_source(args.model)
+        source = open_source(args.model, args.mmproj)
         export_model(source, args.out, config)
         if args.verify:
             from wicore.cli.verify import verify_against_hf

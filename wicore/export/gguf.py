@@ -111,17 +111,11 @@ class GGUFSource:
         )
 
     def _tensor(self, name: str, is_norm: bool = False) -> np.ndarray:
-        import gguf
-
         t = self._tensors.get(name)
         if t is None:
             raise ModelSourceError(f"{self.path.name}: tensor {name} is missing")
-        try:
-            data = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as exc:
-            raise UnsupportedModelError(f"{name}: GGUF type {t.tensor_type.name} cannot be dequantized") from exc
-        shape = tuple(int(d) for d in reversed(t.shape))
-        data = np.ascontiguousarray(data.reshape(shape), dtype=np.float32)
+        data = read_reader_tensor(t)
+        shape = data.shape
         if is_norm:
             return data - 1.0
         if len(shape) == 2 and can_transcode(t.tensor_type):  # the ort-quant flavour reuses the blocks
@@ -149,10 +143,35 @@ class GGUFSource:
         )
 
     def vision(self) -> None:
-        """A GGUF holds the text model only (llama.cpp keeps the vision tower in a separate mmproj file)."""
+        """A GGUF holds the text model only: llama.cpp keeps the vision tower in a file of its own,
+        read by wicore.export.gguf_mmproj."""
         return None
+
+    def token_ids(self, tokens: tuple[str, ...]) -> dict[str, int]:
+        """The vocabulary ids of those of `tokens` that are in it (a scan of the raw strings: decoding
+        all 262k of them as gguf-py's `contents()` does takes ~25 s)."""
+        field = self._reader.fields.get("tokenizer.ggml.tokens")
+        wanted = {t.encode(): t for t in tokens}
+        found: dict[str, int] = {}
+        for i, part in enumerate([] if field is None else field.data):
+            token = wanted.get(field.parts[part].tobytes())
+            if token is not None:
+                found[token] = i
+        return found
 
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
         from wicore.export.tokenizer import export_tokenizer_from_gguf
 
         return export_tokenizer_from_gguf(self.path, out_dir, self._reader).to_dict()
+
+
+def read_reader_tensor(t: Any) -> np.ndarray:
+    """A gguf-py ReaderTensor as float32, in Hugging Face's shape (ggml lists dimensions the other way)."""
+    import gguf
+
+    try:
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+    except NotImplementedError as exc:
+        raise UnsupportedModelError(f"{t.name}: GGUF type {t.tensor_type.name} cannot be dequantized") from exc
+    shape = tuple(int(d) for d in reversed(t.shape))
+    return np.ascontiguousarray(data.reshape(shape), dtype=np.float32)

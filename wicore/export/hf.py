@@ -117,6 +117,16 @@ class HFSource:
         config = VisionConfig.from_hf(self._hf_config, processor)
         return None if config is None else HFVision(self.folder, self._index, config)
 
+    def token_ids(self, tokens: tuple[str, ...]) -> dict[str, int]:
+        """The vocabulary ids of those of `tokens` that tokenizer.json has (none without one)."""
+        path = self.folder / "tokenizer.json"
+        if not path.is_file():
+            return {}
+        from tokenizers import Tokenizer
+
+        vocab = Tokenizer.from_file(str(path))
+        return {t: i for t in tokens if (i := vocab.token_to_id(t)) is not None}
+
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
         from wicore.export.tokenizer import export_tokenizer_from_hf
 

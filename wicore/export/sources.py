@@ -24,8 +24,18 @@ def packaged_gguf(name: str) -> Path:
     return Path(package.assemble())
 
 
-def open_source(spec: str) -> WeightSource:
-    """A packaged model name (its assembled .gguf), a GGUF file or a Hugging Face folder."""
+def open_source(spec: str, mmproj: str | Path | None = None) -> WeightSource:
+    """A packaged model name (its assembled .gguf), a GGUF file or a Hugging Face folder; with
+    `mmproj`, llama.cpp's mmproj GGUF as its vision tower (wicore.export.gguf_mmproj)."""
+    source = _text_source(spec)
+    if mmproj is None:
+        return source
+    from wicore.export.gguf_mmproj import WithMmproj
+
+    return WithMmproj(source, Path(mmproj))
+
+
+def _text_source(spec: str) -> WeightSource:
     path = packaged_gguf(spec) if spec in PACKAGED else Path(spec)
     if path.suffix == ".gguf":
         from wicore.export.gguf import GGUFSource

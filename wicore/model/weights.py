@@ -52,6 +52,9 @@ class WeightSource(Protocol):
     def vision(self) -> VisionWeights | None:
         """The vision tower and projector of a multimodal model; None for a text-only one."""
 
+    def token_ids(self, tokens: tuple[str, ...]) -> dict[str, int]:
+        """The vocabulary ids of those of `tokens` the model's vocabulary has (special tokens by name)."""
+
 
 def expected_shapes(cfg: Gemma3Config) -> dict[str, tuple[int, ...]]:
     """Shape of every per-layer tensor, by Hugging Face's short names (used to check a source before building)."""
