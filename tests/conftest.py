@@ -53,15 +53,23 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def export_cached(cache_dir: Path) -> Callable[..., Path]:
-    """export_cached(name, source, partitions=1, dtype="fp32", op_flavour="portable") -> model folder, built once."""
+    """export_cached(name, source, partitions=1, dtype="fp32", op_flavour="portable", attention="portable") -> model
+    folder, built once."""
     from wicore.export.exporter import ExportConfig, export_model
     from wicore.export.sources import open_source
 
-    def export(name: str, source: str, partitions: int = 1, dtype: str = "fp32", op_flavour: str = "portable") -> Path:
+    def export(
+        name: str,
+        source: str,
+        partitions: int = 1,
+        dtype: str = "fp32",
+        op_flavour: str = "portable",
+        attention: str = "portable",
+    ) -> Path:
         out = cache_dir / name
         if not (out / "wicore.json").is_file():
             shutil.rmtree(out, ignore_errors=True)
-            config = ExportConfig(dtype=dtype, num_partitions=partitions, op_flavour=op_flavour)
+            config = ExportConfig(dtype=dtype, num_partitions=partitions, op_flavour=op_flavour, attention=attention)
             export_model(open_source(source), out, config, progress=lambda _: None)
         return out
 

@@ -31,9 +31,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--attention",
         default="portable",
-        choices=["portable", "paged"],
+        choices=["portable", "paged", "batch-invariant"],
         help="portable: standard ONNX ops, any EP; paged: ONNX Runtime's PagedAttention reading the fp16 KV in place "
-        "(CUDA EP, --dtype fp16)",
+        "(CUDA EP, --dtype fp16); batch-invariant: standard ops, a request's tokens do not depend on the other "
+        "requests of its batch on the CPU EP (docs/RELIABILITY.md)",
     )
     ap.add_argument("--weight-bits", type=int, default=8, choices=[4, 8], help="ort-quant: bits for float weights")
     ap.add_argument(

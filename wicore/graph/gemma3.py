@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from wicore.graph import io
+from wicore.graph import invariant_attention, io
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph
 from wicore.graph.paged_attention import paged_attention
 from wicore.graph.quant import QuantLinear
@@ -44,7 +44,7 @@ from wicore.model.config import Gemma3Config
 from wicore.model.weights import LayerWeights, check_layer
 
 OPSET = 17
-ATTENTIONS = ("portable", "paged")
+ATTENTIONS = ("portable", "paged", "batch-invariant")
 DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
 DTYPES_BY_ONNX = {onnx_type: np_type for np_type, onnx_type in DTYPES.values()}
 TABLE = "model.embed_tokens"  # the token embedding, also the tied LM head
@@ -78,7 +78,8 @@ class Gemma3Builder:
         image_inputs: bool = False,
     ) -> None:
         """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py).
-        `attention`: "portable" (standard ops) or "paged" (com.microsoft.PagedAttention, fp16, CUDA).
+        `attention`: "portable" (standard ops), "paged" (com.microsoft.PagedAttention, fp16, CUDA) or
+        "batch-invariant" (standard ops, a row's logits the same in any batch: graph/invariant_attention.py).
         `image_inputs`: the graphs take image embeddings and image spans (wicore.graph.io, "Images")."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
@@ -90,6 +91,7 @@ class Gemma3Builder:
             )
         self.image_inputs = image_inputs
         self.paged = attention == "paged"
+        self.batch_invariant = attention == "batch-invariant"
         self.cfg = cfg
         self.dtype = dtype
         self.attention_stats = attention_stats
@@ -305,12 +307,18 @@ class Gemma3Builder:
         q = g.op("Reshape", [self.kv_major(g, q, [0, 2, 1, 3, 4], f"{p}/q_T"), g.const([0, kvh, -1, hd])], f"{p}/q_rows")
         k_rows = g.op("Reshape", [self.kv_major(g, k_all, [0, 3, 1, 2, 4], f"{p}/k_T"), g.const([0, kvh, -1, hd])], f"{p}/k_rows")
         v_rows = g.op("Reshape", [self.kv_major(g, v_all, [0, 3, 1, 2, 4], f"{p}/v_T"), g.const([0, kvh, -1, hd])], f"{p}/v_rows")
-        k_t = g.op("Transpose", [k_rows], f"{p}/k_rows_T", perm=[0, 1, 3, 2])  # fused into the MatMul by ORT
-        scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, s * groups, total]
+        if self.batch_invariant:
+            scores = invariant_attention.scores(g, q, k_rows, groups, hd, f"{p}/scores")
+        else:
+            k_t = g.op("Transpose", [k_rows], f"{p}/k_rows_T", perm=[0, 1, 3, 2])  # fused into the MatMul by ORT
+            scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, s * groups, total]
         probs = g.op("Softmax", [g.op("Add", [scores, shared.masks[is_sliding]], f"{p}/masked")], f"{p}/Softmax", axis=-1)
         if masses is not None and not is_sliding:
             masses.append(self.block_mass(g, probs, shared, f"{p}/block_mass"))
-        out = g.op("MatMul", [probs, v_rows], f"{p}/context")  # [b, kvh, s * groups, hd]
+        if self.batch_invariant:
+            out = invariant_attention.context(g, probs, v_rows, groups, hd, f"{p}/context")
+        else:
+            out = g.op("MatMul", [probs, v_rows], f"{p}/context")  # [b, kvh, s * groups, hd]
         out = g.op("Reshape", [out, g.const([0, kvh, -1, groups, hd])], f"{p}/context_groups")
         out = self.kv_major(g, out, [0, 2, 1, 3, 4], f"{p}/context_T")  # [b, s, kvh, groups, hd]
         out = g.op("Reshape", [out, g.const([0, -1, nh * hd])], f"{p}/context_flat")

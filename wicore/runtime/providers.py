@@ -145,7 +145,8 @@ class Capability:
     ort_device: str  # where OrtValues for this EP are allocated ("cpu" or "cuda")
     free_bytes: Callable[[str], int | None]  # free memory of a device, None if unknown
     option_key: str | None  # provider option that selects the device
-    attentions: tuple[str, ...] = ("portable",)  # attention graphs it runs (paged: com.microsoft.PagedAttention)
+    # attention graphs it runs: standard ops (portable, batch-invariant) or paged: com.microsoft.PagedAttention
+    attentions: tuple[str, ...] = ("portable", "batch-invariant")
 
     def provider_options(self, index: str) -> dict[str, str]:
         return {self.option_key: index} if self.option_key else {}
@@ -167,7 +168,7 @@ CAPABILITIES: dict[str, Capability] = {
             "cuda",
             nvidia_free_bytes,
             "device_id",
-            attentions=("portable", "paged"),
+            attentions=("portable", "paged", "batch-invariant"),
         ),
         Capability(
             "tensorrt",
