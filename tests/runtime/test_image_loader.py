@@ -1,5 +1,4 @@
-"""Images in a prompt (runtime/images.py) and image bytes -> pixels (runtime/image_loader.py),
-the pixels against HF's Gemma3ImageProcessorPil."""
+"""Image bytes -> pixels (runtime/image_loader.py) against HF's Gemma3ImageProcessorPil, and the images of a prompt (runtime/images.py)."""
 
 from __future__ import annotations
 
