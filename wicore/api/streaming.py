@@ -109,6 +109,45 @@ def chunk(base: dict[str, Any], is_chat: bool, choices: list[dict[str, Any]]) ->
     return {**base, "object": "chat.completion.chunk" if is_chat else "text_completion", "choices": choices}
 
 
+async def chunks(
+    base: dict[str, Any],
+    is_chat: bool,
+    choices: list[AsyncIterator[Piece]],
+    usage: Any,
+    include_usage: bool,
+    logprobs: LogprobFormatter | None = None,
+    streams: Streams | None = None,
+) -> AsyncIterator[dict[str, Any]]:
+    """The chunk objects of a streamed completion, in order (SSE here, WebSocket frames in
+    wicore.api.websocket); an error is raised. `usage()` gives the final usage object; with
+    `logprobs`, each chunk carries those of the tokens whose text it starts."""
+    extra = {"usage": None} if include_usage else {}
+    if is_chat:
+        for i in range(len(choices)):
+            role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            yield {**chunk(base, True, [role]), **extra}
+    async for index, piece in merge(choices, streams):
+        if is_chat:
+            delta = {"content": piece.text} if piece.text or piece.finish_reason is None else {}
+            shaped = None if logprobs is None else logprobs.chat(piece.logprobs)
+            choice = {"index": index, "delta": delta, "logprobs": shaped, "finish_reason": piece.finish_reason}
+        else:
+            shaped = None if logprobs is None else logprobs.completion(piece.logprobs)
+            choice = {"index": index, "text": piece.text, "logprobs": shaped, "finish_reason": piece.finish_reason}
+        yield {**chunk(base, is_chat, [choice]), **extra}
+    if include_usage:
+        yield {**chunk(base, is_chat, []), "usage": usage()}
+
+
+def stream_error(exc: Exception, stream_id: object) -> APIError:
+    """What a client is told when its stream fails after it started: an APIError as it is, anything
+    else (a bug) logged and told as a 500, so one failing stream ends and the server goes on."""
+    if isinstance(exc, APIError):
+        return exc
+    log.error("stream %s failed", stream_id, exc_info=exc)
+    return APIError(500, f"stream {stream_id} failed; see the server log", code="internal_error")
+
+
 async def event_stream(
     base: dict[str, Any],
     is_chat: bool,
@@ -118,28 +157,10 @@ async def event_stream(
     logprobs: LogprobFormatter | None = None,
     streams: Streams | None = None,
 ) -> AsyncIterator[str]:
-    """The SSE body of a streamed completion. `usage()` gives the final usage object; with
-    `logprobs`, each chunk carries those of the tokens whose text it starts."""
-    extra = {"usage": None} if include_usage else {}
+    """The SSE body of a streamed completion (`chunks`); an error ends it with an error event."""
     try:
-        if is_chat:
-            for i in range(len(choices)):
-                role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-                yield sse({**chunk(base, True, [role]), **extra})
-        async for index, piece in merge(choices, streams):
-            if is_chat:
-                delta = {"content": piece.text} if piece.text or piece.finish_reason is None else {}
-                shaped = None if logprobs is None else logprobs.chat(piece.logprobs)
-                choice = {"index": index, "delta": delta, "logprobs": shaped, "finish_reason": piece.finish_reason}
-            else:
-                shaped = None if logprobs is None else logprobs.completion(piece.logprobs)
-                choice = {"index": index, "text": piece.text, "logprobs": shaped, "finish_reason": piece.finish_reason}
-            yield sse({**chunk(base, is_chat, [choice]), **extra})
-        if include_usage:
-            yield sse({**chunk(base, is_chat, []), "usage": usage()})
-    except APIError as exc:
-        yield sse(exc.body())
-    except Exception:  # one failing stream ends with an error event; the server goes on
-        log.exception("stream %s failed", base.get("id"))
-        yield sse(APIError(500, f"stream {base.get('id')} failed; see the server log", code="internal_error").body())
+        async for c in chunks(base, is_chat, choices, usage, include_usage, logprobs, streams):
+            yield sse(c)
+    except Exception as exc:
+        yield sse(stream_error(exc, base.get("id")).body())
     yield DONE
