@@ -22,11 +22,11 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from wicore.api import compat
-from wicore.api.auth import Authenticator
+from wicore.api import compat, websocket
+from wicore.api.auth import Authenticator, client_address
 from wicore.api.docs_page import docs_route
 from wicore.api.errors import APIError, error_response, from_wicore
 from wicore.api.generation import ChoiceStats, Piece, run_choice
@@ -37,6 +37,7 @@ from wicore.api.openapi import openapi_route
 from wicore.api.ratelimit import RateLimiter
 from wicore.api.schemas import Options, parse_chat, parse_completion
 from wicore.api.streaming import EventStream, Streams, event_stream, merge
+from wicore.api.web import WebPage
 from wicore.errors import WiCoreError
 from wicore.runtime.engine import Engine
 from wicore.runtime.images import ImageInput
@@ -63,6 +64,7 @@ class ServerSettings:
     failed_auth_per_minute: float = 30.0  # wrong or missing keys one client address may send
     body_timeout_seconds: float = 30.0  # the whole request body must arrive within this (slow-drip uploads)
     images: ImageSettings = field(default_factory=ImageSettings)  # limits of image inputs (wicore.api.images)
+    web: bool = True  # the page at / (wicore.api.web); /v1/ws stays either way
 
     def __post_init__(self) -> None:
         if self.rate_limit_rpm < 0 or (self.max_body_bytes is not None and self.max_body_bytes < 1):
@@ -159,6 +161,13 @@ class API:
         except asyncio.TimeoutError:
             raise APIError(408, f"the request body did not arrive within {timeout:g} s", code="request_timeout") from None
         return parse_json(body)
+
+    def read_message(self, text: str) -> Any:
+        """A WebSocket message (wicore.api.websocket) as JSON, held to the body limit."""
+        limit = self.body_limit
+        if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
+            raise APIError(413, f"the message is over the limit of {limit} bytes", code="body_too_large")
+        return parse_json(text)
 
     # -- routes ----------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -350,10 +359,6 @@ class API:
             raise from_wicore(exc) from exc
 
 
-def client_address(conn: HTTPConnection) -> str:
-    return conn.client.host if conn.client else "anonymous"
-
-
 def parse_json(body: bytes | str) -> Any:
     """A request body (or a WebSocket message) as JSON, or the 400 that says what is wrong with it."""
     try:
@@ -449,6 +454,8 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
         Route("/metrics", api.metrics_route, methods=["GET"]),
         Route("/openapi.json", openapi_route, methods=["GET"]),
         Route("/docs", docs_route, methods=["GET"]),
+        WebSocketRoute(websocket.ROUTE, websocket.websocket_route),
+        *(WebPage().routes() if settings.web else []),
     ]
     middleware = [Middleware(StatusCounter, metrics=api.metrics, routes=frozenset(r.path for r in routes))]
     if settings.cors_origins:

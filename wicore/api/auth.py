@@ -5,8 +5,15 @@ from __future__ import annotations
 import hmac
 from pathlib import Path
 
+from starlette.requests import HTTPConnection
+
 from wicore.api.errors import APIError
 from wicore.errors import RequestError
+
+
+def client_address(conn: HTTPConnection) -> str:
+    """Who sent a request (or opened a socket): what failed keys and, without keys, rates count by."""
+    return conn.client.host if conn.client else "anonymous"
 
 
 def read_key_file(path: Path) -> list[str]:

@@ -209,6 +209,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--image-url-timeout", type=float, default=10.0, help="seconds to fetch one image URL")
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin ('*' for any); repeat")
+    p.add_argument("--no-web", action="store_true", help="no web page at / (the API and /v1/ws stay)")
     p.add_argument("--grace-seconds", type=float, default=30.0, help="on SIGTERM, time in-flight requests get to finish")
     add_engine_args(p)
     p.set_defaults(func=run_serve, serve_parser=p)
@@ -307,6 +308,7 @@ def run_serve(args: argparse.Namespace) -> int:
             rate_limit_burst=args.rate_burst,
             max_body_bytes=args.max_body_bytes,
             cors_origins=tuple(args.cors_origin),
+            web=not args.no_web,
             allowed_hosts=() if keys else local_host_names(args.host),
             images=ImageSettings(
                 max_images=args.max_images_per_request,
