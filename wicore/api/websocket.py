@@ -129,22 +129,23 @@ class Connection:
             if not isinstance(message, dict):
                 raise APIError(400, "a message must be a JSON object with a 'type'", param="type", code="invalid_message")
             kind = message.get("type")
+            if kind not in ("auth", "cancel", *KINDS):
+                raise APIError(
+                    400, f"type: expected auth, chat, completion or cancel, got {kind!r}", param="type", code="invalid_message"
+                )
             if kind == "auth":
                 await self.authenticate(message)
                 return
             request_id = self.request_id(message)
             if kind == "cancel":
                 await self.cancel(request_id)
-            elif kind in KINDS:
-                self.submit(request_id, KINDS[kind], message.get("body"))
             else:
-                raise APIError(
-                    400, f"type: expected auth, chat, completion or cancel, got {kind!r}", param="type", code="invalid_message"
-                )
-        except APIError as exc:
-            if kind in KINDS:  # a request refused before it ran (auth, rate, id): counted as HTTP's are
-                self.api.metrics.observe_request(ROUTE, exc.status)
-            await self.send_error(request_id, exc)
+                self.submit(request_id, KINDS[kind], message.get("body"))
+        except Exception as exc:  # an error frame; the socket and its other requests go on
+            error = stream_error(exc, request_id)
+            if kind in ("chat", "completion"):  # a request refused before it ran (auth, rate, id): counted as HTTP's are
+                self.api.metrics.observe_request(ROUTE, error.status)
+            await self.send_error(request_id, error)
 
     def request_id(self, message: dict[str, Any]) -> str:
         value = message.get("id")
