@@ -85,6 +85,7 @@ class Config:
     check_tokens: int
     json_path: Path | None
     hf_compiled: bool = False
+    temperature: float = 0.0  # WiCore's rows sample (top-p 0.95) instead of taking the argmax
     threads: int = 1
     block_size: int | None = None  # None: the engine's default (a paged export: its FlashAttention tile)
 
@@ -145,8 +146,9 @@ def wicore_steps(model_dir: Path, config: Config, flags: set[str]) -> dict[int, 
     if "nofpa" in flags:  # read when each session is created (wicore/runtime/providers.py)
         os.environ["ORT_FPA_INTB_GEMM"] = "0"
     step = StepConfig(
-        (str(model_dir),), config.batches, config.context, 1, config.steps, "cuda:0", False, None, block_size=config.block_size
-    )
+        (str(model_dir),), config.batches, config.context, 1, config.steps, "cuda:0", False, None,
+        block_size=config.block_size, temperature=config.temperature,
+    )  # fmt: skip
     times = {}
     for batch in config.batches:
         with Engine(replace(engine_config(model_dir, batch, step), cuda_graphs="graphs" in flags)) as engine:
@@ -384,6 +386,7 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--check", action="store_true", help="compare prompt logits with HF float32 first")
     p.add_argument("--check-tokens", type=int, default=1100)
     p.add_argument("--block-size", type=int, default=None, help="KV block (page) size in tokens (default: the engine's)")
+    p.add_argument("--temperature", type=float, default=0.0, help="WiCore's rows sample at this temperature (top-p 0.95)")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     layers, variants = int_list(a.layers), tuple(a.variants.split(","))
@@ -394,7 +397,7 @@ def parse_args(argv: list[str] | None) -> Config:
         )
     return Config(
         a.shape, layers, variants, int_list(a.batch), a.context, a.steps, a.work, a.hf, a.check, a.check_tokens, a.json,
-        hf_compiled=a.hf_compiled, block_size=a.block_size,
+        hf_compiled=a.hf_compiled, temperature=a.temperature, block_size=a.block_size,
     )  # fmt: skip
 
 

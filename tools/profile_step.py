@@ -69,6 +69,7 @@ class Config:
     json_path: Path | None
     gpu_kernels: bool = False
     block_size: int | None = None  # None: the engine's default for the model
+    temperature: float = 0.0  # > 0: the rows sample (top-p 0.95), so their logits come to the host
 
     def __post_init__(self) -> None:
         if min(self.batches, default=0) < 1 or self.context < 1 or self.num_steps < 1:
@@ -111,7 +112,7 @@ def decode_steps(engine: Engine, batch: int, config: Config) -> StepTimes:
     """Prefill `batch` requests of `config.context` random prompt tokens, then warm up and time
     decode steps (see the module docstring)."""
     rng = np.random.default_rng(batch)
-    params = SamplingParams(max_tokens=num_new_tokens(batch, config), ignore_eos=True)
+    params = SamplingParams(max_tokens=num_new_tokens(batch, config), ignore_eos=True, temperature=config.temperature, top_p=0.95)
     for _ in range(batch):
         engine.add_request(rng.integers(1000, engine.manifest.config.vocab_size, config.context).tolist(), params)
     times = StepTimes([], [])
