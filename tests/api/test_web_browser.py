@@ -1,0 +1,139 @@
+"""The page in a real headless Chromium, from a real `wicore serve --api-key` on the Gemma 3 270M:
+the key dialog, a greedy reply streamed over /v1/ws equal to the HTTP API's, stop on a long
+reply (0 referenced blocks after), the engine view. Screenshots go to tmp_path, and to
+$WICORE_SCREENSHOTS when set (`WICORE_SCREENSHOTS=docs python -m pytest tests/api/test_web_browser.py`
+renews the ones in docs/).
+
+Needs Debian's `chromium` (.ci/run installs it; without it this test is skipped, saying so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from devtools import Chromium, find_chromium
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        find_chromium() is None, reason="no chromium on PATH: apt-get install chromium (.ci/run tries, and warns if it cannot)"
+    ),
+]
+
+KEY = "sk-web-test"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+REPLY = "#messages .msg.assistant:last-child"
+
+
+def state_of_reply(browser: Chromium) -> str:
+    return browser.js(f"document.querySelector({json.dumps(REPLY)}).dataset.state")
+
+
+def reply(browser: Chromium) -> tuple[str, str]:
+    """(text, meta line) of the last reply."""
+    return tuple(browser.js(f"document.querySelector('{REPLY} {part}').textContent") for part in (".text", ".meta"))  # type: ignore[return-value]
+
+
+def save(browser: Chromium, tmp_path: Path, name: str) -> None:
+    data = browser.screenshot(tmp_path / name)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get("WICORE_SCREENSHOTS"):
+        (Path(os.environ["WICORE_SCREENSHOTS"]) / name).write_bytes(data)
+
+
+def wait_idle(url: str) -> dict:
+    deadline = time.monotonic() + 30
+    while True:
+        stats = httpx.get(f"{url}/v1/stats", headers=AUTH).json()
+        if stats["running"] == stats["waiting"] == 0 or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def served(gemma_270m, launch):
+    proc, url = launch(gemma_270m(1), "--api-key", KEY)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
+def test_chat_stop_and_engine_view_in_chromium(served, tmp_path):
+    url = served
+    model = httpx.get(f"{url}/v1/models", headers=AUTH).json()["data"][0]["id"]
+    with Chromium.launch(tmp_path / "profile") as browser:
+        browser.open(f"{url}/")
+        # The server has a key: the page asks for it, and keeps it for this tab only.
+        browser.wait("document.getElementById('key-dialog').open")
+        browser.type("#key-input", KEY)
+        browser.click("#key-form button")
+        browser.wait("document.getElementById('status').textContent === 'connected'")
+        assert browser.js("document.getElementById('model').textContent") == model
+        assert browser.js("[sessionStorage.getItem('wicore.api_key'), localStorage.length]") == [KEY, 0]
+
+        # A greedy reply: the same text and token count as the HTTP API gives for the same body.
+        browser.set_value("#temperature", "0")
+        browser.set_value("#max-tokens", "24")
+        browser.type("#prompt", "What is the capital of France?")
+        browser.click("#send")
+        browser.wait(f"document.querySelector({json.dumps(REPLY)})?.dataset.state === 'done'")
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "temperature": 0,
+            "top_p": 0.95,
+            "max_tokens": 24,
+        }
+        expected = httpx.post(f"{url}/v1/chat/completions", json=body, headers=AUTH, timeout=120).json()
+        text, meta = reply(browser)
+        assert text == expected["choices"][0]["message"]["content"]
+        tokens, reason = expected["usage"]["completion_tokens"], expected["choices"][0]["finish_reason"]
+        assert re.fullmatch(rf"{tokens} tokens · [\d.]+ tok/s · TTFT \d+ ms · {reason}", meta), meta
+
+        # A long reply: text appears while it streams; the engine view shows it running; Stop cancels it.
+        browser.set_value("#max-tokens", "400")
+        browser.type("#prompt", "Tell me a long story about a dragon.")
+        browser.click("#send")
+        browser.wait(
+            f"(() => {{ const m = document.querySelector({json.dumps(REPLY)});"
+            " return m.dataset.state === 'streaming' && m.querySelector('.text').textContent.length >= 40; })()"
+        )
+        browser.click("#tab-engine")
+        browser.wait("document.querySelector('#tiles .tile[data-name=running] .value')?.textContent === '1'")
+        assert browser.js("document.getElementById('view-chat').hidden") is True
+        time.sleep(4)  # a few seconds of samples on the charts, for the screenshot
+        save(browser, tmp_path, "web-engine.png")
+        browser.click("#tab-chat")
+        browser.click("#stop")
+        browser.wait(f"document.querySelector({json.dumps(REPLY)}).dataset.state === 'stopped'")
+        text, meta = reply(browser)
+        stopped_tokens = int(meta.split(" ")[0])
+        assert len(text) >= 40 and 1 < stopped_tokens < 400, meta
+        assert browser.js("[document.getElementById('send').disabled, document.getElementById('stop').disabled]") == [False, True]
+        stats = wait_idle(url)
+        assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
+        save(browser, tmp_path, "web-chat.png")
+
+        # Back on the engine view, idle: its tiles are the engine's numbers.
+        browser.click("#tab-engine")
+        browser.wait("document.querySelector('#tiles .tile[data-name=running] .value')?.textContent === '0'")
+        tiles = browser.js(
+            "Object.fromEntries([...document.querySelectorAll('#tiles .tile')]"
+            ".map(t => [t.dataset.name, t.querySelector('.value').textContent]))"
+        )
+        assert (tiles["running"], tiles["waiting"], tiles["swapped"]) == ("0", "0", "0")
+        assert tiles["tokens generated"] == str(httpx.get(f"{url}/v1/stats", headers=AUTH).json()["generated_tokens"])
+        legends = browser.js(
+            "['requests', 'blocks', 'hit', 'tps'].map(id => document.getElementById('legend-' + id).textContent)"
+        )
+        assert legends[0] == "runningwaitingswapped" and legends[1].startswith("device ")
+
+        # The page kept to its Content-Security-Policy; its only errors were the 401 before the key.
+        assert browser.js("window.cspViolations") == []
+        assert [e for e in browser.console_errors() if "401" not in e] == []
