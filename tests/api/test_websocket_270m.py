@@ -4,12 +4,16 @@ cancel and close abort in the engine (0 referenced blocks after)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
 import httpx
 import pytest
 from websockets.sync.client import ClientConnection, connect
+
+from wicore.api.app import ServerSettings, create_app
+from wicore.api.server import ServerThread
 
 pytestmark = pytest.mark.slow
 
@@ -128,3 +132,21 @@ def test_bad_messages_mid_stream_get_error_frames_and_the_stream_goes_on(gemma_s
         )
         [done] = [f for f in frames if f["type"] == "done" and f["id"] == request_id]
         assert done["usage"] == expected["usage"]
+
+
+def test_a_stream_cut_by_shutdown_ends_with_a_503_error_frame(gemma_server):
+    """A second server on the same engine, 2 s of grace: a request still running when the grace
+    runs out gets a 503 error frame (not a silent close), and is aborted in the engine."""
+    server = ServerThread(create_app(gemma_server.engine, ServerSettings(model_name="gemma3-270m")), grace_seconds=2.0).start()
+    stopper = threading.Thread(target=server.stop)
+    with connect(server.url.replace("http://", "ws://") + "/v1/ws", open_timeout=10) as ws:
+        send(ws, "completion", "a", {**LONG, "max_tokens": 1000})
+        assert json.loads(ws.recv(timeout=120))["type"] == "chunk"
+        stopper.start()
+        frame = {"type": "chunk"}
+        while frame["type"] == "chunk":
+            frame = json.loads(ws.recv(timeout=60))
+    stopper.join(timeout=60)
+    assert (frame["type"], frame["id"], frame["status"], frame["error"]["code"]) == ("error", "a", 503, "server_shutting_down")
+    stats = wait_idle(gemma_server)
+    assert (stats["running"], stats["blocks_referenced"]) == (0, NO_BLOCKS)
