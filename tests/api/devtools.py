@@ -149,6 +149,12 @@ class Chromium:
         self.js(f"document.querySelector({json.dumps(selector)}).select?.()")
         self.call("Input.insertText", text=text)
 
+    def upload(self, selector: str, path: Path) -> None:
+        """Choose `path` in the file input `selector` (its change event fires, as when a user picks it)."""
+        root = self.call("DOM.getDocument")["root"]["nodeId"]
+        node = self.call("DOM.querySelector", nodeId=root, selector=selector)["nodeId"]
+        self.call("DOM.setFileInputFiles", files=[str(path)], nodeId=node)
+
     def set_value(self, selector: str, value: str) -> None:
         """Set an input (a range slider, say) as a user would leave it: the value, then its input event."""
         self.js(

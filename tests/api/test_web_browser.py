@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from devtools import Chromium, find_chromium
+from multimodal import png
 
 pytestmark = [
     pytest.mark.slow,
@@ -137,3 +138,34 @@ def test_chat_stop_and_engine_view_in_chromium(served, tmp_path):
         # The page kept to its Content-Security-Policy; its only errors were the 401 before the key.
         assert browser.js("window.cspViolations") == []
         assert [e for e in browser.console_errors() if "401" not in e] == []
+
+
+def test_an_uploaded_image_goes_with_the_prompt(tiny_multimodal, launch, tmp_path):
+    """A model that takes images (the tiny random multimodal Gemma 3): the page offers upload, and
+    the reply equals the HTTP API's for the same image (the data: URL the page sent) and text."""
+    proc, url = launch(tiny_multimodal.export())
+    try:
+        picture = tmp_path / "picture.png"
+        picture.write_bytes(png(3, (64, 48)))
+        with Chromium.launch(tmp_path / "profile") as browser:
+            browser.open(f"{url}/")
+            browser.wait("document.getElementById('status').textContent === 'connected'")
+            browser.wait("!document.getElementById('image-label').hidden")
+            browser.upload("#image", picture)
+            browser.wait("document.querySelector('#attachments img') !== null")
+            browser.set_value("#temperature", "0")
+            browser.set_value("#max-tokens", "8")
+            browser.type("#prompt", "What is in this picture?")
+            browser.click("#send")
+            browser.wait(f"document.querySelector({json.dumps(REPLY)})?.dataset.state === 'done'")
+            sent = browser.js("document.querySelector('#messages .msg.user img').src")
+            assert sent.startswith("data:image/jpeg;base64,")
+            assert browser.js("document.querySelectorAll('#attachments img').length") == 0  # it went with that message
+            content = [{"type": "image_url", "image_url": {"url": sent}}, {"type": "text", "text": "What is in this picture?"}]
+            body = {"messages": [{"role": "user", "content": content}], "temperature": 0, "top_p": 0.95, "max_tokens": 8}
+            expected = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+            assert reply(browser)[0] == expected["choices"][0]["message"]["content"] != ""
+            assert browser.js("window.cspViolations") == [] and browser.console_errors() == []
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -3,11 +3,13 @@ refuses, auth, origins and the rate limit, each answered as the HTTP endpoints a
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
 import httpx
 import pytest
+from multimodal import png
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
@@ -124,3 +126,23 @@ def test_without_the_page_the_socket_stays(tiny_server):
     assert httpx.get(f"{served.url}/").status_code == 404
     with open_socket(served) as ws:
         assert ask(ws, "{")["error"]["code"] == "invalid_json"
+
+
+def test_an_image_chat_streams_the_http_answer(multimodal_server):
+    """image_url parts go through the HTTP endpoint's image code: the same greedy text and usage."""
+    served = multimodal_server()
+    image = f"data:image/png;base64,{base64.b64encode(png(3, (64, 48))).decode()}"
+    content = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "What is in this picture?"}]
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0}
+    expected = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=60).json()
+    with open_socket(served) as ws:
+        ws.send(json.dumps({"type": "chat", "id": "img", "body": body}))
+        text, frame = "", {"type": "chunk"}
+        while frame["type"] == "chunk":
+            frame = json.loads(ws.recv(timeout=60))
+            text += "".join(c["delta"].get("content", "") for c in frame.get("chunk", {}).get("choices", []))
+    assert text == expected["choices"][0]["message"]["content"] != ""
+    # The same prompt again: its full blocks of 16 tokens come from the prefix cache.
+    cached = {"cached_tokens": expected["usage"]["prompt_tokens"] // 16 * 16}
+    usage = {**expected["usage"], "prompt_tokens_details": cached}
+    assert frame == {"type": "done", "id": "img", "usage": usage, "cancelled": False}
