@@ -50,7 +50,7 @@ def test_logits_of_a_100_token_prompt_match_hf(engines, hf_gemma_270m, partition
     assert len(ids) == 100
     (completion,) = engine.generate([ids], SamplingParams(max_tokens=1, prompt_logits=True))
     assert completion.error is None and completion.prompt_logits.shape == (100, 262144)
-    report = compare_logits(completion.prompt_logits, hf_logits(hf_gemma_270m, ids))
+    report = compare_logits(completion.prompt_logits, hf_logits(hf_gemma_270m, ids), ids)
     record_property("verify", report.summary())
     print(report.summary())
     assert report.argmax_agreement == 1.0

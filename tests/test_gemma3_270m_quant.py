@@ -96,13 +96,15 @@ def test_prompt_logits_track_fp32_and_llama_cpp(quant, llama, gemma_270m):
     assert np.abs(ours - theirs).max() < 3.0 and (ours.argmax(-1) == theirs.argmax(-1)).mean() >= 0.9
 
 
-def test_verify_against_hf_holds_the_flavour_to_its_stated_agreement(quant, hf_gemma_270m):
+def test_verify_against_hf_holds_the_flavour_to_its_tolerance(quant, hf_gemma_270m):
     """`wicore-export --verify` on an ort-quant export: HF computes in fp32 on dequantized weights,
-    the graphs with int8 activations, so near-ties may flip; 95% argmax agreement is required."""
-    from wicore.cli.verify import MIN_AGREEMENT, compare_logits, hf_logits
+    the graphs with int8 activations, so near-ties may flip; clear leads may not, and the
+    perplexity stays within 2% (wicore/cli/verify.py says what was measured)."""
+    from wicore.cli.verify import APPROXIMATE, compare_logits, hf_logits
 
     ids = quant.tokenizer.encode(LONG_TEXT)[:100]
-    report = compare_logits(prompt_logits(quant, ids), hf_logits(hf_gemma_270m, ids), MIN_AGREEMENT["ort-quant"])
+    report = compare_logits(prompt_logits(quant, ids), hf_logits(hf_gemma_270m, ids), ids, APPROXIMATE)
     assert report.ok and report.summary().endswith("-> OK")
+    assert report.num_clear_agreeing == report.num_clear >= 50
     assert report.argmax_agreement >= 0.95  # measured 98%
-    assert report.max_abs_diff < 0.1 * report.logit_scale
+    assert abs(report.perplexity_change) < 0.005  # measured +0.11%

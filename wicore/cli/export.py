@@ -41,7 +41,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--attention-stats", action="store_true", help="also output each KV block's attention mass (for the A2CR cache policy)"
     )
     ap.add_argument("--force", action="store_true", help="replace --out if it exists")
-    ap.add_argument("--verify", action="store_true", help="compare the graphs with HF transformers (needs torch)")
+    ap.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare the graphs' logits with HF transformers' on a fixed text (needs torch; see wicore/cli/verify.py)",
+    )
     ap.add_argument("--verify-tokens", type=int, default=64, help="prompt length for --verify")
     return ap.parse_args(argv)
 
@@ -71,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
             report = verify_against_hf(args.out, args.model, num_tokens=args.verify_tokens)
             print(report.summary())
             if not report.ok:
+                print(
+                    f"wicore-export: {args.out} is a complete export (it loads and serves) that failed the check above; "
+                    "delete it, or export again (--op-flavour portable --dtype fp32 computes what HF computes)",
+                    file=sys.stderr,
+                )
                 return 1
     except WiCoreError as exc:
         print(f"wicore-export: error: {exc}", file=sys.stderr)

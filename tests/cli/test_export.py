@@ -1,0 +1,35 @@
+"""`wicore-export --verify`: README's example passes; a failed check says what it left on disk."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from wicore.cli.export import main
+from wicore.graph.manifest import Manifest
+
+
+@pytest.mark.slow
+def test_readme_verify_example_passes_on_the_quantized_export(tmp_path, capsys):
+    """`wicore-export --model gemma3-270m --out models/q --force --op-flavour ort-quant --verify`."""
+    out = tmp_path / "q"
+    assert main(["--model", "gemma3-270m", "--out", str(out), "--force", "--op-flavour", "ort-quant", "--verify"]) == 0
+    summary = capsys.readouterr().out.strip()
+    assert summary.startswith("verify: 64 positions; ") and summary.endswith("-> OK"), summary
+
+
+def test_a_failed_verify_keeps_the_complete_export_and_says_so(tiny_model, tmp_path, capsys):
+    """4-bit weights quantized from a float model with a sharp output (final norm x10) turn clear
+    argmaxes: the check fails, the folder stays, whole and loadable, and stderr says what it is."""
+    _, model = tiny_model()
+    sharp = copy.deepcopy(model)
+    sharp.model.norm.weight.data.fill_(10.0)
+    sharp.save_pretrained(tmp_path / "hf")
+    out = tmp_path / "q4"
+    argv = ["--model", str(tmp_path / "hf"), "--out", str(out), "--op-flavour", "ort-quant", "--weight-bits", "4", "--verify"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out.strip().endswith("-> MISMATCH")
+    assert f"wicore-export: {out} is a complete export (it loads and serves) that failed the check above" in captured.err
+    Manifest.read(out).verify(out)  # every file there, as written
