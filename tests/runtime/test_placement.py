@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from wicore.graph.manifest import Manifest
 from wicore.runtime.engine import Engine, EngineConfig
+from wicore.runtime.graphs import ModelGraphs
+from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
 from wicore.runtime.placement import _fill, _share, plan_placement
 from wicore.runtime.providers import CAPABILITIES, Device, DeviceError, host_free_bytes, parse_device
 from wicore.runtime.sampler import SamplingParams
@@ -47,18 +50,64 @@ def test_a_dtype_the_provider_cannot_run_is_refused_naming_what_works():
         fp32_only.check_can_run("fp32", "fast")
 
 
+EMBED = 512 * 64 * 4  # the tiny model's tied embedding: part-00's lookup table, part-01's LM head
+PER_LAYER = 4 * (64 * (4 * 32 + 2 * 2 * 32) + 4 * 32 * 64 + 64 * 2 * 128 + 128 * 64)  # qkv, o, gate|up, down
+
+
 def test_plan_reads_partition_sizes_without_loading_weights(tiny_export):
+    """On the CPU EP the first partition looks its embedding rows up in the mapped file; the last
+    one copies the table for its LM head. The shared file is held once."""
     folder, _ = tiny_export(2)
     manifest = Manifest.read(folder)
     plan = plan_placement(folder, manifest, "cpu,cpu", kv_pool_bytes=4096)
     assert [p.device.label for p in plan.placements] == ["cpu", "cpu"]
-    embed = 512 * 64 * 4  # tied embedding, in both the first and the last partition
-    per_layer = 4 * (64 * (4 * 32 + 2 * 2 * 32) + 4 * 32 * 64 + 64 * 2 * 128 + 128 * 64)  # qkv, o, gate|up, down
-    for placement in plan.placements:
-        inline = placement.weight_bytes - (embed + 2 * per_layer)  # norm weights, RoPE frequencies, shapes
+    first, last = plan.placements
+    assert (first.mapped_bytes, last.mapped_bytes) == (EMBED, 0)
+    for placement, table in ((first, 0), (last, EMBED)):
+        inline = placement.weight_bytes - (table + 2 * PER_LAYER)  # norm weights, RoPE frequencies, shapes
         assert 0 < inline < 4096
     assert [p.kv_bytes for p in plan.placements] == [2048, 2048]
-    assert "part-01.onnx  2-3" in plan.describe()
+    text = plan.describe()
+    assert "part-01.onnx  2-3" in text
+    assert f"part-00.onnx also looks up rows of {EMBED / GIB:.2f}G in place in its mapped weight file" in text
+    assert "is copied by" not in text
+
+
+def test_on_an_accelerator_each_session_holds_its_own_copy_of_the_tied_table(tiny_export, monkeypatch):
+    folder, _ = tiny_export(2)
+    gpu = device_with_free("cuda", 80 * GIB)
+    monkeypatch.setattr("wicore.runtime.placement.device_list", lambda spec: [gpu])
+    plan = plan_placement(folder, Manifest.read(folder), "cuda:0")
+    assert [p.mapped_bytes for p in plan.placements] == [0, 0]
+    assert all(p.weight_bytes > EMBED + 2 * PER_LAYER for p in plan.placements)
+    assert (
+        "embed_tokens.data is copied by part-00.onnx and part-01.onnx: each session holds its own copy, counted in each"
+        in plan.describe()
+    )
+
+
+@pytest.mark.slow
+def test_the_plan_is_what_the_cpu_sessions_hold(gemma_270m):
+    """The 3-partition 270M: the sessions' private memory grows by the plan's total weights (the
+    mapped embedding adds only the pages its lookups read), not by the 1.62 GiB of the graphs."""
+    folder = gemma_270m(3)
+    manifest = Manifest.read(folder)
+    plan = plan_placement(folder, manifest, "cpu")
+    assert [round(p.weight_bytes / GIB, 2) for p in plan.placements] == [0.12, 0.12, 0.75]
+    before = anonymous_bytes()
+    graphs = ModelGraphs(folder, manifest, KVBuffers(manifest, CacheConfig(2, 16), plan.devices), plan.devices, 1)
+    grown = anonymous_bytes() - before
+    held = sum(p.weight_bytes for p in plan.placements)
+    assert 0.95 * held < grown < 1.1 * held, (grown / GIB, held / GIB)  # measured 1.01 GiB against 1.00
+    del graphs
+
+
+def anonymous_bytes() -> int:
+    """This process's private (anonymous) resident memory, from Linux's smaps_rollup."""
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith("Anonymous:"):
+            return int(line.split()[1]) << 10
+    raise AssertionError("no Anonymous line in /proc/self/smaps_rollup")
 
 
 def test_the_vision_partition_goes_with_the_first_partition_or_where_told(tiny_multimodal):

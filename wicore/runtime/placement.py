@@ -15,6 +15,16 @@ embeddings), or on `--vision-device` (a CPU beside a full GPU, or a second card)
 
 A device whose free memory cannot be read is assumed to have room; every plan is checked
 against the free memory that can be read.
+
+What a partition holds is what its session keeps in memory, not what its files hold. Gemma's tied
+token table is both the first partition's embedding and the last one's LM head; a multi-partition
+export stores it once (embed_tokens.data) and both graphs name it. On the CPU EP ONNX Runtime maps
+an external table that only lookups read (Gather) and leaves it in the file: only the rows read
+become resident, as page cache. A table a MatMul reads is copied (and packed), and on an
+accelerator every session copies all its weights to the device (sessions share no initializers).
+So on the CPU EP a 3-partition 270M holds the table once, in its last partition (measured in
+tests/runtime/test_placement.py: its sessions' private memory grows by the plan's 1.00 GiB, not
+by the 1.62 GiB its graphs name); on a GPU twice, once per session, and the plan says so.
 """
 
 from __future__ import annotations
@@ -30,14 +40,17 @@ from wicore.runtime.providers import Device, DeviceError, available_devices, par
 
 HEADROOM = 0.9
 GIB = 1 << 30
+LOOKUPS = frozenset({"Gather", "GatherBlockQuantized"})  # ops that read a table row by row
 
 
 @dataclass(frozen=True)
 class Placement:
     partition: PartitionRecord
     device: Device
-    weight_bytes: int
+    weight_bytes: int  # what its session holds on the device
     kv_bytes: int
+    mapped_bytes: int = 0  # lookup tables its session reads in place from the mapped file (CPU EP)
+    copied_files: frozenset[str] = frozenset()  # external weight files its session copies from
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,8 @@ class Plan:
         return [p.device for p in self.placements]
 
     def describe(self) -> str:
+        """A row per partition: the weights its session holds on its device (a table it only reads
+        rows of from the mapped file is named below), its share of the KV pool; then the totals."""
         lines = [f"{'partition':<14}{'layers':<10}{'device':<16}{'weights':>10}{'kv pool':>10}"]
         for p in self.placements:
             layers = f"{p.partition.start}-{p.partition.stop - 1}"
@@ -67,19 +82,59 @@ class Plan:
         if self.vision is not None:
             v = self.vision
             lines.append(f"{v.record.file:<14}{'images':<10}{v.device.label:<16}{v.weight_bytes / GIB:>9.2f}G{'-':>10}")
+        weights = sum(p.weight_bytes for p in self.placements) + (self.vision.weight_bytes if self.vision else 0)
+        lines.append(f"{'total':<40}{weights / GIB:>9.2f}G{sum(p.kv_bytes for p in self.placements) / GIB:>9.2f}G")
+        for file in sorted({f for p in self.placements for f in p.copied_files}):
+            holders = [p.partition.file for p in self.placements if file in p.copied_files]
+            if len(holders) > 1:
+                lines.append(f"{file} is copied by {' and '.join(holders)}: each session holds its own copy, counted in each")
+        for p in self.placements:
+            if p.mapped_bytes:
+                lines.append(
+                    f"{p.partition.file} also looks up rows of {p.mapped_bytes / GIB:.2f}G in place in its mapped weight "
+                    "file (page cache: resident as far as loading and lookups read it, until the kernel needs the memory)"
+                )
         return "\n".join(lines)
 
 
-def partition_weight_bytes(model_dir: Path, record: PartitionRecord | VisionRecord) -> int:
-    """Bytes of the partition's initializers, read from the graph without loading the weights."""
+@dataclass(frozen=True)
+class PartitionWeights:
+    total: int  # bytes of the graph's initializers
+    copied: int  # inline, or read by an op other than a lookup: copied into the session on any EP
+    looked_up: int  # external tables a lookup reads (the token embedding; also copied if a MatMul reads it too)
+    files: frozenset[str]  # its external weight files
+    files_copied_on_cpu: frozenset[str]  # those holding a tensor an op other than a lookup reads
+
+    def held_on(self, device: Device) -> tuple[int, int, frozenset[str]]:
+        """(bytes the session holds, bytes it reads in place from the mapped file, files it copies from) on `device`."""
+        if device.capability.name == "cpu":
+            return self.copied, self.looked_up, self.files_copied_on_cpu
+        return self.total, 0, self.files
+
+
+def partition_weights(model_dir: Path, record: PartitionRecord | VisionRecord) -> PartitionWeights:
+    """The partition's initializer bytes, read from the graph without loading the weights."""
     model = onnx.load(str(Path(model_dir) / record.file), load_external_data=False)
-    total = 0
+    sizes, external = {}, {}
     for tensor in model.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            total += int({e.key: e.value for e in tensor.external_data}["length"])
+            entries = {e.key: e.value for e in tensor.external_data}
+            sizes[tensor.name] = int(entries["length"])
+            external[tensor.name] = entries["location"]
         else:
-            total += int(np.prod(tensor.dims)) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    return total
+            sizes[tensor.name] = int(np.prod(tensor.dims)) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    readers: dict[str, set[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
+    is_copied = {name: name not in external or bool(readers.get(name, set()) - LOOKUPS) for name in sizes}
+    return PartitionWeights(
+        total=sum(sizes.values()),
+        copied=sum(size for name, size in sizes.items() if is_copied[name]),
+        looked_up=sum(sizes[name] for name in external if readers.get(name, set()) & LOOKUPS),
+        files=frozenset(external.values()),
+        files_copied_on_cpu=frozenset(file for name, file in external.items() if is_copied[name]),
+    )
 
 
 def device_list(spec: str) -> list[Device]:
@@ -105,27 +160,31 @@ def plan_placement(
     for device in candidates:
         device.check_can_run(manifest.dtype, manifest.op_flavour, manifest.attention)
     num_layers = manifest.config.num_layers
-    needs = [
-        (partition_weight_bytes(model_dir, r), kv_pool_bytes * (r.stop - r.start) // num_layers) for r in manifest.partitions
-    ]
-    sizes = [w + k for w, k in needs]
+    weights = [partition_weights(model_dir, r) for r in manifest.partitions]
+    kv = [kv_pool_bytes * (r.stop - r.start) // num_layers for r in manifest.partitions]
+    sizes = [w.total + k for w, k in zip(weights, kv)]  # the most a partition can hold, to choose devices
     if devices.strip() == "auto":
         owners = _fill(sizes, candidates)
     elif len(candidates) == len(sizes):
         owners = list(range(len(sizes)))
     else:
         owners = _share(sizes, len(candidates))
+    held = [w.held_on(candidates[o]) for w, o in zip(weights, owners)]
+    sizes = [h + k for (h, _, _), k in zip(held, kv)]
     vision = None
     if manifest.vision is not None:
         device = candidates[owners[0]] if vision_device is None else parse_device(vision_device)
         device.check_can_run(manifest.dtype, "portable", "portable")
-        vision = VisionPlacement(manifest.vision, device, partition_weight_bytes(model_dir, manifest.vision))
+        vision = VisionPlacement(manifest.vision, device, partition_weights(model_dir, manifest.vision).held_on(device)[0])
         if device in candidates:  # its weights count with the partitions' on that device
             sizes, owners = sizes + [vision.weight_bytes], owners + [candidates.index(device)]
         elif not _fits(device, vision.weight_bytes):
             raise DeviceError(f"{device.label} has no room for the {vision.weight_bytes / GIB:.2f} GiB of {manifest.vision.file}")
     _check_memory(sizes, owners, candidates, manifest)
-    placements = tuple(Placement(r, candidates[o], w, k) for r, (w, k), o in zip(manifest.partitions, needs, owners))
+    placements = tuple(
+        Placement(r, candidates[o], h, k, mapped, files)
+        for r, (h, mapped, files), k, o in zip(manifest.partitions, held, kv, owners)
+    )
     return Plan(placements, vision)
 
 
