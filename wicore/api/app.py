@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,16 +23,15 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from wicore.api import compat, websocket
 from wicore.api.auth import Authenticator, client_address
 from wicore.api.docs_page import docs_route
 from wicore.api.errors import APIError, error_response, from_wicore
-from wicore.api.generation import ChoiceStats, Piece, run_choice
+from wicore.api.generation import ChoiceStats, Generation, Job, Piece, run_choice
 from wicore.api.images import ImagePart, ImageSettings, load_images
 from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
-from wicore.api.metrics import Metrics
+from wicore.api.metrics import Metrics, StatusCounter
 from wicore.api.openapi import openapi_route
 from wicore.api.ratelimit import RateLimiter
 from wicore.api.schemas import Options, parse_chat, parse_completion
@@ -72,29 +71,6 @@ class ServerSettings:
 
     def body_limit(self, takes_images: bool) -> int:
         return self.max_body_bytes or ((32 if takes_images else 1) << 20)
-
-
-@dataclass(frozen=True)
-class Job:
-    """A checked request: each prompt's token ids, the options, the images that go with every prompt."""
-
-    is_chat: bool
-    prompts: list[list[int]]
-    options: Options
-    images: list[ImageInput] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Generation:
-    """A job's choices, queued in the engine. Reading `choices` runs them; `abort()` ends them all
-    (call it however the answer ends); `usage()` counts what has run so far."""
-
-    base: dict[str, Any]  # id, created, model: the fields every chunk and answer carries
-    is_chat: bool
-    choices: list[AsyncIterator[Piece]]
-    usage: Callable[[], dict[str, Any]]
-    abort: Callable[[], None]
-    logprobs: LogprobFormatter | None
 
 
 class API:
@@ -395,34 +371,6 @@ async def until_disconnect(request: Request, work: Any) -> None:
     if task.cancelled():
         raise APIError(499, "the client closed the connection", code="client_closed")
     task.result()  # re-raises the work's error
-
-
-class StatusCounter:
-    """Counts every response by route and status into the app's metrics. Paths that are not a
-    route count as "other": a label per raw path would let anyone grow /metrics without bound."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics, routes: frozenset[str]) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.routes = routes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-
-        async def record(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, record)
-        finally:
-            path = scope.get("path", "")
-            self.metrics.observe_request(path if path in self.routes else "other", status)
 
 
 async def _client_error(request: Request, exc: Exception) -> Response:

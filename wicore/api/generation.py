@@ -6,18 +6,24 @@ While streaming, text that could be the start of a stop string is held back unti
 next tokens show whether it is one; when a stop string completes, the text before it is
 sent, the request is aborted in the engine, and the choice ends with "stop". Token
 logprobs, when asked for, travel with the piece that carries their text (wicore.api.logprobs).
+
+A request as a whole: `Job` (checked and tokenized: API.prepare) -> `Generation` (its choices
+queued in the engine: API.start), answered over HTTP (app.py) or a WebSocket (websocket.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from wicore.api.errors import APIError
-from wicore.api.logprobs import LogprobQueue, TokenLogprobs
+from wicore.api.logprobs import LogprobFormatter, LogprobQueue, TokenLogprobs
+from wicore.api.schemas import Options
 from wicore.runtime.engine import Engine
+from wicore.runtime.images import ImageInput
 from wicore.runtime.tokenizer import IncrementalDecoder
 
 log = logging.getLogger("wicore.api")
@@ -124,3 +130,26 @@ async def run_choice(
     finally:
         if not finished:
             engine.abort(request_id)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A checked request: each prompt's token ids, the options, the images that go with every prompt."""
+
+    is_chat: bool
+    prompts: list[list[int]]
+    options: Options
+    images: list[ImageInput] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A job's choices, queued in the engine. Reading `choices` runs them; `abort()` ends them all
+    (call it however the answer ends); `usage()` counts what has run so far."""
+
+    base: dict[str, Any]  # id, created, model: the fields every chunk and answer carries
+    is_chat: bool
+    choices: list[AsyncIterator[Piece]]
+    usage: Callable[[], dict[str, Any]]
+    abort: Callable[[], None]
+    logprobs: LogprobFormatter | None

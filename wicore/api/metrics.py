@@ -2,7 +2,8 @@
 
 Request counters and latency histograms are recorded as requests end; engine gauges
 (running / waiting, KV blocks per tier, prefix hit rate) are read from engine.stats()
-when /metrics is scraped.
+when /metrics is scraped. `StatusCounter` (middleware) counts HTTP responses by route and
+status; /v1/ws counts each of its requests itself.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from wicore.api.generation import ChoiceStats
 
@@ -56,3 +58,31 @@ class Metrics:
             self.blocks_free.labels(tier=tier).set(n)
         self.prefix_hit_rate.set(float(engine_stats["prefix_hit_rate"]))  # type: ignore[arg-type]
         return generate_latest(self.registry)
+
+
+class StatusCounter:
+    """Counts every response by route and status into the app's metrics. Paths that are not a
+    route count as "other": a label per raw path would let anyone grow /metrics without bound."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: frozenset[str]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record)
+        finally:
+            path = scope.get("path", "")
+            self.metrics.observe_request(path if path in self.routes else "other", status)

@@ -36,7 +36,8 @@ from wicore.api.errors import APIError, error_response
 from wicore.api.streaming import chunks, stream_error
 
 if TYPE_CHECKING:
-    from wicore.api.app import API, Generation
+    from wicore.api.app import API
+    from wicore.api.generation import Generation
 
 ROUTE = "/v1/ws"
 KINDS = {"chat": True, "completion": False}  # request type -> is_chat
