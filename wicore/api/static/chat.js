@@ -173,7 +173,11 @@ export class Chat {
       show();
     }
     this.el("new-chat").addEventListener("click", () => {
-      if (this.pending) this.stop();
+      if (this.pending) {
+        this.stop(); // its last frames are for an id no longer pending: ignored
+        this.pending = null;
+        this.updateButtons();
+      }
       this.history = [];
       this.el("messages").textContent = "";
       this.el("empty").hidden = false;
