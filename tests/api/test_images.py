@@ -90,7 +90,9 @@ def test_greedy_chat_through_wicore_serve_equals_hf_generate(tiny_multimodal, la
 def test_inference_takes_base64_images_in_front_of_the_prompt(served, tiny_multimodal):
     import torch
 
-    r = httpx.post(f"{served.url}/v1/inference", json={"prompt": "Describe", "images": [base64.b64encode(IMAGE).decode()]})
+    r = httpx.post(
+        f"{served.url}/v1/inference", json={"prompt": "Describe", "images": [base64.b64encode(IMAGE).decode()], "max_tokens": 8}
+    )
     assert r.status_code == 200, r.text
     inputs = tiny_multimodal.processor(text="<start_of_image>Describe", images=[_pil(IMAGE)], return_tensors="pt")
     with torch.no_grad():
