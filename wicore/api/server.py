@@ -69,12 +69,24 @@ def startup_summary(engine: Engine, settings: ServerSettings) -> str:
 async def _serve_until_signal(app: Any, config: Config) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_ignore_cancelled_connections)
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread, or no signals (Windows)
             pass
     await hypercorn_serve(app, config, shutdown_trigger=lambda: _until_stopped(stop, app, config.graceful_timeout))
+
+
+def _ignore_cancelled_connections(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's exception handler: as the default, less one traceback. When the grace period
+    ends, Hypercorn cancels the connections still open (a body still arriving, say), and Python
+    3.11's asyncio.streams asks each cancelled connection task for its exception in a done
+    callback, which raises CancelledError there: logged as "Exception in callback" with a
+    traceback (Python 3.12 checks first). Those connections were cut on purpose."""
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
 
 
 async def _until_stopped(stop: asyncio.Event, app: Any, grace_seconds: float) -> None:
@@ -127,6 +139,7 @@ class ServerThread:
     def _run(self) -> None:
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
+            self._loop.set_exception_handler(_ignore_cancelled_connections)
             self._stop = asyncio.Event()
             self._ready.set()
             stop = self._stop
