@@ -20,7 +20,8 @@ from wicore.graph import io
 
 @dataclass(frozen=True)
 class BatchInputs:
-    """One graph run: `batch` rows of `seq` tokens each (see wicore.graph.io for each array)."""
+    """One graph run: `batch` rows of `seq` tokens each; the fields are named as the graph inputs
+    (wicore.graph.io says what each array holds)."""
 
     input_ids: np.ndarray  # [batch, seq] int64
     positions: np.ndarray  # [batch, seq] int64
@@ -39,20 +40,9 @@ class BatchInputs:
     window_attention_bounds: np.ndarray  # [2] int32
 
     def paging_inputs(self) -> dict[str, np.ndarray]:
-        return {
-            io.POSITIONS: self.positions,
-            io.SLOT_MAPPING: self.slot_mapping,
-            io.BLOCK_TABLES: self.block_tables,
-            io.CONTEXT_LENS: self.context_lens,
-            io.WINDOW_SLOT_MAPPING: self.window_slot_mapping,
-            io.WINDOW_BLOCK_TABLES: self.window_block_tables,
-            io.WINDOW_FIRST_BLOCK: self.window_first_block,
-            io.CUMULATIVE_SEQLENS: self.cumulative_seqlens,
-            io.PAST_SEQLENS: self.past_seqlens,
-            io.ATTENTION_BOUNDS: self.attention_bounds,
-            io.WINDOW_PAST_SEQLENS: self.window_past_seqlens,
-            io.WINDOW_ATTENTION_BOUNDS: self.window_attention_bounds,
-        }
+        """Every array but the token ids and the logits' rows, by graph input name: each field is
+        named as the input it feeds."""
+        return {name: array for name, array in vars(self).items() if name not in (io.INPUT_IDS, io.LOGITS_INDICES)}
 
 
 class BatchRow(Protocol):
