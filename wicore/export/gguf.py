@@ -40,25 +40,46 @@ _LAYER_NAMES: dict[str, tuple[str, bool]] = {
 }
 
 
-class GGUFSource:
-    """A Gemma 3 GGUF file (llama.cpp's `gemma3` architecture)."""
+class GGUFFile:
+    """A GGUF file through gguf-py's reader (memory-mapped): its header fields and its tensors by name."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, kind: str = "GGUF") -> None:
         import gguf
 
         self.path = Path(path)
         if not self.path.is_file():
-            raise ModelSourceError(f"GGUF file not found: {self.path}")
+            raise ModelSourceError(f"{kind} file not found: {self.path}")
         try:
             self._reader = gguf.GGUFReader(str(self.path))
         except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on bad files
             raise ModelSourceError(f"{self.path} is not a readable GGUF file (truncated or corrupt?): {exc}") from exc
         self._tensors = {t.name: t for t in self._reader.tensors}
-        self.config = self._read_config()
 
     def _field(self, key: str, default: Any = None) -> Any:
         field = self._reader.fields.get(key)
         return default if field is None else field.contents()
+
+    def _need(self, key: str) -> Any:
+        """A header field the file must have."""
+        value = self._field(key)
+        if value is None:
+            raise ModelSourceError(f"{self.path.name}: GGUF header lacks {key}")
+        return value
+
+    def _reader_tensor(self, name: str) -> Any:
+        """A tensor the file must have, as gguf-py's ReaderTensor."""
+        t = self._tensors.get(name)
+        if t is None:
+            raise ModelSourceError(f"{self.path.name}: tensor {name} is missing")
+        return t
+
+
+class GGUFSource(GGUFFile):
+    """A Gemma 3 GGUF file (llama.cpp's `gemma3` architecture)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.config = self._read_config()
 
     def _read_config(self) -> Gemma3Config:
         arch = self._field("general.architecture")
@@ -66,13 +87,7 @@ class GGUFSource:
             raise UnsupportedModelError(
                 f"{self.path.name}: architecture {arch!r} is not supported; WiCore compiles Gemma 3 (gemma3)"
             )
-
-        def need(key: str) -> Any:
-            value = self._field(f"gemma3.{key}")
-            if value is None:
-                raise ModelSourceError(f"{self.path.name}: GGUF header lacks gemma3.{key}")
-            return value
-
+        need = lambda key: self._need(f"gemma3.{key}")
         num_layers = int(need("block_count"))
         hidden, num_heads = int(need("embedding_length")), int(need("attention.head_count"))
         head_dim = int(self._field("gemma3.attention.key_length", hidden // num_heads))
@@ -87,11 +102,8 @@ class GGUFSource:
             raise UnsupportedModelError(f"{self.path.name}: rope scaling {scaling!r} is not supported")
         # llama.cpp's rule: the 27B (62 layers) scales queries by (hidden / heads)^-0.5, the rest by head_dim.
         scalar = hidden / num_heads if num_layers == 62 else head_dim
-        embd = self._tensors.get("token_embd.weight")
-        if embd is None:
-            raise ModelSourceError(f"{self.path.name}: tensor token_embd.weight is missing")
         return Gemma3Config(
-            vocab_size=int(embd.shape[-1]),
+            vocab_size=int(self._reader_tensor("token_embd.weight").shape[-1]),
             hidden_size=hidden,
             intermediate_size=int(need("feed_forward_length")),
             num_layers=num_layers,
@@ -111,9 +123,7 @@ class GGUFSource:
         )
 
     def _tensor(self, name: str, is_norm: bool = False) -> np.ndarray:
-        t = self._tensors.get(name)
-        if t is None:
-            raise ModelSourceError(f"{self.path.name}: tensor {name} is missing")
+        t = self._reader_tensor(name)
         data = read_reader_tensor(t)
         shape = data.shape
         if is_norm:

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from wicore.errors import ModelSourceError, UnsupportedModelError
-from wicore.export.gguf import read_reader_tensor
+from wicore.errors import UnsupportedModelError
+from wicore.export.gguf import GGUFFile, read_reader_tensor
 from wicore.model.vision import ImagePreprocessing, VisionConfig
 from wicore.model.weights import LayerWeights, WeightSource
 
@@ -60,20 +60,11 @@ def gguf_name(name: str) -> str:
     return f"{_TOP[stem]}.{suffix}"
 
 
-class MmprojVision:
+class MmprojVision(GGUFFile):
     """The vision tower and projector of an mmproj GGUF (wicore.model.vision.VisionWeights)."""
 
     def __init__(self, path: Path, token_ids: dict[str, int]) -> None:
-        import gguf
-
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise ModelSourceError(f"mmproj file not found: {self.path}")
-        try:
-            self._reader = gguf.GGUFReader(str(self.path))
-        except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on bad files
-            raise ModelSourceError(f"{self.path} is not a readable GGUF file (truncated or corrupt?): {exc}") from exc
-        self._tensors = {t.name: t for t in self._reader.tensors}
+        super().__init__(path, "mmproj")
         kind = self._field("clip.vision.projector_type", self._field("clip.projector_type"))
         if kind != "gemma3":
             raise UnsupportedModelError(f"{self.path.name}: projector type {kind!r}; WiCore reads Gemma 3's (gemma3)")
@@ -82,22 +73,11 @@ class MmprojVision:
             raise UnsupportedModelError(f"the text model's vocabulary lacks {', '.join(missing)}: it is not a multimodal Gemma 3")
         self.config = self._read_config(token_ids)
 
-    def _field(self, key: str, default: Any = None) -> Any:
-        field = self._reader.fields.get(key)
-        return default if field is None else field.contents()
-
     def _read_config(self, token_ids: dict[str, int]) -> VisionConfig:
-        def need(key: str) -> Any:
-            value = self._field(f"clip.vision.{key}")
-            if value is None:
-                raise ModelSourceError(f"{self.path.name}: GGUF header lacks clip.vision.{key}")
-            return value
-
+        need = lambda key: self._need(f"clip.vision.{key}")
         image_size, patch_size = int(need("image_size")), int(need("patch_size"))
         tokens_per_side = image_size // patch_size // int(self._field("clip.vision.projector.scale_factor", 4))
-        projection = self._tensors.get("mm.input_projection.weight")
-        if projection is None:
-            raise ModelSourceError(f"{self.path.name}: tensor mm.input_projection.weight is missing")
+        projection = self._reader_tensor("mm.input_projection.weight")
         mean, std = (self._field(f"clip.vision.{key}", [0.5] * 3) for key in ("image_mean", "image_std"))
         preprocessing = ImagePreprocessing(
             image_size, image_size, image_mean=(mean[0], mean[1], mean[2]), image_std=(std[0], std[1], std[2])
@@ -119,11 +99,7 @@ class MmprojVision:
         )
 
     def tensor(self, name: str) -> np.ndarray:
-        full = gguf_name(name)
-        t = self._tensors.get(full)
-        if t is None:
-            raise ModelSourceError(f"{self.path.name}: tensor {full} is missing")
-        data = np.asarray(read_reader_tensor(t), dtype=np.float32)
+        data = read_reader_tensor(self._reader_tensor(gguf_name(name)))
         return data - 1.0 if name == "projector.norm.weight" else data  # llama.cpp stores Gemma's norm as 1 + w
 
 
