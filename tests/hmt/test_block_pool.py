@@ -46,6 +46,11 @@ def cached_prompt(pool: BlockPool, seq_id: int, token_ids: list[int]) -> list[Mo
     return alloc.moves
 
 
+def info(pool: BlockPool, block_id: int) -> BlockInfo:
+    """The live block's snapshot (tier, frame, ref_count) among `pool.blocks()`."""
+    return next(b for b in pool.blocks() if b.block_id == block_id)
+
+
 def state(pool: BlockPool) -> tuple[list[BlockInfo], list[int]]:
     return pool.blocks(), [pool.num_free(t) for t in Tier]
 
@@ -82,7 +87,7 @@ def test_prefix_hit_reuses_the_exact_blocks_and_counts_cached_tokens():
     alloc = pool.allocate(2, [0, 1, 2, 3, 4, 5, 6, 7, 50, 51])
     assert alloc.num_cached_tokens == 8 and alloc.moves == []
     assert pool.block_ids(2) == [0, 1, 3] and pool.block_table(2) == [1, 2, 4]
-    assert [pool.ref_count(b) for b in (0, 1, 2, 3)] == [1, 1, 0, 1]
+    assert [info(pool, b).ref_count for b in (0, 1, 2, 3)] == [1, 1, 0, 1]
     assert pool.num_evictable(D) == 1
 
 
@@ -92,7 +97,7 @@ def test_a_running_sibling_shares_its_committed_blocks():
     pool.commit(1, list(range(12)), 6)  # only the first block is computed and full
     alloc = pool.allocate(2, list(range(12)))
     assert alloc.num_cached_tokens == 4
-    assert pool.block_ids(2) == [0, 3, 4] and pool.ref_count(0) == 2
+    assert pool.block_ids(2) == [0, 3, 4] and info(pool, 0).ref_count == 2
 
 
 def test_a_full_prompt_hit_backs_off_one_block():
@@ -167,7 +172,7 @@ def test_lru_eviction_drops_the_least_recently_used_cached_blocks():
     alloc = pool.allocate(5, list(range(16)))  # 4 blocks: 2 free frames + 2 victims
     assert alloc.moves == [Move(1, (D, 2), None), Move(2, (D, 3), None)]
     assert pool.block_ids(5) == [1, 2, 3, 4] and pool.block_table(5) == [2, 3, 4, 5]
-    assert pool.frame_of(0) == 1 and pool.num_evictable(D) == 1
+    assert info(pool, 0).frame == 1 and pool.num_evictable(D) == 1
 
 
 def test_a_cached_prefix_loses_its_tail_before_its_head():
@@ -229,7 +234,7 @@ def test_a_hit_in_nvme_is_promoted_after_room_is_made():
         Move(0, (D, 1), (H, 0)),
     ]
     assert pool.block_ids(6) == [1, 2] and pool.block_table(6) == [2, 1]
-    assert pool.tier_of(0) is H and pool.tier_of(3) is N  # both victims kept, one tier down
+    assert info(pool, 0).tier is H and info(pool, 3).tier is N  # both victims kept, one tier down
 
 
 def test_an_absent_host_tier_is_skipped():
@@ -281,7 +286,7 @@ def test_swap_out_and_in_restores_the_same_blocks_on_device():
     pool.allocate(2, [*tokens[:4], 90, 91])  # shares block 0
     assert pool.block_ids(2) == [0, 3]
     assert pool.swap_out(1) == [Move(1, (D, 2), (H, 0)), Move(2, (D, 3), (H, 1))]
-    assert pool.is_swapped(1) and pool.tier_of(0) is D  # the shared block stays
+    assert pool.is_swapped(1) and info(pool, 0).tier is D  # the shared block stays
     with pytest.raises(ValueError, match="swap_in first"):
         pool.block_table(1)
     pool.allocate(3, [5] * 8)  # takes D2 and D3
@@ -323,7 +328,7 @@ def test_swap_out_fails_cleanly_without_room_below():
 def test_allocate_and_append_return_none_and_change_nothing_when_full():
     pool, _ = make_pool(device=4)  # 3 usable frames
     pool.allocate(1, list(range(8)))
-    assert not pool.can_allocate(2) and pool.can_allocate(1)
+    assert pool.num_free(D) + pool.num_evictable(D) == 1  # room for one more block
     before = state(pool)
     assert pool.allocate(2, list(range(9))) is None
     assert pool.append(1, 13) is None
@@ -357,7 +362,7 @@ def test_invalidate_a_held_block_keeps_it_until_its_holders_let_go():
     cached_prompt(pool, 1, list(range(9)))
     pool.allocate(2, list(range(9)))
     pool.invalidate(0)
-    assert pool.ref_count(0) == 1 and not pool.blocks()[0].is_cached
+    assert info(pool, 0).ref_count == 1 and not pool.blocks()[0].is_cached
     assert pool.allocate(3, list(range(9))).num_cached_tokens == 0  # block 1 is cached, but after a miss
     assert pool.block_ids(3) == [3, 4, 5]
     pool.free(2)
@@ -508,8 +513,9 @@ class PoolMachine(RuleBasedStateMachine):
         seq_id = self._pick(data, self._running())
         if seq_id is None or self._planned(lambda: self.pool.swap_out(seq_id)) is None:
             return
+        live = {b.block_id: b for b in self.pool.blocks()}
         for block_id in self.pool.block_ids(seq_id):  # only shared blocks stay on DEVICE
-            assert (self.pool.tier_of(block_id) is D) == (self.pool.ref_count(block_id) > 1)
+            assert (live[block_id].tier is D) == (live[block_id].ref_count > 1)
         self.swapped.add(seq_id)
 
     @rule(data=st.data())
@@ -563,6 +569,7 @@ class PoolMachine(RuleBasedStateMachine):
             assert pool.num_free(tier) + pool.usage(tier) == pool.num_frames(tier)
             assert pool.num_evictable(tier) == sum(b.ref_count == 0 for b in in_tier)
         holders = Counter(b for s in self.tokens for b in pool.block_ids(s))
+        frames = {b.block_id: b.frame for b in blocks}
         for b in blocks:
             assert b.ref_count == holders[b.block_id]
             assert b.ref_count > 0 or b.is_cached  # an unreferenced block is either cached or gone
@@ -574,7 +581,7 @@ class PoolMachine(RuleBasedStateMachine):
             assert pool.first_block(seq_id) + len(block_ids) == -(-len(tokens) // BS)
             assert pool.is_swapped(seq_id) == (seq_id in self.swapped)
             if seq_id not in self.swapped:
-                assert pool.block_table(seq_id) == [pool.frame_of(b) for b in block_ids]
+                assert pool.block_table(seq_id) == [frames[b] for b in block_ids]
 
     def teardown(self) -> None:
         if self.pool is None:

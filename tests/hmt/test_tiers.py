@@ -18,6 +18,11 @@ LAYERS, BLOCK, HEADS, DIM = 3, 4, 2, 8
 SHAPE = (LAYERS, 2, BLOCK, HEADS, DIM)
 
 
+def frame(pool, block_id: int) -> int:
+    """The frame the block lies in (in whichever tier)."""
+    return next(b.frame for b in pool.blocks() if b.block_id == block_id)
+
+
 def block(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
 
@@ -102,7 +107,7 @@ def test_a_pool_plan_with_swaps_through_the_sink_moves_every_block_intact(stores
         execute(alloc.moves)
         block_id = pool.block_ids(seq)[0]
         truth[block_id] = block(100 + seq)
-        stores[Tier.DEVICE].write(pool.frame_of(block_id), truth[block_id])
+        stores[Tier.DEVICE].write(frame(pool, block_id), truth[block_id])
         pool.commit(seq, prompt, BLOCK)
         pool.free(seq)
     holder = list(range(1000, 1000 + BLOCK * pool.num_free(Tier.DEVICE)))
@@ -145,18 +150,18 @@ def test_kv_cache_drops_a_block_found_corrupt_and_names_the_sequence_that_lost_i
     block_ids = kv.block_ids(1)
     truth = {b: block(20 + i) for i, b in enumerate(block_ids)}
     for b in block_ids:
-        stores[Tier.DEVICE].write(pool.frame_of(b), truth[b])
+        stores[Tier.DEVICE].write(frame(pool, b), truth[b])
     kv.commit(1, prompt, len(prompt))
     assert kv.execute(kv.swap_out(1)) == set()
     assert kv.num_blocks_in(1, Tier.NVME) == 3
     bad = block_ids[1]
-    stores[Tier.NVME].data[pool.frame_of(bad)].reshape(-1)[0] += 1.0  # behind the store's back
+    stores[Tier.NVME].data[frame(pool, bad)].reshape(-1)[0] += 1.0  # behind the store's back
     assert kv.execute(kv.swap_in(1)) == {1}
     assert kv.num_corrupt == 1
     hashes = pool.prefix_hashes(prompt)
     assert pool.is_cached(hashes[0]) and not pool.is_cached(hashes[1])
     for b in (block_ids[0], block_ids[2]):
-        assert np.array_equal(stores[Tier.DEVICE].read(pool.frame_of(b)), truth[b])
+        assert np.array_equal(stores[Tier.DEVICE].read(frame(pool, b)), truth[b])
     assert kv.holders({(0, bad)}) == {1}  # it keeps its reference until it is freed to recompute
     kv.free(1)
     assert kv.holders({(0, b) for b in block_ids}) == set() and bad not in {i.block_id for i in pool.blocks()}

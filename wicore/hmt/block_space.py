@@ -114,31 +114,12 @@ class BlockSpace:
         """Slots in use in the tier (owned or cached)."""
         return self._num_frames[tier] - self.num_free(tier)
 
-    def tier_of(self, block_id: int) -> Tier:
-        return self._block(block_id).tier
-
-    def frame_of(self, block_id: int) -> int:
-        return self._block(block_id).frame
-
-    def ref_count(self, block_id: int) -> int:
-        return self._block(block_id).ref_count
-
     def blocks(self) -> list[BlockInfo]:
         """Every live block (owned or cached), by id."""
         return [
             BlockInfo(b.block_id, b.tier, b.frame, b.ref_count, b.hash is not None)
             for b in sorted(self._blocks.values(), key=lambda b: b.block_id)
         ]
-
-    def can_allocate(self, num_new_blocks: int) -> bool:
-        """Whether DEVICE can take `num_new_blocks` more, demoting or dropping cached blocks as needed."""
-        return num_new_blocks <= self._room(Tier.DEVICE)
-
-    def _block(self, block_id: int) -> Block:
-        block = self._blocks.get(block_id)
-        if block is None:
-            raise KeyError(f"unknown block {block_id}")
-        return block
 
     def _room(self, tier: Tier) -> int:
         """Slots the tier can give: free ones plus those of its evictable cached blocks."""
