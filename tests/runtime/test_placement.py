@@ -49,6 +49,17 @@ def test_a_dtype_the_provider_cannot_run_is_refused_naming_what_works():
         fp32_only.check_can_run("fp32", "fast")
 
 
+def test_the_fused_vision_attention_runs_where_contrib_ops_do():
+    for name in ("cpu", "cuda"):
+        Device(CAPABILITIES[name], "0").check_can_run_vision("fp16", "fused")
+    openvino = Device(CAPABILITIES["openvino"], "CPU")
+    openvino.check_can_run_vision("fp32", "portable")
+    with pytest.raises(
+        DeviceError, match="openvino:CPU cannot run the 'fused' vision attention; re-export with --vision-attention portable"
+    ):
+        openvino.check_can_run_vision("fp32", "fused")
+
+
 EMBED = 512 * 64 * 4  # the tiny model's tied embedding: part-00's lookup table, part-01's LM head
 PER_LAYER = 4 * (64 * (4 * 32 + 2 * 2 * 32) + 4 * 32 * 64 + 64 * 2 * 128 + 128 * 64)  # qkv, o, gate|up, down
 

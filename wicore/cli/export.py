@@ -36,6 +36,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(CUDA EP, --dtype fp16); batch-invariant: standard ops, a request's tokens do not depend on the other "
         "requests of its batch on the CPU EP (docs/RELIABILITY.md)",
     )
+    ap.add_argument(
+        "--vision-attention",
+        default="auto",
+        choices=["auto", "portable", "fused"],
+        help="the vision tower's attention (multimodal models): portable: standard ONNX ops, any EP; fused: ONNX Runtime's "
+        "MultiHeadAttention, a flash kernel on CUDA (CPU, CUDA EPs); auto: fused with --op-flavour ort-quant, else portable",
+    )
     ap.add_argument("--weight-bits", type=int, default=8, choices=[4, 8], help="ort-quant: bits for float weights")
     ap.add_argument(
         "--attention-stats", action="store_true", help="also output each KV block's attention mass (for the A2CR cache policy)"
@@ -66,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.force,
             weight_bits=args.weight_bits,
             attention=args.attention,
+            vision_attention=args.vision_attention,
         )
         source = open_source(args.model, args.mmproj)
         export_model(source, args.out, config)

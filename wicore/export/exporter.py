@@ -23,6 +23,7 @@ from wicore.graph.manifest import Manifest, PartitionRecord, VisionRecord, sha25
 from wicore.graph.ops import DataFile
 from wicore.graph.partition import plan_partitions
 from wicore.graph.quant import QuantLinear
+from wicore.graph.vision import ATTENTIONS as VISION_ATTENTIONS
 from wicore.graph.vision import FILE_NAME as VISION_FILE
 from wicore.graph.vision import VisionBuilder
 from wicore.model.quant import SUPPORTED_BITS
@@ -45,6 +46,7 @@ class ExportConfig:
     weight_bits: int = 8  # ort-quant: bits for weights without a lossless GGUF encoding (float sources)
     accuracy_level: int = 4  # ort-quant: MatMulNBits activations, 4 = int8 (fast on CPU), 0 = float (exact)
     attention: str = "portable"  # "paged": com.microsoft.PagedAttention over the fp16 KV (CUDA EP)
+    vision_attention: str = "auto"  # the vision tower's attention core (resolved_vision_attention)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -59,6 +61,8 @@ class ExportConfig:
             raise WiCoreError("--attention paged needs --dtype fp16 (ONNX Runtime's PagedAttention reads a float16 KV cache)")
         if self.attention == "paged" and self.attention_stats:
             raise WiCoreError("--attention paged gives no attention statistics; drop --attention-stats")
+        if self.vision_attention not in ("auto", *VISION_ATTENTIONS):
+            raise WiCoreError(f"--vision-attention {self.vision_attention!r}: choose auto, {', '.join(VISION_ATTENTIONS)}")
         if self.num_partitions < 1:
             raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
 
@@ -67,6 +71,14 @@ class ExportConfig:
         if not OP_FLAVOURS[self.op_flavour]:
             return None
         return QuantLinear(weight_bits=self.weight_bits, accuracy_level=self.accuracy_level)
+
+    def resolved_vision_attention(self) -> str:
+        """The vision partition's attention core (wicore.graph.vision): `auto` is `fused`
+        (com.microsoft.MultiHeadAttention) where the text graphs already need ONNX Runtime's contrib
+        ops (ort-quant: CPU and CUDA EPs), `portable` (standard ops, every EP) otherwise."""
+        if self.vision_attention != "auto":
+            return self.vision_attention
+        return "fused" if OP_FLAVOURS[self.op_flavour] else "portable"
 
 
 def stderr_progress(message: str) -> None:
@@ -145,7 +157,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
     finally:
         if shared is not None:
             shared.close()
-    vision_record = None if vision is None else _write_vision(vision, folder, config.dtype, progress)
+    vision_record = None if vision is None else _write_vision(vision, folder, config, progress)
     progress("tokenizer")
     tokenizer = source.write_tokenizer(folder)
     progress("checksums")
@@ -166,19 +178,21 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
     return manifest
 
 
-def _write_vision(vision: VisionWeights, folder: Path, dtype: str, progress: Progress) -> VisionRecord:
+def _write_vision(vision: VisionWeights, folder: Path, config: ExportConfig, progress: Progress) -> VisionRecord:
     """The vision partition: vision.onnx + its external weights."""
-    cfg = vision.config
+    cfg, attention = vision.config, config.resolved_vision_attention()
     progress(
-        f"{VISION_FILE}: {cfg.num_layers} SigLIP layers, {cfg.image_size}x{cfg.image_size}, {cfg.mm_tokens_per_image} tokens"
+        f"{VISION_FILE}: {cfg.num_layers} SigLIP layers, {cfg.image_size}x{cfg.image_size}, "
+        f"{cfg.mm_tokens_per_image} tokens, {attention} attention"
     )
     data = DataFile(folder / f"{VISION_FILE}.data")
     try:
-        model = VisionBuilder(vision, dtype).build(data)
+        model = VisionBuilder(vision, config.dtype, attention).build(data)
     finally:
         data.close()
     onnx.save_model(model, folder / VISION_FILE)
-    return VisionRecord(VISION_FILE, tuple(v.name for v in model.graph.input), tuple(v.name for v in model.graph.output), cfg)
+    inputs, outputs = tuple(v.name for v in model.graph.input), tuple(v.name for v in model.graph.output)
+    return VisionRecord(VISION_FILE, inputs, outputs, cfg, attention)
 
 
 def _replace_dir(new: Path, target: Path) -> None:

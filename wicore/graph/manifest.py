@@ -8,7 +8,7 @@
   "partitions": [{"file": "part-00.onnx", "layers": [0, 6], "inputs": [...], "outputs": [...]}, ...],
   "tokenizer": {...} | null,
   "vision": {"file": "vision.onnx", "inputs": [...], "outputs": [...], "config": {...VisionConfig,
-             preprocessing included...}} | null,
+             preprocessing included...}, "attention": "portable" | "fused"} | null,
   "files": {"part-00.onnx": "<sha256>", "part-00.onnx.data": "<sha256>", ...}
 }
 """
@@ -61,19 +61,28 @@ class PartitionRecord:
 
 @dataclass(frozen=True)
 class VisionRecord:
-    """The vision partition (graph/vision.py): its file, IO names, and the tower's config."""
+    """The vision partition (graph/vision.py): its file, IO names, the tower's config, and its
+    attention core ("portable": standard ops; "fused": com.microsoft.MultiHeadAttention)."""
 
     file: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     config: VisionConfig
+    attention: str = "portable"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "inputs": list(self.inputs), "outputs": list(self.outputs), "config": self.config.to_dict()}
+        return {
+            "file": self.file,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "config": self.config.to_dict(),
+            "attention": self.attention,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> VisionRecord:
-        return cls(d["file"], tuple(d["inputs"]), tuple(d["outputs"]), VisionConfig.from_dict(d["config"]))
+        config = VisionConfig.from_dict(d["config"])
+        return cls(d["file"], tuple(d["inputs"]), tuple(d["outputs"]), config, d.get("attention", "portable"))
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,15 @@ standard ops only, so every execution provider runs it).
 
 Attention is bidirectional over the P² patches, softmax(q kᵀ / sqrt(head_dim)) v per head. The
 residual stream and the norms are float32; with `fp16` the weights, the linear layers and the
-attention are float16 (as HF runs the tower in half precision): at 4,096 patches the attention's
-[heads, 4096, 4096] scores are most of the tower's work and memory.
+attention are float16 (as HF runs the tower in half precision). Two graphs of the attention core
+(ATTENTIONS), the same q, k, v projections before and out_proj after:
+
+    portable   q, k, v ──► heads apart ──► MatMul q kᵀ ──► Softmax ──► MatMul v ──► heads together
+               standard ops, every EP; at 4,096 patches the [n, heads, 4096, 4096] scores are
+               written to memory each layer: most of the tower's time on a GPU
+    fused      q, k, v [n, P², hidden] ──► com.microsoft.MultiHeadAttention ──► [n, P², hidden]
+               ONNX Runtime's contrib op (CPU and CUDA EPs); the CUDA EP runs fp16 in its flash
+               kernel (sm80 / sm90, head sizes a multiple of 8 up to 256: SigLIP's 72 included)
 """
 
 from __future__ import annotations
@@ -21,19 +28,23 @@ from onnx import TensorProto
 
 from wicore.graph import io
 from wicore.graph.gemma3 import DTYPES, OPSET, gelu_tanh, rms_norm_f32
-from wicore.graph.ops import DataFile, Graph
+from wicore.graph.ops import MS_DOMAIN, DataFile, Graph
 from wicore.model.vision import VisionConfig, VisionWeights, checked_tensor
 
 FILE_NAME = "vision.onnx"
+ATTENTIONS = ("portable", "fused")  # the attention core's graph (module docstring)
 
 
 class VisionBuilder:
     """Builds the vision partition of one model (module docstring)."""
 
-    def __init__(self, weights: VisionWeights, dtype: str) -> None:
+    def __init__(self, weights: VisionWeights, dtype: str, attention: str = "portable") -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention {attention!r}: expected one of {ATTENTIONS}")
         self.weights = weights
+        self.attention_core = attention
         self.cfg: VisionConfig = weights.config
         self.dtype = dtype
         self.np_dtype, self.onnx_dtype = DTYPES[dtype]
@@ -52,7 +63,10 @@ class VisionBuilder:
         x = self.layer_norm(g, x, "post_layernorm", "/vision/post_layernorm")
         self.project(g, x)
         g.output(io.IMAGE_FEATURES, TensorProto.FLOAT, ["num_images", cfg.mm_tokens_per_image, cfg.text_hidden_size])
-        return g.to_model(OPSET, doc=f"Gemma 3 vision tower ({cfg.num_layers} SigLIP layers) and projector, {self.dtype}")
+        doc = (
+            f"Gemma 3 vision tower ({cfg.num_layers} SigLIP layers) and projector, {self.dtype}, {self.attention_core} attention"
+        )
+        return g.to_model(OPSET, doc=doc)
 
     # -- blocks ----------------------------------------------------------------------
     def embed(self, g: Graph, pixels: str) -> str:
@@ -80,18 +94,29 @@ class VisionBuilder:
     def attention(self, g: Graph, x: str, i: int) -> str:
         """Multi-head self-attention over the patches, without a mask: [n, P², hidden]."""
         cfg, p, q = self.cfg, f"/vision/layers.{i}/attn", f"encoder.layers.{i}.self_attn"
-        heads, hd, h = cfg.num_heads, cfg.head_dim, cfg.hidden_size
+        h = cfg.hidden_size
         qkv = self.linear(g, x, [f"{q}.q_proj", f"{q}.k_proj", f"{q}.v_proj"], f"{p}/qkv_proj", cast_out=False)
         q_, k, v = g.op_multi("Split", [qkv, g.const([h, h, h])], f"{p}/qkv_split", 3, axis=-1)
+        core = self.fused_core if self.attention_core == "fused" else self.portable_core
+        return self.linear(g, core(g, q_, k, v, p), [f"{q}.out_proj"], f"{p}/out_proj", cast_in=False)
+
+    def portable_core(self, g: Graph, q: str, k: str, v: str, p: str) -> str:
+        """softmax(q kᵀ / sqrt(head_dim)) v per head in standard ops: [n, P², hidden] each -> [n, P², hidden]."""
+        heads, hd = self.cfg.num_heads, self.cfg.head_dim
         split = g.const([0, 0, heads, hd])
-        q_ = g.op("Transpose", [g.op("Reshape", [q_, split], f"{p}/q_heads")], f"{p}/q_T", perm=[0, 2, 1, 3])
+        q = g.op("Transpose", [g.op("Reshape", [q, split], f"{p}/q_heads")], f"{p}/q_T", perm=[0, 2, 1, 3])
         k = g.op("Transpose", [g.op("Reshape", [k, split], f"{p}/k_heads")], f"{p}/k_T", perm=[0, 2, 3, 1])
         v = g.op("Transpose", [g.op("Reshape", [v, split], f"{p}/v_heads")], f"{p}/v_T", perm=[0, 2, 1, 3])
-        q_ = g.op("Mul", [q_, g.const(hd**-0.5, self.np_dtype)], f"{p}/q_scale")
-        probs = g.op("Softmax", [g.op("MatMul", [q_, k], f"{p}/scores")], f"{p}/Softmax", axis=-1)  # [n, heads, P², P²]
+        q = g.op("Mul", [q, g.const(hd**-0.5, self.np_dtype)], f"{p}/q_scale")
+        probs = g.op("Softmax", [g.op("MatMul", [q, k], f"{p}/scores")], f"{p}/Softmax", axis=-1)  # [n, heads, P², P²]
         out = g.op("Transpose", [g.op("MatMul", [probs, v], f"{p}/context")], f"{p}/context_T", perm=[0, 2, 1, 3])
-        out = g.op("Reshape", [out, g.const([0, 0, h])], f"{p}/context_flat")
-        return self.linear(g, out, [f"{q}.out_proj"], f"{p}/out_proj", cast_in=False)
+        return g.op("Reshape", [out, g.const([0, 0, self.cfg.hidden_size])], f"{p}/context_flat")
+
+    def fused_core(self, g: Graph, q: str, k: str, v: str, p: str) -> str:
+        """The same in one com.microsoft.MultiHeadAttention (no mask, not causal): [n, P², hidden]."""
+        cfg = self.cfg
+        attrs = dict(num_heads=cfg.num_heads, scale=cfg.head_dim**-0.5, domain=MS_DOMAIN)
+        return g.op("MultiHeadAttention", [q, k, v], f"{p}/MultiHeadAttention", **attrs)
 
     def project(self, g: Graph, x: str) -> str:
         """Average-pool the patch grid to tokens_per_side², RMSNorm, map to the text width."""

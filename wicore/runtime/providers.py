@@ -147,6 +147,8 @@ class Capability:
     option_key: str | None  # provider option that selects the device
     # attention graphs it runs: standard ops (portable, batch-invariant) or paged: com.microsoft.PagedAttention
     attentions: tuple[str, ...] = ("portable", "batch-invariant")
+    # vision partition attention cores it runs: standard ops (portable) or fused: com.microsoft.MultiHeadAttention
+    vision_attentions: tuple[str, ...] = ("portable",)
 
     def provider_options(self, index: str) -> dict[str, str]:
         return {self.option_key: index} if self.option_key else {}
@@ -156,7 +158,16 @@ CAPABILITIES: dict[str, Capability] = {
     c.name: c
     for c in (
         Capability(
-            "cpu", "CPUExecutionProvider", "cpu", ("fp32", "fp16"), ("portable", "ort-quant"), "0", "cpu", host_free_bytes, None
+            "cpu",
+            "CPUExecutionProvider",
+            "cpu",
+            ("fp32", "fp16"),
+            ("portable", "ort-quant"),
+            "0",
+            "cpu",
+            host_free_bytes,
+            None,
+            vision_attentions=("portable", "fused"),
         ),
         Capability(
             "cuda",
@@ -169,6 +180,7 @@ CAPABILITIES: dict[str, Capability] = {
             nvidia_free_bytes,
             "device_id",
             attentions=("portable", "paged", "batch-invariant"),
+            vision_attentions=("portable", "fused"),
         ),
         Capability(
             "tensorrt",
@@ -253,6 +265,15 @@ class Device:
         if op_flavour not in cap.op_flavours:
             raise DeviceError(
                 f"{self.label} cannot run the {op_flavour!r} op flavour; re-export with --op-flavour {cap.op_flavours[0]}"
+            )
+
+    def check_can_run_vision(self, dtype: str, attention: str) -> None:
+        """Raise DeviceError, naming what would work, if this EP cannot run such a vision partition."""
+        self.check_can_run(dtype, "portable")
+        if attention not in self.capability.vision_attentions:
+            raise DeviceError(
+                f"{self.label} cannot run the {attention!r} vision attention; "
+                f"re-export with --vision-attention {self.capability.vision_attentions[0]}"
             )
 
 
