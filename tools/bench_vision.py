@@ -5,17 +5,18 @@ Gemma 3 4B, 12B and 27B share one SigLIP encoder (27 layers, width 1152, 896 x 8
 14 x 14 patches: 4,096 patches, pooled to 256 tokens); only the projector's output width differs
 (2560 for 4B, 5376 for 27B). The tool builds a random-weight Gemma3ForConditionalGeneration with
 that tower and a one-layer text model of the target width, saves it as safetensors, exports it
-with wicore-export's code (vision.onnx, --dtype), and times:
+with wicore-export's code (vision.onnx, --dtype, once per --vision-attention), and times:
 
-    wicore   vision.onnx in an ONNX Runtime session on --device (the engine's VisionEncoder session),
-             pixel values already on the device, features left there (IOBinding)
-    hf       model.model.get_image_features(pixel_values) on the same device, --hf-dtype, --hf-attn
+    wicore_A   vision.onnx of attention core A (portable: standard ops; fused: com.microsoft.
+               MultiHeadAttention) in an ONNX Runtime session on --device (the engine's VisionEncoder
+               session), pixel values already on the device, features left there (IOBinding)
+    hf         model.model.get_image_features(pixel_values) on the same device, --hf-dtype, --hf-attn
 
 at each --batch, after --warmup runs: the median of --iters runs, divided by the batch. The largest
-difference of the two outputs at the first batch is recorded, relative to the largest HF value.
+difference of each WiCore output from HF's at the first batch is recorded, with the largest HF value.
 
     PYTHONPATH=. python tools/bench_vision.py --shape 4b,27b --batch 1,8 --device cuda:0 --dtype fp16 \\
-        --hf-dtype bf16 --json docs/results/gpu-vision.json
+        --hf-dtype bf16 --vision-attention portable,fused --json docs/results/gpu-vision.json
     PYTHONPATH=. python tools/bench_vision.py --shape tiny --device cpu --dtype fp32 --hf-dtype fp32   # a check, anywhere
 """
 
@@ -51,6 +52,7 @@ class Config:
     dtype: str
     hf_dtype: str
     hf_attn: str
+    attentions: tuple[str, ...]
     warmup: int
     iters: int
     threads: int | None
@@ -66,6 +68,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     ap.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16", help="WiCore export dtype")
     ap.add_argument("--hf-dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     ap.add_argument("--hf-attn", choices=("sdpa", "eager"), default="sdpa")
+    ap.add_argument(
+        "--vision-attention", default="portable,fused", help="WiCore's attention cores to time, comma-separated: portable, fused"
+    )
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads of both (default: all cores)")
@@ -75,6 +80,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     shapes = tuple(s for s in args.shape.split(",") if s)
     if not shapes or set(shapes) - set(SHAPES):
         raise SystemExit(f"--shape {args.shape!r}: choose from {', '.join(SHAPES)}")
+    attentions = tuple(a for a in args.vision_attention.split(",") if a)
+    if not attentions or set(attentions) - {"portable", "fused"}:
+        raise SystemExit(f"--vision-attention {args.vision_attention!r}: choose from portable, fused")
     return Config(
         shapes,
         args.batch,
@@ -82,6 +90,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         args.dtype,
         args.hf_dtype,
         args.hf_attn,
+        attentions,
         args.warmup,
         args.iters,
         args.threads,
@@ -117,11 +126,12 @@ def checkpoint(shape: str, folder: Path):
     return model
 
 
-def export(folder: Path, out: Path, dtype: str) -> Path:
+def export(folder: Path, out: Path, dtype: str, attention: str) -> Path:
     from wicore.export.exporter import ExportConfig, export_model
     from wicore.export.hf import HFSource
 
-    export_model(HFSource(folder), out, ExportConfig(dtype=dtype, overwrite=True), progress=lambda _: None)
+    config = ExportConfig(dtype=dtype, vision_attention=attention, overwrite=True)
+    export_model(HFSource(folder), out, config, progress=lambda _: None)
     return out
 
 
@@ -195,9 +205,12 @@ def bench_shape(shape: str, work: Path, config: Config) -> dict[str, object]:
     if config.threads:
         torch.set_num_threads(config.threads)
     model = checkpoint(shape, work / f"hf-{shape}")
-    model_dir = export(work / f"hf-{shape}", work / f"wicore-{shape}-{config.dtype}", config.dtype)
     size = SHAPES[shape][0]["image_size"]
-    engines = {"hf": hf_runner(model, config), "wicore": wicore_runner(model_dir, config)}  # HF first: ORT's idle threads spin
+    engines = {"hf": hf_runner(model, config)}  # HF first: ORT's idle threads spin
+    for attention in config.attentions:
+        model_dir = export(work / f"hf-{shape}", work / f"wicore-{shape}-{config.dtype}-{attention}", config.dtype, attention)
+        engines[f"wicore_{attention}"] = wicore_runner(model_dir, config)
+    wicores = [name for name in engines if name != "hf"]
     rows = []
     for i, batch in enumerate(config.batches):
         pixels = np.random.default_rng(batch).uniform(-1, 1, (batch, 3, size, size)).astype(np.float32)
@@ -207,11 +220,12 @@ def bench_shape(shape: str, work: Path, config: Config) -> dict[str, object]:
             ms = median_ms(bind(pixels), config.warmup, config.iters)
             row[f"{name}_ms_per_image"] = round(ms / batch, 3)
             outputs[name] = output()
+        for name in wicores:
+            if i == 0:
+                row[f"{name}_max_abs_diff"] = float(np.abs(outputs[name] - outputs["hf"]).max())
+            row[f"{name}_speedup"] = round(row["hf_ms_per_image"] / row[f"{name}_ms_per_image"], 2)  # type: ignore[operator]
         if i == 0:
-            ref = outputs["hf"]
-            row["max_abs_diff"] = float(np.abs(outputs["wicore"] - ref).max())
-            row["max_abs_hf"] = float(np.abs(ref).max())
-        row["speedup"] = round(row["hf_ms_per_image"] / row["wicore_ms_per_image"], 2)  # type: ignore[operator]
+            row["max_abs_hf"] = float(np.abs(outputs["hf"]).max())
         print(f"{shape:>5} batch {batch:>3}: " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "batch"), flush=True)
         rows.append(row)
     return {
