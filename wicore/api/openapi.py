@@ -7,12 +7,21 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+
+def _object(required: list[str], properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": properties, **extra}
+
+
+_STR: dict[str, Any] = {"type": "string"}
+_NULLABLE_STR = {**_STR, "nullable": True}
 _NUM = {"type": "number"}
 _INT = {"type": "integer"}
-_STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 16}], "nullable": True}
+_MAX_TOKENS = {**_INT, "minimum": 1, "nullable": True}
+_TEMPERATURE = {**_NUM, "minimum": 0, "maximum": 2, "nullable": True}
+_STOP = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}], "nullable": True}
 _COMMON: dict[str, Any] = {
-    "model": {"type": "string", "nullable": True},
-    "temperature": {**_NUM, "minimum": 0, "maximum": 2, "nullable": True},
+    "model": _NULLABLE_STR,
+    "temperature": _TEMPERATURE,
     "top_p": {**_NUM, "exclusiveMinimum": True, "minimum": 0, "maximum": 1, "nullable": True},
     "top_k": {**_INT, "minimum": -1, "nullable": True},
     "seed": {**_INT, "minimum": -(2**63), "maximum": 2**64 - 1, "nullable": True},  # signed or unsigned 64-bit
@@ -22,73 +31,34 @@ _COMMON: dict[str, Any] = {
     "stream_options": {"type": "object", "nullable": True, "properties": {"include_usage": {"type": "boolean"}}},
     "presence_penalty": {**_NUM, "minimum": -2, "maximum": 2, "nullable": True},
     "frequency_penalty": {**_NUM, "minimum": -2, "maximum": 2, "nullable": True},
-    "user": {"type": "string", "nullable": True},
-    "priority": {"type": "string", "enum": ["low", "normal", "high", "urgent"], "nullable": True},
+    "user": _NULLABLE_STR,
+    "priority": {**_STR, "enum": ["low", "normal", "high", "urgent"], "nullable": True},
 }
-_MESSAGE = {
-    "type": "object",
-    "required": ["role", "content"],
-    "properties": {
-        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
-        "content": {
-            "oneOf": [
-                {"type": "string"},
-                {
-                    "type": "array",
-                    "items": {
-                        "oneOf": [
-                            {
-                                "type": "object",
-                                "required": ["type", "text"],
-                                "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
-                            },
-                            {
-                                "type": "object",
-                                "description": "an image: a data: URL (base64 PNG, JPEG, WebP or GIF); http(s) URLs only "
-                                "where the server fetches them (--allow-image-urls)",
-                                "required": ["type", "image_url"],
-                                "properties": {
-                                    "type": {"type": "string", "enum": ["image_url"]},
-                                    "image_url": {
-                                        "type": "object",
-                                        "required": ["url"],
-                                        "properties": {"url": {"type": "string"}, "detail": {"type": "string"}},
-                                    },
-                                },
-                            },
-                        ]
-                    },
-                },
-            ]
-        },
+_TEXT_PART = _object(["type", "text"], {"type": {**_STR, "enum": ["text"]}, "text": _STR})
+_IMAGE_PART = _object(
+    ["type", "image_url"],
+    {"type": {**_STR, "enum": ["image_url"]}, "image_url": _object(["url"], {"url": _STR, "detail": _STR})},
+    description="an image: a data: URL (base64 PNG, JPEG, WebP or GIF); http(s) URLs only "
+    "where the server fetches them (--allow-image-urls)",
+)
+_MESSAGE = _object(
+    ["role", "content"],
+    {
+        "role": {**_STR, "enum": ["system", "developer", "user", "assistant"]},
+        "content": {"oneOf": [_STR, {"type": "array", "items": {"oneOf": [_TEXT_PART, _IMAGE_PART]}}]},
     },
-}
-_ERROR = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["message", "type"],
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": "string", "nullable": True},
-                "code": {"type": "string", "nullable": True},
-            },
-        }
-    },
-}
-_USAGE = {
-    "type": "object",
-    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-    "properties": {"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT},
-}
-_TOKEN_LOGPROB = {
-    "type": "object",
-    "required": ["token", "logprob", "bytes"],
-    "properties": {"token": {"type": "string"}, "logprob": _NUM, "bytes": {"type": "array", "items": _INT, "nullable": True}},
-}
+)
+_ERROR = _object(
+    ["error"],
+    {"error": _object(["message", "type"], {"message": _STR, "type": _STR, "param": _NULLABLE_STR, "code": _NULLABLE_STR})},
+)
+_USAGE = _object(
+    ["prompt_tokens", "completion_tokens", "total_tokens"],
+    {"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT},
+)
+_TOKEN_LOGPROB = _object(
+    ["token", "logprob", "bytes"], {"token": _STR, "logprob": _NUM, "bytes": {"type": "array", "items": _INT, "nullable": True}}
+)
 # A choice's logprobs: chat's {content: [...]} or completions' parallel lists; null when not asked for.
 _LOGPROBS = {
     "type": "object",
@@ -102,24 +72,23 @@ _LOGPROBS = {
                 "properties": {**_TOKEN_LOGPROB["properties"], "top_logprobs": {"type": "array", "items": _TOKEN_LOGPROB}},
             },
         },
-        "tokens": {"type": "array", "items": {"type": "string"}},
+        "tokens": {"type": "array", "items": _STR},
         "token_logprobs": {"type": "array", "items": _NUM},
         "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": _NUM}},
         "text_offset": {"type": "array", "items": _INT},
     },
 }
-_COMPLETION = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"type": "string"},
+_COMPLETION = _object(
+    ["id", "object", "created", "model", "choices"],
+    {
+        "id": _STR,
+        "object": _STR,
         "created": _INT,
-        "model": {"type": "string"},
+        "model": _STR,
         "choices": {"type": "array", "items": {"type": "object", "properties": {"logprobs": _LOGPROBS}}},
         "usage": _USAGE,
     },
-}
+)
 
 
 def _errors(*codes: int) -> dict[str, Any]:
@@ -129,27 +98,25 @@ def _errors(*codes: int) -> dict[str, Any]:
     }
 
 
-def _post(summary: str, body: dict[str, Any]) -> dict[str, Any]:
-    ok = {
-        "description": "a completion (JSON), or server-sent events when stream is true",
-        "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/Completion"}},
-            # One server-sent event: data is a JSON chunk (or an error object), then "[DONE]".
-            "text/event-stream": {
-                "schema": {
-                    "type": "object",
-                    "required": ["data"],
-                    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
-                }
-            },
-        },
-    }
+# A completion (JSON), or server-sent events when stream is true: each event's data is a JSON chunk
+# (or an error object), then "[DONE]".
+_COMPLETION_ERRORS = (400, 401, 404, 413, 429, 500, 503)
+_COMPLETION_OK = {
+    "description": "a completion (JSON), or server-sent events when stream is true",
+    "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/Completion"}},
+        "text/event-stream": {"schema": _object(["data"], {"data": _STR, "event": _STR})},
+    },
+}
+
+
+def _post(summary: str, body: dict[str, Any], ok: dict[str, Any], codes: tuple[int, ...]) -> dict[str, Any]:
     return {
         "post": {
             "summary": summary,
             "security": [{"bearer": []}, {}],
             "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-            "responses": {"200": ok, **_errors(400, 401, 404, 413, 429, 500, 503)},
+            "responses": {"200": ok, **_errors(*codes)},
         }
     }
 
@@ -162,14 +129,13 @@ def _get(summary: str, content: dict[str, Any], auth: bool = True) -> dict[str, 
 
 
 def openapi_schema() -> dict[str, Any]:
-    chat = {
-        "type": "object",
-        "required": ["messages"],
-        "properties": {
+    chat = _object(
+        ["messages"],
+        {
             **_COMMON,
             "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
-            "max_tokens": {**_INT, "minimum": 1, "nullable": True},
-            "max_completion_tokens": {**_INT, "minimum": 1, "nullable": True},
+            "max_tokens": _MAX_TOKENS,
+            "max_completion_tokens": _MAX_TOKENS,
             "logprobs": {"type": "boolean", "nullable": True},
             "top_logprobs": {
                 **_INT,
@@ -179,57 +145,44 @@ def openapi_schema() -> dict[str, Any]:
                 "description": "alternatives per token; more than 0 needs logprobs: true",
             },
         },
-    }
-    completion = {
-        "type": "object",
-        "required": ["prompt"],
-        "properties": {
+    )
+    completion = _object(
+        ["prompt"],
+        {
             **_COMMON,
-            "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]},
-            "max_tokens": {**_INT, "minimum": 1, "nullable": True},
+            "prompt": {"oneOf": [_STR, {"type": "array", "minItems": 1, "items": _STR}]},
+            "max_tokens": _MAX_TOKENS,
             "logprobs": {**_INT, "minimum": 0, "maximum": 5, "nullable": True},
         },
-    }
-    inference = {
-        "type": "object",
-        "required": ["prompt"],
-        "properties": {
-            "prompt": {"type": "string", "minLength": 1},
-            "images": {
-                "type": "array",
-                "items": {"type": "string", "description": "a base64 image (or a data: URL)"},
-                "nullable": True,
-            },
-            "max_tokens": {**_INT, "minimum": 1, "nullable": True},
-            "temperature": {**_NUM, "minimum": 0, "maximum": 2, "nullable": True},
+    )
+    inference = _object(
+        ["prompt"],
+        {
+            "prompt": {**_STR, "minLength": 1},
+            "images": {"type": "array", "items": {**_STR, "description": "a base64 image (or a data: URL)"}, "nullable": True},
+            "max_tokens": _MAX_TOKENS,
+            "temperature": _TEMPERATURE,
         },
-    }
-    inference_out = {
-        "type": "object",
-        "required": ["id", "content", "token_count", "latency_ms"],
-        "properties": {"id": {"type": "string"}, "content": {"type": "string"}, "token_count": _INT, "latency_ms": _NUM},
-    }
+    )
+    inference_out = _object(
+        ["id", "content", "token_count", "latency_ms"], {"id": _STR, "content": _STR, "token_count": _INT, "latency_ms": _NUM}
+    )
     obj = {"application/json": {"schema": {"type": "object"}}}
     return {
         "openapi": "3.0.3",
         "info": {"title": "WiCore", "version": "1", "description": "OpenAI-compatible inference API"},
         "paths": {
-            "/v1/chat/completions": _post("Chat completion", chat),
-            "/v1/completions": _post("Text completion", completion),
-            "/v1/inference": {
-                "post": {
-                    "summary": "Original WiCore API (images go where the prompt writes <start_of_image>, else in front)",
-                    "security": [{"bearer": []}, {}],
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": inference}}},
-                    "responses": {
-                        "200": {"description": "ok", "content": {"application/json": {"schema": inference_out}}},
-                        **_errors(400, 401, 413, 429, 500, 503),
-                    },
-                }
-            },
+            "/v1/chat/completions": _post("Chat completion", chat, _COMPLETION_OK, _COMPLETION_ERRORS),
+            "/v1/completions": _post("Text completion", completion, _COMPLETION_OK, _COMPLETION_ERRORS),
+            "/v1/inference": _post(
+                "Original WiCore API (images go where the prompt writes <start_of_image>, else in front)",
+                inference,
+                {"description": "ok", "content": {"application/json": {"schema": inference_out}}},
+                (400, 401, 413, 429, 500, 503),
+            ),
             "/v1/models": _get("Served models", obj),
             "/v1/stats": _get("Engine state", obj),
-            "/metrics": _get("Prometheus metrics", {"text/plain": {"schema": {"type": "string"}}}),
+            "/metrics": _get("Prometheus metrics", {"text/plain": {"schema": _STR}}),
             "/health": _get("Liveness", obj, auth=False),
         },
         "components": {
