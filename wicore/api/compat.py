@@ -73,8 +73,7 @@ async def inference(api: Any, body: Any) -> dict[str, Any]:
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise _bad("prompt", "expected a non-empty string")
-    temperature = _number(body, "temperature", 0.0, 2.0)
-    opts = Options(max_tokens=_int(body, "max_tokens", 1), temperature=0.0 if temperature is None else temperature)
+    opts = Options(max_tokens=_int(body, "max_tokens", 1), temperature=_number(body, "temperature", 0.0, 2.0, default=0.0))
     images = await api.images(_image_parts(body.get("images")))
     tok = api._tokenizer()
     if images:

@@ -77,10 +77,10 @@ def _int(body: dict[str, Any], name: str, lo: int | None = None, hi: int | None 
     return value
 
 
-def _number(body: dict[str, Any], name: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: float, lo_open: bool = False) -> float:
     value = body.get(name)
     if value is None:
-        return None
+        return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(name, f"expected a number, got {type(value).__name__}")
     if not lo <= value <= hi or (lo_open and value == lo):  # NaN (JSON's NaN literal) fails too
@@ -145,39 +145,28 @@ def parse_completion_logprobs(body: dict[str, Any]) -> int | None:
 
 
 def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...], logprobs: int | None = None) -> Options:
-    """The shared fields; `max_tokens_names` in order of preference; `logprobs` as the endpoint read it."""
-    max_tokens = None
-    for name in max_tokens_names:
-        value = _int(body, name, 1)
-        if value is not None:
-            max_tokens = value
-            break
+    """The shared fields; `max_tokens_names` in order of preference; `logprobs` as the endpoint read it.
+    Checked in the order written here: a body with several bad fields is told about the first."""
+    max_tokens = next((v for v in (_int(body, name, 1) for name in max_tokens_names) if v is not None), None)
     top_k = _int(body, "top_k", -1)
     stream_options = body.get("stream_options")
-    include_usage = False
-    if stream_options is not None:
-        if not isinstance(stream_options, dict):
-            raise _bad("stream_options", "expected an object")
-        include_usage = bool(_bool(stream_options, "include_usage"))
-    temperature = _number(body, "temperature", 0.0, 2.0)
-    top_p = _number(body, "top_p", 0.0, 1.0, lo_open=True)
-    presence_penalty = _number(body, "presence_penalty", -2.0, 2.0)
-    frequency_penalty = _number(body, "frequency_penalty", -2.0, 2.0)
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise _bad("stream_options", "expected an object")
     return Options(
-        model=_str(body, "model"),
         max_tokens=max_tokens,
-        temperature=1.0 if temperature is None else temperature,
-        top_p=1.0 if top_p is None else top_p,
         top_k=0 if top_k is None or top_k < 0 else top_k,  # -1 (vLLM) and 0 both mean "off"
+        include_usage=bool(stream_options and _bool(stream_options, "include_usage")),
+        temperature=_number(body, "temperature", 0.0, 2.0, default=1.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, lo_open=True, default=1.0),
+        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, default=0.0),
+        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, default=0.0),
+        model=_str(body, "model"),
         seed=_int(body, "seed", -(2**63), 2**64 - 1),
         stop=parse_stop(body),
         n=_int(body, "n", 1, MAX_N) or 1,
         stream=bool(_bool(body, "stream")),
-        include_usage=include_usage,
         priority=parse_priority(body),
         user=_str(body, "user"),
-        presence_penalty=presence_penalty or 0.0,
-        frequency_penalty=frequency_penalty or 0.0,
         logprobs=logprobs,
     )
 
