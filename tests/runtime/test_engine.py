@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from wicore.errors import ContextLengthError, OverloadedError, RequestError
-from wicore.hmt.tiers import Tier
 from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
@@ -88,10 +87,9 @@ def test_preemption_by_swap_to_host_is_lossless(model_dir, alone):
     with engine(model_dir, num_device_blocks=41, num_host_blocks=200) as eng:
         assert run_all(eng, PROMPTS) == alone
         stats = eng.stats()
-        host_cached = eng.kv.num_evictable(Tier.HOST)
     assert stats["preempted_swap"] > 0
     # Every request ended: what is left on the host is prefix cache, referenced by nobody.
-    assert stats["blocks_in_use"]["host"] == host_cached
+    assert stats["blocks_in_use"]["host"] > 0 and stats["blocks_referenced"]["host"] == 0
 
 
 def test_sliding_layers_release_blocks_behind_the_window(tiny):
@@ -173,7 +171,7 @@ def test_abort_returns_blocks_and_ends_the_stream(model_dir):
         stats = eng.stats()
     assert stats["running"] == 0
     # Only prefix-cached (unreferenced, reusable) blocks remain on the device.
-    assert stats["blocks_in_use"]["device"] == eng.kv.num_evictable(Tier.DEVICE)
+    assert stats["blocks_referenced"]["device"] == 0
 
 
 def test_deadline_ends_a_request(model_dir):

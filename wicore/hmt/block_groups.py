@@ -147,16 +147,6 @@ class BlockGroups:
         """The sequence's blocks in `tier`, over all groups."""
         return sum(g.pool.num_blocks_in(seq_id, tier) for g in self.groups)
 
-    def usage(self, tier: Tier) -> int:
-        """Blocks in use in the tier, over all groups."""
-        return sum(g.pool.usage(tier) for g in self.groups)
-
-    def num_free(self, tier: Tier) -> int:
-        return sum(g.pool.num_free(tier) for g in self.groups)
-
-    def num_evictable(self, tier: Tier) -> int:
-        return sum(g.pool.num_evictable(tier) for g in self.groups)
-
     def _all(self, can: Callable[[BlockPool], bool], call: Callable[[BlockPool], list[Move] | None]) -> list[Move] | None:
         """`call` on every group's pool when `can` holds for each (the plans joined), else None: all or none."""
         if not all(can(g.pool) for g in self.groups):
