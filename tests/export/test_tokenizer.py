@@ -207,7 +207,7 @@ def test_load_time_and_vocab(exported: tuple[Path, TokenizerInfo], capsys: pytes
     with capsys.disabled():
         print(f"\n[tokenizer] runtime Tokenizer load (tokenizer.json, 262k vocab): {elapsed:.2f} s")
     assert tok.vocab_size == 262144
-    assert (tok.bos_token_id, tok.eos_token_ids, tok.pad_token_id) == (2, (1, 106), 0)
+    assert (tok.info.bos_token_id, tok.info.eos_token_ids, tok.info.pad_token_id) == (2, (1, 106), 0)
 
 
 @pytest.mark.slow

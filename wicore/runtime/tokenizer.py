@@ -47,18 +47,6 @@ class Tokenizer:
         self._template = _compile_template(info.chat_template)
 
     @property
-    def bos_token_id(self) -> int | None:
-        return self.info.bos_token_id
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self.info.eos_token_ids
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self.info.pad_token_id
-
-    @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
