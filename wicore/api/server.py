@@ -4,6 +4,9 @@ Shutdown (SIGTERM or SIGINT): Hypercorn stops accepting, in-flight requests get
 `grace_seconds` to finish, then their connections are cancelled, which aborts their engine
 requests; the engine stops last. Streams still open a second before the grace period ends are
 cut with an error event and `[DONE]` (wicore/api/streaming.py), so their clients see why.
+
+Connections: at most ConnectionLimits.max_connections open, headers within its
+header_timeout_seconds (wicore/api/connections.py).
 """
 
 from __future__ import annotations
@@ -16,20 +19,24 @@ import threading
 import time
 from typing import Any
 
-from hypercorn.asyncio import serve as hypercorn_serve
-from hypercorn.config import Config
+from hypercorn.asyncio.run import worker_serve
+from hypercorn.config import Config, Sockets
+from hypercorn.utils import wrap_app
 
 from wicore.api.app import ServerSettings, create_app
+from wicore.api.connections import DEFAULT_LIMITS, ConnectionLimits, LimitedListener
 from wicore.runtime.engine import Engine, EngineConfig
 
 log = logging.getLogger("wicore.api")
 
 
-def hypercorn_config(host: str, port: int, grace_seconds: float = 30.0, access_log: bool = False) -> Config:
+def hypercorn_config(
+    host: str, port: int, grace_seconds: float = 30.0, access_log: bool = False, limits: ConnectionLimits = DEFAULT_LIMITS
+) -> Config:
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.graceful_timeout = grace_seconds
-    config.keep_alive_timeout = 20.0  # also closes connections that never finish their headers
+    config.keep_alive_timeout = limits.header_timeout_seconds  # also closes connections that never finish their headers
     # Hypercorn's own loggers, through logging's handlers: with "-" it adds a stream handler of its
     # own and the records also reach the root handler (every line twice, in two formats).
     config.accesslog = logging.getLogger("hypercorn.access") if access_log else None
@@ -37,7 +44,14 @@ def hypercorn_config(host: str, port: int, grace_seconds: float = 30.0, access_l
     return config
 
 
-def serve(engine_config: EngineConfig, settings: ServerSettings, host: str, port: int, grace_seconds: float = 30.0) -> int:
+def serve(
+    engine_config: EngineConfig,
+    settings: ServerSettings,
+    host: str,
+    port: int,
+    grace_seconds: float = 30.0,
+    limits: ConnectionLimits = DEFAULT_LIMITS,
+) -> int:
     """Run until SIGTERM / SIGINT; returns the process exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = Engine(engine_config).start()
@@ -45,7 +59,7 @@ def serve(engine_config: EngineConfig, settings: ServerSettings, host: str, port
         app = create_app(engine, settings)
         log.info("%s", startup_summary(engine, settings))
         log.info("serving %s on http://%s:%d", settings.model_name, host, port)
-        asyncio.run(_serve_until_signal(app, hypercorn_config(host, port, grace_seconds, access_log=True)))
+        asyncio.run(_serve_until_signal(app, hypercorn_config(host, port, grace_seconds, True, limits), limits))
     finally:
         engine.stop()
     return 0
@@ -66,16 +80,34 @@ def startup_summary(engine: Engine, settings: ServerSettings) -> str:
     )
 
 
-async def _serve_until_signal(app: Any, config: Config) -> None:
+async def _serve_until_signal(app: Any, config: Config, limits: ConnectionLimits) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    loop.set_exception_handler(_ignore_cancelled_connections)
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread, or no signals (Windows)
             pass
-    await hypercorn_serve(app, config, shutdown_trigger=lambda: _until_stopped(stop, app, config.graceful_timeout))
+    await run_hypercorn(app, config, listening_sockets(config, limits), stop)
+
+
+def listening_sockets(config: Config, limits: ConnectionLimits) -> Sockets:
+    """`config`'s addresses bound, the plain-HTTP ones wrapped to hold at most `limits` connections."""
+    sockets = config.create_sockets()
+    limited = [LimitedListener(listener, limits) for listener in sockets.insecure_sockets]
+    return Sockets(sockets.secure_sockets, limited, sockets.quic_sockets)  # type: ignore[arg-type]
+
+
+async def run_hypercorn(app: Any, config: Config, sockets: Sockets, stop: asyncio.Event) -> None:
+    """Serve `app` on `sockets` until `stop` is set, then shut down as the module docstring says
+    (hypercorn.asyncio.serve, given the sockets)."""
+    asyncio.get_running_loop().set_exception_handler(_ignore_cancelled_connections)
+    await worker_serve(
+        wrap_app(app, config.wsgi_max_body_size, None),
+        config,
+        sockets=sockets,
+        shutdown_trigger=lambda: _until_stopped(stop, app, config.graceful_timeout),
+    )
 
 
 def _ignore_cancelled_connections(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -108,11 +140,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ServerThread:
     """A real Hypercorn server for an app, on its own event loop thread (tests, benchmarks)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None, grace_seconds: float = 5.0) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        grace_seconds: float = 5.0,
+        limits: ConnectionLimits = DEFAULT_LIMITS,
+    ) -> None:
         self.app = app
         self.host = host
         self.port = port or free_port(host)
-        self.config = hypercorn_config(host, self.port, grace_seconds)
+        self.config = hypercorn_config(host, self.port, grace_seconds, limits=limits)
+        self.sockets = listening_sockets(self.config, limits)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -122,30 +162,29 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def num_connections(self) -> int:
+        """Connections open now (accepted and not yet closed)."""
+        return sum(s.num_open for s in self.sockets.insecure_sockets if isinstance(s, LimitedListener))
+
     def start(self, timeout: float = 30.0) -> ServerThread:
         self._thread = threading.Thread(target=self._run, name="wicore-http", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):
             raise RuntimeError("the HTTP server did not start")
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:  # wait until the port accepts connections
-            try:
-                socket.create_connection((self.host, self.port), timeout=1).close()
+        while time.monotonic() < deadline:  # wait until the sockets listen (no probe: it would hold a connection)
+            if all(s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) for s in self.sockets.insecure_sockets):
                 return self
-            except OSError:
-                threading.Event().wait(0.05)
+            threading.Event().wait(0.05)
         raise RuntimeError(f"nothing listens on {self.url}")
 
     def _run(self) -> None:
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
-            self._loop.set_exception_handler(_ignore_cancelled_connections)
             self._stop = asyncio.Event()
             self._ready.set()
-            stop = self._stop
-            await hypercorn_serve(
-                self.app, self.config, shutdown_trigger=lambda: _until_stopped(stop, self.app, self.config.graceful_timeout)
-            )
+            await run_hypercorn(self.app, self.config, self.sockets, self._stop)
 
         asyncio.run(main())
 

@@ -211,6 +211,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin ('*' for any); repeat")
     p.add_argument("--no-web", action="store_true", help="no web page at / (the API and /v1/ws stay)")
     p.add_argument("--grace-seconds", type=float, default=30.0, help="on SIGTERM, time in-flight requests get to finish")
+    p.add_argument("--max-connections", type=int, default=1000, help="open connections at most; one more gets a 503")
+    p.add_argument("--header-timeout", type=float, default=20.0, help="seconds to send a request's headers, or to idle")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request's whole body (then a 408)")
     add_engine_args(p)
     p.set_defaults(func=run_serve, serve_parser=p)
 
@@ -287,6 +290,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         from wicore.api.app import ServerSettings
         from wicore.api.auth import read_key_file
+        from wicore.api.connections import ConnectionLimits
         from wicore.api.images import ImageSettings
         from wicore.api.server import serve
         from wicore.runtime.image_loader import ImageLimits
@@ -310,6 +314,7 @@ def run_serve(args: argparse.Namespace) -> int:
             cors_origins=tuple(args.cors_origin),
             web=not args.no_web,
             allowed_hosts=() if keys else local_host_names(args.host),
+            body_timeout_seconds=args.body_timeout,
             images=ImageSettings(
                 max_images=args.max_images_per_request,
                 limits=ImageLimits(args.max_image_bytes, args.max_image_pixels),
@@ -317,6 +322,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 fetch_timeout=args.image_url_timeout,
             ),
         )
+        limits = ConnectionLimits(args.max_connections, args.header_timeout)
     except ValueError as exc:
         raise RequestError(str(exc)) from exc
     if not keys:
@@ -325,7 +331,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "(set --api-key or --api-key-file)",
             file=sys.stderr,
         )
-    return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds)
+    return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds, limits)
 
 
 def local_host_names(host: str) -> tuple[str, ...]:
