@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -27,7 +26,7 @@ from starlette.routing import Route, WebSocketRoute
 from wicore.api import compat, websocket
 from wicore.api.auth import Authenticator, client_address
 from wicore.api.docs_page import docs_route
-from wicore.api.errors import APIError, error_response, from_wicore
+from wicore.api.errors import APIError, CORSMiddleware, error_response, from_wicore
 from wicore.api.generation import ChoiceStats, Generation, Job, Piece, run_choice
 from wicore.api.images import ImagePart, ImageSettings, load_images
 from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
@@ -35,7 +34,7 @@ from wicore.api.metrics import Metrics, StatusCounter
 from wicore.api.openapi import openapi_route
 from wicore.api.ratelimit import RateLimiter
 from wicore.api.schemas import Options, parse_chat, parse_completion
-from wicore.api.streaming import EventStream, Streams, event_stream, merge
+from wicore.api.streaming import EventStream, Streams, chunks, event_stream, merge
 from wicore.api.web import WebPage
 from wicore.errors import WiCoreError
 from wicore.runtime.engine import Engine
@@ -246,7 +245,8 @@ class API:
         gen = self.start(job)
         is_chat, opts, choices, formatter, abort_all = job.is_chat, job.options, gen.choices, gen.logprobs, gen.abort
         if opts.stream:
-            body = event_stream(gen.base, is_chat, choices, gen.usage, opts.include_usage, formatter, self.streams)
+            objects = chunks(gen.base, is_chat, choices, gen.usage, opts.include_usage, formatter, self.streams)
+            body = event_stream(objects, gen.base.get("id"))
             return EventStream(body, on_close=abort_all)
         texts = [""] * len(choices)
         reasons: list[str | None] = [None] * len(choices)

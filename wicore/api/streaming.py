@@ -148,19 +148,11 @@ def stream_error(exc: Exception, stream_id: object) -> APIError:
     return APIError(500, f"stream {stream_id} failed; see the server log", code="internal_error")
 
 
-async def event_stream(
-    base: dict[str, Any],
-    is_chat: bool,
-    choices: list[AsyncIterator[Piece]],
-    usage: Any,
-    include_usage: bool,
-    logprobs: LogprobFormatter | None = None,
-    streams: Streams | None = None,
-) -> AsyncIterator[str]:
-    """The SSE body of a streamed completion (`chunks`); an error ends it with an error event."""
+async def event_stream(chunk_objects: AsyncIterator[dict[str, Any]], stream_id: object) -> AsyncIterator[str]:
+    """The SSE body of a streamed completion (its `chunks`); an error ends it with an error event."""
     try:
-        async for c in chunks(base, is_chat, choices, usage, include_usage, logprobs, streams):
+        async for c in chunk_objects:
             yield sse(c)
     except Exception as exc:
-        yield sse(stream_error(exc, base.get("id")).body())
+        yield sse(stream_error(exc, stream_id).body())
     yield DONE
