@@ -13,12 +13,12 @@ LOGITS = np.log(np.array([0.05, 0.4, 0.1, 0.3, 0.15], np.float32))  # probs by t
 
 def draws(params: SamplingParams, n: int = 2000) -> np.ndarray:
     sampler = Sampler(params)
-    return np.array([sampler(LOGITS) for _ in range(n)])
+    return np.array([sampler.sample(LOGITS).token_id for _ in range(n)])
 
 
 def test_greedy_takes_the_argmax_and_the_first_of_ties():
-    assert Sampler(SamplingParams())(LOGITS) == 1
-    assert Sampler(SamplingParams())(np.array([0.0, 2.0, 2.0], np.float32)) == 1
+    assert Sampler(SamplingParams()).sample(LOGITS).token_id == 1
+    assert Sampler(SamplingParams()).sample(np.array([0.0, 2.0, 2.0], np.float32)).token_id == 1
 
 
 def test_top_k_keeps_only_the_k_most_likely():
@@ -84,7 +84,7 @@ def test_greedy_with_frequency_penalty_counts_its_own_tokens():
     # Token 1 leads token 3 by log(0.4 / 0.3) = 0.288: it wins until two picks (0.4 of penalty)
     # put it behind, then token 3 wins once (0.2) and falls behind in turn.
     sampler = Sampler(SamplingParams(frequency_penalty=0.2))
-    picks = [sampler(LOGITS) for _ in range(4)]
+    picks = [sampler.sample(LOGITS).token_id for _ in range(4)]
     scores = LOGITS.astype(np.float64)
     counts = np.zeros(5)
     expected = []
@@ -99,7 +99,7 @@ def test_greedy_with_frequency_penalty_counts_its_own_tokens():
 def test_without_penalties_no_counts_are_kept():
     sampler = Sampler(SamplingParams())
     for _ in range(3):
-        sampler(LOGITS)
+        sampler.sample(LOGITS)
     assert sampler.counts == {}
 
 
@@ -137,7 +137,7 @@ def test_logprobs_zero_gives_only_the_chosen_token_and_k_is_capped_by_the_vocabu
 
 
 def test_a_tiny_temperature_is_greedy_not_nan():
-    assert Sampler(SamplingParams(temperature=1e-320, seed=0))(LOGITS) == 1
+    assert Sampler(SamplingParams(temperature=1e-320, seed=0)).sample(LOGITS).token_id == 1
 
 
 @pytest.mark.parametrize(
@@ -185,6 +185,6 @@ def test_temperature_sampling_over_many_blocks_follows_the_distribution():
     logits = np.full(3000, -40.0, np.float32)
     logits[[3, 700, 1536, 2999]] = np.log([0.1, 0.2, 0.3, 0.4])
     sampler = Sampler(SamplingParams(temperature=1.0, seed=11))
-    counts = np.bincount([sampler(logits) for _ in range(20000)], minlength=3000) / 20000
+    counts = np.bincount([sampler.sample(logits).token_id for _ in range(20000)], minlength=3000) / 20000
     np.testing.assert_allclose(counts[[3, 700, 1536, 2999]], [0.1, 0.2, 0.3, 0.4], atol=0.015)
     assert counts.sum() == pytest.approx(counts[[3, 700, 1536, 2999]].sum())

@@ -108,9 +108,6 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed)
         self.counts: dict[int, int] = {}  # token id -> times picked (kept only with penalties)
 
-    def __call__(self, logits: np.ndarray) -> int:
-        return self.sample(logits).token_id
-
     def sample(self, logits: np.ndarray) -> Sample:
         p = self.params
         scores = self.penalized(logits) if p.has_penalties and self.counts else logits
