@@ -116,6 +116,21 @@ def test_cors(open_server):
     assert "access-control-allow-origin" not in r.headers
 
 
+def test_a_refused_cors_preflight_is_an_openai_error(open_server):
+    headers = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+    r = httpx.options(f"{open_server.url}/v1/completions", headers=headers)
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+    assert r.json() == {
+        "error": {
+            "message": "CORS preflight from 'https://evil.example' refused: its origin is not allowed (see wicore serve --cors-origin)",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "cors_not_allowed",
+        }
+    }
+    assert "access-control-allow-origin" not in r.headers and r.headers["vary"].startswith("Origin")
+
+
 def test_401_without_or_with_a_wrong_key(locked_server):
     client = openai.OpenAI(base_url=f"{locked_server.url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):

@@ -115,3 +115,22 @@ def test_wicore_serve_takes_the_limits_from_its_flags(tiny_export, launch):
         assert proc.wait(timeout=60) == 0
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"NOT HTTP\r\n\r\n", b"400"),  # h11 cannot parse it
+        (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n", b"431"),  # past 16 KiB
+    ],
+)
+def test_what_hypercorn_answers_itself_has_an_empty_body(tiny_server, request_bytes, status):
+    """Before the app sees a request Hypercorn answers on its own, with no body to shape
+    (documented in wicore/api/errors.py and docs/API.md); the server goes on serving."""
+    server = tiny_server().server
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(request_bytes)
+        reply = read_all(sock)
+    head, body = reply.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 " + status + b" ") and b"content-length: 0" in head and body == b""
+    assert httpx.get(f"{server.url}/health").status_code == 200

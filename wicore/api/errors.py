@@ -2,11 +2,19 @@
 
 APIError(status, message, param=...)  raised anywhere in a route
 error_response(exc)                   the JSONResponse a client sees
+CORSMiddleware                        Starlette's, with a refused preflight in that shape
+
+What Hypercorn answers itself, before the app sees a request, it answers with an empty body
+(Hypercorn 0.18 has no hook for it): a 400 for bytes that are not HTTP/1.1 (h11 cannot parse
+them), a 431 for headers still incomplete past 16 KiB (h11's max incomplete size), and no reply
+at all to a connection closed for not finishing its headers in time (docs/API.md, "Errors").
 """
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware as StarletteCORSMiddleware
+from starlette.responses import JSONResponse, Response
 
 from wicore.errors import ContextLengthError, OverloadedError, RequestError, WiCoreError
 
@@ -57,3 +65,18 @@ def from_wicore(exc: WiCoreError, param: str | None = None) -> APIError:
 
 def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+class CORSMiddleware(StarletteCORSMiddleware):
+    """Starlette's CORS middleware; a preflight it refuses is a 400 in OpenAI's shape (Starlette
+    answers text/plain "Disallowed CORS origin")."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        refused = bytes(response.body).decode().removeprefix("Disallowed CORS ")  # "origin, method, headers"
+        origin = request_headers["origin"]
+        message = f"CORS preflight from {origin!r} refused: its {refused} is not allowed (see wicore serve --cors-origin)"
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+        return error_response(APIError(400, message, code="cors_not_allowed", headers=headers))
