@@ -37,6 +37,7 @@ class SafetensorsIndex:
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise ModelSourceError(f"{folder}: no *.safetensors files")
+        self.folder = folder
         self._entries: dict[str, tuple[Path, int, str, tuple[int, ...], tuple[int, int]]] = {}
         for path in files:
             with path.open("rb") as f:
@@ -62,6 +63,8 @@ class SafetensorsIndex:
 
     def load(self, name: str) -> np.ndarray:
         """The tensor as float32 (bf16 widened exactly: its bits are the top half of an fp32)."""
+        if name not in self._entries:
+            raise ModelSourceError(f"{self.folder}: tensor {name} is missing")
         path, base, dtype, shape, (begin, _end) = self._entries[name]
         if dtype not in _DTYPES:
             raise ModelSourceError(f"{path.name}: tensor {name} has dtype {dtype}; F32, F16 and BF16 are supported")
@@ -90,10 +93,7 @@ class HFSource:
             raise ModelSourceError(f"{self.folder}: no embed_tokens.weight under {', '.join(_PREFIXES)}")
 
     def _tensor(self, name: str) -> np.ndarray:
-        full = self._prefix + name
-        if full not in self._index:
-            raise ModelSourceError(f"{self.folder}: tensor {full} is missing")
-        return self._index.load(full)
+        return self._index.load(self._prefix + name)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "hf", "path": str(self.folder), "architectures": self._hf_config.get("architectures")}
@@ -151,7 +151,4 @@ class HFVision:
             )
 
     def tensor(self, name: str) -> np.ndarray:
-        full = self._projector + _PROJECTOR_NAMES[name] if name in _PROJECTOR_NAMES else self._prefix + name
-        if full not in self._index:
-            raise ModelSourceError(f"{self.folder}: tensor {full} is missing")
-        return self._index.load(full)
+        return self._index.load(self._projector + _PROJECTOR_NAMES[name] if name in _PROJECTOR_NAMES else self._prefix + name)
