@@ -5,10 +5,10 @@ Gemma 3 4B, 12B and 27B share one SigLIP encoder (27 layers, width 1152, 896 x 8
 14 x 14 patches: 4,096 patches, pooled to 256 tokens); only the projector's output width differs
 (2560 for 4B, 5376 for 27B). The tool builds a random-weight Gemma3ForConditionalGeneration with
 that tower and a one-layer text model of the target width, saves it as safetensors, exports it
-with wicore-export's code (vision.onnx, --dtype, once per --vision-attention), and times:
+with wicore-export's code (vision.onnx, --dtype, once per --vision-flavour), and times:
 
-    wicore_A   vision.onnx of attention core A (portable: standard ops; fused: com.microsoft.
-               MultiHeadAttention) in an ONNX Runtime session on --device (the engine's VisionEncoder
+    wicore_F   vision.onnx of flavour F (portable: standard ops; fused: com.microsoft MultiHeadAttention
+               and FastGelu) in an ONNX Runtime session on --device (the engine's VisionEncoder
                session), pixel values already on the device, features left there (IOBinding)
     hf         model.model.get_image_features(pixel_values) on the same device, --hf-dtype, --hf-attn
 
@@ -16,7 +16,7 @@ at each --batch, after --warmup runs: the median of --iters runs, divided by the
 difference of each WiCore output from HF's at the first batch is recorded, with the largest HF value.
 
     PYTHONPATH=. python tools/bench_vision.py --shape 4b,27b --batch 1,8 --device cuda:0 --dtype fp16 \\
-        --hf-dtype bf16 --vision-attention portable,fused --json docs/results/gpu-vision.json
+        --hf-dtype bf16 --vision-flavour portable,fused --json docs/results/gpu-vision.json
     PYTHONPATH=. python tools/bench_vision.py --shape tiny --device cpu --dtype fp32 --hf-dtype fp32   # a check, anywhere
 """
 
@@ -52,7 +52,7 @@ class Config:
     dtype: str
     hf_dtype: str
     hf_attn: str
-    attentions: tuple[str, ...]
+    flavours: tuple[str, ...]
     warmup: int
     iters: int
     threads: int | None
@@ -69,7 +69,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     ap.add_argument("--hf-dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     ap.add_argument("--hf-attn", choices=("sdpa", "eager"), default="sdpa")
     ap.add_argument(
-        "--vision-attention", default="portable,fused", help="WiCore's attention cores to time, comma-separated: portable, fused"
+        "--vision-flavour", default="portable,fused", help="WiCore's vision flavours to time, comma-separated: portable, fused"
     )
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
@@ -80,9 +80,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     shapes = tuple(s for s in args.shape.split(",") if s)
     if not shapes or set(shapes) - set(SHAPES):
         raise SystemExit(f"--shape {args.shape!r}: choose from {', '.join(SHAPES)}")
-    attentions = tuple(a for a in args.vision_attention.split(",") if a)
-    if not attentions or set(attentions) - {"portable", "fused"}:
-        raise SystemExit(f"--vision-attention {args.vision_attention!r}: choose from portable, fused")
+    flavours = tuple(f for f in args.vision_flavour.split(",") if f)
+    if not flavours or set(flavours) - {"portable", "fused"}:
+        raise SystemExit(f"--vision-flavour {args.vision_flavour!r}: choose from portable, fused")
     return Config(
         shapes,
         args.batch,
@@ -90,7 +90,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         args.dtype,
         args.hf_dtype,
         args.hf_attn,
-        attentions,
+        flavours,
         args.warmup,
         args.iters,
         args.threads,
@@ -126,11 +126,11 @@ def checkpoint(shape: str, folder: Path):
     return model
 
 
-def export(folder: Path, out: Path, dtype: str, attention: str) -> Path:
+def export(folder: Path, out: Path, dtype: str, flavour: str) -> Path:
     from wicore.export.exporter import ExportConfig, export_model
     from wicore.export.hf import HFSource
 
-    config = ExportConfig(dtype=dtype, vision_attention=attention, overwrite=True)
+    config = ExportConfig(dtype=dtype, vision_flavour=flavour, overwrite=True)
     export_model(HFSource(folder), out, config, progress=lambda _: None)
     return out
 
@@ -207,9 +207,9 @@ def bench_shape(shape: str, work: Path, config: Config) -> dict[str, object]:
     model = checkpoint(shape, work / f"hf-{shape}")
     size = SHAPES[shape][0]["image_size"]
     engines = {"hf": hf_runner(model, config)}  # HF first: ORT's idle threads spin
-    for attention in config.attentions:
-        model_dir = export(work / f"hf-{shape}", work / f"wicore-{shape}-{config.dtype}-{attention}", config.dtype, attention)
-        engines[f"wicore_{attention}"] = wicore_runner(model_dir, config)
+    for flavour in config.flavours:
+        model_dir = export(work / f"hf-{shape}", work / f"wicore-{shape}-{config.dtype}-{flavour}", config.dtype, flavour)
+        engines[f"wicore_{flavour}"] = wicore_runner(model_dir, config)
     wicores = [name for name in engines if name != "hf"]
     rows = []
     for i, batch in enumerate(config.batches):

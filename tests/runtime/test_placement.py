@@ -49,13 +49,13 @@ def test_a_dtype_the_provider_cannot_run_is_refused_naming_what_works():
         fp32_only.check_can_run("fp32", "fast")
 
 
-def test_the_fused_vision_attention_runs_where_contrib_ops_do():
+def test_the_fused_vision_flavour_runs_where_contrib_ops_do():
     for name in ("cpu", "cuda"):
         Device(CAPABILITIES[name], "0").check_can_run_vision("fp16", "fused")
     openvino = Device(CAPABILITIES["openvino"], "CPU")
     openvino.check_can_run_vision("fp32", "portable")
     with pytest.raises(
-        DeviceError, match="openvino:CPU cannot run the 'fused' vision attention; re-export with --vision-attention portable"
+        DeviceError, match="openvino:CPU cannot run the 'fused' vision flavour; re-export with --vision-flavour portable"
     ):
         openvino.check_can_run_vision("fp32", "fused")
 

@@ -23,8 +23,8 @@ from wicore.graph.manifest import Manifest, PartitionRecord, VisionRecord, sha25
 from wicore.graph.ops import DataFile
 from wicore.graph.partition import plan_partitions
 from wicore.graph.quant import QuantLinear
-from wicore.graph.vision import ATTENTIONS as VISION_ATTENTIONS
 from wicore.graph.vision import FILE_NAME as VISION_FILE
+from wicore.graph.vision import FLAVOURS as VISION_FLAVOURS
 from wicore.graph.vision import VisionBuilder
 from wicore.model.quant import SUPPORTED_BITS
 from wicore.model.vision import VisionWeights
@@ -46,7 +46,7 @@ class ExportConfig:
     weight_bits: int = 8  # ort-quant: bits for weights without a lossless GGUF encoding (float sources)
     accuracy_level: int = 4  # ort-quant: MatMulNBits activations, 4 = int8 (fast on CPU), 0 = float (exact)
     attention: str = "portable"  # "paged": com.microsoft.PagedAttention over the fp16 KV (CUDA EP)
-    vision_attention: str = "auto"  # the vision tower's attention core (resolved_vision_attention)
+    vision_flavour: str = "auto"  # the vision partition's ops (resolved_vision_flavour)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -61,8 +61,8 @@ class ExportConfig:
             raise WiCoreError("--attention paged needs --dtype fp16 (ONNX Runtime's PagedAttention reads a float16 KV cache)")
         if self.attention == "paged" and self.attention_stats:
             raise WiCoreError("--attention paged gives no attention statistics; drop --attention-stats")
-        if self.vision_attention not in ("auto", *VISION_ATTENTIONS):
-            raise WiCoreError(f"--vision-attention {self.vision_attention!r}: choose auto, {', '.join(VISION_ATTENTIONS)}")
+        if self.vision_flavour not in ("auto", *VISION_FLAVOURS):
+            raise WiCoreError(f"--vision-flavour {self.vision_flavour!r}: choose auto, {', '.join(VISION_FLAVOURS)}")
         if self.num_partitions < 1:
             raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
 
@@ -72,12 +72,12 @@ class ExportConfig:
             return None
         return QuantLinear(weight_bits=self.weight_bits, accuracy_level=self.accuracy_level)
 
-    def resolved_vision_attention(self) -> str:
-        """The vision partition's attention core (wicore.graph.vision): `auto` is `fused`
-        (com.microsoft.MultiHeadAttention) where the text graphs already need ONNX Runtime's contrib
+    def resolved_vision_flavour(self) -> str:
+        """The vision partition's flavour (wicore.graph.vision): `auto` is `fused` (com.microsoft
+        MultiHeadAttention and FastGelu) where the text graphs already need ONNX Runtime's contrib
         ops (ort-quant: CPU and CUDA EPs), `portable` (standard ops, every EP) otherwise."""
-        if self.vision_attention != "auto":
-            return self.vision_attention
+        if self.vision_flavour != "auto":
+            return self.vision_flavour
         return "fused" if OP_FLAVOURS[self.op_flavour] else "portable"
 
 
@@ -180,19 +180,19 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
 
 def _write_vision(vision: VisionWeights, folder: Path, config: ExportConfig, progress: Progress) -> VisionRecord:
     """The vision partition: vision.onnx + its external weights."""
-    cfg, attention = vision.config, config.resolved_vision_attention()
+    cfg, flavour = vision.config, config.resolved_vision_flavour()
     progress(
         f"{VISION_FILE}: {cfg.num_layers} SigLIP layers, {cfg.image_size}x{cfg.image_size}, "
-        f"{cfg.mm_tokens_per_image} tokens, {attention} attention"
+        f"{cfg.mm_tokens_per_image} tokens, {flavour} flavour"
     )
     data = DataFile(folder / f"{VISION_FILE}.data")
     try:
-        model = VisionBuilder(vision, config.dtype, attention).build(data)
+        model = VisionBuilder(vision, config.dtype, flavour).build(data)
     finally:
         data.close()
     onnx.save_model(model, folder / VISION_FILE)
     inputs, outputs = tuple(v.name for v in model.graph.input), tuple(v.name for v in model.graph.output)
-    return VisionRecord(VISION_FILE, inputs, outputs, cfg, attention)
+    return VisionRecord(VISION_FILE, inputs, outputs, cfg, flavour)
 
 
 def _replace_dir(new: Path, target: Path) -> None:

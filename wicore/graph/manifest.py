@@ -8,7 +8,7 @@
   "partitions": [{"file": "part-00.onnx", "layers": [0, 6], "inputs": [...], "outputs": [...]}, ...],
   "tokenizer": {...} | null,
   "vision": {"file": "vision.onnx", "inputs": [...], "outputs": [...], "config": {...VisionConfig,
-             preprocessing included...}, "attention": "portable" | "fused"} | null,
+             preprocessing included...}, "flavour": "portable" | "fused"} | null,
   "files": {"part-00.onnx": "<sha256>", "part-00.onnx.data": "<sha256>", ...}
 }
 """
@@ -62,13 +62,13 @@ class PartitionRecord:
 @dataclass(frozen=True)
 class VisionRecord:
     """The vision partition (graph/vision.py): its file, IO names, the tower's config, and its
-    attention core ("portable": standard ops; "fused": com.microsoft.MultiHeadAttention)."""
+    flavour ("portable": standard ops; "fused": com.microsoft.MultiHeadAttention and FastGelu)."""
 
     file: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     config: VisionConfig
-    attention: str = "portable"
+    flavour: str = "portable"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,13 +76,13 @@ class VisionRecord:
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
             "config": self.config.to_dict(),
-            "attention": self.attention,
+            "flavour": self.flavour,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> VisionRecord:
         config = VisionConfig.from_dict(d["config"])
-        return cls(d["file"], tuple(d["inputs"]), tuple(d["outputs"]), config, d.get("attention", "portable"))
+        return cls(d["file"], tuple(d["inputs"]), tuple(d["outputs"]), config, d.get("flavour", "portable"))
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,19 @@ standard ops only, so every execution provider runs it).
 
 Attention is bidirectional over the P² patches, softmax(q kᵀ / sqrt(head_dim)) v per head. The
 residual stream and the norms are float32; with `fp16` the weights, the linear layers and the
-attention are float16 (as HF runs the tower in half precision). Two graphs of the attention core
-(ATTENTIONS), the same q, k, v projections before and out_proj after:
+attention are float16 (as HF runs the tower in half precision). Two flavours (FLAVOURS) differ in
+the attention core and the MLP's activation, the same linear layers and norms around them:
 
-    portable   q, k, v ──► heads apart ──► MatMul q kᵀ ──► Softmax ──► MatMul v ──► heads together
-               standard ops, every EP; at 4,096 patches the [n, heads, 4096, 4096] scores are
-               written to memory each layer: most of the tower's time on a GPU
-    fused      q, k, v [n, P², hidden] ──► com.microsoft.MultiHeadAttention ──► [n, P², hidden]
-               ONNX Runtime's contrib op (CPU and CUDA EPs); the CUDA EP runs fp16 in its flash
-               kernel (sm80 / sm90, head sizes a multiple of 8 up to 256: SigLIP's 72 included)
+    portable   standard ops, every EP:
+               q, k, v ──► heads apart ──► MatMul q kᵀ ──► Softmax ──► MatMul v ──► heads together
+               fc1 ──► Cast to float32 ──► gelu_tanh in 9 elementwise ops ──► Cast ──► fc2
+               at 4,096 patches the [n, heads, 4096, 4096] scores and the [n, 4096, 4304] float32
+               activations are written to memory each layer: most of the tower's time on a GPU
+    fused      ONNX Runtime's contrib ops (CPU and CUDA EPs):
+               q, k, v [n, P², hidden] ──► com.microsoft.MultiHeadAttention ──► [n, P², hidden]
+               fc1 ──► com.microsoft.FastGelu (model dtype) ──► fc2
+               the CUDA EP runs the attention in a flash kernel (cuDNN's on an H100; head sizes a
+               multiple of 8 up to 256, SigLIP's 72 included): 3x the portable graph (PERFORMANCE.md)
 """
 
 from __future__ import annotations
@@ -32,19 +36,20 @@ from wicore.graph.ops import MS_DOMAIN, DataFile, Graph
 from wicore.model.vision import VisionConfig, VisionWeights, checked_tensor
 
 FILE_NAME = "vision.onnx"
-ATTENTIONS = ("portable", "fused")  # the attention core's graph (module docstring)
+FLAVOURS = ("portable", "fused")  # which ops the graph may use (module docstring)
 
 
 class VisionBuilder:
     """Builds the vision partition of one model (module docstring)."""
 
-    def __init__(self, weights: VisionWeights, dtype: str, attention: str = "portable") -> None:
+    def __init__(self, weights: VisionWeights, dtype: str, flavour: str = "portable") -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention {attention!r}: expected one of {ATTENTIONS}")
+        if flavour not in FLAVOURS:
+            raise ValueError(f"flavour {flavour!r}: expected one of {FLAVOURS}")
         self.weights = weights
-        self.attention_core = attention
+        self.flavour = flavour
+        self.fused = flavour == "fused"
         self.cfg: VisionConfig = weights.config
         self.dtype = dtype
         self.np_dtype, self.onnx_dtype = DTYPES[dtype]
@@ -63,9 +68,7 @@ class VisionBuilder:
         x = self.layer_norm(g, x, "post_layernorm", "/vision/post_layernorm")
         self.project(g, x)
         g.output(io.IMAGE_FEATURES, TensorProto.FLOAT, ["num_images", cfg.mm_tokens_per_image, cfg.text_hidden_size])
-        doc = (
-            f"Gemma 3 vision tower ({cfg.num_layers} SigLIP layers) and projector, {self.dtype}, {self.attention_core} attention"
-        )
+        doc = f"Gemma 3 vision tower ({cfg.num_layers} SigLIP layers) and projector, {self.dtype}, {self.flavour} flavour"
         return g.to_model(OPSET, doc=doc)
 
     # -- blocks ----------------------------------------------------------------------
@@ -87,9 +90,15 @@ class VisionBuilder:
         h = self.layer_norm(g, x, f"{q}.layer_norm1", f"{p}/layer_norm1")
         x = g.op("Add", [x, self.attention(g, h, i)], f"{p}/attn_residual")
         h = self.layer_norm(g, x, f"{q}.layer_norm2", f"{p}/layer_norm2")
-        h = self.linear(g, h, [f"{q}.mlp.fc1"], f"{p}/mlp/fc1")
-        h = self.linear(g, gelu_tanh(g, h, f"{p}/mlp/act"), [f"{q}.mlp.fc2"], f"{p}/mlp/fc2")
-        return g.op("Add", [x, h], f"{p}/mlp_residual")
+        return g.op("Add", [x, self.mlp(g, h, i)], f"{p}/mlp_residual")
+
+    def mlp(self, g: Graph, x: str, i: int) -> str:
+        """fc2(gelu_tanh(fc1(x))): the GELU in float32 standard ops, or (fused) one com.microsoft.FastGelu
+        in the model dtype between the two linear layers, as HF runs it."""
+        p, q = f"/vision/layers.{i}/mlp", f"encoder.layers.{i}.mlp"
+        h = self.linear(g, x, [f"{q}.fc1"], f"{p}/fc1", cast_out=not self.fused)
+        h = g.op("FastGelu", [h], f"{p}/act/FastGelu", domain=MS_DOMAIN) if self.fused else gelu_tanh(g, h, f"{p}/act")
+        return self.linear(g, h, [f"{q}.fc2"], f"{p}/fc2", cast_in=not self.fused)
 
     def attention(self, g: Graph, x: str, i: int) -> str:
         """Multi-head self-attention over the patches, without a mask: [n, P², hidden]."""
@@ -97,7 +106,7 @@ class VisionBuilder:
         h = cfg.hidden_size
         qkv = self.linear(g, x, [f"{q}.q_proj", f"{q}.k_proj", f"{q}.v_proj"], f"{p}/qkv_proj", cast_out=False)
         q_, k, v = g.op_multi("Split", [qkv, g.const([h, h, h])], f"{p}/qkv_split", 3, axis=-1)
-        core = self.fused_core if self.attention_core == "fused" else self.portable_core
+        core = self.fused_core if self.fused else self.portable_core
         return self.linear(g, core(g, q_, k, v, p), [f"{q}.out_proj"], f"{p}/out_proj", cast_in=False)
 
     def portable_core(self, g: Graph, q: str, k: str, v: str, p: str) -> str:

@@ -174,7 +174,7 @@ def plan_placement(
     vision = None
     if manifest.vision is not None:
         device = candidates[owners[0]] if vision_device is None else parse_device(vision_device)
-        device.check_can_run_vision(manifest.dtype, manifest.vision.attention)
+        device.check_can_run_vision(manifest.dtype, manifest.vision.flavour)
         vision = VisionPlacement(manifest.vision, device, partition_weights(model_dir, manifest.vision).held_on(device)[0])
         if device in candidates:  # its weights count with the partitions' on that device
             sizes, owners = sizes + [vision.weight_bytes], owners + [candidates.index(device)]

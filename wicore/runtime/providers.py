@@ -147,8 +147,8 @@ class Capability:
     option_key: str | None  # provider option that selects the device
     # attention graphs it runs: standard ops (portable, batch-invariant) or paged: com.microsoft.PagedAttention
     attentions: tuple[str, ...] = ("portable", "batch-invariant")
-    # vision partition attention cores it runs: standard ops (portable) or fused: com.microsoft.MultiHeadAttention
-    vision_attentions: tuple[str, ...] = ("portable",)
+    # vision partition flavours it runs: standard ops (portable) or fused: com.microsoft MultiHeadAttention, FastGelu
+    vision_flavours: tuple[str, ...] = ("portable",)
 
     def provider_options(self, index: str) -> dict[str, str]:
         return {self.option_key: index} if self.option_key else {}
@@ -167,7 +167,7 @@ CAPABILITIES: dict[str, Capability] = {
             "cpu",
             host_free_bytes,
             None,
-            vision_attentions=("portable", "fused"),
+            vision_flavours=("portable", "fused"),
         ),
         Capability(
             "cuda",
@@ -180,7 +180,7 @@ CAPABILITIES: dict[str, Capability] = {
             nvidia_free_bytes,
             "device_id",
             attentions=("portable", "paged", "batch-invariant"),
-            vision_attentions=("portable", "fused"),
+            vision_flavours=("portable", "fused"),
         ),
         Capability(
             "tensorrt",
@@ -267,13 +267,13 @@ class Device:
                 f"{self.label} cannot run the {op_flavour!r} op flavour; re-export with --op-flavour {cap.op_flavours[0]}"
             )
 
-    def check_can_run_vision(self, dtype: str, attention: str) -> None:
+    def check_can_run_vision(self, dtype: str, flavour: str) -> None:
         """Raise DeviceError, naming what would work, if this EP cannot run such a vision partition."""
         self.check_can_run(dtype, "portable")
-        if attention not in self.capability.vision_attentions:
+        if flavour not in self.capability.vision_flavours:
             raise DeviceError(
-                f"{self.label} cannot run the {attention!r} vision attention; "
-                f"re-export with --vision-attention {self.capability.vision_attentions[0]}"
+                f"{self.label} cannot run the {flavour!r} vision flavour; "
+                f"re-export with --vision-flavour {self.capability.vision_flavours[0]}"
             )
 
 
