@@ -21,6 +21,7 @@ wicore.runtime.vision), and image requests batch with text-only ones.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -266,14 +267,10 @@ class Engine:
             self._lock.notify_all()
 
     def cancel(self, request_id: str) -> None:
-        """Abort a request whose outputs nobody will read: its channel goes when it ends."""
+        """Abort a request whose outputs nobody will read: its channel is claimed, and so goes when it ends."""
         self.abort(request_id)
-        with self._lock:
-            channel = self._channels.get(request_id)
-            if channel is not None:
-                channel.claimed = True
-                if channel.is_finished:
-                    del self._channels[request_id]
+        with contextlib.suppress(RequestError):  # an unknown request, or one whose channel was claimed
+            self.outputs(request_id)
 
     def outputs(self, request_id: str) -> Channel:
         """The request's output channel: iterate it (blocking) or `async for` over it.
