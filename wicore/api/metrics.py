@@ -49,13 +49,11 @@ class Metrics:
         self.e2e.observe(ended - stats.started)
 
     def render(self, engine_stats: dict[str, object]) -> bytes:
-        self.running.set(float(engine_stats["running"]))  # type: ignore[arg-type]
-        self.waiting.set(float(engine_stats["waiting"]))  # type: ignore[arg-type]
-        self.swapped.set(float(engine_stats["swapped"]))  # type: ignore[arg-type]
-        for tier, n in dict(engine_stats["blocks_in_use"]).items():  # type: ignore[call-overload]
-            self.blocks_used.labels(tier=tier).set(n)
-        for tier, n in dict(engine_stats["blocks_free"]).items():  # type: ignore[call-overload]
-            self.blocks_free.labels(tier=tier).set(n)
+        for gauge, key in ((self.running, "running"), (self.waiting, "waiting"), (self.swapped, "swapped")):
+            gauge.set(float(engine_stats[key]))  # type: ignore[arg-type]
+        for per_tier, key in ((self.blocks_used, "blocks_in_use"), (self.blocks_free, "blocks_free")):
+            for tier, n in dict(engine_stats[key]).items():  # type: ignore[call-overload]
+                per_tier.labels(tier=tier).set(n)
         self.prefix_hit_rate.set(float(engine_stats["prefix_hit_rate"]))  # type: ignore[arg-type]
         return generate_latest(self.registry)
 
