@@ -37,10 +37,8 @@ class Authenticator:
         if scheme.lower() != "bearer" or not token.strip():
             raise APIError(401, "missing API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
         given = token.strip().encode()
-        # Compare with every key so the time taken does not tell which (or whether one) matched.
-        matched = False
-        for key in self._keys:
-            matched |= hmac.compare_digest(given, key)
-        if not matched:
+        # Compare with every key (a list, not a generator any() would stop early) so the time taken
+        # does not tell which (or whether one) matched.
+        if not any([hmac.compare_digest(given, key) for key in self._keys]):
             raise APIError(401, "incorrect API key", code="invalid_api_key")
         return token.strip()
