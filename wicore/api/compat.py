@@ -60,8 +60,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
         name = key.replace("-", "_")
         if name == "enable_hmt":
             if not value:  # HMT off: no tiers below the device pool
-                values["host_tier_gb"] = 0.0
-                values["nvme_tier_gb"] = 0.0
+                values.update(host_tier_gb=0.0, nvme_tier_gb=0.0)
             continue
         values[ORIGINAL_KEYS.get(name, name)] = value
     return values

@@ -138,9 +138,7 @@ class IncrementalDecoder:
 
 def _special_token_strings(config_path: Path, tokenizer: _FastTokenizer, info: TokenizerInfo) -> dict[str, str]:
     """bos_token, eos_token, ... as strings: from tokenizer_config.json, else from the info's ids."""
-    config: dict[str, Any] = {}
-    if config_path.is_file():
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+    config: dict[str, Any] = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     strings: dict[str, str] = {}
     for name in _SPECIAL_TOKEN_NAMES:
         value = config.get(name)
