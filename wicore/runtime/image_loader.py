@@ -27,14 +27,6 @@ from wicore.model.vision import ImagePreprocessing
 from wicore.runtime.images import ImageInput
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
-_FILTERS = {
-    "nearest": Image.Resampling.NEAREST,
-    "lanczos": Image.Resampling.LANCZOS,
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "box": Image.Resampling.BOX,
-    "hamming": Image.Resampling.HAMMING,
-}
 
 
 class ImageError(RequestError):
@@ -67,7 +59,8 @@ def load_image(data: bytes, prep: ImagePreprocessing, limits: ImageLimits = Imag
     try:
         image.seek(0)  # an animation's first frame
         rgb = to_rgb(ImageOps.exif_transpose(image))
-        resized = rgb.resize((prep.width, prep.height), resample=_FILTERS[prep.resample])
+        # prep.resample names a member of PIL's Resampling (wicore.model.vision.RESAMPLING).
+        resized = rgb.resize((prep.width, prep.height), resample=Image.Resampling[prep.resample.upper()])
         pixels = np.asarray(resized, dtype=np.uint8)
     except (OSError, ValueError, SyntaxError, EOFError) as exc:  # what Pillow raises on truncated or corrupt data
         raise ImageError(f"the image cannot be decoded, truncated or corrupt ({exc})") from None
