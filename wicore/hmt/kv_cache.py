@@ -40,11 +40,9 @@ class KVCache(BlockGroups):
 
         A block found corrupt (NVMe checksum) is dropped from the bookkeeping; the ids of the
         sequences that held one are returned: their KV is lost and must be recomputed."""
-        corrupt: set[tuple[int, int]] = set()
-        for group, pager in enumerate(self.pagers):
-            mine = [m for m in moves if m.group == group]
-            if mine:
-                corrupt |= {(group, b) for b in pager.execute(mine)}
+        corrupt = {
+            (group, b) for group, pager in enumerate(self.pagers) for b in pager.execute([m for m in moves if m.group == group])
+        }
         if not corrupt:
             return set()
         lost = self.holders(corrupt)
