@@ -58,6 +58,78 @@ def test_hf_config_transformers4_style_with_linear_rope_scaling():
     assert Gemma3Config.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
+ROPE_FORMS = {
+    "4.x rope_type": {"rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+    "4.x no scaling": {"rope_theta": 2e6, "rope_local_base_freq": 2e4, "rope_scaling": None},
+    "nothing": {},
+    "5.x": {
+        "rope_parameters": {
+            FULL: {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            SLIDING: {"rope_type": "default", "rope_theta": 1e4},
+        }
+    },
+    "5.x thetas outside": {
+        "rope_theta": 3e6,
+        "rope_local_base_freq": 3e4,
+        "rope_parameters": {FULL: {"rope_type": "linear", "factor": 4.0}, SLIDING: {"rope_type": "default"}},
+    },
+    "5.x full only": {"rope_parameters": {FULL: {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}}},
+    "5.x and 4.x": {"rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rope_parameters": {FULL: {"rope_theta": 1e6}}},
+}
+SMALL_TEXT_CONFIG = dict(
+    model_type="gemma3_text",
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=131072,
+)
+
+
+@pytest.mark.parametrize("form", list(ROPE_FORMS))
+def test_hf_config_rope_forms_read_as_transformers_reads_them(form):
+    """Every way a Gemma 3 config writes its RoPE gives what transformers' own Gemma3TextConfig
+    makes of it: (theta, linear factor) of the global and of the sliding layers."""
+    from transformers import Gemma3TextConfig
+
+    raw = {**SMALL_TEXT_CONFIG, **ROPE_FORMS[form]}
+    hf = Gemma3TextConfig(**copy.deepcopy(raw)).rope_parameters
+    expected = [
+        RopeConfig(hf[kind]["rope_theta"], hf[kind].get("factor", 1.0) if hf[kind]["rope_type"] == "linear" else 1.0)
+        for kind in (FULL, SLIDING)
+    ]
+    cfg = Gemma3Config.from_hf(raw)
+    assert [cfg.rope_global, cfg.rope_local] == expected
+
+
+def test_hf_config_legacy_type_key_reads_as_transformers_4_reads_it():
+    """`rope_scaling: {"type": "linear"}` (the older key) is linear scaling, as transformers 4.x
+    reads it; transformers 5.24 keeps the `rope_type: default` it fills in first and drops the factor."""
+    cfg = Gemma3Config.from_hf({**SMALL_TEXT_CONFIG, "rope_scaling": {"type": "linear", "factor": 8.0}})
+    assert (cfg.rope_global, cfg.rope_local) == (RopeConfig(1_000_000.0, 8.0), RopeConfig(10_000.0))
+
+
+@pytest.mark.parametrize(
+    ("rope", "message"),
+    [
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 8.0}}, "full_attention layers: rope scaling 'yarn' is not supported"),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic' is not supported"),
+        ({"rope_parameters": {FULL: {"rope_type": "llama3", "factor": 8.0}}}, "rope scaling 'llama3' is not supported"),
+        ({"rope_parameters": {SLIDING: {"rope_type": "longrope"}}}, "sliding_attention layers: rope scaling 'longrope'"),
+        ({"rope_scaling": {"rope_type": "linear"}}, "linear rope scaling without a factor"),
+        ({"rope_parameters": {FULL: {"partial_rotary_factor": 0.5}}}, "partial rotary embeddings are not supported"),
+        ({"rope_parameters": {"rope_type": "linear", "factor": 8.0}}, "key them by layer type"),
+    ],
+    ids=["yarn", "dynamic", "llama3", "longrope-sliding", "no-factor", "partial", "flat-parameters"],
+)
+def test_hf_config_refuses_rope_it_does_not_implement(rope, message):
+    with pytest.raises(UnsupportedModelError, match=message):
+        Gemma3Config.from_hf({**SMALL_TEXT_CONFIG, **rope})
+
+
 def test_hf_config_rejects_other_architectures():
     with pytest.raises(UnsupportedModelError, match="llama"):
         Gemma3Config.from_hf({"model_type": "llama", "num_hidden_layers": 2})

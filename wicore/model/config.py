@@ -137,23 +137,33 @@ def _first(value: Any, default: int) -> int:
     return int(value)
 
 
-def _rope_from_params(params: dict[str, Any] | None, theta: float) -> RopeConfig:
-    if not params:
-        return RopeConfig(theta)
+def _rope_from_params(params: dict[str, Any], theta: float, layer_type: str) -> RopeConfig:
+    """One layer type's RoPE from its HF parameters (`theta` where they name none)."""
     kind = params.get("rope_type", params.get("type", "default"))
     theta = float(params.get("rope_theta", theta))
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedModelError(f"{layer_type} layers: partial rotary embeddings are not supported")
     if kind == "default":
         return RopeConfig(theta)
     if kind == "linear":
+        if "factor" not in params:
+            raise UnsupportedModelError(f"{layer_type} layers: linear rope scaling without a factor")
         return RopeConfig(theta, float(params["factor"]))
-    raise UnsupportedModelError(f"rope scaling {kind!r} is not supported (default and linear are)")
+    raise UnsupportedModelError(
+        f"{layer_type} layers: rope scaling {kind!r} is not supported; WiCore implements 'default' and 'linear' "
+        "(the scaling Gemma 3 checkpoints use)"
+    )
 
 
 def _hf_rope(cfg: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
-    params = cfg.get("rope_parameters")
-    if isinstance(params, dict) and FULL in params:  # transformers >= 5
-        return _rope_from_params(params[FULL], 1_000_000.0), _rope_from_params(params.get(SLIDING), 10_000.0)
-    theta = float(cfg.get("rope_theta", 1_000_000.0))
-    rope_global = _rope_from_params(cfg.get("rope_scaling"), theta)
-    rope_local = RopeConfig(float(cfg.get("rope_local_base_freq", 10_000.0)))
-    return rope_global, rope_local
+    """(global, local) RoPE, read as transformers reads a Gemma 3 config: 5.x's `rope_parameters`
+    per layer type, 4.x's `rope_scaling` (global layers only; merged over the former where both are
+    given), with `rope_theta` / `rope_local_base_freq` where a layer type names no theta."""
+    params = cfg.get("rope_parameters") or {}
+    if not isinstance(params, dict) or set(params) - {FULL, SLIDING}:
+        raise UnsupportedModelError(f"rope_parameters {params!r}: Gemma 3 configs key them by layer type ({FULL!r}, {SLIDING!r})")
+    full = {**(params.get(FULL) or {}), **(cfg.get("rope_scaling") or {})}
+    return (
+        _rope_from_params(full, float(cfg.get("rope_theta", 1_000_000.0)), FULL),
+        _rope_from_params(params.get(SLIDING) or {}, float(cfg.get("rope_local_base_freq", 10_000.0)), SLIDING),
+    )
