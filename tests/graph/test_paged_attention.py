@@ -75,7 +75,8 @@ def test_every_layer_is_one_paged_attention_node_over_its_own_buffers(paged_expo
             assert (node.input[6], node.input[16]) == names
         assert not [n for n in graph.node if n.op_type in ("ScatterND", "Softmax")]  # the op does both
     assert sorted(seen) == list(range(cfg.num_layers))
-    assert manifest.partitions[-1].outputs[-2:] == (io.LOGITS, io.GREEDY_TOKENS)
+    head = (io.TOP_PROBS, io.TOP_IDS, io.SAMPLED_TOKENS)  # the sampling head: on by default with the paged attention
+    assert manifest.partitions[-1].outputs[-5:] == (io.LOGITS, io.GREEDY_TOKENS, *head)
 
 
 def test_a_layer_is_a_handful_of_fused_kernels_in_float16(paged_export):

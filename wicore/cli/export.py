@@ -44,6 +44,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "MultiHeadAttention (a flash kernel on CUDA) and FastGelu, CPU and CUDA EPs, 3x portable on an H100; "
         "auto: fused with --op-flavour ort-quant, else portable",
     )
+    ap.add_argument(
+        "--sampling-head",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="draw temperature / top-k / top-p tokens in the graph, so sampled rows read back a token and 64 "
+        "candidates instead of their logits (graph/sampling.py); auto: on with --attention paged",
+    )
     ap.add_argument("--weight-bits", type=int, default=8, choices=[4, 8], help="ort-quant: bits for float weights")
     ap.add_argument(
         "--attention-stats", action="store_true", help="also output each KV block's attention mass (for the A2CR cache policy)"
@@ -75,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             weight_bits=args.weight_bits,
             attention=args.attention,
             vision_flavour=args.vision_flavour,
+            sampling_head=args.sampling_head,
         )
         source = open_source(args.model, args.mmproj)
         export_model(source, args.out, config)

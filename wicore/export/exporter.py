@@ -47,6 +47,7 @@ class ExportConfig:
     accuracy_level: int = 4  # ort-quant: MatMulNBits activations, 4 = int8 (fast on CPU), 0 = float (exact)
     attention: str = "portable"  # "paged": com.microsoft.PagedAttention over the fp16 KV (CUDA EP)
     vision_flavour: str = "auto"  # the vision partition's ops (resolved_vision_flavour)
+    sampling_head: str = "auto"  # "on" / "off" / "auto": on with the paged attention (graph/sampling.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -63,6 +64,8 @@ class ExportConfig:
             raise WiCoreError("--attention paged gives no attention statistics; drop --attention-stats")
         if self.vision_flavour not in ("auto", *VISION_FLAVOURS):
             raise WiCoreError(f"--vision-flavour {self.vision_flavour!r}: choose auto, {', '.join(VISION_FLAVOURS)}")
+        if self.sampling_head not in ("auto", "on", "off"):
+            raise WiCoreError(f"--sampling-head {self.sampling_head!r}: choose auto, on or off")
         if self.num_partitions < 1:
             raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
 
@@ -79,6 +82,11 @@ class ExportConfig:
         if self.vision_flavour != "auto":
             return self.vision_flavour
         return "fused" if OP_FLAVOURS[self.op_flavour] else "portable"
+
+    def has_sampling_head(self) -> bool:
+        """Whether the last partition draws sampled rows itself: `auto` where its logits live on an
+        accelerator (the paged attention's CUDA graphs); on the CPU the host sampler costs the same."""
+        return self.sampling_head == "on" or (self.sampling_head == "auto" and self.attention == "paged")
 
 
 def stderr_progress(message: str) -> None:
@@ -118,6 +126,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         quant=config.quant(),
         attention=config.attention,
         image_inputs=vision is not None,
+        sampling_head=config.has_sampling_head(),
     )
     started = time.monotonic()
     progress(

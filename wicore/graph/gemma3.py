@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from wicore.graph import invariant_attention, io
+from wicore.graph import invariant_attention, io, sampling
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph
 from wicore.graph.paged_attention import paged_attention
 from wicore.graph.quant import QuantLinear
@@ -76,11 +76,13 @@ class Gemma3Builder:
         quant: QuantLinear | None = None,
         attention: str = "portable",
         image_inputs: bool = False,
+        sampling_head: bool = False,
     ) -> None:
         """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py).
         `attention`: "portable" (standard ops), "paged" (com.microsoft.PagedAttention, fp16, CUDA) or
         "batch-invariant" (standard ops, a row's logits the same in any batch: graph/invariant_attention.py).
-        `image_inputs`: the graphs take image embeddings and image spans (wicore.graph.io, "Images")."""
+        `image_inputs`: the graphs take image embeddings and image spans (wicore.graph.io, "Images").
+        `sampling_head`: the last partition also draws sampled rows (graph/sampling.py)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         if attention not in ATTENTIONS:
@@ -90,6 +92,7 @@ class Gemma3Builder:
                 "the paged attention needs fp16 graphs, gives no attention statistics and is causal only (no images)"
             )
         self.image_inputs = image_inputs
+        self.sampling_head = sampling_head
         self.paged = attention == "paged"
         self.batch_invariant = attention == "batch-invariant"
         self.cfg = cfg
@@ -161,6 +164,8 @@ class Gemma3Builder:
             g.output(io.LOGITS, f32, ["num_logits", cfg.vocab_size])
             g.op("ArgMax", [logits], "/model/greedy/ArgMax", out=io.GREEDY_TOKENS, axis=-1, keepdims=0)
             g.output(io.GREEDY_TOKENS, TensorProto.INT64, ["num_logits"])
+            if self.sampling_head:
+                sampling.sampling_head(g, logits, cfg.vocab_size)
         else:
             g.output(io.HIDDEN_STATES_OUT, f32, ["batch", "seq", cfg.hidden_size])
         if masses is not None:

@@ -34,6 +34,14 @@ reads token ids back instead of [num_logits, vocab] float32 logits:
 
     greedy_tokens   [num_logits]            int64  argmax of each logits row
 
+Exports with the sampling head (`--sampling-head`, on by default with the paged attention) also
+draw sampled rows there (graph/sampling.py), so those read back a token and K candidates:
+
+    sampling_temperature [num_logits]      float32  the row's temperature (> 0)
+    sampling_uniform     [num_logits]      float32  the row's uniform draw in [0, 1)
+    sampled_tokens       [num_logits]      int64    inverse CDF of the tempered distribution at it
+    top_probs / top_ids  [num_logits, K]   float32 / int64  the K most likely tokens (tempered)
+
 Graphs exported with the `paged` attention (graph/paged_attention.py, CUDA EP) take, instead of
 context_lens and window_first_block:
 
@@ -95,6 +103,11 @@ WINDOW_SLOT_MAPPING = "window_slot_mapping"
 WINDOW_BLOCK_TABLES = "window_block_tables"
 WINDOW_FIRST_BLOCK = "window_first_block"
 GREEDY_TOKENS = "greedy_tokens"
+SAMPLING_TEMPERATURE = "sampling_temperature"
+SAMPLING_UNIFORM = "sampling_uniform"
+SAMPLED_TOKENS = "sampled_tokens"
+TOP_PROBS = "top_probs"
+TOP_IDS = "top_ids"
 CUMULATIVE_SEQLENS = "cumulative_seqlens"
 PAST_SEQLENS = "past_seqlens"
 ATTENTION_BOUNDS = "attention_bounds"

@@ -50,6 +50,10 @@ class PartitionRecord:
     def has_attention_stats(self) -> bool:
         return "attention_mass" in self.outputs
 
+    @property
+    def has_sampling_head(self) -> bool:
+        return "sampled_tokens" in self.outputs
+
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "layers": [self.start, self.stop], "inputs": list(self.inputs), "outputs": list(self.outputs)}
 

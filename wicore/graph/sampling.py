@@ -1,0 +1,89 @@
+"""The sampling head: token choice next to the logits, so a sampled decode step reads back a
+few numbers a row instead of its [vocab] float32 logits (1 MB a row for Gemma 3).
+
+Inputs and outputs (wicore.graph.io, "Sampling head"), one entry per logits row:
+
+    sampling_temperature [num_logits]      float32  > 0 (greedy rows: any positive value)
+    sampling_uniform     [num_logits]      float32  in [0, 1): the row's draw, from its seeded generator
+    sampled_tokens       [num_logits]      int64    the token at `uniform` of the tempered
+                                                    distribution's CDF, in token order
+    top_probs            [num_logits, K]   float32  the K most likely tokens' tempered probabilities,
+    top_ids              [num_logits, K]   int64    most likely first (ties: lower id first)
+
+The draw is the host sampler's, moved: the weights are exp((logits - max) / T) and the token is
+where u * total falls in their running sum (wicore.runtime.sampler._inverse_cdf), so a row drawn
+here gives the token the host would give for the same u (but for float32 rounding exactly at a
+boundary between two tokens). The running sum is two-level, as on the host: 512-token block
+sums, then one block's own sum. ONNX Runtime's CUDA CumSum adds every element's whole prefix
+again (quadratic in the axis), so no CumSum here runs over more than 513 elements.
+
+    logits ─► exp((l - max) / T) ─┬─► TopK(K) / total ───────────────────────────► top_probs, top_ids
+                                  └─► block sums ─► CumSum ─► block of u*total ─► its CumSum ─► sampled_tokens
+
+Top-k and top-p draws cut the distribution first: the host picks them from the K candidates
+(exact when top_k <= K, or when the candidates' mass reaches top_p) and reads the logits only
+otherwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from wicore.graph import io
+from wicore.graph.ops import Graph
+
+TOP_CANDIDATES = 64  # K (at most the vocabulary): covers llama.cpp's default top_k (40) and most nucleus cuts
+CDF_BLOCK = 512  # the host sampler's block (wicore.runtime.sampler._CDF_BLOCK)
+
+
+def sampling_head(g: Graph, logits: str, vocab_size: int) -> None:
+    """Add the head's inputs, nodes and outputs after `logits` [num_logits, vocab] float32."""
+    p = "/model/sampling"
+    f32 = TensorProto.FLOAT
+    temperature = g.input(io.SAMPLING_TEMPERATURE, f32, ["num_logits"])
+    uniform = g.input(io.SAMPLING_UNIFORM, f32, ["num_logits"])
+    top = g.op("ReduceMax", [logits], f"{p}/max", axes=[-1], keepdims=1)
+    shifted = g.op("Sub", [logits, top], f"{p}/shift")  # <= 0: a tiny temperature gives 0, not inf - inf
+    tempered = g.op("Div", [shifted, g.op("Unsqueeze", [temperature, g.const([-1])], f"{p}/T")], f"{p}/temper")
+    weights = g.op("Exp", [tempered], f"{p}/weights")
+    total = g.op("ReduceSum", [weights, g.const([-1])], f"{p}/total", keepdims=1)
+    k = min(TOP_CANDIDATES, vocab_size)
+    best = g.op_multi("TopK", [weights, g.const([k])], f"{p}/TopK", 2, outs=(None, io.TOP_IDS), axis=-1, largest=1, sorted=1)[0]
+    g.op("Div", [best, total], f"{p}/top_probs", out=io.TOP_PROBS)
+    g.output(io.TOP_PROBS, f32, ["num_logits", k])
+    g.output(io.TOP_IDS, TensorProto.INT64, ["num_logits", k])
+    _inverse_cdf(g, weights, uniform, vocab_size, p)
+    g.output(io.SAMPLED_TOKENS, TensorProto.INT64, ["num_logits"])
+
+
+def _inverse_cdf(g: Graph, weights: str, uniform: str, vocab_size: int, p: str) -> None:
+    """sampled_tokens: the first token whose running weight exceeds u * total."""
+    num_blocks = -(-vocab_size // CDF_BLOCK)
+    padded = g.op("Pad", [weights, g.const([0, 0, 0, num_blocks * CDF_BLOCK - vocab_size])], f"{p}/pad")
+    blocks = g.op("Reshape", [padded, g.const([0, num_blocks, CDF_BLOCK])], f"{p}/blocks")  # [n, B, 512]
+    block_sums = g.op("ReduceSum", [blocks, g.const([-1])], f"{p}/block_sums", keepdims=0)  # [n, B]
+    axis = g.const(1)
+    cdf = g.op("CumSum", [block_sums, axis], f"{p}/block_cdf")
+    before = g.op("CumSum", [block_sums, axis], f"{p}/block_cdf_before", exclusive=1)
+    total = g.op("Gather", [cdf, g.const([num_blocks - 1])], f"{p}/cdf_total", axis=1)  # [n, 1]
+    target = g.op("Mul", [g.op("Unsqueeze", [uniform, g.const([-1])], f"{p}/u"), total], f"{p}/target")
+    block = _count_at_most(g, cdf, target, num_blocks - 1, f"{p}/block")  # [n, 1]
+    offset = g.op("GatherElements", [before, block], f"{p}/offset", axis=1)  # [n, 1]
+    index = g.op("Unsqueeze", [block, g.const([-1])], f"{p}/block_index")  # [n, 1, 1]
+    index = g.op("Expand", [index, g.const([1, 1, CDF_BLOCK])], f"{p}/block_index_rows")
+    row = g.op("GatherElements", [blocks, index], f"{p}/block_row", axis=1)  # [n, 1, 512]
+    row = g.op("Reshape", [row, g.const([0, CDF_BLOCK])], f"{p}/block_row_flat")
+    inner = g.op("Add", [g.op("CumSum", [row, axis], f"{p}/inner_cdf"), offset], f"{p}/inner")
+    within = _count_at_most(g, inner, target, CDF_BLOCK - 1, f"{p}/within")
+    token = g.op("Add", [g.op("Mul", [block, g.const(CDF_BLOCK)], f"{p}/block_start"), within], f"{p}/token")
+    token = g.op("Min", [token, g.const(vocab_size - 1)], f"{p}/token_in_vocab")  # rounding past the last weight
+    g.op("Squeeze", [token, g.const([-1])], f"{p}/tokens", out=io.SAMPLED_TOKENS)
+
+
+def _count_at_most(g: Graph, cdf: str, target: str, last: int, name: str) -> str:
+    """How many entries of each row of `cdf` are <= target ([n, 1] int64), capped at `last`:
+    the index of the first entry above target."""
+    at_most = g.op("Cast", [g.op("LessOrEqual", [cdf, target], f"{name}/le")], f"{name}/cast", to=TensorProto.INT64)
+    count = g.op("ReduceSum", [at_most, g.const([-1])], f"{name}/count", keepdims=1)
+    return g.op("Min", [count, g.const(np.int64(last))], f"{name}/index")
