@@ -7,14 +7,14 @@ decode steps, provided that every input and output of the run stays at one devic
 one shape. So each batch-size bucket (1, 2, 4, 8, ... rows) gets its own inputs, allocated
 once on the device and refilled in place each step, and its own graph id:
 
-    rows ──► padded to the bucket ──► copied into the bucket's device inputs ──► replay ──► greedy tokens
+    rows ──► padded to the bucket ──► copied into the bucket's device inputs ──► replay ──► greedy tokens, draws
              (extra rows: one token at position 0 in the sink block; their tokens are dropped)
 
 The block tables have a fixed width too (the most blocks a sequence can hold), and the paged
 attention's host-side bounds are the largest the step can see, so the kernels chosen at capture
 stay valid as sequences grow. Every decode step runs this way: the greedy tokens come back to
-the host, and the [rows, vocab] logits too when a row samples (they are written into the bucket's
-device buffer either way). Prefill chunks and image prompts run uncaptured (graph id -1).
+the host, the sampling head's draws when a row samples there, and the [rows, vocab] logits only
+when a row needs them (they are written into the bucket's device buffer either way). Prefill chunks and image prompts run uncaptured (graph id -1).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 
 from wicore.graph import io
 from wicore.runtime.batch import BatchInputs
+from wicore.runtime.graph_io import Draws, GraphOutputs, SamplingInputs
 
 _HOST = (io.ATTENTION_BOUNDS, io.WINDOW_ATTENTION_BOUNDS)  # read by the op on the host, at capture
 
@@ -43,8 +44,7 @@ class _Bucket:
     graph_id: int
     inputs: dict[str, object]  # name -> OrtValue (device, or host for the bounds)
     bindings: list[object]  # one IOBinding a partition, bound once
-    greedy: object  # OrtValue [rows] int64 on the last partition's device
-    logits: object  # OrtValue [rows, vocab] float32 there
+    outputs: dict[str, object]  # the last partition's: name -> OrtValue on its device (greedy, logits, draws)
 
 
 class DecodeGraphs:
@@ -77,6 +77,8 @@ class DecodeGraphs:
             io.WINDOW_PAST_SEQLENS: ((rows,), np.int32),
             io.LOGITS_INDICES: ((rows,), np.int64),
         }
+        if graphs.has_sampling_head:
+            shapes |= {io.SAMPLING_TEMPERATURE: ((rows,), np.float32), io.SAMPLING_UNIFORM: ((rows,), np.float32)}
         inputs: dict[str, object] = {
             name: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, kind, index)
             for name, (shape, dtype) in shapes.items()
@@ -84,8 +86,10 @@ class DecodeGraphs:
         bounds = np.asarray([1, self.max_context], np.int32)
         for name in _HOST:  # the largest bounds: the kernels chosen at capture hold for every replay
             inputs[name] = ort.OrtValue.ortvalue_from_numpy(bounds.copy())
-        greedy = ort.OrtValue.ortvalue_from_shape_and_type([rows], np.int64, kind, index)
-        logits = ort.OrtValue.ortvalue_from_shape_and_type([rows, graphs.manifest.config.vocab_size], np.float32, kind, index)
+        outputs = {
+            name: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, kind, index)
+            for name, (shape, dtype) in self._output_shapes(rows).items()
+        }
         handoff = [
             ort.OrtValue.ortvalue_from_shape_and_type([rows, 1, hidden], np.float32, kind, index) for _ in graphs.sessions[:-1]
         ]
@@ -100,12 +104,27 @@ class DecodeGraphs:
                 binding.bind_ortvalue_input(io.HIDDEN_STATES, handoff[i - 1])
             graphs.bind_kv(binding, record)
             if record.has_lm_head:
-                binding.bind_ortvalue_output(io.LOGITS, logits)
-                binding.bind_ortvalue_output(io.GREEDY_TOKENS, greedy)
+                for name, value in outputs.items():
+                    binding.bind_ortvalue_output(name, value)
             else:
                 binding.bind_ortvalue_output(io.HIDDEN_STATES_OUT, handoff[i])
             bindings.append(binding)
-        return _Bucket(rows, graph_id, inputs, bindings, greedy, logits)
+        return _Bucket(rows, graph_id, inputs, bindings, outputs)
+
+    def _output_shapes(self, rows: int) -> dict[str, tuple[tuple[int, ...], type]]:
+        graphs = self.graphs
+        shapes: dict[str, tuple[tuple[int, ...], type]] = {
+            io.LOGITS: ((rows, graphs.manifest.config.vocab_size), np.float32),
+            io.GREEDY_TOKENS: ((rows,), np.int64),
+        }
+        if graphs.has_sampling_head:
+            k = next(o.shape[-1] for o in graphs.sessions[-1].get_outputs() if o.name == io.TOP_PROBS)
+            shapes |= {
+                io.SAMPLED_TOKENS: ((rows,), np.int64),
+                io.TOP_PROBS: ((rows, k), np.float32),
+                io.TOP_IDS: ((rows, k), np.int64),
+            }
+        return shapes
 
     def can_run(self, batch: BatchInputs) -> bool:
         rows, seq = batch.input_ids.shape
@@ -116,23 +135,34 @@ class DecodeGraphs:
             and batch.window_block_tables.shape[1] <= self.max_window_blocks
         )
 
-    def run(self, batch: BatchInputs, logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """The greedy token of each row of a decode batch (`can_run`), from a replayed graph, and
-        with `logits` the rows' [rows, vocab] logits."""
+    def run(self, batch: BatchInputs, logits: bool, sampling: SamplingInputs | None = None) -> GraphOutputs:
+        """A decode batch (`can_run`) from a replayed graph: each row's greedy token, with `logits`
+        the rows' [rows, vocab] logits, with `sampling` the sampling head's draws."""
         rows = batch.input_ids.shape[0]
         bucket = next(b for b in self._buckets if b.rows >= rows)
-        for name, array in self._padded(batch, bucket.rows).items():
+        for name, array in self._padded(batch, bucket.rows, sampling).items():
             bucket.inputs[name].update_inplace(array)  # type: ignore[attr-defined]
         options = self._ort.RunOptions()
         options.add_run_config_entry("gpu_graph_id", str(bucket.graph_id))
         for session, binding in zip(self.graphs.sessions, bucket.bindings):
             session.run_with_iobinding(binding, options)
-        greedy = bucket.greedy.numpy()[:rows]  # type: ignore[attr-defined]
-        return greedy, bucket.logits.numpy()[:rows] if logits else None  # type: ignore[attr-defined]
+        out = bucket.outputs
 
-    def _padded(self, batch: BatchInputs, rows: int) -> dict[str, np.ndarray]:
+        def read(name: str) -> np.ndarray:
+            return out[name].numpy()[:rows]  # type: ignore[attr-defined]
+
+        greedy = read(io.GREEDY_TOKENS)
+        if sampling is None:
+            return GraphOutputs(read(io.LOGITS) if logits else None, greedy, None)
+        draws = Draws(read(io.SAMPLED_TOKENS), read(io.TOP_PROBS), read(io.TOP_IDS))
+        if logits:
+            return GraphOutputs(read(io.LOGITS), greedy, None, draws)
+        return GraphOutputs(None, greedy, None, draws, _Rows(out[io.LOGITS], rows))
+
+    def _padded(self, batch: BatchInputs, rows: int, sampling: SamplingInputs | None) -> dict[str, np.ndarray]:
         """The batch's inputs at the bucket's shapes: extra rows decode one token at position 0 of
-        the sink block, and the tables are padded with the sink to their fixed width."""
+        the sink block, and the tables are padded with the sink to their fixed width. Without
+        `sampling`, an export with the sampling head draws at temperature 1 (the draws go unread)."""
         n = batch.input_ids.shape[0]
         sink_slot = self.sink_slot
 
@@ -143,7 +173,7 @@ class DecodeGraphs:
             return out
 
         sink = io.SINK_BLOCK
-        return {
+        inputs = {
             io.INPUT_IDS: pad(batch.input_ids, None, 0),
             io.POSITIONS: pad(batch.positions, None, 0),
             io.SLOT_MAPPING: pad(batch.slot_mapping, None, sink_slot),
@@ -155,3 +185,19 @@ class DecodeGraphs:
             io.WINDOW_PAST_SEQLENS: pad(batch.window_past_seqlens, None, 0),
             io.LOGITS_INDICES: np.arange(rows, dtype=np.int64),
         }
+        if self.graphs.has_sampling_head:
+            head = sampling or SamplingInputs.unused(n)
+            inputs[io.SAMPLING_TEMPERATURE] = pad(head.temperature, None, 1)
+            inputs[io.SAMPLING_UNIFORM] = pad(head.uniform, None, 0)
+        return inputs
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The first `rows` rows of a bucket's device logits, read on demand (GraphOutputs.read_logits)."""
+
+    value: object
+    rows: int
+
+    def numpy(self) -> np.ndarray:
+        return self.value.numpy()[: self.rows]  # type: ignore[attr-defined]

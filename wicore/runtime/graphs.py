@@ -12,8 +12,8 @@ partition to the next as OrtValues, without a trip through NumPy when the device
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -21,15 +21,9 @@ from wicore.graph import io
 from wicore.graph.manifest import Manifest
 from wicore.runtime.batch import BatchInputs
 from wicore.runtime.cuda_graphs import DecodeGraphs
+from wicore.runtime.graph_io import Draws, GraphOutputs, SamplingInputs
 from wicore.runtime.kv_buffers import KVBuffers
 from wicore.runtime.providers import Device, DeviceError, onnxruntime, session_options
-
-
-@dataclass(frozen=True)
-class GraphOutputs:
-    logits: np.ndarray | None  # [num_logits, vocab] float32; None when only the greedy tokens were asked for
-    greedy_tokens: np.ndarray | None  # [num_logits] int64: argmax of each logits row, when the graph gives it
-    attention_mass: np.ndarray | None  # [batch, max_blocks], when the model was exported with it
 
 
 class ModelGraphs:
@@ -63,6 +57,7 @@ class ModelGraphs:
         ]
         self._input_names = [{i.name for i in s.get_inputs()} for s in self.sessions]
         self.has_greedy_tokens = io.GREEDY_TOKENS in manifest.partitions[-1].outputs
+        self.has_sampling_head = manifest.partitions[-1].has_sampling_head
         self.decode_graphs: DecodeGraphs | None = None
         self._run_options = None
         if cuda_graphs:  # a session that captures runs uncaptured only when told so
@@ -93,30 +88,34 @@ class ModelGraphs:
         own, nxt = self.devices[partition].ort_device, self.devices[partition + 1].ort_device
         return nxt if nxt[0] == "cpu" or nxt == own else own
 
-    def run(self, batch: BatchInputs, logits: bool = True, images: dict[str, np.ndarray] | None = None) -> GraphOutputs:
+    def run(
+        self,
+        batch: BatchInputs,
+        logits: bool = True,
+        images: dict[str, np.ndarray] | None = None,
+        sampling: SamplingInputs | None = None,
+    ) -> GraphOutputs:
         """Run every partition for one batch. With `logits` False and a graph that gives the greedy
         tokens, only those come back to the host (the logits stay on the device, unread). `images`:
-        the image inputs of a multimodal export (wicore.runtime.vision.VisionEncoder.decoder_inputs)."""
+        the image inputs of a multimodal export (wicore.runtime.vision.VisionEncoder.decoder_inputs).
+        `sampling` (exports with the sampling head): the rows' draws come back too."""
         want_logits = logits or not self.has_greedy_tokens
+        if sampling is not None and not self.has_sampling_head:
+            raise ValueError("this export has no sampling head (wicore-export --sampling-head on)")
         if not images and self.decode_graphs is not None and self.decode_graphs.can_run(batch):
-            tokens, rows = self.decode_graphs.run(batch, want_logits)
-            return GraphOutputs(rows, tokens, None)
+            return self.decode_graphs.run(batch, want_logits, sampling)
         hidden = None
+        out: dict[str, Any] = {}
         mass = None
-        greedy = None
         parts = list(zip(self.manifest.partitions, self.sessions))
         for i, (record, session) in enumerate(parts):
             binding = session.io_binding()
-            # The batch's result is bound first, so it is get_outputs()[0]. Hidden states go
-            # straight to the next partition's device when this session can write there (its
-            # own device, or host memory); between two accelerators they pass through the host,
-            # since a session has no allocator for another card.
-            if not record.has_lm_head:
-                binding.bind_output(io.HIDDEN_STATES_OUT, *self._handoff_device(i))
-            elif want_logits:
-                binding.bind_output(io.LOGITS, "cpu")
-            if record.has_lm_head and self.has_greedy_tokens:
-                binding.bind_output(io.GREEDY_TOKENS, "cpu")
+            # Hidden states go straight to the next partition's device when this session can
+            # write there (its own device, or host memory); between two accelerators they pass
+            # through the host, since a session has no allocator for another card.
+            results = self._result_devices(i, record, want_logits, sampling is not None)
+            for name, device in results.items():
+                binding.bind_output(name, *device)
             if record.has_embedding:
                 binding.bind_cpu_input(io.INPUT_IDS, batch.input_ids)
             elif hidden is None:
@@ -125,21 +124,49 @@ class ModelGraphs:
                 binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
             else:
                 binding.bind_cpu_input(io.HIDDEN_STATES, hidden.numpy())
-            for name, array in {**batch.paging_inputs(), **(images or {})}.items():
+            step_inputs = {**batch.paging_inputs(), **(images or {})}
+            if record.has_lm_head:
+                step_inputs[io.LOGITS_INDICES] = batch.logits_indices
+                if self.has_sampling_head:
+                    head = sampling or SamplingInputs.unused(len(batch.logits_indices))
+                    step_inputs[io.SAMPLING_TEMPERATURE] = head.temperature
+                    step_inputs[io.SAMPLING_UNIFORM] = head.uniform
+            for name, array in step_inputs.items():
                 if name in self._input_names[i]:
                     binding.bind_cpu_input(name, array)
             self.bind_kv(binding, record)
-            if record.has_lm_head:
-                binding.bind_cpu_input(io.LOGITS_INDICES, batch.logits_indices)
-            if record.has_attention_stats:
-                binding.bind_output(io.ATTENTION_MASS, "cpu")
             session.run_with_iobinding(binding, self._run_options)
-            outputs = binding.get_outputs()
-            hidden = outputs[0]
-            if record.has_lm_head and self.has_greedy_tokens:
-                greedy = outputs[1 if want_logits else 0].numpy()
+            out = dict(zip(results, binding.get_outputs()))
+            hidden = out.get(io.HIDDEN_STATES_OUT)
             if record.has_attention_stats:
-                part = outputs[-1].numpy()
+                part = out[io.ATTENTION_MASS].numpy()
                 mass = part if mass is None else mass + part
-        assert hidden is not None, "a model has at least one partition"
-        return GraphOutputs(hidden.numpy() if want_logits else None, greedy, mass)
+        return self._outputs(out, want_logits, sampling is not None, mass)
+
+    def _result_devices(self, partition: int, record, want_logits: bool, draws: bool) -> dict[str, tuple[str, int]]:
+        """The partition's outputs this step reads, and where each is written."""
+        host = ("cpu", 0)
+        if not record.has_lm_head:
+            results = {io.HIDDEN_STATES_OUT: self._handoff_device(partition)}
+        else:
+            results = {}
+            if want_logits or draws:  # with draws, unread unless a row needs them (read_logits)
+                results[io.LOGITS] = host if want_logits else self.devices[partition].ort_device
+            if self.has_greedy_tokens:
+                results[io.GREEDY_TOKENS] = host
+            if draws:
+                results.update({io.SAMPLED_TOKENS: host, io.TOP_PROBS: host, io.TOP_IDS: host})
+        if record.has_attention_stats:
+            results[io.ATTENTION_MASS] = host
+        return results
+
+    @staticmethod
+    def _outputs(out: dict[str, Any], want_logits: bool, draws: bool, mass: np.ndarray | None) -> GraphOutputs:
+        """The last partition's outputs (OrtValues by name) as a GraphOutputs."""
+        greedy = out[io.GREEDY_TOKENS].numpy() if io.GREEDY_TOKENS in out else None
+        if not draws:
+            return GraphOutputs(out[io.LOGITS].numpy() if want_logits else None, greedy, mass)
+        found = Draws(*(out[name].numpy() for name in (io.SAMPLED_TOKENS, io.TOP_PROBS, io.TOP_IDS)))
+        if want_logits:
+            return GraphOutputs(out[io.LOGITS].numpy(), greedy, mass, found)
+        return GraphOutputs(None, greedy, mass, found, out[io.LOGITS])

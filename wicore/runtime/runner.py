@@ -5,6 +5,10 @@
 
 When every row of a batch decodes greedily (no penalties, no logprobs, no prompt logits) only the
 graph's argmax comes back to the host, not [rows, vocab] float32 logits (1 MB a row for Gemma 3).
+An export with the sampling head (wicore/graph/sampling.py) draws tempered rows in the graph too:
+a row that keeps the whole distribution passes its uniform draw in and reads its token back, a
+top-k / top-p row picks from the head's 64 candidates, and the logits are read only for a row
+they cannot decide (a nucleus past the candidates) or that needs them (penalties, logprobs).
 
 A model with a vision partition also gets, per batch, the embeddings of the image tokens its
 rows run and where their images end (wicore.runtime.vision); each image of the step is encoded
@@ -24,9 +28,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from wicore.graph.sampling import TOP_CANDIDATES
 from wicore.runtime.batch import build_batch
+from wicore.runtime.graph_io import Draws, SamplingInputs
 from wicore.runtime.graphs import ModelGraphs
-from wicore.runtime.sampler import Sample, Sampler
+from wicore.runtime.sampler import MIN_TEMPERATURE, Sample, Sampler, SamplingParams
 from wicore.runtime.step import RunResult, ScheduledRow
 from wicore.runtime.vision import VisionEncoder
 
@@ -55,32 +61,92 @@ class ModelRunner:
         features = vision.features(span.image for row in rows for span in row.images) if vision is not None else {}
         for length, group in by_length.items():
             images = vision.decoder_inputs(group, length, features) if vision is not None else None
-            out = self.graphs.run(build_batch(group, self.block_size), logits=any(map(_needs_logits, group)), images=images)
+            drawn = self._drawn_rows(group)
+            sampling = self._sampling_inputs(group, drawn) if drawn else None
+            logits = any(_needs_logits(row) and row.request_id not in drawn for row in group)
+            out = self.graphs.run(build_batch(group, self.block_size), logits=logits, images=images, sampling=sampling)
+            host_logits = out.logits
             offset = 0
             for i, row in enumerate(group):
                 offset += row.num_logits
-                if out.logits is None:  # every row samples greedily: the graph's argmax is the token
+                if out.attention_mass is not None:
+                    result.attention[row.request_id] = out.attention_mass[i, : len(row.block_ids)]
+                if row.request_id in drawn:
+                    assert out.draws is not None
+                    if self._from_draws(row, out.draws, offset - 1, drawn[row.request_id], result):
+                        continue
+                    if host_logits is None:  # the candidates did not hold the nucleus: the logits decide
+                        host_logits = out.read_logits()
+                if host_logits is None:  # every row samples greedily: the graph's argmax is the token
                     if row.needs_sample:
                         assert out.greedy_tokens is not None
                         result.sampled[row.request_id] = Sample(int(out.greedy_tokens[offset - 1]))
                 else:
-                    logits = out.logits[offset - row.num_logits : offset]
-                    if row.num_logits:
-                        result.logits[row.request_id] = logits  # a view: no copy for a decode row
+                    row_logits = host_logits[offset - row.num_logits : offset]
+                    if row.num_logits and out.logits is not None:
+                        result.logits[row.request_id] = row_logits  # a view: no copy for a decode row
                     if row.needs_sample:
-                        self._sample(row, logits[-1], result)
-                if out.attention_mass is not None:
-                    result.attention[row.request_id] = out.attention_mass[i, : len(row.block_ids)]
+                        self._sample(row, row_logits[-1], result)
         return result
 
-    def _sample(self, row: ScheduledRow, logits: np.ndarray, result: RunResult) -> None:
+    def _drawn_rows(self, group: Sequence[ScheduledRow]) -> dict[str, bool]:
+        """The rows whose token the graph's sampling head draws (request id -> whether the row
+        keeps the whole distribution, so the head's own inverse-CDF token is it)."""
+        if not self.graphs.has_sampling_head:
+            return {}
+        return {
+            row.request_id: row.params.top_k == 0 and row.params.top_p == 1.0
+            for row in group
+            if row.needs_sample and _drawn_in_graph(row.params)
+        }
+
+    def _sampling_inputs(self, group: Sequence[ScheduledRow], drawn: dict[str, bool]) -> SamplingInputs:
+        num_logits = sum(row.num_logits for row in group)
+        temperature = np.ones(num_logits, np.float32)
+        uniform = np.zeros(num_logits, np.float32)
+        offset = 0
+        for row in group:
+            offset += row.num_logits
+            whole = drawn.get(row.request_id)
+            if whole is not None:
+                temperature[offset - 1] = max(row.params.temperature, MIN_TEMPERATURE)
+                if whole:
+                    uniform[offset - 1] = self._sampler(row).uniform()
+        return SamplingInputs(temperature, uniform)
+
+    def _from_draws(self, row: ScheduledRow, draws: Draws, index: int, whole: bool, result: RunResult) -> bool:
+        """The row's token from the sampling head's draws, into `result`; False when its
+        candidates cannot decide it."""
+        try:
+            token = (
+                int(draws.tokens[index])
+                if whole
+                else self._sampler(row).from_candidates(draws.top_probs[index], draws.top_ids[index])
+            )
+        except Exception:  # this request's sampling failed: it fails alone
+            result.failed[row.request_id] = traceback.format_exc()
+            return True
+        if token is not None:
+            result.sampled[row.request_id] = Sample(token)
+        return token is not None
+
+    def _sampler(self, row: ScheduledRow) -> Sampler:
         sampler = self._samplers.get(row.request_id)
         if sampler is None:
             sampler = self._samplers[row.request_id] = Sampler(row.params)
+        return sampler
+
+    def _sample(self, row: ScheduledRow, logits: np.ndarray, result: RunResult) -> None:
         try:
-            result.sampled[row.request_id] = sampler.sample(logits)
+            result.sampled[row.request_id] = self._sampler(row).sample(logits)
         except Exception:  # this request's sampling failed: it fails alone
             result.failed[row.request_id] = traceback.format_exc()
+
+
+def _drawn_in_graph(p: SamplingParams) -> bool:
+    """Whether a sampling head can draw the row: a tempered draw, top-k within the head's
+    candidates, nothing that needs the logits on the host (penalties, logprobs, prompt logits)."""
+    return not (p.is_greedy or p.has_penalties or p.prompt_logits) and p.logprobs is None and p.top_k <= TOP_CANDIDATES
 
 
 def _needs_logits(row: ScheduledRow) -> bool:

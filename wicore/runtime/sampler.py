@@ -118,6 +118,28 @@ class Sampler:
             return Sample(token)
         return Sample(token, top_logprobs(log_softmax(logits), token, p.logprobs))
 
+    def uniform(self) -> float:
+        """The draw of a row that keeps the whole distribution (no top-k, no top-p), taken before a
+        graph's sampling head turns it into the token (wicore.graph.sampling): `_draw`'s draw."""
+        return float(self.rng.random())
+
+    def from_candidates(self, probs: np.ndarray, ids: np.ndarray) -> int | None:
+        """A top-k / top-p draw from the K most likely tokens (sampling head's `top_probs`,
+        `top_ids`: tempered probabilities, most likely first): what `_draw` picks from the full
+        logits, or None when the candidates do not hold the top-p nucleus (no top-k, and their
+        mass is below top_p): then the logits decide."""
+        p = self.params
+        kept = probs.astype(np.float64)
+        if p.top_k:  # top-p then cuts the top-k distribution
+            kept, ids = kept[: p.top_k], ids[: p.top_k]
+            kept /= kept.sum()
+        if p.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(kept), p.top_p)) + 1
+            if keep > len(kept) and not p.top_k:
+                return None
+            kept, ids = kept[:keep], ids[:keep]
+        return int(ids[self.rng.choice(len(ids), p=kept / kept.sum())])
+
     def penalized(self, logits: np.ndarray) -> np.ndarray:
         """The logits (float64) less the penalties of the tokens picked so far."""
         p = self.params
@@ -146,10 +168,10 @@ def temperature_weights(logits: np.ndarray, temperature: float) -> np.ndarray:
     """exp((logits - max) / T) in float32: the unnormalized distribution, the best token(s) 1."""
     shifted = logits.astype(np.float32) - logits.max()  # <= 0: a tiny temperature gives -inf, not inf - inf
     with np.errstate(over="ignore"):
-        return np.exp(shifted / np.float32(max(temperature, _MIN_TEMPERATURE)))
+        return np.exp(shifted / np.float32(max(temperature, MIN_TEMPERATURE)))
 
 
-_MIN_TEMPERATURE = 1e-30  # below it float32 division overflows: the draw is already the argmax (ties aside)
+MIN_TEMPERATURE = 1e-30  # below it float32 division overflows: the draw is already the argmax (ties aside)
 
 
 def candidates(weights: np.ndarray, top_k: int, top_p: float) -> tuple[np.ndarray, np.ndarray] | None:

@@ -1,0 +1,52 @@
+"""Plain data between a step and the graphs: what a run returns, and the sampling head's inputs.
+
+`GraphOutputs` holds what came back to the host: logits only when a row needs them on the host,
+the graph's greedy choice, the attention mass of an export with statistics, and the sampling
+head's draws (wicore.graph.sampling) with the logits left on the device, to be read only for a
+row the candidates cannot decide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Draws:
+    """The sampling head's outputs (wicore.graph.sampling), one entry per logits row."""
+
+    tokens: np.ndarray  # [num_logits] int64: the inverse CDF of the tempered distribution at the row's uniform
+    top_probs: np.ndarray  # [num_logits, K] float32: the K most likely tokens' tempered probabilities
+    top_ids: np.ndarray  # [num_logits, K] int64
+
+
+@dataclass(frozen=True)
+class SamplingInputs:
+    """The sampling head's inputs: each logits row's temperature (> 0) and uniform draw."""
+
+    temperature: np.ndarray  # [num_logits] float32
+    uniform: np.ndarray  # [num_logits] float32
+
+    @classmethod
+    def unused(cls, num_logits: int) -> SamplingInputs:
+        """Inputs for a step that reads no draws (the head's inputs are required all the same)."""
+        return cls(np.ones(num_logits, np.float32), np.zeros(num_logits, np.float32))
+
+
+@dataclass(frozen=True)
+class GraphOutputs:
+    logits: np.ndarray | None  # [num_logits, vocab] float32; None when only the greedy tokens were asked for
+    greedy_tokens: np.ndarray | None  # [num_logits] int64: argmax of each logits row, when the graph gives it
+    attention_mass: np.ndarray | None  # [batch, max_blocks], when the model was exported with it
+    draws: Draws | None = None  # when the step passed SamplingInputs
+    unread_logits: Any = None  # with draws and no logits: the logits' OrtValue, left where the graph wrote them
+
+    def read_logits(self) -> np.ndarray:
+        """The logits on the host: those returned, or a copy of those left on the device."""
+        if self.logits is not None:
+            return self.logits
+        assert self.unread_logits is not None, "a step without draws returns its logits when asked"
+        return self.unread_logits.numpy()
