@@ -17,6 +17,7 @@ import numpy as np
 
 from wicore.graph.manifest import Manifest
 from wicore.runtime.batch import build_batch
+from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
 from wicore.runtime.placement import plan_placement
@@ -102,3 +103,13 @@ def test_logits_at_positions_past_100k_match_hf(tiny_export):
     for got, want in zip(ours, ref):  # measured: 1e-6 apart (logits up to 0.66); 0.49 apart with the factor ignored
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
         assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_the_engine_takes_the_models_whole_context(tiny_export):
+    """No --max-context: a sequence may reach the model's 131,072 positions when the pool holds them."""
+    folder, _ = tiny_export(1, **LONG)
+    config = EngineConfig(
+        folder, num_threads=1, block_size=16, num_device_blocks=8194, num_window_device_blocks=8, num_host_blocks=0
+    )
+    with Engine(config) as eng:
+        assert (eng.max_context, eng.max_sequence_tokens) == (131072, 131072)

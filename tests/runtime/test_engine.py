@@ -225,13 +225,33 @@ def test_a_prompt_that_fills_the_device_kv_cache_is_refused_and_a_shorter_one_is
         with pytest.raises(ContextLengthError) as err:
             eng.add_request(list(range(3, 19)), GREEDY, request_id="long")
         assert str(err.value) == (
-            "the prompt has 16 tokens; the model's device KV cache (raise --kv-pool-gb) holds 16 tokens "
-            "(prompt plus at least one generated token)"
+            "the prompt has 16 tokens; the device KV cache holds 16 tokens (prompt plus at least one generated token); "
+            "--kv-pool-gb 0.01 holds it with --max-num-seqs 64"
         )
         assert not eng.scheduler.has_request("long")
         prompt = list(range(3, 15))
         [done] = eng.generate([prompt], GREEDY)
     assert (done.token_ids, done.finish_reason, done.num_prompt_tokens) == (hf_greedy(hf_model, prompt, 4), "length", 12)
+
+
+def test_the_kv_pool_the_refusal_names_holds_the_prompt(tiny):
+    """A pool for one sequence of 49 full blocks (one the sink: 192 tokens) and the 8 window blocks
+    of the max_num_seqs = 1 reservation (ceil((8 - 1 + 16) / 4) + 1 = 7, and the sink) refuses a
+    200-token prompt. The pool it names holds it: 200 + 1 tokens need 51 blocks and the sink, of
+    2 KiB each (1 full layer x K, V x 4 tokens x 2 heads x 32 x 4 B), and the 8 window blocks of
+    6 KiB (3 sliding layers): 152 KiB, 0.01 GiB rounded up."""
+    model_dir, hf_model = tiny
+    prompt = np.random.default_rng(3).integers(3, 512, 200).tolist()
+    pool = (49 * 2048 + 8 * 6144) / (1 << 30)
+    small = dict(num_device_blocks=None, kv_pool_gb=pool, scheduler=SchedulerConfig(max_num_seqs=1, prefill_chunk=16))
+    with engine(model_dir, **small) as eng:
+        assert eng.max_sequence_tokens == 192
+        assert eng.layout.pool_bytes(1, 201, 16) == 52 * 2048 + 8 * 6144
+        with pytest.raises(ContextLengthError, match="--kv-pool-gb 0.01 holds it with --max-num-seqs 1"):
+            eng.add_request(prompt, GREEDY)
+    with engine(model_dir, **{**small, "kv_pool_gb": 0.01}) as eng:
+        [done] = eng.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert (done.token_ids, done.num_prompt_tokens) == (hf_greedy(hf_model, prompt, 2), 200)
 
 
 def test_a_request_the_sliding_layers_cache_cannot_hold_is_refused(model_dir):

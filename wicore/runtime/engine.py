@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import threading
 import time
 import traceback
@@ -43,7 +44,7 @@ from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.images import ImageInput, ImageSpan
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
 from wicore.runtime.kv_layout import KVLayout, build_kv_cache, choose_block_size, plan_tiers
-from wicore.runtime.placement import plan_placement
+from wicore.runtime.placement import GIB, plan_placement
 from wicore.runtime.rate import RateMeter
 from wicore.runtime.request import Priority, Request, RequestOutput
 from wicore.runtime.runner import ModelRunner
@@ -94,21 +95,16 @@ class Engine:
             )
         self.runner = ModelRunner(graphs, bs, self.vision)
         sched = config.scheduler
-        self.scheduler = Scheduler(
-            replace(
-                sched,
-                eos_token_ids=self.eos_token_ids,
-                max_context=min(sched.max_context, self.manifest.config.max_position_embeddings),
-            ),
-            self.kv,
-        )
-        if config.cuda_graphs:  # tables as wide as the longest sequence, and a sliding window plus two blocks
-            context = self.scheduler.config.max_context
-            window = -(-self.manifest.config.sliding_window // bs) + 2 if layout.has_window else 1
-            graphs.enable_decode_graphs(bs, sched.max_num_seqs, -(-context // bs), window, context)
+        model_context = self.manifest.config.max_position_embeddings
+        self._max_context = model_context if sched.max_context is None else min(sched.max_context, model_context)
+        self.scheduler = Scheduler(replace(sched, eos_token_ids=self.eos_token_ids, max_context=self._max_context), self.kv)
         # Room one sequence can have on the device (one block of each group is the padding sink).
         self._device_tokens = (device.full - 1) * bs
         self._window_blocks = device.window - 1
+        if config.cuda_graphs:  # tables as wide as the longest sequence, and a sliding window plus two blocks
+            context = self.max_sequence_tokens
+            window = -(-self.manifest.config.sliding_window // bs) + 2 if layout.has_window else 1
+            graphs.enable_decode_graphs(bs, sched.max_num_seqs, -(-context // bs), window, context)
         self._tokenizer: Tokenizer | None = None
         self._ids = itertools.count()
         self._lock = threading.Condition()
@@ -164,7 +160,7 @@ class Engine:
     @property
     def max_context(self) -> int:
         """Tokens (prompt + generated) one sequence may reach: the model's context, or less if configured."""
-        return self.scheduler.config.max_context
+        return self._max_context
 
     @property
     def max_waiting(self) -> int:
@@ -239,11 +235,7 @@ class Engine:
             raise RequestError(f"token ids must be in [0, {vocab})")
         limit = self.max_sequence_tokens
         if len(ids) >= limit:
-            what = "context" if limit == self.max_context else "device KV cache (raise --kv-pool-gb)"
-            raise ContextLengthError(
-                f"the prompt has {len(ids)} tokens; the model's {what} holds {limit} tokens "
-                "(prompt plus at least one generated token)"
-            )
+            raise ContextLengthError(f"the prompt has {len(ids)} tokens; {self._context_limit(len(ids) + 1)}")
         room = limit - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         if self.layout.has_window:
@@ -259,6 +251,22 @@ class Engine:
         if self.scheduler.num_waiting >= self.scheduler.config.max_waiting:
             raise OverloadedError(f"overloaded: {self.scheduler.num_waiting} requests already waiting; retry later")
         return max_tokens, spans
+
+    def _context_limit(self, tokens: int) -> str:
+        """What holds fewer than `tokens` tokens (a prompt and one generated token), and what to change:
+        the context (the model's, or --max-context), else the device KV cache (by how much)."""
+        model_context = self.manifest.config.max_position_embeddings
+        if tokens > self.max_context:
+            holds = f"holds {self.max_context} tokens (prompt plus at least one generated token)"
+            if self.max_context == model_context:
+                return f"the model's context {holds}"
+            return f"--max-context {holds}; the model takes up to {model_context}"
+        sched = self.scheduler.config
+        need = math.ceil(self.layout.pool_bytes(sched.max_num_seqs, tokens, sched.prefill_chunk) / GIB * 100) / 100
+        return (
+            f"the device KV cache holds {self.max_sequence_tokens} tokens (prompt plus at least one generated token); "
+            f"--kv-pool-gb {need:.2f} holds it with --max-num-seqs {sched.max_num_seqs}"
+        )
 
     def abort(self, request_id: str) -> None:
         """End the request at the next step (reason "abort"); its outputs can still be read."""

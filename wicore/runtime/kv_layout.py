@@ -29,6 +29,7 @@ from wicore.hmt.kv_cache import KVCache
 from wicore.hmt.pager import Pager
 from wicore.hmt.policy import A2CRPolicy, LRUPolicy
 from wicore.hmt.tiers import HostStore, NvmeStore, Tier, TierStore
+from wicore.model.config import Gemma3Config
 from wicore.runtime.engine_config import EngineConfig
 from wicore.runtime.kv_buffers import KVBuffers
 from wicore.runtime.placement import GIB
@@ -62,12 +63,16 @@ class KVLayout:
 
     @classmethod
     def of(cls, manifest: Manifest, block_size: int) -> KVLayout:
-        cfg = manifest.config
+        return cls.of_config(manifest.config, manifest.kv_dtype, block_size)
+
+    @classmethod
+    def of_config(cls, cfg: Gemma3Config, kv_dtype: str, block_size: int) -> KVLayout:
+        """The layout of a model's KV in `kv_dtype` (an export's, or a config's alone: `wicore plan`)."""
         sliding = tuple(i for i in range(cfg.num_layers) if cfg.is_sliding(i))
         full = tuple(i for i in range(cfg.num_layers) if not cfg.is_sliding(i))
         if not full:
             raise ValueError("the engine needs at least one full-attention layer")
-        itemsize = np.dtype(manifest.kv_dtype).itemsize
+        itemsize = np.dtype(kv_dtype).itemsize
         return cls(full, sliding, cfg.sliding_window, block_size, 2 * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize)
 
     @property
@@ -80,6 +85,20 @@ class KVLayout:
     def window_blocks_per_sequence(self, prefill_chunk: int) -> int:
         """Most window blocks one sequence holds in a step: its window plus a prefill chunk."""
         return math.ceil((self.window - 1 + prefill_chunk) / self.block_size) + 1
+
+    def sequence_blocks(self, tokens: int) -> int:
+        """Full-attention blocks a sequence of `tokens` holds (its every token)."""
+        return -(-tokens // self.block_size)
+
+    def pool_bytes(self, num_seqs: int, tokens: int, prefill_chunk: int) -> int:
+        """Device pool bytes (`--kv-pool-gb`) in which the engine holds `num_seqs` sequences of `tokens`
+        each, with `max_num_seqs` = num_seqs: the bytes whose `split` gives the full group their
+        blocks and the window group its whole reservation (`plan_tiers`), each plus the sink."""
+        full = num_seqs * self.sequence_blocks(tokens) + 1
+        if not self.has_window:
+            return full * self.block_bytes(FULL)
+        window = num_seqs * self.window_blocks_per_sequence(prefill_chunk) + 1
+        return max(full, window) * self.block_bytes(FULL) + window * self.block_bytes(WINDOW)
 
     def split(self, num_bytes: float, window_need: int) -> tuple[int, int]:
         """(full, window) blocks from a byte budget: the window group takes at most

@@ -49,7 +49,7 @@ class SchedulerConfig:
     max_waiting: int = 1024
     aging_seconds: float = 10.0
     preemption: str = "swap"  # or "recompute"
-    max_context: int = 32768  # tokens per sequence (the engine lowers it to the model's)
+    max_context: int | None = None  # tokens per sequence; None: the model's (the engine sets it)
     eos_token_ids: tuple[int, ...] = ()  # the engine sets the model's
 
     def __post_init__(self) -> None:
@@ -393,6 +393,7 @@ class Scheduler:
         p = req.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.config.eos_token_ids):
             return "stop"
-        if len(req.output_ids) >= req.max_tokens or req.num_tokens >= self.config.max_context:
+        context = self.config.max_context
+        if len(req.output_ids) >= req.max_tokens or (context is not None and req.num_tokens >= context):
             return "length"
         return None
