@@ -56,6 +56,7 @@ SHAPES: dict[str, dict[str, object]] = {
 VARIANTS: dict[str, dict[str, object]] = {
     "portable": dict(dtype="fp16", attention="portable"),
     "paged": dict(dtype="fp16", attention="paged"),
+    "paged-nohead": dict(dtype="fp16", attention="paged", sampling_head="off"),  # sampled rows' logits to the host
     "int4-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0),
 }
 # Run-time flags after a variant's name ("int4-paged+graphs+nofpa"): the same export, run with these.
@@ -85,7 +86,9 @@ class Config:
     check_tokens: int
     json_path: Path | None
     hf_compiled: bool = False
-    temperature: float = 0.0  # WiCore's rows sample (top-p 0.95) instead of taking the argmax
+    temperature: float = 0.0  # WiCore's rows sample (--top-k, --top-p) instead of taking the argmax
+    top_k: int = 0
+    top_p: float = 0.95
     threads: int = 1
     block_size: int | None = None  # None: the engine's default (a paged export: its FlashAttention tile)
 
@@ -147,7 +150,7 @@ def wicore_steps(model_dir: Path, config: Config, flags: set[str]) -> dict[int, 
         os.environ["ORT_FPA_INTB_GEMM"] = "0"
     step = StepConfig(
         (str(model_dir),), config.batches, config.context, 1, config.steps, "cuda:0", False, None,
-        block_size=config.block_size, temperature=config.temperature,
+        block_size=config.block_size, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
     )  # fmt: skip
     times = {}
     for batch in config.batches:
@@ -244,13 +247,22 @@ def hf_compiled_steps(folder: Path, config: Config) -> dict[int, float]:
     return times
 
 
-SAMPLED = {"temperature": 1.0, "top_p": 0.95, "seed": 5}  # the check's seeded sampling: the same tokens when the logits are
+# The check's decodes: greedy, and seeded draws through each path of the sampling head (a whole
+# distribution: the graph's inverse CDF; top-k: its candidates; top-p: on random weights a nucleus
+# past the candidates, so the logits); the same tokens wherever the logits are the same.
+DECODES: dict[str, dict[str, object]] = {
+    "greedy": {},
+    "sampled": {"temperature": 1.0, "seed": 5},
+    "top-k": {"temperature": 0.8, "top_k": 40, "seed": 6},
+    "top-p": {"temperature": 1.0, "top_p": 0.95, "seed": 7},
+}
+NOHEAD_TWIN = {"paged": "paged-nohead"}  # a variant's tokens are also checked against this one's
 
 
 def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size: int | None) -> dict[str, dict[str, object]]:
     """Prompt logits at every position of one random prompt: each export against HF float32; and
-    24 greedy and 24 seeded sampled tokens of four prompts decoded together, which a "+graphs"
-    variant must repeat."""
+    24 tokens of four prompts decoded together (DECODES), which a "+graphs" variant must repeat
+    (and "paged" those of "paged-nohead", when both run)."""
     import torch
     from transformers import Gemma3ForCausalLM
 
@@ -267,25 +279,30 @@ def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size
     for variant, model_dir in model_dirs.items():
         step = StepConfig((), (1,), num_tokens, 1, 24, "cuda:0", False, None, block_size=block_size)
         engine_cfg = engine_config(model_dir, 4, step)
-        with Engine(replace(engine_cfg, cuda_graphs="graphs" in split_variant(variant)[1])) as engine:
+        base, flags = split_variant(variant)
+        with Engine(replace(engine_cfg, cuda_graphs="graphs" in flags)) as engine:
             got = engine.generate([prompt], SamplingParams(max_tokens=1, prompt_logits=True))[0].prompt_logits
-            tokens = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
-            sampled = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True, **SAMPLED))]
+            decoded = {
+                kind: [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True, **params))]  # type: ignore[arg-type]
+                for kind, params in DECODES.items()
+            }
         assert got is not None
         agree = float(np.mean(got.argmax(-1) == ref.argmax(-1)))
-        base = report.get(split_variant(variant)[0], {})
-        report[variant] = {
-            "argmax_agreement": agree, "max_abs_diff": float(np.abs(got - ref).max()), "greedy": tokens, "sampled": sampled,
-        }  # fmt: skip
+        report[variant] = {"argmax_agreement": agree, "max_abs_diff": float(np.abs(got - ref).max()), **decoded}
         same = ""
-        if base:  # tokens up to each row's first difference, over all
-            for kind, mine in (("greedy", tokens), ("sampled", sampled)):
-                kept = sum(next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(mine, base[kind]))  # type: ignore[arg-type]
-                same += f", {kind} tokens: {kept} / {sum(map(len, mine))} as uncaptured before a row's first difference"
+        for name in (base if flags else None, NOHEAD_TWIN.get(variant)):
+            if name in report:  # tokens up to each row's first difference, over all
+                same += f"; against {name}:" + ",".join(f" {kind} {_kept(decoded[kind], report[name][kind])}" for kind in DECODES)  # type: ignore[arg-type]
         print(
             f"  check {variant}: argmax agreement {agree:.4f}, max |diff| {report[variant]['max_abs_diff']:.4f}{same}", flush=True
         )
     return report
+
+
+def _kept(mine: list[list[int]], theirs: list[list[int]]) -> str:
+    """'k / n': the tokens of `mine` before each row's first difference from `theirs`, of all."""
+    kept = sum(next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(mine, theirs))
+    return f"{kept} / {sum(map(len, mine))}"
 
 
 def copy_bandwidth() -> float:
@@ -386,7 +403,9 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--check", action="store_true", help="compare prompt logits with HF float32 first")
     p.add_argument("--check-tokens", type=int, default=1100)
     p.add_argument("--block-size", type=int, default=None, help="KV block (page) size in tokens (default: the engine's)")
-    p.add_argument("--temperature", type=float, default=0.0, help="WiCore's rows sample at this temperature (top-p 0.95)")
+    p.add_argument("--temperature", type=float, default=0.0, help="WiCore's rows sample at this temperature")
+    p.add_argument("--top-k", type=int, default=0, help="with --temperature: top-k of the rows' draws (0: off)")
+    p.add_argument("--top-p", type=float, default=0.95, help="with --temperature: top-p of the rows' draws")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     layers, variants = int_list(a.layers), tuple(a.variants.split(","))
@@ -397,7 +416,7 @@ def parse_args(argv: list[str] | None) -> Config:
         )
     return Config(
         a.shape, layers, variants, int_list(a.batch), a.context, a.steps, a.work, a.hf, a.check, a.check_tokens, a.json,
-        hf_compiled=a.hf_compiled, temperature=a.temperature, block_size=a.block_size,
+        hf_compiled=a.hf_compiled, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, block_size=a.block_size,
     )  # fmt: skip
 
 

@@ -69,7 +69,9 @@ class Config:
     json_path: Path | None
     gpu_kernels: bool = False
     block_size: int | None = None  # None: the engine's default for the model
-    temperature: float = 0.0  # > 0: the rows sample (top-p 0.95), so their logits come to the host
+    temperature: float = 0.0  # > 0: the rows sample, through the export's sampling head or on the host
+    top_k: int = 0
+    top_p: float = 0.95
 
     def __post_init__(self) -> None:
         if min(self.batches, default=0) < 1 or self.context < 1 or self.num_steps < 1:
@@ -112,7 +114,13 @@ def decode_steps(engine: Engine, batch: int, config: Config) -> StepTimes:
     """Prefill `batch` requests of `config.context` random prompt tokens, then warm up and time
     decode steps (see the module docstring)."""
     rng = np.random.default_rng(batch)
-    params = SamplingParams(max_tokens=num_new_tokens(batch, config), ignore_eos=True, temperature=config.temperature, top_p=0.95)
+    params = SamplingParams(
+        max_tokens=num_new_tokens(batch, config),
+        ignore_eos=True,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+    )
     for _ in range(batch):
         engine.add_request(rng.integers(1000, engine.manifest.config.vocab_size, config.context).tolist(), params)
     times = StepTimes([], [])
