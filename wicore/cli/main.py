@@ -1,4 +1,4 @@
-"""`wicore`: run an exported model (`generate`, `serve`; `plan` and `bench` arrive with their issues)."""
+"""`wicore`: run an exported model (`generate`, `serve`), or plan where it runs and what fits (`plan`, wicore.cli.plan)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from wicore.cli.plan import add_plan
 from wicore.errors import RequestError, WiCoreError
 
 
@@ -161,28 +162,6 @@ def print_generate_stats(num_prompt_tokens: int, results: list, start: float) ->
         f"({len(results)} stream{'s' if len(results) > 1 else ''})",
         file=sys.stderr,
     )
-
-
-def add_plan(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plan", help="show which device would run each partition (loads no weights)")
-    p.add_argument(
-        "--model", required=True, help="exported model folder, or a packaged name (exported on first use, as serve does)"
-    )
-    p.add_argument("--devices", default="auto", help="auto, cpu, cuda:0,cuda:1, openvino:CPU,cpu, ...")
-    p.add_argument("--vision-device", default=None, help="where the vision partition runs (default: the first partition's)")
-    p.add_argument("--kv-pool-gb", type=float, default=1.0, help="KV pool to place beside the weights")
-    p.set_defaults(func=run_plan)
-
-
-def run_plan(args: argparse.Namespace) -> int:
-    from wicore.cli.models import resolve_model
-    from wicore.graph.manifest import Manifest
-    from wicore.runtime.placement import GIB, plan_placement
-
-    model_dir = resolve_model(args.model, args.devices)
-    manifest = Manifest.read(model_dir)
-    print(plan_placement(model_dir, manifest, args.devices, int(args.kv_pool_gb * GIB), args.vision_device).describe())
-    return 0
 
 
 def add_serve(sub: argparse._SubParsersAction) -> None:

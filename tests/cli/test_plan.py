@@ -1,0 +1,106 @@
+"""`wicore plan` for long contexts: from a checkpoint's config.json alone (Gemma-3-27B's shape, the
+numbers worked by hand in tests/runtime/test_capacity.py), from an export, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from wicore.cli.main import main
+
+GEMMA3_27B_IT = {  # google/gemma-3-27b-it's config.json, less the vision tower's settings
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "eos_token_id": [1, 106],
+    "text_config": {
+        "model_type": "gemma3_text",
+        "vocab_size": 262208,
+        "hidden_size": 5376,
+        "intermediate_size": 21504,
+        "num_hidden_layers": 62,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "head_dim": 128,
+        "sliding_window": 1024,
+        "query_pre_attn_scalar": 168,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+    },
+}
+
+
+@pytest.fixture
+def gemma3_27b(tmp_path):
+    folder = tmp_path / "gemma-3-27b-it"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(GEMMA3_27B_IT))
+    return folder
+
+
+def plan(capsys, *args: str) -> tuple[int, list[str], str]:
+    code = main(["plan", *args])
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err
+
+
+def test_the_27b_at_128k_on_an_80_gib_card_in_fp16(gemma3_27b, capsys):
+    code, lines, _ = plan(capsys, "--model", str(gemma3_27b), "--dtype", "fp16", "--attention", "paged", "--budget-gb", "80")
+    assert code == 0
+    assert lines == [
+        f"{gemma3_27b / 'config.json'}: 62 layers (10 full attention), 16 KV heads x 128, window 1024, context 131072; "
+        "as exported with --dtype fp16 --attention paged: weights 50.31G (estimated from the shape)",
+        "memory budget 80.00G: weights 50.31G, KV pool and activations (an estimate: wicore/runtime/capacity.py) in the rest",
+        "one sequence: up to 131072 tokens, limited by the model's maximum (the memory holds 380032); "
+        "KV pool 10.62G, activations 0.08G",
+        "sequences of 131072 tokens: 2 at once; KV pool 21.18G, activations 0.16G "
+        "(serve with --kv-pool-gb 21.18 --max-num-seqs 2)",
+    ]
+
+
+def test_the_27b_in_4_bits_on_a_24_gib_card(gemma3_27b, capsys):
+    code, lines, _ = plan(
+        capsys, "--model", str(gemma3_27b / "config.json"), "--dtype", "fp16", "--weight-bits", "4", "--attention", "paged",
+        "--budget-gb", "24", "--context", "65536",
+    )  # fmt: skip
+    assert code == 0
+    assert lines[0].endswith(
+        "--dtype fp16 --op-flavour ort-quant --weight-bits 4 --attention paged: weights 16.78G (estimated from the shape)"
+    )
+    # 85,504 tokens: 669 blocks of 128 and the window's 12 (7.14 GiB); 65,536: 513 and 12 (5.62 GiB), two: 12 GiB.
+    assert lines[2:] == [
+        "one sequence: up to 85504 tokens, limited by the memory (the model takes 131072); KV pool 7.14G, activations 0.08G",
+        "sequences of 65536 tokens: 1 at once; KV pool 5.62G, activations 0.08G (serve with --kv-pool-gb 5.62 --max-num-seqs 1)",
+    ]
+
+
+def test_an_export_is_planned_from_its_graphs(tiny_export, capsys):
+    folder, _ = tiny_export(1)
+    code, lines, _ = plan(capsys, "--model", str(folder), "--devices", "cpu", "--budget-gb", "1", "--block-size", "4")
+    assert code == 0
+    assert lines[0].split() == ["partition", "layers", "device", "weights", "kv", "pool"]
+    assert lines[-2].startswith("one sequence: up to 256 tokens, limited by the model's maximum")
+    assert lines[-1].startswith("sequences of 256 tokens: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "message"),
+    [
+        (["--context", "200000"], None, "--context 200000: the model takes 1 to 131072 tokens"),
+        (["--attention", "paged"], None, "--attention paged needs --dtype fp16"),
+        (["--budget-gb", "0"], None, "--budget-gb 0.0: give a positive size"),
+        ([], {"model_type": "llama", "num_hidden_layers": 2}, "model_type 'llama' is not supported"),
+        ([], {"model_type": "gemma3_text"}, "is not a Gemma 3 config: it has no 'num_hidden_layers'"),
+        (
+            [],
+            {**GEMMA3_27B_IT["text_config"], "rope_scaling": {"rope_type": "yarn", "factor": 8.0}},
+            "rope scaling 'yarn' is not supported",
+        ),
+    ],
+    ids=["context", "paged-fp32", "budget", "llama", "missing-key", "yarn"],
+)
+def test_bad_input_is_refused_with_exit_2(gemma3_27b, capsys, args, config, message):
+    if config is not None:
+        (gemma3_27b / "config.json").write_text(json.dumps(config))
+    code, _, err = plan(capsys, "--model", str(gemma3_27b), "--budget-gb", "80", *args)
+    assert code == 2
+    assert message in err and err.startswith("wicore: error: ")

@@ -1,0 +1,143 @@
+"""`wicore plan`: where each partition would run and what it holds, then for a memory budget the
+longest context one sequence can have and how many sequences of a length fit. Loads no weights.
+
+`--model` names an export (or a packaged model, exported on first use as `serve` does), or a
+checkpoint's config.json alone (the file, or the Hugging Face folder holding it): a model too
+large to export here, such as Gemma-3-27B, is planned from its shape, with its weights estimated
+as `wicore-export --dtype --weight-bits --attention` would write them (wicore.runtime.capacity).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from wicore.errors import RequestError
+
+
+def add_plan(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan", help="show which device would run each partition, and what context fits a memory budget (loads no weights)"
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help="exported model folder, a packaged name (exported on first use, as serve does), or a checkpoint's config.json",
+    )
+    p.add_argument("--devices", default="auto", help="auto, cpu, cuda:0,cuda:1, openvino:CPU,cpu, ...")
+    p.add_argument("--vision-device", default=None, help="where the vision partition runs (default: the first partition's)")
+    p.add_argument("--kv-pool-gb", type=float, default=1.0, help="KV pool to place beside the weights")
+    p.add_argument(
+        "--budget-gb",
+        type=float,
+        default=None,
+        help="memory for weights, KV and activations (default: 90%% of the devices' free)",
+    )
+    p.add_argument(
+        "--context", type=int, default=None, help="tokens a sequence holds, to count how many fit (default: the model's)"
+    )
+    p.add_argument("--block-size", type=int, default=None, help="tokens a KV block (default: the engine's for the model)")
+    p.add_argument("--prefill-chunk", type=int, default=256, help="as wicore serve's")
+    p.add_argument("--max-batched-tokens", type=int, default=2048, help="as wicore serve's")
+    config = p.add_argument_group("a config.json alone: the export to plan for (wicore-export's flags)")
+    config.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
+    config.add_argument("--weight-bits", type=int, choices=(4, 8), default=None, help="the ort-quant flavour's weights")
+    config.add_argument("--attention", choices=("portable", "paged"), default="portable")
+    p.set_defaults(func=run_plan)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from wicore.runtime.capacity import Workload, plan_capacity
+    from wicore.runtime.kv_layout import KVLayout
+
+    config_file = checkpoint_config(Path(args.model))
+    if config_file is None:
+        cfg, kv_dtype, weights, block_size, paged, devices = exported_model(args)
+    else:
+        cfg, kv_dtype, weights, block_size, paged, devices = config_only(args, config_file)
+    context = args.context or cfg.max_position_embeddings
+    if not 0 < context <= cfg.max_position_embeddings:
+        raise RequestError(f"--context {context}: the model takes 1 to {cfg.max_position_embeddings} tokens")
+    if min(args.prefill_chunk, args.max_batched_tokens, block_size) < 1:
+        raise RequestError("--prefill-chunk, --max-batched-tokens and --block-size must be positive")
+    layout = KVLayout.of_config(cfg, kv_dtype, block_size)
+    work = Workload(args.prefill_chunk, args.max_batched_tokens, paged)
+    print(plan_capacity(cfg, layout, kv_dtype, weights, budget_bytes(args, devices), context, work).describe())
+    return 0
+
+
+def checkpoint_config(path: Path) -> Path | None:
+    """The config.json `--model` names, if it names a checkpoint's config rather than an export."""
+    from wicore.graph.manifest import MANIFEST
+
+    if path.is_file() and path.suffix == ".json":
+        return path
+    if (path / "config.json").is_file() and not (path / MANIFEST).is_file():
+        return path / "config.json"
+    return None
+
+
+def exported_model(args: argparse.Namespace):
+    """(config, KV dtype, weight bytes, block size, paged, devices) of an export, its placement printed."""
+    from wicore.cli.models import resolve_model
+    from wicore.graph.manifest import Manifest
+    from wicore.runtime.kv_layout import choose_block_size
+    from wicore.runtime.placement import GIB, plan_placement
+
+    model_dir = resolve_model(args.model, args.devices)
+    manifest = Manifest.read(model_dir)
+    plan = plan_placement(model_dir, manifest, args.devices, int(args.kv_pool_gb * GIB), args.vision_device)
+    print(plan.describe())
+    weights = sum(p.weight_bytes for p in plan.placements) + (plan.vision.weight_bytes if plan.vision else 0)
+    devices = list(dict.fromkeys([*plan.devices, *([plan.vision.device] if plan.vision else [])]))
+    block_size = choose_block_size(manifest, args.block_size)
+    return manifest.config, manifest.kv_dtype, weights, block_size, manifest.attention == "paged", devices
+
+
+def config_only(args: argparse.Namespace, config_file: Path):
+    """The same for a checkpoint's config.json, as wicore-export would export it with the flags given."""
+    from wicore.export.exporter import ExportConfig
+    from wicore.graph.paged_attention import flash_page_size
+    from wicore.model.config import Gemma3Config
+    from wicore.runtime.capacity import estimate_weight_bytes
+    from wicore.runtime.placement import device_list
+
+    try:
+        raw = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise RequestError(f"cannot read {config_file}: {exc}") from exc
+    try:
+        cfg = Gemma3Config.from_hf(raw)
+    except KeyError as exc:
+        raise RequestError(f"{config_file} is not a Gemma 3 config: it has no {exc}") from exc
+    flavour = "ort-quant" if args.weight_bits else "portable"
+    ExportConfig(dtype=args.dtype, op_flavour=flavour, weight_bits=args.weight_bits or 8, attention=args.attention)  # its checks
+    paged = args.attention == "paged"
+    itemsize = 2 if args.dtype == "fp16" else 4
+    weights = estimate_weight_bytes(cfg, itemsize, args.weight_bits)
+    block_size = args.block_size or (flash_page_size(cfg.head_dim) if paged else 16)
+    kv_dtype = "float16" if args.dtype == "fp16" else "float32"
+    print(
+        f"{config_file}: {cfg.num_layers} layers ({cfg.layer_types.count('full_attention')} full attention), "
+        f"{cfg.num_kv_heads} KV heads x {cfg.head_dim}, window {cfg.sliding_window}, context {cfg.max_position_embeddings}; "
+        f"as exported with --dtype {args.dtype}"
+        + (f" --op-flavour {flavour} --weight-bits {args.weight_bits}" if args.weight_bits else "")
+        + f" --attention {args.attention}: weights {weights / (1 << 30):.2f}G (estimated from the shape)"
+    )
+    return cfg, kv_dtype, weights, block_size, paged, ([] if args.budget_gb is not None else device_list(args.devices)[:1])
+
+
+def budget_bytes(args: argparse.Namespace, devices: list) -> int:
+    """--budget-gb, or 90% of the free memory of `devices` (as placement plans)."""
+    from wicore.runtime.placement import GIB, HEADROOM
+
+    if args.budget_gb is not None:
+        if args.budget_gb <= 0:
+            raise RequestError(f"--budget-gb {args.budget_gb}: give a positive size")
+        return int(args.budget_gb * GIB)
+    free = [d.free_bytes() for d in devices]
+    if not free or None in free:
+        unknown = ", ".join(d.label for d, f in zip(devices, free) if f is None)
+        raise RequestError(f"the free memory of {unknown or 'the device'} is unknown: give --budget-gb")
+    return int(sum(free) * HEADROOM)
