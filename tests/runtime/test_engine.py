@@ -226,7 +226,7 @@ def test_a_prompt_that_fills_the_device_kv_cache_is_refused_and_a_shorter_one_is
             eng.add_request(list(range(3, 19)), GREEDY, request_id="long")
         assert str(err.value) == (
             "the prompt has 16 tokens; the device KV cache holds 16 tokens (prompt plus at least one generated token); "
-            "--kv-pool-gb 0.01 holds it with --max-num-seqs 64"
+            "--kv-pool-gb 0.01 holds it with --max-num-seqs 64 (wicore plan --context 17 shows what else fits)"
         )
         assert not eng.scheduler.has_request("long")
         prompt = list(range(3, 15))

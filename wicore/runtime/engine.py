@@ -265,7 +265,8 @@ class Engine:
         need = math.ceil(self.layout.pool_bytes(sched.max_num_seqs, tokens, sched.prefill_chunk) / GIB * 100) / 100
         return (
             f"the device KV cache holds {self.max_sequence_tokens} tokens (prompt plus at least one generated token); "
-            f"--kv-pool-gb {need:.2f} holds it with --max-num-seqs {sched.max_num_seqs}"
+            f"--kv-pool-gb {need:.2f} holds it with --max-num-seqs {sched.max_num_seqs} (wicore plan --context {tokens} "
+            "shows what else fits)"
         )
 
     def abort(self, request_id: str) -> None:
