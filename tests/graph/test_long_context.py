@@ -7,13 +7,16 @@ already holds 100,003 positions: the same random keys and values in our buffers 
 DynamicCache (both store keys after RoPE). Twenty new tokens then run at positions 100,003 to
 100,022, and one more decodes at 100,023: their queries and keys are rotated at those positions,
 their full-attention layer reads all 100K cached keys, their sliding layers only the window.
+Both op flavours: portable (RoPE in standard ops) and ort-quant (ONNX Runtime's RotaryEmbedding).
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from wicore.graph.manifest import Manifest
 from wicore.runtime.batch import build_batch
@@ -92,15 +95,42 @@ def our_logits_after(folder: Path, past: list[tuple[np.ndarray, np.ndarray]], st
     return out
 
 
-def test_logits_at_positions_past_100k_match_hf(tiny_export):
-    folder, model = tiny_export(1, **LONG)
+@pytest.fixture(scope="module")
+def quantized_export(tiny_model, tmp_path_factory):
+    """(ort-quant export, HF model) of the long tiny model with weights 8 bits represent exactly, so
+    that MatMulNBits with float activations (accuracy level 0) computes what HF computes."""
+    import torch
+
+    from wicore.export.exporter import ExportConfig, export_model
+    from wicore.export.sources import open_source
+    from wicore.model.quant import quantize_symmetric
+
+    _, model = tiny_model(**LONG)
+    model = copy.deepcopy(model)  # the fixture's model is shared
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim == 2:
+                param.copy_(torch.from_numpy(quantize_symmetric(param.numpy(), 8).dequantize()))
+    folder = tmp_path_factory.mktemp("long_quant")
+    model.save_pretrained(folder / "hf")
+    config = ExportConfig(op_flavour="ort-quant", weight_bits=8, accuracy_level=0)
+    export_model(open_source(str(folder / "hf")), folder / "model", config, progress=lambda _: None)
+    return folder / "model", model
+
+
+@pytest.mark.parametrize("flavour", ["portable", "ort-quant"])
+def test_logits_at_positions_past_100k_match_hf(tiny_export, quantized_export, flavour):
+    """portable: RoPE from standard ops; ort-quant: com.microsoft RotaryEmbedding over per-token
+    cos / sin rows."""
+    folder, model = tiny_export(1, **LONG) if flavour == "portable" else quantized_export
+    assert Manifest.read(folder).op_flavour == flavour
     cfg = Manifest.read(folder).config
     assert (cfg.rope_global.factor, cfg.rope_local.factor, cfg.max_position_embeddings) == (8.0, 1.0, 131072)
     past = past_kv(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
     steps = [NEW[:20], NEW[20:]]
     ours, ref = our_logits_after(folder, past, steps), hf_logits_after(model, past, steps)
     assert [o.shape for o in ours] == [(20, 512), (1, 512)]
-    for got, want in zip(ours, ref):  # measured: 1e-6 apart (logits up to 0.66); 0.49 apart with the factor ignored
+    for got, want in zip(ours, ref):  # measured: 1e-6 apart (logits up to 0.66); 0.49 with the factor ignored
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
         assert (got.argmax(-1) == want.argmax(-1)).all()
 
