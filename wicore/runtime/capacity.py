@@ -15,7 +15,10 @@
   the whole context. The portable attention materialises, per row, the gathered K and V with
   their float32 copies and the float32 scores and probabilities of every query head against
   every key: at the 27B shape, a 256-token chunk against 128K keys holds 12 GiB. The paged
-  attention (FlashAttention over the KV pages) holds none of them.
+  attention (FlashAttention over the KV pages) holds none of them. Checked once on the CPU EP
+  (the tiny 131K-position model of tests/graph/test_long_context.py, one portable run against
+  100K cached keys, the process's peak RSS before and after; 2026-11-25): a 256-token chunk grew
+  it by 1,288 MiB against an estimate of 1,078, a 64-token chunk by 266 MiB against 342.
 """
 
 from __future__ import annotations
