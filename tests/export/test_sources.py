@@ -130,6 +130,45 @@ def test_hf_config_refuses_rope_it_does_not_implement(rope, message):
         Gemma3Config.from_hf({**SMALL_TEXT_CONFIG, **rope})
 
 
+def write_gemma3_gguf_header(path: Path, scaling: str | None) -> None:
+    """A Gemma 3 GGUF holding the header fields llama.cpp's converter writes for a 128K model (and
+    the token table, whose shape gives the vocabulary), with rope scaling `scaling`, factor 8."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_block_count(6)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_key_length(32)
+    writer.add_sliding_window(8)
+    writer.add_context_length(131072)
+    writer.add_rope_freq_base(1_000_000.0)
+    if scaling is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType(scaling))
+        writer.add_rope_scaling_factor(8.0)
+    writer.add_tensor("token_embd.weight", np.zeros((512, 64), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_config_with_linear_rope_scaling(tmp_path):
+    path = tmp_path / "long.gguf"
+    write_gemma3_gguf_header(path, "linear")
+    cfg = open_source(str(path)).config
+    assert (cfg.rope_global, cfg.rope_local, cfg.max_position_embeddings) == (
+        RopeConfig(1_000_000.0, 8.0),
+        RopeConfig(10_000.0),
+        131072,
+    )
+    write_gemma3_gguf_header(path, "yarn")
+    with pytest.raises(UnsupportedModelError, match="long.gguf: rope scaling 'yarn' is not supported"):
+        open_source(str(path))
+
+
 def test_hf_config_rejects_other_architectures():
     with pytest.raises(UnsupportedModelError, match="llama"):
         Gemma3Config.from_hf({"model_type": "llama", "num_hidden_layers": 2})
