@@ -3,6 +3,8 @@ auth, rate limit, body limit, errors in OpenAI's shape, metrics, stats, CORS, Op
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -12,6 +14,7 @@ from starlette.responses import Response
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
 from wicore.errors import OverloadedError, RequestError
+from wicore.runtime.engine import Engine, EngineConfig
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +85,40 @@ def test_malformed_json_and_body_limit(open_server):
     assert_openai_error(r, 400)
     r = httpx.post(f"{open_server.url}/v1/completions", json={"prompt": "x" * 5000})
     assert "4096" in assert_openai_error(r, 413)["message"]
+
+
+def test_the_default_body_limit_holds_the_longest_prompt():
+    """16 bytes a token, at least 1 MiB: a 32K model keeps 1 MiB, a 128K one takes 2 MiB."""
+    settings = ServerSettings()
+    assert (settings.body_limit(False, 32768), settings.body_limit(False, 131072)) == (1 << 20, 2 << 20)
+    assert settings.body_limit(True, 131072) == 32 << 20
+    assert ServerSettings(max_body_bytes=4096).body_limit(False, 131072) == 4096
+
+
+def test_a_128k_model_reads_a_body_of_over_1_mib(tiny_export):
+    """A tiny model with 131,072 positions and a pool that holds them takes 2 MiB bodies: 240,000
+    token ids (1.2 MB) are read and parsed (this model has no tokenizer to answer with: a 400,
+    where 1 MiB gave a 413); 440,000 (2.2 MB) are not."""
+    full, sliding = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}, {"rope_type": "default", "rope_theta": 1e4}
+    folder, _ = tiny_export(
+        1, max_position_embeddings=131072, rope_parameters={"full_attention": full, "sliding_attention": sliding}
+    )
+    pool = dict(num_device_blocks=8194, num_window_device_blocks=8, num_host_blocks=0)
+    engine = Engine(EngineConfig(folder, num_threads=1, verify_files=False, **pool)).start()
+    app = create_app(engine, ServerSettings(model_name="long"))
+    server = ServerThread(app).start()
+    try:
+        assert (engine.max_sequence_tokens, app.state.api.body_limit) == (131072, 2 << 20)
+        url, headers = f"{server.url}/v1/completions", {"content-type": "application/json"}
+        body = lambda n: json.dumps({"prompt": [511] * n, "max_tokens": 1}).encode()  # 5 bytes a token: "511, "
+        assert (len(body(240_000)), len(body(440_000))) == (1_200_029, 2_200_029)
+        read = httpx.post(url, content=body(240_000), headers=headers, timeout=60)
+        assert assert_openai_error(read, 400)["message"] == "this model was exported without a tokenizer: send token ids"
+        too_large = httpx.post(url, content=body(440_000), headers=headers, timeout=60)
+        assert "2097152" in assert_openai_error(too_large, 413)["message"]
+    finally:
+        server.stop()
+        engine.stop()
 
 
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/v1/inference"])

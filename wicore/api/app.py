@@ -54,7 +54,7 @@ class ServerSettings:
     api_keys: tuple[str, ...] = ()
     rate_limit_rpm: float = 0.0  # requests per minute per key; 0 = no limit
     rate_limit_burst: int | None = None
-    max_body_bytes: int | None = None  # None: 1 MiB, or 32 MiB for a model that takes images (base64 in the body)
+    max_body_bytes: int | None = None  # None: `body_limit`'s default
     cors_origins: tuple[str, ...] = ()
     # Host header names accepted (any port); empty: any. Set when serving without a key on a
     # loopback address, so a web page cannot reach the server by DNS rebinding.
@@ -68,8 +68,11 @@ class ServerSettings:
         if self.rate_limit_rpm < 0 or (self.max_body_bytes is not None and self.max_body_bytes < 1):
             raise ValueError("rate_limit_rpm must be >= 0 and max_body_bytes >= 1")
 
-    def body_limit(self, takes_images: bool) -> int:
-        return self.max_body_bytes or ((32 if takes_images else 1) << 20)
+    def body_limit(self, takes_images: bool, max_tokens: int) -> int:
+        """--max-body-bytes, or by default room for a prompt of `max_tokens` tokens at 16 bytes each
+        (a token id and its comma; a token's text, JSON-escaped, is ~4-9) and at least 1 MiB, or
+        32 MiB for a model that takes images (base64 in the body)."""
+        return self.max_body_bytes or max((32 if takes_images else 1) << 20, 16 * max_tokens)
 
 
 class API:
@@ -82,7 +85,7 @@ class API:
         self.metrics = Metrics()
         self.streams = Streams()  # open event streams, cut by a shutdown (wicore/api/server.py)
         self.created = int(time.time())
-        self.body_limit = settings.body_limit(engine.vision is not None)
+        self.body_limit = settings.body_limit(engine.vision is not None, engine.max_sequence_tokens)
 
     # -- guards ----------------------------------------------------------------------
     def guard(self, request: Request) -> None:

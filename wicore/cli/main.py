@@ -178,7 +178,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         "--rate-burst", type=int, default=None, help="requests a key may send at once (default: 10 s worth, at least 5)"
     )
     p.add_argument(
-        "--max-body-bytes", type=int, default=None, help="default 1 MiB; 32 MiB for a model that takes images (base64 in JSON)"
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        help="default 16 bytes a token of the longest sequence, at least 1 MiB; 32 MiB for a model that takes images",
     )
     p.add_argument("--max-images-per-request", type=int, default=8)
     p.add_argument("--max-image-bytes", type=int, default=20 << 20, help="encoded bytes of one image")
