@@ -56,12 +56,15 @@ def run_plan(args: argparse.Namespace) -> int:
         cfg, kv_dtype, weights, block_size, paged, devices = exported_model(args)
     else:
         cfg, kv_dtype, weights, block_size, paged, devices = config_only(args, config_file)
-    context = args.context or cfg.max_position_embeddings
+    context = cfg.max_position_embeddings if args.context is None else args.context
     if not 0 < context <= cfg.max_position_embeddings:
         raise RequestError(f"--context {context}: the model takes 1 to {cfg.max_position_embeddings} tokens")
     if min(args.prefill_chunk, args.max_batched_tokens, block_size) < 1:
         raise RequestError("--prefill-chunk, --max-batched-tokens and --block-size must be positive")
-    layout = KVLayout.of_config(cfg, kv_dtype, block_size)
+    try:
+        layout = KVLayout.of_config(cfg, kv_dtype, block_size)
+    except ValueError as exc:  # a model the engine cannot run
+        raise RequestError(str(exc)) from exc
     work = Workload(args.prefill_chunk, args.max_batched_tokens, paged)
     print(plan_capacity(cfg, layout, kv_dtype, weights, budget_bytes(args, devices), context, work).describe())
     return 0
