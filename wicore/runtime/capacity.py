@@ -29,7 +29,7 @@ import numpy as np
 
 from wicore.hmt.block_groups import FULL
 from wicore.model.config import Gemma3Config
-from wicore.runtime.kv_layout import KVLayout
+from wicore.runtime.kv_layout import KVLayout, pool_gb_flag
 from wicore.runtime.placement import GIB
 
 F32 = 4
@@ -84,11 +84,11 @@ class Capacity:
     weight_bytes: int
     model_context: int  # the model's max_position_embeddings
     memory_context: int  # tokens one sequence can reach in the memory left (whatever the model's maximum)
-    longest_kv: int  # KV pool and activations of one sequence of `longest` tokens
+    longest_kv: int  # the KV pool of one sequence of `longest` tokens, and its activations
     longest_activations: int
     context: int
     num_sequences: int  # sequences of `context` tokens that fit at once
-    kv_bytes: int  # their KV pool and activations
+    kv_bytes: int  # their KV pool, and their activations
     activations: int
 
     @property
@@ -115,7 +115,7 @@ class Capacity:
         if self.num_sequences:
             lines.append(
                 f"sequences of {self.context} tokens: {self.num_sequences} at once; KV pool {self.kv_bytes / GIB:.2f}G, "
-                f"activations {self.activations / GIB:.2f}G (serve with --kv-pool-gb {_gib_up(self.kv_bytes)} "
+                f"activations {self.activations / GIB:.2f}G (serve with --kv-pool-gb {pool_gb_flag(self.kv_bytes)} "
                 f"--max-num-seqs {self.num_sequences})"
             )
         else:
@@ -161,8 +161,3 @@ def _largest(ok, upper: int) -> int:
         else:
             high = mid - 1
     return low
-
-
-def _gib_up(num_bytes: int) -> str:
-    """GiB rounded up to 0.01, so that a flag given this value holds at least `num_bytes`."""
-    return f"{-(-num_bytes * 100 // GIB) / 100:.2f}"

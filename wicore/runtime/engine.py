@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import threading
 import time
 import traceback
@@ -43,8 +42,8 @@ from wicore.runtime.engine_config import EngineConfig
 from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.images import ImageInput, ImageSpan
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
-from wicore.runtime.kv_layout import KVLayout, build_kv_cache, choose_block_size, plan_tiers
-from wicore.runtime.placement import GIB, plan_placement
+from wicore.runtime.kv_layout import KVLayout, build_kv_cache, choose_block_size, plan_tiers, pool_gb_flag
+from wicore.runtime.placement import plan_placement
 from wicore.runtime.rate import RateMeter
 from wicore.runtime.request import Priority, Request, RequestOutput
 from wicore.runtime.runner import ModelRunner
@@ -262,10 +261,10 @@ class Engine:
                 return f"the model's context {holds}"
             return f"--max-context {holds}; the model takes up to {model_context}"
         sched = self.scheduler.config
-        need = math.ceil(self.layout.pool_bytes(sched.max_num_seqs, tokens, sched.prefill_chunk) / GIB * 100) / 100
+        need = pool_gb_flag(self.layout.pool_bytes(sched.max_num_seqs, tokens, sched.prefill_chunk))
         return (
             f"the device KV cache holds {self.max_sequence_tokens} tokens (prompt plus at least one generated token); "
-            f"--kv-pool-gb {need:.2f} holds it with --max-num-seqs {sched.max_num_seqs} (wicore plan --context {tokens} "
+            f"--kv-pool-gb {need} holds it with --max-num-seqs {sched.max_num_seqs} (wicore plan --context {tokens} "
             "shows what else fits)"
         )
 

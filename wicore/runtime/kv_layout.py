@@ -109,6 +109,11 @@ class KVLayout:
         return int((num_bytes - window * self.block_bytes(WINDOW)) // self.block_bytes(FULL)), window
 
 
+def pool_gb_flag(num_bytes: int) -> str:
+    """`--kv-pool-gb`'s value for a pool of at least `num_bytes`: GiB rounded up to 0.01."""
+    return f"{-(-num_bytes * 100 // GIB) / 100:.2f}"
+
+
 @dataclass(frozen=True)
 class TierBlocks:
     """Blocks of each group in one tier (the device tier counts the sink)."""
