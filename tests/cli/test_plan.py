@@ -57,6 +57,17 @@ def test_the_27b_at_128k_on_an_80_gib_card_in_fp16(gemma3_27b, capsys):
     ]
 
 
+def test_a_portable_export_holds_the_vision_tower(gemma3_27b, capsys):
+    """The multimodal config exported without --attention paged keeps SigLIP: 0.79 GiB more."""
+    vision = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16}
+    (gemma3_27b / "config.json").write_text(json.dumps({**GEMMA3_27B_IT, "vision_config": vision}))
+    code, lines, _ = plan(capsys, "--model", str(gemma3_27b), "--dtype", "fp16", "--budget-gb", "80")
+    assert code == 0
+    assert lines[0].endswith("--attention portable: weights 51.10G (estimated from the shape; the vision tower's 0.79G included)")
+    code, lines, _ = plan(capsys, "--model", str(gemma3_27b), "--dtype", "fp16", "--attention", "paged", "--budget-gb", "80")
+    assert lines[0].endswith("--attention paged: weights 50.31G (estimated from the shape)")
+
+
 def test_the_27b_in_4_bits_on_a_24_gib_card(gemma3_27b, capsys):
     code, lines, _ = plan(
         capsys, "--model", str(gemma3_27b / "config.json"), "--dtype", "fp16", "--weight-bits", "4", "--attention", "paged",

@@ -7,7 +7,8 @@ import pytest
 
 from wicore.graph.manifest import Manifest
 from wicore.model.config import Gemma3Config
-from wicore.runtime.capacity import Workload, activation_bytes, estimate_weight_bytes, plan_capacity
+from wicore.model.vision import VisionConfig
+from wicore.runtime.capacity import Workload, activation_bytes, estimate_vision_bytes, estimate_weight_bytes, plan_capacity
 from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.kv_layout import KVLayout
 from wicore.runtime.placement import partition_weights
@@ -36,6 +37,7 @@ CFG = Gemma3Config.from_hf(GEMMA3_27B)
 # with the tied table (262208 x 5376, also the LM head) 27,007,991,808 linear weights, and
 # 62 x (4 x 5376 + 2 x 128) + 5376 = 1,354,496 norm weights.
 LINEAR, TABLE, NORMS = 62 * (2 * 5376 * 4096 + 2 * 5376 * 2048 + 3 * 5376 * 21504) + 262208 * 5376, 262208 * 5376, 1_354_496
+SIGLIP_27B = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16}
 PAGED = Workload(paged_attention=True)  # chunks of 256, 2048 tokens a step
 
 
@@ -56,6 +58,26 @@ def test_weight_estimate_is_what_the_exporter_writes(tiny_export):
     assert estimate == (229_376 + 1_344) * 4
     exported = sum(partition_weights(folder, r).total for r in manifest.partitions)
     assert estimate <= exported < estimate + 1024
+
+
+def test_vision_tower_of_the_27b():
+    """SigLIP, 27 layers of width 1152 (q, k, v, out 1152 x 1152 and an MLP of 4304, with biases and
+    two layer norms: 15,239,504 each), the patch and position embeddings (1152 x 3 x 14 x 14 + 1152,
+    4096 x 1152), the post layer norm, the projector (a norm, 1152 x 5376): 423,060,336 weights."""
+    vision = VisionConfig.from_hf({"text_config": {"hidden_size": 5376}, "vision_config": SIGLIP_27B}, {})
+    per_layer = 4 * (1152 * 1152 + 1152) + 2 * 2 * 1152 + 2 * 4304 * 1152 + 4304 + 1152
+    assert per_layer == 15_239_504
+    expected = 27 * per_layer + 1152 * 3 * 14 * 14 + 1152 + 4096 * 1152 + 2 * 1152 + 1152 + 1152 * 5376
+    assert estimate_vision_bytes(vision, 2) == expected * 2 == 846_120_672
+
+
+def test_vision_estimate_is_what_the_exporter_writes(tiny_multimodal):
+    """Within 1 KiB: the graph adds a few constants and stores equal small tensors once (the tiny
+    tower's biases that start at zero)."""
+    folder = tiny_multimodal.export()
+    manifest = Manifest.read(folder)
+    estimate = estimate_vision_bytes(manifest.vision.config, 4)
+    assert abs(partition_weights(folder, manifest.vision).total - estimate) < 1024
 
 
 def test_kv_pool_of_the_27b_at_128k():

@@ -103,22 +103,25 @@ def config_only(args: argparse.Namespace, config_file: Path):
     from wicore.export.exporter import ExportConfig
     from wicore.graph.paged_attention import flash_page_size
     from wicore.model.config import Gemma3Config
-    from wicore.runtime.capacity import estimate_weight_bytes
+    from wicore.model.vision import VisionConfig
+    from wicore.runtime.capacity import estimate_vision_bytes, estimate_weight_bytes
     from wicore.runtime.placement import device_list
 
     try:
         raw = json.loads(config_file.read_text())
     except (OSError, ValueError) as exc:
         raise RequestError(f"cannot read {config_file}: {exc}") from exc
+    paged = args.attention == "paged"
     try:
         cfg = Gemma3Config.from_hf(raw)
+        vision = None if paged else VisionConfig.from_hf(raw, {})  # a paged export leaves the vision tower out
     except KeyError as exc:
         raise RequestError(f"{config_file} is not a Gemma 3 config: it has no {exc}") from exc
     flavour = "ort-quant" if args.weight_bits else "portable"
     ExportConfig(dtype=args.dtype, op_flavour=flavour, weight_bits=args.weight_bits or 8, attention=args.attention)  # its checks
-    paged = args.attention == "paged"
     itemsize = 2 if args.dtype == "fp16" else 4
-    weights = estimate_weight_bytes(cfg, itemsize, args.weight_bits)
+    vision_bytes = estimate_vision_bytes(vision, itemsize) if vision else 0
+    weights = estimate_weight_bytes(cfg, itemsize, args.weight_bits) + vision_bytes
     block_size = args.block_size or (flash_page_size(cfg.head_dim) if paged else 16)
     kv_dtype = "float16" if args.dtype == "fp16" else "float32"
     print(
@@ -126,7 +129,8 @@ def config_only(args: argparse.Namespace, config_file: Path):
         f"{cfg.num_kv_heads} KV heads x {cfg.head_dim}, window {cfg.sliding_window}, context {cfg.max_position_embeddings}; "
         f"as exported with --dtype {args.dtype}"
         + (f" --op-flavour {flavour} --weight-bits {args.weight_bits}" if args.weight_bits else "")
-        + f" --attention {args.attention}: weights {weights / (1 << 30):.2f}G (estimated from the shape)"
+        + f" --attention {args.attention}: weights {weights / (1 << 30):.2f}G (estimated from the shape"
+        + (f"; the vision tower's {vision_bytes / (1 << 30):.2f}G included)" if vision_bytes else ")")
     )
     return cfg, kv_dtype, weights, block_size, paged, ([] if args.budget_gb is not None else device_list(args.devices)[:1])
 

@@ -4,7 +4,8 @@
 
 - weights: what the model's sessions hold. An export's are read from its graphs (placement.py);
   a checkpoint that is not exported here (a 27B on a laptop) has them estimated from its config,
-  as `wicore-export` would write them (`estimate_weight_bytes`).
+  as `wicore-export` would write them (`estimate_weight_bytes`, and `estimate_vision_bytes` for
+  the vision tower an export keeps unless its attention is paged).
 - KV pool: `KVLayout.pool_bytes`, the pool the engine plans for n sequences of a length: every
   token's block in the full-attention layers, the sliding layers' window plus a prefill chunk
   for each sequence, one padding sink per group. The same formula sizes `--kv-pool-gb`.
@@ -23,12 +24,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from wicore.hmt.block_groups import FULL
 from wicore.model.config import Gemma3Config
+from wicore.model.vision import VisionConfig, vision_shapes
 from wicore.runtime.kv_layout import KVLayout, pool_gb_flag
 from wicore.runtime.placement import GIB
 
@@ -58,6 +61,12 @@ def estimate_weight_bytes(cfg: Gemma3Config, itemsize: int, weight_bits: int | N
     if weight_bits is None:
         return (linear + norms) * itemsize
     return linear * weight_bits // 8 + linear // QUANT_BLOCK * itemsize + (table + norms) * itemsize
+
+
+def estimate_vision_bytes(cfg: VisionConfig, itemsize: int) -> int:
+    """Bytes of a multimodal export's vision tower and projector: every tensor the builder reads, in
+    the float type (`itemsize` bytes)."""
+    return sum(math.prod(shape) for shape in vision_shapes(cfg).values()) * itemsize
 
 
 def activation_bytes(cfg: Gemma3Config, kv_itemsize: int, rows: int, queries: int, keys: int, paged: bool) -> int:
