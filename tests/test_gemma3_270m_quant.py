@@ -42,7 +42,20 @@ def prompt_logits(engine: Engine, ids: list[int]) -> np.ndarray:
 @pytest.fixture(scope="module")
 def llama():
     llama_cpp = pytest.importorskip("llama_cpp")
-    return llama_cpp.Llama(model_path=str(packaged_gguf("gemma3-270m")), n_threads=2, n_ctx=1024, logits_all=True, verbose=False)
+    with pytest.MonkeyPatch.context() as patch:
+        if "amx_int8" in Path("/proc/cpuinfo").read_text().split():
+            # llama-cpp-python 0.3.36 built natively on a CPU with AMX segfaults in its AMX matmul
+            # (ggml_backend_amx_mul_mat) on this GGUF: load the weights into plain CPU buffers.
+            default = llama_cpp.llama_cpp.llama_model_default_params
+
+            def plain():
+                params = default()
+                params.use_extra_bufts = False
+                return params
+
+            patch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", plain)
+        path = str(packaged_gguf("gemma3-270m"))
+        return llama_cpp.Llama(model_path=path, n_threads=2, n_ctx=1024, logits_all=True, verbose=False)
 
 
 def llama_greedy(llm, ids: list[int], n: int) -> list[int]:

@@ -132,6 +132,7 @@ def machine_info() -> dict[str, object]:
         "num_physical_cores": len(physical_cores) or None,
         "platform": platform.platform(),
         "python": platform.python_version(),
+        "llama_cpp_extra_buffers": not cpu_has_amx(),  # False: llama.cpp without AMX / repack (plain_weight_buffers)
     }
 
 
@@ -367,7 +368,35 @@ def import_llama_cpp():
     except ImportError as exc:
         raise EngineUnavailable("llama-cpp-python is not installed: pip install llama-cpp-python") from exc
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its log callback prints below this
+    if cpu_has_amx():
+        plain_weight_buffers(llama_cpp)
     return llama_cpp
+
+
+def cpu_has_amx() -> bool:
+    """Whether the CPU advertises AMX (Intel Xeon since Sapphire Rapids), from /proc/cpuinfo."""
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+def plain_weight_buffers(llama_cpp) -> None:
+    """Make every Llama load its weights into plain CPU buffers, without llama.cpp's "extra buffer
+    types" (its AMX kernels and the repacked Q4 layouts). llama-cpp-python 0.3.36 built natively on
+    a CPU with AMX segfaults in ggml_backend_amx_mul_mat at the first eval of the Gemma 3 GGUF; the
+    price is a slower llama.cpp on such CPUs (results record `llama_cpp_extra_buffers`)."""
+    params = llama_cpp.llama_cpp.llama_model_default_params
+    if getattr(params, "plain_weight_buffers", False):
+        return
+
+    def plain():
+        p = params()
+        p.use_extra_bufts = False
+        return p
+
+    plain.plain_weight_buffers = True  # type: ignore[attr-defined]
+    llama_cpp.llama_cpp.llama_model_default_params = plain
 
 
 @contextlib.contextmanager
