@@ -287,3 +287,14 @@ def test_partition_count_out_of_range(tiny_model, tmp_path, partitions):
     assert res.returncode == 2
     assert "--partitions must be" in res.stderr
     assert not (tmp_path / "m").exists()
+
+
+def test_the_packaged_gguf_says_it_is_being_checked_before_the_long_hash():
+    """The package hashes its chunks and the assembled file on every call (10-40 s): the export's
+    progress line says so first, instead of a silent wait before "layer 1/18"."""
+    from wicore.export.sources import packaged_gguf
+
+    said: list[str] = []
+    path = packaged_gguf("gemma3-270m", progress=said.append)
+    assert said == ["checking the packaged gemma3-270m GGUF (sha256 of its chunks; assembled on first use)"]
+    assert path.suffix == ".gguf" and path.is_file()

@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        from wicore.export.exporter import ExportConfig, export_model
+        from wicore.export.exporter import ExportConfig, export_model, stderr_progress
         from wicore.export.sources import open_source
 
         if args.out.exists() and not args.force:  # before reading (and hashing) a multi-GB source
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             vision_flavour=args.vision_flavour,
             sampling_head=args.sampling_head,
         )
-        source = open_source(args.model, args.mmproj)
+        source = open_source(args.model, args.mmproj, stderr_progress)
         export_model(source, args.out, config)
         if args.verify:
             from wicore.cli.verify import verify_against_hf

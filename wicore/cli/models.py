@@ -45,11 +45,11 @@ def resolve_model(spec: str, devices: str = "cpu") -> Path:
         suffix = "".join(f"-{part}" for part in (flavour, dtype, attention) if part not in ("portable", "fp32"))
         target = cache_dir() / f"{spec}{suffix}"
         if not (target / MANIFEST).is_file():
-            from wicore.export.exporter import ExportConfig, export_model
+            from wicore.export.exporter import ExportConfig, export_model, stderr_progress
             from wicore.export.sources import open_source
 
             config = ExportConfig(dtype=dtype, op_flavour=flavour, attention=attention, overwrite=True)
-            export_model(open_source(spec), target, config)
+            export_model(open_source(spec, progress=stderr_progress), target, config)
         return target
     if path.suffix == ".gguf" or (path / "config.json").is_file():
         raise ManifestError(f"{spec} is a model source, not an exported model: run wicore-export --model {spec} --out DIR first")

