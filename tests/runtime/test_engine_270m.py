@@ -100,3 +100,38 @@ def test_a_shared_1024_token_prefix_past_the_window_is_prefilled_once(workload):
     assert cached == uncached
     assert computed == [len(first), len(second) - 1024]
     assert computed_off == [len(first), len(second)]
+
+
+def test_questions_over_a_3000_token_document_compute_only_their_own_tokens(workload):
+    """Two questions after one 3,000-token document (187 full blocks and 8 tokens). The second
+    reuses 187 blocks (2,992 tokens) in both block groups: the full layers' blocks 0-186 and the
+    sliding layers' blocks 155-186 (what position 2,992 sees through the 512-token window: the
+    first request released blocks 0-154 of that group as its chunks moved on, and kept them
+    cached). It computes only the document's last 8 tokens and its own question, its usage
+    reports the 2,992 cached tokens, and its greedy tokens equal a run without the prefix cache."""
+    folder, _, _, tok = workload
+    words = (" ".join([VERIFY_TEXT] * 60)).split()
+    document = tok.encode(" ".join(words))[:3000]
+    questions = [tok.encode(f"\n\nQuestion {q}: what did the printing press change? Answer:", add_bos=False) for q in "AB"]
+    prompts = [document + q for q in questions]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+
+    def outputs(enable_prefix_cache: bool) -> tuple[list[list[int]], list[int], list[int]]:
+        config = EngineConfig(model_dir=folder, num_threads=2, verify_files=False, enable_prefix_cache=enable_prefix_cache)
+        results, cached, computed = [], [], []
+        with Engine(config).start() as engine:
+            for prompt in prompts:
+                before = engine.stats()["computed_prompt_tokens"]
+                outs = list(engine.outputs(engine.add_request(prompt, params)))
+                results.append([t for out in outs for t in out.new_token_ids])
+                cached.append(outs[-1].num_cached_tokens)
+                computed.append(engine.stats()["computed_prompt_tokens"] - before)
+        return results, cached, computed
+
+    with_cache, cached, computed = outputs(True)
+    without_cache, cached_off, computed_off = outputs(False)
+    assert with_cache == without_cache
+    assert cached == [0, 2992]
+    assert computed == [len(prompts[0]), len(prompts[1]) - 2992]
+    assert cached_off == [0, 0]
+    assert computed_off == [len(prompts[0]), len(prompts[1])]
