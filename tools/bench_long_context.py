@@ -42,7 +42,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import sys
 import time
@@ -213,28 +212,6 @@ def engine_steps(engine, prompt_ids: list[int], params) -> Iterator[Chunk]:
         yield Chunk(row.start, len(row.token_ids), time.perf_counter() - start, graphs_end - graphs_start, token)
 
 
-@contextlib.contextmanager
-def without_extra_buffer_types(llama_cpp) -> Iterator[None]:
-    """Models loaded in this block keep their weights in plain CPU buffers (llama.cpp's
-    use_extra_bufts = false, which llama-cpp-python's Llama does not expose): on CPUs with AMX
-    (Sapphire Rapids) llama.cpp 0.3.36 repacks Q4_K_M weights for its AMX kernels and then
-    crashes in ggml_backend_amx_mul_mat (ggml-org/llama.cpp#20824). This also turns off the
-    AVX-512 repacking of the weights, so the peer is slower than on CPUs without AMX."""
-    bindings = llama_cpp.llama_cpp
-    default = bindings.llama_model_default_params
-
-    def params():
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    bindings.llama_model_default_params = params
-    try:
-        yield
-    finally:
-        bindings.llama_model_default_params = default
-
-
 def llama_cpp_prefill(gguf: Path, config: Config, prompt_ids: list[int]) -> Prefill:
     llama_cpp = import_llama_cpp()
     label = f"llama.cpp (n_batch {config.llama_batch}, flash_attn {'on' if config.llama_flash_attn else 'off'})"
@@ -245,17 +222,16 @@ def llama_cpp_chunks(llama_cpp, gguf: Path, config: Config, prompt_ids: list[int
     """Prefill `prompt_ids` with llama.cpp in slices of n_batch tokens, each eval() timed; the
     last slice carries the greedy token (argmax of its last logits row)."""
     batch = config.llama_batch
-    with without_extra_buffer_types(llama_cpp):
-        llm = llama_cpp.Llama(
-            model_path=str(gguf),
-            n_ctx=len(prompt_ids) + 16,
-            n_batch=batch,
-            n_ubatch=batch,
-            n_threads=config.threads,
-            n_threads_batch=config.threads,
-            flash_attn=config.llama_flash_attn,
-            verbose=False,
-        )
+    llm = llama_cpp.Llama(
+        model_path=str(gguf),
+        n_ctx=len(prompt_ids) + 16,
+        n_batch=batch,
+        n_ubatch=batch,
+        n_threads=config.threads,
+        n_threads_batch=config.threads,
+        flash_attn=config.llama_flash_attn,
+        verbose=False,
+    )
     try:
         llm.eval(prompt_ids[:WARMUP_TOKENS])
         llm.reset()
