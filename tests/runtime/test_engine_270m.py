@@ -102,16 +102,17 @@ def test_a_shared_1024_token_prefix_past_the_window_is_prefilled_once(workload):
     assert computed_off == [len(first), len(second)]
 
 
-def test_questions_over_a_3000_token_document_compute_only_their_own_tokens(workload):
-    """Two questions after one 3,000-token document (187 full blocks and 8 tokens). The second
-    reuses 187 blocks (2,992 tokens) in both block groups: the full layers' blocks 0-186 and the
-    sliding layers' blocks 155-186 (what position 2,992 sees through the 512-token window: the
-    first request released blocks 0-154 of that group as its chunks moved on, and kept them
-    cached). It computes only the document's last 8 tokens and its own question, its usage
-    reports the 2,992 cached tokens, and its greedy tokens equal a run without the prefix cache."""
+def test_questions_over_a_1500_token_document_compute_only_their_own_tokens(workload):
+    """Two questions after one 1,500-token document (93 full blocks and 12 tokens). The second
+    reuses 93 blocks (1,488 tokens) in both block groups: the full layers' blocks 0-92 and the
+    sliding layers' blocks 61-92 (what position 1,488 sees through the 512-token window: the
+    first request released blocks 0-60 of that group as its chunks moved on, and kept them
+    cached). It computes only the document's last 12 tokens and its own question, its usage
+    reports the 1,488 cached tokens, and its greedy tokens equal a run without the prefix cache.
+    (3,000 tokens and more: tools/bench_shared_document.py, docs/PERFORMANCE.md.)"""
     folder, _, _, tok = workload
-    words = (" ".join([VERIFY_TEXT] * 60)).split()
-    document = tok.encode(" ".join(words))[:3000]
+    words = (" ".join([VERIFY_TEXT] * 30)).split()
+    document = tok.encode(" ".join(words))[:1500]
     questions = [tok.encode(f"\n\nQuestion {q}: what did the printing press change? Answer:", add_bos=False) for q in "AB"]
     prompts = [document + q for q in questions]
     params = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -131,7 +132,8 @@ def test_questions_over_a_3000_token_document_compute_only_their_own_tokens(work
     with_cache, cached, computed = outputs(True)
     without_cache, cached_off, computed_off = outputs(False)
     assert with_cache == without_cache
-    assert cached == [0, 2992]
-    assert computed == [len(prompts[0]), len(prompts[1]) - 2992]
+    assert len(document) == 1500
+    assert cached == [0, 1488]
+    assert computed == [len(prompts[0]), len(prompts[1]) - 1488]
     assert cached_off == [0, 0]
     assert computed_off == [len(prompts[0]), len(prompts[1])]
