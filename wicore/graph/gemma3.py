@@ -29,15 +29,15 @@ and the attention scale query_pre_attn_scalar^-0.5 into the q-norm weight.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import numpy as np
 import onnx
 from onnx import TensorProto
 
 from wicore.graph import invariant_attention, io, sampling
-from wicore.graph.ops import MS_DOMAIN, DataFile, Graph
+from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, gelu_tanh, rms_norm_f32
 from wicore.graph.paged_attention import paged_attention
+from wicore.graph.partition import PartitionSpec
 from wicore.graph.quant import QuantLinear
 from wicore.graph.shared_values import SharedValues, shared_values
 from wicore.model.config import Gemma3Config
@@ -48,21 +48,6 @@ ATTENTIONS = ("portable", "paged", "batch-invariant")
 DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
 DTYPES_BY_ONNX = {onnx_type: np_type for np_type, onnx_type in DTYPES.values()}
 TABLE = "model.embed_tokens"  # the token embedding, also the tied LM head
-
-
-@dataclass(frozen=True)
-class PartitionSpec:
-    """Which part of the model one ONNX file holds."""
-
-    index: int
-    start: int  # first layer
-    stop: int  # one past the last layer
-    has_embedding: bool
-    has_lm_head: bool
-
-    @property
-    def file_name(self) -> str:
-        return f"part-{self.index:02d}.onnx"
 
 
 class Gemma3Builder:
@@ -393,22 +378,3 @@ class Gemma3Builder:
             logits = g.op("Tanh", [logits], f"{p}/softcap_tanh")
             logits = g.op("Mul", [logits, g.const(cap, np.float32)], f"{p}/softcap", out=io.LOGITS)
         return logits
-
-
-def rms_norm_f32(g: Graph, x: str, scale: np.ndarray, eps: float, name: str) -> str:
-    """x / sqrt(mean(x^2) + eps) * scale on float32 x, in the standard ops ORT fuses into one kernel."""
-    w = g.const(scale.astype(np.float32), np.float32)
-    sq = g.op("Pow", [x, g.const(2.0, np.float32)], f"{name}/Pow")
-    mean = g.op("ReduceMean", [sq], f"{name}/ReduceMean", axes=[-1], keepdims=1)
-    std = g.op("Sqrt", [g.op("Add", [mean, g.const(eps, np.float32)], f"{name}/Add")], f"{name}/Sqrt")
-    return g.op("Mul", [g.op("Div", [x, std], f"{name}/Div"), w], f"{name}/Mul")
-
-
-def gelu_tanh(g: Graph, x: str, name: str) -> str:
-    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the pattern ORT fuses into FastGelu."""
-    c = np.float32(np.sqrt(2.0 / np.pi))
-    cube = g.op("Mul", [g.op("Mul", [x, x], f"{name}/x2"), x], f"{name}/x3")
-    inner = g.op("Add", [x, g.op("Mul", [cube, g.const(0.044715, np.float32)], f"{name}/c3")], f"{name}/inner")
-    t = g.op("Tanh", [g.op("Mul", [inner, g.const(c, np.float32)], f"{name}/scaled")], f"{name}/Tanh")
-    half_x = g.op("Mul", [x, g.const(0.5, np.float32)], f"{name}/half_x")
-    return g.op("Mul", [half_x, g.op("Add", [t, g.const(1.0, np.float32)], f"{name}/one_plus")], f"{name}/out")

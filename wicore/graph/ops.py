@@ -140,3 +140,22 @@ class Graph:
         )
         model.ir_version = min(model.ir_version, 10)
         return model
+
+
+def rms_norm_f32(g: Graph, x: str, scale: np.ndarray, eps: float, name: str) -> str:
+    """x / sqrt(mean(x^2) + eps) * scale on float32 x, in the standard ops ORT fuses into one kernel."""
+    w = g.const(scale.astype(np.float32), np.float32)
+    sq = g.op("Pow", [x, g.const(2.0, np.float32)], f"{name}/Pow")
+    mean = g.op("ReduceMean", [sq], f"{name}/ReduceMean", axes=[-1], keepdims=1)
+    std = g.op("Sqrt", [g.op("Add", [mean, g.const(eps, np.float32)], f"{name}/Add")], f"{name}/Sqrt")
+    return g.op("Mul", [g.op("Div", [x, std], f"{name}/Div"), w], f"{name}/Mul")
+
+
+def gelu_tanh(g: Graph, x: str, name: str) -> str:
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the pattern ORT fuses into FastGelu."""
+    c = np.float32(np.sqrt(2.0 / np.pi))
+    cube = g.op("Mul", [g.op("Mul", [x, x], f"{name}/x2"), x], f"{name}/x3")
+    inner = g.op("Add", [x, g.op("Mul", [cube, g.const(0.044715, np.float32)], f"{name}/c3")], f"{name}/inner")
+    t = g.op("Tanh", [g.op("Mul", [inner, g.const(c, np.float32)], f"{name}/scaled")], f"{name}/Tanh")
+    half_x = g.op("Mul", [x, g.const(0.5, np.float32)], f"{name}/half_x")
+    return g.op("Mul", [half_x, g.op("Add", [t, g.const(1.0, np.float32)], f"{name}/one_plus")], f"{name}/out")

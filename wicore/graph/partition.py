@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from wicore.errors import WiCoreError
-from wicore.graph.gemma3 import PartitionSpec
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """Which part of the model one ONNX file holds."""
+
+    index: int
+    start: int  # first layer
+    stop: int  # one past the last layer
+    has_embedding: bool
+    has_lm_head: bool
+
+    @property
+    def file_name(self) -> str:
+        return f"part-{self.index:02d}.onnx"
 
 
 def plan_partitions(num_layers: int, num_partitions: int) -> list[PartitionSpec]:
