@@ -25,7 +25,7 @@ import numpy as np
 
 from wicore.graph import io
 from wicore.runtime.batch import BatchInputs
-from wicore.runtime.graph_io import Draws, GraphOutputs, SamplingInputs
+from wicore.runtime.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 
 _HOST = (io.ATTENTION_BOUNDS, io.WINDOW_ATTENTION_BOUNDS)  # read by the op on the host, at capture
 
@@ -146,18 +146,8 @@ class DecodeGraphs:
         options.add_run_config_entry("gpu_graph_id", str(bucket.graph_id))
         for session, binding in zip(self.graphs.sessions, bucket.bindings):
             session.run_with_iobinding(binding, options)
-        out = bucket.outputs
-
-        def read(name: str) -> np.ndarray:
-            return out[name].numpy()[:rows]  # type: ignore[attr-defined]
-
-        greedy = read(io.GREEDY_TOKENS)
-        if sampling is None:
-            return GraphOutputs(read(io.LOGITS) if logits else None, greedy, None)
-        draws = Draws(read(io.SAMPLED_TOKENS), read(io.TOP_PROBS), read(io.TOP_IDS))
-        if logits:
-            return GraphOutputs(read(io.LOGITS), greedy, None, draws)
-        return GraphOutputs(None, greedy, None, draws, _Rows(out[io.LOGITS], rows))
+        rows_of = {name: _Rows(value, rows) for name, value in bucket.outputs.items()}
+        return graph_outputs(rows_of, logits, sampling is not None, None)
 
     def _padded(self, batch: BatchInputs, rows: int, sampling: SamplingInputs | None) -> dict[str, np.ndarray]:
         """The batch's inputs at the bucket's shapes: extra rows decode one token at position 0 of
@@ -194,7 +184,7 @@ class DecodeGraphs:
 
 @dataclass(frozen=True)
 class _Rows:
-    """The first `rows` rows of a bucket's device logits, read on demand (GraphOutputs.read_logits)."""
+    """The first `rows` rows of one of a bucket's device outputs, copied to the host on `numpy()`."""
 
     value: object
     rows: int

@@ -8,10 +8,13 @@ row the candidates cannot decide.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from wicore.graph import io
 
 
 @dataclass(frozen=True)
@@ -50,3 +53,15 @@ class GraphOutputs:
             return self.logits
         assert self.unread_logits is not None, "a step without draws returns its logits when asked"
         return self.unread_logits.numpy()
+
+
+def graph_outputs(out: Mapping[str, Any], logits: bool, draws: bool, mass: np.ndarray | None) -> GraphOutputs:
+    """The last partition's outputs, by name (values with `.numpy()`: OrtValues, or a bucket's rows),
+    as a GraphOutputs: the logits copied to the host only with `logits`; with `draws` the sampling
+    head's outputs, and the logits otherwise left unread where the graph wrote them."""
+    greedy = out[io.GREEDY_TOKENS].numpy() if io.GREEDY_TOKENS in out else None
+    host_logits = out[io.LOGITS].numpy() if logits else None
+    if not draws:
+        return GraphOutputs(host_logits, greedy, mass)
+    found = Draws(*(out[name].numpy() for name in (io.SAMPLED_TOKENS, io.TOP_PROBS, io.TOP_IDS)))
+    return GraphOutputs(host_logits, greedy, mass, found, None if logits else out[io.LOGITS])

@@ -21,7 +21,7 @@ from wicore.graph import io
 from wicore.graph.manifest import Manifest
 from wicore.runtime.batch import BatchInputs
 from wicore.runtime.cuda_graphs import DecodeGraphs
-from wicore.runtime.graph_io import Draws, GraphOutputs, SamplingInputs
+from wicore.runtime.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 from wicore.runtime.kv_buffers import KVBuffers
 from wicore.runtime.providers import Device, DeviceError, onnxruntime, session_options
 
@@ -141,7 +141,7 @@ class ModelGraphs:
             if record.has_attention_stats:
                 part = out[io.ATTENTION_MASS].numpy()
                 mass = part if mass is None else mass + part
-        return self._outputs(out, want_logits, sampling is not None, mass)
+        return graph_outputs(out, want_logits, sampling is not None, mass)
 
     def _result_devices(self, partition: int, record, want_logits: bool, draws: bool) -> dict[str, tuple[str, int]]:
         """The partition's outputs this step reads, and where each is written."""
@@ -159,14 +159,3 @@ class ModelGraphs:
         if record.has_attention_stats:
             results[io.ATTENTION_MASS] = host
         return results
-
-    @staticmethod
-    def _outputs(out: dict[str, Any], want_logits: bool, draws: bool, mass: np.ndarray | None) -> GraphOutputs:
-        """The last partition's outputs (OrtValues by name) as a GraphOutputs."""
-        greedy = out[io.GREEDY_TOKENS].numpy() if io.GREEDY_TOKENS in out else None
-        if not draws:
-            return GraphOutputs(out[io.LOGITS].numpy() if want_logits else None, greedy, mass)
-        found = Draws(*(out[name].numpy() for name in (io.SAMPLED_TOKENS, io.TOP_PROBS, io.TOP_IDS)))
-        if want_logits:
-            return GraphOutputs(out[io.LOGITS].numpy(), greedy, mass, found)
-        return GraphOutputs(None, greedy, mass, found, out[io.LOGITS])
