@@ -133,12 +133,10 @@ class Sampler:
         if p.top_k:  # top-p then cuts the top-k distribution
             kept, ids = kept[: p.top_k], ids[: p.top_k]
             kept /= kept.sum()
-        if p.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(kept), p.top_p)) + 1
-            if keep > len(kept) and not p.top_k:
-                return None
-            kept, ids = kept[:keep], ids[:keep]
-        return int(ids[self.rng.choice(len(ids), p=kept / kept.sum())])
+        keep = _nucleus(kept, p.top_p)
+        if keep > len(kept) and not p.top_k:
+            return None
+        return self._pick(ids[:keep], kept[:keep] / kept[:keep].sum())
 
     def penalized(self, logits: np.ndarray) -> np.ndarray:
         """The logits (float64) less the penalties of the tokens picked so far."""
@@ -155,7 +153,10 @@ class Sampler:
         kept = candidates(weights, self.params.top_k, self.params.top_p)
         if kept is None:  # the whole distribution: inverse CDF in token order, no sort
             return _inverse_cdf(weights, self.rng.random())
-        ids, probs = kept
+        return self._pick(*kept)
+
+    def _pick(self, ids: np.ndarray, probs: np.ndarray) -> int:
+        """One of `ids`, drawn with their `probs` (summing to 1)."""
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
 
@@ -187,10 +188,14 @@ def candidates(weights: np.ndarray, top_k: int, top_p: float) -> tuple[np.ndarra
         return None
     ids = ids[np.lexsort((ids, -weights[ids]))]
     probs = weights[ids].astype(np.float64) / total
-    if top_p < 1.0:
-        keep = int(np.searchsorted(np.cumsum(probs), top_p)) + 1
-        ids, probs = ids[:keep], probs[:keep]
-    return ids, probs / probs.sum()
+    keep = _nucleus(probs, top_p)
+    return ids[:keep], probs[:keep] / probs[:keep].sum()
+
+
+def _nucleus(probs: np.ndarray, top_p: float) -> int:
+    """How many of `probs` (most likely first) top-p keeps: the fewest whose sum reaches top_p
+    (one past the end when they do not reach it)."""
+    return int(np.searchsorted(np.cumsum(probs), top_p)) + 1 if top_p < 1.0 else len(probs)
 
 
 def _top(weights: np.ndarray, enough: Callable[[np.ndarray], bool]) -> np.ndarray:
