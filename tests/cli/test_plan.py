@@ -6,27 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from shapes import GEMMA3_27B_IT, SIGLIP_27B
 
 from wicore.cli.main import main
-
-GEMMA3_27B_IT = {  # google/gemma-3-27b-it's config.json, less the vision tower's settings
-    "architectures": ["Gemma3ForConditionalGeneration"],
-    "model_type": "gemma3",
-    "eos_token_id": [1, 106],
-    "text_config": {
-        "model_type": "gemma3_text",
-        "vocab_size": 262208,
-        "hidden_size": 5376,
-        "intermediate_size": 21504,
-        "num_hidden_layers": 62,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 16,
-        "head_dim": 128,
-        "sliding_window": 1024,
-        "query_pre_attn_scalar": 168,
-        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
-    },
-}
 
 
 @pytest.fixture
@@ -59,8 +41,7 @@ def test_the_27b_at_128k_on_an_80_gib_card_in_fp16(gemma3_27b, capsys):
 
 def test_a_portable_export_holds_the_vision_tower(gemma3_27b, capsys):
     """The multimodal config exported without --attention paged keeps SigLIP: 0.79 GiB more."""
-    vision = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16}
-    (gemma3_27b / "config.json").write_text(json.dumps({**GEMMA3_27B_IT, "vision_config": vision}))
+    (gemma3_27b / "config.json").write_text(json.dumps({**GEMMA3_27B_IT, "vision_config": SIGLIP_27B}))
     code, lines, _ = plan(capsys, "--model", str(gemma3_27b), "--dtype", "fp16", "--budget-gb", "80")
     assert code == 0
     assert lines[0].endswith("--attention portable: weights 51.10G (estimated from the shape; the vision tower's 0.79G included)")

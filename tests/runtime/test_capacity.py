@@ -4,6 +4,7 @@ the engine holding what the plan says it holds on a tiny export."""
 from __future__ import annotations
 
 import pytest
+from shapes import GEMMA3_27B_TEXT, SIGLIP_27B
 
 from wicore.graph.manifest import Manifest
 from wicore.model.config import Gemma3Config
@@ -16,28 +17,11 @@ from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
 
 GIB = 1 << 30
-GEMMA3_27B = {  # the text config of google/gemma-3-27b-it
-    "model_type": "gemma3_text",
-    "vocab_size": 262208,
-    "hidden_size": 5376,
-    "intermediate_size": 21504,
-    "num_hidden_layers": 62,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 16,
-    "head_dim": 128,
-    "sliding_window": 1024,
-    "max_position_embeddings": 131072,
-    "query_pre_attn_scalar": 168,
-    "rope_theta": 1_000_000.0,
-    "rope_local_base_freq": 10_000.0,
-    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
-}
-CFG = Gemma3Config.from_hf(GEMMA3_27B)
+CFG = Gemma3Config.from_hf(GEMMA3_27B_TEXT)
 # Per layer: q and o 5376 x 4096 each, k and v 5376 x 2048 each, the MLP 3 x 5376 x 21504;
 # with the tied table (262208 x 5376, also the LM head) 27,007,991,808 linear weights, and
 # 62 x (4 x 5376 + 2 x 128) + 5376 = 1,354,496 norm weights.
 LINEAR, TABLE, NORMS = 62 * (2 * 5376 * 4096 + 2 * 5376 * 2048 + 3 * 5376 * 21504) + 262208 * 5376, 262208 * 5376, 1_354_496
-SIGLIP_27B = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16}
 PAGED = Workload(paged_attention=True)  # chunks of 256, 2048 tokens a step
 
 

@@ -1,0 +1,26 @@
+"""Gemma-3-27B-IT's configuration (google/gemma-3-27b-it's config.json: its text config and the
+vision tower's size), for the tests that plan memory at the 27B shape without its weights."""
+
+GEMMA3_27B_TEXT = {
+    "model_type": "gemma3_text",
+    "vocab_size": 262208,
+    "hidden_size": 5376,
+    "intermediate_size": 21504,
+    "num_hidden_layers": 62,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 16,
+    "head_dim": 128,
+    "sliding_window": 1024,
+    "max_position_embeddings": 131072,
+    "query_pre_attn_scalar": 168,
+    "rope_theta": 1_000_000.0,
+    "rope_local_base_freq": 10_000.0,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+}
+SIGLIP_27B = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16}
+GEMMA3_27B_IT = {  # the multimodal config.json, less the vision tower's settings
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "eos_token_id": [1, 106],
+    "text_config": GEMMA3_27B_TEXT,
+}
