@@ -100,11 +100,14 @@ def exported_model(args: argparse.Namespace):
 
 def config_only(args: argparse.Namespace, config_file: Path):
     """The same for a checkpoint's config.json, as wicore-export would export it with the flags given."""
+    import numpy as np
+
     from wicore.export.exporter import ExportConfig
-    from wicore.graph.paged_attention import flash_page_size
+    from wicore.graph.gemma3 import DTYPES
     from wicore.model.config import Gemma3Config
     from wicore.model.vision import VisionConfig
     from wicore.runtime.capacity import estimate_vision_bytes, estimate_weight_bytes
+    from wicore.runtime.kv_layout import block_size_for
     from wicore.runtime.placement import device_list
 
     try:
@@ -119,11 +122,11 @@ def config_only(args: argparse.Namespace, config_file: Path):
         raise RequestError(f"{config_file} is not a Gemma 3 config: it has no {exc}") from exc
     flavour = "ort-quant" if args.weight_bits else "portable"
     ExportConfig(dtype=args.dtype, op_flavour=flavour, weight_bits=args.weight_bits or 8, attention=args.attention)  # its checks
-    itemsize = 2 if args.dtype == "fp16" else 4
-    vision_bytes = estimate_vision_bytes(vision, itemsize) if vision else 0
-    weights = estimate_weight_bytes(cfg, itemsize, args.weight_bits) + vision_bytes
-    block_size = args.block_size or (flash_page_size(cfg.head_dim) if paged else 16)
-    kv_dtype = "float16" if args.dtype == "fp16" else "float32"
+    dtype = np.dtype(DTYPES[args.dtype][0])  # of the weights and the KV, as in an export
+    vision_bytes = estimate_vision_bytes(vision, dtype.itemsize) if vision else 0
+    weights = estimate_weight_bytes(cfg, dtype.itemsize, args.weight_bits) + vision_bytes
+    block_size = args.block_size or block_size_for(cfg, args.attention)
+    kv_dtype = dtype.name
     print(
         f"{config_file}: {cfg.num_layers} layers ({cfg.layer_types.count('full_attention')} full attention), "
         f"{cfg.num_kv_heads} KV heads x {cfg.head_dim}, window {cfg.sliding_window}, context {cfg.max_position_embeddings}; "

@@ -39,7 +39,12 @@ log = logging.getLogger(__name__)
 
 def default_block_size(manifest: Manifest) -> int:
     """16 tokens (as vLLM), or for a paged-attention export the block its FlashAttention kernels need."""
-    return flash_page_size(manifest.config.head_dim) if manifest.attention == "paged" else 16
+    return block_size_for(manifest.config, manifest.attention)
+
+
+def block_size_for(cfg: Gemma3Config, attention: str) -> int:
+    """`default_block_size` of a model exported with `attention` (also for a config alone: `wicore plan`)."""
+    return flash_page_size(cfg.head_dim) if attention == "paged" else 16
 
 
 def choose_block_size(manifest: Manifest, requested: int | None) -> int:
