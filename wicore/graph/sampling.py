@@ -34,7 +34,7 @@ from wicore.graph import io
 from wicore.graph.ops import Graph
 
 TOP_CANDIDATES = 64  # K (at most the vocabulary): covers llama.cpp's default top_k (40) and most nucleus cuts
-CDF_BLOCK = 512  # the host sampler's block (wicore.runtime.sampler._CDF_BLOCK)
+CDF_BLOCK = 512  # tokens a block of the two-level running sum, here and in wicore.runtime.sampler
 
 
 def sampling_head(g: Graph, logits: str, vocab_size: int) -> None:

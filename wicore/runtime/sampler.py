@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wicore.errors import RequestError
+from wicore.graph.sampling import CDF_BLOCK  # one block size here and in the graph's draw: the same tokens
 
 MAX_LOGPROBS = 20  # most alternatives a request may ask for (OpenAI's top_logprobs limit)
 
@@ -222,13 +223,10 @@ def _top_k(ids: np.ndarray, weights: np.ndarray, k: int) -> np.ndarray:
 def _inverse_cdf(weights: np.ndarray, u: float) -> int:
     """The token whose cumulative weight (in token order) first exceeds u * total: block sums
     first, then one block's running sum, instead of a running sum over the vocabulary."""
-    blocks = np.add.reduceat(weights, np.arange(0, len(weights), _CDF_BLOCK), dtype=np.float64)
+    blocks = np.add.reduceat(weights, np.arange(0, len(weights), CDF_BLOCK), dtype=np.float64)
     cdf = np.cumsum(blocks)
     target = u * cdf[-1]
     block = min(int(np.searchsorted(cdf, target, side="right")), len(blocks) - 1)
-    start = block * _CDF_BLOCK
-    inner = np.cumsum(weights[start : start + _CDF_BLOCK], dtype=np.float64) + (cdf[block - 1] if block else 0.0)
+    start = block * CDF_BLOCK
+    inner = np.cumsum(weights[start : start + CDF_BLOCK], dtype=np.float64) + (cdf[block - 1] if block else 0.0)
     return start + min(int(np.searchsorted(inner, target, side="right")), len(inner) - 1)
-
-
-_CDF_BLOCK = 512
