@@ -186,3 +186,13 @@ def test_decode_buckets_double_up_to_the_largest_batch():
     from wicore.runtime.cuda_graphs import buckets
 
     assert buckets(1) == [1] and buckets(8) == [1, 2, 4, 8] and buckets(33) == [1, 2, 4, 8, 16, 32, 64]
+
+
+def test_cuda_graphs_by_default_only_where_they_can_be_captured(tiny_export):
+    """EngineConfig.cuda_graphs None (serve's --cuda-graphs auto) turns them on only for a paged export on one
+    CUDA device; an export on the CPU runs uncaptured instead of being refused."""
+    folder, _ = tiny_export()
+    manifest = Manifest.read(folder)
+    devices = [parse_device("cpu")]
+    buffers = KVBuffers(manifest, CacheConfig(4, 4), devices)
+    assert ModelGraphs(folder, manifest, buffers, devices, cuda_graphs=None, block_size=128).cuda_graphs is False

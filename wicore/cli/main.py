@@ -66,8 +66,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-cache", action="store_true")
     p.add_argument(
         "--cuda-graphs",
-        action="store_true",
-        help="replay greedy decode steps from CUDA graphs (an --attention paged export on one cuda device)",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="replay decode steps from CUDA graphs (an --attention paged export on one cuda device); auto (the "
+        "default): on there when the KV blocks are the paged attention's FlashAttention tile or a multiple of it",
     )
 
 
@@ -251,7 +255,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             enable_prefix_cache=not args.no_prefix_cache,
             devices=args.devices,
             vision_device=args.vision_device,
-            cuda_graphs=args.cuda_graphs,
+            cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
             a2cr=A2CRConfig(*weights, decay=args.a2cr_decay),
             scheduler=SchedulerConfig(
                 max_num_seqs=args.max_num_seqs,

@@ -83,8 +83,16 @@ class Engine:
         placement = plan_placement(model_dir, self.manifest, config.devices, device_bytes, config.vision_device)
         buffers = KVBuffers(self.manifest, CacheConfig(device.full, bs, device.window or None), placement.devices)
         graphs = ModelGraphs(
-            model_dir, self.manifest, buffers, placement.devices, config.num_threads, config.profile_prefix, config.cuda_graphs
+            model_dir,
+            self.manifest,
+            buffers,
+            placement.devices,
+            config.num_threads,
+            config.profile_prefix,
+            config.cuda_graphs,
+            bs,
         )
+        self.config = config = replace(config, cuda_graphs=graphs.cuda_graphs)
         self.layout = layout
         self.kv = build_kv_cache(config, layout, tiers, buffers)
         self.vision = None

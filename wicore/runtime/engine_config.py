@@ -31,7 +31,9 @@ class EngineConfig:
     verify_files: bool = True
     devices: str = "cpu"  # see wicore.runtime.placement
     profile_prefix: str | None = None  # ONNX Runtime's profiler on (tools/profile_step.py)
-    cuda_graphs: bool = False  # decode steps replayed from CUDA graphs (paged export on one CUDA device)
+    # Decode steps replayed from CUDA graphs (a paged export on one CUDA device). None: on wherever
+    # they can be and the KV blocks are the paged attention's FlashAttention tile or a multiple.
+    cuda_graphs: bool | None = None
     vision_device: str | None = None  # where the vision partition runs; None: the first partition's device
     image_cache_size: int = 64  # images whose features are kept (each distinct image is encoded once)
 

@@ -19,11 +19,18 @@ import numpy as np
 
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
+from wicore.graph.paged_attention import flash_page_size
 from wicore.runtime.batch import BatchInputs
 from wicore.runtime.cuda_graphs import DecodeGraphs
 from wicore.runtime.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 from wicore.runtime.kv_buffers import KVBuffers
 from wicore.runtime.providers import Device, DeviceError, onnxruntime, session_options
+
+
+def can_capture(manifest: Manifest, devices: Sequence[Device]) -> bool:
+    """Decode steps can be captured: a paged-attention export, every partition on one CUDA device."""
+    one_gpu = devices[0].capability.name == "cuda" and all(d == devices[0] for d in devices)
+    return manifest.attention == "paged" and one_gpu
 
 
 class ModelGraphs:
@@ -37,7 +44,8 @@ class ModelGraphs:
         devices: Sequence[Device],
         num_threads: int | None = None,
         profile_prefix: str | None = None,  # ONNX Runtime's profiler on (tools/profile_step.py)
-        cuda_graphs: bool = False,  # decode steps captured and replayed (runtime/cuda_graphs.py)
+        cuda_graphs: bool | None = False,  # decode steps captured and replayed (runtime/cuda_graphs.py)
+        block_size: int | None = None,  # cuda_graphs None: on where they can be and blocks are FlashAttention's
     ) -> None:
         ort = onnxruntime()
         self.manifest = manifest
@@ -47,8 +55,11 @@ class ModelGraphs:
             raise ValueError(f"{len(self.devices)} devices for {len(manifest.partitions)} partitions")
         for device in self.devices:
             device.check_can_run(manifest.dtype, manifest.op_flavour, manifest.attention)
-        one_gpu = self.devices[0].capability.name == "cuda" and all(d == self.devices[0] for d in self.devices)
-        if cuda_graphs and (manifest.attention != "paged" or not one_gpu):
+        if cuda_graphs is None:  # greedy and sampled tokens measured identical to uncaptured there (PERFORMANCE.md)
+            tile = flash_page_size(manifest.config.head_dim)
+            cuda_graphs = can_capture(manifest, self.devices) and block_size is not None and block_size % tile == 0
+        self.cuda_graphs = cuda_graphs
+        if cuda_graphs and not can_capture(manifest, self.devices):
             raise DeviceError("CUDA graphs need an export with --attention paged, every partition on one cuda device")
         opts = session_options(num_threads, profile_prefix)
         self.sessions = [
