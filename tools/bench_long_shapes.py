@@ -301,7 +301,7 @@ def run(config: Config) -> int:
 def parse_args(argv: list[str] | None) -> Config:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="gemma3-27b", choices=sorted(SHAPES))
-    p.add_argument("--contexts", default="8192,32768,131072", help="prompt lengths in tokens")
+    p.add_argument("--contexts", default="8192,32768,130944", help="prompt lengths in tokens")
     p.add_argument("--variants", default="paged", help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--prefill-chunk", type=int, default=2048, help="prompt tokens a step (the engine's prefill chunk)")
     p.add_argument("--decode-steps", type=int, default=40, help="greedy decode steps after the prompt")
