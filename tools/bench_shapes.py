@@ -9,6 +9,11 @@ same run. Per-layer cost is fitted over the layer counts and extrapolated to the
 
     step ms (L layers) = fixed + per_layer * L        (least squares; residuals in the JSON)
 
+The first L layers of the model's pattern are exported (the last made a full-attention layer),
+so the fit holds where a sliding and a full layer cost alike: short contexts, where both read
+the same tokens. At long context a full layer reads the whole sequence and a sliding one its
+window: tools/bench_long_shapes.py solves the two kinds apart instead.
+
     floor ms           weight bytes of the full model / the device's measured copy bandwidth
 
 With `--check`, the first layer count's exports also run one `--check-tokens` prompt (past the
