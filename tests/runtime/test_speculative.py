@@ -1,0 +1,152 @@
+"""Speculative decoding (wicore.runtime.speculative): n-gram drafts, verification rows, rollback,
+and speculative sampling keeping the sampler's distribution."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wicore.errors import ManifestError
+from wicore.hmt.tiers import Tier
+from wicore.runtime.engine import Engine, EngineConfig
+from wicore.runtime.proposers import ngram_lookup
+from wicore.runtime.sampler import SamplingParams
+from wicore.runtime.scheduler import SchedulerConfig
+from wicore.runtime.speculative import SpeculativeConfig
+
+RNG = np.random.default_rng(3)
+# Prompts that repeat themselves, so that prompt lookup finds drafts (some right, some wrong).
+PROMPTS = [(RNG.integers(3, 512, int(n)).tolist() * 3)[: int(m)] for n, m in zip(RNG.integers(4, 12, 8), RNG.integers(10, 40, 8))]
+GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
+
+
+def test_ngram_lookup_continues_the_latest_earlier_occurrence():
+    assert ngram_lookup([5, 1, 2, 3, 9, 4, 1, 2, 3], 3, 3, 1) == [9, 4, 1]
+    assert ngram_lookup([1, 2, 7, 1, 2, 8, 1, 2], 2, 2, 1) == [8, 1]  # the most recent of two occurrences
+    assert ngram_lookup([1, 2, 3, 4], 3, 3, 1) == []  # no earlier occurrence of any suffix
+    assert ngram_lookup([4, 6, 9, 4], 5, 3, 1) == [6, 9, 4]  # n = 1, and the draft may reach the end
+    assert ngram_lookup([7, 7, 7], 2, 2, 1) == [7]  # the suffix 7 7 occurs at 0, followed by the last 7
+    assert ngram_lookup([1, 2, 1, 2], 0, 2, 1) == []
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="at least 1"):
+        SpeculativeConfig("ngram", num_speculative_tokens=0)
+    with pytest.raises(ValueError, match="choose ngram or draft"):
+        SpeculativeConfig("medusa")
+    with pytest.raises(ValueError, match="draft method only"):
+        SpeculativeConfig("ngram", draft_model_dir="x")  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_export):
+    return tiny_export(1)[0]
+
+
+def engine(model_dir, spec: SpeculativeConfig | None, **overrides) -> Engine:
+    settings = dict(
+        num_threads=1,
+        block_size=4,
+        num_device_blocks=256,
+        num_host_blocks=0,
+        num_nvme_blocks=0,
+        verify_files=False,
+        scheduler=SchedulerConfig(max_num_batched_tokens=64, prefill_chunk=16),
+        speculative=spec,
+    )
+    return Engine(EngineConfig(model_dir=model_dir, **{**settings, **overrides}))
+
+
+def generate(model_dir, spec, prompts=PROMPTS, params=GREEDY, **overrides):
+    with engine(model_dir, spec, **overrides) as eng:
+        completions = eng.generate(prompts, params)
+        stats = eng.stats()
+        pools = [g.pool for g in eng.kv.groups]
+        free = [(p.num_free(Tier.DEVICE), p.num_evictable(Tier.DEVICE), sum(b.ref_count for b in p.blocks())) for p in pools]
+    return completions, stats, free
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_greedy_text_is_the_same_with_ngram_speculation(model_dir, k):
+    plain, _, _ = generate(model_dir, None)
+    spec, stats, _ = generate(model_dir, SpeculativeConfig("ngram", num_speculative_tokens=k))
+    assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
+    s = stats["speculative"]
+    assert s["num_drafts"] > 0 and s["num_draft_tokens"] >= s["num_drafts"]
+    assert 0 < s["num_accepted_tokens"] <= s["num_draft_tokens"]
+    # every generated token is counted once, whether it came from a plain or a verification row
+    assert stats["generated_tokens"] == sum(len(c.token_ids) for c in spec)
+
+
+def test_rejected_drafts_leave_no_blocks_and_no_prefix_hashes_behind(model_dir):
+    """After the requests end, the pool holds exactly what plain decoding leaves: the same
+    cached (hashed) blocks, nothing owned."""
+    _, _, plain_free = generate(model_dir, None)
+    _, stats, spec_free = generate(model_dir, SpeculativeConfig("ngram", num_speculative_tokens=5))
+    assert stats["speculative"]["num_accepted_tokens"] < stats["speculative"]["num_draft_tokens"]  # some were rolled back
+    assert spec_free == plain_free
+    assert all(num_referenced == 0 for _, _, num_referenced in spec_free)
+
+
+def test_greedy_text_is_the_same_under_preemption_and_stops(model_dir):
+    params = [
+        SamplingParams(max_tokens=n, ignore_eos=True, stop_token_ids=(5,) if i % 3 == 0 else ())
+        for i, n in enumerate(RNG.integers(1, 20, len(PROMPTS)).tolist())
+    ]
+    tight = dict(num_device_blocks=24, num_host_blocks=16, scheduler=SchedulerConfig(max_num_batched_tokens=32, prefill_chunk=8))
+    plain, _, _ = generate(model_dir, None, params=params)
+    for preemption in ("swap", "recompute"):
+        sched = SchedulerConfig(max_num_batched_tokens=32, prefill_chunk=8, preemption=preemption)
+        spec, stats, _ = generate(
+            model_dir, SpeculativeConfig("ngram", num_speculative_tokens=4), params=params, **{**tight, "scheduler": sched}
+        )
+        assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
+        assert [c.finish_reason for c in spec] == [c.finish_reason for c in plain]
+        assert stats["preempted_swap"] + stats["preempted_recompute"] > 0
+        assert stats["speculative"]["num_drafts"] > 0
+
+
+def test_a_request_can_opt_out(model_dir):
+    params = SamplingParams(max_tokens=16, ignore_eos=True, speculative=False)
+    _, stats, _ = generate(model_dir, SpeculativeConfig("ngram"), params=params)
+    assert stats["speculative"]["num_drafts"] == 0
+
+
+def test_logprobs_come_for_every_token_of_a_verification_row(model_dir):
+    params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2)
+    with engine(model_dir, None) as eng:
+        plain = (
+            [[lp for out in eng.outputs(eng.add_request(p, params)) for lp in out.logprobs or []] for p in PROMPTS[:1]]
+            if eng.start()
+            else []
+        )
+    with engine(model_dir, SpeculativeConfig("ngram")) as eng:
+        spec = (
+            [[lp for out in eng.outputs(eng.add_request(p, params)) for lp in out.logprobs or []] for p in PROMPTS[:1]]
+            if eng.start()
+            else []
+        )
+        assert eng.stats()["speculative"]["num_accepted_tokens"] > 0
+    assert [[lp.token_id for lp in r] for r in spec] == [[lp.token_id for lp in r] for r in plain]
+    for a, b in zip(spec[0], plain[0]):
+        assert a.top_ids == b.top_ids
+        np.testing.assert_allclose(a.logprob, b.logprob, atol=1e-4)
+
+
+def test_a_draft_model_gives_the_same_greedy_text(model_dir, tiny_export):
+    """The target drafting for itself keeps every draft; another random model (same vocabulary)
+    keeps few, and the text is the same either way."""
+    plain, _, _ = generate(model_dir, None)
+    other = tiny_export(1, seed=1)[0]
+    for draft_dir, all_kept in ((model_dir, True), (other, False)):
+        spec, stats, _ = generate(model_dir, SpeculativeConfig("draft", num_speculative_tokens=3, draft_model_dir=draft_dir))
+        assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
+        s = stats["speculative"]
+        assert s["num_drafts"] > 0
+        assert (s["num_accepted_tokens"] == s["num_draft_tokens"]) is all_kept
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(model_dir, tiny_export):
+    other = tiny_export(1, vocab_size=256)[0]
+    with pytest.raises(ManifestError, match="vocabulary of 256 tokens, the target 512"):
+        engine(model_dir, SpeculativeConfig("draft", draft_model_dir=other))
