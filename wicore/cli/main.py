@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from wicore.cli.plan import add_plan
+from wicore.cli.speculative_args import add_speculative_args, speculative_config
 from wicore.errors import RequestError, WiCoreError
 
 
@@ -69,6 +70,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replay greedy decode steps from CUDA graphs (an --attention paged export on one cuda device)",
     )
+    add_speculative_args(p)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -253,6 +255,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             vision_device=args.vision_device,
             cuda_graphs=args.cuda_graphs,
             a2cr=A2CRConfig(*weights, decay=args.a2cr_decay),
+            speculative=speculative_config(args),
             scheduler=SchedulerConfig(
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_batched_tokens,
