@@ -150,3 +150,12 @@ def test_a_draft_model_with_another_vocabulary_is_refused(model_dir, tiny_export
     other = tiny_export(1, vocab_size=256)[0]
     with pytest.raises(ManifestError, match="vocabulary of 256 tokens, the target 512"):
         engine(model_dir, SpeculativeConfig("draft", draft_model_dir=other))
+
+
+def test_seeded_sampling_with_speculation_repeats(model_dir):
+    params = [SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.0, top_k=3, seed=i) for i in range(len(PROMPTS))]
+    first, stats, _ = generate(model_dir, SpeculativeConfig("ngram", num_speculative_tokens=4), params=params)
+    again, _, _ = generate(model_dir, SpeculativeConfig("ngram", num_speculative_tokens=4), params=params)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again]
+    assert all(c.error is None and len(c.token_ids) == 16 for c in first)
+    assert stats["speculative"]["num_accepted_tokens"] > 0

@@ -75,3 +75,70 @@ def test_logprobs_of_a_verified_token_are_the_raw_distributions():
     raw = LOGITS.astype(np.float64) - np.log(np.exp(LOGITS.astype(np.float64)).sum())
     assert sample.logprobs.top_ids == (0, 1)
     np.testing.assert_allclose(sample.logprobs.logprob, raw[sample.token_id])
+
+
+class FixedProposer:
+    """Always guesses `token` (any proposer is allowed: verification decides)."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def propose(self, sequences, num_tokens):
+        return {request_id: [self.token] * num_tokens[request_id] for request_id in sequences}
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_engine_samples_the_models_distribution_with_speculation(tiny_export):
+    """Tiny random Gemma 3, temperature 1, top-k 4: the pair (first token, second token) of 1,500
+    seeded requests, whose second token always comes out of a verification row, against the exact
+    joint distribution from HF transformers' logits. A fixed guess that were always accepted would
+    be far off (the assertion on `accept_all`)."""
+    import torch
+
+    from wicore.runtime.engine import Engine, EngineConfig
+    from wicore.runtime.scheduler import SchedulerConfig
+    from wicore.runtime.speculative import SpeculativeConfig, Speculator
+
+    folder, model = tiny_export(1)
+    prompt = [5, 17, 99, 23, 5, 17, 99]
+    top_k, num_requests = 4, 1500
+
+    def top_probs(ids: list[int]) -> dict[int, float]:
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1].double()
+        values, idx = torch.topk(logits, top_k)
+        return dict(zip(idx.tolist(), torch.softmax(values, 0).tolist()))
+
+    exact = {(a, b): pa * pb for a, pa in top_probs(prompt).items() for b, pb in top_probs([*prompt, a]).items()}
+    second = {}
+    for (_, b), p in exact.items():
+        second[b] = second.get(b, 0.0) + p
+    guess = max(second, key=second.__getitem__)  # the likeliest second token: often right, often not
+    accept_all = sum(p for (_, b), p in exact.items() if b != guess)  # TV of always taking the guess
+    assert accept_all > 0.3
+
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=1, max_batch=num_requests)
+    config = EngineConfig(
+        model_dir=folder,
+        num_threads=1,
+        block_size=4,
+        num_device_blocks=2048,
+        verify_files=False,
+        speculative=spec,
+        scheduler=SchedulerConfig(max_waiting=num_requests),
+    )
+    params = [SamplingParams(max_tokens=3, ignore_eos=True, temperature=1.0, top_k=top_k, seed=i) for i in range(num_requests)]
+    with Engine(config) as engine:
+        engine.speculator = Speculator(spec, FixedProposer(guess))
+        completions = engine.generate([prompt] * num_requests, params)
+        stats = engine.stats()["speculative"]
+    assert stats["num_drafts"] == num_requests  # every second token was verified
+    counts: dict[tuple[int, int], int] = {}
+    for c in completions:
+        key = (c.token_ids[0], c.token_ids[1])
+        counts[key] = counts.get(key, 0) + 1
+    assert set(counts) <= set(exact)
+    tv = 0.5 * sum(abs(counts.get(k, 0) / num_requests - p) for k, p in exact.items())
+    assert tv < 0.06  # the expected sampling noise of 1,500 draws over 16 outcomes: ~0.04 (the seeds are fixed)

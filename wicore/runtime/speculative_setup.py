@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from wicore.errors import ManifestError, RequestError
+from wicore.errors import ManifestError, WiCoreError
 from wicore.graph.manifest import Manifest
 from wicore.runtime.engine_config import EngineConfig
 from wicore.runtime.proposers import NgramProposer
@@ -75,7 +75,7 @@ class DraftModelProposer:
         params = [SamplingParams(max_tokens=num_tokens[i], ignore_eos=True, speculative=False) for i in ids]
         try:
             completions = self.engine.generate([list(sequences[i]) for i in ids], params)
-        except RequestError:  # the draft engine cannot take them now (its queue, its KV cache): no drafts
+        except WiCoreError:  # the draft engine cannot take them now (its queue, its KV cache): no drafts
             return {}
         return {i: c.token_ids for i, c in zip(ids, completions) if c.error is None and c.token_ids}
 
