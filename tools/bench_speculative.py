@@ -5,13 +5,15 @@
         llama.cpp      plain  vs  LlamaPromptLookupDecoding(num_pred_tokens=K)
     ordinary prompts (workloads.ORDINARY)
         wicore         plain  vs  --draft-model (e.g. the ort-quant 270M drafting for the fp32 270M)
-    batch sweep: the input-grounded prompts at 1, 2, 4, ... concurrent streams, plain vs ngram
-        (aggregate tok/s: where speculation stops paying)
+    batch sweep: each input-grounded prompt b times, in groups of b concurrent streams (b = 2, 4, 8),
+        plain vs ngram (aggregate tok/s: where speculation stops paying; b = 1 is the first line)
 
-Every run is greedy; WiCore's texts with and without speculation are compared token for token.
+WiCore's plain and speculative engines (and llama.cpp's two) take turns prompt by prompt, so both
+see the same load on a shared machine. Every run is greedy; WiCore's texts with and without speculation are compared token for token.
 Decode tok/s = (tokens - 1) / (time of the last token - time of the first), summed over the
 prompts of a set (prefill excluded). llama.cpp (whose streamed chunks are not tokens) is timed as
-(tokens - 1) / (seconds of the whole completion - seconds of a 1-token completion of the same prompt).
+(tokens - 1) / (seconds of the whole completion - seconds of a 1-token completion of the same prompt),
+plain and lookup in lockstep, each completion the faster of two.
 
 Usage:
     python tools/bench_speculative.py --model-dir models/gemma3-270m --draft-model-dir models/gemma3-270m-q \\
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchlib import gguf_path, import_llama_cpp, quiet_stderr, stream_tokens, write_record
+from benchlib import gguf_path, import_llama_cpp, num_busy_cores, quiet_stderr, stream_tokens, write_record
 from workloads import INPUT_GROUNDED, ORDINARY
 
 
@@ -61,79 +63,91 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     return Config(a.model_dir, a.draft_model_dir, a.threads, a.max_tokens, a.k, batches, a.json, a.skip_llama_cpp)
 
 
-def wicore_run(cfg: Config, spec: object, prompts: list[str], concurrency: int = 1) -> dict[str, object]:
-    """Decode rates of the prompts, `concurrency` streams at a time, and their token ids."""
+def wicore_runs(cfg: Config, specs: Sequence[object], prompts: list[str], concurrency: int = 1) -> list[dict[str, object]]:
+    """One engine per speculative setting (None: plain), taking turns group by group (`concurrency`
+    prompts at a time), so that every setting sees the same load: decode rates and token ids."""
     from wicore.runtime.engine import Engine, EngineConfig
     from wicore.runtime.sampler import SamplingParams
 
-    config = EngineConfig(model_dir=cfg.wicore_model, num_threads=cfg.threads, verify_files=False, speculative=spec)  # type: ignore[arg-type]
     params = SamplingParams(max_tokens=cfg.max_tokens, ignore_eos=True)
-    with Engine(config).start() as engine:
-        engine.generate(["Warm up the graphs."], SamplingParams(max_tokens=4, ignore_eos=True))
-        ids = [engine.tokenizer.encode(p) for p in prompts]
-        outputs: list[list[int]] = []
-        decode_tokens, decode_seconds, wall = 0, 0.0, 0.0
+    engines = []
+    try:
+        for spec in specs:
+            config = EngineConfig(model_dir=cfg.wicore_model, num_threads=cfg.threads, verify_files=False, speculative=spec)  # type: ignore[arg-type]
+            engines.append(Engine(config).start())
+            engines[-1].generate(["Warm up the graphs."], SamplingParams(max_tokens=4, ignore_eos=True))
+        ids = [engines[0].tokenizer.encode(p) for p in prompts]
+        totals = [[0, 0.0, []] for _ in engines]  # decode tokens, decode seconds, token ids
         for first in range(0, len(ids), concurrency):
-            group = ids[first : first + concurrency]
-            start = time.perf_counter()
-            request_ids = [engine.add_request(p, params) for p in group]
+            for engine, total in zip(engines, totals):
+                start = time.perf_counter()
+                request_ids = [engine.add_request(p, params) for p in ids[first : first + concurrency]]
 
-            async def collect(request_ids: list[str] = request_ids, start: float = start) -> list:
-                return await asyncio.gather(*(stream_tokens(engine, r, start, r) for r in request_ids))
+                async def collect(engine=engine, request_ids: list[str] = request_ids, start: float = start) -> list:
+                    return await asyncio.gather(*(stream_tokens(engine, r, start, r) for r in request_ids))
 
-            results = asyncio.run(collect())
-            wall += time.perf_counter() - start
-            first_token = max(times[0] for times, _, _ in results)  # every stream past its prefill
-            last_token = max(times[-1] for times, _, _ in results)
-            decode_tokens += sum(sum(t > first_token for t in times) for times, _, _ in results)
-            decode_seconds += last_token - first_token
-            outputs += [tokens for _, tokens, _ in results]
-        stats = engine.stats()
-    return {
-        "decode_tok_s": decode_tokens / decode_seconds if decode_seconds else 0.0,
-        "num_decode_tokens": decode_tokens,
-        "wall_s": wall,
-        "speculative": stats["speculative"],
-        "token_ids": outputs,
-    }
+                results = asyncio.run(collect())
+                first_token = max(times[0] for times, _, _ in results)  # every stream past its prefill
+                last_token = max(times[-1] for times, _, _ in results)
+                total[0] += sum(sum(t > first_token for t in times) for times, _, _ in results)
+                total[1] += last_token - first_token
+                total[2] += [tokens for _, tokens, _ in results]
+        stats = [engine.stats()["speculative"] for engine in engines]
+    finally:
+        for engine in engines:
+            engine.stop()
+    return [
+        {"decode_tok_s": n / seconds if seconds else 0.0, "num_decode_tokens": n, "speculative": st, "token_ids": outputs}
+        for (n, seconds, outputs), st in zip(totals, stats)
+    ]
 
 
-def llama_cpp_run(cfg: Config, prompts: list[str], lookup: bool) -> dict[str, object]:
+def llama_cpp_runs(cfg: Config, prompts: list[str]) -> tuple[dict[str, object], dict[str, object]]:
+    """llama.cpp plain and with LlamaPromptLookupDecoding(num_pred_tokens=K), in lockstep prompt by
+    prompt (both see the same load), each completion timed twice and the faster kept: llama.cpp's
+    spinning thread pool slows down many times over when other processes take the cores."""
     llama_cpp = import_llama_cpp()
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    draft = LlamaPromptLookupDecoding(num_pred_tokens=cfg.k) if lookup else None
+    engines = []
     with quiet_stderr():
-        llm = llama_cpp.Llama(
-            model_path=str(gguf_path()),
-            n_ctx=2048,
-            n_threads=cfg.threads,
-            n_threads_batch=cfg.threads,
-            draft_model=draft,
-            verbose=False,
-        )
+        for lookup in (False, True):
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=cfg.k) if lookup else None
+            engines.append(
+                llama_cpp.Llama(
+                    model_path=str(gguf_path()),
+                    n_ctx=1024,
+                    n_threads=cfg.threads,
+                    n_threads_batch=cfg.threads,
+                    draft_model=draft,
+                    verbose=False,
+                )
+            )
+    totals = [[0, 0.0, []] for _ in engines]  # decode tokens, decode seconds, texts
     try:
-        llm.create_completion("Warm up.", max_tokens=4, temperature=0.0)
-        decode_tokens, decode_seconds = 0, 0.0
-        texts = []
-        for prompt in prompts:  # streamed chunks are not tokens: time a 1-token run (the prefill) and the whole run
-            timed = []
-            for max_tokens in (1, cfg.max_tokens):
-                llm.reset()
-                start = time.perf_counter()
-                out = llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, top_k=1)
-                timed.append((time.perf_counter() - start, out["usage"]["completion_tokens"]))
-            decode_tokens += timed[1][1] - 1
-            decode_seconds += timed[1][0] - timed[0][0]
-            texts.append(out["choices"][0]["text"])
+        for llm in engines:
+            llm.create_completion("Warm up.", max_tokens=4, temperature=0.0)
+        for prompt in prompts:  # streamed chunks are not tokens: time a 1-token completion (the prefill) and the whole one
+            for llm, total in zip(engines, totals):
+                best = []
+                for max_tokens in (1, cfg.max_tokens):
+                    runs = []
+                    for _ in range(2):
+                        llm.reset()
+                        start = time.perf_counter()
+                        out = llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, top_k=1)
+                        runs.append((time.perf_counter() - start, out["usage"]["completion_tokens"], out["choices"][0]["text"]))
+                    best.append(min(runs))
+                total[0] += best[1][1] - 1
+                total[1] += best[1][0] - best[0][0]
+                total[2].append(best[1][2])
     finally:
-        llm.close()
-    return {
-        "decode_tok_s": decode_tokens / decode_seconds,
-        "num_decode_tokens": decode_tokens,
-        "version": llama_cpp.__version__,
-        "texts": texts,
-    }
+        for llm in engines:
+            llm.close()
+    return tuple(  # type: ignore[return-value]
+        {"decode_tok_s": n / seconds, "num_decode_tokens": n, "version": llama_cpp.__version__, "texts": texts}
+        for n, seconds, texts in totals
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ngram = SpeculativeConfig("ngram", num_speculative_tokens=cfg.k)
 
     def show(label: str, plain: dict, spec: dict) -> None:
+        others = num_busy_cores()  # measured between runs: other processes' load
         ratio = spec["decode_tok_s"] / plain["decode_tok_s"]
         same = plain.get("token_ids") == spec.get("token_ids") if "token_ids" in plain else None
         s = spec.get("speculative") or {}
@@ -155,27 +170,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             + ("" if same is None else f"   same text {same}"),
             flush=True,
         )
-        record[label] = {"plain": plain, "speculative": spec, "speed_up": ratio, "same_text": same}
+        record[label] = {"plain": plain, "speculative": spec, "speed_up": ratio, "same_text": same, "busy_cores_after": others}
 
-    plain = wicore_run(cfg, None, INPUT_GROUNDED)
-    show("wicore ngram, input-grounded", plain, wicore_run(cfg, ngram, INPUT_GROUNDED))
+    show("wicore ngram, input-grounded", *wicore_runs(cfg, [None, ngram], INPUT_GROUNDED))
     if not cfg.skip_llama_cpp:
-        show(
-            "llama.cpp prompt lookup, input-grounded",
-            llama_cpp_run(cfg, INPUT_GROUNDED, False),
-            llama_cpp_run(cfg, INPUT_GROUNDED, True),
-        )
+        show("llama.cpp prompt lookup, input-grounded", *llama_cpp_runs(cfg, INPUT_GROUNDED))
     if cfg.draft_model is not None:
         draft = SpeculativeConfig("draft", num_speculative_tokens=cfg.k, draft_model_dir=cfg.draft_model)
-        show("wicore draft model, ordinary", wicore_run(cfg, None, ORDINARY), wicore_run(cfg, draft, ORDINARY))
-    for batch in cfg.batches:
+        show("wicore draft model, ordinary", *wicore_runs(cfg, [None, draft], ORDINARY))
+    for batch in cfg.batches:  # every prompt `batch` times, in groups of `batch` streams
         if batch > 1:
-            prompts = (INPUT_GROUNDED * batch)[:batch]  # one group of `batch` streams
-            show(
-                f"wicore ngram, input-grounded, {batch} streams",
-                wicore_run(cfg, None, prompts, batch),
-                wicore_run(cfg, ngram, prompts, batch),
-            )
+            prompts = [p for p in INPUT_GROUNDED for _ in range(batch)]
+            show(f"wicore ngram, input-grounded, {batch} streams", *wicore_runs(cfg, [None, ngram], prompts, batch))
     if cfg.json is not None:
         write_record(cfg.json, cfg, results=record)
     return 0

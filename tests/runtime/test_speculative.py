@@ -159,3 +159,18 @@ def test_seeded_sampling_with_speculation_repeats(model_dir):
     assert [c.token_ids for c in first] == [c.token_ids for c in again]
     assert all(c.error is None and len(c.token_ids) == 16 for c in first)
     assert stats["speculative"]["num_accepted_tokens"] > 0
+
+
+def test_abort_and_deadline_end_speculating_requests_and_free_their_blocks(model_dir):
+    params = SamplingParams(max_tokens=200, ignore_eos=True)
+    with engine(model_dir, SpeculativeConfig("ngram")).start() as eng:
+        aborted = eng.add_request(PROMPTS[0], params)
+        expiring = eng.add_request(PROMPTS[1], params, deadline=0.05)
+        outputs = eng.outputs(aborted)
+        first = next(iter(outputs))  # generating (and speculating) by now
+        eng.abort(aborted)
+        ends = [first, *outputs]
+        late = list(eng.outputs(expiring))
+        assert ends[-1].finish_reason == "abort" and late[-1].finish_reason == "deadline"
+        eng.generate([PROMPTS[2]], GREEDY)  # one more step after both ended
+        assert eng.stats()["blocks_referenced"]["device"] == 0
