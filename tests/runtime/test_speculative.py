@@ -174,3 +174,59 @@ def test_abort_and_deadline_end_speculating_requests_and_free_their_blocks(model
         assert ends[-1].finish_reason == "abort" and late[-1].finish_reason == "deadline"
         eng.generate([PROMPTS[2]], GREEDY)  # one more step after both ended
         assert eng.stats()["blocks_referenced"]["device"] == 0
+
+
+class Proposes:
+    """A proposer that always drafts `[1, 2, 3]` (cut to what is asked)."""
+
+    def propose(self, sequences, num_tokens):
+        return {r: [1, 2, 3][: num_tokens[r]] for r in sequences}
+
+    def close(self) -> None:
+        pass
+
+
+def fake_request(request_id: str, num_output: int = 0, max_tokens: int = 100, speculative: bool = True):
+    from wicore.runtime.request import Priority, Request
+
+    params = SamplingParams(max_tokens=max_tokens, speculative=speculative)
+    req = Request(request_id, [9, 9, 9], params, max_tokens, Priority.NORMAL, 0.0)
+    req.token_ids += [4] * num_output
+    return req
+
+
+def observe(spec, request_id: str, num_draft: int, num_kept: int) -> None:
+    """`spec` sees one verification row of `request_id` that kept `num_kept` of `num_draft` drafts."""
+    from wicore.runtime.sampler import Sample
+    from wicore.runtime.step import RunResult, ScheduledRow
+
+    row = ScheduledRow(
+        request_id, [0] * (num_draft + 1), 0, [], [], [], 0, num_draft + 1, True, GREEDY, draft_ids=(1,) * num_draft
+    )
+    spec.observe([row], RunResult(verified={request_id: [Sample(1)] * (num_kept + 1)}))
+
+
+def test_speculator_backs_off_on_low_acceptance_and_large_batches():
+    from wicore.runtime.speculative import Speculator
+
+    spec = Speculator(
+        SpeculativeConfig("ngram", num_speculative_tokens=3, max_batch=2, min_acceptance=0.5, backoff_steps=3), Proposes()
+    )
+    a, b, c = fake_request("a"), fake_request("b", num_output=98), fake_request("c", speculative=False)
+    # b may generate 2 more tokens: a draft of 1 (kept, plus the row's own token); c opted out
+    assert spec.drafts([a, b]) == {"a": [1, 2, 3], "b": [1]}
+    assert spec.drafts([a, c]) == {"a": [1, 2, 3]}
+    assert spec.drafts([a, b, c]) == {}  # more than max_batch decoding: none speculates
+    observe(spec, "a", 3, 3)
+    observe(spec, "a", 3, 0)  # moving rate 0.5 * 1 + 0.5 * 0 = 0.5: goes on
+    assert spec.drafts([a]) == {"a": [1, 2, 3]}
+    observe(spec, "a", 3, 0)  # 0.25 < 0.5: no drafts for 3 steps
+    assert [spec.drafts([a]) for _ in range(4)] == [{}, {}, {}, {"a": [1, 2, 3]}]
+    assert spec.stats.as_dict() == {
+        "num_drafts": 3,
+        "num_draft_tokens": 9,
+        "num_accepted_tokens": 3,
+        "acceptance_rate": 1 / 3,
+        "mean_acceptance_length": 2.0,
+        "accepted_per_position": [1, 1, 1],
+    }

@@ -138,7 +138,7 @@ class Speculator:
             state = self._requests.setdefault(row.request_id, _Acceptance())
             state.rate = (1 - self.DECAY) * state.rate + self.DECAY * num_kept / num_draft
             if state.rate < cfg.min_acceptance:
-                state.paused_until = self._step + cfg.backoff_steps
+                state.paused_until = self._step + cfg.backoff_steps + 1  # drafts() counts the next step first
                 state.rate = cfg.min_acceptance  # one good row after the pause lifts it again
 
     def forget(self, request_ids: Sequence[str]) -> None:
