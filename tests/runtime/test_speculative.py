@@ -230,3 +230,11 @@ def test_speculator_backs_off_on_low_acceptance_and_large_batches():
         "mean_acceptance_length": 2.0,
         "accepted_per_position": [1, 1, 1],
     }
+
+
+def test_penalties_apply_token_by_token_inside_a_verification_row(model_dir):
+    params = SamplingParams(max_tokens=16, ignore_eos=True, frequency_penalty=1.5, presence_penalty=0.5)
+    plain, _, _ = generate(model_dir, None, params=params)
+    spec, stats, _ = generate(model_dir, SpeculativeConfig("ngram", num_speculative_tokens=4), params=params)
+    assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
+    assert stats["speculative"]["num_drafts"] > 0  # (penalties steer away from repeats: few drafts are kept)
