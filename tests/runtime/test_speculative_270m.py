@@ -58,3 +58,14 @@ def test_ngram_speculation_under_preemption_gives_the_same_greedy_text(gemma_270
     assert outputs == plain * 2
     assert stats["preempted_swap"] + stats["preempted_recompute"] > 0
     assert stats["speculative"]["num_accepted_tokens"] > 0
+
+
+def test_a_draft_model_gives_the_same_greedy_text(gemma_270m, plain):
+    """The 270M drafting for itself (every draft kept): the draft engine's prefix-cached proposals
+    over the same prompts, the long one included. (Rejections on a real pair: tools/bench_speculative.py,
+    the ort-quant 270M drafting for the fp32 one; on a tiny pair: tests/runtime/test_speculative.py.)"""
+    folder = gemma_270m(3)
+    outputs, stats = run(folder, SpeculativeConfig("draft", num_speculative_tokens=4, draft_model_dir=folder))
+    assert outputs == plain
+    s = stats["speculative"]
+    assert s["num_drafts"] > 0 and s["num_accepted_tokens"] == s["num_draft_tokens"]
