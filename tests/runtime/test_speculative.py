@@ -18,6 +18,7 @@ RNG = np.random.default_rng(3)
 # Prompts that repeat themselves, so that prompt lookup finds drafts (some right, some wrong).
 PROMPTS = [(RNG.integers(3, 512, int(n)).tolist() * 3)[: int(m)] for n, m in zip(RNG.integers(4, 12, 8), RNG.integers(10, 40, 8))]
 GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
+NGRAM4 = SpeculativeConfig("ngram", num_speculative_tokens=4)
 
 
 def test_ngram_lookup_continues_the_latest_earlier_occurrence():
@@ -88,18 +89,17 @@ def test_rejected_drafts_leave_no_blocks_and_no_prefix_hashes_behind(model_dir):
     assert all(num_referenced == 0 for _, _, num_referenced in spec_free)
 
 
-def test_greedy_text_is_the_same_under_preemption_and_stops(model_dir):
+def test_greedy_text_is_the_same_under_preemption_and_stops(model_dir, tiny_export):
     params = [
         SamplingParams(max_tokens=n, ignore_eos=True, stop_token_ids=(5,) if i % 3 == 0 else ())
         for i, n in enumerate(RNG.integers(1, 20, len(PROMPTS)).tolist())
     ]
     tight = dict(num_device_blocks=24, num_host_blocks=16, scheduler=SchedulerConfig(max_num_batched_tokens=32, prefill_chunk=8))
     plain, _, _ = generate(model_dir, None, params=params)
-    for preemption in ("swap", "recompute"):
+    draft = SpeculativeConfig("draft", num_speculative_tokens=3, draft_model_dir=tiny_export(1, seed=1)[0])
+    for preemption, config in (("swap", NGRAM4), ("recompute", NGRAM4), ("swap", draft), ("recompute", draft)):
         sched = SchedulerConfig(max_num_batched_tokens=32, prefill_chunk=8, preemption=preemption)
-        spec, stats, _ = generate(
-            model_dir, SpeculativeConfig("ngram", num_speculative_tokens=4), params=params, **{**tight, "scheduler": sched}
-        )
+        spec, stats, _ = generate(model_dir, config, params=params, **{**tight, "scheduler": sched})
         assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
         assert [c.finish_reason for c in spec] == [c.finish_reason for c in plain]
         assert stats["preempted_swap"] + stats["preempted_recompute"] > 0
