@@ -4,6 +4,8 @@ build_prompt_ids   bench_generate: one prompt, BOS then PARAGRAPH repeated (HF t
 build_prompts      bench_serving: one prompt per request, a distinct header, then SENTENCES shuffled
 build_workload     bench_prefix_cache: users chatting in Gemma's chat format under a shared system prompt
 unbounded_cache    the hit rate of a cache that never evicts on a chat workload: any policy's ceiling
+INPUT_GROUNDED, ORDINARY   bench_speculative: texts to edit / rewrite / summarize, and open-ended
+                   prompts (text; from workloads_speculative)
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from workloads_speculative import INPUT_GROUNDED, ORDINARY  # noqa: F401  (bench_speculative's prompt sets)
 
 PARAGRAPH = (
     "The river ran slowly past the old mill, carrying leaves from the hills "

@@ -310,6 +310,7 @@ class API:
                         presence_penalty=opts.presence_penalty,
                         frequency_penalty=opts.frequency_penalty,
                         logprobs=opts.logprobs,
+                        speculative=opts.speculative,
                     )
                     request_ids.append(
                         self.engine.add_request(

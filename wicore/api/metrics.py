@@ -34,6 +34,22 @@ class Metrics:
         self.blocks_used = Gauge("wicore_kv_blocks_used", "KV blocks in use (owned or cached) per tier", ["tier"], registry=r)
         self.blocks_free = Gauge("wicore_kv_blocks_free", "Free KV blocks per tier", ["tier"], registry=r)
         self.prefix_hit_rate = Gauge("wicore_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache", registry=r)
+        # Speculative decoding, with vLLM's names (counters read from the engine's totals when scraped).
+        self.spec = {
+            key: Gauge(f"vllm:spec_decode_{key}", help_text, registry=r)
+            for key, help_text in (
+                ("num_drafts", "Verification rows run (decodes that carried draft tokens)"),
+                ("num_draft_tokens", "Draft tokens proposed and verified"),
+                ("num_accepted_tokens", "Draft tokens accepted"),
+            )
+        }
+        self.spec_per_position = Gauge(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted at each draft position",
+            ["position"],
+            registry=r,
+        )
+        self.spec_rate = Gauge("wicore_spec_decode_acceptance_rate", "Accepted share of the draft tokens", registry=r)
 
     def observe_request(self, route: str, status: int) -> None:
         self.requests.labels(route=route, status=str(status)).inc()
@@ -55,6 +71,13 @@ class Metrics:
             for tier, n in dict(engine_stats[key]).items():  # type: ignore[call-overload]
                 per_tier.labels(tier=tier).set(n)
         self.prefix_hit_rate.set(float(engine_stats["prefix_hit_rate"]))  # type: ignore[arg-type]
+        spec = engine_stats.get("speculative")
+        if isinstance(spec, dict):
+            for key, gauge in self.spec.items():
+                gauge.set(float(spec[key]))
+            for position, n in enumerate(spec["accepted_per_position"]):
+                self.spec_per_position.labels(position=str(position)).set(n)
+            self.spec_rate.set(float(spec["acceptance_rate"]))
         return generate_latest(self.registry)
 
 

@@ -47,6 +47,7 @@ class Options:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # None: none; k: each token's logprob and the k most likely alternatives
+    speculative: bool = True  # False: no draft tokens for this request, where the server speculates
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...], logpr
         priority=parse_priority(body),
         user=_str(body, "user"),
         logprobs=logprobs,
+        speculative=_bool(body, "speculative") is not False,
     )
 
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from wicore.cli.plan import add_plan
+from wicore.cli.speculative_args import add_speculative_args, speculative_config
 from wicore.errors import RequestError, WiCoreError
 
 
@@ -73,6 +74,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="replay decode steps from CUDA graphs (an --attention paged export on one cuda device); auto (the "
         "default): on there when the KV blocks are the paged attention's FlashAttention tile or a multiple of it",
     )
+    add_speculative_args(p)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -257,6 +259,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             vision_device=args.vision_device,
             cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
             a2cr=A2CRConfig(*weights, decay=args.a2cr_decay),
+            speculative=speculative_config(args),
             scheduler=SchedulerConfig(
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_batched_tokens,

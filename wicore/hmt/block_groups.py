@@ -105,6 +105,11 @@ class BlockGroups:
             lambda pool: pool.can_append(seq_id, num_tokens_total), lambda pool: pool.append(seq_id, num_tokens_total)
         )
 
+    def truncate(self, seq_id: int, num_tokens_total: int) -> None:
+        """Free every group's blocks past the first `num_tokens_total` tokens (rejected draft tokens)."""
+        for g in self.groups:
+            g.pool.truncate(seq_id, num_tokens_total)
+
     def commit(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
         for g in self.groups:
             g.pool.commit(seq_id, token_ids, num_computed)

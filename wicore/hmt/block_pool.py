@@ -226,6 +226,15 @@ class BlockPool(BlockSpace):
         """Whether `append(seq_id, num_tokens_total)` would succeed now."""
         return self._num_blocks(num_tokens_total) - self._running(seq_id).num_blocks <= self._room(Tier.DEVICE)
 
+    def truncate(self, seq_id: int, num_tokens_total: int) -> None:
+        """Drop the blocks past those `num_tokens_total` tokens need (a speculative row's
+        rejected tokens): they were never committed, so they hold no prefix hash and retire."""
+        seq = self._running(seq_id)
+        num_kept = max(self._num_blocks(num_tokens_total) - seq.first_block, 0)
+        dropped, seq.block_ids = seq.block_ids[num_kept:], seq.block_ids[:num_kept]
+        assert all(self._blocks[b].hash is None for b in dropped), "committed blocks are never rolled back"
+        self._unref(dropped, self._clock())
+
     def release(self, seq_id: int, first_block: int) -> None:
         """The sequence no longer reads its logical blocks before `first_block` (they left the
         sliding window): each loses its reference, as in `free`. Cached ones stay (evictable)

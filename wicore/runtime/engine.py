@@ -39,6 +39,7 @@ from wicore.hmt.tiers import Tier
 from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.runtime.channel import Channel
 from wicore.runtime.engine_config import EngineConfig
+from wicore.runtime.engine_stats import engine_stats
 from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.images import ImageInput, ImageSpan
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
@@ -49,6 +50,7 @@ from wicore.runtime.request import Priority, Request, RequestOutput
 from wicore.runtime.runner import ModelRunner
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import Scheduler
+from wicore.runtime.speculative_setup import build_speculator
 from wicore.runtime.step import RunResult, SchedulerOutput
 from wicore.runtime.tokenizer import Tokenizer
 from wicore.runtime.vision import NO_VISION, VisionEncoder
@@ -118,8 +120,9 @@ class Engine:
         self._channels: dict[str, Channel] = {}
         self._thread: threading.Thread | None = None
         self._running = False
-        self._generated = RateMeter()  # tokens generated a second over the last 10 s: stats()' tokens_per_second
+        self.generated = RateMeter()  # tokens generated a second over the last 10 s: stats()' tokens_per_second
         self.num_steps = 0
+        self.speculator = build_speculator(config, self.manifest) if config.speculative is not None else None
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> Engine:
@@ -136,6 +139,8 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self.speculator is not None:
+            self.speculator.close()
         self.kv.close()
 
     def __enter__(self) -> Engine:
@@ -344,7 +349,11 @@ class Engine:
                 self._lock.wait_for(lambda: not self._running or self.scheduler.has_work)
                 if not self._running:
                     return
-                out = self.scheduler.schedule()
+                decoding = self.scheduler.decoding() if self.speculator is not None else []
+            # Only this thread changes the requests' tokens: a draft model proposes without the lock.
+            drafts = self.speculator.drafts(decoding) if self.speculator is not None and decoding else {}
+            with self._lock:
+                out = self.scheduler.schedule(drafts)
                 if not out.rows and not out.moves and not out.finished:
                     # Nothing can run until a request ends or a deadline passes.
                     self._lock.wait(timeout=0.01)
@@ -364,12 +373,15 @@ class Engine:
             with self._lock:
                 rows = self.scheduler.drop_lost(lost, rows)
         result = self.runner.execute(rows, out.ended_request_ids) if rows else RunResult()
+        if self.speculator is not None:
+            self.speculator.observe(rows, result)
+            self.speculator.forget(out.ended_request_ids)
         self._record_attention(out, result)
         with self._lock:
             outputs = self.scheduler.update(rows, result)
         self._emit(outputs)
         self.num_steps += 1
-        self._generated.add(len(result.sampled))
+        self.generated.add(len(result.sampled) + sum(len(v) for v in result.verified.values()))
 
     def _record_attention(self, out: SchedulerOutput, result: RunResult) -> None:
         for row in out.rows:
@@ -390,31 +402,4 @@ class Engine:
     # -- stats -----------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
         with self._lock:
-            s = self.scheduler
-            tiers = [t.name.lower() for t in Tier]
-            names = zip(("full", "window"), (self.layout.full_layers, self.layout.window_layers), self.kv.groups)
-            usage = [self.kv.group_usage(i) for i in range(len(self.kv.groups))]
-            groups = {
-                name: {"layers": len(layers), "window": g.window, **usage[i], "block_bytes": self.layout.block_bytes(i)}
-                for i, (name, layers, g) in enumerate(names)
-            }
-            return {
-                "running": len(s.running),
-                "waiting": len(s.waiting),
-                "swapped": len(s.swapped),
-                **{
-                    key: {t: sum(u[key][t] for u in usage) for t in tiers}
-                    for key in ("blocks_in_use", "blocks_referenced", "blocks_free")
-                },
-                "kv_groups": groups,  # the sums above, per block group (full-attention / sliding layers)
-                "prefix_hit_rate": s.stats.prefix_hit_rate,
-                "prompt_tokens": s.stats.num_prompt_tokens,
-                "cached_prompt_tokens": s.stats.num_cached_tokens,
-                "computed_prompt_tokens": s.stats.num_computed_prompt_tokens,
-                "generated_tokens": s.stats.num_generated_tokens,
-                "preempted_swap": s.stats.num_preempted_swap,
-                "preempted_recompute": s.stats.num_preempted_recompute,
-                "corrupt_blocks": self.kv.num_corrupt,
-                "tokens_per_second": self._generated.rate(),
-                "steps": self.num_steps,
-            }
+            return engine_stats(self.scheduler, self.kv, self.layout, self.speculator, self.generated.rate(), self.num_steps)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from wicore.hmt.policy import A2CRConfig
 from wicore.runtime.scheduler import SchedulerConfig
+from wicore.runtime.speculative import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class EngineConfig:
     cuda_graphs: bool | None = None
     vision_device: str | None = None  # where the vision partition runs; None: the first partition's device
     image_cache_size: int = 64  # images whose features are kept (each distinct image is encoded once)
+    speculative: SpeculativeConfig | None = None  # speculative decoding (wicore.runtime.speculative); None: off
 
     def __post_init__(self) -> None:
         if self.policy not in ("a2cr", "lru"):

@@ -14,6 +14,9 @@ A model with a vision partition also gets, per batch, the embeddings of the imag
 rows run and where their images end (wicore.runtime.vision); each image of the step is encoded
 once, or taken from the encoder's cache.
 
+A verification row (a decode with draft tokens, wicore.runtime.speculative) gets logits at each of
+its positions and keeps the drafts its request's sampler agrees with.
+
 Rows of the same length run as one batch, so nothing is padded: the decode rows (one token
 each) together, prefill chunks of equal length (prompts of one size, or chunks cut at the
 prefill chunk) together, any other chunk alone. The runner keeps each request's Sampler (its
@@ -33,6 +36,7 @@ from wicore.runtime.batch import build_batch
 from wicore.runtime.graph_io import Draws, SamplingInputs
 from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.sampler import MIN_TEMPERATURE, Sample, Sampler, SamplingParams
+from wicore.runtime.speculative import verify_row
 from wicore.runtime.step import RunResult, ScheduledRow
 from wicore.runtime.vision import VisionEncoder
 
@@ -71,6 +75,9 @@ class ModelRunner:
                 offset += row.num_logits
                 if out.attention_mass is not None:
                     result.attention[row.request_id] = out.attention_mass[i, : len(row.block_ids)]
+                if row.draft_ids:
+                    self._verify(row, host_logits, out.greedy_tokens, offset, result)
+                    continue
                 if row.request_id in drawn:
                     assert out.draws is not None
                     if self._from_draws(row, out.draws, offset - 1, drawn[row.request_id], result):
@@ -97,7 +104,7 @@ class ModelRunner:
         return {
             row.request_id: row.params.top_k == 0 and row.params.top_p == 1.0
             for row in group
-            if row.needs_sample and _drawn_in_graph(row.params)
+            if row.needs_sample and not row.draft_ids and _drawn_in_graph(row.params)
         }
 
     def _sampling_inputs(self, group: Sequence[ScheduledRow], drawn: dict[str, bool]) -> SamplingInputs:
@@ -129,6 +136,22 @@ class ModelRunner:
         if token is not None:
             result.sampled[row.request_id] = Sample(token)
         return token is not None
+
+    def _verify(
+        self, row: ScheduledRow, logits: np.ndarray | None, greedy: np.ndarray | None, end: int, result: RunResult
+    ) -> None:
+        """A verification row's tokens (wicore.runtime.speculative), from its logits, or from the
+        graph's argmax when every row of the batch decodes greedily."""
+        start = end - row.num_logits
+        try:
+            result.verified[row.request_id] = verify_row(
+                row.draft_ids,
+                self._sampler(row),
+                None if logits is None else logits[start:end],
+                None if greedy is None else greedy[start:end],
+            )
+        except Exception:  # this request's sampling failed: it fails alone
+            result.failed[row.request_id] = traceback.format_exc()
 
     def _sampler(self, row: ScheduledRow) -> Sampler:
         sampler = self._samplers.get(row.request_id)

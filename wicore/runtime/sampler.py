@@ -39,6 +39,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the k most likely
     prompt_logits: bool = False  # also return the logits at every prompt position (no prefix-cache reuse)
+    speculative: bool = True  # False: this request never runs draft tokens (where the engine speculates)
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
@@ -113,6 +114,43 @@ class Sampler:
         p = self.params
         scores = self.penalized(logits) if p.has_penalties and self.counts else logits
         token = int(np.argmax(scores)) if p.is_greedy else self._draw(scores)
+        return self._sample_of(logits, token)
+
+    def verify(self, logits: np.ndarray, draft_id: int) -> tuple[Sample, bool]:
+        """The token at a position where a proposer guessed `draft_id`, and whether it is the guess.
+
+        Greedy: the argmax (the guess is kept when it is the argmax). Tempered: speculative
+        sampling (Leviathan et al. 2023, Chen et al. 2023) with a proposal that puts all its mass
+        on the guess: the guess is kept with probability p(guess), else a token is drawn from p
+        without the guess, renormalized. Either way the token is distributed as `sample` draws it
+        (p: this sampler's distribution, after penalties, temperature, top-k and top-p), from the
+        request's seeded generator."""
+        p = self.params
+        scores = self.penalized(logits) if p.has_penalties and self.counts else logits
+        token = int(np.argmax(scores)) if p.is_greedy else self._verify_draw(scores, draft_id)
+        return self._sample_of(logits, token), token == draft_id
+
+    def _verify_draw(self, scores: np.ndarray, draft_id: int) -> int:
+        weights = temperature_weights(scores, self.params.temperature)
+        kept = candidates(weights, self.params.top_k, self.params.top_p)
+        if kept is None:
+            ids, probs = None, weights.astype(np.float64) / weights.sum(dtype=np.float64)
+            prob = float(probs[draft_id])
+        else:
+            ids, probs = kept
+            prob = float(probs[ids == draft_id].sum())
+        if self.rng.random() < prob:
+            return draft_id
+        if ids is None:  # the whole distribution less the guess
+            rest = weights.copy()
+            rest[draft_id] = 0
+            return _inverse_cdf(rest, self.rng.random())
+        others = ids != draft_id
+        return self._pick(ids[others], probs[others] / probs[others].sum())
+
+    def _sample_of(self, logits: np.ndarray, token: int) -> Sample:
+        """`token` as this request's sample: counted for penalties, with logprobs if asked."""
+        p = self.params
         if p.has_penalties:
             self.counts[token] = self.counts.get(token, 0) + 1
         if p.logprobs is None:

@@ -22,8 +22,7 @@ import dataclasses
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -32,80 +31,8 @@ from wicore.hmt.block_pool import Move
 from wicore.hmt.tiers import Tier
 from wicore.runtime.request import Priority, Request, RequestOutput, Status
 from wicore.runtime.sampler import Sample
+from wicore.runtime.scheduler_config import SchedulerConfig, SchedulerStats, StepBudget
 from wicore.runtime.step import RunResult, ScheduledRow, SchedulerOutput
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    max_num_seqs: int = 64
-    # Tokens one step runs: up to max_num_batched_tokens (2048, the default batch of vLLM and
-    # llama.cpp) while nothing is decoding, so a burst of prompts on an idle engine is prefilled
-    # in one batched step; at most prefill_with_decodes of them prefill tokens while requests
-    # are decoding, so those wait no longer than a 512-token prefill between two tokens; one
-    # request prefills at most prefill_chunk a step (docs/PERFORMANCE.md measures the choices).
-    max_num_batched_tokens: int = 2048
-    prefill_with_decodes: int = 512
-    prefill_chunk: int = 256
-    max_waiting: int = 1024
-    aging_seconds: float = 10.0
-    preemption: str = "swap"  # or "recompute"
-    max_context: int | None = None  # tokens per sequence; None: the model's (the engine sets it)
-    eos_token_ids: tuple[int, ...] = ()  # the engine sets the model's
-
-    def __post_init__(self) -> None:
-        if min(self.max_num_seqs, self.max_num_batched_tokens, self.prefill_with_decodes, self.prefill_chunk) < 1:
-            raise ValueError("max_num_seqs, max_num_batched_tokens, prefill_with_decodes and prefill_chunk must be positive")
-        if self.preemption not in ("swap", "recompute"):
-            raise ValueError(f"preemption {self.preemption!r}: choose swap or recompute")
-
-    def at_least(self, tokens: int) -> SchedulerConfig:
-        """This config with room for a chunk of `tokens` in every step (an image's, run whole)."""
-        return dataclasses.replace(
-            self,
-            max_num_batched_tokens=max(self.max_num_batched_tokens, tokens),
-            prefill_with_decodes=max(self.prefill_with_decodes, tokens),
-            prefill_chunk=max(self.prefill_chunk, tokens),
-        )
-
-
-@dataclass
-class StepBudget:
-    """What is left of one step: tokens in all, and tokens prefill chunks may still take."""
-
-    tokens: int
-    prefill: int
-    chunk: int  # the most one request prefills
-
-    @property
-    def prefill_room(self) -> int:
-        """The longest prefill chunk that still fits this step."""
-        return max(0, min(self.tokens, self.prefill, self.chunk))
-
-    def fits(self, req: Request) -> int:
-        """Tokens `req` would run this step (0: none fit). One token left to run is a decode;
-        more are a prefill chunk (a prompt, or tokens to recompute), which never cuts an image."""
-        left = req.num_tokens - req.num_computed
-        return min(left, self.tokens) if left == 1 else req.chunk(min(left, self.prefill_room))
-
-    def spend(self, req: Request, n: int) -> None:
-        """`req` runs `n` tokens (call before its num_computed moves)."""
-        self.tokens -= n
-        if req.num_tokens - req.num_computed > 1:
-            self.prefill -= n
-
-
-@dataclass
-class SchedulerStats:
-    num_prompt_tokens: int = 0  # prompt tokens of admitted requests
-    num_cached_tokens: int = 0  # of those, found in the prefix cache
-    num_computed_prompt_tokens: int = 0  # prompt tokens actually run through the graphs
-    num_generated_tokens: int = 0
-    num_preempted_swap: int = 0
-    num_preempted_recompute: int = 0
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        return self.num_cached_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
 
 
 class Scheduler:
@@ -148,7 +75,13 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped or self._aborted)
 
     # -- schedule --------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def decoding(self) -> list[Request]:
+        """Running requests whose next row is a decode (one token to run): those that may speculate."""
+        return [r for r in self.running if r.num_tokens - r.num_computed == 1]
+
+    def schedule(self, drafts: Mapping[str, Sequence[int]] | None = None) -> SchedulerOutput:
+        """The step's rows and moves. `drafts` (request id -> draft tokens) turn decodes into
+        verification rows (wicore.runtime.speculative), as far as the step's tokens and the KV cache allow."""
         now = self.clock()
         finished = self._drop_aborted() + self._drop_expired(now)
         moves: list[Move] = []
@@ -165,7 +98,11 @@ class Scheduler:
             n = budget.fits(req)
             if n == 0:  # a prefill chunk, and the step's prefill tokens are spent
                 continue
-            plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n)
+            draft = self._draft(req, n, (drafts or {}).get(req.request_id, ()), budget)
+            plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n + len(draft))
+            if plan is None and draft:  # no room for the draft: a plain decode
+                draft = ()
+                plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n)
             while plan is None:
                 preempted_this_step = True
                 if queue:  # the lowest-ranked running request makes room
@@ -179,9 +116,9 @@ class Scheduler:
                 plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n)
             if plan is None:
                 continue
-            budget.spend(req, n)
+            budget.spend(req, n + len(draft))
             moves += plan
-            rows.append(self._row(req, n))
+            rows.append(self._row(req, n, draft))
 
         if not preempted_this_step:
             self._swap_in(rows, moves, budget)
@@ -196,22 +133,30 @@ class Scheduler:
             priority = min(int(Priority.URGENT), priority + int((now - req.arrival) / self.config.aging_seconds))
         return (-priority, req.arrival)
 
-    def _row(self, req: Request, n: int) -> ScheduledRow:
+    def _draft(self, req: Request, n: int, draft: Sequence[int], budget: StepBudget) -> tuple[int, ...]:
+        """The part of a proposed draft that a decode row of `req` runs: within the step's tokens
+        and one prefill chunk (what the sliding layers' cache was sized for at admission)."""
+        if n != 1 or req.num_tokens - req.num_computed != 1:
+            return ()
+        return tuple(draft[: max(0, min(budget.tokens - 1, self.config.prefill_chunk - 1))])
+
+    def _row(self, req: Request, n: int, draft: tuple[int, ...] = ()) -> ScheduledRow:
         start = req.num_computed
         window_table, window_first = self.kv.window_table(req.seq_id)
         needs_sample = start + n == req.num_tokens
         return ScheduledRow(
             request_id=req.request_id,
-            token_ids=req.token_ids[start : start + n],
+            token_ids=req.token_ids[start : start + n] + list(draft),
             start=start,
             block_table=self.kv.block_table(req.seq_id),
             block_ids=self.kv.block_ids(req.seq_id),
             window_table=window_table,
             window_first=window_first,
-            num_logits=n if req.wants_prompt_logits else int(needs_sample),
+            num_logits=(n if req.wants_prompt_logits else int(needs_sample)) + len(draft),
             needs_sample=needs_sample,
             params=req.params,
             images=req.images_in(start, start + n),
+            draft_ids=draft,
         )
 
     def _preempt(self, req: Request) -> list[Move]:
@@ -355,37 +300,52 @@ class Scheduler:
             if req is None or req.status is not Status.RUNNING:
                 continue
             wants_prompt_logits = req.wants_prompt_logits  # before this step's token is appended
-            req.num_computed += len(row.token_ids)
+            samples = result.verified.get(row.request_id) if row.draft_ids else None
+            # A verification row computed its first token and the drafts it kept; the rest are rolled back.
+            num_run = len(row.token_ids) if samples is None else len(samples)
+            kept = [] if samples is None else [s.token_id for s in samples[:-1]]
+            req.num_computed += num_run
             if req.num_computed <= len(req.prompt_ids):
-                self.stats.num_computed_prompt_tokens += len(row.token_ids)
-            self.kv.commit(req.seq_id, req.token_ids, req.num_computed)
+                self.stats.num_computed_prompt_tokens += num_run
+            self.kv.commit(req.seq_id, req.token_ids + kept, req.num_computed)
+            if row.draft_ids:
+                self.kv.truncate(req.seq_id, req.num_computed + 1)
             if wants_prompt_logits:
                 req.prompt_logits.append(result.logits[row.request_id])
             if row.request_id in result.failed:
                 outputs.append(self._fail(req, f"sampling failed:\n{result.failed[row.request_id]}"))
+            elif samples is not None:
+                outputs.append(self._append(req, samples))
             elif row.needs_sample:
-                outputs.append(self._append(req, result.sampled[row.request_id]))
+                outputs.append(self._append(req, [result.sampled[row.request_id]]))
         return outputs
 
-    def _append(self, req: Request, sample: Sample) -> RequestOutput:
-        """The request's new token, and its end if it stops there."""
-        token = sample.token_id
-        req.token_ids.append(token)
-        self.stats.num_generated_tokens += 1
+    def _append(self, req: Request, samples: list[Sample]) -> RequestOutput:
+        """The request's new tokens, up to its end if it stops at one of them (the rest are dropped)."""
+        tokens: list[int] = []
+        logprobs = []
         prompt_logits = None
-        if req.prompt_logits and len(req.output_ids) == 1:  # the first output carries them
-            prompt_logits, req.prompt_logits = np.concatenate(req.prompt_logits), []
-        reason = self._stop_reason(req, token)
-        if reason is not None:
-            self._finish(req, reason)
+        reason = None
+        for sample in samples:
+            req.token_ids.append(sample.token_id)
+            tokens.append(sample.token_id)
+            if sample.logprobs is not None:
+                logprobs.append(sample.logprobs)
+            self.stats.num_generated_tokens += 1
+            if req.prompt_logits and len(req.output_ids) == 1:  # the first output carries them
+                prompt_logits, req.prompt_logits = np.concatenate(req.prompt_logits), []
+            reason = self._stop_reason(req, sample.token_id)
+            if reason is not None:
+                self._finish(req, reason)
+                break
         return RequestOutput(
             req.request_id,
-            [token],
+            tokens,
             reason is not None,
             reason,
             len(req.prompt_ids),
             req.num_cached_prompt_tokens,
-            logprobs=None if sample.logprobs is None else [sample.logprobs],
+            logprobs=logprobs or None,
             prompt_logits=prompt_logits,
         )
 

@@ -39,6 +39,8 @@ class ScheduledRow:
     params: SamplingParams
     images: tuple[ImageSpan, ...] = ()  # the images with soft tokens in this row (each one whole: in the
     # row, or partly cached before it)
+    draft_ids: tuple[int, ...] = ()  # a verification row: its last len(draft_ids) tokens are a proposer's
+    # draft, and every one of its tokens has logits (wicore.runtime.speculative)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class RunResult:
     """What the runner produced for one step's rows, by request id."""
 
     sampled: dict[str, Sample] = field(default_factory=dict)  # rows that ended at a token to sample
+    verified: dict[str, list[Sample]] = field(default_factory=dict)  # verification rows: kept drafts + one token
     failed: dict[str, str] = field(default_factory=dict)  # rows whose sampling raised: the traceback
     logits: dict[str, np.ndarray] = field(default_factory=dict)  # rows with num_logits > 0: [num_logits, vocab]
     attention: dict[str, np.ndarray] = field(default_factory=dict)  # attention mass per block of the row (A2CR)
