@@ -58,7 +58,7 @@ def test_metrics_carry_vllms_speculative_counters(spec_server):
     complete(spec_server.url)
     stats = spec_stats(spec_server.url)
     text = httpx.get(f"{spec_server.url}/metrics").text
-    assert f"vllm:spec_decode_num_drafts {float(stats['num_drafts'])}" in text
-    assert f"vllm:spec_decode_num_draft_tokens {float(stats['num_draft_tokens'])}" in text
-    assert f"vllm:spec_decode_num_accepted_tokens {float(stats['num_accepted_tokens'])}" in text
-    assert 'vllm:spec_decode_num_accepted_tokens_per_pos{position="0"}' in text
+    assert f"vllm:spec_decode_num_drafts_total {float(stats['num_drafts'])}" in text
+    assert f"vllm:spec_decode_num_draft_tokens_total {float(stats['num_draft_tokens'])}" in text
+    assert f"vllm:spec_decode_num_accepted_tokens_total {float(stats['num_accepted_tokens'])}" in text
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in text

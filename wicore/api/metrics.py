@@ -9,8 +9,11 @@ status; /v1/ws counts each of its requests itself.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from wicore.api.generation import ChoiceStats
@@ -34,21 +37,9 @@ class Metrics:
         self.blocks_used = Gauge("wicore_kv_blocks_used", "KV blocks in use (owned or cached) per tier", ["tier"], registry=r)
         self.blocks_free = Gauge("wicore_kv_blocks_free", "Free KV blocks per tier", ["tier"], registry=r)
         self.prefix_hit_rate = Gauge("wicore_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache", registry=r)
-        # Speculative decoding, with vLLM's names (counters read from the engine's totals when scraped).
-        self.spec = {
-            key: Gauge(f"vllm:spec_decode_{key}", help_text, registry=r)
-            for key, help_text in (
-                ("num_drafts", "Verification rows run (decodes that carried draft tokens)"),
-                ("num_draft_tokens", "Draft tokens proposed and verified"),
-                ("num_accepted_tokens", "Draft tokens accepted"),
-            )
-        }
-        self.spec_per_position = Gauge(
-            "vllm:spec_decode_num_accepted_tokens_per_pos",
-            "Draft tokens accepted at each draft position",
-            ["position"],
-            registry=r,
-        )
+        # Speculative decoding, with vLLM's names and types: counters of the engine's totals.
+        self.spec = SpecDecodeCounters()
+        r.register(self.spec)
         self.spec_rate = Gauge("wicore_spec_decode_acceptance_rate", "Accepted share of the draft tokens", registry=r)
 
     def observe_request(self, route: str, status: int) -> None:
@@ -73,12 +64,35 @@ class Metrics:
         self.prefix_hit_rate.set(float(engine_stats["prefix_hit_rate"]))  # type: ignore[arg-type]
         spec = engine_stats.get("speculative")
         if isinstance(spec, dict):
-            for key, gauge in self.spec.items():
-                gauge.set(float(spec[key]))
-            for position, n in enumerate(spec["accepted_per_position"]):
-                self.spec_per_position.labels(position=str(position)).set(n)
+            self.spec.totals = spec
             self.spec_rate.set(float(spec["acceptance_rate"]))
         return generate_latest(self.registry)
+
+
+class SpecDecodeCounters(Collector):
+    """vLLM's speculative-decoding counters (`vllm:spec_decode_num_drafts_total`, ...), their values
+    the engine's running totals as of the last scrape (`totals`: engine.stats()["speculative"])."""
+
+    NAMES = (
+        ("num_drafts", "Verification rows run (decodes that carried draft tokens)"),
+        ("num_draft_tokens", "Draft tokens proposed and verified"),
+        ("num_accepted_tokens", "Draft tokens accepted"),
+    )
+
+    def __init__(self) -> None:
+        self.totals: dict[str, object] | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        if self.totals is None:
+            return
+        for key, help_text in self.NAMES:
+            yield CounterMetricFamily(f"vllm:spec_decode_{key}", help_text, value=float(self.totals[key]))  # type: ignore[arg-type]
+        per_position = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at each draft position", labels=["position"]
+        )
+        for position, n in enumerate(self.totals["accepted_per_position"]):  # type: ignore[call-overload]
+            per_position.add_metric([str(position)], float(n))
+        yield per_position
 
 
 class StatusCounter:
