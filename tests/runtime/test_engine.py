@@ -154,6 +154,20 @@ def test_prefix_cache_prefills_only_the_suffix(model_dir):
     assert hit_rate == pytest.approx(100 / (103 + 102))
 
 
+def test_questions_over_one_document_sent_together_compute_it_once(model_dir):
+    """Three prompts sharing a 100-token document, queued together: the first computes the
+    document, the others wait for its blocks and prefill only what is theirs."""
+    document = RNG.integers(3, 512, 100).tolist()
+    prompts = [[*document, 5, 6, 7], [*document, 9, 10], [*document, 11]]
+    with engine(model_dir, enable_prefix_cache=False) as eng:
+        expected = run_all(eng, prompts)
+        assert eng.stats()["computed_prompt_tokens"] == 103 + 102 + 101
+    with engine(model_dir) as eng:
+        assert run_all(eng, prompts) == expected
+        # 100 shared tokens = 25 full blocks of 4, computed once; the others run their own 2 and 1.
+        assert eng.stats()["computed_prompt_tokens"] == 103 + 2 + 1
+
+
 def test_abort_returns_blocks_and_ends_the_stream(model_dir):
     with engine(model_dir).start() as eng:
         rid = eng.add_request(PROMPTS[0], SamplingParams(max_tokens=200, ignore_eos=True))

@@ -57,6 +57,10 @@ class BlockGroups:
     def window(self) -> KVGroup | None:
         return self.groups[WINDOW] if len(self.groups) > 1 else None
 
+    @property
+    def prefix_cache_enabled(self) -> bool:
+        return self.full.pool.enable_prefix_cache
+
     # -- sequences -------------------------------------------------------------------
     def allocate(
         self,

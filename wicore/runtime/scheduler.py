@@ -8,7 +8,9 @@ Each step, in order:
        preempted (swapped to HOST/NVME, or freed for recompute when the tiers are full)
     3. swapped requests come back while DEVICE has room
     4. waiting requests are admitted by effective priority (priority + aging), FCFS within,
-       reusing prefix-cached blocks, until max_num_seqs or the token budget runs out
+       reusing prefix-cached blocks, until max_num_seqs or the token budget runs out; one
+       that shares full blocks of its prompt with a request still prefilling them waits for
+       them (the prefix cache then holds them), so a document is computed once
 
 Rank: higher priority first, then earlier arrival. A waiting request's priority rises one
 level every `aging_seconds`, so a stream of urgent work cannot starve a low-priority one.
@@ -223,6 +225,8 @@ class Scheduler:
         for req in sorted(self.waiting, key=lambda r: self._rank(r, now)):
             if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
                 break
+            if self._shares_a_prefill(req):
+                continue
             alloc = self.kv.allocate(
                 req.seq_id,
                 req.token_ids,
@@ -244,6 +248,24 @@ class Scheduler:
             if n:  # else its next chunk is an image that does not fit this step: it runs next step
                 budget.spend(req, n)
                 rows.append(self._row(req, n))
+
+    def _shares_a_prefill(self, req: Request) -> bool:
+        """Whether `req` should wait for a running request that is still prefilling blocks of the
+        prompt they share (many questions over one document sent together): admitted once those
+        blocks are computed, it reuses them from the prefix cache instead of computing them again."""
+        bs = self.kv.block_size
+        if not self.kv.prefix_cache_enabled or req.params.prompt_logits or req.image_spans:
+            return False
+        for r in self.running:
+            end = min(len(r.prompt_ids), len(req.token_ids)) // bs * bs
+            if r.num_computed >= end or r.image_spans or r.token_ids[:bs] != req.token_ids[:bs]:
+                continue
+            a, b = np.asarray(r.token_ids[:end]), np.asarray(req.token_ids[:end])
+            differ = np.flatnonzero(a != b)
+            shared = (int(differ[0]) if differ.size else end) // bs * bs
+            if r.num_computed < shared:
+                return True
+        return False
 
     def _set_running(self, req: Request, source: list[Request]) -> None:
         source.remove(req)
