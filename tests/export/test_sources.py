@@ -117,7 +117,10 @@ def test_hf_config_legacy_type_key_reads_as_transformers_4_reads_it():
     [
         ({"rope_scaling": {"rope_type": "yarn", "factor": 8.0}}, "full_attention layers: rope scaling 'yarn' is not supported"),
         ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic' is not supported"),
-        ({"rope_parameters": {FULL: {"rope_type": "llama3", "factor": 8.0}}}, "rope scaling 'llama3' is not supported"),
+        (
+            {"rope_parameters": {FULL: {"rope_type": "llama3", "factor": 8.0}}},
+            "llama3 rope scaling needs factor, low_freq_factor",
+        ),
         ({"rope_parameters": {SLIDING: {"rope_type": "longrope"}}}, "sliding_attention layers: rope scaling 'longrope'"),
         ({"rope_scaling": {"rope_type": "linear"}}, "linear rope scaling without a factor"),
         ({"rope_parameters": {FULL: {"partial_rotary_factor": 0.5}}}, "partial rotary embeddings are not supported"),
@@ -170,8 +173,8 @@ def test_gguf_config_with_linear_rope_scaling(tmp_path):
 
 
 def test_hf_config_rejects_other_architectures():
-    with pytest.raises(UnsupportedModelError, match="llama"):
-        Gemma3Config.from_hf({"model_type": "llama", "num_hidden_layers": 2})
+    with pytest.raises(UnsupportedModelError, match="'phi3' is not supported; WiCore compiles gemma3 .* llama .* qwen2"):
+        Gemma3Config.from_hf({"model_type": "phi3", "num_hidden_layers": 2})
 
 
 def test_gguf_config_of_the_packaged_270m():
