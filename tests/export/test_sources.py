@@ -229,8 +229,8 @@ def test_truncated_gguf_is_refused(tmp_path, fraction):
 def test_gguf_of_another_architecture_is_refused(tmp_path):
     import gguf
 
-    path = tmp_path / "llama.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
+    path = tmp_path / "phi3.gguf"
+    writer = gguf.GGUFWriter(str(path), "phi3")
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
     writer.write_header_to_file()
@@ -239,7 +239,8 @@ def test_gguf_of_another_architecture_is_refused(tmp_path):
     writer.close()
     res = run_cli("wicore.cli.export", "--model", str(path), "--out", str(tmp_path / "out"))
     assert res.returncode == 2
-    assert "architecture 'llama' is not supported" in res.stderr
+    assert "phi3.gguf: GGUF architecture 'phi3' is not supported; WiCore compiles gemma3 " in res.stderr
+    assert "qwen3 (config.json model_type qwen3, GGUF qwen3)" in res.stderr
     assert not (tmp_path / "out").exists()
 
 
