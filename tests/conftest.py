@@ -207,3 +207,11 @@ def hf_smollm2(smollm2_gguf: Path) -> object:
     from wicore.cli.verify import load_hf_model
 
     return load_hf_model(str(smollm2_gguf))
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_smollm2(smollm2_gguf: Path) -> object:
+    """transformers' tokenizer built from the same GGUF."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)

@@ -22,14 +22,7 @@ CHATS = [
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer(smollm2_gguf):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
-
-
-@pytest.fixture(scope="module")
-def prompts(smollm2, hf_tokenizer) -> list[list[int]]:
+def prompts(smollm2, hf_tokenizer_smollm2) -> list[list[int]]:
     """The chats rendered with the GGUF's template by WiCore (jinja2) and encoded, checked against
     transformers' apply_chat_template on the tokenizer it builds from the same GGUF."""
     folder = smollm2()
@@ -37,9 +30,9 @@ def prompts(smollm2, hf_tokenizer) -> list[list[int]]:
     ids = []
     for chat in CHATS:
         text = tokenizer.apply_chat_template(chat)
-        assert text == hf_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert text == hf_tokenizer_smollm2.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         ids.append(tokenizer.encode(text, add_bos=False))
-        assert ids[-1] == hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert ids[-1] == hf_tokenizer_smollm2(text, add_special_tokens=False)["input_ids"]
     return ids
 
 

@@ -51,7 +51,8 @@ def resolve_model(spec: str, devices: str = "cpu") -> Path:
             from wicore.export.exporter import ExportConfig, export_model, stderr_progress
             from wicore.export.sources import open_source
 
-            config = ExportConfig(dtype=dtype, op_flavour=flavour, attention=attention, overwrite=True)
+            accuracy = PULLABLE[spec].accuracy_level if spec in PULLABLE else ExportConfig.accuracy_level
+            config = ExportConfig(dtype=dtype, op_flavour=flavour, attention=attention, overwrite=True, accuracy_level=accuracy)
             export_model(open_source(spec, progress=stderr_progress), target, config)
         return target
     if path.suffix == ".gguf" or (path / "config.json").is_file():

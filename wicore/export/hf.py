@@ -141,7 +141,7 @@ class HFSource:
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
         from wicore.export.tokenizer import export_tokenizer_from_hf
 
-        info = export_tokenizer_from_hf(self.folder, out_dir)
+        info = export_tokenizer_from_hf(self.folder, out_dir, self.config.family)
         return None if info is None else info.to_dict()
 
 

@@ -37,6 +37,8 @@ class PulledModel:
     sha256: str
     size: int
     description: str
+    # ort-quant exports' MatMulNBits activations (ExportConfig.accuracy_level): 0 = float, 4 = int8
+    accuracy_level: int = 4
 
 
 PULLABLE: dict[str, PulledModel] = {
@@ -47,6 +49,9 @@ PULLABLE: dict[str, PulledModel] = {
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         98_362_432,
         "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Llama architecture, Q4_1, 98 MB",
+        # int8 activations turn its answer to "What is the capital of France?" into noise (as llama.cpp's
+        # Q8_1 dot products do); float ones give HF's greedy answer, "The capital of France is Paris."
+        accuracy_level=0,
     ),
 }
 
