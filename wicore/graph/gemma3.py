@@ -39,7 +39,7 @@ from onnx import TensorProto
 
 from wicore.errors import UnsupportedModelError
 from wicore.graph import invariant_attention, io, sampling
-from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, gelu_tanh, rms_norm_f32
+from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, block_mass, gelu_tanh, place_images, rms_norm_f32, silu
 from wicore.graph.paged_attention import paged_attention
 from wicore.graph.partition import PartitionSpec
 from wicore.graph.quant import QuantLinear
@@ -123,7 +123,7 @@ class Gemma3Builder:
             tokens = g.input(io.INPUT_IDS, TensorProto.INT64, ["batch", "seq"])
             x = self.embed(g, tokens, embedding, embedding_data)
             if self.image_inputs:
-                x = self.place_images(g, x)
+                x = place_images(g, x, cfg.hidden_size)
         else:
             x = g.input(io.HIDDEN_STATES, f32, ["batch", "seq", cfg.hidden_size])
         shared = shared_values(
@@ -185,21 +185,6 @@ class Gemma3Builder:
             return x
         scale = np.float32(self.cfg.hidden_size**0.5)
         return g.op("Mul", [x, g.const(scale, np.float32)], "/model/embed_tokens/scale")
-
-    def place_images(self, g: Graph, x: str) -> str:
-        """The image tokens' embeddings replace their token embeddings (after the sqrt(hidden) scale,
-        which HF applies to token embeddings only):
-
-            x [b, s, H] ──► rows [b * s, H] ──► ScatterND rows[image_token_indices] = image_embeds ──► [b, s, H]
-        """
-        p = "/model/embed_images"
-        h = self.cfg.hidden_size
-        embeds = g.input(io.IMAGE_EMBEDS, TensorProto.FLOAT, ["num_image_tokens", h])
-        indices = g.input(io.IMAGE_TOKEN_INDICES, TensorProto.INT64, ["num_image_tokens"])
-        rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows")
-        index = g.op("Unsqueeze", [indices, g.const([-1])], f"{p}/index")
-        rows = g.op("ScatterND", [rows, index, embeds], f"{p}/ScatterND")
-        return g.op("Reshape", [rows, g.op("Shape", [x], f"{p}/shape")], f"{p}/tokens")
 
     def rms_norm(self, g: Graph, x: str, weight: np.ndarray, name: str, scale: float = 1.0, to: int = TensorProto.FLOAT) -> str:
         """x / sqrt(mean(x^2) + eps) * (offset + w) * scale in float32 (offset: the family's, Gemma's 1), the result of type `to`. Paged
@@ -325,7 +310,7 @@ class Gemma3Builder:
             scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, s * groups, total]
         probs = g.op("Softmax", [g.op("Add", [scores, shared.masks[is_sliding]], f"{p}/masked")], f"{p}/Softmax", axis=-1)
         if masses is not None and not is_sliding:
-            masses.append(self.block_mass(g, probs, shared, f"{p}/block_mass"))
+            masses.append(block_mass(g, probs, shared.block_shape, f"{p}/block_mass"))
         if self.batch_invariant:
             out = invariant_attention.context(g, probs, v_rows, groups, hd, f"{p}/context")
         else:
@@ -341,12 +326,6 @@ class Gemma3Builder:
         no node, where ONNX Runtime would copy the tensor."""
         return x if self.cfg.num_kv_heads == 1 else g.op("Transpose", [x], name, perm=perm)
 
-    def block_mass(self, g: Graph, probs: str, shared: SharedValues, name: str) -> str:
-        """Attention probability each block received, summed over heads and queries: [b, max_blocks]."""
-        per_key = g.op("ReduceSum", [probs, g.const([1, 2])], f"{name}/keys", keepdims=0)  # [b, total]
-        per_slot = g.op("Reshape", [per_key, shared.block_shape], f"{name}/blocks")  # [b, max_blocks, block_size]
-        return g.op("ReduceSum", [per_slot, g.const([2])], f"{name}/ReduceSum", keepdims=0)
-
     def scatter(self, g: Graph, pool: str, update: str, indices: str, name: str, out: str) -> str:
         """ScatterND of the new tokens' K or V into the KV buffer; its output is the graph output `out`."""
         if self.dtype != "fp32":
@@ -360,7 +339,7 @@ class Gemma3Builder:
         gate_up = self.linear(g, x, [layer["mlp.gate_proj"], layer["mlp.up_proj"]], f"{p}/gate_up_proj")
         gate, up = g.op_multi("Split", [gate_up, g.const([inter, inter])], f"{p}/gate_up_split", 2, axis=-1)
         if self.family.activation == "silu":
-            act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}/act/Sigmoid")], f"{p}/act/silu")
+            act = silu(g, gate, f"{p}/act")
         elif self.contrib:
             act = g.op("FastGelu", [gate], f"{p}/act/FastGelu", domain=MS_DOMAIN)
         else:
