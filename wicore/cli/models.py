@@ -45,14 +45,14 @@ def resolve_model(spec: str, devices: str = "cpu") -> Path:
         dtype, flavour, attention = packaged_export(devices)
         if spec in PULLABLE:  # Llama / Qwen GGUFs: the paged attention is Gemma 3's only
             attention = "portable"
+            flavour = PULLABLE[spec].cpu_op_flavour if flavour == "ort-quant" else flavour
         suffix = "".join(f"-{part}" for part in (flavour, dtype, attention) if part not in ("portable", "fp32"))
         target = cache_dir() / f"{spec}{suffix}"
         if not (target / MANIFEST).is_file():
             from wicore.export.exporter import ExportConfig, export_model, stderr_progress
             from wicore.export.sources import open_source
 
-            accuracy = PULLABLE[spec].accuracy_level if spec in PULLABLE else ExportConfig.accuracy_level
-            config = ExportConfig(dtype=dtype, op_flavour=flavour, attention=attention, overwrite=True, accuracy_level=accuracy)
+            config = ExportConfig(dtype=dtype, op_flavour=flavour, attention=attention, overwrite=True)
             export_model(open_source(spec, progress=stderr_progress), target, config)
         return target
     if path.suffix == ".gguf" or (path / "config.json").is_file():
