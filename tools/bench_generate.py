@@ -21,6 +21,7 @@ engine is asked for and --model-dir holds no exported model, Gemma 3 270M is exp
 Usage:
     python tools/bench_generate.py --engines llama.cpp,hf --show-tokens --json bench.json
     python tools/bench_generate.py --model-dir models/gemma3-270m --threads 2
+    python tools/bench_generate.py --gguf smollm2-135m-instruct --model-dir models/smollm2-ort-quant
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class BenchConfig:
     op_flavour: str
     json_path: Path | None
     is_show_tokens: bool
+    gguf: str | None = None  # a .gguf or a pulled name (wicore pull); None: the packaged Gemma 3 270M
 
     def __post_init__(self) -> None:
         unknown = set(self.engines) - set(ENGINES)
@@ -356,6 +358,11 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     add_model_args(parser)
     parser.add_argument("--json", type=Path, help="also write a JSON record here")
     parser.add_argument("--show-tokens", action="store_true", help="print each engine's first greedy tokens")
+    parser.add_argument(
+        "--gguf",
+        help="the GGUF every engine reads: a path, or a name wicore pull knows (default: the packaged Gemma 3 270M); "
+        "--model-dir must then hold its WiCore export",
+    )
     args = parser.parse_args(argv)
     return BenchConfig(
         engines=tuple(e.strip() for e in args.engines.split(",") if e.strip()),
@@ -367,6 +374,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         op_flavour=args.op_flavour,
         json_path=args.json,
         is_show_tokens=args.show_tokens,
+        gguf=args.gguf,
     )
 
 
@@ -376,7 +384,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(config: BenchConfig, num_busy_before: float | None) -> int:
     """Every engine asked for, in order, then the table (and the record)."""
-    gguf = gguf_path()
+    if config.gguf is None:
+        gguf, title = gguf_path(), "Gemma 3 270M"
+    else:
+        from wicore.export.pull import PULLABLE, pull
+
+        gguf = pull(config.gguf) if config.gguf in PULLABLE else Path(config.gguf)
+        title = config.gguf
     prompt_ids, detokenize = build_prompt_ids(gguf, config.num_prompt_tokens)
     results: list[Result] = []
     skipped: dict[str, str] = {}
@@ -390,7 +404,7 @@ def run(config: BenchConfig, num_busy_before: float | None) -> int:
         gc.collect()
 
     print(
-        f"Gemma 3 270M, batch 1, {config.num_prompt_tokens} prompt tokens, {config.num_new_tokens} new tokens, "
+        f"{title}, batch 1, {config.num_prompt_tokens} prompt tokens, {config.num_new_tokens} new tokens, "
         f"greedy, median of {config.num_repeats}\n"
     )
     print(markdown_table(results))

@@ -117,7 +117,10 @@ def test_hf_config_legacy_type_key_reads_as_transformers_4_reads_it():
     [
         ({"rope_scaling": {"rope_type": "yarn", "factor": 8.0}}, "full_attention layers: rope scaling 'yarn' is not supported"),
         ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic' is not supported"),
-        ({"rope_parameters": {FULL: {"rope_type": "llama3", "factor": 8.0}}}, "rope scaling 'llama3' is not supported"),
+        (
+            {"rope_parameters": {FULL: {"rope_type": "llama3", "factor": 8.0}}},
+            "llama3 rope scaling needs factor, low_freq_factor",
+        ),
         ({"rope_parameters": {SLIDING: {"rope_type": "longrope"}}}, "sliding_attention layers: rope scaling 'longrope'"),
         ({"rope_scaling": {"rope_type": "linear"}}, "linear rope scaling without a factor"),
         ({"rope_parameters": {FULL: {"partial_rotary_factor": 0.5}}}, "partial rotary embeddings are not supported"),
@@ -170,8 +173,8 @@ def test_gguf_config_with_linear_rope_scaling(tmp_path):
 
 
 def test_hf_config_rejects_other_architectures():
-    with pytest.raises(UnsupportedModelError, match="llama"):
-        Gemma3Config.from_hf({"model_type": "llama", "num_hidden_layers": 2})
+    with pytest.raises(UnsupportedModelError, match="'phi3' is not supported; WiCore compiles gemma3 .* llama .* qwen2"):
+        Gemma3Config.from_hf({"model_type": "phi3", "num_hidden_layers": 2})
 
 
 def test_gguf_config_of_the_packaged_270m():
@@ -226,8 +229,8 @@ def test_truncated_gguf_is_refused(tmp_path, fraction):
 def test_gguf_of_another_architecture_is_refused(tmp_path):
     import gguf
 
-    path = tmp_path / "llama.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
+    path = tmp_path / "phi3.gguf"
+    writer = gguf.GGUFWriter(str(path), "phi3")
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
     writer.write_header_to_file()
@@ -236,7 +239,8 @@ def test_gguf_of_another_architecture_is_refused(tmp_path):
     writer.close()
     res = run_cli("wicore.cli.export", "--model", str(path), "--out", str(tmp_path / "out"))
     assert res.returncode == 2
-    assert "architecture 'llama' is not supported" in res.stderr
+    assert "phi3.gguf: GGUF architecture 'phi3' is not supported; WiCore compiles gemma3 " in res.stderr
+    assert "qwen3 (config.json model_type qwen3, GGUF qwen3)" in res.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -12,9 +12,11 @@ from wicore.errors import WiCoreError
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="wicore-export",
-        description="Compile a Gemma 3 model (GGUF file, Hugging Face folder or packaged name) into ONNX partitions.",
+        description="Compile a Gemma 3, Llama, Qwen2 or Qwen3 model (GGUF file, Hugging Face folder or named model) into ONNX partitions.",
     )
-    ap.add_argument("--model", required=True, help="gemma3-270m, a .gguf file or a Hugging Face folder")
+    ap.add_argument(
+        "--model", required=True, help="gemma3-270m, smollm2-135m-instruct (pulled), a .gguf file or a Hugging Face folder"
+    )
     ap.add_argument(
         "--mmproj", default=None, help="llama.cpp's mmproj GGUF of a multimodal Gemma 3: its vision tower (with a text .gguf)"
     )

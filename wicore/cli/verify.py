@@ -80,13 +80,18 @@ class VerifyReport:
 
 
 def load_hf_model(source: str):
-    """transformers' Gemma 3 on the same weights (fp32, eager attention)."""
+    """transformers' model on the same weights (fp32, eager attention); a pulled name is pulled first."""
     try:
         import torch
         from transformers import AutoModelForCausalLM
     except ImportError as exc:
         raise WiCoreError("--verify needs torch and transformers: in the WiCore checkout, pip install '.[dev]'") from exc
-    path = packaged_gguf(source) if source in PACKAGED else Path(source)
+    from wicore.export.pull import PULLABLE, pull
+
+    if source in PACKAGED:
+        path = packaged_gguf(source)
+    else:
+        path = pull(source) if source in PULLABLE and not Path(source).exists() else Path(source)
     kwargs = {"dtype": torch.float32, "attn_implementation": "eager"}
     if path.suffix == ".gguf":
         return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kwargs).eval()

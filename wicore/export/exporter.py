@@ -151,6 +151,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
                 embedding=source.embedding,
                 final_norm=source.final_norm() if spec.has_lm_head else None,
                 embedding_data=shared,
+                lm_head=None if cfg.tie_word_embeddings else source.lm_head,
             )
             data.close()
             onnx.save_model(model, folder / spec.file_name)

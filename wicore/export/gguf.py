@@ -6,7 +6,11 @@ Q5_0, Q4_K; `gguf.quants.dequantize` covers the rest of llama.cpp's types).
 Quantized 2-D tensors come back as `QuantizedTensor`s that also hold their
 blocks, which the ort-quant flavour transcodes losslessly (export/quant.py).
 llama.cpp's converter stores Gemma RMSNorm weights as `1 + w`; they are
-returned here as `w`, the Hugging Face convention the builder expects.
+returned here as `w`, the Hugging Face convention the builder expects (the
+family's `norm_offset`, 0 for Llama and Qwen). For the `llama` architecture
+it also interleaved the rows of each Q and K head (its RoPE rotates adjacent
+pairs, HF's rotates halves); they are put back in HF's order here, blocks and
+all, as transformers' GGUF loader does (`reverse_permute_weights`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import numpy as np
 from wicore.errors import ModelSourceError, UnsupportedModelError
 from wicore.export.gguf_quant import can_transcode, transcode_gguf
 from wicore.model.config import FULL, SLIDING, Gemma3Config, RopeConfig, default_layer_types
-from wicore.model.quant import QuantizedTensor
+from wicore.model.families import family_of_gguf
+from wicore.model.quant import BlockQuant, QuantizedTensor
 from wicore.model.weights import LayerWeights
 
 # GGUF tensor suffix -> Hugging Face name, and whether it is an RMSNorm weight.
@@ -28,6 +33,9 @@ _LAYER_NAMES: dict[str, tuple[str, bool]] = {
     "attn_k": ("self_attn.k_proj", False),
     "attn_v": ("self_attn.v_proj", False),
     "attn_output": ("self_attn.o_proj", False),
+    "attn_q.bias": ("self_attn.q_proj.bias", False),
+    "attn_k.bias": ("self_attn.k_proj.bias", False),
+    "attn_v.bias": ("self_attn.v_proj.bias", False),
     "attn_q_norm": ("self_attn.q_norm", True),
     "attn_k_norm": ("self_attn.k_norm", True),
     "ffn_gate": ("mlp.gate_proj", False),
@@ -75,18 +83,52 @@ class GGUFFile:
 
 
 class GGUFSource(GGUFFile):
-    """A Gemma 3 GGUF file (llama.cpp's `gemma3` architecture)."""
+    """A GGUF file of a family in wicore.model.families (llama.cpp's `gemma3`, `llama`, `qwen2`, `qwen3`)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        self.config = self._read_config()
+        try:
+            self.family = family_of_gguf(self._field("general.architecture"))
+        except UnsupportedModelError as exc:
+            raise UnsupportedModelError(f"{self.path.name}: {exc}") from exc
+        self.config = self._read_config() if self.family.name == "gemma3" else self._read_family_config()
+
+    def _read_family_config(self) -> Gemma3Config:
+        """Llama and Qwen: every layer full attention, one RoPE, the head tied unless output.weight exists."""
+        arch = self.family.gguf_architecture
+        need = lambda key: self._need(f"{arch}.{key}")
+        if "rope_freqs.weight" in self._tensors or self._field(f"{arch}.rope.scaling.type") not in (None, "none"):
+            raise UnsupportedModelError(
+                f"{self.path.name}: RoPE scaling (rope_freqs / rope.scaling) from a GGUF is not supported; "
+                "export the model's Hugging Face folder instead"
+            )
+        hidden, num_heads = int(need("embedding_length")), int(need("attention.head_count"))
+        head_dim = int(self._field(f"{arch}.attention.key_length", hidden // num_heads))
+        num_layers = int(need("block_count"))
+        eos = int(self._field("tokenizer.ggml.eos_token_id", 2))
+        return Gemma3Config(
+            vocab_size=int(self._reader_tensor("token_embd.weight").shape[-1]),
+            hidden_size=hidden,
+            intermediate_size=int(need("feed_forward_length")),
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=int(self._field(f"{arch}.attention.head_count_kv", num_heads)),
+            head_dim=head_dim,
+            layer_types=(FULL,) * num_layers,
+            sliding_window=int(need("context_length")),
+            rope_global=RopeConfig(float(self._field(f"{arch}.rope.freq_base", 10_000.0))),
+            rope_local=RopeConfig(float(self._field(f"{arch}.rope.freq_base", 10_000.0))),
+            query_pre_attn_scalar=float(head_dim),
+            rms_norm_eps=float(self._field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+            max_position_embeddings=int(need("context_length")),
+            bos_token_id=int(self._field("tokenizer.ggml.bos_token_id", 1)),
+            eos_token_id=eos,
+            pad_token_id=int(self._field("tokenizer.ggml.padding_token_id", eos)),
+            family=self.family.name,
+            tie_word_embeddings="output.weight" not in self._tensors,
+        )
 
     def _read_config(self) -> Gemma3Config:
-        arch = self._field("general.architecture")
-        if arch != "gemma3":
-            raise UnsupportedModelError(
-                f"{self.path.name}: architecture {arch!r} is not supported; WiCore compiles Gemma 3 (gemma3)"
-            )
         need = lambda key: self._need(f"gemma3.{key}")
         num_layers = int(need("block_count"))
         hidden, num_heads = int(need("embedding_length")), int(need("attention.head_count"))
@@ -122,14 +164,26 @@ class GGUFSource(GGUFFile):
             pad_token_id=int(self._field("tokenizer.ggml.padding_token_id", 0)),
         )
 
-    def _tensor(self, name: str, is_norm: bool = False) -> np.ndarray:
+    def _tensor(self, name: str, is_norm: bool = False, heads: int = 0) -> np.ndarray:
+        """A tensor in HF's convention; `heads` > 0: a permuted Q or K of that many heads, put back in order."""
         t = self._reader_tensor(name)
         data = read_reader_tensor(t)
         shape = data.shape
         if is_norm:
-            return data - 1.0
+            return data - self.family.norm_offset if self.family.norm_offset else data
+        rows = unpermute_rows(shape[0], heads) if heads else None
+        if rows is not None:
+            data = np.ascontiguousarray(data[rows])
         if len(shape) == 2 and can_transcode(t.tensor_type):  # the ort-quant flavour reuses the blocks
-            return QuantizedTensor(data, lambda: transcode_gguf(t.data, t.tensor_type, shape))
+
+            def blocks() -> BlockQuant:
+                b = transcode_gguf(t.data, t.tensor_type, shape)
+                if rows is None:
+                    return b
+                offsets = None if b.offsets is None else b.offsets[rows]
+                return BlockQuant(b.codes[rows], b.scales[rows], offsets, b.bits, b.block_size)
+
+            return QuantizedTensor(data, blocks)
         return data
 
     def describe(self) -> dict[str, Any]:
@@ -146,11 +200,22 @@ class GGUFSource(GGUFFile):
     def final_norm(self) -> np.ndarray:
         return self._tensor("output_norm.weight", is_norm=True)
 
+    def lm_head(self) -> np.ndarray | None:
+        return None if self.config.tie_word_embeddings else self._tensor("output.weight")
+
     def layer(self, index: int) -> LayerWeights:
-        return LayerWeights(
-            index,
-            {hf: self._tensor(f"blk.{index}.{suffix}.weight", is_norm) for suffix, (hf, is_norm) in _LAYER_NAMES.items()},
-        )
+        """The tensors the family has (wicore.model.weights.expected_shapes), under HF's names."""
+        from wicore.model.weights import expected_shapes
+
+        cfg = self.config
+        wanted = expected_shapes(cfg)
+        permuted = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads} if self.family.gguf_permuted_qk else {}
+        tensors = {}
+        for suffix, (hf, is_norm) in _LAYER_NAMES.items():
+            if hf in wanted:
+                name = f"blk.{index}.{suffix}" if suffix.endswith(".bias") else f"blk.{index}.{suffix}.weight"
+                tensors[hf] = self._tensor(name, is_norm, permuted.get(suffix, 0))
+        return LayerWeights(index, tensors)
 
     def vision(self) -> None:
         """A GGUF holds the text model only: llama.cpp keeps the vision tower in a file of its own,
@@ -173,6 +238,13 @@ class GGUFSource(GGUFFile):
         from wicore.export.tokenizer import export_tokenizer_from_gguf
 
         return export_tokenizer_from_gguf(self.path, out_dir, self._reader).to_dict()
+
+
+def unpermute_rows(num_rows: int, heads: int) -> np.ndarray:
+    """Row order that undoes llama.cpp's Q/K permutation: within each head, its rows were
+    (pairs, 2) -> interleaved; HF's order is (2, pairs), i.e. transformers' reverse_permute_weights."""
+    dim = num_rows // heads // 2
+    return np.arange(num_rows).reshape(heads, dim, 2).swapaxes(2, 1).reshape(num_rows)
 
 
 def read_reader_tensor(t: Any) -> np.ndarray:

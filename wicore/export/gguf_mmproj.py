@@ -120,6 +120,9 @@ class WithMmproj:
     def final_norm(self) -> np.ndarray:
         return self.text.final_norm()
 
+    def lm_head(self) -> np.ndarray | None:
+        return self.text.lm_head()
+
     def layer(self, index: int) -> LayerWeights:
         return self.text.layer(index)
 

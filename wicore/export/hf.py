@@ -104,8 +104,19 @@ class HFSource:
     def final_norm(self) -> np.ndarray:
         return self._tensor("norm.weight")
 
+    def lm_head(self) -> np.ndarray | None:
+        if self.config.tie_word_embeddings:
+            return None
+        return self._index.load("lm_head.weight")
+
     def layer(self, index: int) -> LayerWeights:
-        return LayerWeights(index, {name: self._tensor(f"layers.{index}.{name}.weight") for name in expected_shapes(self.config)})
+        """The layer's tensors under WiCore's names (wicore.model.families: `hf_names`)."""
+        names = self.config.family_row.hf_names
+        tensors = {}
+        for name in expected_shapes(self.config):
+            stored = names.get(name, name)
+            tensors[name] = self._tensor(f"layers.{index}.{stored}" + ("" if stored.endswith(".bias") else ".weight"))
+        return LayerWeights(index, tensors)
 
     def vision(self) -> HFVision | None:
         """The vision tower and projector of a Gemma3ForConditionalGeneration folder; None for text-only ones."""
@@ -130,7 +141,7 @@ class HFSource:
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
         from wicore.export.tokenizer import export_tokenizer_from_hf
 
-        info = export_tokenizer_from_hf(self.folder, out_dir)
+        info = export_tokenizer_from_hf(self.folder, out_dir, self.config.family)
         return None if info is None else info.to_dict()
 
 

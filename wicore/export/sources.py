@@ -1,4 +1,5 @@
-"""Resolve what the user named (`gemma3-270m`, a .gguf file, an HF folder) to a weight source."""
+"""Resolve what the user named (`gemma3-270m`, a pulled name such as `smollm2-135m-instruct`
+(wicore.export.pull), a .gguf file, an HF folder) to a weight source."""
 
 from __future__ import annotations
 
@@ -42,7 +43,14 @@ def open_source(spec: str, mmproj: str | Path | None = None, progress: Callable[
 
 
 def _text_source(spec: str, progress: Callable[[str], None] | None) -> WeightSource:
-    path = packaged_gguf(spec, progress) if spec in PACKAGED else Path(spec)
+    from wicore.export.pull import PULLABLE, pull
+
+    if spec in PACKAGED:
+        path = packaged_gguf(spec, progress)
+    elif spec in PULLABLE and not Path(spec).exists():
+        path = pull(spec, progress=progress)
+    else:
+        path = Path(spec)
     if path.suffix == ".gguf":
         from wicore.export.gguf import GGUFSource
 
@@ -51,7 +59,7 @@ def _text_source(spec: str, progress: Callable[[str], None] | None) -> WeightSou
         from wicore.export.hf import HFSource
 
         return HFSource(path)
-    known = ", ".join(sorted(PACKAGED))
+    known = ", ".join(sorted([*PACKAGED, *PULLABLE]))
     raise ModelSourceError(
         f"model {spec!r} not found: give a .gguf file, a Hugging Face folder (config.json + *.safetensors) "
         f"or a packaged name ({known})"

@@ -32,8 +32,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
-# Tokens that end a chat turn; a model stops at these as well as at its eos token.
-END_OF_TURN_TOKENS = ("<end_of_turn>",)
+# Tokens that end a chat turn; a model stops at these as well as at its eos token (those its
+# vocabulary has): Gemma's, ChatML's (SmolLM2, Qwen) and Llama 3's.
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
 
 # Gemma 3's chat template, as in the tokenizer_config.json of google/gemma-3-*-it.
 # The system prompt has no turn of its own: it is folded into the first user turn.
@@ -82,10 +83,22 @@ GEMMA3_CHAT_TEMPLATE = (
 )
 
 
+# The template of a model of another family that ships none: chat requests are refused, saying why.
+NO_CHAT_TEMPLATE = (
+    '{{ raise_exception("this model ships no chat template (a base model?): use /v1/completions, '
+    'or export a checkpoint whose tokenizer_config.json or GGUF has one") }}'
+)
+
+
+def fallback_chat_template(architecture: str | None) -> str:
+    """The template of a source without one: Gemma 3's for Gemma 3 (its base GGUFs ship none), else NO_CHAT_TEMPLATE."""
+    return GEMMA3_CHAT_TEMPLATE if architecture in (None, "gemma3", "gemma3_text") else NO_CHAT_TEMPLATE
+
+
 def export_tokenizer_from_gguf(gguf_path: Path, out_dir: Path, reader: Any = None) -> TokenizerInfo:
     """Convert the vocabulary of a GGUF file; write tokenizer.json + tokenizer_config.json into out_dir.
 
-    The file's `tokenizer.chat_template` is used when it has one, Gemma 3's template otherwise.
+    The file's `tokenizer.chat_template` is used when it has one, else `fallback_chat_template`.
     `reader`, a gguf.GGUFReader of the file when the caller has one, saves parsing it again.
     """
     gguf_path = Path(gguf_path)
@@ -101,17 +114,17 @@ def export_tokenizer_from_gguf(gguf_path: Path, out_dir: Path, reader: Any = Non
         )
     hf_tokenizer = _hf_tokenizer_from_gguf(gguf_path, metadata)
     check_whole_words(hf_tokenizer, str(gguf_path))
-    chat_template = metadata.get("tokenizer.chat_template") or GEMMA3_CHAT_TEMPLATE
+    chat_template = metadata.get("tokenizer.chat_template") or fallback_chat_template(metadata.get("general.architecture"))
     return _write_tokenizer(hf_tokenizer, Path(out_dir), chat_template, extra_eos_ids=())
 
 
-def export_tokenizer_from_hf(folder: Path, out_dir: Path) -> TokenizerInfo | None:
+def export_tokenizer_from_hf(folder: Path, out_dir: Path, family: str = "gemma3") -> TokenizerInfo | None:
     """Write the tokenizer of a Hugging Face model folder into out_dir; None when it has none.
 
     A folder with tokenizer.json, or only a SentencePiece tokenizer.model, is
     loaded with transformers and written back as tokenizer.json. The chat
     template is the folder's (tokenizer_config.json or chat_template.jinja),
-    else Gemma 3's. generation_config.json's eos ids are added to the stop ids.
+    else `fallback_chat_template` of the model's `family`. generation_config.json's eos ids are added to the stop ids.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -131,7 +144,7 @@ def export_tokenizer_from_hf(folder: Path, out_dir: Path) -> TokenizerInfo | Non
     return _write_tokenizer(
         hf_tokenizer,
         Path(out_dir),
-        _folder_chat_template(hf_tokenizer) or GEMMA3_CHAT_TEMPLATE,
+        _folder_chat_template(hf_tokenizer) or fallback_chat_template(family),
         extra_eos_ids=_generation_config_eos_ids(folder),
     )
 

@@ -1,4 +1,4 @@
-"""Gemma 3 text decoder as ONNX graphs over a paged KV pool (the `portable` flavour, opset 17;
+"""Decoder of every family in wicore.model.families (Gemma 3, Llama, Qwen2, Qwen3) as ONNX graphs over a paged KV pool (the `portable` flavour, opset 17;
 with a QuantLinear, the `ort-quant` flavour: linear layers, LM head and embedding in graph/quant.py).
 
 One partition holds layers [start, stop). The first also embeds the tokens,
@@ -24,6 +24,9 @@ FastGelu (at batch 1 a decode step is as many kernels as nodes, and the
 27B shape's ~60 small nodes a layer cost as much as its weight reads).
 Gemma's RMSNorm scales by (1 + w): the 1 is folded into the stored weight,
 and the attention scale query_pre_attn_scalar^-0.5 into the q-norm weight.
+What the other families do differently is one row of wicore.model.families each, read
+here (norm offset, activation, embedding scale, sandwich norms, q/k norm, qkv bias, tied
+head); the paged attention and images are Gemma 3's only.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from wicore.errors import UnsupportedModelError
 from wicore.graph import invariant_attention, io, sampling
-from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, gelu_tanh, rms_norm_f32
+from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, block_mass, gelu_tanh, place_images, rms_norm_f32, silu
 from wicore.graph.paged_attention import paged_attention
 from wicore.graph.partition import PartitionSpec
 from wicore.graph.quant import QuantLinear
@@ -76,6 +80,12 @@ class Gemma3Builder:
             raise ValueError(
                 "the paged attention needs fp16 graphs, gives no attention statistics and is causal only (no images)"
             )
+        self.family = cfg.family_row
+        if self.family.name != "gemma3" and (attention == "paged" or image_inputs):
+            raise UnsupportedModelError(
+                f"the {self.family.name} family is exported with --attention portable or batch-invariant, "
+                "text only (the paged attention and the vision tower are Gemma 3's)"
+            )
         self.image_inputs = image_inputs
         self.sampling_head = sampling_head
         self.paged = attention == "paged"
@@ -100,11 +110,12 @@ class Gemma3Builder:
         embedding: Callable[[], np.ndarray] | None = None,
         final_norm: np.ndarray | None = None,
         embedding_data: DataFile | None = None,
+        lm_head: Callable[[], np.ndarray | None] | None = None,
     ) -> onnx.ModelProto:
         """One partition. `layers` yields the partition's layers in order (consumed lazily).
         `embedding` returns the [vocab, hidden] table, needed by the first and last partitions
         (tied LM head); with `embedding_data` both partitions share one copy on disk and it is
-        loaded once."""
+        loaded once. `lm_head` returns an untied head [vocab, hidden] (None: tied)."""
         cfg = self.cfg
         g = Graph(f"gemma3_part{spec.index}", data)
         f32 = TensorProto.FLOAT
@@ -112,7 +123,7 @@ class Gemma3Builder:
             tokens = g.input(io.INPUT_IDS, TensorProto.INT64, ["batch", "seq"])
             x = self.embed(g, tokens, embedding, embedding_data)
             if self.image_inputs:
-                x = self.place_images(g, x)
+                x = place_images(g, x, cfg.hidden_size)
         else:
             x = g.input(io.HIDDEN_STATES, f32, ["batch", "seq", cfg.hidden_size])
         shared = shared_values(
@@ -145,7 +156,8 @@ class Gemma3Builder:
             g.output(io.value_cache_out(i), self.onnx_dtype, pool_shape)
         if spec.has_lm_head:
             g.input(io.LOGITS_INDICES, TensorProto.INT64, ["num_logits"])
-            logits = self.lm_head(g, x, final_norm, embedding, embedding_data)
+            head = None if lm_head is None else lm_head()
+            logits = self.lm_head(g, x, final_norm, embedding, embedding_data, head)
             g.output(io.LOGITS, f32, ["num_logits", cfg.vocab_size])
             g.op("ArgMax", [logits], "/model/greedy/ArgMax", out=io.GREEDY_TOKENS, axis=-1, keepdims=0)
             g.output(io.GREEDY_TOKENS, TensorProto.INT64, ["num_logits"])
@@ -169,29 +181,16 @@ class Gemma3Builder:
         if x is None:  # portable, or a table without 8-bit blocks: float rows
             x = g.op("Gather", [self.embedding_weight(g, table, data), tokens], "/model/embed_tokens/Gather")
         x = self.to_f32(g, x, "/model/embed_tokens")
+        if not self.family.embedding_scale:
+            return x
         scale = np.float32(self.cfg.hidden_size**0.5)
         return g.op("Mul", [x, g.const(scale, np.float32)], "/model/embed_tokens/scale")
 
-    def place_images(self, g: Graph, x: str) -> str:
-        """The image tokens' embeddings replace their token embeddings (after the sqrt(hidden) scale,
-        which HF applies to token embeddings only):
-
-            x [b, s, H] ──► rows [b * s, H] ──► ScatterND rows[image_token_indices] = image_embeds ──► [b, s, H]
-        """
-        p = "/model/embed_images"
-        h = self.cfg.hidden_size
-        embeds = g.input(io.IMAGE_EMBEDS, TensorProto.FLOAT, ["num_image_tokens", h])
-        indices = g.input(io.IMAGE_TOKEN_INDICES, TensorProto.INT64, ["num_image_tokens"])
-        rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows")
-        index = g.op("Unsqueeze", [indices, g.const([-1])], f"{p}/index")
-        rows = g.op("ScatterND", [rows, index, embeds], f"{p}/ScatterND")
-        return g.op("Reshape", [rows, g.op("Shape", [x], f"{p}/shape")], f"{p}/tokens")
-
     def rms_norm(self, g: Graph, x: str, weight: np.ndarray, name: str, scale: float = 1.0, to: int = TensorProto.FLOAT) -> str:
-        """x / sqrt(mean(x^2) + eps) * (1 + w) * scale in float32, the result of type `to`. Paged
+        """x / sqrt(mean(x^2) + eps) * (offset + w) * scale in float32 (offset: the family's, Gemma's 1), the result of type `to`. Paged
         graphs: one SimplifiedLayerNormalization of any input type (it computes in float32); the
         others: the standard-op pattern ORT fuses into that kernel, on float32 x, then a Cast."""
-        w = (1.0 + weight.astype(np.float64)) * scale
+        w = (self.family.norm_offset + weight.astype(np.float64)) * scale
         if self.paged:
             w = g.const(w.astype(DTYPES_BY_ONNX[to]), DTYPES_BY_ONNX[to])
             eps = self.cfg.rms_norm_eps
@@ -266,6 +265,10 @@ class Gemma3Builder:
         qkv = self.linear(
             g, x, [layer["self_attn.q_proj"], layer["self_attn.k_proj"], layer["self_attn.v_proj"]], f"{p}/qkv_proj"
         )
+        if self.family.qkv_bias:
+            biases = [layer[f"self_attn.{n}_proj.bias"] for n in "qkv"]
+            bias = g.const(np.concatenate(biases).astype(np.float32), np.float32)
+            qkv = g.op("Add", [qkv, bias], f"{p}/qkv_bias")
         q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
         scale = cfg.query_pre_attn_scalar**-0.5
         if shared.paged is not None:  # one op writes the new K/V and reads the blocks in place
@@ -278,8 +281,11 @@ class Gemma3Builder:
         q = g.op("Reshape", [q, g.const([0, 0, nh, hd])], f"{p}/q_heads")
         k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])], f"{p}/k_heads")
         v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])], f"{p}/v_heads")
-        q = self.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
-        k = self.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
+        if self.family.qk_norm:
+            q = self.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
+            k = self.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
+        else:
+            q = g.op("Mul", [q, g.const(np.float32(scale), np.float32)], f"{p}/q_scale")
         q = self.rope(g, q, shared, is_sliding, nh, f"{p}/q_rope")
         k = self.rope(g, k, shared, is_sliding, kvh, f"{p}/k_rope")
 
@@ -304,7 +310,7 @@ class Gemma3Builder:
             scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, s * groups, total]
         probs = g.op("Softmax", [g.op("Add", [scores, shared.masks[is_sliding]], f"{p}/masked")], f"{p}/Softmax", axis=-1)
         if masses is not None and not is_sliding:
-            masses.append(self.block_mass(g, probs, shared, f"{p}/block_mass"))
+            masses.append(block_mass(g, probs, shared.block_shape, f"{p}/block_mass"))
         if self.batch_invariant:
             out = invariant_attention.context(g, probs, v_rows, groups, hd, f"{p}/context")
         else:
@@ -320,12 +326,6 @@ class Gemma3Builder:
         no node, where ONNX Runtime would copy the tensor."""
         return x if self.cfg.num_kv_heads == 1 else g.op("Transpose", [x], name, perm=perm)
 
-    def block_mass(self, g: Graph, probs: str, shared: SharedValues, name: str) -> str:
-        """Attention probability each block received, summed over heads and queries: [b, max_blocks]."""
-        per_key = g.op("ReduceSum", [probs, g.const([1, 2])], f"{name}/keys", keepdims=0)  # [b, total]
-        per_slot = g.op("Reshape", [per_key, shared.block_shape], f"{name}/blocks")  # [b, max_blocks, block_size]
-        return g.op("ReduceSum", [per_slot, g.const([2])], f"{name}/ReduceSum", keepdims=0)
-
     def scatter(self, g: Graph, pool: str, update: str, indices: str, name: str, out: str) -> str:
         """ScatterND of the new tokens' K or V into the KV buffer; its output is the graph output `out`."""
         if self.dtype != "fp32":
@@ -333,12 +333,14 @@ class Gemma3Builder:
         return g.op("ScatterND", [pool, indices, update], f"{name}/ScatterND", out=out)
 
     def mlp(self, g: Graph, layer: LayerWeights, x: str) -> str:
-        """GeGLU: down(gelu_tanh(gate(x)) * up(x))."""
+        """Gated MLP: down(act(gate(x)) * up(x)), act the family's (Gemma: gelu_tanh, GeGLU; others: SiLU)."""
         p = f"/model/layers.{layer.index}/mlp"
         inter = self.cfg.intermediate_size
         gate_up = self.linear(g, x, [layer["mlp.gate_proj"], layer["mlp.up_proj"]], f"{p}/gate_up_proj")
         gate, up = g.op_multi("Split", [gate_up, g.const([inter, inter])], f"{p}/gate_up_split", 2, axis=-1)
-        if self.contrib:
+        if self.family.activation == "silu":
+            act = silu(g, gate, f"{p}/act")
+        elif self.contrib:
             act = g.op("FastGelu", [gate], f"{p}/act/FastGelu", domain=MS_DOMAIN)
         else:
             act = gelu_tanh(g, gate, f"{p}/act")
@@ -349,16 +351,27 @@ class Gemma3Builder:
     ) -> str:
         p = f"/model/layers.{layer.index}"
         h = self.rms_norm(g, x, layer["input_layernorm"], f"{p}/input_layernorm", to=self.act_type)
+        sandwich = self.family.sandwich_norms
         h = self.attention(g, layer, h, shared, masses)
-        h = self.rms_norm(g, h, layer["post_attention_layernorm"], f"{p}/post_attention_layernorm")
+        if sandwich:
+            h = self.rms_norm(g, h, layer["post_attention_layernorm"], f"{p}/post_attention_layernorm")
         x = g.op("Add", [x, h], f"{p}/attn_residual")
         h = self.rms_norm(g, x, layer["pre_feedforward_layernorm"], f"{p}/pre_feedforward_layernorm", to=self.act_type)
         h = self.mlp(g, layer, h)
-        h = self.rms_norm(g, h, layer["post_feedforward_layernorm"], f"{p}/post_feedforward_layernorm")
+        if sandwich:
+            h = self.rms_norm(g, h, layer["post_feedforward_layernorm"], f"{p}/post_feedforward_layernorm")
         return g.op("Add", [x, h], f"{p}/mlp_residual", out=out)
 
-    def lm_head(self, g: Graph, x: str, final_norm: np.ndarray, table: Callable[[], np.ndarray], data: DataFile | None) -> str:
-        """Final norm and tied LM head on the rows in logits_indices only: [num_logits, vocab]."""
+    def lm_head(
+        self,
+        g: Graph,
+        x: str,
+        final_norm: np.ndarray,
+        table: Callable[[], np.ndarray],
+        data: DataFile | None,
+        head: np.ndarray | None = None,
+    ) -> str:
+        """Final norm and LM head (tied, or `head`) on the rows in logits_indices only: [num_logits, vocab]."""
         p = "/model/lm_head"
         rows = g.op("Reshape", [x, g.const([-1, self.cfg.hidden_size])], f"{p}/flatten")
         rows = g.op("Gather", [rows, io.LOGITS_INDICES], f"{p}/select_rows", axis=0)
@@ -366,7 +379,12 @@ class Gemma3Builder:
         cap = self.cfg.final_logit_softcapping
         fp32 = self.dtype == "fp32"
         logits_out = io.LOGITS if fp32 and not cap else None
-        if self.quant is not None:  # ort-quant: the tied head from the embedding's own blocks
+        if head is not None and self.quant is not None:
+            logits = self.quant.linear(g, rows, [head], p, self.np_dtype, logits_out)
+        elif head is not None:
+            w = g.weight(f"{p}.weight", np.ascontiguousarray(head.astype(self.np_dtype)))
+            logits = g.op("Gemm", [rows, w], f"{p}/Gemm", out=logits_out, transB=1)
+        elif self.quant is not None:  # ort-quant: the tied head from the embedding's own blocks
             logits = self.quant.linear(g, rows, [table()], p, self.np_dtype, logits_out, weight_name=TABLE, data=data)
         else:
             w = self.embedding_weight(g, table, data)

@@ -159,3 +159,33 @@ def gelu_tanh(g: Graph, x: str, name: str) -> str:
     t = g.op("Tanh", [g.op("Mul", [inner, g.const(c, np.float32)], f"{name}/scaled")], f"{name}/Tanh")
     half_x = g.op("Mul", [x, g.const(0.5, np.float32)], f"{name}/half_x")
     return g.op("Mul", [half_x, g.op("Add", [t, g.const(1.0, np.float32)], f"{name}/one_plus")], f"{name}/out")
+
+
+def silu(g: Graph, x: str, name: str) -> str:
+    """x * sigmoid(x), the Llama and Qwen MLPs' activation."""
+    return g.op("Mul", [x, g.op("Sigmoid", [x], f"{name}/Sigmoid")], f"{name}/silu")
+
+
+def place_images(g: Graph, x: str, hidden: int) -> str:
+    """The image tokens' embeddings replace their token embeddings (after the sqrt(hidden) scale,
+    which HF applies to token embeddings only):
+
+        x [b, s, H] ──► rows [b * s, H] ──► ScatterND rows[image_token_indices] = image_embeds ──► [b, s, H]
+    """
+    from wicore.graph import io
+
+    p = "/model/embed_images"
+    embeds = g.input(io.IMAGE_EMBEDS, TensorProto.FLOAT, ["num_image_tokens", hidden])
+    indices = g.input(io.IMAGE_TOKEN_INDICES, TensorProto.INT64, ["num_image_tokens"])
+    rows = g.op("Reshape", [x, g.const([-1, hidden])], f"{p}/rows")
+    index = g.op("Unsqueeze", [indices, g.const([-1])], f"{p}/index")
+    rows = g.op("ScatterND", [rows, index, embeds], f"{p}/ScatterND")
+    return g.op("Reshape", [rows, g.op("Shape", [x], f"{p}/shape")], f"{p}/tokens")
+
+
+def block_mass(g: Graph, probs: str, block_shape: str, name: str) -> str:
+    """Attention probability each block received, summed over heads and queries: [b, max_blocks]
+    (`block_shape` reshapes [b, total] to [b, max_blocks, block_size])."""
+    per_key = g.op("ReduceSum", [probs, g.const([1, 2])], f"{name}/keys", keepdims=0)  # [b, total]
+    per_slot = g.op("Reshape", [per_key, block_shape], f"{name}/blocks")
+    return g.op("ReduceSum", [per_slot, g.const([2])], f"{name}/ReduceSum", keepdims=0)

@@ -165,9 +165,7 @@ def rope_tables(
     """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (computed in float32, as in
     HF; of type `to`); with contrib ops one row per token, [batch * seq, head_dim / 2],
     RotaryEmbedding's caches."""
-    half = cfg.head_dim // 2
-    inv_freq = 1.0 / (rope.theta ** (np.arange(0, half, dtype=np.int64).astype(np.float32) * 2 / cfg.head_dim))
-    inv_freq = (inv_freq / rope.factor).astype(np.float32)
+    inv_freq = rope.inv_freq(cfg.head_dim)
     pos = g.op("Cast", [positions], f"{p}/pos_f", to=TensorProto.FLOAT)
     if contrib:
         pos = g.op("Reshape", [pos, g.const([-1, 1])], f"{p}/pos_u")  # [b * s, 1]

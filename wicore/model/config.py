@@ -1,18 +1,23 @@
 """The text-decoder configuration the graph builder needs, read from any source.
 
-One frozen dataclass, `Gemma3Config`, whatever the source: a GGUF header, a
-Hugging Face config.json (transformers 4.x `rope_theta`/`rope_local_base_freq`
-style or 5.x `rope_parameters` style, text-only or the multimodal wrapper),
-or a shape recipe for random weights.
+One frozen dataclass, `DecoderConfig` (historically `Gemma3Config`, still its name in most
+modules), whatever the source: a GGUF header, a Hugging Face config.json (transformers 4.x
+`rope_theta`/`rope_local_base_freq` style or 5.x `rope_parameters` style, text-only or the
+multimodal wrapper), or a shape recipe for random weights. `family` names its row of
+wicore.model.families (what differs between Gemma 3, Llama and Qwen).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from wicore.errors import UnsupportedModelError
+from wicore.model.families import Family, family, family_of_model_type
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -20,18 +25,42 @@ FULL = "full_attention"
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """Rotary embedding of one layer type: base theta and linear scaling factor."""
+    """Rotary embedding of one layer type: base theta and scaling factor, linear or (with
+    `original_max_position_embeddings` set) Llama 3's frequency-dependent scaling."""
 
     theta: float
     factor: float = 1.0
+    low_freq_factor: float = 1.0  # llama3 scaling only
+    high_freq_factor: float = 4.0  # llama3 scaling only
+    original_max_position_embeddings: int = 0  # > 0: llama3 scaling
 
     def __post_init__(self) -> None:
         if self.theta <= 0 or self.factor <= 0:
             raise UnsupportedModelError(f"invalid rope parameters: theta={self.theta}, factor={self.factor}")
+        if self.original_max_position_embeddings and self.high_freq_factor <= self.low_freq_factor:
+            raise UnsupportedModelError(
+                f"llama3 rope scaling: high_freq_factor {self.high_freq_factor} <= low_freq_factor {self.low_freq_factor}"
+            )
+
+    def inv_freq(self, head_dim: int) -> np.ndarray:
+        """float32 [head_dim / 2]: the rotation speed of each pair of channels, as transformers computes it."""
+        half = head_dim // 2
+        inv_freq = 1.0 / (self.theta ** (np.arange(0, half, dtype=np.int64).astype(np.float32) * 2 / head_dim))
+        if not self.original_max_position_embeddings:
+            return (inv_freq / self.factor).astype(np.float32)
+        # transformers' _compute_llama3_parameters: long wavelengths scaled, short kept, a blend between.
+        old = self.original_max_position_embeddings
+        low_wavelen, high_wavelen = old / self.low_freq_factor, old / self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / self.factor, inv_freq)
+        smooth = (old / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
 @dataclass(frozen=True)
-class Gemma3Config:
+class DecoderConfig:
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -51,8 +80,11 @@ class Gemma3Config:
     eos_token_id: int = 1
     pad_token_id: int = 0
     eos_token_ids: tuple[int, ...] = ()  # every id that ends generation, when the source lists several
+    family: str = "gemma3"  # its row of wicore.model.families
+    tie_word_embeddings: bool = True  # the LM head is the embedding table (else the source's lm_head)
 
     def __post_init__(self) -> None:
+        family(self.family)
         if len(self.layer_types) != self.num_layers:
             raise UnsupportedModelError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
         unknown = set(self.layer_types) - {SLIDING, FULL}
@@ -62,6 +94,11 @@ class Gemma3Config:
             raise UnsupportedModelError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim {self.head_dim} must be even for RoPE")
+
+    @property
+    def family_row(self) -> Family:
+        """What the family does differently (wicore.model.families)."""
+        return family(self.family)
 
     @property
     def num_groups(self) -> int:
@@ -75,7 +112,7 @@ class Gemma3Config:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Gemma3Config:
+    def from_dict(cls, d: dict[str, Any]) -> DecoderConfig:
         """Inverse of `to_dict` (the manifest's `config`)."""
         d = dict(d)
         d["layer_types"] = tuple(d["layer_types"])
@@ -85,16 +122,19 @@ class Gemma3Config:
         return cls(**d)
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> Gemma3Config:
-        """From a Hugging Face config.json (Gemma3ForCausalLM or Gemma3ForConditionalGeneration)."""
+    def from_hf(cls, cfg: dict[str, Any]) -> DecoderConfig:
+        """From a Hugging Face config.json of a supported family (wicore.model.families); for
+        Gemma 3 Gemma3ForCausalLM or the text half of Gemma3ForConditionalGeneration."""
         if "text_config" in cfg:
             top = cfg
             cfg = dict(cfg["text_config"])
             for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
                 cfg.setdefault(key, top.get(key))
-        model_type = cfg.get("model_type", "")
-        if model_type not in ("gemma3_text", "gemma3"):
-            raise UnsupportedModelError(f"model_type {model_type!r} is not supported; WiCore compiles Gemma 3 (gemma3_text)")
+        row = family_of_model_type(cfg.get("model_type", ""))
+        if row.name != "gemma3":
+            from wicore.model.hf_families import decoder_config_from_hf
+
+            return decoder_config_from_hf(cls, row, cfg)
         num_layers = cfg["num_hidden_layers"]
         layer_types = cfg.get("layer_types") or default_layer_types(
             num_layers, int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
@@ -117,11 +157,14 @@ class Gemma3Config:
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             max_position_embeddings=cfg.get("max_position_embeddings", 131072),
             final_logit_softcapping=cfg.get("final_logit_softcapping"),
-            bos_token_id=_first(cfg.get("bos_token_id"), 2),
-            eos_token_id=_first(eos, 1),
+            bos_token_id=first_id(cfg.get("bos_token_id"), 2),
+            eos_token_id=first_id(eos, 1),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else (),
-            pad_token_id=_first(cfg.get("pad_token_id"), 0),
+            pad_token_id=first_id(cfg.get("pad_token_id"), 0),
         )
+
+
+Gemma3Config = DecoderConfig  # the name most of WiCore still uses
 
 
 def default_layer_types(num_layers: int, pattern: int = 6) -> list[str]:
@@ -129,7 +172,7 @@ def default_layer_types(num_layers: int, pattern: int = 6) -> list[str]:
     return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
 
 
-def _first(value: Any, default: int) -> int:
+def first_id(value: Any, default: int) -> int:
     if value is None:
         return default
     if isinstance(value, (list, tuple)):
@@ -137,7 +180,7 @@ def _first(value: Any, default: int) -> int:
     return int(value)
 
 
-def _rope_from_params(params: dict[str, Any], theta: float, layer_type: str) -> RopeConfig:
+def rope_from_params(params: dict[str, Any], theta: float, layer_type: str) -> RopeConfig:
     """One layer type's RoPE from its HF parameters (`theta` where they name none)."""
     kind = params.get("rope_type", params.get("type", "default"))
     theta = float(params.get("rope_theta", theta))
@@ -149,9 +192,20 @@ def _rope_from_params(params: dict[str, Any], theta: float, layer_type: str) -> 
         if "factor" not in params:
             raise UnsupportedModelError(f"{layer_type} layers: linear rope scaling without a factor")
         return RopeConfig(theta, float(params["factor"]))
+    if kind == "llama3":
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        if any(key not in params for key in keys):
+            raise UnsupportedModelError(f"{layer_type} layers: llama3 rope scaling needs {', '.join(keys)}")
+        return RopeConfig(
+            theta,
+            float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        )
     raise UnsupportedModelError(
-        f"{layer_type} layers: rope scaling {kind!r} is not supported; WiCore implements 'default' and 'linear' "
-        "(the scaling Gemma 3 checkpoints use)"
+        f"{layer_type} layers: rope scaling {kind!r} is not supported; WiCore implements 'default', 'linear' "
+        "(the scaling Gemma 3 checkpoints use) and 'llama3'"
     )
 
 
@@ -164,6 +218,6 @@ def _hf_rope(cfg: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
         raise UnsupportedModelError(f"rope_parameters {params!r}: Gemma 3 configs key them by layer type ({FULL!r}, {SLIDING!r})")
     full = {**(params.get(FULL) or {}), **(cfg.get("rope_scaling") or {})}
     return (
-        _rope_from_params(full, float(cfg.get("rope_theta", 1_000_000.0)), FULL),
-        _rope_from_params(params.get(SLIDING) or {}, float(cfg.get("rope_local_base_freq", 10_000.0)), SLIDING),
+        rope_from_params(full, float(cfg.get("rope_theta", 1_000_000.0)), FULL),
+        rope_from_params(params.get(SLIDING) or {}, float(cfg.get("rope_local_base_freq", 10_000.0)), SLIDING),
     )

@@ -2,7 +2,8 @@
 
 Every source normalises to one convention, Hugging Face's: linear weights are
 [out_features, in_features] float32; RMSNorm weights are the `w` of
-`x * (1 + w)` (GGUF stores `1 + w`; its reader subtracts the 1 once here).
+`x * (norm_offset + w)`, the family's RMSNorm (wicore.model.families: Gemma's `1 + w`, which
+GGUF stores summed and its reader splits once here).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class WeightSource(Protocol):
     def final_norm(self) -> np.ndarray:
         """Final RMSNorm weight [hidden_size] (HF convention)."""
 
+    def lm_head(self) -> np.ndarray | None:
+        """The untied LM head [vocab_size, hidden_size]; None where the embedding is the head."""
+
     def layer(self, index: int) -> LayerWeights:
         """The weights of decoder layer `index`."""
 
@@ -57,23 +61,29 @@ class WeightSource(Protocol):
 
 
 def expected_shapes(cfg: Gemma3Config) -> dict[str, tuple[int, ...]]:
-    """Shape of every per-layer tensor, by Hugging Face's short names (used to check a source before building)."""
+    """Shape of every per-layer tensor, by Hugging Face's (Gemma 3's) short names: the family's
+    norms, q/k norms and qkv biases (`*.bias`) where it has them (wicore.model.families)."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    return {
+    row = cfg.family_row
+    shapes: dict[str, tuple[int, ...]] = {
         "self_attn.q_proj": (q, h),
         "self_attn.k_proj": (kv, h),
         "self_attn.v_proj": (kv, h),
         "self_attn.o_proj": (h, q),
-        "self_attn.q_norm": (cfg.head_dim,),
-        "self_attn.k_norm": (cfg.head_dim,),
-        "mlp.gate_proj": (cfg.intermediate_size, h),
-        "mlp.up_proj": (cfg.intermediate_size, h),
-        "mlp.down_proj": (h, cfg.intermediate_size),
-        "input_layernorm": (h,),
-        "post_attention_layernorm": (h,),
-        "pre_feedforward_layernorm": (h,),
-        "post_feedforward_layernorm": (h,),
     }
+    if row.qkv_bias:
+        shapes.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})
+    if row.qk_norm:
+        shapes.update({"self_attn.q_norm": (cfg.head_dim,), "self_attn.k_norm": (cfg.head_dim,)})
+    shapes.update(
+        {
+            "mlp.gate_proj": (cfg.intermediate_size, h),
+            "mlp.up_proj": (cfg.intermediate_size, h),
+            "mlp.down_proj": (h, cfg.intermediate_size),
+        }
+    )
+    shapes.update({name: (h,) for name in row.layer_norm_names()})
+    return shapes
 
 
 def check_layer(cfg: Gemma3Config, layer: LayerWeights) -> None:

@@ -1,0 +1,52 @@
+"""A chat model that answers: SmolLM2-135M-Instruct served and asked through the `openai` client."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import openai
+from test_smollm2 import CHATS, hf_greedy
+
+from wicore.api.app import ServerSettings, create_app
+from wicore.api.server import ServerThread
+from wicore.runtime.engine import Engine, EngineConfig
+
+
+def test_chat_answer_equals_hf_greedy_on_the_models_template(smollm2, hf_smollm2, hf_tokenizer_smollm2):
+    """fp32 export: the answer is HF's greedy continuation of the same rendered template, up to <|im_end|>."""
+    engine = Engine(EngineConfig(model_dir=smollm2(), num_threads=2, host_tier_gb=0)).start()
+    server = ServerThread(create_app(engine, ServerSettings(model_name="smollm2"))).start()
+    try:
+        api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        reply = api.chat.completions.create(model="smollm2", messages=CHATS[1], max_tokens=64, temperature=0)
+    finally:
+        server.stop()
+        engine.stop()
+    choice = reply.choices[0]
+    ids = hf_tokenizer_smollm2.apply_chat_template(CHATS[1], add_generation_prompt=True, return_dict=False)
+    expected = hf_greedy(hf_smollm2, list(ids), 64)
+    assert expected[-1] == 2  # <|im_end|>
+    assert choice.finish_reason == "stop"
+    assert choice.message.content == hf_tokenizer_smollm2.decode(expected[:-1])
+    assert choice.message.content == "The capital of France is Paris."
+
+
+def test_wicore_serve_pulls_exports_and_answers(smollm2_gguf, tmp_path, launch):
+    """`wicore serve --model smollm2-135m-instruct`: the name is pulled (here: already in the cache),
+    exported once in the flavour it gets on a CPU (portable fp32) and answers a chat."""
+    (tmp_path / "gguf").symlink_to(Path(smollm2_gguf).parent)
+    os.environ["WICORE_CACHE"] = str(tmp_path)
+    try:
+        proc, url = launch("smollm2-135m-instruct")
+    finally:
+        del os.environ["WICORE_CACHE"]
+    try:
+        api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        reply = api.chat.completions.create(model="smollm2-135m-instruct", messages=CHATS[1], max_tokens=64, temperature=0)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].message.content == "The capital of France is Paris."
+    assert (tmp_path / "models" / "smollm2-135m-instruct" / "wicore.json").is_file()

@@ -1,0 +1,96 @@
+"""Llama, Qwen2 and Qwen3 through the one builder, against HF transformers on tiny random models.
+
+Each model is saved as safetensors by transformers and exported from that folder; the prompts
+are batched with different lengths and run past the sliding window where the config has one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_gemma3 import engine
+
+from wicore.errors import UnsupportedModelError
+from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.sources import open_source
+from wicore.runtime.sampler import SamplingParams
+
+SHAPE = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
+CONFIGS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"rope_theta": 50_000.0, "tie_word_embeddings": False}),
+    "llama-tied-llama3-rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "tie_word_embeddings": True,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500_000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        },
+    ),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1_000_000.0}),
+    "qwen2-sliding": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1},
+    ),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_theta": 1_000_000.0, "tie_word_embeddings": True}),
+}
+RNG = np.random.default_rng(1)
+PROMPTS = [RNG.integers(0, 512, n).tolist() for n in (23, 9, 40)]
+
+
+def build(tmp: Path, name: str) -> tuple[Path, object]:
+    """(exported folder, HF model) of one of CONFIGS; norms and biases drawn away from their init."""
+    import torch
+    import transformers
+
+    config_class, model_class, overrides = CONFIGS[name]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config_class)(**{**SHAPE, **overrides})
+    model = getattr(transformers, model_class)(cfg).eval()
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if "norm" in param_name or param_name.endswith(".bias"):
+                param.normal_(0.5 if "norm" in param_name else 0.0, 0.5)
+    model.save_pretrained(tmp / "hf")
+    export_model(open_source(str(tmp / "hf")), tmp / "model", ExportConfig(), progress=lambda _: None)
+    return tmp / "model", model
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_batched_logits_match_hf(tmp_path, reference_logits, name):
+    folder, model = build(tmp_path, name)
+    with engine(folder, prefill_chunk=16) as eng:
+        completions = eng.generate(PROMPTS, SamplingParams(max_tokens=1, prompt_logits=True))
+    for prompt, completion in zip(PROMPTS, completions, strict=True):
+        assert completion.error is None
+        ref = reference_logits(model, prompt)
+        np.testing.assert_allclose(completion.prompt_logits, ref, atol=1e-4, rtol=0)
+        assert (completion.prompt_logits.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_unsupported_architecture_names_the_supported_ones(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "phi3", "num_hidden_layers": 2}')
+    with pytest.raises(
+        UnsupportedModelError, match="model_type 'phi3' is not supported; WiCore compiles gemma3 .*llama.*qwen2.*qwen3"
+    ):
+        open_source(str(tmp_path))
