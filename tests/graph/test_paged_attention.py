@@ -196,3 +196,41 @@ def test_cuda_graphs_by_default_only_where_they_can_be_captured(tiny_export):
     devices = [parse_device("cpu")]
     buffers = KVBuffers(manifest, CacheConfig(4, 4), devices)
     assert ModelGraphs(folder, manifest, buffers, devices, cuda_graphs=None, block_size=128).cuda_graphs is False
+
+
+@pytest.mark.parametrize("config_class, qkv_bias", [("LlamaConfig", False), ("Qwen2Config", True)])
+def test_families_without_qk_norm_scale_in_the_op(tmp_path, config_class, qkv_bias):
+    """Llama and Qwen2 in the paged graphs: no q/k norm before RoPE, the op scales by head_dim^-0.5
+    (Gemma folds its scale into the q-norm: the op's 1.0), Qwen2's qkv bias added in float16.
+    tools/check_families_gpu.py checks their logits against HF on a GPU."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    model = getattr(transformers, config_class.replace("Config", "ForCausalLM"))(
+        getattr(transformers, config_class)(num_key_value_heads=2, head_dim=16, max_position_embeddings=512, **shape)
+    )
+    model.save_pretrained(tmp_path / "hf")
+    out = tmp_path / "paged"
+    export_model(open_source(str(tmp_path / "hf")), out, ExportConfig(dtype="fp16", attention="paged"), progress=lambda _: None)
+    graph = onnx.load(out / Manifest.read(out).partitions[0].file, load_external_data=False).graph
+    ops = [n.op_type for n in graph.node]
+    scales = {
+        helper.get_attribute_value(a)
+        for n in graph.node
+        if n.op_type == "PagedAttention"
+        for a in n.attribute
+        if a.name == "scale"
+    }
+    assert ops.count("PagedAttention") == 2 and len(scales) == 1 and scales.pop() == pytest.approx(16**-0.5)
+    assert ops.count("SimplifiedLayerNormalization") == 2 * 2 + 1  # the two norms of each layer and the final one
+    assert ops.count("RotaryEmbedding") == 2 * 2
+    biases = [n for n in graph.node if n.name.endswith("/qkv_bias")]
+    assert len(biases) == (2 if qkv_bias else 0)
+    consts = {i.name: i for i in graph.initializer}
+    assert all(consts[n.input[1]].data_type == TensorProto.FLOAT16 for n in biases if n.input[1] in consts)
+    # ONNX Runtime's type check passes (on the CPU the load then stops at PagedAttention, a CUDA kernel)
+    with pytest.raises(Exception, match="PagedAttention") as refused:
+        ort.InferenceSession(str(out / Manifest.read(out).partitions[0].file), providers=["CPUExecutionProvider"])
+    assert "Type Error" not in str(refused.value)

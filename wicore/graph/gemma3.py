@@ -26,7 +26,7 @@ Gemma's RMSNorm scales by (1 + w): the 1 is folded into the stored weight,
 and the attention scale query_pre_attn_scalar^-0.5 into the q-norm weight.
 What the other families do differently is one row of wicore.model.families each, read
 here (norm offset, activation, embedding scale, sandwich norms, q/k norm, qkv bias, tied
-head); the paged attention and images are Gemma 3's only.
+head); images are Gemma 3's only.
 """
 
 from __future__ import annotations
@@ -81,11 +81,8 @@ class Gemma3Builder:
                 "the paged attention needs fp16 graphs, gives no attention statistics and is causal only (no images)"
             )
         self.family = cfg.family_row
-        if self.family.name != "gemma3" and (attention == "paged" or image_inputs):
-            raise UnsupportedModelError(
-                f"the {self.family.name} family is exported with --attention portable or batch-invariant, "
-                "text only (the paged attention and the vision tower are Gemma 3's)"
-            )
+        if self.family.name != "gemma3" and image_inputs:
+            raise UnsupportedModelError(f"the {self.family.name} family is text only (the vision tower is Gemma 3's)")
         self.image_inputs = image_inputs
         self.sampling_head = sampling_head
         self.paged = attention == "paged"
@@ -237,19 +234,21 @@ class Gemma3Builder:
         self,
         g: Graph,
         x: str,
-        norm: np.ndarray,
+        norm: np.ndarray | None,
         heads: int,
         shared: SharedValues,
         is_sliding: bool,
         name: str,
         scale: float = 1.0,
     ) -> str:
-        """Paged graphs: q or k [b, s, heads * hd] -> normed and rotated token rows [tokens, heads * hd],
-        as the op takes them. In between the rows are [tokens, heads, 1, hd]: the norm's last
-        axis, and RotaryEmbedding's [batch, heads, seq, hd] layout with one token a batch row."""
+        """Paged graphs: q or k [b, s, heads * hd] -> normed (`norm` None: not) and rotated token rows
+        [tokens, heads * hd], as the op takes them. In between the rows are [tokens, heads, 1, hd]:
+        the norm's last axis, and RotaryEmbedding's [batch, heads, seq, hd] layout with one token a
+        batch row."""
         hd = self.cfg.head_dim
         x = g.op("Reshape", [x, g.const([-1, heads, 1, hd])], f"{name}_heads")
-        x = self.rms_norm(g, x, norm, f"{name}_norm", scale=scale, to=self.act_type)
+        if norm is not None:
+            x = self.rms_norm(g, x, norm, f"{name}_norm", scale=scale, to=self.act_type)
         cos, sin = shared.cos_sin[is_sliding]
         rope = g.op("RotaryEmbedding", [x, shared.token_index, cos, sin], f"{name}_rope/RotaryEmbedding", domain=MS_DOMAIN)
         return g.op("Reshape", [rope, g.const([-1, heads * hd])], f"{name}_packed")
@@ -267,15 +266,17 @@ class Gemma3Builder:
         )
         if self.family.qkv_bias:
             biases = [layer[f"self_attn.{n}_proj.bias"] for n in "qkv"]
-            bias = g.const(np.concatenate(biases).astype(np.float32), np.float32)
+            bias_type = DTYPES_BY_ONNX[self.act_type]
+            bias = g.const(np.concatenate(biases).astype(bias_type), bias_type)
             qkv = g.op("Add", [qkv, bias], f"{p}/qkv_bias")
         q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
         scale = cfg.query_pre_attn_scalar**-0.5
         if shared.paged is not None:  # one op writes the new K/V and reads the blocks in place
-            q = self.packed_rows(g, q, layer["self_attn.q_norm"], nh, shared, is_sliding, f"{p}/q", scale)
-            k = self.packed_rows(g, k, layer["self_attn.k_norm"], kvh, shared, is_sliding, f"{p}/k")
+            qk_norm = self.family.qk_norm  # Gemma's attention scale is folded into the q-norm; else the op scales
+            q = self.packed_rows(g, q, layer["self_attn.q_norm"] if qk_norm else None, nh, shared, is_sliding, f"{p}/q", scale)
+            k = self.packed_rows(g, k, layer["self_attn.k_norm"] if qk_norm else None, kvh, shared, is_sliding, f"{p}/k")
             v = g.op("Reshape", [v, g.const([-1, kvh * hd])], f"{p}/v_packed")
-            out = paged_attention(g, cfg, i, q, k, v, shared.paged, p)
+            out = paged_attention(g, cfg, i, q, k, v, shared.paged, p, scale=1.0 if qk_norm else scale)
             return self.linear(g, out, [layer["self_attn.o_proj"]], f"{p}/o_proj")
 
         q = g.op("Reshape", [q, g.const([0, 0, nh, hd])], f"{p}/q_heads")
@@ -355,12 +356,20 @@ class Gemma3Builder:
         h = self.attention(g, layer, h, shared, masses)
         if sandwich:
             h = self.rms_norm(g, h, layer["post_attention_layernorm"], f"{p}/post_attention_layernorm")
+        else:
+            h = self.residual_type(g, h, f"{p}/attn")
         x = g.op("Add", [x, h], f"{p}/attn_residual")
         h = self.rms_norm(g, x, layer["pre_feedforward_layernorm"], f"{p}/pre_feedforward_layernorm", to=self.act_type)
         h = self.mlp(g, layer, h)
         if sandwich:
             h = self.rms_norm(g, h, layer["post_feedforward_layernorm"], f"{p}/post_feedforward_layernorm")
+        else:
+            h = self.residual_type(g, h, f"{p}/mlp")
         return g.op("Add", [x, h], f"{p}/mlp_residual", out=out)
+
+    def residual_type(self, g: Graph, h: str, name: str) -> str:
+        """A block's output in the residual stream's float32 (Gemma's post-norms cast it themselves)."""
+        return h if self.act_type == TensorProto.FLOAT else g.op("Cast", [h], f"{name}/Cast_residual", to=TensorProto.FLOAT)
 
     def lm_head(
         self,

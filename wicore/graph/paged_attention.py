@@ -84,9 +84,12 @@ def paged_values(g: Graph, cfg: Gemma3Config, kinds: list[bool], positions: str)
     return PagedValues(cumulative, past, bounds, slots, tables, shape)
 
 
-def paged_attention(g: Graph, cfg: Gemma3Config, layer: int, q: str, k: str, v: str, paged: PagedValues, name: str) -> str:
+def paged_attention(
+    g: Graph, cfg: Gemma3Config, layer: int, q: str, k: str, v: str, paged: PagedValues, name: str, scale: float = 1.0
+) -> str:
     """Token rows q [tokens, heads * hd], k and v [tokens, kv_heads * hd] (the KV dtype, float16;
-    q and k normed and rotated) -> the attention output [b, s, heads * hd], the layer's K/V written."""
+    q and k normed and rotated) -> the attention output [b, s, heads * hd], the layer's K/V written.
+    `scale` multiplies q·k (1: Gemma's is folded into its q-norm weight)."""
     is_sliding = cfg.is_sliding(layer)
     inputs = [
         q,
@@ -115,7 +118,7 @@ def paged_attention(g: Graph, cfg: Gemma3Config, layer: int, q: str, k: str, v: 
         domain=MS_DOMAIN,
         num_heads=cfg.num_heads,
         kv_num_heads=cfg.num_kv_heads,
-        scale=1.0,
+        scale=scale,
         local_window_size=window,
     )
     return g.op("Reshape", [out, paged.hidden_shape], f"{name}/heads_merged")
