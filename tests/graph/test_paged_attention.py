@@ -58,7 +58,7 @@ def test_every_layer_is_one_paged_attention_node_over_its_own_buffers(paged_expo
                 "num_heads": cfg.num_heads,
                 "kv_num_heads": cfg.num_kv_heads,
                 "scale": 1.0,
-                "local_window_size": WINDOW - 1 if cfg.is_sliding(layer) else -1,
+                "local_window_size": WINDOW if cfg.is_sliding(layer) else -1,
             }
             assert node.input[3:5] == [io.key_cache(layer), io.value_cache(layer)]
             assert node.output[1:] == [io.key_cache_out(layer), io.value_cache_out(layer)]

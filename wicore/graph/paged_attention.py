@@ -106,9 +106,11 @@ def paged_attention(
         *[""] * 5,  # head_sink, q_norm_weight, k_norm_weight, k_scale, v_scale
         paged.bounds[is_sliding],
     ]
-    # A key at position j is visible to a query at position p when p - window < j <= p, that is
-    # j >= p - (window - 1): the op's left window is window - 1 tokens.
-    window = cfg.sliding_window - 1 if is_sliding else -1
+    # A key at position j is visible to a query at position p when p - window < j <= p: `window`
+    # keys, the query's own included, which is how the op counts local_window_size (it hands
+    # FlashAttention window - 1 keys to the left). Measured: window - 1 here differed from HF
+    # transformers from the window's first position on (max |logit diff| 0.8-1.7 on tiny models).
+    window = cfg.sliding_window if is_sliding else -1
     out, _, _ = g.op_multi(
         "PagedAttention",
         inputs,
