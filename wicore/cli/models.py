@@ -43,8 +43,7 @@ def resolve_model(spec: str, devices: str = "cpu") -> Path:
         return path
     if spec in PACKAGED or spec in PULLABLE:
         dtype, flavour, attention = packaged_export(devices)
-        if spec in PULLABLE:  # Llama / Qwen GGUFs: the paged attention is Gemma 3's only
-            attention = "portable"
+        if spec in PULLABLE:  # on a CPU, the pulled model's own flavour (SmolLM2: fp32; int8 activations drift)
             flavour = PULLABLE[spec].cpu_op_flavour if flavour == "ort-quant" else flavour
         suffix = "".join(f"-{part}" for part in (flavour, dtype, attention) if part not in ("portable", "fp32"))
         target = cache_dir() / f"{spec}{suffix}"
