@@ -82,7 +82,7 @@ def test_an_export_is_planned_from_its_graphs(tiny_export, capsys):
         ([], {**GEMMA3_27B_IT["text_config"], "layer_types": ["sliding_attention"] * 62}, "at least one full-attention layer"),
         (["--attention", "paged"], None, "--attention paged needs --dtype fp16"),
         (["--budget-gb", "0"], None, "--budget-gb 0.0: give a positive size"),
-        ([], {"model_type": "llama", "num_hidden_layers": 2}, "model_type 'llama' is not supported"),
+        ([], {"model_type": "phi3", "num_hidden_layers": 2}, "model_type 'phi3' is not supported"),
         ([], {"model_type": "gemma3_text"}, "is not a Gemma 3 config: it has no 'num_hidden_layers'"),
         (
             [],
@@ -90,7 +90,7 @@ def test_an_export_is_planned_from_its_graphs(tiny_export, capsys):
             "rope scaling 'yarn' is not supported",
         ),
     ],
-    ids=["context", "context-0", "all-sliding", "paged-fp32", "budget", "llama", "missing-key", "yarn"],
+    ids=["context", "context-0", "all-sliding", "paged-fp32", "budget", "phi3", "missing-key", "yarn"],
 )
 def test_bad_input_is_refused_with_exit_2(gemma3_27b, capsys, args, config, message):
     if config is not None:

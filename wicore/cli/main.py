@@ -3,175 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-import time
 from pathlib import Path
 
+from wicore.cli.engine_args import add_engine_args, engine_config
+from wicore.cli.generate import add_generate
 from wicore.cli.plan import add_plan
-from wicore.cli.speculative_args import add_speculative_args, speculative_config
 from wicore.errors import RequestError, WiCoreError
-
-
-def add_generate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="print the continuation of a prompt")
-    p.add_argument(
-        "--model",
-        default="gemma3-270m",
-        help="exported model folder, or gemma3-270m / smollm2-135m-instruct (exported once, cached)",
-    )
-    p.add_argument("--prompt", action="append", default=[], help="prompt text; repeat for a batch")
-    p.add_argument("--prompt-file", action="append", default=[], type=Path, help="read a prompt from a file ('-': stdin)")
-    p.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the chat template")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument(
-        "--image",
-        action="append",
-        default=[],
-        type=Path,
-        help="an image (PNG, JPEG, WebP, GIF) before each prompt's text; repeat",
-    )
-    p.add_argument("--stats", action="store_true", help="print prefill and decode speed to stderr")
-    add_engine_args(p)
-    p.set_defaults(func=run_generate)
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Where the model runs, its KV tiers and the scheduler's limits: `generate` and `serve` alike."""
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--devices", default="cpu", help="where partitions run: cpu, auto, cuda:0, openvino:CPU,cpu ...")
-    p.add_argument("--vision-device", default=None, help="where the vision partition runs (default: the first partition's)")
-    p.add_argument(
-        "--block-size",
-        type=int,
-        default=None,
-        help="tokens a KV block (default 16; a paged-attention export: 64-256, as its kernels need)",
-    )
-    p.add_argument("--kv-pool-gb", type=float, default=1.0, help="tier 0 (device) KV pool")
-    p.add_argument("--host-tier-gb", type=float, default=1.0, help="tier 1 (host RAM) KV blocks")
-    p.add_argument("--nvme-tier-gb", type=float, default=0.0, help="tier 2 (NVMe file) KV blocks")
-    p.add_argument("--nvme-dir", type=Path, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-batched-tokens", type=int, default=2048, help="tokens one step may run (decodes first)")
-    p.add_argument(
-        "--prefill-with-decodes",
-        type=int,
-        default=512,
-        help="prefill tokens a step may run while requests decode (lower: steadier inter-token latency)",
-    )
-    p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens one request may prefill per step")
-    p.add_argument("--max-context", type=int, default=None, help="tokens per sequence (default: the model's)")
-    p.add_argument("--policy", choices=("a2cr", "lru"), default="a2cr")
-    p.add_argument("--a2cr-weights", default="0.4,0.3,0.3", help="A2CR weights: attention,frequency,recency")
-    p.add_argument("--a2cr-decay", type=float, default=0.05, help="A2CR history decay, per minute")
-    p.add_argument("--no-prefix-cache", action="store_true")
-    p.add_argument(
-        "--cuda-graphs",
-        nargs="?",
-        const="on",
-        default="auto",
-        choices=("auto", "on", "off"),
-        help="replay decode steps from CUDA graphs (an --attention paged export on one cuda device); auto (the "
-        "default): on there when the KV blocks are the paged attention's FlashAttention tile or a multiple of it",
-    )
-    add_speculative_args(p)
-
-
-def run_generate(args: argparse.Namespace) -> int:
-    """The prompts run together on the engine that `serve` uses (continuous batching, the KV
-    tiers, sliding-window release), each printed when all are done."""
-    from wicore.cli.models import resolve_model
-    from wicore.runtime.engine import Engine
-    from wicore.runtime.providers import onnxruntime
-    from wicore.runtime.sampler import SamplingParams
-
-    texts = args.prompt + [sys.stdin.read() if str(f) == "-" else read_text(f) for f in args.prompt_file]
-    if not texts:
-        raise RequestError("give at least one --prompt or --prompt-file")
-    onnxruntime()  # fail early, with the extras to install, before any export
-    args.max_num_seqs = min(args.max_num_seqs, len(texts))  # the sliding layers' pool is sized for these
-    params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
-    )
-    with Engine(engine_config(args, resolve_model(args.model, args.devices))) as engine:
-        tok = engine.tokenizer
-        images = [load_image_file(engine, path) for path in args.image]
-        if args.chat:
-            images_first = [{"type": "image"}] * len(images)
-            turns = [[*images_first, {"type": "text", "text": t}] if images else t for t in texts]
-            texts = [tok.apply_chat_template([{"role": "user", "content": turn}]) for turn in turns]
-        elif images:  # as /v1/inference: the images in front of the text
-            texts = [tok.id_to_token(engine.vision.config.boi_token_id) * len(images) + t for t in texts]
-        texts = [engine.expand_images(t) for t in texts] if images else texts
-        prompts = [tok.encode(t, add_bos=False if args.chat else None) for t in texts]
-        request_ids = [engine.add_request(p, params, images=images) for p in prompts]
-        start = time.perf_counter()
-        engine.start()
-        results = asyncio.run(collect(engine, request_ids))
-    failed = 0
-    for i, (tokens, _, end) in enumerate(results):
-        if len(prompts) > 1:
-            print(f"--- [{i}] ({end.finish_reason})")
-        print(tok.decode(tokens))
-        if end.finish_reason == "error":
-            print(f"error: {end.error}", file=sys.stderr)
-            failed += 1
-    if args.stats:
-        print_generate_stats(sum(map(len, prompts)), results, start)
-    return 1 if failed else 0
-
-
-def load_image_file(engine, path: Path):  # -> ImageInput
-    from wicore.runtime.image_loader import load_image
-    from wicore.runtime.vision import NO_VISION
-
-    if engine.vision is None:
-        raise RequestError(f"--image {path}: {NO_VISION}")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise RequestError(f"--image {path}: {exc.strerror}") from exc
-    try:
-        return load_image(data, engine.vision.config.preprocessing)
-    except RequestError as exc:
-        raise RequestError(f"--image {path}: {exc}") from exc
-
-
-async def collect(engine, request_ids: list[str]) -> list[tuple[list[int], list[float], object]]:
-    """(token ids, the time each arrived, the final output) of every request, streamed concurrently."""
-
-    async def one(request_id: str) -> tuple[list[int], list[float], object]:
-        tokens, times, end = [], [], None
-        async for out in engine.stream(request_id):
-            tokens += out.new_token_ids
-            times += [time.perf_counter()] * len(out.new_token_ids)
-            end = out
-        return tokens, times, end
-
-    return list(await asyncio.gather(*(one(r) for r in request_ids)))
-
-
-def print_generate_stats(num_prompt_tokens: int, results: list, start: float) -> None:
-    """Prefill: until the last request's first token; decode: every later token, over the span
-    from the first first token to the last token."""
-    firsts = [times[0] for _, times, _ in results if times]
-    lasts = [times[-1] for _, times, _ in results if times]
-    if not firsts:
-        print(f"prompt {num_prompt_tokens} tok; no token generated", file=sys.stderr)
-        return
-    prefill = max(firsts) - start
-    decoded = sum(max(len(times) - 1, 0) for _, times, _ in results)
-    span = max(lasts) - min(firsts)
-    print(
-        f"prompt {num_prompt_tokens} tok in {prefill:.2f}s ({num_prompt_tokens / max(prefill, 1e-9):.1f} tok/s); "
-        f"generated {decoded + len(firsts)} tok, decode {decoded / max(span, 1e-9):.1f} tok/s "
-        f"({len(results)} stream{'s' if len(results) > 1 else ''})",
-        file=sys.stderr,
-    )
 
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
@@ -242,42 +80,6 @@ def apply_config_file(args: argparse.Namespace) -> None:
         if name in ("nvme_dir", "api_key_file", "model") and value is not None:
             value = Path(value) if name != "model" else str(value)
         setattr(args, name, value)
-
-
-def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
-    from wicore.hmt.policy import A2CRConfig
-    from wicore.runtime.engine import EngineConfig
-    from wicore.runtime.scheduler import SchedulerConfig
-
-    try:
-        weights = [float(w) for w in str(args.a2cr_weights).split(",")]
-        if len(weights) != 3:
-            raise ValueError(f"--a2cr-weights {args.a2cr_weights!r}: give three numbers, attention,frequency,recency")
-        return EngineConfig(
-            model_dir=model_dir,
-            num_threads=args.threads,
-            block_size=args.block_size,
-            kv_pool_gb=args.kv_pool_gb,
-            host_tier_gb=args.host_tier_gb,
-            nvme_tier_gb=args.nvme_tier_gb,
-            nvme_dir=args.nvme_dir,
-            policy=args.policy,
-            enable_prefix_cache=not args.no_prefix_cache,
-            devices=args.devices,
-            vision_device=args.vision_device,
-            cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
-            a2cr=A2CRConfig(*weights, decay=args.a2cr_decay),
-            speculative=speculative_config(args),
-            scheduler=SchedulerConfig(
-                max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_batched_tokens,
-                prefill_chunk=args.prefill_chunk,
-                prefill_with_decodes=args.prefill_with_decodes,
-                **({"max_context": args.max_context} if args.max_context else {}),
-            ),
-        )
-    except (ValueError, TypeError) as exc:
-        raise RequestError(str(exc)) from exc
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -377,13 +179,6 @@ def check_port_free(host: str, port: int) -> None:
             sock.bind(address)
         except OSError as exc:
             raise RequestError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-
-
-def read_text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError as exc:
-        raise RequestError(f"cannot read prompt file {path}: {exc.strerror}") from exc
 
 
 def add_pull(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,93 @@
+"""The engine flags `generate` and `serve` share, and the EngineConfig they make."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from wicore.cli.speculative_args import add_speculative_args, speculative_config
+from wicore.errors import RequestError
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Where the model runs, its KV tiers and the scheduler's limits: `generate` and `serve` alike."""
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--devices", default="cpu", help="where partitions run: cpu, auto, cuda:0, openvino:CPU,cpu ...")
+    p.add_argument("--vision-device", default=None, help="where the vision partition runs (default: the first partition's)")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="tokens a KV block (default 16; a paged-attention export: 64-256, as its kernels need)",
+    )
+    p.add_argument("--kv-pool-gb", type=float, default=1.0, help="tier 0 (device) KV pool")
+    p.add_argument("--host-tier-gb", type=float, default=1.0, help="tier 1 (host RAM) KV blocks")
+    p.add_argument("--nvme-tier-gb", type=float, default=0.0, help="tier 2 (NVMe file) KV blocks")
+    p.add_argument("--nvme-dir", type=Path, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-batched-tokens", type=int, default=2048, help="tokens one step may run (decodes first)")
+    p.add_argument(
+        "--prefill-with-decodes",
+        type=int,
+        default=512,
+        help="prefill tokens a step may run while requests decode (lower: steadier inter-token latency)",
+    )
+    p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens one request may prefill per step")
+    p.add_argument("--max-context", type=int, default=None, help="tokens per sequence (default: the model's)")
+    p.add_argument("--policy", choices=("a2cr", "lru"), default="a2cr")
+    p.add_argument("--a2cr-weights", default="0.4,0.3,0.3", help="A2CR weights: attention,frequency,recency")
+    p.add_argument("--a2cr-decay", type=float, default=0.05, help="A2CR history decay, per minute")
+    p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument(
+        "--cuda-graphs",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="replay decode steps from CUDA graphs (an --attention paged export on one cuda device); auto (the "
+        "default): on there when the KV blocks are the paged attention's FlashAttention tile or a multiple of it",
+    )
+    add_speculative_args(p)
+
+
+def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
+    from wicore.hmt.policy import A2CRConfig
+    from wicore.runtime.engine import EngineConfig
+    from wicore.runtime.scheduler import SchedulerConfig
+
+    try:
+        weights = [float(w) for w in str(args.a2cr_weights).split(",")]
+        if len(weights) != 3:
+            raise ValueError(f"--a2cr-weights {args.a2cr_weights!r}: give three numbers, attention,frequency,recency")
+        return EngineConfig(
+            model_dir=model_dir,
+            num_threads=args.threads,
+            block_size=args.block_size,
+            kv_pool_gb=args.kv_pool_gb,
+            host_tier_gb=args.host_tier_gb,
+            nvme_tier_gb=args.nvme_tier_gb,
+            nvme_dir=args.nvme_dir,
+            policy=args.policy,
+            enable_prefix_cache=not args.no_prefix_cache,
+            devices=args.devices,
+            vision_device=args.vision_device,
+            cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
+            a2cr=A2CRConfig(*weights, decay=args.a2cr_decay),
+            speculative=speculative_config(args),
+            scheduler=SchedulerConfig(
+                max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_batched_tokens,
+                prefill_chunk=args.prefill_chunk,
+                prefill_with_decodes=args.prefill_with_decodes,
+                **({"max_context": args.max_context} if args.max_context else {}),
+            ),
+        )
+    except (ValueError, TypeError) as exc:
+        raise RequestError(str(exc)) from exc
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise RequestError(f"cannot read prompt file {path}: {exc.strerror}") from exc
