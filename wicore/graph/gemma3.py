@@ -39,7 +39,7 @@ from onnx import TensorProto
 
 from wicore.errors import UnsupportedModelError
 from wicore.graph import invariant_attention, io, sampling
-from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, block_mass, gelu_tanh, place_images, rms_norm_f32, silu
+from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, block_mass, gelu_tanh, place_images, rms_norm_f32, rotary, silu
 from wicore.graph.paged_attention import paged_attention
 from wicore.graph.partition import PartitionSpec
 from wicore.graph.quant import QuantLinear
@@ -212,23 +212,9 @@ class Gemma3Builder:
         return x if self.dtype == "fp32" else g.op("Cast", [x], f"{name}/Cast_out", to=TensorProto.FLOAT)
 
     def rope(self, g: Graph, x: str, shared: SharedValues, is_sliding: bool, heads: int, name: str) -> str:
-        """Rotate-half RoPE on [b, s, heads, head_dim]: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)."""
+        """Rotate-half RoPE on [b, s, heads, head_dim] at the rows' positions (graph/ops.py rotary)."""
         cos, sin = shared.cos_sin[is_sliding]
-        if self.contrib:  # one kernel; its 4-D layout is [b, heads, s, hd], so it gets [b, s, heads * hd]
-            flat = g.op("Reshape", [x, g.const([0, 0, -1])], f"{name}/flat")
-            y = g.op(
-                "RotaryEmbedding",
-                [flat, shared.token_index, cos, sin],
-                f"{name}/RotaryEmbedding",
-                domain=MS_DOMAIN,
-                num_heads=heads,
-            )
-            return g.op("Reshape", [y, g.const([0, 0, heads, self.cfg.head_dim])], f"{name}/heads")
-        half = self.cfg.head_dim // 2
-        x1, x2 = g.op_multi("Split", [x, g.const([half, half])], f"{name}/Split", 2, axis=-1)
-        a = g.op("Sub", [g.op("Mul", [x1, cos], f"{name}/x1cos"), g.op("Mul", [x2, sin], f"{name}/x2sin")], f"{name}/out1")
-        b = g.op("Add", [g.op("Mul", [x2, cos], f"{name}/x2cos"), g.op("Mul", [x1, sin], f"{name}/x1sin")], f"{name}/out2")
-        return g.op("Concat", [a, b], f"{name}/Concat", axis=-1)
+        return rotary(g, x, cos, sin, shared.token_index, heads, self.cfg.head_dim, self.contrib, name)
 
     def packed_rows(
         self,

@@ -189,3 +189,18 @@ def block_mass(g: Graph, probs: str, block_shape: str, name: str) -> str:
     per_key = g.op("ReduceSum", [probs, g.const([1, 2])], f"{name}/keys", keepdims=0)  # [b, total]
     per_slot = g.op("Reshape", [per_key, block_shape], f"{name}/blocks")
     return g.op("ReduceSum", [per_slot, g.const([2])], f"{name}/ReduceSum", keepdims=0)
+
+
+def rotary(g: Graph, x: str, cos: str, sin: str, token_index: str, heads: int, head_dim: int, contrib: bool, name: str) -> str:
+    """Rotate-half RoPE on [b, s, heads, head_dim]: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). `contrib`:
+    one com.microsoft.RotaryEmbedding kernel (its 4-D layout is [b, heads, s, hd], so it gets
+    [b, s, heads * hd] and the positions as `token_index`); else standard ops on cos / sin rows."""
+    if contrib:
+        flat = g.op("Reshape", [x, g.const([0, 0, -1])], f"{name}/flat")
+        y = g.op("RotaryEmbedding", [flat, token_index, cos, sin], f"{name}/RotaryEmbedding", domain=MS_DOMAIN, num_heads=heads)
+        return g.op("Reshape", [y, g.const([0, 0, heads, head_dim])], f"{name}/heads")
+    half = head_dim // 2
+    x1, x2 = g.op_multi("Split", [x, g.const([half, half])], f"{name}/Split", 2, axis=-1)
+    a = g.op("Sub", [g.op("Mul", [x1, cos], f"{name}/x1cos"), g.op("Mul", [x2, sin], f"{name}/x2sin")], f"{name}/out1")
+    b = g.op("Add", [g.op("Mul", [x2, cos], f"{name}/x2cos"), g.op("Mul", [x1, sin], f"{name}/x1sin")], f"{name}/out2")
+    return g.op("Concat", [a, b], f"{name}/Concat", axis=-1)

@@ -1,0 +1,34 @@
+"""What one `wicore serve` allows: keys, rate limits, body limits, CORS, hosts, images, the page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from wicore.api.images import ImageSettings
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str = "gemma3-270m"
+    api_keys: tuple[str, ...] = ()
+    rate_limit_rpm: float = 0.0  # requests per minute per key; 0 = no limit
+    rate_limit_burst: int | None = None
+    max_body_bytes: int | None = None  # None: `body_limit`'s default
+    cors_origins: tuple[str, ...] = ()
+    # Host header names accepted (any port); empty: any. Set when serving without a key on a
+    # loopback address, so a web page cannot reach the server by DNS rebinding.
+    allowed_hosts: tuple[str, ...] = ()
+    failed_auth_per_minute: float = 30.0  # wrong or missing keys one client address may send
+    body_timeout_seconds: float = 30.0  # the whole request body must arrive within this (slow-drip uploads)
+    images: ImageSettings = field(default_factory=ImageSettings)  # limits of image inputs (wicore.api.images)
+    web: bool = True  # the page at / (wicore.api.web); /v1/ws stays either way
+
+    def __post_init__(self) -> None:
+        if self.rate_limit_rpm < 0 or (self.max_body_bytes is not None and self.max_body_bytes < 1):
+            raise ValueError("rate_limit_rpm must be >= 0 and max_body_bytes >= 1")
+
+    def body_limit(self, takes_images: bool, max_tokens: int) -> int:
+        """--max-body-bytes, or by default room for a prompt of `max_tokens` tokens at 16 bytes each
+        (a token id and its comma; a token's text, JSON-escaped, is ~4-9) and at least 1 MiB, or
+        32 MiB for a model that takes images (base64 in the body)."""
+        return self.max_body_bytes or max((32 if takes_images else 1) << 20, 16 * max_tokens)
