@@ -27,10 +27,8 @@ import threading
 import time
 import traceback
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
 
 from wicore.errors import ContextLengthError, OverloadedError, RequestError
 from wicore.graph.manifest import Manifest
@@ -46,7 +44,7 @@ from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
 from wicore.runtime.kv_layout import KVLayout, build_kv_cache, choose_block_size, plan_tiers, pool_gb_flag
 from wicore.runtime.placement import plan_placement
 from wicore.runtime.rate import RateMeter
-from wicore.runtime.request import Priority, Request, RequestOutput
+from wicore.runtime.request import Completion, Priority, Request, RequestOutput
 from wicore.runtime.runner import ModelRunner
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import Scheduler
@@ -54,17 +52,6 @@ from wicore.runtime.speculative_setup import build_speculator
 from wicore.runtime.step import RunResult, SchedulerOutput
 from wicore.runtime.tokenizer import Tokenizer
 from wicore.runtime.vision import NO_VISION, VisionEncoder
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One request run to its end by `Engine.generate`."""
-
-    token_ids: list[int]
-    finish_reason: str | None
-    num_prompt_tokens: int
-    error: str | None = None
-    prompt_logits: np.ndarray | None = None  # [num_prompt_tokens, vocab], when asked for
 
 
 class Engine:

@@ -109,3 +109,14 @@ class RequestOutput:
     error: str | None = None
     logprobs: list[Logprobs] | None = None
     prompt_logits: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One request run to its end by `Engine.generate`."""
+
+    token_ids: list[int]
+    finish_reason: str | None
+    num_prompt_tokens: int
+    error: str | None = None
+    prompt_logits: np.ndarray | None = None  # [num_prompt_tokens, vocab], when asked for
