@@ -257,13 +257,9 @@ class Scheduler:
         if not self.kv.prefix_cache_enabled or req.params.prompt_logits or req.image_spans:
             return False
         for r in self.running:
-            end = min(len(r.prompt_ids), len(req.token_ids)) // bs * bs
-            if r.num_computed >= end or r.image_spans or r.token_ids[:bs] != req.token_ids[:bs]:
-                continue
-            a, b = np.asarray(r.token_ids[:end]), np.asarray(req.token_ids[:end])
-            differ = np.flatnonzero(a != b)
-            shared = (int(differ[0]) if differ.size else end) // bs * bs
-            if r.num_computed < shared:
+            boundary = (r.num_computed // bs + 1) * bs  # the end of the next full block `r` computes
+            within = boundary <= min(len(r.prompt_ids), len(req.token_ids)) and not r.image_spans
+            if within and r.token_ids[:boundary] == req.token_ids[:boundary]:
                 return True
         return False
 
