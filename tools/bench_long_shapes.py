@@ -32,7 +32,6 @@ first, as for WiCore). Where it runs out of memory the record says so.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import statistics
 import sys
@@ -43,7 +42,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
-from bench_shapes import SHAPES, VARIANTS, export, hf_config
+from bench_shapes import SHAPES, VARIANTS, export, first_layers, hf_config
 from benchlib import int_list, write_record
 
 from wicore.graph.manifest import Manifest
@@ -86,19 +85,10 @@ def make_checkpoints(config: Config) -> dict[str, Path]:
         torch.set_default_dtype(torch.float32)
         model.save_pretrained(full)
         del model
-    folders = {}
-    for name, (sliding, global_) in MODELS.items():
-        folder = config.work / f"{config.shape}-hf-{name}"
-        folder.mkdir(parents=True, exist_ok=True)
-        cfg = json.loads((full / "config.json").read_text())
-        types = ["sliding_attention"] * sliding + ["full_attention"] * global_
-        cfg.update(num_hidden_layers=len(types), layer_types=types)
-        (folder / "config.json").write_text(json.dumps(cfg))
-        for f in full.glob("*.safetensors*"):
-            if not (folder / f.name).exists():
-                (folder / f.name).symlink_to(f)
-        folders[name] = folder
-    return folders
+    return {
+        name: first_layers(full, config.work / f"{config.shape}-hf-{name}", ["sliding_attention"] * s + ["full_attention"] * f)
+        for name, (s, f) in MODELS.items()
+    }
 
 
 class DeviceMemory:
@@ -146,7 +136,7 @@ def wicore_long(model_dir: Path, context: int, config: Config) -> dict[str, floa
         memory.sample()
         rng = np.random.default_rng(context)
         vocab = engine.manifest.config.vocab_size
-        run_request(engine, rng.integers(1000, vocab, 2 * chunk).tolist(), 4, memory)  # warm-up
+        run_request(engine, rng.integers(1000, vocab, min(2 * chunk, context)).tolist(), 4, memory)  # warm-up
         prefill, decode = run_request(engine, rng.integers(1000, vocab, context).tolist(), config.decode_steps + 1, memory)
         captured = bool(engine.config.cuda_graphs)
     return {

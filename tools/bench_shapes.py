@@ -125,19 +125,24 @@ def make_checkpoints(config: Config) -> dict[int, Path]:
         torch.cuda.empty_cache()
     folders = {}
     for n in config.layers:
-        folder = config.work / f"{config.shape}-hf-{n}"
-        folder.mkdir(parents=True, exist_ok=True)
-        cfg = json.loads((full / "config.json").read_text())
-        types = cfg["layer_types"][:n]
+        types = json.loads((full / "config.json").read_text())["layer_types"][:n]
         if "full_attention" not in types:  # the engine needs one; the fit needs the same mix at every depth
             types[-1] = "full_attention"
-        cfg.update(num_hidden_layers=n, layer_types=types)
-        (folder / "config.json").write_text(json.dumps(cfg))
-        for f in full.glob("*.safetensors*"):
-            if not (folder / f.name).exists():
-                (folder / f.name).symlink_to(f)
-        folders[n] = folder
+        folders[n] = first_layers(full, config.work / f"{config.shape}-hf-{n}", types)
     return folders
+
+
+def first_layers(full: Path, folder: Path, layer_types: list[str]) -> Path:
+    """`folder`: the checkpoint in `full` cut to its first len(layer_types) layers, of those types
+    (its config; the weight files linked, not copied)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((full / "config.json").read_text())
+    cfg.update(num_hidden_layers=len(layer_types), layer_types=layer_types)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for f in full.glob("*.safetensors*"):
+        if not (folder / f.name).exists():
+            (folder / f.name).symlink_to(f)
+    return folder
 
 
 def export(folder: Path, variant: str, out: Path) -> Path:
