@@ -19,11 +19,10 @@ from wicore.errors import WiCoreError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph import io
-from wicore.graph.gemma3 import Gemma3Builder
 from wicore.graph.manifest import Manifest
 from wicore.graph.ops import DataFile, Graph
-from wicore.graph.paged_attention import flash_page_size
-from wicore.graph.shared_values import shared_values
+from wicore.graph.paged_attention import flash_page_size, paged_values
+from wicore.model.config import Gemma3Config
 from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
 from wicore.runtime.kv_layout import choose_block_size, default_block_size
@@ -49,31 +48,35 @@ def test_every_layer_is_one_paged_attention_node_over_its_own_buffers(paged_expo
     seen = []
     for record in manifest.partitions:
         graph = onnx.load(paged_export / record.file, load_external_data=False).graph
+        initializers = {t.name: t for t in graph.initializer}
         nodes = [n for n in graph.node if n.op_type == "PagedAttention"]
         assert all(n.domain == "com.microsoft" for n in nodes)
         for node in nodes:
             layer = int(node.name.split("layers.")[1].split("/")[0])
+            kind = "sliding" if cfg.is_sliding(layer) else "global"
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             assert attrs == {
                 "num_heads": cfg.num_heads,
                 "kv_num_heads": cfg.num_kv_heads,
-                "scale": 1.0,
+                "scale": 1.0,  # Gemma's scale is in the q-norm weight
                 "local_window_size": WINDOW if cfg.is_sliding(layer) else -1,
+                "do_rotary": 1,
+                "qk_norm_epsilon": pytest.approx(cfg.rms_norm_eps),
             }
+            # q, k and v packed as the projection gives them; the op norms and rotates q and k
+            assert node.input[0].endswith("/qkv_packed/output_0") and node.input[1:3] == ["", ""]
             assert node.input[3:5] == [io.key_cache(layer), io.value_cache(layer)]
+            assert node.input[8:10] == [f"/model/paged/{kind}/rope.cos_cache", f"/model/paged/{kind}/rope.sin_cache"]
+            assert [initializers[name].dims for name in node.input[12:14]] == [[cfg.head_dim]] * 2
+            # every layer counts positions from the sequence's start: the same past lengths and bounds
+            assert (node.input[6], node.input[16]) == (io.PAST_SEQLENS, io.ATTENTION_BOUNDS)
+            assert node.input[7] == f"/model/paged/{kind}/tables/output_0"
             assert node.output[1:] == [io.key_cache_out(layer), io.value_cache_out(layer)]
             seen.append(layer)
         inputs = set(record.inputs)
         assert io.CUMULATIVE_SEQLENS in inputs
-        assert not inputs & {io.CONTEXT_LENS, io.WINDOW_FIRST_BLOCK}
-        for node in nodes:  # each layer kind reads its own group's table, past lengths and bounds
-            names = (
-                (io.WINDOW_PAST_SEQLENS, io.WINDOW_ATTENTION_BOUNDS)
-                if "sliding" in node.input[7]
-                else (io.PAST_SEQLENS, io.ATTENTION_BOUNDS)
-            )
-            assert (node.input[6], node.input[16]) == names
-        assert not [n for n in graph.node if n.op_type in ("ScatterND", "Softmax")]  # the op does both
+        assert not inputs & {io.CONTEXT_LENS, io.WINDOW_FIRST_BLOCK, io.WINDOW_ATTENTION_BOUNDS}
+        assert not [n for n in graph.node if n.op_type in ("ScatterND", "Softmax", "RotaryEmbedding")]  # the op does them
     assert sorted(seen) == list(range(cfg.num_layers))
     head = (io.TOP_PROBS, io.TOP_IDS, io.SAMPLED_TOKENS)  # the sampling head: on by default with the paged attention
     assert manifest.partitions[-1].outputs[-5:] == (io.LOGITS, io.GREEDY_TOKENS, *head)
@@ -86,51 +89,76 @@ def test_a_layer_is_a_handful_of_fused_kernels_in_float16(paged_export):
     graph = onnx.load(paged_export / record.file, load_external_data=False).graph
     layer = Counter(n.op_type for n in graph.node if n.name.startswith("/model/layers.0/"))
     assert layer == {
-        "SimplifiedLayerNormalization": 6,  # 4 around the residual, q and k norms
+        "SimplifiedLayerNormalization": 4,  # around the residual; the q and k norms are in the op
         "MatMul": 4,
-        "Split": 2,
-        "RotaryEmbedding": 2,
+        "Split": 1,  # gate | up
         "PagedAttention": 1,
         "FastGelu": 1,
         "Mul": 1,
         "Add": 2,
-        "Reshape": 6,  # views, no kernel
+        "Reshape": 2,  # views, no kernel
     }
 
 
-def test_packed_rows_are_gemmas_norm_and_rope_at_each_tokens_position(tiny_model, tmp_path):
-    """Gemma3Builder.packed_rows (q/k norm, scale, RoPE, packing for the op) run on the CPU EP
-    against the rotate-half formula in float64, at the positions of two rows."""
-    folder, _ = tiny_model()
-    cfg = open_source(str(folder)).config
-    builder = Gemma3Builder(cfg, "fp16", attention="paged")
-    g = Graph("rows", DataFile(tmp_path / "rows.data"))
-    shared = shared_values(g, cfg, 0, cfg.num_layers, contrib=True, paged=True, rope_type=TensorProto.FLOAT16)
-    heads, hd = cfg.num_heads, cfg.head_dim
-    x = g.input("x", TensorProto.FLOAT16, ["batch", "seq", heads * hd])
-    rng = np.random.default_rng(0)
-    weight = rng.normal(size=hd).astype(np.float32)
+def test_the_op_gets_gemmas_q_k_norm_weights_and_rope_caches(paged_export, tiny_model):
+    """The q-norm weight is (1 + w) * query_pre_attn_scalar^-0.5, the k-norm's (1 + w); the RoPE
+    caches hold cos / sin of position * inv_freq for every position of the context, the sliding
+    layers' at their own theta (checked in float64 up to the last position)."""
+    _, hf = tiny_model()
+    manifest = Manifest.read(paged_export)
+    cfg = manifest.config
+    models = [onnx.load(paged_export / record.file) for record in manifest.partitions]
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in models[0].graph.initializer}  # /const/i: per graph
+    node = next(n for n in models[0].graph.node if n.op_type == "PagedAttention" and n.name.startswith("/model/layers.0/"))
+    attn = hf.model.layers[0].self_attn
+    scale = cfg.query_pre_attn_scalar**-0.5
+    np.testing.assert_allclose(values[node.input[12]], (1 + attn.q_norm.weight.detach().numpy()) * scale, rtol=1e-3)
+    np.testing.assert_allclose(values[node.input[13]], 1 + attn.k_norm.weight.detach().numpy(), rtol=1e-3)
+    half = cfg.head_dim // 2
+    positions = np.array([0, 1, 7, cfg.max_position_embeddings // 2, cfg.max_position_embeddings - 1])
+    values = {t.name: onnx.numpy_helper.to_array(t) for m in models for t in m.graph.initializer if "rope" in t.name}
+    for kind, rope in (("sliding", cfg.rope_local), ("global", cfg.rope_global)):
+        cos, sin = (values[f"/model/paged/{kind}/rope.{name}_cache"] for name in ("cos", "sin"))
+        assert cos.shape == sin.shape == (cfg.max_position_embeddings, half) and cos.dtype == np.float16
+        angle = positions[:, None] / rope.theta ** (np.arange(half) * 2 / cfg.head_dim) / rope.factor
+        np.testing.assert_allclose(cos[positions].astype(np.float64), np.cos(angle), atol=2e-3)
+        np.testing.assert_allclose(sin[positions].astype(np.float64), np.sin(angle), atol=2e-3)
+
+
+def test_the_sliding_layers_table_is_indexed_from_logical_block_zero(tmp_path):
+    """The window group's table lists a row's blocks from logical block first = (past -
+    window_past) / block_size on; the op gets it from block 0 at the full table's width, the
+    released blocks mapped to the sink (run on the CPU EP)."""
+    cfg = Gemma3Config(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
+        sliding_window=8, layer_types=("sliding_attention", "full_attention"), max_position_embeddings=64,
+    )  # fmt: skip
+    g = Graph("tables", DataFile(tmp_path / "tables.data"))
+    block = 4
+    pools = {is_sliding: io.key_cache(layer) for is_sliding, layer in ((True, 0), (False, 1))}
+    for pool in pools.values():
+        g.input(pool, TensorProto.FLOAT16, ["blocks", block, 1, 8])
+    paged = paged_values(g, cfg, pools, g.input(io.POSITIONS, TensorProto.INT64, ["batch", "seq"]))
     for is_sliding in (True, False):
-        rows = builder.packed_rows(g, x, weight, heads, shared, is_sliding, f"rows{is_sliding}", scale=0.5)
-        g.output(rows, TensorProto.FLOAT16, ["tokens", heads * hd])
+        g.output(paged.tables[is_sliding], TensorProto.INT32, ["batch", "blocks"])
     session = ort.InferenceSession(g.to_model(17).SerializeToString(), providers=["CPUExecutionProvider"])
-    positions = np.array([[5, 6, 7], [1000, 1001, 1002]], dtype=np.int64)
-    xs = rng.normal(size=(2, 3, heads * hd)).astype(np.float16)
-    feeds = {"positions": positions, "x": xs}
-    for unused in session.get_inputs():  # the paging inputs: read by PagedAttention only
+    full = np.array([[9, 8, 7, 6, 5, 4], [3, 2, 0, 0, 0, 0]], np.int64)  # row 1: 2 blocks, padded with the sink
+    window = np.array([[21, 22, 23], [11, 12, 0]], np.int64)  # row 0 from logical block 3 on, row 1 from 0
+    feeds = {
+        io.POSITIONS: np.zeros((2, 1), np.int64),
+        io.BLOCK_TABLES: full,
+        io.WINDOW_BLOCK_TABLES: window,
+        io.PAST_SEQLENS: np.array([21, 7], np.int32),
+        io.WINDOW_PAST_SEQLENS: np.array([21 - 3 * block, 7], np.int32),
+        **{pool: np.zeros((24, block, 1, 8), np.float16) for pool in pools.values()},
+    }
+    for unused in session.get_inputs():  # read by the op only
         dtype = np.int32 if unused.type == "tensor(int32)" else np.int64
         feeds.setdefault(unused.name, np.zeros([2 if isinstance(d, str) else d for d in unused.shape], dtype))
-    rows = session.run(None, feeds)
-
-    h = xs.astype(np.float64).reshape(2, 3, heads, hd)
-    normed = h / np.sqrt((h**2).mean(-1, keepdims=True) + cfg.rms_norm_eps) * (1 + weight) * 0.5
-    half = hd // 2
-    for got, rope in zip(rows, (cfg.rope_local, cfg.rope_global), strict=True):
-        angle = positions[..., None, None] / rope.theta ** (np.arange(half) * 2 / hd) / rope.factor
-        x1, x2 = normed[..., :half], normed[..., half:]
-        want = np.concatenate([x1 * np.cos(angle) - x2 * np.sin(angle), x2 * np.cos(angle) + x1 * np.sin(angle)], -1)
-        assert got.shape == (6, heads * hd)
-        np.testing.assert_allclose(got.astype(np.float64), want.reshape(6, heads * hd), atol=4e-3)
+    sliding, full_out = session.run(None, feeds)
+    sink = io.SINK_BLOCK
+    assert sliding.tolist() == [[sink, sink, sink, 21, 22, 23], [11, 12, 0, sink, sink, sink]]
+    assert full_out.tolist() == full.tolist()
 
 
 def test_a_paged_export_gets_the_blocks_its_flash_kernels_need(paged_export, tiny_export):
@@ -225,7 +253,7 @@ def test_families_without_qk_norm_scale_in_the_op(tmp_path, config_class, qkv_bi
     }
     assert ops.count("PagedAttention") == 2 and len(scales) == 1 and scales.pop() == pytest.approx(16**-0.5)
     assert ops.count("SimplifiedLayerNormalization") == 2 * 2 + 1  # the two norms of each layer and the final one
-    assert ops.count("RotaryEmbedding") == 2 * 2
+    assert ops.count("RotaryEmbedding") == 0  # the op rotates q and k itself
     biases = [n for n in graph.node if n.name.endswith("/qkv_bias")]
     assert len(biases) == (2 if qkv_bias else 0)
     consts = {i.name: i for i in graph.initializer}

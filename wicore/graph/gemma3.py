@@ -19,8 +19,8 @@ are float16. Between the residual's norms the activations are float32 in the
 portable graphs (norms, RoPE and attention in float32, a Cast around each
 MatMul) and float16 in the `paged` graphs, which run on CUDA only and are
 written in ONNX Runtime's fused kernels: each norm one SimplifiedLayerNormalization
-whose output type folds in the Cast, RoPE one RotaryEmbedding, GELU one
-FastGelu (at batch 1 a decode step is as many kernels as nodes, and the
+whose output type folds in the Cast, the q/k norms and RoPE in the paged
+attention op's own prologue, GELU one FastGelu (at batch 1 a decode step is as many kernels as nodes, and the
 27B shape's ~60 small nodes a layer cost as much as its weight reads).
 Gemma's RMSNorm scales by (1 + w): the 1 is folded into the stored weight,
 and the attention scale query_pre_attn_scalar^-0.5 into the q-norm weight.
@@ -131,7 +131,6 @@ class Gemma3Builder:
             attention_stats=self.attention_stats,
             contrib=self.contrib,
             paged=self.paged,
-            rope_type=self.act_type,
             image_spans=self.image_inputs,
         )
         pool_shapes = {
@@ -187,13 +186,17 @@ class Gemma3Builder:
         """x / sqrt(mean(x^2) + eps) * (offset + w) * scale in float32 (offset: the family's, Gemma's 1), the result of type `to`. Paged
         graphs: one SimplifiedLayerNormalization of any input type (it computes in float32); the
         others: the standard-op pattern ORT fuses into that kernel, on float32 x, then a Cast."""
-        w = (self.family.norm_offset + weight.astype(np.float64)) * scale
+        w = self.norm_weight(weight, scale)
         if self.paged:
             w = g.const(w.astype(DTYPES_BY_ONNX[to]), DTYPES_BY_ONNX[to])
             eps = self.cfg.rms_norm_eps
             return g.op("SimplifiedLayerNormalization", [x, w], name, axis=-1, epsilon=eps, stash_type=1)
         y = rms_norm_f32(g, x, w, self.cfg.rms_norm_eps, name)
         return y if to == TensorProto.FLOAT else g.op("Cast", [y], f"{name}/Cast", to=to)
+
+    def norm_weight(self, weight: np.ndarray, scale: float = 1.0) -> np.ndarray:
+        """An RMS norm's effective weight, float64: (the family's offset + w) * scale."""
+        return (self.family.norm_offset + weight.astype(np.float64)) * scale
 
     def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str) -> str:
         """x @ concat(weights)ᵀ; weights are [out, in] (HF layout), stored [in, out] in the model dtype.
@@ -216,29 +219,6 @@ class Gemma3Builder:
         cos, sin = shared.cos_sin[is_sliding]
         return rotary(g, x, cos, sin, shared.token_index, heads, self.cfg.head_dim, self.contrib, name)
 
-    def packed_rows(
-        self,
-        g: Graph,
-        x: str,
-        norm: np.ndarray | None,
-        heads: int,
-        shared: SharedValues,
-        is_sliding: bool,
-        name: str,
-        scale: float = 1.0,
-    ) -> str:
-        """Paged graphs: q or k [b, s, heads * hd] -> normed (`norm` None: not) and rotated token rows
-        [tokens, heads * hd], as the op takes them. In between the rows are [tokens, heads, 1, hd]:
-        the norm's last axis, and RotaryEmbedding's [batch, heads, seq, hd] layout with one token a
-        batch row."""
-        hd = self.cfg.head_dim
-        x = g.op("Reshape", [x, g.const([-1, heads, 1, hd])], f"{name}_heads")
-        if norm is not None:
-            x = self.rms_norm(g, x, norm, f"{name}_norm", scale=scale, to=self.act_type)
-        cos, sin = shared.cos_sin[is_sliding]
-        rope = g.op("RotaryEmbedding", [x, shared.token_index, cos, sin], f"{name}_rope/RotaryEmbedding", domain=MS_DOMAIN)
-        return g.op("Reshape", [rope, g.const([-1, heads * hd])], f"{name}_packed")
-
     def attention(self, g: Graph, layer: LayerWeights, x: str, shared: SharedValues, masses: list[str] | None) -> str:
         """Paged grouped-query attention of one layer; returns [b, s, hidden] before the post-norm.
         With `masses`, a full-attention layer appends its attention mass per block [b, max_blocks]."""
@@ -255,16 +235,15 @@ class Gemma3Builder:
             bias_type = DTYPES_BY_ONNX[self.act_type]
             bias = g.const(np.concatenate(biases).astype(bias_type), bias_type)
             qkv = g.op("Add", [qkv, bias], f"{p}/qkv_bias")
-        q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
         scale = cfg.query_pre_attn_scalar**-0.5
-        if shared.paged is not None:  # one op writes the new K/V and reads the blocks in place
-            qk_norm = self.family.qk_norm  # Gemma's attention scale is folded into the q-norm; else the op scales
-            q = self.packed_rows(g, q, layer["self_attn.q_norm"] if qk_norm else None, nh, shared, is_sliding, f"{p}/q", scale)
-            k = self.packed_rows(g, k, layer["self_attn.k_norm"] if qk_norm else None, kvh, shared, is_sliding, f"{p}/k")
-            v = g.op("Reshape", [v, g.const([-1, kvh * hd])], f"{p}/v_packed")
-            out = paged_attention(g, cfg, i, q, k, v, shared.paged, p, scale=1.0 if qk_norm else scale)
+        if shared.paged is not None:  # one op: q/k norms, RoPE, the K/V write and the attention
+            norms = None
+            if self.family.qk_norm:  # Gemma's attention scale folded into the q-norm weight
+                norms = (self.norm_weight(layer["self_attn.q_norm"], scale), self.norm_weight(layer["self_attn.k_norm"]))
+            out = paged_attention(g, cfg, i, qkv, shared.paged, p, norms, scale=1.0 if norms else scale)
             return self.linear(g, out, [layer["self_attn.o_proj"]], f"{p}/o_proj")
 
+        q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
         q = g.op("Reshape", [q, g.const([0, 0, nh, hd])], f"{p}/q_heads")
         k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])], f"{p}/k_heads")
         v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])], f"{p}/v_heads")

@@ -6,7 +6,7 @@ Where the portable attention gathers every block of a row, casts it to float32 a
 are, GQA and the sliding window included, in one kernel (flash-decoding style for decode rows,
 FlashAttention or a memory-efficient kernel for prefill chunks).
 
-The op takes the batch's tokens packed, [tokens, heads * head_dim]. WiCore's rows are
+The op takes the batch's tokens packed, [tokens, width]. WiCore's rows are
 [batch, seq], every row `seq` tokens long (the runner batches rows of equal length), so row r
 is tokens r * seq ... r * seq + seq - 1:
 
@@ -17,27 +17,32 @@ is tokens r * seq ... r * seq + seq - 1:
     attention_bounds    [2]          int32  host memory: the longest row's new tokens and its
                                             tokens in the cache after the step (kernel choice)
 
-The sliding layers see their rows from the first block the window group still holds: their
-table is window_block_tables and their past length window_past_seqlens = start - first *
-block_size. Positions only enter the op through the causal mask and the window, both of which
-depend on differences of positions, so the shift changes nothing but what is read: at 8K
-context the op walks ~1K cached tokens of a sliding layer, not 8K of which 7K are masked.
+The op also norms q and k and rotates them (its fused prologue) before it writes K, so a layer
+hands it the projection's packed [tokens, (heads + 2 kv_heads) * hd] rows as they are: one
+kernel where a Split, two norms and two RotaryEmbedding kernels were (~10 us a layer at batch 1
+on the 27B shape). Gemma's attention scale is folded into the q-norm weight, so the op's scale
+is 1 there; families without q/k norms give the op their scale. The prologue takes a token's
+position from past_seqlens + its index in the row and looks up RoPE's cos / sin caches, one row
+per position up to the model's context, computed in float32 as transformers computes them.
 
-Gemma's q/k norms and RoPE run before the op (float16, one fused kernel each; the op's own
-q/k norm and rotary would count positions from past_seqlens, which the sliding layers' window
-shift moves), and the attention scale is already folded into the q-norm weight, so the op's
-scale is 1.
+So every layer counts positions from the start of the sequence, the sliding ones included: their
+window group holds the row's blocks from logical block `first` on (the older ones were released),
+and the graph turns that table into one indexed from logical block 0, the released blocks mapped
+to the sink block: first = (past_seqlens - window_past_seqlens) / block_size. FlashAttention's
+local window skips the tiles left of the window, so at 8K context a sliding layer still reads
+~1K cached tokens, not 8K.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from onnx import TensorProto
 
 from wicore.graph import io
 from wicore.graph.ops import MS_DOMAIN, Graph
-from wicore.model.config import Gemma3Config
+from wicore.model.config import Gemma3Config, RopeConfig
 
 
 def flash_page_size(head_dim: int) -> int:
@@ -53,64 +58,116 @@ class PagedValues:
     """The op's per-batch inputs, shared by every layer of a partition (keyed by is_sliding)."""
 
     cumulative_seqlens: str
-    past_seqlens: dict[bool, str]  # [batch] int32
-    bounds: dict[bool, str]  # [2] int32, host memory
+    past_seqlens: str  # [batch] int32
+    bounds: str  # [2] int32, host memory
     slots: dict[bool, str]  # [tokens] int32
-    tables: dict[bool, str]  # [batch, n] int32
+    tables: dict[bool, str]  # [batch, n] int32, from logical block 0
+    rope: dict[bool, tuple[str, str]]  # cos, sin [max_position_embeddings, head_dim / 2] float16
     hidden_shape: str  # [batch, seq, -1]: Reshape target of the packed output
 
 
-def paged_values(g: Graph, cfg: Gemma3Config, kinds: list[bool], positions: str) -> PagedValues:
-    """Declare the paging inputs of the paged attention and convert them to the op's int32."""
+def paged_values(g: Graph, cfg: Gemma3Config, pools: dict[bool, str], positions: str) -> PagedValues:
+    """Declare the paging inputs of the paged attention and convert them to what the op takes;
+    `pools` names one KV buffer of each kind of layer in the partition (for the block size)."""
     p = "/model/paged"
     i32, i64 = TensorProto.INT32, TensorProto.INT64
     cumulative = g.input(io.CUMULATIVE_SEQLENS, i32, ["batch_plus_1"])
-    names = {
-        False: (io.SLOT_MAPPING, io.BLOCK_TABLES, io.PAST_SEQLENS, io.ATTENTION_BOUNDS),
-        True: (io.WINDOW_SLOT_MAPPING, io.WINDOW_BLOCK_TABLES, io.WINDOW_PAST_SEQLENS, io.WINDOW_ATTENTION_BOUNDS),
-    }
-    slots, tables, past, bounds = {}, {}, {}, {}
-    for is_sliding in kinds:
-        slot_name, table_name, past_name, bounds_name = names[is_sliding]
+    past = g.input(io.PAST_SEQLENS, i32, ["batch"])
+    bounds = g.input(io.ATTENTION_BOUNDS, i32, [2])
+    full_table = g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"])  # the sliding layers' width too
+    slots, tables, rope = {}, {}, {}
+    for is_sliding, pool in pools.items():
         kind = "sliding" if is_sliding else "global"
-        past[is_sliding] = g.input(past_name, i32, ["batch"])
-        bounds[is_sliding] = g.input(bounds_name, i32, [2])
-        slot = g.input(slot_name, i64, ["batch", "seq"])
-        table = g.input(table_name, i64, ["batch", "max_window_blocks" if is_sliding else "max_blocks"])
+        slot = g.input(io.WINDOW_SLOT_MAPPING if is_sliding else io.SLOT_MAPPING, i64, ["batch", "seq"])
+        table = full_table
+        if is_sliding:
+            table = window_table_from_zero(g, pool, full_table, past, f"{p}/{kind}")
         flat = g.op("Reshape", [slot, g.const([-1])], f"{p}/{kind}/slots_flat")
         slots[is_sliding] = g.op("Cast", [flat], f"{p}/{kind}/slots", to=i32)
         tables[is_sliding] = g.op("Cast", [table], f"{p}/{kind}/tables", to=i32)
+        rope[is_sliding] = rope_caches(g, cfg, cfg.rope_local if is_sliding else cfg.rope_global, f"{p}/{kind}/rope")
     shape = g.op("Concat", [g.op("Shape", [positions], f"{p}/batch_seq"), g.const([-1])], f"{p}/hidden_shape", axis=0)
-    return PagedValues(cumulative, past, bounds, slots, tables, shape)
+    return PagedValues(cumulative, past, bounds, slots, tables, rope, shape)
+
+
+def window_table_from_zero(g: Graph, pool: str, full_table: str, past: str, name: str) -> str:
+    """The window group's table [batch, max_window_blocks], whose first entry holds logical block
+    first = (past - window_past) / block_size, as a table of the full table's width indexed from
+    logical block 0: entry j is window entry j - first, the sink block where that is out of range."""
+    i64 = TensorProto.INT64
+    window = g.input(io.WINDOW_BLOCK_TABLES, i64, ["batch", "max_window_blocks"])
+    window_past = g.input(io.WINDOW_PAST_SEQLENS, TensorProto.INT32, ["batch"])
+    block_size = g.op("Gather", [g.op("Shape", [pool], f"{name}/pool_shape"), g.const(1)], f"{name}/block_size")
+    released = g.op("Cast", [g.op("Sub", [past, window_past], f"{name}/released_tokens")], f"{name}/released_i64", to=i64)
+    first = g.op("Unsqueeze", [g.op("Div", [released, block_size], f"{name}/first"), g.const([1])], f"{name}/first_u")
+    width = g.op("Gather", [g.op("Shape", [full_table], f"{name}/full_shape"), g.const(1)], f"{name}/width")
+    held = g.op("Gather", [g.op("Shape", [window], f"{name}/window_shape"), g.const(1)], f"{name}/held")
+    logical = g.op("Range", [g.const(0), width, g.const(1)], f"{name}/logical")  # [width]
+    index = g.op("Sub", [logical, first], f"{name}/index")  # [batch, width]
+    last = g.op("Sub", [held, g.const(1)], f"{name}/last")
+    clipped = g.op("Max", [g.op("Min", [index, last], f"{name}/below_held"), g.const(0)], f"{name}/clipped")
+    inside = g.op("Equal", [index, clipped], f"{name}/inside")
+    gathered = g.op("GatherElements", [window, clipped], f"{name}/gathered", axis=1)
+    return g.op("Where", [inside, gathered, g.const(io.SINK_BLOCK)], f"{name}/from_zero")
+
+
+def rope_caches(g: Graph, cfg: Gemma3Config, rope: RopeConfig, name: str) -> tuple[str, str]:
+    """cos and sin [max_position_embeddings, head_dim / 2] in float16 of position * inv_freq,
+    computed in float32 as transformers computes them (the op's cos_cache and sin_cache)."""
+
+    def table(fn: np.ufunc) -> np.ndarray:
+        angles = np.arange(cfg.max_position_embeddings, dtype=np.float32)[:, None] * rope.inv_freq(cfg.head_dim)
+        return fn(angles).astype(np.float16)
+
+    return g.weight(f"{name}.cos_cache", lambda: table(np.cos)), g.weight(f"{name}.sin_cache", lambda: table(np.sin))
 
 
 def paged_attention(
-    g: Graph, cfg: Gemma3Config, layer: int, q: str, k: str, v: str, paged: PagedValues, name: str, scale: float = 1.0
+    g: Graph,
+    cfg: Gemma3Config,
+    layer: int,
+    qkv: str,
+    paged: PagedValues,
+    name: str,
+    norms: tuple[np.ndarray, np.ndarray] | None,
+    scale: float,
 ) -> str:
-    """Token rows q [tokens, heads * hd], k and v [tokens, kv_heads * hd] (the KV dtype, float16;
-    q and k normed and rotated) -> the attention output [b, s, heads * hd], the layer's K/V written.
-    `scale` multiplies q·k (1: Gemma's is folded into its q-norm weight)."""
+    """qkv [b, s, (heads + 2 kv_heads) * hd] (the KV dtype, float16), as the projection gives it ->
+    the attention output [b, s, heads * hd], the layer's K/V written. The op norms q and k with
+    `norms` (their float weights, the family's offset and any scale folded in; None: no q/k norm)
+    and rotates them; `scale` multiplies q·k."""
     is_sliding = cfg.is_sliding(layer)
+    rows = g.op("Reshape", [qkv, g.const([-1, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim])], f"{name}/qkv_packed")
+    weights = ["", ""]
+    if norms is not None:
+        weights = [g.const(w.astype(np.float16), np.float16) for w in norms]
+    cos, sin = paged.rope[is_sliding]
     inputs = [
-        q,
-        k,
-        v,
+        rows,
+        "",  # key and value: packed with the query
+        "",
         io.key_cache(layer),
         io.value_cache(layer),
         paged.cumulative_seqlens,
-        paged.past_seqlens[is_sliding],
+        paged.past_seqlens,
         paged.tables[is_sliding],
-        "",  # cos_cache: RoPE is applied before the op
-        "",  # sin_cache
+        cos,
+        sin,
         paged.slots[is_sliding],
-        *[""] * 5,  # head_sink, q_norm_weight, k_norm_weight, k_scale, v_scale
-        paged.bounds[is_sliding],
+        "",  # head_sink
+        *weights,  # q_norm_weight, k_norm_weight
+        "",  # k_scale
+        "",  # v_scale
+        paged.bounds,
     ]
     # A key at position j is visible to a query at position p when p - window < j <= p: `window`
     # keys, the query's own included, which is how the op counts local_window_size (it hands
     # FlashAttention window - 1 keys to the left). Measured: window - 1 here differed from HF
     # transformers from the window's first position on (max |logit diff| 0.8-1.7 on tiny models).
     window = cfg.sliding_window if is_sliding else -1
+    attrs: dict[str, object] = {"do_rotary": 1, "local_window_size": window, "scale": scale}
+    if norms is not None:
+        attrs["qk_norm_epsilon"] = cfg.rms_norm_eps
     out, _, _ = g.op_multi(
         "PagedAttention",
         inputs,
@@ -120,7 +177,6 @@ def paged_attention(
         domain=MS_DOMAIN,
         num_heads=cfg.num_heads,
         kv_num_heads=cfg.num_kv_heads,
-        scale=scale,
-        local_window_size=window,
+        **attrs,
     )
     return g.op("Reshape", [out, paged.hidden_shape], f"{name}/heads_merged")

@@ -31,8 +31,7 @@ class SharedValues:
     masks: dict[bool, str]  # additive mask [batch, 1, seq * groups, blocks * block_size]
     block_shape: str  # [0, -1, block_size]: Reshape target of [batch, total] to [batch, blocks, block_size]
     zeros_mass: str | None = None  # [batch, max_blocks] zeros: attention mass of a partition without full layers
-    token_index: str | None = None  # contrib ops: flat index of each token, RotaryEmbedding's position_ids
-    # ([batch, seq]; paged: [tokens, 1])
+    token_index: str | None = None  # contrib ops: flat index of each token [batch, seq], RotaryEmbedding's position_ids
     paged: PagedValues | None = None  # the paged attention's inputs (then no masks, tables or scatter indices)
 
 
@@ -44,7 +43,6 @@ def shared_values(
     attention_stats: bool = False,
     contrib: bool = False,
     paged: bool = False,
-    rope_type: int = TensorProto.FLOAT,
     image_spans: bool = False,
 ) -> SharedValues:
     """Inputs every partition takes and what the layers share: scatter indices, RoPE, masks.
@@ -67,15 +65,9 @@ def shared_values(
     kinds = sorted({cfg.is_sliding(i) for i in range(start, stop)})
     positions = g.input(io.POSITIONS, i64, ["batch", "seq"])
     p = "/model/shared"
-    if paged:  # the op takes the paging inputs itself: only RoPE is shared, as RotaryEmbedding's caches
-        cos_sin = {
-            k: rope_tables(g, cfg, positions, cfg.rope_local if k else cfg.rope_global, _rope_name(k), True, rope_type)
-            for k in kinds
-        }
-        token_index = _token_index(g, positions, g.const([-1, 1]))  # one token a row (Gemma3Builder.packed_rows)
-        return SharedValues(
-            positions, {}, {}, cos_sin, {}, "", token_index=token_index, paged=paged_values(g, cfg, kinds, positions)
-        )
+    if paged:  # the op takes the paging inputs itself, and applies RoPE from its own caches
+        pools = {cfg.is_sliding(i): io.key_cache(i) for i in reversed(range(start, stop))}
+        return SharedValues(positions, {}, {}, {}, {}, "", paged=paged_values(g, cfg, pools, positions))
     slots = {False: g.input(io.SLOT_MAPPING, i64, ["batch", "seq"])}
     tables = {False: g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"])}
     lens = g.input(io.CONTEXT_LENS, i64, ["batch"])
@@ -149,14 +141,14 @@ def _rope_name(is_sliding: bool) -> str:
     return f"/model/shared/rope_{'sliding' if is_sliding else 'global'}"
 
 
-def _token_index(g: Graph, positions: str, shape: str | None = None) -> str:
+def _token_index(g: Graph, positions: str) -> str:
     """The flat index of each token (RotaryEmbedding's position_ids into one-row-a-token caches),
-    in `shape`, or in the shape of `positions` [batch, seq]."""
+    in the shape of `positions` [batch, seq]."""
     p = "/model/shared"
     positions_shape = g.op("Shape", [positions], f"{p}/positions_shape")
     count = g.op("ReduceProd", [positions_shape], f"{p}/num_tokens", keepdims=0)
     flat = g.op("Range", [g.const(0), count, g.const(1)], f"{p}/token_range")
-    return g.op("Reshape", [flat, shape or positions_shape], f"{p}/token_index")
+    return g.op("Reshape", [flat, positions_shape], f"{p}/token_index")
 
 
 def rope_tables(
