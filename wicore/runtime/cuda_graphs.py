@@ -15,6 +15,10 @@ attention's host-side bounds are the largest the step can see, so the kernels ch
 stay valid as sequences grow. Every decode step runs this way: the greedy tokens come back to
 the host, the sampling head's draws when a row samples there, and the [rows, vocab] logits only
 when a row needs them (they are written into the bucket's device buffer either way). Prefill chunks and image prompts run uncaptured (graph id -1).
+
+A bucket's per-step inputs are views into one host buffer allocated with it (StepInputs): a step
+writes the batch into them and copies the whole buffer to the device in one transfer, where each
+input was its own copy (and its own padded array) before: nothing is allocated on the way.
 """
 
 from __future__ import annotations
@@ -38,11 +42,51 @@ def buckets(max_rows: int) -> list[int]:
     return out
 
 
+class StepInputs:
+    """Inputs of fixed shapes, each a typed view into one host buffer whose bytes one transfer
+    copies to a device buffer of the same layout (`sync`); `bind` binds each input to its place there."""
+
+    ALIGN = 64
+
+    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], type]], device: tuple[str, int]) -> None:
+        from wicore.runtime.providers import onnxruntime
+
+        self.offsets: dict[str, int] = {}
+        self.shapes = shapes
+        size = 0
+        for name, (shape, dtype) in shapes.items():
+            size = -(-size // self.ALIGN) * self.ALIGN
+            self.offsets[name] = size
+            size += int(np.prod(shape)) * np.dtype(dtype).itemsize
+        self.host = np.zeros(max(size, 1), np.uint8)
+        self.views = {
+            name: self.host[self.offsets[name] :].view(np.dtype(dtype))[: int(np.prod(shape))].reshape(shape)
+            for name, (shape, dtype) in shapes.items()
+        }
+        self.device = device
+        self.buffer = onnxruntime().OrtValue.ortvalue_from_shape_and_type([self.host.size], np.uint8, *device)
+
+    def put(self, name: str, array: np.ndarray, fill: float) -> None:
+        """Write `array` into the leading rows / columns of input `name`, `fill` elsewhere."""
+        view = self.views[name]
+        view.fill(fill)
+        view[tuple(slice(0, n) for n in array.shape)] = array
+
+    def sync(self) -> None:
+        self.buffer.update_inplace(self.host)
+
+    def bind(self, binding: object, names: set[str]) -> None:
+        base = self.buffer.data_ptr()
+        for name in names & self.offsets.keys():
+            shape, dtype = self.shapes[name]
+            binding.bind_input(name, *self.device, dtype, list(shape), base + self.offsets[name])  # type: ignore[attr-defined]
+
+
 @dataclass
 class _Bucket:
     rows: int
     graph_id: int
-    inputs: dict[str, object]  # name -> OrtValue (device, or host for the bounds)
+    inputs: StepInputs
     bindings: list[object]  # one IOBinding a partition, bound once
     outputs: dict[str, object]  # the last partition's: name -> OrtValue on its device (greedy, logits, draws)
 
@@ -79,13 +123,12 @@ class DecodeGraphs:
         }
         if graphs.has_sampling_head:
             shapes |= {io.SAMPLING_TEMPERATURE: ((rows,), np.float32), io.SAMPLING_UNIFORM: ((rows,), np.float32)}
-        inputs: dict[str, object] = {
-            name: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, kind, index)
-            for name, (shape, dtype) in shapes.items()
-        }
+        inputs = StepInputs(shapes, (kind, index))
+        inputs.put(io.CUMULATIVE_SEQLENS, np.arange(rows + 1, dtype=np.int32), 0)  # one token a row: fixed
+        inputs.put(io.LOGITS_INDICES, np.arange(rows, dtype=np.int64), 0)
         bounds = np.asarray([1, self.max_context], np.int32)
-        for name in _HOST:  # the largest bounds: the kernels chosen at capture hold for every replay
-            inputs[name] = ort.OrtValue.ortvalue_from_numpy(bounds.copy())
+        # the largest bounds: the kernels chosen at capture hold for every replay
+        host = {name: ort.OrtValue.ortvalue_from_numpy(bounds.copy()) for name in _HOST}
         outputs = {
             name: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, kind, index)
             for name, (shape, dtype) in self._output_shapes(rows).items()
@@ -96,8 +139,9 @@ class DecodeGraphs:
         bindings = []
         for i, (record, session) in enumerate(zip(graphs.manifest.partitions, graphs.sessions)):
             binding = session.io_binding()
-            names = graphs.input_names(i)
-            for name, value in inputs.items():
+            names = set(graphs.input_names(i))
+            inputs.bind(binding, names)
+            for name, value in host.items():
                 if name in names:
                     binding.bind_ortvalue_input(name, value)
             if i > 0:
@@ -140,8 +184,7 @@ class DecodeGraphs:
         the rows' [rows, vocab] logits, with `sampling` the sampling head's draws."""
         rows = batch.input_ids.shape[0]
         bucket = next(b for b in self._buckets if b.rows >= rows)
-        for name, array in self._padded(batch, bucket.rows, sampling).items():
-            bucket.inputs[name].update_inplace(array)  # type: ignore[attr-defined]
+        self._write(batch, bucket.inputs, sampling)
         options = self._ort.RunOptions()
         options.add_run_config_entry("gpu_graph_id", str(bucket.graph_id))
         for session, binding in zip(self.graphs.sessions, bucket.bindings):
@@ -149,37 +192,25 @@ class DecodeGraphs:
         rows_of = {name: _Rows(value, rows) for name, value in bucket.outputs.items()}
         return graph_outputs(rows_of, logits, sampling is not None, None)
 
-    def _padded(self, batch: BatchInputs, rows: int, sampling: SamplingInputs | None) -> dict[str, np.ndarray]:
-        """The batch's inputs at the bucket's shapes: extra rows decode one token at position 0 of
-        the sink block, and the tables are padded with the sink to their fixed width. Without
-        `sampling`, an export with the sampling head draws at temperature 1 (the draws go unread)."""
-        n = batch.input_ids.shape[0]
-        sink_slot = self.sink_slot
-
-        def pad(array: np.ndarray, width: int | None, fill: int) -> np.ndarray:
-            shape = (rows, *(array.shape[1:] if width is None else (width,)))
-            out = np.full(shape, fill, array.dtype)
-            out[(slice(0, n), *(slice(0, s) for s in array.shape[1:]))] = array
-            return out
-
-        sink = io.SINK_BLOCK
-        inputs = {
-            io.INPUT_IDS: pad(batch.input_ids, None, 0),
-            io.POSITIONS: pad(batch.positions, None, 0),
-            io.SLOT_MAPPING: pad(batch.slot_mapping, None, sink_slot),
-            io.BLOCK_TABLES: pad(batch.block_tables, self.max_blocks, sink),
-            io.WINDOW_SLOT_MAPPING: pad(batch.window_slot_mapping, None, sink_slot),
-            io.WINDOW_BLOCK_TABLES: pad(batch.window_block_tables, self.max_window_blocks, sink),
-            io.CUMULATIVE_SEQLENS: np.arange(rows + 1, dtype=np.int32),
-            io.PAST_SEQLENS: pad(batch.past_seqlens, None, 0),
-            io.WINDOW_PAST_SEQLENS: pad(batch.window_past_seqlens, None, 0),
-            io.LOGITS_INDICES: np.arange(rows, dtype=np.int64),
-        }
+    def _write(self, batch: BatchInputs, inputs: StepInputs, sampling: SamplingInputs | None) -> None:
+        """The batch's inputs into the bucket's, copied to the device: extra rows decode one token at
+        position 0 of the sink block, and the tables are padded with the sink to their fixed width.
+        Without `sampling`, an export with the sampling head draws at temperature 1 (the draws go
+        unread)."""
+        sink, sink_slot = io.SINK_BLOCK, self.sink_slot
+        inputs.put(io.INPUT_IDS, batch.input_ids, 0)
+        inputs.put(io.POSITIONS, batch.positions, 0)
+        inputs.put(io.SLOT_MAPPING, batch.slot_mapping, sink_slot)
+        inputs.put(io.BLOCK_TABLES, batch.block_tables, sink)
+        inputs.put(io.WINDOW_SLOT_MAPPING, batch.window_slot_mapping, sink_slot)
+        inputs.put(io.WINDOW_BLOCK_TABLES, batch.window_block_tables, sink)
+        inputs.put(io.PAST_SEQLENS, batch.past_seqlens, 0)
+        inputs.put(io.WINDOW_PAST_SEQLENS, batch.window_past_seqlens, 0)
         if self.graphs.has_sampling_head:
-            head = sampling or SamplingInputs.unused(n)
-            inputs[io.SAMPLING_TEMPERATURE] = pad(head.temperature, None, 1)
-            inputs[io.SAMPLING_UNIFORM] = pad(head.uniform, None, 0)
-        return inputs
+            head = sampling or SamplingInputs.unused(batch.input_ids.shape[0])
+            inputs.put(io.SAMPLING_TEMPERATURE, head.temperature, 1)
+            inputs.put(io.SAMPLING_UNIFORM, head.uniform, 0)
+        inputs.sync()
 
 
 @dataclass(frozen=True)
