@@ -20,9 +20,7 @@ from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
-from wicore.graph.ops import DataFile, Graph
-from wicore.graph.paged_attention import flash_page_size, paged_values
-from wicore.model.config import Gemma3Config
+from wicore.graph.paged_attention import flash_page_size
 from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
 from wicore.runtime.kv_layout import choose_block_size, default_block_size
@@ -75,7 +73,9 @@ def test_every_layer_is_one_paged_attention_node_over_its_own_buffers(paged_expo
             seen.append(layer)
         inputs = set(record.inputs)
         assert io.CUMULATIVE_SEQLENS in inputs
-        assert not inputs & {io.CONTEXT_LENS, io.WINDOW_FIRST_BLOCK, io.WINDOW_ATTENTION_BOUNDS}
+        assert (io.WINDOW_LOGICAL_TABLES in inputs) == any(cfg.is_sliding(i) for i in range(record.start, record.stop))
+        old = {io.WINDOW_BLOCK_TABLES, io.WINDOW_PAST_SEQLENS, io.WINDOW_ATTENTION_BOUNDS}  # counted from the window
+        assert not inputs & {io.CONTEXT_LENS, io.WINDOW_FIRST_BLOCK, *old}
         assert not [n for n in graph.node if n.op_type in ("ScatterND", "Softmax", "RotaryEmbedding")]  # the op does them
     assert sorted(seen) == list(range(cfg.num_layers))
     head = (io.TOP_PROBS, io.TOP_IDS, io.SAMPLED_TOKENS)  # the sampling head: on by default with the paged attention
@@ -123,42 +123,6 @@ def test_the_op_gets_gemmas_q_k_norm_weights_and_rope_caches(paged_export, tiny_
         angle = positions[:, None] / rope.theta ** (np.arange(half) * 2 / cfg.head_dim) / rope.factor
         np.testing.assert_allclose(cos[positions].astype(np.float64), np.cos(angle), atol=2e-3)
         np.testing.assert_allclose(sin[positions].astype(np.float64), np.sin(angle), atol=2e-3)
-
-
-def test_the_sliding_layers_table_is_indexed_from_logical_block_zero(tmp_path):
-    """The window group's table lists a row's blocks from logical block first = (past -
-    window_past) / block_size on; the op gets it from block 0 at the full table's width, the
-    released blocks mapped to the sink (run on the CPU EP)."""
-    cfg = Gemma3Config(
-        vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
-        sliding_window=8, layer_types=("sliding_attention", "full_attention"), max_position_embeddings=64,
-    )  # fmt: skip
-    g = Graph("tables", DataFile(tmp_path / "tables.data"))
-    block = 4
-    pools = {is_sliding: io.key_cache(layer) for is_sliding, layer in ((True, 0), (False, 1))}
-    for pool in pools.values():
-        g.input(pool, TensorProto.FLOAT16, ["blocks", block, 1, 8])
-    paged = paged_values(g, cfg, pools, g.input(io.POSITIONS, TensorProto.INT64, ["batch", "seq"]))
-    for is_sliding in (True, False):
-        g.output(paged.tables[is_sliding], TensorProto.INT32, ["batch", "blocks"])
-    session = ort.InferenceSession(g.to_model(17).SerializeToString(), providers=["CPUExecutionProvider"])
-    full = np.array([[9, 8, 7, 6, 5, 4], [3, 2, 0, 0, 0, 0]], np.int64)  # row 1: 2 blocks, padded with the sink
-    window = np.array([[21, 22, 23], [11, 12, 0]], np.int64)  # row 0 from logical block 3 on, row 1 from 0
-    feeds = {
-        io.POSITIONS: np.zeros((2, 1), np.int64),
-        io.BLOCK_TABLES: full,
-        io.WINDOW_BLOCK_TABLES: window,
-        io.PAST_SEQLENS: np.array([21, 7], np.int32),
-        io.WINDOW_PAST_SEQLENS: np.array([21 - 3 * block, 7], np.int32),
-        **{pool: np.zeros((24, block, 1, 8), np.float16) for pool in pools.values()},
-    }
-    for unused in session.get_inputs():  # read by the op only
-        dtype = np.int32 if unused.type == "tensor(int32)" else np.int64
-        feeds.setdefault(unused.name, np.zeros([2 if isinstance(d, str) else d for d in unused.shape], dtype))
-    sliding, full_out = session.run(None, feeds)
-    sink = io.SINK_BLOCK
-    assert sliding.tolist() == [[sink, sink, sink, 21, 22, 23], [11, 12, 0, sink, sink, sink]]
-    assert full_out.tolist() == full.tolist()
 
 
 def test_a_paged_export_gets_the_blocks_its_flash_kernels_need(paged_export, tiny_export):

@@ -1,6 +1,6 @@
 """build_batch's arrays for the paged attention (graph/paged_attention.py): packed row starts,
-the tokens already cached (in the window group: from the row's first window block), and the
-host-side bounds."""
+the tokens already cached (in the window group: from the row's first window block), the window
+group's blocks at their logical index, and the host-side bounds."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ def test_decode_rows_of_a_sliding_window_engine():
     assert b.window_slot_mapping.tolist() == [[10 * BS + 1], [12 * BS + 1]]
     assert b.attention_bounds.tolist() == [1, 14] and b.window_attention_bounds.tolist() == [1, 6]
     assert b.block_tables.tolist() == [[1, 2, 3, 4], [5, 6, sink, sink]]
+    # what the paged graphs' sliding layers read: the window blocks at their logical index
+    assert b.window_logical_tables.tolist() == [[sink, sink, 9, 10], [11, 12, sink, sink]]
 
 
 def test_padded_rows_reach_only_the_sink_past_their_blocks():
@@ -49,4 +51,5 @@ def test_padded_rows_reach_only_the_sink_past_their_blocks():
     sink = io.SINK_BLOCK
     assert b.block_tables.tolist() == [[3, 4, sink], [5, 6, sink]]
     assert b.window_block_tables.tolist() == [[3, 4, sink], [7, 8, sink]]
+    assert b.window_logical_tables.tolist() == [[3, 4, sink], [7, 8, sink]]
     assert b.slot_mapping[1].tolist() == [6 * BS + 2, 6 * BS + 3] + [sink * BS] * 4

@@ -4,6 +4,8 @@ to a raw address works the same way as on a CUDA device."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
@@ -26,12 +28,14 @@ def _identity_session() -> ort.InferenceSession:
 
 
 def test_inputs_are_aligned_views_of_one_buffer_that_never_overlap():
-    inputs = StepInputs(SHAPES, ("cpu", 0))
-    spans = sorted((inputs.offsets[n], inputs.offsets[n] + inputs.views[n].nbytes) for n in SHAPES)
+    shapes = {**SHAPES, "last": ((1,), np.float32)}  # the buffer ends 4 bytes past a multiple of 8
+    inputs = StepInputs(shapes, ("cpu", 0))
+    spans = sorted((inputs.offsets[n], inputs.offsets[n] + inputs.views[n].nbytes) for n in shapes)
     assert all(start % StepInputs.ALIGN == 0 for start, _ in spans)
-    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
-    assert all(inputs.views[n].base is not None and np.shares_memory(inputs.views[n], inputs.host) for n in SHAPES)
-    assert {n: (v.shape, v.dtype) for n, v in inputs.views.items()} == {n: (s, np.dtype(t)) for n, (s, t) in SHAPES.items()}
+    assert all(end <= next_start for (_, end), (next_start, _) in pairwise(spans))
+    assert spans[-1][1] == inputs.host.size
+    assert all(np.shares_memory(inputs.views[n], inputs.host) for n in shapes)
+    assert {n: (v.shape, v.dtype) for n, v in inputs.views.items()} == {n: (s, np.dtype(t)) for n, (s, t) in shapes.items()}
 
 
 def test_a_step_writes_padded_inputs_and_a_bound_session_reads_them_in_place():

@@ -49,9 +49,14 @@ context_lens and window_first_block:
     past_seqlens             [batch]      int32  the row's tokens already in the cache
     attention_bounds         [2]          int32  (host) the longest row's new tokens, and its
                                                  tokens in the cache after the step
-    window_past_seqlens      [batch]      int32  as past_seqlens, counted from the first block of
-                                                 window_block_tables (the released ones left out)
-    window_attention_bounds  [2]          int32  (host) as attention_bounds, counted the same way
+    window_logical_tables    [batch, max_blocks]  int64  the window group's blocks at their logical
+                                                 index (position // block_size), the released
+                                                 ones the sink block: the op counts every
+                                                 layer's positions from the sequence's start
+
+(Paged exports before 2026-11-25 took window_block_tables with window_past_seqlens and
+window_attention_bounds, counted from the first block the window group holds; the runtime
+still feeds them to graphs that declare them.)
 
 The block size is read from the pool's shape inside the graph, so it is chosen
 when the runtime allocates the pools, not at export time.
@@ -112,6 +117,7 @@ CUMULATIVE_SEQLENS = "cumulative_seqlens"
 PAST_SEQLENS = "past_seqlens"
 ATTENTION_BOUNDS = "attention_bounds"
 WINDOW_PAST_SEQLENS = "window_past_seqlens"
+WINDOW_LOGICAL_TABLES = "window_logical_tables"
 WINDOW_ATTENTION_BOUNDS = "window_attention_bounds"
 
 PIXEL_VALUES = "pixel_values"

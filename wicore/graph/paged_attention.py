@@ -26,11 +26,10 @@ position from past_seqlens + its index in the row and looks up RoPE's cos / sin 
 per position up to the model's context, computed in float32 as transformers computes them.
 
 So every layer counts positions from the start of the sequence, the sliding ones included: their
-window group holds the row's blocks from logical block `first` on (the older ones were released),
-and the graph turns that table into one indexed from logical block 0, the released blocks mapped
-to the sink block: first = (past_seqlens - window_past_seqlens) / block_size. FlashAttention's
-local window skips the tiles left of the window, so at 8K context a sliding layer still reads
-~1K cached tokens, not 8K.
+window group holds the row's blocks from some logical block on (the older ones were released), and
+the runtime lists them at their logical index, the released ones as the sink block
+(window_logical_tables). FlashAttention's local window skips the tiles left of the window, so at
+8K context a sliding layer still reads ~1K cached tokens, not 8K.
 """
 
 from __future__ import annotations
@@ -61,54 +60,29 @@ class PagedValues:
     past_seqlens: str  # [batch] int32
     bounds: str  # [2] int32, host memory
     slots: dict[bool, str]  # [tokens] int32
-    tables: dict[bool, str]  # [batch, n] int32, from logical block 0
+    tables: dict[bool, str]  # [batch, max_blocks] int32, from logical block 0
     rope: dict[bool, tuple[str, str]]  # cos, sin [max_position_embeddings, head_dim / 2] float16
     hidden_shape: str  # [batch, seq, -1]: Reshape target of the packed output
 
 
-def paged_values(g: Graph, cfg: Gemma3Config, pools: dict[bool, str], positions: str) -> PagedValues:
-    """Declare the paging inputs of the paged attention and convert them to what the op takes;
-    `pools` names one KV buffer of each kind of layer in the partition (for the block size)."""
+def paged_values(g: Graph, cfg: Gemma3Config, kinds: list[bool], positions: str) -> PagedValues:
+    """Declare the paging inputs of the paged attention and convert them to the op's int32."""
     p = "/model/paged"
     i32, i64 = TensorProto.INT32, TensorProto.INT64
     cumulative = g.input(io.CUMULATIVE_SEQLENS, i32, ["batch_plus_1"])
     past = g.input(io.PAST_SEQLENS, i32, ["batch"])
     bounds = g.input(io.ATTENTION_BOUNDS, i32, [2])
-    full_table = g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"])  # the sliding layers' width too
     slots, tables, rope = {}, {}, {}
-    for is_sliding, pool in pools.items():
+    for is_sliding in kinds:
         kind = "sliding" if is_sliding else "global"
         slot = g.input(io.WINDOW_SLOT_MAPPING if is_sliding else io.SLOT_MAPPING, i64, ["batch", "seq"])
-        table = full_table
-        if is_sliding:
-            table = window_table_from_zero(g, pool, full_table, past, f"{p}/{kind}")
+        table = g.input(io.WINDOW_LOGICAL_TABLES if is_sliding else io.BLOCK_TABLES, i64, ["batch", "max_blocks"])
         flat = g.op("Reshape", [slot, g.const([-1])], f"{p}/{kind}/slots_flat")
         slots[is_sliding] = g.op("Cast", [flat], f"{p}/{kind}/slots", to=i32)
         tables[is_sliding] = g.op("Cast", [table], f"{p}/{kind}/tables", to=i32)
         rope[is_sliding] = rope_caches(g, cfg, cfg.rope_local if is_sliding else cfg.rope_global, f"{p}/{kind}/rope")
     shape = g.op("Concat", [g.op("Shape", [positions], f"{p}/batch_seq"), g.const([-1])], f"{p}/hidden_shape", axis=0)
     return PagedValues(cumulative, past, bounds, slots, tables, rope, shape)
-
-
-def window_table_from_zero(g: Graph, pool: str, full_table: str, past: str, name: str) -> str:
-    """The window group's table [batch, max_window_blocks], whose first entry holds logical block
-    first = (past - window_past) / block_size, as a table of the full table's width indexed from
-    logical block 0: entry j is window entry j - first, the sink block where that is out of range."""
-    i64 = TensorProto.INT64
-    window = g.input(io.WINDOW_BLOCK_TABLES, i64, ["batch", "max_window_blocks"])
-    window_past = g.input(io.WINDOW_PAST_SEQLENS, TensorProto.INT32, ["batch"])
-    block_size = g.op("Gather", [g.op("Shape", [pool], f"{name}/pool_shape"), g.const(1)], f"{name}/block_size")
-    released = g.op("Cast", [g.op("Sub", [past, window_past], f"{name}/released_tokens")], f"{name}/released_i64", to=i64)
-    first = g.op("Unsqueeze", [g.op("Div", [released, block_size], f"{name}/first"), g.const([1])], f"{name}/first_u")
-    width = g.op("Gather", [g.op("Shape", [full_table], f"{name}/full_shape"), g.const(1)], f"{name}/width")
-    held = g.op("Gather", [g.op("Shape", [window], f"{name}/window_shape"), g.const(1)], f"{name}/held")
-    logical = g.op("Range", [g.const(0), width, g.const(1)], f"{name}/logical")  # [width]
-    index = g.op("Sub", [logical, first], f"{name}/index")  # [batch, width]
-    last = g.op("Sub", [held, g.const(1)], f"{name}/last")
-    clipped = g.op("Max", [g.op("Min", [index, last], f"{name}/below_held"), g.const(0)], f"{name}/clipped")
-    inside = g.op("Equal", [index, clipped], f"{name}/inside")
-    gathered = g.op("GatherElements", [window, clipped], f"{name}/gathered", axis=1)
-    return g.op("Where", [inside, gathered, g.const(io.SINK_BLOCK)], f"{name}/from_zero")
 
 
 def rope_caches(g: Graph, cfg: Gemma3Config, rope: RopeConfig, name: str) -> tuple[str, str]:

@@ -66,8 +66,7 @@ def shared_values(
     positions = g.input(io.POSITIONS, i64, ["batch", "seq"])
     p = "/model/shared"
     if paged:  # the op takes the paging inputs itself, and applies RoPE from its own caches
-        pools = {cfg.is_sliding(i): io.key_cache(i) for i in reversed(range(start, stop))}
-        return SharedValues(positions, {}, {}, {}, {}, "", paged=paged_values(g, cfg, pools, positions))
+        return SharedValues(positions, {}, {}, {}, {}, "", paged=paged_values(g, cfg, kinds, positions))
     slots = {False: g.input(io.SLOT_MAPPING, i64, ["batch", "seq"])}
     tables = {False: g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"])}
     lens = g.input(io.CONTEXT_LENS, i64, ["batch"])

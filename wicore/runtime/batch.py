@@ -38,6 +38,7 @@ class BatchInputs:
     attention_bounds: np.ndarray  # [2] int32
     window_past_seqlens: np.ndarray  # [batch] int32, from the row's first window block
     window_attention_bounds: np.ndarray  # [2] int32
+    window_logical_tables: np.ndarray  # [batch, max_blocks] int64, window blocks at their logical index
 
     def paging_inputs(self) -> dict[str, np.ndarray]:
         """Every array but the token ids and the logits' rows, by graph input name: each field is
@@ -81,6 +82,8 @@ def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
     slots, tables = _paging_arrays(batch, seq_len, max(*reach, *(len(r.block_table) for r in rows)), block_size)
     window_width = max(*(n - r.window_first for n, r in zip(reach, rows)), *(len(r.window_table) for r in rows))
     window_slots, window_tables = _paging_arrays(batch, seq_len, window_width, block_size)
+    logical_width = max(tables.shape[1], *(r.window_first + len(r.window_table) for r in rows))
+    logical_tables = np.full((batch, logical_width), io.SINK_BLOCK, np.int64)
     logits_indices: list[int] = []
     for r, row in enumerate(rows):
         n = len(row.token_ids)
@@ -92,6 +95,7 @@ def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
         _place(row.window_table, row.window_first, pos, window_slots[r], window_tables[r], block_size)
         lens[r] = end
         first[r] = row.window_first
+        logical_tables[r, row.window_first : row.window_first + len(row.window_table)] = row.window_table
         logits_indices.extend(range(r * seq_len + n - row.num_logits, r * seq_len + n))
     past = np.asarray([r.start for r in rows], np.int64)
     window_past = past - first * block_size
@@ -110,6 +114,7 @@ def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
         np.asarray([seq_len, past.max() + seq_len], np.int32),
         window_past.astype(np.int32),
         np.asarray([seq_len, window_past.max() + seq_len], np.int32),
+        logical_tables,
     )
 
 

@@ -59,12 +59,12 @@ class StepInputs:
             self.offsets[name] = size
             size += int(np.prod(shape)) * np.dtype(dtype).itemsize
         self.host = np.zeros(max(size, 1), np.uint8)
-        self.views = {
-            name: self.host[self.offsets[name] :].view(np.dtype(dtype))[: int(np.prod(shape))].reshape(shape)
-            for name, (shape, dtype) in shapes.items()
-        }
+        self.views = {name: self._view(self.offsets[name], shape, np.dtype(dtype)) for name, (shape, dtype) in shapes.items()}
         self.device = device
         self.buffer = onnxruntime().OrtValue.ortvalue_from_shape_and_type([self.host.size], np.uint8, *device)
+
+    def _view(self, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return self.host[offset : offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
 
     def put(self, name: str, array: np.ndarray, fill: float) -> None:
         """Write `array` into the leading rows / columns of input `name`, `fill` elsewhere."""
@@ -119,6 +119,7 @@ class DecodeGraphs:
             io.CUMULATIVE_SEQLENS: ((rows + 1,), np.int32),
             io.PAST_SEQLENS: ((rows,), np.int32),
             io.WINDOW_PAST_SEQLENS: ((rows,), np.int32),
+            io.WINDOW_LOGICAL_TABLES: ((rows, self.max_blocks), np.int64),
             io.LOGITS_INDICES: ((rows,), np.int64),
         }
         if graphs.has_sampling_head:
@@ -175,7 +176,7 @@ class DecodeGraphs:
         return (
             seq == 1
             and rows <= self._buckets[-1].rows
-            and batch.block_tables.shape[1] <= self.max_blocks
+            and max(batch.block_tables.shape[1], batch.window_logical_tables.shape[1]) <= self.max_blocks
             and batch.window_block_tables.shape[1] <= self.max_window_blocks
         )
 
@@ -206,6 +207,7 @@ class DecodeGraphs:
         inputs.put(io.WINDOW_BLOCK_TABLES, batch.window_block_tables, sink)
         inputs.put(io.PAST_SEQLENS, batch.past_seqlens, 0)
         inputs.put(io.WINDOW_PAST_SEQLENS, batch.window_past_seqlens, 0)
+        inputs.put(io.WINDOW_LOGICAL_TABLES, batch.window_logical_tables, sink)
         if self.graphs.has_sampling_head:
             head = sampling or SamplingInputs.unused(batch.input_ids.shape[0])
             inputs.put(io.SAMPLING_TEMPERATURE, head.temperature, 1)
