@@ -16,14 +16,13 @@ the engine caches and lives in the router itself (one per DeploymentHandle: per 
 from __future__ import annotations
 
 import itertools
-import logging
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from wicore.serve_ray.routing import PrefixTable, choose_replica, prefix_names
 
-log = logging.getLogger("wicore.serve_ray")
+MAX_PENDING = 10_000  # routed requests whose prefixes wait for their completion to be recorded
 
 
 def _prompt_ids(request: PendingRequest | None) -> list[int]:
@@ -63,6 +62,8 @@ class PrefixAwareRouter(RequestRouter):
         # sent it elsewhere because the chosen replica was full.
         self.table.record(names, choice.replica)
         self._names_of[pending_request.metadata.internal_request_id] = names
+        if len(self._names_of) > MAX_PENDING:  # requests cancelled before they were sent never complete
+            del self._names_of[next(iter(self._names_of))]
         preferred = by_key[choice.replica]
         return [[preferred], [r for r in candidate_replicas if r is not preferred]]
 
