@@ -34,15 +34,33 @@ def test_no_known_prefix_goes_to_the_least_loaded_replica_ties_by_name():
     assert choose_replica([], table, {"b": 0, "a": 0}, max_imbalance=8) == Choice("a", 0, "least_loaded")
 
 
-def test_the_replica_holding_the_longest_prefix_wins_while_not_overloaded():
+def test_the_least_loaded_holder_of_the_longest_prefix_wins_while_not_overloaded():
     table = PrefixTable()
     conversation = list(range(12))  # three blocks
     table.record(prefix_names(conversation[:4], BS, 8), "a")  # a ran the first block
-    table.record(prefix_names(conversation[:8], BS, 8), "b")  # b ran the first two (and took over block 0)
+    table.record(prefix_names(conversation[:8], BS, 8), "b")  # b ran the first two
     names = prefix_names(conversation, BS, 8)
     loads = {"a": 0, "b": 5, "c": 0}
     assert choose_replica(names, table, loads, max_imbalance=5) == Choice("b", 2, "prefix")
     assert choose_replica(names, table, loads, max_imbalance=4) == Choice("a", 0, "overloaded")
+    # Only the first block in the prompt: both hold it, the less loaded gets it.
+    assert choose_replica(names[:1], table, {"a": 3, "b": 2, "c": 0}, max_imbalance=4) == Choice("b", 1, "prefix")
+
+
+def test_a_shared_prefix_spreads_once_its_holder_is_busier_than_max_imbalance():
+    table = PrefixTable()
+    system = list(range(8))  # every user's prompt starts with these two blocks
+    loads = {"a": 0, "b": 0}
+    chosen = []
+    for user in range(4):  # four first turns arrive while none has finished
+        names = prefix_names(system + [100 + user] * 4, BS, 8)
+        choice = choose_replica(names, table, loads, max_imbalance=2)
+        table.record(names, choice.replica)
+        loads[choice.replica] += 1
+        chosen.append(choice)
+    assert [c.replica for c in chosen] == ["a", "a", "a", "b"]
+    assert [c.reason for c in chosen] == ["least_loaded", "prefix", "prefix", "overloaded"]
+    assert table.holders(prefix_names(system, BS, 8)[1]) == {"a", "b"}
 
 
 def test_a_holder_that_is_not_a_candidate_is_skipped_for_the_shorter_prefix_of_a_live_one():
@@ -67,9 +85,9 @@ def test_the_table_forgets_the_least_recently_used_and_dead_replicas():
     table.record([1, 2, 3], "a")
     table.record([1], "b")  # 1 is now the most recent
     table.record([4], "b")  # 2 goes
-    assert [table.holder(n) for n in (1, 2, 3, 4)] == ["b", None, "a", "b"]
+    assert [table.holders(n) for n in (1, 2, 3, 4)] == [{"a", "b"}, None, {"a"}, {"b"}]
     table.forget_replica("b")
-    assert len(table) == 1 and table.holder(3) == "a"
+    assert len(table) == 2 and table.holders(1) == {"a"} and table.holders(4) is None
 
 
 def test_choosing_among_no_replicas_is_an_error():

@@ -45,6 +45,12 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
         default="prefix",
         help="prefix: a prompt goes to the replica that ran its prefix unless it is much busier (default)",
     )
+    g.add_argument(
+        "--max-imbalance",
+        type=int,
+        default=2,
+        help="prefix routing: requests a prefix's replica may run beyond the least loaded one before that one gets it",
+    )
 
 
 def wants_cluster(args: argparse.Namespace) -> bool:
@@ -84,6 +90,7 @@ def cluster_config(args: argparse.Namespace, model_dir: Path, settings: Any, loc
             num_cpus_per_replica=cpus,
             num_gpus_per_replica=args.gpus_per_replica,
             routing=args.routing,
+            max_imbalance=args.max_imbalance,
         )
     except ValueError as exc:
         raise RequestError(str(exc)) from exc

@@ -50,7 +50,7 @@ class ClusterConfig:
     num_cpus_per_replica: float = 1.0
     num_gpus_per_replica: float = 0.0
     routing: str = "prefix"  # or "round-robin" (wicore.serve_ray.router)
-    max_imbalance: int = 8  # prefix routing yields to least-loaded past this many more requests
+    max_imbalance: int = 2  # prefix routing yields to the least loaded past this many more requests
     app_name: str = "wicore"
 
     def __post_init__(self) -> None:

@@ -38,10 +38,10 @@ def _key(replica: RunningReplica | ReplicaID) -> str:
 
 
 class PrefixAwareRouter(RequestRouter):
-    """Sends a prompt to the replica that ran its longest known prefix, unless that replica is
-    `max_imbalance` requests busier than the least loaded one (wicore.serve_ray.routing)."""
+    """Sends a prompt to the least loaded replica that ran its longest known prefix, unless that one
+    runs more than `max_imbalance` requests beyond the least loaded replica (wicore.serve_ray.routing)."""
 
-    def initialize_state(self, block_size: int = 16, max_blocks: int = 256, max_imbalance: int = 8, **_: Any) -> None:
+    def initialize_state(self, block_size: int = 16, max_blocks: int = 256, max_imbalance: int = 2, **_: Any) -> None:
         self.block_size = block_size
         self.max_blocks = max_blocks
         self.max_imbalance = max_imbalance

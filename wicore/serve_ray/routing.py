@@ -7,12 +7,14 @@ the whole prefix up to the end of its block:
     prompt ids   [ b0 | b1 | b2 | b3 | tail ]     (the tail, less than a block, is never cached)
     names        h0   h1   h2   h3                h_i = hash((h_{i-1}, ids of block i))
 
-`PrefixTable` remembers which replica last ran each name (a bounded LRU map). `choose_replica`
-walks a prompt's names while the table knows them: the replica that holds the longest known
-prefix gets the request, unless it runs `max_imbalance` more requests than the least loaded
-replica; then, and when no prefix is known, the least loaded replica gets it. This is the rule
-of SGLang's cache-aware router and Ray's PrefixCacheAffinityRouter, on token blocks instead of
-characters.
+`PrefixTable` remembers which replicas ran each name (a bounded LRU map). `choose_replica` walks
+a prompt's names while the table knows them, to the deepest name a live replica holds: the least
+loaded of its holders gets the request, unless it runs more than `max_imbalance` requests beyond
+the least loaded replica; then, and when no prefix is known, the least loaded replica gets it.
+That rule (SGLang's cache-aware router's, and Ray's PrefixCacheAffinityRouter's, on token blocks
+instead of characters) also spreads a prefix every request shares (a system prompt): while one
+replica holds it, the others are idle, and past `max_imbalance` one of them gets a request and
+holds it too; from then on the conversations' own blocks decide.
 """
 
 from __future__ import annotations
@@ -33,32 +35,36 @@ def prefix_names(prompt_ids: Sequence[int], block_size: int, max_blocks: int) ->
 
 
 class PrefixTable:
-    """Which replica last ran each prefix name; forgets the least recently used past `max_names`."""
+    """Which replicas ran each prefix name; forgets the least recently used past `max_names`."""
 
     def __init__(self, max_names: int = 200_000) -> None:
         if max_names < 1:
             raise ValueError("max_names must be >= 1")
         self.max_names = max_names
-        self._holders: OrderedDict[int, str] = OrderedDict()
+        self._holders: OrderedDict[int, set[str]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._holders)
 
-    def holder(self, name: int) -> str | None:
-        return self._holders.get(name)
+    def holders(self, name: int) -> frozenset[str] | None:
+        """The replicas known to hold the prefix `name`; None for a name never seen (or forgotten)."""
+        holders = self._holders.get(name)
+        return None if holders is None else frozenset(holders)
 
     def record(self, names: Iterable[int], replica: str) -> None:
         """`replica` now holds these prefixes (it ran, or is about to run, a prompt with them)."""
         for name in names:
-            self._holders[name] = replica
+            self._holders.setdefault(name, set()).add(replica)
             self._holders.move_to_end(name)
         while len(self._holders) > self.max_names:
             self._holders.popitem(last=False)
 
     def forget_replica(self, replica: str) -> None:
         """A replica that died holds nothing."""
-        for name in [n for n, r in self._holders.items() if r == replica]:
-            del self._holders[name]
+        for name in list(self._holders):
+            self._holders[name].discard(replica)
+            if not self._holders[name]:
+                del self._holders[name]
 
 
 @dataclass(frozen=True)
@@ -73,16 +79,22 @@ def choose_replica(names: Sequence[int], table: PrefixTable, loads: Mapping[str,
     running or queued there). Ties go to the replica whose name sorts first, so a choice is exact."""
     if not loads:
         raise ValueError("no replica to choose from")
-    least = min(loads, key=lambda r: (loads[r], r))
-    holder, matched = None, 0
+
+    def least_loaded(replicas: Iterable[str]) -> str:
+        return min(replicas, key=lambda r: (loads[r], r))
+
+    least = least_loaded(loads)
+    live: frozenset[str] = frozenset()
+    matched = 0
     for depth, name in enumerate(names, start=1):
-        replica = table.holder(name)
-        if replica is None:
+        holders = table.holders(name)
+        if holders is None:
             break  # a later block cannot be cached without this one
-        if replica in loads:
-            holder, matched = replica, depth
-    if holder is None:
+        if holders & loads.keys():
+            live, matched = holders & loads.keys(), depth
+    if not live:
         return Choice(least, 0, "least_loaded")
+    holder = least_loaded(live)
     if loads[holder] - loads[least] > max_imbalance:
         return Choice(least, 0, "overloaded")
     return Choice(holder, matched, "prefix")
