@@ -86,8 +86,9 @@ class ClusterConfig:
                 }
             }
         block_size = choose_block_size(Manifest.read(Path(self.engine.model_dir)), self.engine.block_size)
+        router_class = ROUTERS[self.routing]
         router = RequestRouterConfig(
-            request_router_class=ROUTERS[self.routing],
+            request_router_class=f"{router_class.__module__}.{router_class.__qualname__}",  # type: ignore[arg-type]  # str | Callable in Ray
             request_router_kwargs={"block_size": block_size, "max_imbalance": self.max_imbalance},
         )
         return {
@@ -103,7 +104,7 @@ class ClusterConfig:
 class Ingress:
     """WiCore's app over the engine replicas (the class Ray Serve runs as the HTTP ingress)."""
 
-    async def __init__(self, engines: DeploymentHandle, model_dir: str, settings: ServerSettings, app_name: str) -> None:
+    async def __init__(self, engines: DeploymentHandle, model_dir: str, settings: ServerSettings, app_name: str) -> None:  # type: ignore[misc]  # Ray Serve awaits an async constructor
         try:
             info = await asyncio.wait_for(engines.info.remote(), ENGINE_START_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -128,8 +129,8 @@ def load_tokenizer(model_dir: Path) -> Tokenizer | None:
 
 def application(config: ClusterConfig) -> Application:
     """The application to `serve.run` (or to return from a `serve run` config's import path)."""
-    engines = serve.deployment(EngineReplica, name="WiCoreEngine").options(**config.replica_options())
-    ingress = serve.deployment(Ingress, name="WiCoreIngress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+    engines = serve.deployment(name="WiCoreEngine")(EngineReplica).options(**config.replica_options())
+    ingress = serve.deployment(name="WiCoreIngress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)(Ingress)
     return ingress.bind(
         engines.bind(config.engine, config.app_name), str(config.engine.model_dir), config.settings, config.app_name
     )

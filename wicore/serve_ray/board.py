@@ -55,7 +55,7 @@ class StatsBoard:
 
 def stats_board(app_name: str) -> Any:
     """The application's board (an actor handle), made if nobody has yet."""
-    return StatsBoard.options(name=board_name(app_name), get_if_exists=True).remote()
+    return StatsBoard.options(name=board_name(app_name), get_if_exists=True).remote()  # type: ignore[attr-defined]  # an actor class
 
 
 def combine(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:

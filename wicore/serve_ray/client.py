@@ -19,7 +19,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ray.exceptions import RayActorError, TaskCancelledError
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
@@ -93,7 +93,7 @@ class RemoteEngine:
         if request_id in self._calls:
             raise RequestError(f"request id {request_id!r} is already in use")
         call = EngineCall(request_id, ids, params, Priority.parse(priority))
-        self._calls[request_id] = self._handle.remote(call)
+        self._calls[request_id] = cast(DeploymentResponseGenerator, self._handle.remote(call))  # stream=True
         return request_id
 
     def abort(self, request_id: str) -> None:
