@@ -135,24 +135,25 @@ def test_two_replicas_answer_as_one_server_and_both_serve(cluster: str, referenc
         assert f'wicore_replica_prompt_tokens{{replica="{r["replica"]}"}}' in metrics
 
 
+def running(url: str) -> list[int]:
+    """Requests running or waiting in each replica's engine (as of their last report, <= ~2 s old)."""
+    return [r["stats"]["running"] + r["stats"]["waiting"] for r in replicas(url)]
+
+
 def test_a_killed_replica_fails_its_requests_clearly_and_is_replaced(cluster: str, reference_texts: list[str]):
-    before = replicas(cluster)
-    assert len(before) == 2
+    wait_for(lambda: running(cluster) == [0, 0], 30)  # nothing left of the test before
 
     async def in_flight() -> tuple[list[object], int]:
         client = openai.AsyncOpenAI(base_url=f"{cluster}/v1", api_key="unused", max_retries=0, timeout=CALL_TIMEOUT_S)
-        calls = [
-            asyncio.ensure_future(ask(client, "completion", topic, stream=i % 2 == 0, max_tokens=200))
-            for i, topic in enumerate(TOPICS[:4])
-        ]
-        # Kill a replica once both run requests (their stats are at most ~1 s old).
-        victim = None
-        deadline = time.monotonic() + 30
-        while victim is None and time.monotonic() < deadline:
-            busy = [r for r in await asyncio.to_thread(replicas, cluster) if r["stats"]["running"] > 0]
-            victim = busy[0]["pid"] if len(busy) == 2 else None
-            await asyncio.sleep(0.2)
-        assert victim is not None, "the 4 requests never ran on both replicas"
+        calls = []
+        # One at a time, each once the engines report the ones before: Ray's router then sees the
+        # busier replica and sends the next to the other, so both run two (long: 200 tokens).
+        for i, topic in enumerate(TOPICS[:4]):
+            calls.append(asyncio.ensure_future(ask(client, "completion", topic, stream=i % 2 == 0, max_tokens=200)))
+            await asyncio.to_thread(wait_for, lambda n=i + 1: sum(running(cluster)) == n, 30)
+        loads = {r["pid"]: r["stats"]["running"] for r in await asyncio.to_thread(replicas, cluster)}
+        assert sorted(loads.values()) == [2, 2], loads
+        victim = min(loads)
         os.kill(victim, signal.SIGKILL)
         results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), CALL_TIMEOUT_S)
         return results, victim
@@ -161,8 +162,7 @@ def test_a_killed_replica_fails_its_requests_clearly_and_is_replaced(cluster: st
     results, victim = asyncio.run(in_flight())
     assert time.monotonic() - started < CALL_TIMEOUT_S  # no hang
     failures = [r for r in results if isinstance(r, Exception)]
-    assert failures, "no request was running on the killed replica"
-    assert len(failures) < len(results)  # those on the other replica finished
+    assert len(failures) == 2, results  # the killed replica's two; the other replica's two finished
     for failure in failures:
         assert isinstance(failure, openai.APIError), repr(failure)
         assert "engine replica running it died" in failure.message, failure.message
