@@ -75,8 +75,8 @@ class Metrics:
                 per_tier.labels(tier=tier).set(n)
         self.prefix_hit_rate.set(float(engine_stats["prefix_hit_rate"]))  # type: ignore[arg-type]
         replicas = engine_stats.get("replicas")
+        self.replicas.set(len(replicas) if isinstance(replicas, list) else 1)  # one engine: this process's
         if isinstance(replicas, list):
-            self.replicas.set(len(replicas))
             for key, gauge in self.per_replica.items():
                 gauge.clear()  # a replica that went away goes from /metrics too
                 for report in replicas:
