@@ -135,6 +135,19 @@ def test_two_replicas_answer_as_one_server_and_both_serve(cluster: str, referenc
         assert f'wicore_replica_prompt_tokens{{replica="{r["replica"]}"}}' in metrics
 
 
+def test_refusals_keep_their_openai_shape_from_the_app_and_from_a_replica(cluster: str):
+    """The ingress's own checks (an unknown model) and a replica engine's (a prompt past the
+    context) reach the client as one `wicore serve` answers them."""
+    wrong = httpx.post(f"{cluster}/v1/completions", json={"model": "other", "prompt": "Hi"}, timeout=30)
+    assert wrong.status_code == 404 and wrong.json()["error"]["code"] == "model_not_found"
+    [card] = httpx.get(f"{cluster}/v1/models", timeout=30).json()["data"]
+    too_long = {"model": MODEL, "prompt": [2] * card["max_model_len"], "max_tokens": 1}
+    refused = httpx.post(f"{cluster}/v1/completions", json=too_long, timeout=60)
+    assert refused.status_code == 400, refused.text
+    assert set(refused.json()["error"]) == {"message", "type", "param", "code"}
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+
+
 def running(url: str) -> list[int]:
     """Requests running or waiting in each replica's engine (as of their last report, <= ~2 s old)."""
     return [r["stats"]["running"] + r["stats"]["waiting"] for r in replicas(url)]

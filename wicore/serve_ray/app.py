@@ -117,7 +117,9 @@ class Ingress:
         return create_app(self.engine, self.settings)
 
     def __del__(self) -> None:
-        self.engine.stop()
+        engine = getattr(self, "engine", None)  # None when the constructor failed
+        if engine is not None:
+            engine.stop()
 
 
 def load_tokenizer(model_dir: Path) -> Tokenizer | None:
