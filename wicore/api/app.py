@@ -1,4 +1,4 @@
-"""The Starlette app: OpenAI routes in front of one running Engine.
+"""The Starlette app: OpenAI routes in front of one running engine (wicore.api.serving.ServingEngine).
 
 request ─► guard (auth, rate limit) ─► read body (size limit) ─► schemas.parse_*
         ─► images (wicore.api.images) ─► prompt ids (chat template / tokenizer)
@@ -33,11 +33,11 @@ from wicore.api.metrics import Metrics, StatusCounter
 from wicore.api.openapi import openapi_route
 from wicore.api.ratelimit import RateLimiter
 from wicore.api.schemas import Options, parse_chat, parse_completion
+from wicore.api.serving import ServingEngine
 from wicore.api.settings import ServerSettings
 from wicore.api.streaming import EventStream, Streams, chunks, event_stream, merge
 from wicore.api.web import WebPage
 from wicore.errors import WiCoreError
-from wicore.runtime.engine import Engine
 from wicore.runtime.images import ImageInput
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.vision import NO_VISION
@@ -49,7 +49,7 @@ log = logging.getLogger("wicore.api")
 
 
 class API:
-    def __init__(self, engine: Engine, settings: ServerSettings) -> None:
+    def __init__(self, engine: ServingEngine, settings: ServerSettings) -> None:
         self.engine = engine
         self.settings = settings
         self.auth = Authenticator(settings.api_keys)
@@ -366,7 +366,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return error_response(APIError(500, f"internal error (request {request_id}); see the server log", code="internal_error"))
 
 
-def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
+def create_app(engine: ServingEngine, settings: ServerSettings) -> Starlette:
     """The app for a started engine; stopping the engine stays with the caller."""
     api = API(engine, settings)
     routes = [

@@ -22,7 +22,7 @@ from typing import Any
 from wicore.api.errors import APIError
 from wicore.api.logprobs import LogprobFormatter, LogprobQueue, TokenLogprobs
 from wicore.api.schemas import Options
-from wicore.runtime.engine import Engine
+from wicore.api.serving import ServingEngine
 from wicore.runtime.images import ImageInput
 from wicore.runtime.tokenizer import IncrementalDecoder
 
@@ -83,7 +83,7 @@ _REASONS = {"stop": "stop", "length": "length", "deadline": "length", "abort": "
 
 
 async def run_choice(
-    engine: Engine, request_id: str, prompt_ids: list[int], stops: tuple[str, ...], stats: ChoiceStats
+    engine: ServingEngine, request_id: str, prompt_ids: list[int], stops: tuple[str, ...], stats: ChoiceStats
 ) -> AsyncIterator[Piece]:
     """Yield the text pieces of request `request_id` (queued in `engine`, prompt `prompt_ids`);
     the last one carries the finish reason.

@@ -2,7 +2,8 @@
 
 Request counters and latency histograms are recorded as requests end; engine gauges
 (running / waiting, KV blocks per tier, prefix hit rate) are read from engine.stats()
-when /metrics is scraped. `StatusCounter` (middleware) counts HTTP responses by route and
+when /metrics is scraped; served by several engine replicas (wicore.serve_ray), the stats also
+carry each replica's, shown as gauges with a `replica` label. `StatusCounter` (middleware) counts HTTP responses by route and
 status; /v1/ws counts each of its requests itself.
 """
 
@@ -41,6 +42,17 @@ class Metrics:
         self.spec = SpecDecodeCounters()
         r.register(self.spec)
         self.spec_rate = Gauge("wicore_spec_decode_acceptance_rate", "Accepted share of the draft tokens", registry=r)
+        self.replicas = Gauge("wicore_replicas", "Engine replicas reporting (several behind Ray Serve)", registry=r)
+        self.per_replica = {
+            key: Gauge(f"wicore_replica_{name}", text, ["replica"], registry=r)
+            for key, name, text in (
+                ("running", "requests_running", "Requests running in one replica's engine"),
+                ("waiting", "requests_waiting", "Requests waiting in one replica's engine"),
+                ("prompt_tokens", "prompt_tokens", "Prompt tokens one replica's engine admitted since it started"),
+                ("generated_tokens", "generated_tokens", "Tokens one replica's engine generated since it started"),
+                ("prefix_hit_rate", "prefix_cache_hit_rate", "Prompt tokens one replica found in its prefix cache"),
+            )
+        }
 
     def observe_request(self, route: str, status: int) -> None:
         self.requests.labels(route=route, status=str(status)).inc()
@@ -62,6 +74,13 @@ class Metrics:
             for tier, n in dict(engine_stats[key]).items():  # type: ignore[call-overload]
                 per_tier.labels(tier=tier).set(n)
         self.prefix_hit_rate.set(float(engine_stats["prefix_hit_rate"]))  # type: ignore[arg-type]
+        replicas = engine_stats.get("replicas")
+        self.replicas.set(len(replicas) if isinstance(replicas, list) else 1)  # one engine: this process's
+        if isinstance(replicas, list):
+            for key, gauge in self.per_replica.items():
+                gauge.clear()  # a replica that went away goes from /metrics too
+                for report in replicas:
+                    gauge.labels(replica=report["replica"]).set(float(report["stats"][key]))
         spec = engine_stats.get("speculative")
         if isinstance(spec, dict):
             self.spec.totals = spec

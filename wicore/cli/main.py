@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from wicore.cli.cluster import add_cluster_args, wants_cluster
 from wicore.cli.engine_args import add_engine_args, engine_config
 from wicore.cli.generate import add_generate
 from wicore.cli.plan import add_plan
@@ -49,6 +50,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--header-timeout", type=float, default=20.0, help="seconds to send a request's headers, or to idle")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request's whole body (then a 408)")
     add_engine_args(p)
+    add_cluster_args(p)
     p.set_defaults(func=run_serve, serve_parser=p)
 
 
@@ -83,24 +85,49 @@ def apply_config_file(args: argparse.Namespace) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    if args.config is not None:
+        apply_config_file(args)
+    cluster = wants_cluster(args)
+    if cluster:
+        from wicore.cli.cluster import require_ray
+
+        require_ray()  # before any export
+    else:
+        limits = connection_limits(args)
+    if not cluster or args.ray_address is None:  # on a running cluster, its head node listens
+        check_port_free(args.host, args.port)
+    model_dir, settings = prepare_serve(args)
+    if not settings.api_keys:
+        print(
+            f"wicore: warning: serving without an API key: anything that reaches {args.host}:{args.port} can use it "
+            "(set --api-key or --api-key-file)",
+            file=sys.stderr,
+        )
+    if cluster:
+        from wicore.cli.cluster import run_cluster
+
+        return run_cluster(args, model_dir, settings)
+    from wicore.api.server import serve
+
+    return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds, limits)
+
+
+def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
+    """The served model's folder (exported once if named) and the server's settings, from the flags:
+    what one `wicore serve` and a Ray Serve deployment (wicore.cli.cluster) share."""
     from wicore.cli.models import resolve_model
     from wicore.runtime.providers import onnxruntime
 
     try:
         from wicore.api.app import ServerSettings
         from wicore.api.auth import read_key_file
-        from wicore.api.connections import ConnectionLimits
         from wicore.api.images import ImageSettings
-        from wicore.api.server import serve
         from wicore.runtime.image_loader import ImageLimits
     except ImportError as exc:
         raise RequestError(
             f"the HTTP server needs {exc.name}: pip install '.[cpu]' in the WiCore checkout (starlette, hypercorn)"
         ) from exc
-    if args.config is not None:
-        apply_config_file(args)
     keys = api_keys(args, read_key_file)
-    check_port_free(args.host, args.port)
     onnxruntime()  # fail early, with the extras to install, before any export
     model_dir = resolve_model(args.model, args.devices)
     try:
@@ -121,16 +148,21 @@ def run_serve(args: argparse.Namespace) -> int:
                 fetch_timeout=args.image_url_timeout,
             ),
         )
-        limits = ConnectionLimits(args.max_connections, args.header_timeout)
     except ValueError as exc:
         raise RequestError(str(exc)) from exc
-    if not keys:
-        print(
-            f"wicore: warning: serving without an API key: anything that reaches {args.host}:{args.port} can use it "
-            "(set --api-key or --api-key-file)",
-            file=sys.stderr,
-        )
-    return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds, limits)
+    return model_dir, settings
+
+
+def connection_limits(args: argparse.Namespace):  # -> ConnectionLimits
+    try:
+        from wicore.api.connections import ConnectionLimits
+    except ImportError as exc:
+        raise RequestError(f"the HTTP server needs {exc.name}: pip install '.[cpu]' in the WiCore checkout") from exc
+
+    try:
+        return ConnectionLimits(args.max_connections, args.header_timeout)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from exc
 
 
 def local_host_names(host: str) -> tuple[str, ...]:

@@ -1,0 +1,60 @@
+"""What the app needs of an engine: the seam between the HTTP API and whatever runs requests.
+
+`wicore serve` gives the app a `wicore.runtime.Engine`; `wicore serve --replicas N` gives it a
+client of engine replicas on a Ray cluster (wicore.serve_ray.client). The app only ever calls
+what is here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from wicore.runtime.images import ImageInput
+    from wicore.runtime.request import Priority, RequestOutput
+    from wicore.runtime.sampler import SamplingParams
+    from wicore.runtime.tokenizer import Tokenizer
+    from wicore.runtime.vision import VisionEncoder
+
+
+class ServingEngine(Protocol):
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def vision(self) -> VisionEncoder | None:
+        """The image encoder, or None for a model (or a server) that takes no images."""
+
+    @property
+    def max_sequence_tokens(self) -> int:
+        """Most tokens one request may reach (prompt and generated)."""
+
+    @property
+    def max_waiting(self) -> int:
+        """Requests the queue holds at most: a batch of more can never be admitted whole."""
+
+    def expand_images(self, text: str) -> str: ...
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        priority: Priority | str = ...,
+        deadline: float | None = None,
+        request_id: str | None = None,
+        images: Sequence[ImageInput] = (),
+    ) -> str:
+        """Queue a request (see Engine.add_request); refusals raise WiCoreError, now or, for an
+        engine elsewhere, from its outputs."""
+
+    def abort(self, request_id: str) -> None:
+        """End the request; its outputs can still be read, the last one finished ("abort")."""
+
+    def cancel(self, request_id: str) -> None:
+        """End a request whose outputs nobody will read."""
+
+    def outputs(self, request_id: str) -> AsyncIterable[RequestOutput]:
+        """The request's outputs in order, the last one finished (claims them: read once)."""
+
+    def stats(self) -> dict[str, object]: ...
