@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from wicore.cli.models import packaged_export, resolve_model
+from wicore.cli.models import export_targets, packaged_export, resolve_model, suited_export
 from wicore.runtime.providers import DeviceError, available_devices
 
 
 def test_cpu_gets_the_gguf_quantized_graphs():
-    assert packaged_export("cpu") == ("fp32", "ort-quant", "portable")
+    assert packaged_export("gemma3-270m", "cpu") == ("fp32", "ort-quant", "portable")
 
 
 def test_auto_follows_the_installed_runtime():
@@ -17,7 +17,29 @@ def test_auto_follows_the_installed_runtime():
     expected = ("fp32", "ort-quant", "portable")
     if accelerators and "fp16" in accelerators[0].capability.dtypes:
         expected = ("fp16", "portable", "paged" if "paged" in accelerators[0].capability.attentions else "portable")
-    assert packaged_export("auto") == expected
+    assert packaged_export("gemma3-270m", "auto") == expected
+
+
+@pytest.mark.parametrize(
+    ("devices", "source", "expected"),
+    [
+        ("cpu", "model.gguf", ("fp32", "ort-quant", "portable")),  # the GGUF's own blocks
+        ("cpu", "hf-folder", ("fp32", "portable", "portable")),  # ort-quant would quantize float weights
+        ("cpu", "smollm2-135m-instruct", ("fp32", "portable", "portable")),  # its own CPU flavour
+        ("cuda", "model.gguf", ("fp16", "portable", "paged")),
+        ("cuda:0,cuda:1", "hf-folder", ("fp16", "portable", "paged")),
+        ("migraphx", "hf-folder", ("fp16", "portable", "portable")),
+        ("cuda,cpu", "model.gguf", ("fp32", "portable", "portable")),  # one graph for both: the portable one
+        ("openvino", "model.gguf", ("fp32", "portable", "portable")),
+    ],
+)
+def test_an_export_for_named_devices_suits_them_whatever_is_installed(devices, source, expected):
+    assert suited_export(export_targets(devices), source) == expected
+
+
+def test_export_for_an_unknown_device_names_the_known_ones():
+    with pytest.raises(DeviceError, match="--for 'tpu': name devices among cpu, cuda"):
+        export_targets("tpu")
 
 
 def test_an_unknown_device_is_refused_before_any_export(tmp_path, monkeypatch):
@@ -38,3 +60,21 @@ def test_plan_takes_the_packaged_name_that_serve_takes(gemma_270m, tmp_path, mon
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     table = [row[:3] for row in rows if row and row[0].endswith(".onnx") and row[1] != "also"]  # not the notes under it
     assert table == [["part-00.onnx", "0-17", "cpu"]]
+
+
+def test_wicore_export_for_cuda_writes_the_paged_fp16_graphs_on_a_cpu_machine(tiny_model, tmp_path, capsys):
+    """`wicore-export --for cuda` on a machine without CUDA: the fp16 paged export a GPU serves;
+    an explicit flag still wins over what --for suits; an unknown device exits 2 with nothing written."""
+    from wicore.cli.export import main as export_main
+    from wicore.graph.manifest import Manifest
+
+    folder, _ = tiny_model()
+    assert export_main(["--model", str(folder), "--out", str(tmp_path / "gpu"), "--for", "cuda"]) == 0
+    manifest = Manifest.read(tmp_path / "gpu")
+    assert (manifest.dtype, manifest.op_flavour, manifest.attention) == ("fp16", "portable", "paged")
+    assert (
+        export_main(["--model", str(folder), "--out", str(tmp_path / "mixed"), "--for", "cuda", "--attention", "portable"]) == 0
+    )
+    assert (Manifest.read(tmp_path / "mixed").dtype, Manifest.read(tmp_path / "mixed").attention) == ("fp16", "portable")
+    assert export_main(["--model", str(folder), "--out", str(tmp_path / "tpu"), "--for", "tpu"]) == 2
+    assert "--for 'tpu': name devices among" in capsys.readouterr().err and not (tmp_path / "tpu").exists()

@@ -22,21 +22,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--out", required=True, type=Path, help="output folder (written atomically)")
     ap.add_argument("--partitions", type=int, default=1, help="number of ONNX files to split the layers over")
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
+    ap.add_argument(
+        "--for",
+        dest="target",
+        default=None,
+        metavar="DEVICES",
+        help="the devices the export will run on (cpu, cuda, openvino, ..., or a list: cuda:0,cpu; they need not be "
+        "installed here): --dtype, --op-flavour and --attention default to what suits them, as `wicore serve` "
+        "exports named models (cpu: a GGUF's own quantized weights, ort-quant; cuda: fp16 with the paged attention)",
+    )
+    ap.add_argument("--dtype", default=None, choices=["fp32", "fp16"], help="default fp32, or what --for suits")
     ap.add_argument(
         "--op-flavour",
-        default="portable",
+        default=None,
         choices=["portable", "ort-quant"],
         help="portable: standard ONNX ops, any EP; ort-quant: MatMulNBits linear layers (CPU, CUDA), "
-        "GGUF blocks transcoded without loss",
+        "GGUF blocks transcoded without loss (default portable, or what --for suits)",
     )
     ap.add_argument(
         "--attention",
-        default="portable",
+        default=None,
         choices=["portable", "paged", "batch-invariant"],
         help="portable: standard ONNX ops, any EP; paged: ONNX Runtime's PagedAttention reading the fp16 KV in place "
         "(CUDA EP, --dtype fp16); batch-invariant: standard ops, a request's tokens do not depend on the other "
-        "requests of its batch on the CPU EP (docs/RELIABILITY.md)",
+        "requests of its batch on the CPU EP (docs/RELIABILITY.md); default portable, or what --for suits",
     )
     ap.add_argument(
         "--vision-flavour",
@@ -75,14 +84,19 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.out.exists() and not args.force:  # before reading (and hashing) a multi-GB source
             raise WiCoreError(f"{args.out} already exists; pass --force to replace it")
+        dtype, flavour, attention = "fp32", "portable", "portable"
+        if args.target is not None:
+            from wicore.cli.models import export_targets, suited_export
+
+            dtype, flavour, attention = suited_export(export_targets(args.target), args.model)
         config = ExportConfig(
-            dtype=args.dtype,
+            dtype=args.dtype or dtype,
             num_partitions=args.partitions,
-            op_flavour=args.op_flavour,
+            op_flavour=args.op_flavour or flavour,
             attention_stats=args.attention_stats,
             overwrite=args.force,
             weight_bits=args.weight_bits,
-            attention=args.attention,
+            attention=args.attention or attention,
             vision_flavour=args.vision_flavour,
             sampling_head=args.sampling_head,
         )

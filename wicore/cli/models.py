@@ -4,12 +4,17 @@ model (wicore.export.pull) that is exported once into the user's cache and reuse
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from wicore.errors import ManifestError
 from wicore.export.pull import PULLABLE
 from wicore.export.sources import PACKAGED
 from wicore.graph.manifest import MANIFEST
+
+if TYPE_CHECKING:
+    from wicore.runtime.providers import Capability
 
 
 def cache_dir() -> Path:
@@ -17,22 +22,42 @@ def cache_dir() -> Path:
     return Path(base) / "models"
 
 
-def packaged_export(devices: str = "cpu") -> tuple[str, str, str]:
-    """(dtype, op flavour, attention) of the export of a packaged model that suits `devices`:
-    `ort-quant` when every device is a CPU that runs it (the GGUF's own quantized weights: 2.7x
-    the fp32 graphs' decode), fp16 when every device is an accelerator that runs fp16 (with the
-    paged attention where every one runs it: 2x the portable one at batch 32 on an H100), else
-    portable fp32. `auto` stands for the device placement fills first: the first accelerator
-    installed, or the CPU."""
+def suited_export(capabilities: Sequence[Capability], source: str) -> tuple[str, str, str]:
+    """(dtype, op flavour, attention) of the export of `source` that suits devices of these
+    capabilities: where every one is a CPU that runs `ort-quant`, a GGUF's own quantized weights
+    (2.7x the fp32 graphs' decode on the 270M; a pulled model's own CPU flavour, a float source's
+    fp32: ort-quant would quantize it); fp16 where every one is an accelerator that runs fp16, with
+    the paged attention where every one runs it (2x the portable one at batch 32 on an H100);
+    else portable fp32."""
+    if all(c.device_kind == "cpu" and "ort-quant" in c.op_flavours for c in capabilities):
+        if source in PULLABLE:
+            return "fp32", PULLABLE[source].cpu_op_flavour, "portable"
+        gguf = source in PACKAGED or source.lower().endswith(".gguf")
+        return "fp32", "ort-quant" if gguf else "portable", "portable"
+    if all(c.device_kind != "cpu" and "fp16" in c.dtypes for c in capabilities):
+        return "fp16", "portable", "paged" if all("paged" in c.attentions for c in capabilities) else "portable"
+    return "fp32", "portable", "portable"
+
+
+def export_targets(devices: str) -> list[Capability]:
+    """The capabilities of the devices an export is meant for (`cuda`, `cpu`, `cuda:0,cpu`): named,
+    not looked up among the installed ones, so a CPU machine can export for a GPU."""
+    from wicore.runtime.providers import CAPABILITIES, DeviceError
+
+    names = [spec.strip().partition(":")[0].lower() for spec in devices.split(",") if spec.strip()]
+    unknown = [n for n in names if n not in CAPABILITIES]
+    if unknown or not names:
+        raise DeviceError(f"--for {devices!r}: name devices among {', '.join(CAPABILITIES)}")
+    return [CAPABILITIES[n] for n in names]
+
+
+def packaged_export(spec: str, devices: str = "cpu") -> tuple[str, str, str]:
+    """`suited_export` of a packaged or pulled model for the devices of a --devices spec; `auto`
+    stands for the device placement fills first: the first accelerator installed, or the CPU."""
     from wicore.runtime.placement import device_list
 
     found = device_list(devices)
-    caps = [d.capability for d in (found[:1] if devices.strip() == "auto" else found)]
-    if all(c.device_kind == "cpu" and "ort-quant" in c.op_flavours for c in caps):
-        return "fp32", "ort-quant", "portable"
-    if all(c.device_kind != "cpu" and "fp16" in c.dtypes for c in caps):
-        return "fp16", "portable", "paged" if all("paged" in c.attentions for c in caps) else "portable"
-    return "fp32", "portable", "portable"
+    return suited_export([d.capability for d in (found[:1] if devices.strip() == "auto" else found)], spec)
 
 
 def resolve_model(spec: str, devices: str = "cpu") -> Path:
@@ -42,9 +67,7 @@ def resolve_model(spec: str, devices: str = "cpu") -> Path:
     if (path / MANIFEST).is_file():
         return path
     if spec in PACKAGED or spec in PULLABLE:
-        dtype, flavour, attention = packaged_export(devices)
-        if spec in PULLABLE:  # on a CPU, the pulled model's own flavour (SmolLM2: fp32; int8 activations drift)
-            flavour = PULLABLE[spec].cpu_op_flavour if flavour == "ort-quant" else flavour
+        dtype, flavour, attention = packaged_export(spec, devices)
         suffix = "".join(f"-{part}" for part in (flavour, dtype, attention) if part not in ("portable", "fp32"))
         target = cache_dir() / f"{spec}{suffix}"
         if not (target / MANIFEST).is_file():
