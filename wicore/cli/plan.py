@@ -103,7 +103,7 @@ def config_only(args: argparse.Namespace, config_file: Path):
     import numpy as np
 
     from wicore.export.exporter import ExportConfig
-    from wicore.graph.gemma3 import DTYPES
+    from wicore.graph.decoder import DTYPES
     from wicore.model.config import Gemma3Config
     from wicore.model.vision import VisionConfig
     from wicore.runtime.capacity import estimate_vision_bytes, estimate_weight_bytes

@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 
 from wicore.errors import WiCoreError
-from wicore.graph.gemma3 import ATTENTIONS, DTYPES, OPSET, Gemma3Builder
+from wicore.graph.decoder import ATTENTIONS, DTYPES, OPSET, DecoderBuilder
 from wicore.graph.manifest import Manifest, PartitionRecord, VisionRecord, sha256_file
 from wicore.graph.ops import DataFile
 from wicore.graph.partition import plan_partitions
@@ -119,7 +119,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
     if vision is not None and config.attention == "paged":
         progress("the vision tower is left out: the paged attention is causal only; export with --attention portable for images")
         vision = None
-    builder = Gemma3Builder(
+    builder = DecoderBuilder(
         cfg,
         config.dtype,
         attention_stats=config.attention_stats,

@@ -171,7 +171,7 @@ def rope_tables(
 
 def group_mask(g: Graph, cfg: Gemma3Config, mask: str, total: str, name: str) -> str:
     """[b, s, total] -> [b, 1, s * groups, total]: one row per query head of a KV head's
-    group, in the order Gemma3Builder.attention lays the queries out (position major)."""
+    group, in the order DecoderBuilder.attention lays the queries out (position major)."""
     groups = cfg.num_groups
     mask = g.op("Unsqueeze", [mask, g.const([1, 3])], f"{name}_u")  # [b, 1, s, 1, total]
     if groups > 1:

@@ -31,7 +31,7 @@ import onnx
 from onnx import TensorProto
 
 from wicore.graph import io
-from wicore.graph.gemma3 import DTYPES, OPSET
+from wicore.graph.decoder import DTYPES, OPSET
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, gelu_tanh, rms_norm_f32
 from wicore.model.vision import VisionConfig, VisionWeights, checked_tensor
 

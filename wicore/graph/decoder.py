@@ -54,7 +54,7 @@ DTYPES_BY_ONNX = {onnx_type: np_type for np_type, onnx_type in DTYPES.values()}
 TABLE = "model.embed_tokens"  # the token embedding, also the tied LM head
 
 
-class Gemma3Builder:
+class DecoderBuilder:
     """Builds the partitions of one model: a table of Gemma 3 facts plus the graph functions."""
 
     def __init__(
