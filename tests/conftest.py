@@ -53,8 +53,8 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def export_cached(cache_dir: Path) -> Callable[..., Path]:
-    """export_cached(name, source, partitions=1, dtype="fp32", op_flavour="portable", attention="portable") -> model
-    folder, built once."""
+    """export_cached(name, source, partitions=1, dtype="fp32", op_flavour="portable", attention="portable",
+    kv_cache_dtype="auto") -> model folder, built once."""
     from wicore.export.exporter import ExportConfig, export_model
     from wicore.export.sources import open_source
 
@@ -65,11 +65,14 @@ def export_cached(cache_dir: Path) -> Callable[..., Path]:
         dtype: str = "fp32",
         op_flavour: str = "portable",
         attention: str = "portable",
+        kv_cache_dtype: str = "auto",
     ) -> Path:
         out = cache_dir / name
         if not (out / "wicore.json").is_file():
             shutil.rmtree(out, ignore_errors=True)
-            config = ExportConfig(dtype=dtype, num_partitions=partitions, op_flavour=op_flavour, attention=attention)
+            config = ExportConfig(
+                dtype=dtype, num_partitions=partitions, op_flavour=op_flavour, attention=attention, kv_cache_dtype=kv_cache_dtype
+            )
             export_model(open_source(source), out, config, progress=lambda _: None)
         return out
 

@@ -62,6 +62,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="draw temperature / top-k / top-p tokens in the graph, so sampled rows read back a token and 64 "
         "candidates instead of their logits (graph/sampling.py); auto: on with --attention paged",
     )
+    ap.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "int8"],
+        help="auto: the KV blocks in the graphs' dtype; int8: in 8 bits with a power-of-two scale per token and head "
+        "(a quarter of fp32's bytes; portable attention; graph/kv_quant.py)",
+    )
     ap.add_argument("--weight-bits", type=int, default=8, choices=[4, 8], help="ort-quant: bits for float weights")
     ap.add_argument(
         "--attention-stats", action="store_true", help="also output each KV block's attention mass (for the A2CR cache policy)"
@@ -99,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             attention=args.attention or attention,
             vision_flavour=args.vision_flavour,
             sampling_head=args.sampling_head,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
         source = open_source(args.model, args.mmproj, stderr_progress)
         export_model(source, args.out, config)

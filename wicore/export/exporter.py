@@ -48,6 +48,7 @@ class ExportConfig:
     attention: str = "portable"  # "paged": com.microsoft.PagedAttention over the fp16 KV (CUDA EP)
     vision_flavour: str = "auto"  # the vision partition's ops (resolved_vision_flavour)
     sampling_head: str = "auto"  # "on" / "off" / "auto": on with the paged attention (graph/sampling.py)
+    kv_cache_dtype: str = "auto"  # "auto": the graphs' dtype; "int8": KV blocks in 8 bits (graph/kv_quant.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -66,6 +67,13 @@ class ExportConfig:
             raise WiCoreError(f"--vision-flavour {self.vision_flavour!r}: choose auto, {', '.join(VISION_FLAVOURS)}")
         if self.sampling_head not in ("auto", "on", "off"):
             raise WiCoreError(f"--sampling-head {self.sampling_head!r}: choose auto, on or off")
+        if self.kv_cache_dtype not in ("auto", "int8"):
+            raise WiCoreError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose auto or int8")
+        if self.kv_cache_dtype == "int8" and self.attention == "paged":
+            raise WiCoreError(
+                "--kv-cache-dtype int8 needs the portable attention: ONNX Runtime's PagedAttention takes int8 caches "
+                "only with scales fixed at export"
+            )
         if self.num_partitions < 1:
             raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
 
@@ -127,6 +135,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         attention=config.attention,
         image_inputs=vision is not None,
         sampling_head=config.has_sampling_head(),
+        kv_cache_dtype=config.kv_cache_dtype,
     )
     started = time.monotonic()
     progress(
@@ -183,6 +192,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         files=files,
         attention=config.attention,
         vision=vision_record,
+        kv_cache_dtype=config.kv_cache_dtype,
     )
     manifest.write(folder)
     return manifest

@@ -39,6 +39,7 @@ from onnx import TensorProto
 
 from wicore.errors import UnsupportedModelError
 from wicore.graph import invariant_attention, io, sampling
+from wicore.graph.kv_quant import dequantize_kv, kv_row_width, quantize_kv
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, block_mass, gelu_tanh, place_images, rms_norm_f32, rotary, silu
 from wicore.graph.paged_attention import paged_attention
 from wicore.graph.partition import PartitionSpec
@@ -66,12 +67,14 @@ class DecoderBuilder:
         attention: str = "portable",
         image_inputs: bool = False,
         sampling_head: bool = False,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py).
         `attention`: "portable" (standard ops), "paged" (com.microsoft.PagedAttention, fp16, CUDA) or
         "batch-invariant" (standard ops, a row's logits the same in any batch: graph/invariant_attention.py).
         `image_inputs`: the graphs take image embeddings and image spans (wicore.graph.io, "Images").
-        `sampling_head`: the last partition also draws sampled rows (graph/sampling.py)."""
+        `sampling_head`: the last partition also draws sampled rows (graph/sampling.py).
+        `kv_cache_dtype`: "auto" (the graphs' dtype) or "int8" (graph/kv_quant.py; portable attention)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         if attention not in ATTENTIONS:
@@ -80,6 +83,8 @@ class DecoderBuilder:
             raise ValueError(
                 "the paged attention needs fp16 graphs, gives no attention statistics and is causal only (no images)"
             )
+        if kv_cache_dtype not in ("auto", "int8") or (kv_cache_dtype == "int8" and attention == "paged"):
+            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: auto, or int8 with the portable or batch-invariant attention")
         self.family = cfg.family_row
         if self.family.name != "gemma3" and image_inputs:
             raise UnsupportedModelError(f"the {self.family.name} family is text only (the vision tower is Gemma 3's)")
@@ -92,6 +97,8 @@ class DecoderBuilder:
         self.attention_stats = attention_stats
         self.quant = quant
         self.np_dtype, self.onnx_dtype = DTYPES[dtype]
+        self.kv_int8 = kv_cache_dtype == "int8"
+        self.kv_type = TensorProto.INT8 if self.kv_int8 else self.onnx_dtype  # the pools' element type
         # ort-quant and paged may use com.microsoft contrib ops (RotaryEmbedding, FastGelu): the EPs
         # that run those flavours (CPU and CUDA; CUDA) implement them; portable stays on standard ONNX.
         self.contrib = quant is not None or self.paged
@@ -133,9 +140,10 @@ class DecoderBuilder:
             paged=self.paged,
             image_spans=self.image_inputs,
         )
+        width = kv_row_width(cfg.head_dim, "int8" if self.kv_int8 else "float")
         pool_shapes = {
-            False: ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim],
-            True: ["num_window_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim],
+            False: ["num_blocks", "block_size", cfg.num_kv_heads, width],
+            True: ["num_window_blocks", "block_size", cfg.num_kv_heads, width],
         }
         masses: list[str] | None = [] if self.attention_stats else None
         for layer in layers:
@@ -144,12 +152,12 @@ class DecoderBuilder:
             check_layer(cfg, layer)
             i = layer.index
             pool_shape = pool_shapes[cfg.is_sliding(i)]
-            g.input(io.key_cache(i), self.onnx_dtype, pool_shape)
-            g.input(io.value_cache(i), self.onnx_dtype, pool_shape)
+            g.input(io.key_cache(i), self.kv_type, pool_shape)
+            g.input(io.value_cache(i), self.kv_type, pool_shape)
             is_last = layer.index == spec.stop - 1 and not spec.has_lm_head
             x = self.decoder_layer(g, layer, x, shared, masses, out=io.HIDDEN_STATES_OUT if is_last else None)
-            g.output(io.key_cache_out(i), self.onnx_dtype, pool_shape)
-            g.output(io.value_cache_out(i), self.onnx_dtype, pool_shape)
+            g.output(io.key_cache_out(i), self.kv_type, pool_shape)
+            g.output(io.value_cache_out(i), self.kv_type, pool_shape)
         if spec.has_lm_head:
             g.input(io.LOGITS_INDICES, TensorProto.INT64, ["num_logits"])
             head = None if lm_head is None else lm_head()
@@ -260,8 +268,8 @@ class DecoderBuilder:
         k_pool = self.scatter(g, io.key_cache(i), k, indices, f"{p}/k_cache", io.key_cache_out(i))
         v_pool = self.scatter(g, io.value_cache(i), v, indices, f"{p}/v_cache", io.value_cache_out(i))
         tables = shared.block_tables[is_sliding]
-        k_all = self.to_f32(g, g.op("Gather", [k_pool, tables], f"{p}/k_gather", axis=0), f"{p}/k_gather")
-        v_all = self.to_f32(g, g.op("Gather", [v_pool, tables], f"{p}/v_gather", axis=0), f"{p}/v_gather")
+        k_all = self.read_kv(g, g.op("Gather", [k_pool, tables], f"{p}/k_gather", axis=0), f"{p}/k_gather")
+        v_all = self.read_kv(g, g.op("Gather", [v_pool, tables], f"{p}/v_gather", axis=0), f"{p}/v_gather")
 
         # Queries of one KV head in rows (position, group member), keys and values in rows of
         # positions: [b, kvh, s * groups, hd] and [b, kvh, total, hd].
@@ -294,9 +302,15 @@ class DecoderBuilder:
 
     def scatter(self, g: Graph, pool: str, update: str, indices: str, name: str, out: str) -> str:
         """ScatterND of the new tokens' K or V into the KV buffer; its output is the graph output `out`."""
-        if self.dtype != "fp32":
+        if self.kv_int8:
+            update = quantize_kv(g, update, self.cfg.head_dim, f"{name}/quantize")
+        elif self.dtype != "fp32":
             update = g.op("Cast", [update], f"{name}/Cast", to=self.onnx_dtype)
         return g.op("ScatterND", [pool, indices, update], f"{name}/ScatterND", out=out)
+
+    def read_kv(self, g: Graph, blocks: str, name: str) -> str:
+        """Gathered KV blocks in float32 (int8 ones dequantized)."""
+        return dequantize_kv(g, blocks, self.cfg.head_dim, name) if self.kv_int8 else self.to_f32(g, blocks, name)
 
     def mlp(self, g: Graph, layer: LayerWeights, x: str) -> str:
         """Gated MLP: down(act(gate(x)) * up(x)), act the family's (Gemma: gelu_tanh, GeGLU; others: SiLU)."""

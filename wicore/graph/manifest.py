@@ -4,7 +4,7 @@
   "format": "wicore", "export_version": 1,
   "source": {...}, "config": {...Gemma3Config...},
   "dtype": "fp32", "op_flavour": "portable", "attention": "portable", "opset": 17,
-  "kv": {"layout": [...], "dtype": "float32", "sink_block": 0},
+  "kv": {"layout": [...], "dtype": "float32" | "float16" | "int8" (graph/kv_quant.py), "sink_block": 0},
   "partitions": [{"file": "part-00.onnx", "layers": [0, 6], "inputs": [...], "outputs": [...]}, ...],
   "tokenizer": {...} | null,
   "vision": {"file": "vision.onnx", "inputs": [...], "outputs": [...], "config": {...VisionConfig,
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from wicore.errors import ManifestError
+from wicore.graph.kv_quant import kv_row_width
 from wicore.model.config import Gemma3Config
 from wicore.model.vision import VisionConfig
 
@@ -101,6 +102,7 @@ class Manifest:
     files: dict[str, str]  # file name -> sha256
     attention: str = "portable"  # or "paged": com.microsoft.PagedAttention (graph/paged_attention.py)
     vision: VisionRecord | None = None  # a multimodal export's vision partition
+    kv_cache_dtype: str = "auto"  # or "int8": KV blocks in 8 bits (graph/kv_quant.py)
 
     @property
     def has_attention_stats(self) -> bool:
@@ -108,7 +110,13 @@ class Manifest:
 
     @property
     def kv_dtype(self) -> str:
-        return {"fp32": "float32", "fp16": "float16"}[self.dtype]
+        """The KV pools' element type."""
+        return "int8" if self.kv_cache_dtype == "int8" else {"fp32": "float32", "fp16": "float16"}[self.dtype]
+
+    @property
+    def kv_width(self) -> int:
+        """Elements of one token's K (or V) of one head in the pools (int8: its exponents too)."""
+        return kv_row_width(self.config.head_dim, self.kv_dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,7 +129,12 @@ class Manifest:
             "attention": self.attention,
             "opset": self.opset,
             "kv": {
-                "layout": ["num_blocks", "block_size", "num_kv_heads", "head_dim"],
+                "layout": [
+                    "num_blocks",
+                    "block_size",
+                    "num_kv_heads",
+                    "head_dim + head_dim / 32" if self.kv_dtype == "int8" else "head_dim",
+                ],
                 "dtype": self.kv_dtype,
                 "sink_block": 0,
             },
@@ -159,6 +172,7 @@ class Manifest:
                 files=dict(d["files"]),
                 attention=d.get("attention", "portable"),
                 vision=VisionRecord.from_dict(d["vision"]) if d.get("vision") else None,
+                kv_cache_dtype="int8" if d["kv"]["dtype"] == "int8" else "auto",
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{path} is malformed ({exc!r}); re-export the model") from exc

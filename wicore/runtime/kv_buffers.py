@@ -1,6 +1,6 @@
 """The KV buffers: each layer's key and value tensors, allocated once on its partition's device.
 
-    layer i:  key_cache.{i}, value_cache.{i}   [num_blocks, block_size, kv_heads, head_dim]
+    layer i:  key_cache.{i}, value_cache.{i}   [num_blocks, block_size, kv_heads, head_dim (int8: + 1)]
 
 The graphs bind them in place (wicore.runtime.graphs) and the pager reads and writes blocks
 of them (tier 0 of the KV cache). Both hold this one object, which never reallocates, so
@@ -51,7 +51,7 @@ class KVBuffers:
         cfg = manifest.config
         self.cache = cache
         self.dtype = np.dtype(manifest.kv_dtype)
-        self.block_shape = (cache.block_size, cfg.num_kv_heads, cfg.head_dim)  # one layer's K (or V) of a block
+        self.block_shape = (cache.block_size, cfg.num_kv_heads, manifest.kv_width)  # one layer's K (or V) of a block
         self.layer_devices: list[Device] = [d for p, d in zip(manifest.partitions, devices) for _ in range(p.start, p.stop)]
         self._arrays: list[tuple[np.ndarray, np.ndarray] | None] = []  # host-memory buffers
         self._values: list[tuple[Any, Any]] = []  # the OrtValues the graphs bind

@@ -6,8 +6,9 @@ gets what its running sequences can use at most, its window (plus a prefill chun
 each, capped at an even split; the full group gets the rest. So at long context most
 of the memory goes to the full-attention layers, whose blocks cover the whole context.
 
-    bytes per block   full:   num_full_layers   * 2 * block_size * kv_heads * head_dim * itemsize
-                      window: num_window_layers * 2 * block_size * kv_heads * head_dim * itemsize
+    bytes per block   full:   num_full_layers   * 2 * block_size * kv_heads * row
+                      window: num_window_layers * 2 * block_size * kv_heads * row
+                      row = head_dim * itemsize (int8 KV: (head_dim + 1) bytes, graph/kv_quant.py)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wicore.graph.kv_quant import kv_row_width
 from wicore.graph.manifest import Manifest
 from wicore.graph.paged_attention import flash_page_size
 from wicore.hmt.block_groups import FULL, WINDOW
@@ -77,8 +79,8 @@ class KVLayout:
         full = tuple(i for i in range(cfg.num_layers) if not cfg.is_sliding(i))
         if not full:
             raise ValueError("the engine needs at least one full-attention layer")
-        itemsize = np.dtype(kv_dtype).itemsize
-        return cls(full, sliding, cfg.sliding_window, block_size, 2 * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize)
+        row = kv_row_width(cfg.head_dim, kv_dtype) * np.dtype(kv_dtype).itemsize  # one token's K of one head
+        return cls(full, sliding, cfg.sliding_window, block_size, 2 * block_size * cfg.num_kv_heads * row)
 
     @property
     def has_window(self) -> bool:
