@@ -15,13 +15,15 @@ the last also applies the final norm and the tied LM head to the rows in
 
 Conventions: the residual stream is float32 in both dtypes (Gemma's activations
 overflow float16 there); with `fp16` the weights, the matmuls and the KV pools
-are float16. Between the residual's norms the activations are float32 in the
+are float16 (with `kv_cache_dtype` int8 the pools hold int8 groups with their
+scales, graph/kv_quant.py, whatever the dtype). Between the residual's norms the activations are float32 in the
 portable graphs (norms, RoPE and attention in float32, a Cast around each
 MatMul) and float16 in the `paged` graphs, which run on CUDA only and are
 written in ONNX Runtime's fused kernels: each norm one SimplifiedLayerNormalization
 whose output type folds in the Cast, the q/k norms and RoPE in the paged
-attention op's own prologue, GELU one FastGelu (at batch 1 a decode step is as many kernels as nodes, and the
-27B shape's ~60 small nodes a layer cost as much as its weight reads).
+attention op's own prologue, GELU one FastGelu (at batch 1 a decode step is as
+many kernels as nodes, and the 27B shape's ~60 small nodes a layer cost as much
+as its weight reads).
 Gemma's RMSNorm scales by (1 + w): the 1 is folded into the stored weight,
 and the attention scale query_pre_attn_scalar^-0.5 into the q-norm weight.
 What the other families do differently is one row of wicore.model.families each, read
@@ -56,7 +58,7 @@ TABLE = "model.embed_tokens"  # the token embedding, also the tied LM head
 
 
 class DecoderBuilder:
-    """Builds the partitions of one model: a table of Gemma 3 facts plus the graph functions."""
+    """Builds the partitions of one model: its config and family row plus the graph functions."""
 
     def __init__(
         self,
@@ -140,7 +142,7 @@ class DecoderBuilder:
             paged=self.paged,
             image_spans=self.image_inputs,
         )
-        width = kv_row_width(cfg.head_dim, "int8" if self.kv_int8 else "float")
+        width = kv_row_width(cfg.head_dim, "int8" if self.kv_int8 else np.dtype(self.np_dtype).name)
         pool_shapes = {
             False: ["num_blocks", "block_size", cfg.num_kv_heads, width],
             True: ["num_window_blocks", "block_size", cfg.num_kv_heads, width],

@@ -16,6 +16,7 @@
                                                    summed over the partition's layers, heads, queries
     key_cache.{i} / value_cache.{i}         [num_blocks, block_size, kv_heads, head_dim]
         pool of layer i; updated in place: `key_cache_out.{i}` is bound to the same buffer.
+        Exports with --kv-cache-dtype int8: int8, head_dim + head_dim / 32 wide (graph/kv_quant.py).
 
 Sliding-window layers keep their KV in a block group of their own, so that blocks
 that fell out of the window can be released (partitions with sliding layers only):
