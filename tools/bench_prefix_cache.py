@@ -214,28 +214,15 @@ def run_policy(
 async def drive(engine, workload: Workload, params, concurrency: int) -> tuple[TurnRecord, ...]:
     """Send the turns in order, at most `concurrency` at a time, each after the user's previous turn ended."""
     start = time.perf_counter()
-    answers: dict[tuple[int, int], tuple[int, ...]] = {}
-    done = {key: asyncio.Event() for key in workload.order}
-    slots = asyncio.Semaphore(concurrency)
 
-    async def consume(user: int, turn: int, request_id: str, arrival: float) -> TurnRecord:
-        try:
-            times, ids, out = await stream_tokens(engine, request_id, start, f"user {user} turn {turn}")
-            answers[user, turn] = tuple(ids)
-            return TurnRecord(user, turn, out.num_prompt_tokens, out.num_cached_tokens, arrival, times[0], times[-1], tuple(ids))
-        finally:
-            done[user, turn].set()
-            slots.release()
-
-    tasks = []
-    for user, turn in workload.order:
-        if turn > 0:
-            await done[user, turn - 1].wait()
-        await slots.acquire()
-        prompt = workload.prompt(user, turn, answers)
+    async def send(user: int, turn: int, prompt: list[int]) -> tuple[tuple[int, ...], TurnRecord]:
         arrival = time.perf_counter() - start
-        tasks.append(asyncio.create_task(consume(user, turn, engine.add_request(prompt, params), arrival)))
-    return tuple(await asyncio.gather(*tasks))
+        request_id = engine.add_request(prompt, params)
+        times, ids, out = await stream_tokens(engine, request_id, start, f"user {user} turn {turn}")
+        record = TurnRecord(user, turn, out.num_prompt_tokens, out.num_cached_tokens, arrival, times[0], times[-1], tuple(ids))
+        return tuple(ids), record
+
+    return tuple(await workload.run_turns(concurrency, send))
 
 
 def summarize(policy: str, run: Run, num_attempts: int) -> PolicyResult:

@@ -136,34 +136,20 @@ async def drive(handle, workload: Workload, config: BenchConfig) -> tuple[int, i
 
     params = SamplingParams(max_tokens=workload.num_answer_tokens, ignore_eos=True)
     generate = handle.options(method_name="generate", stream=True)
-    answers: dict[tuple[int, int], list[int]] = {}
-    done = {key: asyncio.Event() for key in workload.order}
-    slots = asyncio.Semaphore(config.concurrency)
-    counts = [0, 0]
 
-    async def run(user: int, turn: int, prompt: list[int]) -> None:
+    async def send(user: int, turn: int, prompt: list[int]) -> tuple[list[int], tuple[int, int]]:
         ids: list[int] = []
-        try:
-            async for out in generate.remote(EngineCall(f"u{user}-t{turn}", prompt, params)):
-                if isinstance(out, Exception):
-                    raise out
-                ids += out.new_token_ids
-                if out.finished:
-                    counts[0] += len(prompt)
-                    counts[1] += out.num_cached_tokens
-            answers[user, turn] = ids
-        finally:
-            done[user, turn].set()
-            slots.release()
+        cached = 0
+        async for out in generate.remote(EngineCall(f"u{user}-t{turn}", prompt, params)):
+            if isinstance(out, Exception):
+                raise out
+            ids += out.new_token_ids
+            if out.finished:
+                cached = out.num_cached_tokens
+        return ids, (len(prompt), cached)
 
-    tasks = []
-    for user, turn in workload.order:
-        if turn > 0:
-            await done[user, turn - 1].wait()
-        await slots.acquire()
-        tasks.append(asyncio.create_task(run(user, turn, workload.prompt(user, turn, answers))))
-    await asyncio.gather(*tasks)
-    return counts[0], counts[1]
+    counts = await workload.run_turns(config.concurrency, send)
+    return sum(n for n, _ in counts), sum(c for _, c in counts)
 
 
 def hit_rate(config: BenchConfig, workload: Workload, routing: str) -> dict[str, object]:

@@ -10,12 +10,16 @@ INPUT_GROUNDED, ORDINARY   bench_speculative: texts to edit / rewrite / summariz
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from workloads_speculative import INPUT_GROUNDED, ORDINARY  # noqa: F401  (bench_speculative's prompt sets)
+
+T = TypeVar("T")
 
 PARAGRAPH = (
     "The river ran slowly past the old mill, carrying leaves from the hills "
@@ -151,6 +155,33 @@ class Workload:
             ids += self.pieces[user][t]
             ids += answers[user, t]
         return ids + list(self.pieces[user][turn])
+
+    async def run_turns(
+        self, concurrency: int, send: Callable[[int, int, list[int]], Awaitable[tuple[Sequence[int], T]]]
+    ) -> list[T]:
+        """Send every turn in `order`, each after its user's previous turn ended (its prompt holds
+        the answers so far), at most `concurrency` in flight: send(user, turn, prompt) returns the
+        answer's ids and what the caller keeps of the turn; those, in sending order."""
+        answers: dict[tuple[int, int], Sequence[int]] = {}
+        done = {key: asyncio.Event() for key in self.order}
+        slots = asyncio.Semaphore(concurrency)
+
+        async def one(user: int, turn: int, prompt: list[int]) -> T:
+            try:
+                ids, kept = await send(user, turn, prompt)
+                answers[user, turn] = ids
+                return kept
+            finally:
+                done[user, turn].set()
+                slots.release()
+
+        tasks = []
+        for user, turn in self.order:
+            if turn > 0:
+                await done[user, turn - 1].wait()
+            await slots.acquire()
+            tasks.append(asyncio.create_task(one(user, turn, self.prompt(user, turn, answers))))
+        return list(await asyncio.gather(*tasks))
 
     def num_prompt_tokens(self, user: int, turn: int) -> int:
         return sum(len(p) for p in self.pieces[user][: turn + 1]) + turn * self.num_answer_tokens
