@@ -67,8 +67,11 @@ class StepInputs:
         return self.host[offset : offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
 
     def put(self, name: str, array: np.ndarray, fill: float) -> None:
-        """Write `array` into the leading rows / columns of input `name`, `fill` elsewhere."""
-        view = self.views[name]
+        """Write `array` into the leading rows / columns of input `name`, `fill` elsewhere; an input
+        not held here (one the graphs do not take: an older or newer export's) is skipped."""
+        view = self.views.get(name)
+        if view is None:
+            return
         view.fill(fill)
         view[tuple(slice(0, n) for n in array.shape)] = array
 
@@ -124,7 +127,8 @@ class DecodeGraphs:
         }
         if graphs.has_sampling_head:
             shapes |= {io.SAMPLING_TEMPERATURE: ((rows,), np.float32), io.SAMPLING_UNIFORM: ((rows,), np.float32)}
-        inputs = StepInputs(shapes, (kind, index))
+        taken = set().union(*(graphs.input_names(i) for i in range(len(graphs.sessions))))
+        inputs = StepInputs({name: shape for name, shape in shapes.items() if name in taken}, (kind, index))
         inputs.put(io.CUMULATIVE_SEQLENS, np.arange(rows + 1, dtype=np.int32), 0)  # one token a row: fixed
         inputs.put(io.LOGITS_INDICES, np.arange(rows, dtype=np.int64), 0)
         bounds = np.asarray([1, self.max_context], np.int32)
