@@ -57,17 +57,26 @@ SHAPES: dict[str, dict[str, object]] = {
     "gemma3-27b": dict(hidden_size=5376, intermediate_size=21504, num_attention_heads=32, num_key_value_heads=16,
                        head_dim=128, query_pre_attn_scalar=168, vocab_size=262208, sliding_window=1024, depth=62),
 }  # fmt: skip
-# variant -> export settings: fp16 graphs; "int4" is ort-quant with 4-bit weights (float activations on GPU)
+# variant -> export settings: fp16 graphs; "int4" / "int8" are ort-quant with 4- / 8-bit weights (fp16 activations on GPU)
 VARIANTS: dict[str, dict[str, object]] = {
     "portable": dict(dtype="fp16", attention="portable"),
     "paged": dict(dtype="fp16", attention="paged"),
     "paged-nohead": dict(dtype="fp16", attention="paged", sampling_head="off"),  # sampled rows' logits to the host
     "int4-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0),
+    "int8-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=8, accuracy_level=0),
 }
 # Run-time flags after a variant's name ("int4-paged+graphs+nofpa"): the same export, run with these.
 FLAGS = {
     "graphs": "CUDA graphs (EngineConfig.cuda_graphs)",
     "nofpa": "ORT_FPA_INTB_GEMM=0: MatMulNBits on its default kernels, not the CUTLASS fpA_intB ones WiCore turns on",
+    "tune": "ORT_CUDA_GEMM_AUTO_TUNE=1: ONNX Runtime times cuBLAS against its small-row GEMV kernels per MatMul shape",
+    "cudnn": "ORT_ENABLE_CUDNN_FLASH_ATTENTION=1: the paged attention may decode on cuDNN's paged SDPA",
+}
+# The flags that are ONNX Runtime switches read from the environment when a session is created.
+ENV_FLAGS = {
+    "nofpa": ("ORT_FPA_INTB_GEMM", "0"),
+    "tune": ("ORT_CUDA_GEMM_AUTO_TUNE", "1"),
+    "cudnn": ("ORT_ENABLE_CUDNN_FLASH_ATTENTION", "1"),
 }
 
 
@@ -155,9 +164,10 @@ def export(folder: Path, variant: str, out: Path) -> Path:
 
 def wicore_steps(model_dir: Path, config: Config, flags: set[str]) -> dict[int, float]:
     """Median decode step ms per batch size (an engine per batch size, as tools/profile_step.py)."""
-    os.environ.pop("ORT_FPA_INTB_GEMM", None)
-    if "nofpa" in flags:  # read when each session is created (wicore/runtime/providers.py)
-        os.environ["ORT_FPA_INTB_GEMM"] = "0"
+    for flag, (name, value) in ENV_FLAGS.items():  # read when each session is created
+        os.environ.pop(name, None)
+        if flag in flags:
+            os.environ[name] = value
     step = StepConfig(
         (str(model_dir),), config.batches, config.context, 1, config.steps, "cuda:0", False, None,
         block_size=config.block_size, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,

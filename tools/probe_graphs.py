@@ -1,0 +1,132 @@
+"""The small graphs tools/probe_kernels.py times: paged attention nodes and linear layers at a
+model's shapes, weights written straight to an external data file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+SHAPE_27B = dict(hidden=5376, inter=21504, heads=32, kv_heads=16, head_dim=128, vocab=262208)
+BLOCK = 128  # the paged op's FlashAttention tile at head size 128
+OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+IR_VERSION = 10  # what ONNX Runtime 1.31 reads (a newer onnx writes a newer IR by default)
+
+
+def attention_model(batch: int, ctx: int, window: int, num_bounds: int, repeat: int) -> onnx.ModelProto:
+    s = SHAPE_27B
+    hd, heads, kvh = s["head_dim"], s["heads"], s["kv_heads"]
+    num_blocks = batch * -(-ctx // BLOCK) + 1
+    f16, i32 = TensorProto.FLOAT16, TensorProto.INT32
+    inputs = [
+        helper.make_tensor_value_info("qkv", f16, [batch, (heads + 2 * kvh) * hd]),
+        helper.make_tensor_value_info("cumulative", i32, [batch + 1]),
+        helper.make_tensor_value_info("past", i32, [batch]),
+        helper.make_tensor_value_info("tables", i32, [batch, -(-ctx // BLOCK)]),
+        helper.make_tensor_value_info("slots", i32, [batch]),
+        helper.make_tensor_value_info("bounds", i32, [num_bounds]),
+    ]
+    rng = np.random.default_rng(0)
+    angles = np.arange(ctx + 1, dtype=np.float32)[:, None] * (1e6 ** (-np.arange(0, hd, 2, dtype=np.float32) / hd))
+    inits = [
+        onnx.numpy_helper.from_array(np.cos(angles).astype(np.float16), "cos"),
+        onnx.numpy_helper.from_array(np.sin(angles).astype(np.float16), "sin"),
+        onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal(hd)).astype(np.float16), "q_norm"),
+        onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal(hd)).astype(np.float16), "k_norm"),
+    ]
+    nodes, outputs = [], []
+    pool = [num_blocks, BLOCK, kvh, hd]
+    for r in range(repeat):
+        inputs += [helper.make_tensor_value_info(f"k{r}", f16, pool), helper.make_tensor_value_info(f"v{r}", f16, pool)]
+        outs = [f"out{r}", f"k{r}_out", f"v{r}_out"]
+        ins = [
+            "qkv",
+            "",
+            "",
+            f"k{r}",
+            f"v{r}",
+            "cumulative",
+            "past",
+            "tables",
+            "cos",
+            "sin",
+            "slots",
+            "",
+            "q_norm",
+            "k_norm",
+            "",
+            "",
+            "bounds",
+        ]
+        nodes.append(
+            helper.make_node(
+                "PagedAttention", ins, outs, f"attn{r}", domain="com.microsoft", num_heads=heads, kv_num_heads=kvh,
+                do_rotary=1, local_window_size=window or -1, scale=hd**-0.5, qk_norm_epsilon=1e-6,
+            )
+        )  # fmt: skip
+        outputs += [
+            helper.make_tensor_value_info(f"out{r}", f16, [batch, heads * hd]),
+            helper.make_tensor_value_info(f"k{r}_out", f16, pool),
+            helper.make_tensor_value_info(f"v{r}_out", f16, pool),
+        ]
+    graph = helper.make_graph(nodes, "attention", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=OPSETS, ir_version=IR_VERSION)
+
+
+def random_f16(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Random float16 of magnitude 1/16 .. 1/8 and either sign, from random bits (fast at GBs)."""
+    bits = np.frombuffer(rng.bytes(int(np.prod(shape)) * 2), np.uint16)
+    return ((bits & 0x83FF) | 0x2C00).view(np.float16).reshape(shape)
+
+
+def linear_model(case: dict, repeat: int, folder: Path) -> Path:
+    """`repeat` linear ops of one shape, each its own weights, on one input [M, K]. The weights go
+    straight to an external data file (the LM head's 2.8 GB is past protobuf's 2 GB)."""
+    k, n = case["k"], case["n"]
+    rng = np.random.default_rng(1)
+    f16 = TensorProto.FLOAT16
+    data = folder / "linear.data"
+    nodes, inits, outputs = [], [], []
+    with data.open("wb") as f:
+
+        def weight(name: str, array: np.ndarray) -> None:
+            tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
+            offset = f.tell()
+            f.write(array.tobytes())
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", data.name), ("offset", offset), ("length", array.nbytes)):
+                tensor.external_data.add(key=key, value=str(value))
+            inits.append(tensor)
+
+        for r in range(repeat):
+            if case["kind"] == "nbits":
+                bits, block = case["bits"], 32
+                blob = block * bits // 8
+                weight(f"w{r}", np.frombuffer(rng.bytes(n * (k // block) * blob), np.uint8).reshape(n, k // block, blob))
+                weight(f"s{r}", random_f16(rng, (n * (k // block),)))
+                nodes.append(
+                    helper.make_node(
+                        "MatMulNBits",
+                        ["x", f"w{r}", f"s{r}"],
+                        [f"y{r}"],
+                        domain="com.microsoft",
+                        K=k,
+                        N=n,
+                        bits=bits,
+                        block_size=block,
+                        accuracy_level=0,
+                    )
+                )
+            elif case["shape"] == "lm_head":  # the tied head: the embedding table [vocab, hidden], transB
+                weight(f"w{r}", random_f16(rng, (n, k)))
+                nodes.append(helper.make_node("Gemm", ["x", f"w{r}"], [f"y{r}"], transB=1))
+            else:
+                weight(f"w{r}", random_f16(rng, (k, n)))
+                nodes.append(helper.make_node("MatMul", ["x", f"w{r}"], [f"y{r}"]))
+            outputs.append(helper.make_tensor_value_info(f"y{r}", f16, ["m", n]))
+    graph = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", f16, ["m", k])], outputs, inits)
+    path = folder / "linear.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=OPSETS, ir_version=IR_VERSION), path)
+    return path
