@@ -198,3 +198,25 @@ def test_greedy_tokens_come_back_without_the_logits(graphs):
     assert full.greedy_tokens.tolist() == full.logits.argmax(-1).tolist()
     assert greedy_only.greedy_tokens.tolist() == full.greedy_tokens.tolist()
     assert len(full.greedy_tokens) == 3
+
+
+def test_graphs_with_decode_graphs_are_freed_as_soon_as_they_are_dropped(tiny):
+    """ModelGraphs and the DecodeGraphs it owns form no reference cycle: dropping the graphs frees
+    their sessions (and with them an accelerator's memory) at once, without the garbage collector."""
+    import gc
+    import weakref
+
+    folder = tiny[0]
+    manifest = Manifest.read(folder)
+    devices = [parse_device("cpu")] * len(manifest.partitions)
+    graphs = ModelGraphs(folder, manifest, KVBuffers(manifest, CacheConfig(NUM_BLOCKS, BS), devices), devices, num_threads=1)
+    graphs.enable_decode_graphs(BS, 2, 4, 3, 16)
+    assert graphs.decode_graphs is not None
+    session = weakref.ref(graphs.sessions[0])
+    gc.collect()
+    gc.disable()
+    try:
+        del graphs
+        assert session() is None
+    finally:
+        gc.enable()

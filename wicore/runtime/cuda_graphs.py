@@ -23,6 +23,7 @@ input was its own copy (and its own padded array) before: nothing is allocated o
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,7 +102,10 @@ class DecodeGraphs:
         from wicore.runtime.providers import onnxruntime
 
         self._ort = onnxruntime()
-        self.graphs = graphs
+        # The graphs own this object: a strong reference back would make the pair a cycle that only
+        # the garbage collector frees, and an engine dropped in a loop (the benchmarks) would keep
+        # its sessions' device memory until then (seen on an H100: out of memory at the 7th engine).
+        self.graphs = weakref.proxy(graphs)
         self.sink_slot = io.SINK_BLOCK * block_size  # offset 0 of the sink block
         self.max_blocks = max_blocks
         self.max_window_blocks = max(max_window_blocks, 1)
