@@ -78,3 +78,25 @@ def test_wicore_export_for_cuda_writes_the_paged_fp16_graphs_on_a_cpu_machine(ti
     assert (Manifest.read(tmp_path / "mixed").dtype, Manifest.read(tmp_path / "mixed").attention) == ("fp16", "portable")
     assert export_main(["--model", str(folder), "--out", str(tmp_path / "tpu"), "--for", "tpu"]) == 2
     assert "--for 'tpu': name devices among" in capsys.readouterr().err and not (tmp_path / "tpu").exists()
+
+
+def test_wicore_export_weight_bits_quantize_for_the_gpu(tiny_model, tmp_path, capsys):
+    """`--weight-bits` alone picks the quantized (ort-quant) flavour, here with --for cuda's fp16 paged
+    graphs: every linear layer and the head are 8-bit MatMulNBits; with --op-flavour portable it is
+    refused (exit 2, nothing written)."""
+    import onnx
+
+    from wicore.cli.export import main as export_main
+    from wicore.graph.manifest import Manifest
+
+    folder, _ = tiny_model()
+    out = tmp_path / "gpu-int8"
+    assert export_main(["--model", str(folder), "--out", str(out), "--for", "cuda", "--weight-bits", "8"]) == 0
+    manifest = Manifest.read(out)
+    assert (manifest.dtype, manifest.op_flavour, manifest.attention) == ("fp16", "ort-quant", "paged")
+    nodes = onnx.load(out / manifest.partitions[0].file, load_external_data=False).graph.node
+    bits = {next(a.i for a in n.attribute if a.name == "bits") for n in nodes if n.op_type == "MatMulNBits"}
+    assert bits == {8} and not [n for n in nodes if n.op_type == "MatMul"]
+    bad = tmp_path / "bad"
+    assert export_main(["--model", str(folder), "--out", str(bad), "--op-flavour", "portable", "--weight-bits", "4"]) == 2
+    assert "--weight-bits quantizes the weights" in capsys.readouterr().err and not bad.exists()
