@@ -142,6 +142,18 @@ class BlockGroups:
         group = self.window or self.full
         return group.pool.block_table(seq_id), group.pool.first_block(seq_id)
 
+    def block_locations(self, seq_id: int) -> list[tuple[Tier, int]]:
+        """(tier, frame) of each of the full group's blocks of the sequence (a streaming pool's)."""
+        return self.full.pool.block_locations(seq_id)
+
+    def is_streamed(self, seq_id: int) -> bool:
+        """Whether the sequence's full-attention blocks are partly off the device (staged each step)."""
+        return self.full.pool.is_streamed(seq_id)
+
+    def num_full_blocks(self, seq_id: int) -> int:
+        """The sequence's full-attention blocks: what a step stages for it when it streams."""
+        return len(self.full.pool.block_ids(seq_id))
+
     def block_ids(self, seq_id: int) -> list[int]:
         """The full group's block ids (what per-block attention statistics refer to)."""
         return self.full.pool.block_ids(seq_id)

@@ -23,6 +23,13 @@ A pool may serve sliding-window layers (wicore.hmt.kv_cache): a sequence then
 releases its leading blocks as they fall out of the window (`release`), and its
 live blocks start at logical block `first_block` (the window table).
 
+A pool may *stream* (the full-attention group, when the engine stages KV per step:
+wicore.runtime.kv_stream): a running sequence then keeps blocks on DEVICE or HOST. New blocks
+take DEVICE room first and HOST room after it; when a sequence grows and DEVICE is full of
+referenced blocks, the policy's worst of its own DEVICE blocks (never its last, the one being
+written) spill to HOST so that the new tail lies on DEVICE. Nothing of a running sequence
+stays on NVME: a reused or swapped-in NVME block is lifted to HOST (or DEVICE).
+
 Where blocks lie, eviction and the tier states: wicore.hmt.block_space.
 """
 
@@ -82,12 +89,14 @@ class BlockPool(BlockSpace):
         enable_prefix_cache: bool = True,
         clock: Callable[[], float] = time.monotonic,
         group: int = 0,
+        stream: bool = False,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         super().__init__(num_device_blocks, num_host_blocks, num_nvme_blocks, policy, clock, group)
         self.block_size = block_size
         self.enable_prefix_cache = enable_prefix_cache
+        self.stream = stream  # running sequences may keep blocks on HOST (module docstring)
         self._seqs: dict[int, _Sequence] = {}
 
     # -- queries ---------------------------------------------------------------------------
@@ -120,6 +129,15 @@ class BlockPool(BlockSpace):
                 raise ValueError(f"sequence {seq_id}: block {block_id} is in {block.tier.name}; swap_in first")
             frames.append(block.frame)
         return frames
+
+    def block_locations(self, seq_id: int) -> list[tuple[Tier, int]]:
+        """(tier, frame) of the sequence's live blocks, in token order (a streaming pool's tables)."""
+        return [(self._blocks[b].tier, self._blocks[b].frame) for b in self._seq(seq_id).block_ids]
+
+    def is_streamed(self, seq_id: int) -> bool:
+        """Whether the (running) sequence has blocks off DEVICE: its step must stage them."""
+        seq = self._seq(seq_id)
+        return not seq.is_swapped and any(self._blocks[b].tier is not Tier.DEVICE for b in seq.block_ids)
 
     def is_swapped(self, seq_id: int) -> bool:
         return self._seq(seq_id).is_swapped
@@ -162,14 +180,18 @@ class BlockPool(BlockSpace):
         num_new = self._num_blocks(len(token_ids) if num_tokens is None else num_tokens) - num_hits
         if num_new < 0:
             raise ValueError(f"sequence {seq_id}: {num_tokens} tokens is fewer than its {num_hits} cached blocks")
-        if not self._fits(hit_ids, num_new):
+        if not self._can_hold(hit_ids, num_new):
             return None
         now = self._clock()
         for block_id in hit_ids:
             self._acquire(block_id, now)
-        away_ids = [b for b in hit_ids if self._blocks[b].tier is not Tier.DEVICE]
-        moves = self._to_device(away_ids, num_new, now)
-        new_ids = [self._new_block(now, num_hits + i) for i in range(num_new)]
+        if self.stream:
+            moves = self._lift([b for b in hit_ids if self._blocks[b].tier is Tier.NVME], now)
+            new_ids = self._stream_blocks(num_hits, num_new, now, moves)
+        else:
+            away_ids = [b for b in hit_ids if self._blocks[b].tier is not Tier.DEVICE]
+            moves = self._to_device(away_ids, num_new, now)
+            new_ids = [self._new_block(now, num_hits + i) for i in range(num_new)]
         last_hash = hashes[num_hits - 1] if num_hits else b""
         self._seqs[seq_id] = _Sequence(hit_ids + new_ids, num_hits, last_hash, first_block=first_block, extra_keys=extra_keys)
         return Allocation(num_hits * self.block_size, moves)
@@ -185,7 +207,7 @@ class BlockPool(BlockSpace):
         """Whether `allocate(.., token_ids, num_hits, first_block, num_tokens)` would succeed now."""
         hashes = self.prefix_hashes(token_ids) if hashes is None else hashes
         hit_ids = [self._cache[h] for h in hashes[first_block:num_hits]]
-        return self._fits(hit_ids, self._num_blocks(len(token_ids) if num_tokens is None else num_tokens) - num_hits)
+        return self._can_hold(hit_ids, self._num_blocks(len(token_ids) if num_tokens is None else num_tokens) - num_hits)
 
     def prefix_hashes(self, token_ids: Sequence[int], extra_keys: Mapping[int, bytes] | None = None) -> list[bytes]:
         """Chain hashes of the prompt's leading full blocks that could be reused: all but the
@@ -215,16 +237,21 @@ class BlockPool(BlockSpace):
         num_new = self._num_blocks(num_tokens_total) - seq.num_blocks
         if num_new <= 0:
             return []
-        if num_new > self._room(Tier.DEVICE):
+        if not self.can_append(seq_id, num_tokens_total):
             return None
         now = self._clock()
+        if self.stream:
+            moves = self._spill(seq, num_new - self._room(Tier.DEVICE), now)
+            seq.block_ids += self._stream_blocks(seq.num_blocks, num_new, now, moves)
+            return moves
         moves = self._make_room(Tier.DEVICE, num_new, now)
         seq.block_ids += [self._new_block(now, seq.num_blocks + i) for i in range(num_new)]
         return moves
 
     def can_append(self, seq_id: int, num_tokens_total: int) -> bool:
         """Whether `append(seq_id, num_tokens_total)` would succeed now."""
-        return self._num_blocks(num_tokens_total) - self._running(seq_id).num_blocks <= self._room(Tier.DEVICE)
+        room = self._room(Tier.DEVICE) + (self._room(Tier.HOST) if self.stream else 0)
+        return self._num_blocks(num_tokens_total) - self._running(seq_id).num_blocks <= room
 
     def truncate(self, seq_id: int, num_tokens_total: int) -> None:
         """Drop the blocks past those `num_tokens_total` tokens need (a speculative row's
@@ -285,7 +312,7 @@ class BlockPool(BlockSpace):
         seq = self._running(seq_id)
         if not self.can_swap_out(seq_id):
             return None
-        private_ids = [b for b in seq.block_ids if self._blocks[b].ref_count == 1]
+        private_ids = self._private_device_blocks(seq)
         host_room = self._room(Tier.HOST)
         num_host = min(len(private_ids), host_room)
         now = self._clock()
@@ -300,24 +327,34 @@ class BlockPool(BlockSpace):
         return moves
 
     def can_swap_out(self, seq_id: int) -> bool:
-        """Whether HOST and NVME can take the blocks only this (running) sequence holds."""
-        private = sum(self._blocks[b].ref_count == 1 for b in self._running(seq_id).block_ids)
+        """Whether HOST and NVME can take the DEVICE blocks only this (running) sequence holds."""
+        private = len(self._private_device_blocks(self._running(seq_id)))
         return private <= self._room(Tier.HOST) + self._room(Tier.NVME)
 
     def can_swap_in(self, seq_id: int) -> bool:
-        """Whether DEVICE can take back all the (swapped) sequence's blocks."""
-        away = sum(self._blocks[b].tier is not Tier.DEVICE for b in self._seq(seq_id).block_ids)
-        return away <= self._room(Tier.DEVICE)
+        """Whether DEVICE can take back all the (swapped) sequence's blocks (a streaming pool: its
+        NVME ones, DEVICE and HOST together)."""
+        seq = self._seq(seq_id)
+        if self.stream:
+            return self._num_in(seq, Tier.NVME) <= self._room(Tier.DEVICE) + self._room(Tier.HOST)
+        return len(seq.block_ids) - self._num_in(seq, Tier.DEVICE) <= self._room(Tier.DEVICE)
 
     def swap_in(self, seq_id: int) -> list[Move] | None:
-        """Bring all the sequence's blocks back to DEVICE; None (nothing changed) if it cannot hold them."""
+        """Bring all the sequence's blocks back to DEVICE; None (nothing changed) if it cannot hold
+        them. A streaming pool lifts its NVME blocks and brings HOST ones up into free DEVICE frames."""
         seq = self._seq(seq_id)
         if not seq.is_swapped:
             raise ValueError(f"sequence {seq_id} is not swapped out")
-        away_ids = [b for b in seq.block_ids if self._blocks[b].tier is not Tier.DEVICE]
-        if len(away_ids) > self._room(Tier.DEVICE):
+        if not self.can_swap_in(seq_id):
             return None
-        moves = self._to_device(away_ids, 0, self._clock())
+        now = self._clock()
+        if self.stream:
+            moves = self._lift([b for b in seq.block_ids if self._blocks[b].tier is Tier.NVME], now)
+            for block_id in seq.block_ids:
+                if self._blocks[block_id].tier is Tier.HOST and self.num_free(Tier.DEVICE):
+                    self._relocate(block_id, Tier.DEVICE, moves)
+        else:
+            moves = self._to_device([b for b in seq.block_ids if self._blocks[b].tier is not Tier.DEVICE], 0, now)
         seq.is_swapped = False
         return moves
 
@@ -348,6 +385,54 @@ class BlockPool(BlockSpace):
 
     def _num_blocks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def _num_in(self, seq: _Sequence, tier: Tier) -> int:
+        return sum(self._blocks[b].tier is tier for b in seq.block_ids)
+
+    def _private_device_blocks(self, seq: _Sequence) -> list[int]:
+        return [b for b in seq.block_ids if self._blocks[b].ref_count == 1 and self._blocks[b].tier is Tier.DEVICE]
+
+    def _can_hold(self, hit_ids: list[int], num_new: int) -> bool:
+        """Whether `num_new` fresh blocks and the reused `hit_ids` fit: on DEVICE, or (streaming) on
+        DEVICE and HOST together, less the cached blocks the hits pin and the NVME hits to lift."""
+        if not self.stream:
+            return self._fits(hit_ids, num_new)
+        pinned = sum(b in self._evictable[t] for b in hit_ids for t in (Tier.DEVICE, Tier.HOST))
+        num_nvme = sum(self._blocks[b].tier is Tier.NVME for b in hit_ids)
+        return num_new + num_nvme <= self._room(Tier.DEVICE) + self._room(Tier.HOST) - pinned
+
+    def _stream_blocks(self, first: int, num_new: int, now: float, moves: list[Move]) -> list[int]:
+        """`num_new` fresh blocks for logical blocks first.. of a streaming sequence: the last ones
+        (the tail, written next) on DEVICE as far as it has room, the first ones on HOST. HOST's
+        room is made first, so DEVICE's victims then demote into what HOST has left."""
+        num_host = max(0, num_new - self._room(Tier.DEVICE))
+        moves += self._make_room(Tier.HOST, num_host, now)
+        host_ids = [self._new_block(now, first + i, Tier.HOST) for i in range(num_host)]
+        moves += self._make_room(Tier.DEVICE, num_new - num_host, now)
+        return host_ids + [self._new_block(now, first + i, Tier.DEVICE) for i in range(num_host, num_new)]
+
+    def _spill(self, seq: _Sequence, num_frames: int, now: float) -> list[Move]:
+        """Free up to `num_frames` DEVICE frames for a streaming sequence's new tail: its own DEVICE
+        blocks but the last, the policy's worst first, move to HOST (which makes room first)."""
+        if num_frames <= 0:
+            return []
+        own = [b for b in seq.block_ids[:-1] if self._blocks[b].tier is Tier.DEVICE]
+        victims = self.policy.order(own, now)[: min(num_frames, self._room(Tier.HOST))]
+        moves = self._make_room(Tier.HOST, len(victims), now)
+        for block_id in victims:
+            self._relocate(block_id, Tier.HOST, moves)
+        return moves
+
+    def _lift(self, block_ids: list[int], now: float) -> list[Move]:
+        """Bring NVME blocks a running streaming sequence holds up to HOST, or to DEVICE when HOST is full."""
+        moves: list[Move] = []
+        for block_id in block_ids:
+            if self._room(Tier.HOST):
+                moves += self._make_room(Tier.HOST, 1, now)
+                self._relocate(block_id, Tier.HOST, moves)
+            else:
+                moves += self._to_device([block_id], 0, now)
+        return moves
 
     def _chain_hash(self, parent: bytes, token_ids: Sequence[int], index: int, extra_key: bytes = b"") -> bytes:
         """sha256 of the parent block's chain hash, the token ids (int64) of block `index` and

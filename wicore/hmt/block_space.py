@@ -13,7 +13,8 @@ Every frame of a tier is in one of these states (`usage` = owned + cached):
 Invariants: a block is in exactly one (tier, frame) and a frame holds at most one
 block; ref_count = number of sequences holding the block; a block with ref_count 0
 is cached (otherwise it is retired at once: frame freed, id recyclable); a running
-(not swapped) sequence has all its blocks on DEVICE.
+(not swapped) sequence has all its blocks on DEVICE, unless its pool streams (BlockPool's
+`stream`: then on DEVICE or HOST, and staged to the device each step).
 
 Eviction is a cascade down the tiers: to free DEVICE frames, the policy's worst
 unreferenced cached DEVICE blocks are demoted to HOST as far as HOST has room
@@ -235,13 +236,13 @@ class BlockSpace:
         self._evictable[block.tier].discard(block_id)
         self.policy.touch(block_id, now)
 
-    def _new_block(self, now: float, depth: int) -> int:
-        """A fresh DEVICE block with one reference for logical block `depth` (the caller made room)."""
+    def _new_block(self, now: float, depth: int, tier: Tier = Tier.DEVICE) -> int:
+        """A fresh block in `tier` with one reference for logical block `depth` (the caller made room)."""
         if self._free_ids:
             block_id = heapq.heappop(self._free_ids)
         else:
             block_id, self._next_id = self._next_id, self._next_id + 1
-        frame = heapq.heappop(self._free_frames[Tier.DEVICE])
-        self._blocks[block_id] = Block(block_id, Tier.DEVICE, frame, ref_count=1, depth=depth)
+        frame = heapq.heappop(self._free_frames[tier])
+        self._blocks[block_id] = Block(block_id, tier, frame, ref_count=1, depth=depth)
         self.policy.touch(block_id, now)
         return block_id

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from wicore.hmt.block_groups import BlockGroups
 from wicore.hmt.block_pool import BlockPool, Move
 from wicore.hmt.pager import Pager
-from wicore.hmt.tiers import NvmeStore, Tier
+from wicore.hmt.tiers import NvmeStore, Tier, TierStore
 
 
 class KVCache(BlockGroups):
@@ -55,6 +55,10 @@ class KVCache(BlockGroups):
         now = time.monotonic()
         for block_id, value in zip(block_ids, mass):
             self.full.pool.add_attention(block_id, value, now)
+
+    def store(self, group: int, tier: Tier) -> TierStore:
+        """The store that holds one group's blocks in one tier (the staging of streamed steps reads it)."""
+        return self.pagers[group].stores[tier]
 
     @property
     def num_corrupt(self) -> int:
