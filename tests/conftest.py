@@ -163,6 +163,25 @@ def reference_logits() -> Callable[[object, list[int]], np.ndarray]:
     return hf_logits
 
 
+def hf_greedy(model: object, prompt: list[int], num_tokens: int) -> list[int]:
+    """HF transformers' greedy continuation of `prompt`, EOS not stopping it (as ignore_eos)."""
+    import torch
+
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(  # type: ignore[attr-defined]
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None
+        )
+    new = out[0, len(prompt) :].tolist()
+    assert len(new) == num_tokens
+    return new
+
+
+@pytest.fixture(scope="session")
+def reference_greedy() -> Callable[[object, list[int], int], list[int]]:
+    return hf_greedy
+
+
 # -- a tiny random multimodal Gemma 3 (tests/multimodal.py) ----------------------------
 @pytest.fixture(scope="session")
 def tiny_multimodal(tmp_path_factory: pytest.TempPathFactory):

@@ -24,6 +24,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-tier-gb", type=float, default=1.0, help="tier 1 (host RAM) KV blocks")
     p.add_argument("--nvme-tier-gb", type=float, default=0.0, help="tier 2 (NVMe file) KV blocks")
     p.add_argument("--nvme-dir", type=Path, default=None)
+    p.add_argument(
+        "--kv-stream-tokens",
+        type=int,
+        default=0,
+        help="let a long sequence's full-attention KV lie partly in the host tier: each step that runs one copies "
+        "up to this many tokens of its batch's blocks into stage buffers (taken from --kv-pool-gb); exact, slower "
+        "(0: off; export with --partitions so each partition holds one full-attention layer)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-batched-tokens", type=int, default=2048, help="tokens one step may run (decodes first)")
     p.add_argument(
@@ -67,6 +75,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             host_tier_gb=args.host_tier_gb,
             nvme_tier_gb=args.nvme_tier_gb,
             nvme_dir=args.nvme_dir,
+            kv_stream_tokens=args.kv_stream_tokens,
             policy=args.policy,
             enable_prefix_cache=not args.no_prefix_cache,
             devices=args.devices,

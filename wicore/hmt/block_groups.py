@@ -138,7 +138,10 @@ class BlockGroups:
 
     def window_table(self, seq_id: int) -> tuple[list[int], int]:
         """The window group's DEVICE frames and the logical block of the first; without a
-        window group, the full table from block 0."""
+        window group, the full table from block 0 (empty while the sequence streams: the
+        runner gives it the staged table)."""
+        if self.window is None and self.full.pool.is_streamed(seq_id):
+            return [], 0
         group = self.window or self.full
         return group.pool.block_table(seq_id), group.pool.first_block(seq_id)
 

@@ -91,11 +91,11 @@ class HostStore:
     def write(self, frame: int, data: np.ndarray) -> None:
         self.data[frame] = data
 
-    def read_layer(self, frames: Sequence[int], layer: int) -> np.ndarray:
+    def read_layer(self, frames: Sequence[int] | np.ndarray, layer: int) -> np.ndarray:
         """One layer's K and V of the blocks in `frames`, [len(frames), 2, block_size, kv_heads, head_dim]."""
         return self.data[np.asarray(frames, np.int64), layer]
 
-    def write_layer(self, frames: Sequence[int], layer: int, data: np.ndarray) -> None:
+    def write_layer(self, frames: Sequence[int] | np.ndarray, layer: int, data: np.ndarray) -> None:
         """Overwrite one layer's K and V of each of the distinct `frames` with its block of `data`."""
         self.data[np.asarray(frames, np.int64), layer] = data
 

@@ -88,6 +88,21 @@ def scatter_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) 
     return _model(graph)
 
 
+def copy_graph(elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
+    """dst_j[dst_frames[i]] = src_j[src_frames[i]] for the key (j = 0) and value (j = 1) buffers of
+    one layer, on the device: blocks between a pool and a stage (wicore.runtime.kv_stream).
+    Outputs `dst_{k,v}_out` alias the destination buffers."""
+    nodes, inputs, outputs = [], [_value_info("src_frames", TensorProto.INT64, ["n"])], []
+    inputs.append(_value_info("dst_frames", TensorProto.INT64, ["n", 1]))
+    for kv in "kv":
+        src, dst, rows = f"src_{kv}", f"dst_{kv}", f"/copy/{kv}/Gather/output_0"
+        nodes.append(helper.make_node("Gather", [src, "src_frames"], [rows], name=f"/copy/{kv}/Gather", axis=0))
+        nodes.append(helper.make_node("ScatterND", [dst, "dst_frames", rows], [f"{dst}_out"], name=f"/copy/{kv}/ScatterND"))
+        inputs += [_value_info(src, elem, ["src_blocks", *block_shape]), _value_info(dst, elem, ["dst_blocks", *block_shape])]
+        outputs.append(_value_info(f"{dst}_out", elem, ["dst_blocks", *block_shape]))
+    return _model(helper.make_graph(nodes, "wicore_stage_copy", inputs, outputs))
+
+
 class OrtPoolStore:
     """Tier 0 over pools that are OrtValues on one device (any EP): copies by gather/scatter runs.
 

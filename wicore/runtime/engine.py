@@ -33,7 +33,7 @@ from pathlib import Path
 from wicore.errors import ContextLengthError, OverloadedError, RequestError
 from wicore.graph.manifest import Manifest
 from wicore.hmt.block_groups import FULL, WINDOW
-from wicore.hmt.tiers import Tier
+from wicore.hmt.tiers import HostStore, Tier
 from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.runtime.channel import Channel
 from wicore.runtime.engine_config import EngineConfig
@@ -42,6 +42,7 @@ from wicore.runtime.graphs import ModelGraphs
 from wicore.runtime.images import ImageInput, ImageSpan
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
 from wicore.runtime.kv_layout import KVLayout, build_kv_cache, choose_block_size, plan_tiers, pool_gb_flag
+from wicore.runtime.kv_stream import KVStreamer, num_stages
 from wicore.runtime.placement import plan_placement
 from wicore.runtime.rate import RateMeter
 from wicore.runtime.request import Completion, Priority, Request, RequestOutput
@@ -66,7 +67,8 @@ class Engine:
         self.config = config
         bs = choose_block_size(self.manifest, config.block_size)
         layout = KVLayout.of(self.manifest, bs)
-        tiers = plan_tiers(config, layout)
+        stage_frames = -(-config.kv_stream_tokens // bs) + 1 if config.kv_stream_tokens else 0  # + the sink
+        tiers = plan_tiers(config, layout, num_stages(self.manifest) * stage_frames * layout.layer_block_bytes)
         device = tiers[Tier.DEVICE]
         device_bytes = device.full * layout.block_bytes(FULL) + device.window * layout.block_bytes(WINDOW)
         placement = plan_placement(model_dir, self.manifest, config.devices, device_bytes, config.vision_device)
@@ -89,13 +91,22 @@ class Engine:
             self.vision = VisionEncoder(
                 model_dir, placement.vision.record, placement.vision.device, config.num_threads, config.image_cache_size
             )
-        self.runner = ModelRunner(graphs, bs, self.vision)
-        sched = config.scheduler
+        streamer = None
+        if stage_frames:
+            host = self.kv.store(FULL, Tier.HOST)
+            assert isinstance(host, HostStore), "the host tier is a HostStore (build_kv_cache)"
+            streamer = KVStreamer(self.manifest, buffers, host, stage_frames, config.num_threads)
+        self.runner = ModelRunner(graphs, bs, self.vision, streamer)
+        sched = replace(config.scheduler, max_staged_blocks=stage_frames - 1 if stage_frames else None)
         model_context = self.manifest.config.max_position_embeddings
         self._max_context = model_context if sched.max_context is None else min(sched.max_context, model_context)
         self.scheduler = Scheduler(replace(sched, eos_token_ids=self.eos_token_ids, max_context=self._max_context), self.kv)
-        # Room one sequence can have on the device (one block of each group is the padding sink).
-        self._device_tokens = (device.full - 1) * bs
+        # Room one sequence can have on the device (one block of each group is the padding sink), or,
+        # streamed, on the device and in the host tier, within what a step stages.
+        full_blocks = device.full - 1
+        if stage_frames:
+            full_blocks = min(full_blocks + tiers[Tier.HOST].full, stage_frames - 1)
+        self._device_tokens = full_blocks * bs
         self._window_blocks = device.window - 1
         if config.cuda_graphs:  # tables as wide as the longest sequence, and a sliding window plus two blocks
             context = self.max_sequence_tokens
@@ -261,6 +272,12 @@ class Engine:
                 return f"the model's context {holds}"
             return f"--max-context {holds}; the model takes up to {model_context}"
         sched = self.scheduler.config
+        if sched.max_staged_blocks is not None:
+            return (
+                f"a step stages {self.max_sequence_tokens} tokens of KV with --kv-stream-tokens "
+                f"{self.config.kv_stream_tokens} and the device and host tiers (prompt plus at least one generated "
+                "token): raise --kv-stream-tokens or --host-tier-gb"
+            )
         need = pool_gb_flag(self.layout.pool_bytes(sched.max_num_seqs, tokens, sched.prefill_chunk))
         return (
             f"the device KV cache holds {self.max_sequence_tokens} tokens (prompt plus at least one generated token); "

@@ -24,6 +24,7 @@ from wicore.runtime.batch import BatchInputs
 from wicore.runtime.cuda_graphs import DecodeGraphs
 from wicore.runtime.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 from wicore.runtime.kv_buffers import KVBuffers
+from wicore.runtime.kv_stream import StagedRun
 from wicore.runtime.providers import Device, DeviceError, onnxruntime, session_options
 
 
@@ -84,10 +85,11 @@ class ModelGraphs:
     def input_names(self, partition: int) -> set[str]:
         return self._input_names[partition]
 
-    def bind_kv(self, binding, record) -> None:
-        """Bind the partition's KV buffers as its cache inputs and, in place, its cache outputs."""
+    def bind_kv(self, binding, record, staged: StagedRun | None = None) -> None:
+        """Bind the partition's KV buffers as its cache inputs and, in place, its cache outputs
+        (in a staged run, each full-attention layer's stage: wicore.runtime.kv_stream)."""
         for layer in range(record.start, record.stop):
-            key, value = self.buffers.values(layer)
+            key, value = (staged.values(layer) if staged is not None else None) or self.buffers.values(layer)
             binding.bind_ortvalue_input(io.key_cache(layer), key)
             binding.bind_ortvalue_output(io.key_cache_out(layer), key)
             binding.bind_ortvalue_input(io.value_cache(layer), value)
@@ -105,15 +107,17 @@ class ModelGraphs:
         logits: bool = True,
         images: dict[str, np.ndarray] | None = None,
         sampling: SamplingInputs | None = None,
+        staged: StagedRun | None = None,
     ) -> GraphOutputs:
         """Run every partition for one batch. With `logits` False and a graph that gives the greedy
         tokens, only those come back to the host (the logits stay on the device, unread). `images`:
         the image inputs of a multimodal export (wicore.runtime.vision.VisionEncoder.decoder_inputs).
-        `sampling` (exports with the sampling head): the rows' draws come back too."""
+        `sampling` (exports with the sampling head): the rows' draws come back too. `staged`: the
+        rows stream, their full-attention blocks staged around each partition (uncaptured)."""
         want_logits = logits or not self.has_greedy_tokens
         if sampling is not None and not self.has_sampling_head:
             raise ValueError("this export has no sampling head (wicore-export --sampling-head on)")
-        if not images and self.decode_graphs is not None and self.decode_graphs.can_run(batch):
+        if staged is None and not images and self.decode_graphs is not None and self.decode_graphs.can_run(batch):
             return self.decode_graphs.run(batch, want_logits, sampling)
         hidden = None
         out: dict[str, Any] = {}
@@ -145,8 +149,12 @@ class ModelGraphs:
             for name, array in step_inputs.items():
                 if name in self._input_names[i]:
                     binding.bind_cpu_input(name, array)
-            self.bind_kv(binding, record)
+            self.bind_kv(binding, record, staged)
+            if staged is not None:
+                staged.before(i)
             session.run_with_iobinding(binding, self._run_options)
+            if staged is not None:
+                staged.after(i)
             out = dict(zip(results, binding.get_outputs()))
             hidden = out.get(io.HIDDEN_STATES_OUT)
             if record.has_attention_stats:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wicore.errors import WiCoreError
 from wicore.graph.kv_quant import kv_row_width
 from wicore.graph.manifest import Manifest
 from wicore.graph.paged_attention import flash_page_size
@@ -129,12 +130,19 @@ class TierBlocks:
     window: int
 
 
-def plan_tiers(config: EngineConfig, layout: KVLayout) -> dict[Tier, TierBlocks]:
-    """Blocks per group and tier from an EngineConfig. Explicit block counts (num_*_blocks)
-    apply to both groups alike."""
+def plan_tiers(config: EngineConfig, layout: KVLayout, reserved_bytes: int = 0) -> dict[Tier, TierBlocks]:
+    """Blocks per group and tier from an EngineConfig; `reserved_bytes` of the device pool go to
+    something else (the stages of streamed steps). Explicit block counts (num_*_blocks) apply to
+    both groups alike."""
     sched = config.scheduler
     need = sched.max_num_seqs * layout.window_blocks_per_sequence(sched.prefill_chunk) + 1
-    full, window = layout.split(config.kv_pool_gb * GIB, need)
+    budget = config.kv_pool_gb * GIB - reserved_bytes
+    if config.num_device_blocks is None and budget < 2 * (layout.block_bytes(FULL) + layout.block_bytes(WINDOW)):
+        raise WiCoreError(
+            f"--kv-pool-gb {config.kv_pool_gb:g} leaves no room for KV blocks beside {reserved_bytes / GIB:.2f} GiB of KV "
+            "stages: raise --kv-pool-gb or lower --kv-stream-tokens"
+        )
+    full, window = layout.split(budget, need)
     device = TierBlocks(max(2, full), max(2, window) if layout.has_window else 0)
     # The lower tiers hold what device blocks are demoted or swapped to: same byte shares.
     window_bytes = device.window * layout.block_bytes(WINDOW)
@@ -174,5 +182,8 @@ def build_kv_cache(config: EngineConfig, layout: KVLayout, tiers: dict[Tier, Tie
         pagers.append(Pager(stores))
         policy = A2CRPolicy(config.a2cr) if config.policy == "a2cr" else LRUPolicy()
         device, host, nvme = counts
-        pools.append(BlockPool(device, host, nvme, layout.block_size, policy, config.enable_prefix_cache, group=group))
+        stream = group == FULL and config.kv_stream_tokens > 0  # wicore.runtime.kv_stream
+        pools.append(
+            BlockPool(device, host, nvme, layout.block_size, policy, config.enable_prefix_cache, group=group, stream=stream)
+        )
     return KVCache(pools, pagers, layout.window if len(pools) > 1 else None)

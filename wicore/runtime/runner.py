@@ -35,6 +35,7 @@ from wicore.graph.sampling import TOP_CANDIDATES
 from wicore.runtime.batch import build_batch
 from wicore.runtime.graph_io import Draws, SamplingInputs
 from wicore.runtime.graphs import ModelGraphs
+from wicore.runtime.kv_stream import KVStreamer, plan_stage
 from wicore.runtime.sampler import MIN_TEMPERATURE, Sample, Sampler, SamplingParams
 from wicore.runtime.speculative import verify_row
 from wicore.runtime.step import RunResult, ScheduledRow
@@ -44,10 +45,13 @@ from wicore.runtime.vision import VisionEncoder
 class ModelRunner:
     """Rows in, sampled tokens out, over the model's graphs (see the module docstring)."""
 
-    def __init__(self, graphs: ModelGraphs, block_size: int, vision: VisionEncoder | None = None) -> None:
+    def __init__(
+        self, graphs: ModelGraphs, block_size: int, vision: VisionEncoder | None = None, streamer: KVStreamer | None = None
+    ) -> None:
         self.graphs = graphs
         self.block_size = block_size
         self.vision = vision
+        self.streamer = streamer  # stages the blocks of streamed rows (wicore.runtime.kv_stream)
         self._samplers: dict[str, Sampler] = {}
 
     def execute(self, rows: Sequence[ScheduledRow], ended_request_ids: Sequence[str] = ()) -> RunResult:
@@ -68,7 +72,14 @@ class ModelRunner:
             drawn = self._drawn_rows(group)
             sampling = self._sampling_inputs(group, drawn) if drawn else None
             logits = any(_needs_logits(row) and row.request_id not in drawn for row in group)
-            out = self.graphs.run(build_batch(group, self.block_size), logits=logits, images=images, sampling=sampling)
+            batch_rows, staged = group, None
+            if any(row.full_locations for row in group):  # a row streams: every row's blocks are staged
+                if self.streamer is None:
+                    raise ValueError("a streamed row, but the engine has no KV stages (kv_stream_tokens)")
+                plan = plan_stage(group, self.block_size, self.streamer.num_frames, self.streamer.has_window)
+                batch_rows, staged = plan.rows, self.streamer.run(plan)
+            batch = build_batch(batch_rows, self.block_size)
+            out = self.graphs.run(batch, logits=logits, images=images, sampling=sampling, staged=staged)
             host_logits = out.logits
             offset = 0
             for i, row in enumerate(group):

@@ -33,7 +33,7 @@ from wicore.hmt.block_pool import Move
 from wicore.hmt.tiers import Tier
 from wicore.runtime.request import Priority, Request, RequestOutput, Status
 from wicore.runtime.sampler import Sample
-from wicore.runtime.scheduler_config import SchedulerConfig, SchedulerStats, StepBudget
+from wicore.runtime.scheduler_config import SchedulerConfig, SchedulerStats, StageBudget, StepBudget
 from wicore.runtime.step import RunResult, ScheduledRow, SchedulerOutput
 
 
@@ -92,6 +92,7 @@ class Scheduler:
         decoding = any(r.num_tokens - r.num_computed == 1 for r in self.running)
         prefill = cfg.prefill_with_decodes if decoding else cfg.max_num_batched_tokens
         budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk)
+        stage = StageBudget(cfg.max_staged_blocks)
 
         queue = sorted(self.running, key=self._rank)
         preempted_this_step = False
@@ -118,14 +119,16 @@ class Scheduler:
                 plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n)
             if plan is None:
                 continue
-            budget.spend(req, n + len(draft))
             moves += plan
+            if not self._stage(stage, req):  # its blocks do not fit this step's staging: a later step
+                continue
+            budget.spend(req, n + len(draft))
             rows.append(self._row(req, n, draft))
 
         if not preempted_this_step:
-            self._swap_in(rows, moves, budget)
+            self._swap_in(rows, moves, budget, stage)
             if not self.swapped:
-                self._admit(rows, moves, budget, now)
+                self._admit(rows, moves, budget, stage, now)
         ended, self._ended = self._ended, []
         return SchedulerOutput(rows, moves, finished, ended)
 
@@ -142,15 +145,27 @@ class Scheduler:
             return ()
         return tuple(draft[: max(0, min(budget.tokens - 1, self.config.prefill_chunk - 1))])
 
+    def _stage(self, stage: StageBudget, req: Request) -> bool:
+        """Whether `req`'s row fits what the step may stage (always, when nothing streams); taken if so."""
+        if stage.capacity is None:
+            return True
+        num_blocks, streams = self.kv.num_full_blocks(req.seq_id), self.kv.is_streamed(req.seq_id)
+        if not stage.admits(num_blocks, streams):
+            return False
+        stage.take(num_blocks, streams)
+        return True
+
     def _row(self, req: Request, n: int, draft: tuple[int, ...] = ()) -> ScheduledRow:
         start = req.num_computed
         window_table, window_first = self.kv.window_table(req.seq_id)
         needs_sample = start + n == req.num_tokens
+        streams = self.kv.is_streamed(req.seq_id)
         return ScheduledRow(
             request_id=req.request_id,
             token_ids=req.token_ids[start : start + n] + list(draft),
             start=start,
-            block_table=self.kv.block_table(req.seq_id),
+            block_table=[] if streams else self.kv.block_table(req.seq_id),
+            full_locations=tuple(self.kv.block_locations(req.seq_id)) if streams else (),
             block_ids=self.kv.block_ids(req.seq_id),
             window_table=window_table,
             window_first=window_first,
@@ -200,7 +215,7 @@ class Scheduler:
         self.waiting.append(req)
         self.stats.num_preempted_recompute += 1
 
-    def _swap_in(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget) -> None:
+    def _swap_in(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, stage: StageBudget) -> None:
         for req in sorted(self.swapped, key=self._rank):
             if len(self.running) >= self.config.max_num_seqs or budget.tokens <= 0:
                 break
@@ -217,11 +232,13 @@ class Scheduler:
             more = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n)
             if more is None:  # back in, but no room to grow this step: it runs next step
                 continue
-            budget.spend(req, n)
             moves += more
+            if not self._stage(stage, req):
+                continue
+            budget.spend(req, n)
             rows.append(self._row(req, n))
 
-    def _admit(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, now: float) -> None:
+    def _admit(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, stage: StageBudget, now: float) -> None:
         for req in sorted(self.waiting, key=lambda r: self._rank(r, now)):
             if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
                 break
@@ -245,7 +262,9 @@ class Scheduler:
             moves += alloc.moves
             self._set_running(req, self.waiting)
             n = budget.fits(req)
-            if n:  # else its next chunk is an image that does not fit this step: it runs next step
+            # else its next chunk is an image that does not fit this step, or its blocks the step's
+            # staging: it runs a later step
+            if n and self._stage(stage, req):
                 budget.spend(req, n)
                 rows.append(self._row(req, n))
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wicore.hmt.block_pool import Move
+from wicore.hmt.tiers import Tier
 from wicore.runtime.images import ImageSpan
 from wicore.runtime.request import RequestOutput
 from wicore.runtime.sampler import Sample, SamplingParams
@@ -30,7 +31,7 @@ class ScheduledRow:
     request_id: str
     token_ids: list[int]
     start: int
-    block_table: list[int]  # DEVICE frames of the request's blocks, in order
+    block_table: list[int]  # DEVICE frames of the request's blocks, in order (empty when streamed)
     block_ids: list[int]  # the same blocks' ids (what per-block statistics refer to)
     window_table: list[int]  # DEVICE frames of its sliding-window blocks, from logical block window_first
     window_first: int
@@ -41,6 +42,8 @@ class ScheduledRow:
     # row, or partly cached before it)
     draft_ids: tuple[int, ...] = ()  # a verification row: its last len(draft_ids) tokens are a proposer's
     # draft, and every one of its tokens has logits (wicore.runtime.speculative)
+    full_locations: tuple[tuple[Tier, int], ...] = ()  # a streamed row (some full-attention blocks off the
+    # device): (tier, frame) of each of them, in order; the runner stages them (wicore.runtime.kv_stream)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,134 @@
+"""Streamed steps (wicore.runtime.kv_stream): sequences whose full-attention KV does not fit the
+device tier run from the device and host tiers, their blocks staged around each partition. On a
+tiny random Gemma 3 with two full-attention layers: the tokens are HF transformers' (exact
+attention), with one stage shared by two partitions or one stage a layer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wicore.errors import ContextLengthError
+from wicore.hmt.tiers import Tier
+from wicore.runtime.engine import Engine, EngineConfig
+from wicore.runtime.kv_stream import plan_stage
+from wicore.runtime.sampler import SamplingParams
+from wicore.runtime.scheduler import SchedulerConfig
+from wicore.runtime.step import ScheduledRow
+
+D, H = Tier.DEVICE, Tier.HOST
+TWO_FULL = ["full_attention", "sliding_attention", "full_attention", "sliding_attention"]
+RNG = np.random.default_rng(11)
+LONG = RNG.integers(3, 512, 70).tolist()  # 18 blocks of 4 with the tokens generated
+GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
+
+
+def row(request_id: str, start: int, n: int, table: list[int], locations: tuple = ()) -> ScheduledRow:
+    return ScheduledRow(request_id, [7] * n, start, table, [], [], 0, 1, True, GREEDY, full_locations=locations)
+
+
+def test_plan_stage_lays_rows_out_after_the_sink_and_sends_written_blocks_home():
+    """Row a (streamed, 3 blocks: HOST 5, DEVICE 2, DEVICE 9) decodes its token 9, in its third
+    block; row b (on DEVICE: 4, 6) prefills tokens 3..6, its blocks 0 and 1. Stage frames: a 1-3,
+    b 4-5."""
+    rows = [row("a", 9, 1, [], ((H, 5), (D, 2), (D, 9))), row("b", 3, 4, [4, 6])]
+    plan = plan_stage(rows, 4, 8, has_window=True)
+    assert [r.block_table for r in plan.rows] == [[1, 2, 3], [4, 5]]
+    assert all(r.full_locations == () for r in plan.rows)
+    assert plan.num_frames == 6
+    assert (plan.device_src.tolist(), plan.device_dst.tolist()) == ([2, 9, 4, 6], [2, 3, 4, 5])
+    assert (plan.host_src.tolist(), plan.host_dst.tolist()) == ([5], [1])
+    assert (plan.back_device_src.tolist(), plan.back_device_dst.tolist()) == ([3, 4, 5], [9, 4, 6])
+    assert (plan.back_host_src.tolist(), plan.back_host_dst.tolist()) == ([], [])
+    no_window = plan_stage(rows, 4, 8, has_window=False)  # the full table is the window table too
+    assert [(r.window_table, r.window_first) for r in no_window.rows] == [([1, 2, 3], 0), ([4, 5], 0)]
+    with pytest.raises(ValueError, match="the rows stage 5 blocks, the stage holds 4"):
+        plan_stage(rows, 4, 5, has_window=True)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_export):
+    return {parts: tiny_export(parts, layer_types=TWO_FULL) for parts in (1, 2)}
+
+
+def streamed_engine(model_dir, **overrides) -> Engine:
+    """Full-attention layers' device tier: 6 blocks (the sink and 5, 20 tokens); the host tier
+    64; steps stage up to 128 tokens."""
+    settings = dict(
+        num_threads=1,
+        block_size=4,
+        num_device_blocks=6,
+        num_window_device_blocks=32,
+        num_host_blocks=64,
+        num_nvme_blocks=0,
+        kv_stream_tokens=128,
+        scheduler=SchedulerConfig(max_num_batched_tokens=48, prefill_chunk=16),
+    )
+    return Engine(EngineConfig(model_dir=model_dir, **{**settings, **overrides}))
+
+
+@pytest.mark.parametrize("parts", [2, 1])
+def test_a_sequence_past_the_device_tier_streams_and_gives_hfs_greedy_tokens(tiny, parts, reference_greedy):
+    """70 prompt tokens and 12 generated need 21 blocks; the device tier holds 5. Two partitions
+    with a full layer each share one stage; one partition has a stage a layer. Both give HF's
+    tokens; the host blocks were staged at every step."""
+    model_dir, model = tiny[parts]
+    with streamed_engine(model_dir) as engine:
+        assert engine.max_sequence_tokens == 128  # the stage, less the sink: 32 blocks of 4
+        assert engine.runner.streamer is not None and engine.runner.streamer.num_stages == 3 - parts
+        got = engine.generate([LONG], GREEDY)[0]
+        stats = engine.runner.streamer.stats
+        full = engine.stats()["kv_groups"]["full"]["blocks_in_use"]
+    assert got.token_ids == reference_greedy(model, LONG, 12)
+    assert stats.num_runs == 5 + 11  # 70 tokens in chunks of 16, then 11 decode steps
+    assert stats.num_host_blocks > 0 and stats.num_written_back > 0
+    # 81 tokens have KV: 20 full blocks stay cached where they lie, the partial 21st is retired
+    assert full == {"device": 4, "host": 16, "nvme": 0}
+
+
+def test_streamed_sequences_share_a_prefix_from_host_and_run_beside_short_ones(tiny, reference_greedy):
+    """Two requests with the same long prompt (the second reuses its 17 cached blocks, most of them
+    on HOST) and a short one, together: each gives its tokens alone."""
+    model_dir, model = tiny[2]
+    short = RNG.integers(3, 512, 9).tolist()
+    with streamed_engine(model_dir) as engine:
+        first = engine.generate([LONG], GREEDY)[0]
+        both = engine.generate([LONG, short], GREEDY)
+        cached = engine.stats()["cached_prompt_tokens"]
+    assert first.token_ids == both[0].token_ids == reference_greedy(model, LONG, 12)
+    assert both[1].token_ids == reference_greedy(model, short, 12)
+    assert cached == 68  # 17 full blocks of the 70-token prompt
+
+
+def test_a_prompt_past_what_a_step_stages_is_refused(tiny):
+    """128 tokens and one to generate are 33 blocks; a step stages 32: refused, naming the flags."""
+    model_dir, _ = tiny[2]
+    with (
+        streamed_engine(model_dir) as engine,
+        pytest.raises(ContextLengthError, match="the prompt has 128 tokens; a step stages 128"),
+    ):
+        engine.add_request(RNG.integers(3, 512, 128).tolist(), GREEDY)
+
+
+def test_a_model_without_sliding_layers_streams_its_table_as_the_window_table_too(tmp_path, reference_greedy):
+    """A tiny Llama (three full-attention layers, one partition: a stage a layer) gives HF's tokens
+    streamed; its graphs read the staged table for their (unused) window inputs as well."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from wicore.export.exporter import ExportConfig, export_model
+    from wicore.export.sources import open_source
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path / "hf")
+    export_model(open_source(str(tmp_path / "hf")), tmp_path / "model", ExportConfig(), progress=lambda _: None)
+    with streamed_engine(tmp_path / "model", num_window_device_blocks=None) as engine:
+        assert engine.runner.streamer is not None and engine.runner.streamer.num_stages == 3
+        got = engine.generate([LONG], GREEDY)[0]
+        assert engine.runner.streamer.stats.num_host_blocks > 0
+    assert got.token_ids == reference_greedy(model, LONG, 12)
