@@ -20,6 +20,12 @@ request's length, the sliding layers' window only), and the peak above that whil
 (activations, ONNX Runtime's arenas). Resident memory is solved per layer like the times; the
 activations are one layer's at a time, so the full depth takes the largest of the three.
 
+With `--stream-fractions`, the same exports (then one partition a layer) also run with only that
+fraction of the full-attention layers' blocks in the device tier and the rest in the host tier,
+staged into the device at every step (`EngineConfig.kv_stream_tokens`, wicore.runtime.kv_stream):
+the cost of a context that does not fit the device, against the same run with all of it there.
+Their memory counts the stage (one layer's blocks of the whole sequence) apart from the KV.
+
 HF transformers (bf16, sdpa, cuDNN SDPA off) prefills the same prompt in one forward
 (logits_to_keep=1, its default way to run a prompt) and decodes the same steps; its peak is
 torch's memory_allocated after loading and max_memory_allocated above it (a warm-up forward
@@ -49,6 +55,7 @@ from wicore.graph.manifest import Manifest
 from wicore.hmt.block_groups import FULL, WINDOW
 from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.kv_layout import KVLayout, choose_block_size
+from wicore.runtime.kv_stream import num_stages
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
 
@@ -68,6 +75,7 @@ class Config:
     work: Path
     hf: bool
     json_path: Path | None
+    stream_fractions: tuple[float, ...] = ()  # device share of the full layers' blocks, streamed runs
 
 
 def make_checkpoints(config: Config) -> dict[str, Path]:
@@ -112,10 +120,11 @@ class DeviceMemory:
         self.peak = max(self.peak, self._used() - self.base)
 
 
-def wicore_long(model_dir: Path, context: int, config: Config) -> dict[str, float | bool]:
+def wicore_long(model_dir: Path, context: int, config: Config, fraction: float | None = None) -> dict[str, float | bool]:
     """Prefill seconds and median decode ms of one request of `context` tokens (after a warm-up
     request), and device GiB: resident once the engine is up (weights, KV buffers, sessions) and
-    the peak above that (activations, ONNX Runtime's arenas)."""
+    the peak above that (activations, ONNX Runtime's arenas). With `fraction`, the device tier holds
+    that share of the full layers' blocks, the host tier the rest, and every step stages them."""
     memory = DeviceMemory()
     tokens = context + config.decode_steps + 4
     chunk = config.prefill_chunk
@@ -124,13 +133,19 @@ def wicore_long(model_dir: Path, context: int, config: Config) -> dict[str, floa
     layout = KVLayout.of(manifest, block_size)
     window_blocks = layout.window_blocks_per_sequence(chunk) + 1
     full_blocks = 1 + -(-tokens // block_size)
+    stream: dict[str, int] = {"num_host_blocks": 0}
+    stage_bytes = 0
+    if fraction is not None:
+        stream = dict(kv_stream_tokens=tokens, num_host_blocks=full_blocks)
+        stage_bytes = num_stages(manifest) * (full_blocks + 1) * layout.layer_block_bytes
+        full_blocks = max(2, round(fraction * full_blocks) + 1)
     kv_bytes = full_blocks * layout.block_bytes(FULL) + (window_blocks * layout.block_bytes(WINDOW) if layout.has_window else 0)
     weight_bytes = sum(f.stat().st_size for f in model_dir.iterdir() if f.suffix in (".onnx", ".data"))
     scheduler = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=chunk, prefill_with_decodes=chunk, prefill_chunk=chunk)
     engine_config = EngineConfig(
         model_dir=model_dir, devices=config.devices, num_threads=2, block_size=block_size,
-        num_device_blocks=full_blocks, num_window_device_blocks=window_blocks, num_host_blocks=0,
-        num_nvme_blocks=0, enable_prefix_cache=False, scheduler=scheduler,
+        num_device_blocks=full_blocks, num_window_device_blocks=window_blocks, num_nvme_blocks=0,
+        enable_prefix_cache=False, scheduler=scheduler, **stream,  # type: ignore[arg-type]
     )  # fmt: skip
     with Engine(engine_config) as engine:
         memory.sample()
@@ -139,14 +154,19 @@ def wicore_long(model_dir: Path, context: int, config: Config) -> dict[str, floa
         run_request(engine, rng.integers(1000, vocab, min(2 * chunk, context)).tolist(), 4, memory)  # warm-up
         prefill, decode = run_request(engine, rng.integers(1000, vocab, context).tolist(), config.decode_steps + 1, memory)
         captured = bool(engine.config.cuda_graphs)
+        staged = engine.runner.streamer.stats if engine.runner.streamer is not None else None
     return {
         "prefill_s": prefill,
         "decode_ms": 1000 * statistics.median(decode),
         "weights_gib": weight_bytes / GIB,
         "kv_gib": kv_bytes / GIB,
+        "stage_gib": stage_bytes / GIB,
         "peak_gib": memory.peak / GIB,
-        "overhead_gib": (memory.peak - weight_bytes - kv_bytes) / GIB,
+        "overhead_gib": (memory.peak - weight_bytes - kv_bytes - stage_bytes) / GIB,
         "cuda_graphs": captured,
+        **(
+            {} if staged is None else {"staged_from_host": staged.num_host_blocks, "staged_from_device": staged.num_device_blocks}
+        ),
     }
 
 
@@ -217,11 +237,11 @@ def hf_long(folder: Path, context: int, config: Config) -> dict[str, object]:
     return result
 
 
-def isolated(measure: Callable[[Path, int, Config], T], folder: Path, context: int, config: Config) -> T:
-    """measure(folder, context, config) in a process of its own: device memory that an earlier
+def isolated(measure: Callable[..., T], folder: Path, context: int, config: Config, *more: object) -> T:
+    """measure(folder, context, config, *more) in a process of its own: device memory that an earlier
     measurement's ONNX Runtime arenas or torch's cache still hold cannot count."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(measure, (folder, context, config))
+        return pool.apply(measure, (folder, context, config, *more))
 
 
 def solve(by_model: dict[str, dict[str, float]], sliding: int, full: int) -> dict[str, float]:
@@ -240,7 +260,8 @@ def solve(by_model: dict[str, dict[str, float]], sliding: int, full: int) -> dic
         out[f"{key}_per_sliding_layer"], out[f"{key}_per_full_layer"] = float(per_sliding), float(per_full)
     if "overhead_gib" in by_model[names[0]]:
         out["overhead_gib"] = max(by_model[n]["overhead_gib"] for n in names)
-        out["peak_gib"] = out["weights_gib"] + out["kv_gib"] + out["overhead_gib"]
+        out["stage_gib"] = max(by_model[n].get("stage_gib", 0.0) for n in names)  # one stage, whatever the depth
+        out["peak_gib"] = out["weights_gib"] + out["kv_gib"] + out["stage_gib"] + out["overhead_gib"]
     else:
         out["peak_gib"] = out["weights_gib"] + out["activations_gib"]
     return out
@@ -260,14 +281,20 @@ def run(config: Config) -> int:
             fine = all("oom" not in r for r in per_model.values())
             hf[context] = {"models": per_model, **({"full_depth": solve(per_model, depth - num_full, num_full)} if fine else {})}  # type: ignore[arg-type]
         results["hf-sdpa-bf16"] = hf
+    split = bool(config.stream_fractions)  # a partition a layer: the full layers share one stage
     for variant in config.variants:
-        dirs = {name: export(folders[name], variant, config.work / f"{config.shape}-{name}-{variant}") for name in MODELS}
-        runs: dict[int, object] = {}
-        for context in config.contexts:
-            per_model = {name: isolated(wicore_long, dirs[name], context, config) for name in MODELS}
-            print(f"  {variant} context {context}: {per_model}", flush=True)
-            runs[context] = {"models": per_model, "full_depth": solve(per_model, depth - num_full, num_full)}
-        results[variant] = runs
+        dirs = {
+            name: export(folders[name], variant, config.work / f"{config.shape}-{name}-{variant}{'-split' if split else ''}", sum(MODELS[name]) if split else 1)
+            for name in MODELS
+        }  # fmt: skip
+        for fraction in (None, *config.stream_fractions):
+            label = variant if fraction is None else f"{variant}+stream{round(100 * fraction)}"
+            runs: dict[int, object] = {}
+            for context in config.contexts:
+                per_model = {name: isolated(wicore_long, dirs[name], context, config, fraction) for name in MODELS}
+                print(f"  {label} context {context}: {per_model}", flush=True)
+                runs[context] = {"models": per_model, "full_depth": solve(per_model, depth - num_full, num_full)}
+            results[label] = runs
     print(f"\n{config.shape}: {depth - num_full} sliding + {num_full} full layers (solved from {', '.join(MODELS)}), batch 1")
     print("| | context | prefill s | prefill tok/s | decode ms | peak GiB (weights + KV + rest) |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -277,7 +304,7 @@ def run(config: Config) -> int:
             if f is None:
                 print(f"| {name} | {context} | out of memory | | | |")
                 continue
-            rest = f.get("overhead_gib", f.get("activations_gib"))
+            rest = f.get("overhead_gib", f.get("activations_gib")) + f.get("stage_gib", 0.0)
             kv = f"{f['kv_gib']:.1f}" if "kv_gib" in f else "(in rest)"
             print(
                 f"| {name} | {context} | {f['prefill_s']:.2f} | {context / f['prefill_s']:.0f} | {f['decode_ms']:.1f} | "
@@ -298,12 +325,23 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--devices", default="cuda:0", help="as wicore's --devices")
     p.add_argument("--work", type=Path, default=Path("/tmp/wicore-long"), help="checkpoints and exports (kept, reused)")
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip the HF transformers peer")
+    p.add_argument(
+        "--stream-fractions",
+        default="",
+        help="also run with this share of the full layers' KV on the device and the rest streamed from the host "
+        "tier (comma-separated, e.g. 0.5,0.25; exports one partition a layer)",
+    )
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
+    fractions = tuple(float(f) for f in a.stream_fractions.split(",") if f)
+    if any(not 0 < f < 1 for f in fractions):
+        raise SystemExit("error: --stream-fractions between 0 and 1")
     variants = tuple(a.variants.split(","))
     if any(v not in VARIANTS for v in variants) or a.prefill_chunk < 1 or a.decode_steps < 1:
         raise SystemExit(f"error: --variants of {', '.join(VARIANTS)}; --prefill-chunk and --decode-steps positive")
-    return Config(a.shape, int_list(a.contexts), variants, a.prefill_chunk, a.decode_steps, a.devices, a.work, a.hf, a.json)
+    return Config(
+        a.shape, int_list(a.contexts), variants, a.prefill_chunk, a.decode_steps, a.devices, a.work, a.hf, a.json, fractions
+    )
 
 
 if __name__ == "__main__":

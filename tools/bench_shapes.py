@@ -154,10 +154,11 @@ def first_layers(full: Path, folder: Path, layer_types: list[str]) -> Path:
     return folder
 
 
-def export(folder: Path, variant: str, out: Path) -> Path:
+def export(folder: Path, variant: str, out: Path, partitions: int = 1) -> Path:
     if not (out / "wicore.json").is_file():
         t = time.perf_counter()
-        export_model(open_source(str(folder)), out, ExportConfig(overwrite=True, **VARIANTS[variant]), progress=lambda _: None)  # type: ignore[arg-type]
+        settings = dict(VARIANTS[variant], num_partitions=partitions)
+        export_model(open_source(str(folder)), out, ExportConfig(overwrite=True, **settings), progress=lambda _: None)  # type: ignore[arg-type]
         print(f"exported {out.name} in {time.perf_counter() - t:.0f} s", flush=True)
     return out
 
