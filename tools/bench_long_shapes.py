@@ -152,7 +152,9 @@ def wicore_long(model_dir: Path, context: int, config: Config, fraction: float |
         rng = np.random.default_rng(context)
         vocab = engine.manifest.config.vocab_size
         run_request(engine, rng.integers(1000, vocab, min(2 * chunk, context)).tolist(), 4, memory)  # warm-up
-        prefill, decode = run_request(engine, rng.integers(1000, vocab, context).tolist(), config.decode_steps + 1, memory)
+        prefill, decode, tokens = run_request(
+            engine, rng.integers(1000, vocab, context).tolist(), config.decode_steps + 1, memory
+        )
         captured = bool(engine.config.cuda_graphs)
         staged = engine.runner.streamer.stats if engine.runner.streamer is not None else None
     return {
@@ -164,27 +166,28 @@ def wicore_long(model_dir: Path, context: int, config: Config, fraction: float |
         "peak_gib": memory.peak / GIB,
         "overhead_gib": (memory.peak - weight_bytes - kv_bytes - stage_bytes) / GIB,
         "cuda_graphs": captured,
+        "tokens": tokens,
         **(
             {} if staged is None else {"staged_from_host": staged.num_host_blocks, "staged_from_device": staged.num_device_blocks}
         ),
     }
 
 
-def run_request(engine: Engine, prompt: list[int], max_tokens: int, memory: DeviceMemory) -> tuple[float, list[float]]:
+def run_request(engine: Engine, prompt: list[int], max_tokens: int, memory: DeviceMemory) -> tuple[float, list[float], list[int]]:
     """One request through the engine's step loop (its thread not started): seconds of the steps
-    that prefill, and of each decode step after them."""
+    that prefill, and of each decode step after them, and the greedy tokens."""
     engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    prefill, decode = 0.0, []
+    prefill, decode, tokens = 0.0, [], []
     while True:
         out = engine.scheduler.schedule()
         if not out.rows:
-            return prefill, decode
+            return prefill, decode, tokens
         if engine.kv.execute(out.moves):
             raise RuntimeError(f"{len(prompt)} tokens: the engine lost KV blocks (the pool is too small)")
         start = time.perf_counter()
         result = engine.runner.execute(out.rows, out.ended_request_ids)
         seconds = time.perf_counter() - start
-        engine.scheduler.update(out.rows, result)
+        tokens += [t for o in engine.scheduler.update(out.rows, result) for t in o.new_token_ids]
         memory.sample()
         if result.failed:
             raise RuntimeError(f"{len(prompt)} tokens: {next(iter(result.failed.values()))}")
@@ -290,11 +293,16 @@ def run(config: Config) -> int:
         for fraction in (None, *config.stream_fractions):
             label = variant if fraction is None else f"{variant}+stream{round(100 * fraction)}"
             runs: dict[int, object] = {}
+            results[label] = runs
             for context in config.contexts:
                 per_model = {name: isolated(wicore_long, dirs[name], context, config, fraction) for name in MODELS}
-                print(f"  {label} context {context}: {per_model}", flush=True)
+                if fraction is not None:  # every token is still attended: the all-device run's tokens
+                    device = results[variant][context]["models"]  # type: ignore[index]
+                    for name, r in per_model.items():
+                        r["same_tokens_as_all_on_device"] = r["tokens"] == device[name]["tokens"]
+                shown = {n: {k: v for k, v in r.items() if k != "tokens"} for n, r in per_model.items()}
+                print(f"  {label} context {context}: {shown}", flush=True)
                 runs[context] = {"models": per_model, "full_depth": solve(per_model, depth - num_full, num_full)}
-            results[label] = runs
     print(f"\n{config.shape}: {depth - num_full} sliding + {num_full} full layers (solved from {', '.join(MODELS)}), batch 1")
     print("| | context | prefill s | prefill tok/s | decode ms | peak GiB (weights + KV + rest) |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -178,7 +178,9 @@ def run(config: Config, num_busy_before: float | None) -> int:
         f"{config.num_document_tokens} tokens, the device tier holding {config.device_documents}; "
         f"{config.num_questions} questions (documents asked: {[asked.count(d) for d in range(config.num_documents)]})\n"
     )
-    print("| policy | device hit rate | blocks from host | streamed questions | mean TTFT s | answer tok/s | cached prompt tokens |")
+    print(
+        "| policy | device hit rate | blocks from host | streamed questions | mean TTFT s | answer tok/s | cached prompt tokens |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         print(

@@ -27,21 +27,22 @@ def row(request_id: str, start: int, n: int, table: list[int], locations: tuple 
     return ScheduledRow(request_id, [7] * n, start, table, [], [], 0, 1, True, GREEDY, full_locations=locations)
 
 
-def test_plan_stage_lays_rows_out_after_the_sink_and_sends_written_blocks_home():
-    """Row a (streamed, 3 blocks: HOST 5, DEVICE 2, DEVICE 9) decodes its token 9, in its third
-    block; row b (on DEVICE: 4, 6) prefills tokens 3..6, its blocks 0 and 1. Stage frames: a 1-3,
-    b 4-5."""
+def test_plan_stage_gathers_device_blocks_after_the_sink_then_copies_host_blocks_and_sends_written_blocks_home():
+    """Row a (streamed: HOST 5, DEVICE 2, DEVICE 9) decodes its token 9, in its third block; row b
+    (on DEVICE: 4, 6) prefills tokens 3..6, its blocks 0 and 1. Stage frames: the sink 0, the DEVICE
+    blocks 1-4 in row order (2, 9, 4, 6), the HOST block 5."""
     rows = [row("a", 9, 1, [], ((H, 5), (D, 2), (D, 9))), row("b", 3, 4, [4, 6])]
     plan = plan_stage(rows, 4, 8, has_window=True)
-    assert [r.block_table for r in plan.rows] == [[1, 2, 3], [4, 5]]
+    assert [r.block_table for r in plan.rows] == [[5, 1, 2], [3, 4]]
     assert all(r.full_locations == () for r in plan.rows)
-    assert plan.num_frames == 6
-    assert (plan.device_src.tolist(), plan.device_dst.tolist()) == ([2, 9, 4, 6], [2, 3, 4, 5])
-    assert (plan.host_src.tolist(), plan.host_dst.tolist()) == ([5], [1])
-    assert (plan.back_device_src.tolist(), plan.back_device_dst.tolist()) == ([3, 4, 5], [9, 4, 6])
+    assert (plan.device_src.tolist(), plan.host_src.tolist(), plan.num_frames) == ([0, 2, 9, 4, 6], [5], 6)
+    assert (plan.back_device_src.tolist(), plan.back_device_dst.tolist()) == ([2, 3, 4], [9, 4, 6])
     assert (plan.back_host_src.tolist(), plan.back_host_dst.tolist()) == ([], [])
+    prefill = plan_stage([row("c", 0, 6, [], ((H, 3), (D, 7)))], 4, 8, has_window=True)  # writes both its blocks
+    assert [r.block_table for r in prefill.rows] == [[2, 1]]
+    assert (prefill.back_host_src.tolist(), prefill.back_host_dst.tolist()) == ([2], [3])
     no_window = plan_stage(rows, 4, 8, has_window=False)  # the full table is the window table too
-    assert [(r.window_table, r.window_first) for r in no_window.rows] == [([1, 2, 3], 0), ([4, 5], 0)]
+    assert [(r.window_table, r.window_first) for r in no_window.rows] == [([5, 1, 2], 0), ([3, 4], 0)]
     with pytest.raises(ValueError, match="the rows stage 5 blocks, the stage holds 4"):
         plan_stage(rows, 4, 5, has_window=True)
 
@@ -132,3 +133,19 @@ def test_a_model_without_sliding_layers_streams_its_table_as_the_window_table_to
         got = engine.generate([LONG], GREEDY)[0]
         assert engine.runner.streamer.stats.num_host_blocks > 0
     assert got.token_ids == reference_greedy(model, LONG, 12)
+
+
+def test_the_copy_graphs_of_accelerators_stage_the_same_blocks(tiny, reference_greedy):
+    """The path a GPU takes (one gather-and-concat graph run fills a stage, block copies bound at the
+    blocks' addresses write back), run here on the CPU EP: HF's tokens, host blocks written back too."""
+    from wicore.runtime.kv_stream import KVStreamer
+
+    model_dir, model = tiny[2]
+    with streamed_engine(model_dir) as engine:
+        numpy_path = engine.runner.streamer
+        assert numpy_path is not None
+        streamer = KVStreamer(engine.manifest, engine.runner.graphs.buffers, numpy_path.host, numpy_path.num_frames, 1, True)
+        engine.runner.streamer = streamer
+        got = engine.generate([LONG], GREEDY)[0]
+    assert got.token_ids == reference_greedy(model, LONG, 12)
+    assert streamer.stats.num_host_blocks > 0 and streamer.stats.num_written_back > 0

@@ -6,11 +6,12 @@ so a graph run over such rows gives each full-attention layer a *stage*: a buffe
 device that the run fills with its rows' blocks, row after row, just before the partition runs,
 and whose newly written tokens go back to their blocks' homes right after:
 
-    stage frame   0      1 .. n0            n0 + 1 .. n0 + n1    ...
-                  sink   row 0's blocks     row 1's blocks
-    before a partition, each of its full layers:   DEVICE blocks  pool ──► stage   (on the device)
-                                                   HOST blocks    host ──► stage   (copied in)
-    after it:     the blocks the run wrote         stage ──► their DEVICE or HOST frame
+    stage frame   0      1 .. n                       n + 1 .. n + m
+                  sink   the rows' blocks on DEVICE    their blocks in HOST memory    (each row's table
+                                                                                    lists its frames)
+    before a partition, each of its full layers:   stage = Concat(Gather(pool, DEVICE frames), host blocks)
+                                                   (one graph run: a gather on the device, a copy in)
+    after it:     the blocks the run wrote         stage ──► their DEVICE or HOST frame (block copies)
 
 The full-attention layers of different partitions run one after another, so they share stages:
 one per full layer of a partition (`wicore-export --partitions`, ideally one such layer each).
@@ -29,9 +30,10 @@ from typing import Any
 import numpy as np
 from onnx import helper
 
+from wicore.graph.io import SINK_BLOCK
 from wicore.graph.manifest import Manifest
 from wicore.hmt.tiers import HostStore, Tier
-from wicore.runtime.device_store import OrtPoolStore, copy_graph
+from wicore.runtime.device_store import BlockCopier, stage_graph
 from wicore.runtime.kv_buffers import KVBuffers
 from wicore.runtime.providers import Device, onnxruntime, session_options
 from wicore.runtime.step import ScheduledRow
@@ -40,18 +42,21 @@ from wicore.runtime.step import ScheduledRow
 @dataclass(frozen=True)
 class StagePlan:
     """One graph run's staging, integers only: the rows with their full-attention tables made stage
-    frames, where each staged block comes from, and where the blocks the run writes go back."""
+    frames, the blocks to gather (frames 0 .. n - 1 of the stage: the sink, then the rows' DEVICE
+    blocks) and to copy in (frames n .. n + m - 1: their HOST blocks), and where the blocks the run
+    writes go back."""
 
     rows: list[ScheduledRow]
-    num_frames: int  # stage frames used, the sink included
-    device_src: np.ndarray  # DEVICE frames staged ...
-    device_dst: np.ndarray  # ... into these stage frames
-    host_src: np.ndarray  # HOST frames staged ...
-    host_dst: np.ndarray  # ... into these
+    device_src: np.ndarray  # DEVICE frames gathered into stage frames 0 .. n - 1 (the sink first)
+    host_src: np.ndarray  # HOST frames copied into stage frames n .. n + m - 1
     back_device_src: np.ndarray  # stage frames the run writes whose block lies on DEVICE ...
     back_device_dst: np.ndarray  # ... at these frames
     back_host_src: np.ndarray  # the same for blocks on HOST
     back_host_dst: np.ndarray
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.device_src) + len(self.host_src)
 
 
 def plan_stage(rows: Sequence[ScheduledRow], block_size: int, num_frames: int, has_window: bool) -> StagePlan:
@@ -59,32 +64,37 @@ def plan_stage(rows: Sequence[ScheduledRow], block_size: int, num_frames: int, h
     with `full_locations` is streamed; the others' blocks are all on DEVICE (`block_table`). A model
     without sliding layers reads its full table as the window table too: that one becomes the
     stage frames as well."""
+    located = [row.full_locations or tuple((Tier.DEVICE, f) for f in row.block_table) for row in rows]
+    device = [SINK_BLOCK] + [f for locs in located for t, f in locs if t is Tier.DEVICE]
+    host = [f for locs in located for t, f in locs if t is Tier.HOST]
+    if any(t not in (Tier.DEVICE, Tier.HOST) for locs in located for t, _ in locs):
+        raise ValueError("a block in NVME cannot be staged (the pool lifts it first)")
+    if len(device) + len(host) > num_frames:
+        raise ValueError(
+            f"the rows stage {len(device) + len(host) - 1} blocks, the stage holds {num_frames - 1} (the scheduler keeps steps within)"
+        )
+    next_frame = {Tier.DEVICE: 1, Tier.HOST: len(device)}
     out: list[ScheduledRow] = []
-    lists: dict[str, list[int]] = {
-        k: [] for k in ("dev_s", "dev_d", "host_s", "host_d", "bdev_s", "bdev_d", "bhost_s", "bhost_d")
-    }
-    base = 1
-    for row in rows:
-        locations = row.full_locations or tuple((Tier.DEVICE, f) for f in row.block_table)
-        frames = list(range(base, base + len(locations)))
+    back: dict[Tier, list[tuple[int, int]]] = {Tier.DEVICE: [], Tier.HOST: []}
+    for row, locs in zip(rows, located):
+        frames = []
         written = range(row.start // block_size, (row.start + len(row.token_ids) - 1) // block_size + 1)
-        for j, ((tier, frame), stage) in enumerate(zip(locations, frames)):
-            on_device = tier is Tier.DEVICE
-            if tier not in (Tier.DEVICE, Tier.HOST):
-                raise ValueError(f"request {row.request_id}: a block in {tier.name} cannot be staged (lift it first)")
-            lists["dev_s" if on_device else "host_s"].append(frame)
-            lists["dev_d" if on_device else "host_d"].append(stage)
+        for j, (tier, frame) in enumerate(locs):
+            frames.append(next_frame[tier])
+            next_frame[tier] += 1
             if j in written:
-                lists["bdev_s" if on_device else "bhost_s"].append(stage)
-                lists["bdev_d" if on_device else "bhost_d"].append(frame)
+                back[tier].append((frames[-1], frame))
         window = {} if has_window else {"window_table": frames, "window_first": 0}
         out.append(dataclasses.replace(row, block_table=frames, full_locations=(), **window))  # type: ignore[arg-type]
-        base += len(locations)
-    if base > num_frames:
-        raise ValueError(f"the rows stage {base - 1} blocks, the stage holds {num_frames - 1} (the scheduler keeps steps within)")
-    a = {k: np.asarray(v, np.int64) for k, v in lists.items()}
+    a = {t: np.asarray(pairs, np.int64).reshape(-1, 2) for t, pairs in back.items()}
     return StagePlan(
-        out, base, a["dev_s"], a["dev_d"], a["host_s"], a["host_d"], a["bdev_s"], a["bdev_d"], a["bhost_s"], a["bhost_d"]
+        out,
+        np.asarray(device, np.int64),
+        np.asarray(host, np.int64),
+        a[Tier.DEVICE][:, 0],
+        a[Tier.DEVICE][:, 1],
+        a[Tier.HOST][:, 0],
+        a[Tier.HOST][:, 1],
     )
 
 
@@ -105,22 +115,25 @@ class StreamStats:
 
 
 @dataclass
-class _Stage:
-    """One stage buffer pair: its OrtValues, its NumPy arrays on a CPU device, else a store that
-    copies host blocks in and out of it."""
+class _Buffers:
+    """A (key, value) pair of buffers: their OrtValues, and their NumPy arrays on a CPU device."""
 
     values: tuple[Any, Any]
     arrays: tuple[np.ndarray, np.ndarray] | None
-    store: OrtPoolStore | None
 
 
 class KVStreamer:
     """The stages of one model and the copies in and out of them (see the module docstring)."""
 
     def __init__(
-        self, manifest: Manifest, buffers: KVBuffers, host: HostStore, num_frames: int, num_threads: int | None = 1
+        self,
+        manifest: Manifest,
+        buffers: KVBuffers,
+        host: HostStore,
+        num_frames: int,
+        num_threads: int | None = 1,
+        copy_with_graphs: bool = False,  # copy with the accelerators' graphs even on a CPU (tests)
     ) -> None:
-        ort = onnxruntime()
         cfg = manifest.config
         self.num_frames = num_frames
         self.buffers = buffers
@@ -130,32 +143,36 @@ class KVStreamer:
         self.has_window = len(full) < cfg.num_layers
         self._group_index = {layer: k for k, layer in enumerate(full)}  # the layer in the host store's blocks
         self._layers = [[i for i in range(p.start, p.stop) if i in self._group_index] for p in manifest.partitions]
-        self._stages: dict[int, _Stage] = {}  # full layer -> its stage (shared across partitions)
-        by_slot: dict[tuple[str, int], _Stage] = {}
-        self._copies: dict[str, Any] = {}  # device label -> copy session (accelerators)
+        self._stages: dict[int, _Buffers] = {}  # full layer -> its stage (shared across partitions)
+        by_slot: dict[tuple[str, int], _Buffers] = {}
+        self._graphs: dict[str, tuple[Any, BlockCopier]] = {}  # device label -> stage session, copier (accelerators)
+        self._numpy = not copy_with_graphs
         for layers in self._layers:
             for slot, layer in enumerate(layers):
                 device = buffers.layer_devices[layer]
                 key = (device.label, slot)
                 if key not in by_slot:
-                    by_slot[key] = self._new_stage(device, num_threads)
+                    by_slot[key] = self._new_stage(device)
                 self._stages[layer] = by_slot[key]
-                if by_slot[key].arrays is None and device.label not in self._copies:
-                    elem = helper.np_dtype_to_tensor_dtype(buffers.dtype)
-                    model = copy_graph(elem, buffers.block_shape).SerializeToString()
-                    opts = session_options(num_threads)
-                    self._copies[device.label] = ort.InferenceSession(model, sess_options=opts, providers=device.providers())
+                if (by_slot[key].arrays is None or copy_with_graphs) and device.label not in self._graphs:
+                    self._graphs[device.label] = self._new_graphs(device, num_threads)
         self.num_stages = len(by_slot)
 
-    def _new_stage(self, device: Device, num_threads: int | None) -> _Stage:
+    def _new_stage(self, device: Device) -> _Buffers:
         ort = onnxruntime()
         kind, index = device.ort_device
         shape = (self.num_frames, *self.buffers.block_shape)
         key, value = np.zeros(shape, self.buffers.dtype), np.zeros(shape, self.buffers.dtype)
         values = (ort.OrtValue.ortvalue_from_numpy(key, kind, index), ort.OrtValue.ortvalue_from_numpy(value, kind, index))
-        if kind == "cpu":
-            return _Stage(values, (key, value), None)
-        return _Stage(values, None, OrtPoolStore([values], self.buffers.dtype, device, num_threads))
+        return _Buffers(values, (key, value) if kind == "cpu" else None)
+
+    def _new_graphs(self, device: Device, num_threads: int | None) -> tuple[Any, BlockCopier]:
+        ort = onnxruntime()
+        model = stage_graph(helper.np_dtype_to_tensor_dtype(self.buffers.dtype), self.buffers.block_shape)
+        session = ort.InferenceSession(
+            model.SerializeToString(), sess_options=session_options(num_threads), providers=device.providers()
+        )
+        return session, BlockCopier(device, self.buffers.dtype, self.buffers.block_shape, num_threads)
 
     def stage_bytes(self) -> int:
         """Device (or host, on a CPU EP) bytes the stages take."""
@@ -168,29 +185,44 @@ class KVStreamer:
     def stage(self, partition: int, plan: StagePlan) -> None:
         """Fill the stages of the partition's full layers with the plan's blocks."""
         for layer in self._layers[partition]:
-            stage = self._stages[layer]
-            self._copy(layer, self._pool(layer), plan.device_src, stage, plan.device_dst)
-            if len(plan.host_src):
-                blocks = self.host.read_layer(plan.host_src, self._group_index[layer])  # [m, 2, bs, kvh, w]
-                if stage.arrays is not None:
-                    stage.arrays[0][plan.host_dst], stage.arrays[1][plan.host_dst] = blocks[:, 0], blocks[:, 1]
-                else:
-                    assert stage.store is not None
-                    stage.store.write_many(plan.host_dst.tolist(), blocks[:, None])
-            self.stats.num_device_blocks += len(plan.device_src)
+            stage, pool = self._stages[layer], self._pool(layer)
+            host = self.host.read_layer(plan.host_src, self._group_index[layer])  # [m, 2, bs, kvh, w]
+            n = len(plan.device_src)
+            if self._numpy and stage.arrays is not None and pool.arrays is not None:
+                for j in range(2):
+                    stage.arrays[j][:n] = pool.arrays[j][plan.device_src]
+                    stage.arrays[j][n : plan.num_frames] = host[:, j]
+            else:
+                self._stage_on_device(layer, pool, plan, host, stage)
+            self.stats.num_device_blocks += n - 1
             self.stats.num_host_blocks += len(plan.host_src)
+
+    def _stage_on_device(self, layer: int, pool: _Buffers, plan: StagePlan, host: np.ndarray, stage: _Buffers) -> None:
+        device = self.buffers.layer_devices[layer]
+        kind, index = device.ort_device
+        session, _ = self._graphs[device.label]
+        binding = session.io_binding()
+        binding.bind_cpu_input("frames", plan.device_src)
+        shape = [plan.num_frames, *self.buffers.block_shape]
+        for j, kv in enumerate("kv"):
+            binding.bind_ortvalue_input(f"pool_{kv}", pool.values[j])
+            binding.bind_cpu_input(f"host_{kv}", np.ascontiguousarray(host[:, j]))
+            binding.bind_output(f"stage_{kv}", kind, index, self.buffers.dtype, shape, stage.values[j].data_ptr())
+        session.run_with_iobinding(binding)
 
     def unstage(self, partition: int, plan: StagePlan) -> None:
         """Copy the blocks the run wrote from the partition's stages back to where they lie."""
         for layer in self._layers[partition]:
-            stage = self._stages[layer]
-            self._copy(layer, stage, plan.back_device_src, self._pool(layer), plan.back_device_dst)
+            stage, pool = self._stages[layer], self._pool(layer)
+            if self._numpy and stage.arrays is not None and pool.arrays is not None:
+                for j in range(2):
+                    pool.arrays[j][plan.back_device_dst] = stage.arrays[j][plan.back_device_src]
+                blocks = np.stack([stage.arrays[j][plan.back_host_src] for j in range(2)], axis=1)
+            else:
+                copier = self._graphs[self.buffers.layer_devices[layer].label][1]
+                copier.copy(stage.values, plan.back_device_src.tolist(), pool.values, plan.back_device_dst.tolist())
+                blocks = copier.to_host(stage.values, plan.back_host_src.tolist())
             if len(plan.back_host_src):
-                if stage.arrays is not None:
-                    blocks = np.stack([stage.arrays[0][plan.back_host_src], stage.arrays[1][plan.back_host_src]], axis=1)
-                else:
-                    assert stage.store is not None
-                    blocks = stage.store.read_many(plan.back_host_src.tolist())[:, 0]
                 self.host.write_layer(plan.back_host_dst, self._group_index[layer], blocks)
             self.stats.num_written_back += len(plan.back_device_src) + len(plan.back_host_src)
 
@@ -199,26 +231,8 @@ class KVStreamer:
         stage = self._stages.get(layer)
         return None if stage is None else stage.values
 
-    def _pool(self, layer: int) -> _Stage:
-        return _Stage(self.buffers.values(layer), self.buffers.arrays(layer), None)
-
-    def _copy(self, layer: int, src: _Stage, src_frames: np.ndarray, dst: _Stage, dst_frames: np.ndarray) -> None:
-        """dst[dst_frames] = src[src_frames], key and value, on the layer's device."""
-        if not len(src_frames):
-            return
-        if src.arrays is not None and dst.arrays is not None:
-            for a, b in zip(src.arrays, dst.arrays):
-                b[dst_frames] = a[src_frames]
-            return
-        session = self._copies[self.buffers.layer_devices[layer].label]
-        binding = session.io_binding()
-        binding.bind_cpu_input("src_frames", src_frames)
-        binding.bind_cpu_input("dst_frames", dst_frames.reshape(-1, 1))
-        for kv, s, d in zip("kv", src.values, dst.values):
-            binding.bind_ortvalue_input(f"src_{kv}", s)
-            binding.bind_ortvalue_input(f"dst_{kv}", d)
-            binding.bind_ortvalue_output(f"dst_{kv}_out", d)
-        session.run_with_iobinding(binding)
+    def _pool(self, layer: int) -> _Buffers:
+        return _Buffers(self.buffers.values(layer), self.buffers.arrays(layer))
 
 
 class StagedRun:
