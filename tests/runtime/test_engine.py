@@ -18,20 +18,6 @@ PROMPTS = [RNG.integers(3, 512, int(n)).tolist() for n in RNG.integers(3, 60, 12
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
 
 
-def hf_greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
-    """HF transformers' greedy continuation of `prompt`, EOS not stopping it (as ignore_eos)."""
-    import torch
-
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None
-        )
-    new = out[0, len(prompt) :].tolist()
-    assert len(new) == num_tokens
-    return new
-
-
 @pytest.fixture(scope="module")
 def tiny(tiny_export):
     return tiny_export(2)  # (exported folder, HF model)
@@ -43,9 +29,9 @@ def model_dir(tiny):
 
 
 @pytest.fixture(scope="module")
-def alone(tiny):
+def alone(tiny, reference_greedy):
     """What each prompt generates on its own: HF transformers' greedy generation."""
-    return [hf_greedy(tiny[1], p, 10) for p in PROMPTS]
+    return [reference_greedy(tiny[1], p, 10) for p in PROMPTS]
 
 
 def engine(model_dir, **overrides) -> Engine:
@@ -92,13 +78,13 @@ def test_preemption_by_swap_to_host_is_lossless(model_dir, alone):
     assert stats["blocks_in_use"]["host"] > 0 and stats["blocks_referenced"]["host"] == 0
 
 
-def test_sliding_layers_release_blocks_behind_the_window(tiny):
+def test_sliding_layers_release_blocks_behind_the_window(tiny, reference_greedy):
     """Window 8, block size 4, chunks of 16: a sequence holds at most 7 window blocks
     ((8 - 1 + 16) / 4 + 1), so 8 device blocks (one the sink) serve 100-token requests."""
     model_dir, hf_model = tiny
     prompts = [RNG.integers(3, 512, 60).tolist(), RNG.integers(3, 512, 70).tolist()]
     params = SamplingParams(max_tokens=40, ignore_eos=True)
-    expected = [hf_greedy(hf_model, p, 40) for p in prompts]
+    expected = [reference_greedy(hf_model, p, 40) for p in prompts]
     with engine(model_dir, num_window_device_blocks=8, scheduler=SchedulerConfig(max_num_seqs=1, prefill_chunk=16)) as eng:
         assert run_all(eng, prompts, params) == expected
         groups = eng.stats()["kv_groups"]
@@ -230,7 +216,7 @@ def test_a_request_id_in_use_is_refused(model_dir):
     assert type(err.value) is RequestError and str(err.value) == "request id 'a' is already in use"
 
 
-def test_a_prompt_that_fills_the_device_kv_cache_is_refused_and_a_shorter_one_is_capped(tiny):
+def test_a_prompt_that_fills_the_device_kv_cache_is_refused_and_a_shorter_one_is_capped(tiny, reference_greedy):
     """5 device blocks of 4, one the sink: 16 tokens per sequence. A 16-token prompt has no
     room; a 12-token prompt asking for 10 tokens gets 4 (HF's first 4), ending with "length"."""
     model_dir, hf_model = tiny
@@ -245,10 +231,10 @@ def test_a_prompt_that_fills_the_device_kv_cache_is_refused_and_a_shorter_one_is
         assert not eng.scheduler.has_request("long")
         prompt = list(range(3, 15))
         [done] = eng.generate([prompt], GREEDY)
-    assert (done.token_ids, done.finish_reason, done.num_prompt_tokens) == (hf_greedy(hf_model, prompt, 4), "length", 12)
+    assert (done.token_ids, done.finish_reason, done.num_prompt_tokens) == (reference_greedy(hf_model, prompt, 4), "length", 12)
 
 
-def test_the_kv_pool_the_refusal_names_holds_the_prompt(tiny):
+def test_the_kv_pool_the_refusal_names_holds_the_prompt(tiny, reference_greedy):
     """A pool for one sequence of 49 full blocks (one the sink: 192 tokens) and the 8 window blocks
     of the max_num_seqs = 1 reservation (ceil((8 - 1 + 16) / 4) + 1 = 7, and the sink) refuses a
     200-token prompt. The pool it names holds it: 200 + 1 tokens need 51 blocks and the sink, of
@@ -265,7 +251,7 @@ def test_the_kv_pool_the_refusal_names_holds_the_prompt(tiny):
             eng.add_request(prompt, GREEDY)
     with engine(model_dir, **{**small, "kv_pool_gb": 0.01}) as eng:
         [done] = eng.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True))
-    assert (done.token_ids, done.num_prompt_tokens) == (hf_greedy(hf_model, prompt, 2), 200)
+    assert (done.token_ids, done.num_prompt_tokens) == (reference_greedy(hf_model, prompt, 2), 200)
 
 
 def test_a_request_the_sliding_layers_cache_cannot_hold_is_refused(model_dir):
