@@ -115,16 +115,20 @@ def test_engine_flags_reach_the_engine_config_and_bad_ones_are_named(tmp_path):
             "128",
             "--prefill-chunk",
             "64",
+            "--kv-stream-tokens",
+            "4096",
         ]
     )
     config = engine_config(args, tmp_path)
     assert (config.a2cr.w_attention, config.a2cr.w_frequency, config.a2cr.w_recency, config.a2cr.decay) == (0.2, 0.5, 0.3, 0.1)
+    assert config.kv_stream_tokens == 4096
     sched = config.scheduler
     assert (sched.max_num_batched_tokens, sched.prefill_with_decodes, sched.prefill_chunk) == (1024, 128, 64)
     for flags, message in [
         (["--a2cr-weights", "1,2"], "give three numbers"),
         (["--a2cr-decay", "-1"], "A2CR decay must be >= 0"),
         (["--prefill-with-decodes", "0"], "prefill_with_decodes"),
+        (["--kv-stream-tokens", "-1"], "kv_stream_tokens must be >= 0"),
     ]:
         with pytest.raises(RequestError, match=message):
             engine_config(parse_command_line(["serve", *flags]), tmp_path)

@@ -149,3 +149,12 @@ def test_the_copy_graphs_of_accelerators_stage_the_same_blocks(tiny, reference_g
         got = engine.generate([LONG], GREEDY)[0]
     assert got.token_ids == reference_greedy(model, LONG, 12)
     assert streamer.stats.num_host_blocks > 0 and streamer.stats.num_written_back > 0
+
+
+def test_stages_that_leave_the_pool_no_room_are_refused_naming_the_flags(tiny):
+    from wicore.errors import WiCoreError
+
+    model_dir, _ = tiny[2]
+    config = EngineConfig(model_dir=model_dir, num_threads=1, block_size=4, kv_pool_gb=0.01, kv_stream_tokens=1_000_000)
+    with pytest.raises(WiCoreError, match="raise --kv-pool-gb or lower --kv-stream-tokens"):
+        Engine(config)
