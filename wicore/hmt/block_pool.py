@@ -136,6 +136,8 @@ class BlockPool(BlockSpace):
 
     def is_streamed(self, seq_id: int) -> bool:
         """Whether the (running) sequence has blocks off DEVICE: its step must stage them."""
+        if not self.stream:  # asked for every row of every step: a pool that does not stream answers at once
+            return False
         seq = self._seq(seq_id)
         return not seq.is_swapped and any(self._blocks[b].tier is not Tier.DEVICE for b in seq.block_ids)
 

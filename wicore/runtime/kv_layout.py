@@ -137,7 +137,11 @@ def plan_tiers(config: EngineConfig, layout: KVLayout, reserved_bytes: int = 0) 
     sched = config.scheduler
     need = sched.max_num_seqs * layout.window_blocks_per_sequence(sched.prefill_chunk) + 1
     budget = config.kv_pool_gb * GIB - reserved_bytes
-    if config.num_device_blocks is None and budget < 2 * (layout.block_bytes(FULL) + layout.block_bytes(WINDOW)):
+    if (
+        reserved_bytes
+        and config.num_device_blocks is None
+        and budget < 2 * (layout.block_bytes(FULL) + layout.block_bytes(WINDOW))
+    ):
         raise WiCoreError(
             f"--kv-pool-gb {config.kv_pool_gb:g} leaves no room for KV blocks beside {reserved_bytes / GIB:.2f} GiB of KV "
             "stages: raise --kv-pool-gb or lower --kv-stream-tokens"

@@ -174,13 +174,10 @@ class KVStreamer:
         )
         return session, BlockCopier(device, self.buffers.dtype, self.buffers.block_shape, num_threads)
 
-    def stage_bytes(self) -> int:
-        """Device (or host, on a CPU EP) bytes the stages take."""
-        return self.num_stages * 2 * self.num_frames * int(np.prod(self.buffers.block_shape)) * self.buffers.dtype.itemsize
-
-    def run(self, plan: StagePlan) -> StagedRun:
+    def run(self, rows: Sequence[ScheduledRow], block_size: int) -> StagedRun:
+        """A graph run over `rows` (one of them streamed), staged: its plan's rows are what to batch."""
         self.stats.num_runs += 1
-        return StagedRun(self, plan)
+        return StagedRun(self, plan_stage(rows, block_size, self.num_frames, self.has_window))
 
     def stage(self, partition: int, plan: StagePlan) -> None:
         """Fill the stages of the partition's full layers with the plan's blocks."""

@@ -35,7 +35,7 @@ from wicore.graph.sampling import TOP_CANDIDATES
 from wicore.runtime.batch import build_batch
 from wicore.runtime.graph_io import Draws, SamplingInputs
 from wicore.runtime.graphs import ModelGraphs
-from wicore.runtime.kv_stream import KVStreamer, plan_stage
+from wicore.runtime.kv_stream import KVStreamer
 from wicore.runtime.sampler import MIN_TEMPERATURE, Sample, Sampler, SamplingParams
 from wicore.runtime.speculative import verify_row
 from wicore.runtime.step import RunResult, ScheduledRow
@@ -76,8 +76,8 @@ class ModelRunner:
             if any(row.full_locations for row in group):  # a row streams: every row's blocks are staged
                 if self.streamer is None:
                     raise ValueError("a streamed row, but the engine has no KV stages (kv_stream_tokens)")
-                plan = plan_stage(group, self.block_size, self.streamer.num_frames, self.streamer.has_window)
-                batch_rows, staged = plan.rows, self.streamer.run(plan)
+                staged = self.streamer.run(group, self.block_size)
+                batch_rows = staged.plan.rows
             batch = build_batch(batch_rows, self.block_size)
             out = self.graphs.run(batch, logits=logits, images=images, sampling=sampling, staged=staged)
             host_logits = out.logits
