@@ -47,6 +47,18 @@ def test_plan_stage_gathers_device_blocks_after_the_sink_then_copies_host_blocks
         plan_stage(rows, 4, 5, has_window=True)
 
 
+def test_plan_stage_stages_a_shared_block_once_and_host_blocks_in_frame_order():
+    """Rows a and b share a prefix (HOST 9, HOST 4, DEVICE 2) and each decode in a block of its own
+    (a: DEVICE 5, b: HOST 7). Stage frames: the sink 0, DEVICE 2 and 5, then HOST 4, 7, 9 by frame
+    (consecutive host frames are one slice to copy in); the shared blocks are staged once."""
+    rows = [row("a", 13, 1, [], ((H, 9), (H, 4), (D, 2), (D, 5))), row("b", 12, 1, [], ((H, 9), (H, 4), (D, 2), (H, 7)))]
+    plan = plan_stage(rows, 4, 6, has_window=True)
+    assert [r.block_table for r in plan.rows] == [[5, 3, 1, 2], [5, 3, 1, 4]]
+    assert (plan.device_src.tolist(), plan.host_src.tolist(), plan.num_frames) == ([0, 2, 5], [4, 7, 9], 6)
+    assert (plan.back_device_src.tolist(), plan.back_device_dst.tolist()) == ([2], [5])
+    assert (plan.back_host_src.tolist(), plan.back_host_dst.tolist()) == ([4], [7])
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_export):
     return {parts: tiny_export(parts, layer_types=TWO_FULL) for parts in (1, 2)}
@@ -149,6 +161,35 @@ def test_the_copy_graphs_of_accelerators_stage_the_same_blocks(tiny, reference_g
         got = engine.generate([LONG], GREEDY)[0]
     assert got.token_ids == reference_greedy(model, LONG, 12)
     assert streamer.stats.num_host_blocks > 0 and streamer.stats.num_written_back > 0
+
+
+@pytest.mark.parametrize(
+    "host_frames, part_bytes",
+    [([3, 4, 5], 16 << 20), ([7, 2, 9], 16 << 20), ([7, 2, 9, 12, 30], 64)],
+    ids=["consecutive", "scattered", "scattered-in-threads"],
+)
+def test_the_copy_graphs_stage_host_blocks_from_one_slice_or_gathered(tiny, host_frames, part_bytes, monkeypatch):
+    """Consecutive host frames go to the stage as one slice of the host tier, others gathered first
+    (a large gather in parts, by threads): either way each full layer's stage holds the sink, the
+    device blocks, then the host blocks by frame."""
+    from wicore.runtime import kv_stream
+    from wicore.runtime.kv_stream import KVStreamer
+
+    monkeypatch.setattr(kv_stream, "GATHER_PART_BYTES", part_bytes)
+    model_dir, _ = tiny[1]
+    with streamed_engine(model_dir) as engine:
+        buffers, host = engine.runner.graphs.buffers, engine.runner.streamer.host
+        streamer = KVStreamer(engine.manifest, buffers, host, engine.runner.streamer.num_frames, 1, True)
+        host.data[...] = RNG.standard_normal(host.data.shape).astype(host.data.dtype)
+        for layer in (0, 2):  # TWO_FULL's full-attention layers
+            for pool in buffers.arrays(layer):
+                pool[...] = RNG.standard_normal(pool.shape).astype(pool.dtype)
+        plan = streamer.run([row("a", 13, 1, [], tuple((H, f) for f in host_frames) + ((D, 4),))], 4).plan
+        streamer.stage(0, plan)
+        for k, layer in enumerate((0, 2)):
+            for j in range(2):
+                expected = np.concatenate([buffers.arrays(layer)[j][[0, 4]], host.layer(k)[j][sorted(host_frames)]])
+                np.testing.assert_array_equal(streamer.values(layer)[j].numpy()[: plan.num_frames], expected)
 
 
 def test_stages_that_leave_the_pool_no_room_are_refused_naming_the_flags(tiny):

@@ -5,18 +5,19 @@ A block's bytes are the K and V of `block_size` tokens in every layer:
     BlockData: float array [num_layers, 2 (k, v), block_size, num_kv_heads, head_dim]
 
     tier 0  DeviceStore  the pools bound to the graphs (NumPy on the CPU EP: copies are slices);
-                         pools in device memory: OrtPoolStore (device_store.py), gather/scatter graphs
-    tier 1  HostStore    one NumPy array [num_frames, *block shape]
-    tier 2  NvmeStore    an np.memmap file of the same layout, plus a checksum per frame that is
-                         checked on every read: a corrupt block raises CorruptBlockError, it is
-                         never returned
+                         pools in device memory: OrtPoolStore (device_store.py), gather/put graphs
+    tier 1  HostStore    one NumPy array [num_layers, 2, num_frames, *token shape]: layer-major, as
+                         a streamed step reads it (one layer at a time)
+    tier 2  NvmeStore    an np.memmap file [num_frames, *block shape]: block-major, each block one
+                         range with a checksum that is checked on every read (a corrupt block
+                         raises CorruptBlockError, it is never returned)
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import IntEnum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -81,23 +82,31 @@ class DeviceStore:
 
 
 class HostStore:
-    def __init__(self, num_frames: int, block_shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """Tier 1, layer-major: data [num_layers, 2 (k, v), num_frames, *token shape], so that one layer's
+    keys (or values) of consecutive frames are one contiguous slice, which a streamed step copies to
+    the device as it lies (wicore.runtime.kv_stream). `allocate(shape, dtype)` makes the zeroed array:
+    page-locked memory when the pools are on a CUDA device (wicore.runtime.pinned)."""
+
+    def __init__(
+        self,
+        num_frames: int,
+        block_shape: tuple[int, ...],
+        dtype: np.dtype,
+        allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.zeros,
+    ) -> None:
+        num_layers, two, *token_shape = block_shape
         self.num_frames = num_frames
-        self.data = np.zeros((num_frames, *block_shape), dtype)
+        self.data = allocate((num_layers, two, num_frames, *token_shape), np.dtype(dtype))
 
     def read(self, frame: int) -> np.ndarray:
-        return self.data[frame].copy()
+        return self.data[:, :, frame].copy()
 
     def write(self, frame: int, data: np.ndarray) -> None:
-        self.data[frame] = data
+        self.data[:, :, frame] = data
 
-    def read_layer(self, frames: Sequence[int] | np.ndarray, layer: int) -> np.ndarray:
-        """One layer's K and V of the blocks in `frames`, [len(frames), 2, block_size, kv_heads, head_dim]."""
-        return self.data[np.asarray(frames, np.int64), layer]
-
-    def write_layer(self, frames: Sequence[int] | np.ndarray, layer: int, data: np.ndarray) -> None:
-        """Overwrite one layer's K and V of each of the distinct `frames` with its block of `data`."""
-        self.data[np.asarray(frames, np.int64), layer] = data
+    def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """One layer's keys and values, [num_frames, block_size, kv_heads, head_dim] each: views."""
+        return self.data[layer, 0], self.data[layer, 1]
 
 
 class NvmeStore:

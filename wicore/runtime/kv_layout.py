@@ -35,6 +35,7 @@ from wicore.hmt.tiers import HostStore, NvmeStore, Tier, TierStore
 from wicore.model.config import Gemma3Config
 from wicore.runtime.engine_config import EngineConfig
 from wicore.runtime.kv_buffers import KVBuffers
+from wicore.runtime.pinned import host_allocator
 from wicore.runtime.placement import GIB
 
 log = logging.getLogger(__name__)
@@ -176,9 +177,10 @@ def build_kv_cache(config: EngineConfig, layout: KVLayout, tiers: dict[Tier, Tie
             continue
         counts = [tiers[t].window if group == WINDOW else tiers[t].full for t in Tier]
         block_shape = (len(layers), 2, *buffers.block_shape)  # tiers.py's BlockData
+        devices = [buffers.layer_devices[i] for i in layers]  # a CUDA one pins the host tier (pinned.py)
         stores: dict[Tier, TierStore] = {
             Tier.DEVICE: buffers.tier0_store(layers),
-            Tier.HOST: HostStore(counts[Tier.HOST], block_shape, buffers.dtype),
+            Tier.HOST: HostStore(counts[Tier.HOST], block_shape, buffers.dtype, host_allocator(devices)),
         }
         if counts[Tier.NVME]:
             path = nvme_dir / f"wicore-kv-{os.getpid()}-{id(buffers)}-{group}.bin"

@@ -23,8 +23,11 @@ more on the device). Every token is still attended: the tokens are HF's, only sl
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -35,8 +38,12 @@ from wicore.graph.manifest import Manifest
 from wicore.hmt.tiers import HostStore, Tier
 from wicore.runtime.device_store import BlockCopier, stage_graph
 from wicore.runtime.kv_buffers import KVBuffers
+from wicore.runtime.pinned import host_allocator
 from wicore.runtime.providers import Device, onnxruntime, session_options
 from wicore.runtime.step import ScheduledRow
+
+GATHER_THREADS = 8  # host threads that gather scattered host blocks for a stage (at most)
+GATHER_PART_BYTES = 16 << 20  # the least each of them copies
 
 
 @dataclass(frozen=True)
@@ -65,25 +72,27 @@ def plan_stage(rows: Sequence[ScheduledRow], block_size: int, num_frames: int, h
     without sliding layers reads its full table as the window table too: that one becomes the
     stage frames as well."""
     located = [row.full_locations or tuple((Tier.DEVICE, f) for f in row.block_table) for row in rows]
-    device = [SINK_BLOCK] + [f for locs in located for t, f in locs if t is Tier.DEVICE]
-    host = [f for locs in located for t, f in locs if t is Tier.HOST]
     if any(t not in (Tier.DEVICE, Tier.HOST) for locs in located for t, _ in locs):
         raise ValueError("a block in NVME cannot be staged (the pool lifts it first)")
+    # One stage frame per distinct block (rows may share a prefix): the sink, the DEVICE blocks as
+    # met, then the HOST blocks by frame, so that consecutive host frames copy in as one slice.
+    device = list(dict.fromkeys([SINK_BLOCK] + [f for locs in located for t, f in locs if t is Tier.DEVICE]))
+    host = sorted({f for locs in located for t, f in locs if t is Tier.HOST})
     if len(device) + len(host) > num_frames:
         raise ValueError(
             f"the rows stage {len(device) + len(host) - 1} blocks, the stage holds {num_frames - 1} (the scheduler keeps steps within)"
         )
-    next_frame = {Tier.DEVICE: 1, Tier.HOST: len(device)}
+    stage_frame = {
+        Tier.DEVICE: {f: i for i, f in enumerate(device)},
+        Tier.HOST: {f: len(device) + i for i, f in enumerate(host)},
+    }
     out: list[ScheduledRow] = []
     back: dict[Tier, list[tuple[int, int]]] = {Tier.DEVICE: [], Tier.HOST: []}
     for row, locs in zip(rows, located):
-        frames = []
-        written = range(row.start // block_size, (row.start + len(row.token_ids) - 1) // block_size + 1)
-        for j, (tier, frame) in enumerate(locs):
-            frames.append(next_frame[tier])
-            next_frame[tier] += 1
-            if j in written:
-                back[tier].append((frames[-1], frame))
+        frames = [stage_frame[tier][frame] for tier, frame in locs]
+        last = (row.start + len(row.token_ids) - 1) // block_size
+        for j in range(row.start // block_size, min(last + 1, len(locs))):
+            back[locs[j][0]].append((frames[j], locs[j][1]))
         window = {} if has_window else {"window_table": frames, "window_first": 0}
         out.append(dataclasses.replace(row, block_table=frames, full_locations=(), **window))  # type: ignore[arg-type]
     a = {t: np.asarray(pairs, np.int64).reshape(-1, 2) for t, pairs in back.items()}
@@ -147,6 +156,10 @@ class KVStreamer:
         by_slot: dict[tuple[str, int], _Buffers] = {}
         self._graphs: dict[str, tuple[Any, BlockCopier]] = {}  # device label -> stage session, copier (accelerators)
         self._numpy = not copy_with_graphs
+        self._allocate = host_allocator(buffers.layer_devices)  # as the host tier: page-locked for CUDA
+        self._gathered: tuple[np.ndarray, np.ndarray] | None = None  # _host_input's room
+        self._gather_threads = min(GATHER_THREADS, os.cpu_count() or 1)
+        self._threads: ThreadPoolExecutor | None = None
         for layers in self._layers:
             for slot, layer in enumerate(layers):
                 device = buffers.layer_devices[layer]
@@ -170,7 +183,7 @@ class KVStreamer:
         ort = onnxruntime()
         model = stage_graph(helper.np_dtype_to_tensor_dtype(self.buffers.dtype), self.buffers.block_shape)
         session = ort.InferenceSession(
-            model.SerializeToString(), sess_options=session_options(num_threads), providers=device.providers()
+            model.SerializeToString(), sess_options=session_options(num_threads, devices=[device]), providers=device.providers()
         )
         return session, BlockCopier(device, self.buffers.dtype, self.buffers.block_shape, num_threads)
 
@@ -181,20 +194,22 @@ class KVStreamer:
 
     def stage(self, partition: int, plan: StagePlan) -> None:
         """Fill the stages of the partition's full layers with the plan's blocks."""
+        n, m = len(plan.device_src), len(plan.host_src)
         for layer in self._layers[partition]:
             stage, pool = self._stages[layer], self._pool(layer)
-            host = self.host.read_layer(plan.host_src, self._group_index[layer])  # [m, 2, bs, kvh, w]
-            n = len(plan.device_src)
+            host = self.host.layer(self._group_index[layer])
             if self._numpy and stage.arrays is not None and pool.arrays is not None:
                 for j in range(2):
-                    stage.arrays[j][:n] = pool.arrays[j][plan.device_src]
-                    stage.arrays[j][n : plan.num_frames] = host[:, j]
+                    np.take(pool.arrays[j], plan.device_src, axis=0, out=stage.arrays[j][:n], mode="clip")
+                    np.take(host[j], plan.host_src, axis=0, out=stage.arrays[j][n : n + m], mode="clip")
             else:
                 self._stage_on_device(layer, pool, plan, host, stage)
             self.stats.num_device_blocks += n - 1
-            self.stats.num_host_blocks += len(plan.host_src)
+            self.stats.num_host_blocks += m
 
-    def _stage_on_device(self, layer: int, pool: _Buffers, plan: StagePlan, host: np.ndarray, stage: _Buffers) -> None:
+    def _stage_on_device(
+        self, layer: int, pool: _Buffers, plan: StagePlan, host: tuple[np.ndarray, np.ndarray], stage: _Buffers
+    ) -> None:
         device = self.buffers.layer_devices[layer]
         kind, index = device.ort_device
         session, _ = self._graphs[device.label]
@@ -203,24 +218,47 @@ class KVStreamer:
         shape = [plan.num_frames, *self.buffers.block_shape]
         for j, kv in enumerate("kv"):
             binding.bind_ortvalue_input(f"pool_{kv}", pool.values[j])
-            binding.bind_cpu_input(f"host_{kv}", np.ascontiguousarray(host[:, j]))
+            binding.bind_cpu_input(f"host_{kv}", self._host_input(host[j], j, plan.host_src))
             binding.bind_output(f"stage_{kv}", kind, index, self.buffers.dtype, shape, stage.values[j].data_ptr())
         session.run_with_iobinding(binding)
+
+    def _host_input(self, blocks: np.ndarray, j: int, frames: np.ndarray) -> np.ndarray:
+        """blocks[frames] (keys j = 0, values 1) in host memory the device copies from at the bus's speed:
+        consecutive frames as they lie in the host tier, others gathered into room allocated as the
+        tier is (page-locked for CUDA; made once, as large as a stage)."""
+        m = len(frames)
+        if not m or int(frames[-1] - frames[0]) == m - 1:
+            return blocks[frames[0] : frames[0] + m] if m else blocks[:0]
+        if self._gathered is None:
+            shape = (self.num_frames, *self.buffers.block_shape)
+            self._gathered = (self._allocate(shape, self.buffers.dtype), self._allocate(shape, self.buffers.dtype))
+        out = self._gathered[j][:m]
+        # NumPy's take lets go of the GIL: a large gather runs in parts at the memory's speed, not one core's.
+        parts = max(1, min(self._gather_threads, out.nbytes // GATHER_PART_BYTES))
+        if parts == 1:
+            _take(blocks, frames, out, 0, m)
+            return out
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(self._gather_threads, thread_name_prefix="wicore-stage")
+        bounds = [m * i // parts for i in range(parts + 1)]
+        list(self._threads.map(partial(_take, blocks, frames, out), bounds, bounds[1:]))
+        return out
 
     def unstage(self, partition: int, plan: StagePlan) -> None:
         """Copy the blocks the run wrote from the partition's stages back to where they lie."""
         for layer in self._layers[partition]:
             stage, pool = self._stages[layer], self._pool(layer)
+            host = self.host.layer(self._group_index[layer])
             if self._numpy and stage.arrays is not None and pool.arrays is not None:
                 for j in range(2):
                     pool.arrays[j][plan.back_device_dst] = stage.arrays[j][plan.back_device_src]
-                blocks = np.stack([stage.arrays[j][plan.back_host_src] for j in range(2)], axis=1)
+                    host[j][plan.back_host_dst] = stage.arrays[j][plan.back_host_src]
             else:
                 copier = self._graphs[self.buffers.layer_devices[layer].label][1]
                 copier.copy(stage.values, plan.back_device_src.tolist(), pool.values, plan.back_device_dst.tolist())
-                blocks = copier.to_host(stage.values, plan.back_host_src.tolist())
-            if len(plan.back_host_src):
-                self.host.write_layer(plan.back_host_dst, self._group_index[layer], blocks)
+                if len(plan.back_host_src):
+                    blocks = copier.to_host(stage.values, plan.back_host_src.tolist())
+                    host[0][plan.back_host_dst], host[1][plan.back_host_dst] = blocks[:, 0], blocks[:, 1]
             self.stats.num_written_back += len(plan.back_device_src) + len(plan.back_host_src)
 
     def values(self, layer: int) -> tuple[Any, Any] | None:
@@ -230,6 +268,10 @@ class KVStreamer:
 
     def _pool(self, layer: int) -> _Buffers:
         return _Buffers(self.buffers.values(layer), self.buffers.arrays(layer))
+
+
+def _take(blocks: np.ndarray, frames: np.ndarray, out: np.ndarray, start: int, stop: int) -> None:
+    np.take(blocks, frames[start:stop], axis=0, out=out[start:stop], mode="clip")
 
 
 class StagedRun:
