@@ -83,6 +83,9 @@ def test_batched_write_then_read(pools):
     for now, then in zip(keys + values, before):
         assert np.array_equal(now[[1, 2, 3]], then[[1, 2, 3]])
     store.write_many([], data[:0])
+    store.write_many([3, 1, 2], data * 3)  # one run of consecutive frames, given out of order
+    assert store.read_many([1, 2, 3]).tobytes() == (data * 3)[[1, 2, 0]].tobytes()
+    assert truth.read(4).tobytes() == data[0].tobytes()
 
 
 def test_bad_frames_and_shapes_raise(pools):

@@ -2,22 +2,25 @@
 
 The step graphs own no copy path for a pool held on a GPU, and NumPy cannot slice it. So the
 store builds two graphs over the pools of one device, runs them with a session on that device,
-and binds each pool input (and each scatter output) to the pool's own OrtValue: the same
-in-place trick as the step graphs, so no pool is ever copied whole.
+and binds each pool input to the pool's own OrtValue, each put output at the blocks' own
+addresses: the same in-place trick as the step graphs, so no pool is ever copied whole. (A
+ScatterND into the pools would write any frames in one run, but ONNX Runtime 1.31's moves fp16
+blocks at ~0.5 GB/s on an H100; a put runs once per run of consecutive frames, at memory speed.)
 
     gather  frames [n] int64, key_cache.{l}, value_cache.{l}           (pools [N, bs, kvh, hd])
             Gather(pool_j, frames, axis=0) -> Unsqueeze(axis=1) ─┐  j = 2 * l + (0 key | 1 value)
             Concat(axis=1) over j ◄─────────────────────────────┘
             -> blocks [n, 2L, bs, kvh, hd]  bound to host memory: one device -> host copy
 
-    scatter frames [n, 1] int64, blocks [n, 2L, bs, kvh, hd] (host), key_cache.{l}, value_cache.{l}
-            Gather(blocks, j, axis=1) -> ScatterND(pool_j, frames, .) -> key_cache_out.{l} ...
-            each *_out bound to the same OrtValue as its input: written in place
+    put     blocks [n, 2L, bs, kvh, hd] (host)
+            Gather(blocks, j, axis=1) -> pool_j_out   bound at n consecutive frames of pool j, so
+                                                      one run writes a run of frames in place
 
 On the host a block reads [L, 2, bs, kvh, hd] (tiers.py's BlockData): [n, 2L, ...] and
-[n, L, 2, ...] are the same contiguous bytes, so the reshape is free. One run moves any
-number of blocks across all of the device's layers; a model split over several devices gets
-one OrtPoolStore per device, joined along the layer axis by LayerSplitStore.
+[n, L, 2, ...] are the same contiguous bytes, so the reshape is free. A run moves blocks
+across all of the device's layers: a gather any frames, a put a run of consecutive ones. A
+model split over several devices gets one OrtPoolStore per device, joined along the layer axis
+by LayerSplitStore.
 """
 
 from __future__ import annotations
@@ -66,25 +69,17 @@ def gather_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -
     return _model(graph)
 
 
-def scatter_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
-    """pool_j[frames[i]] = blocks[i, j] for every pool j; outputs `{pool}_out` alias the pools."""
-    pool_shape: list[int | str] = ["num_blocks", *block_shape]
-    nodes = []
-    outputs = []
+def put_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
+    """blocks [n, num_pools, *block_shape] -> `{pool_j}_out` = blocks[:, j], each bound by the caller
+    at n consecutive frames of pool j (see the module docstring)."""
+    nodes, outputs = [], []
     for j in range(num_pools):
         prefix = f"/pager/{_pool_name(j)}"
-        index, block, out = f"{prefix}/index", f"{prefix}/Gather/output_0", f"{_pool_name(j)}_out"
+        index, out = f"{prefix}/index", f"{_pool_name(j)}_out"
         nodes.append(helper.make_node("Constant", [], [index], value=helper.make_tensor(index, TensorProto.INT64, [], [j])))
-        nodes.append(helper.make_node("Gather", [BLOCKS, index], [block], name=f"{prefix}/Gather", axis=1))
-        nodes.append(helper.make_node("ScatterND", [_pool_name(j), SLOTS, block], [out], name=f"{prefix}/ScatterND"))
-        outputs.append(_value_info(out, elem, pool_shape))
-    graph = helper.make_graph(
-        nodes,
-        "wicore_pager_scatter",
-        [_value_info(SLOTS, TensorProto.INT64, ["n", 1]), _value_info(BLOCKS, elem, ["n", num_pools, *block_shape])]
-        + [_value_info(_pool_name(j), elem, pool_shape) for j in range(num_pools)],
-        outputs,
-    )
+        nodes.append(helper.make_node("Gather", [BLOCKS, index], [out], name=f"{prefix}/Gather", axis=1))
+        outputs.append(_value_info(out, elem, ["n", *block_shape]))
+    graph = helper.make_graph(nodes, "wicore_pager_put", [_value_info(BLOCKS, elem, ["n", num_pools, *block_shape])], outputs)
     return _model(graph)
 
 
@@ -127,7 +122,9 @@ class BlockCopier:
         self.block_bytes = int(np.prod(block_shape)) * self.dtype.itemsize
         self.kind, self.index = device.ort_device
         model = copy_graph(helper.np_dtype_to_tensor_dtype(self.dtype), block_shape).SerializeToString()
-        self._session = ort.InferenceSession(model, sess_options=session_options(num_threads), providers=device.providers())
+        self._session = ort.InferenceSession(
+            model, sess_options=session_options(num_threads, devices=[device]), providers=device.providers()
+        )
 
     def copy(self, src: tuple[Any, Any], src_frames: Sequence[int], dst: tuple[Any, Any], dst_frames: Sequence[int]) -> None:
         """dst[dst_frames[i]] = src[src_frames[i]] for key and value (device buffers)."""
@@ -192,14 +189,15 @@ class OrtPoolStore:
         self.num_layers = len(pools)
         self.block_shape = (self.num_layers, 2, *shape[1:])
         elem = helper.np_dtype_to_tensor_dtype(self.dtype)
-        opts = session_options(num_threads)
+        opts = session_options(num_threads, devices=[device])
         providers = device.providers()
         self._gather = ort.InferenceSession(
             gather_graph(len(self._pools), elem, shape[1:]).SerializeToString(), sess_options=opts, providers=providers
         )
-        self._scatter = ort.InferenceSession(
-            scatter_graph(len(self._pools), elem, shape[1:]).SerializeToString(), sess_options=opts, providers=providers
+        self._put = ort.InferenceSession(
+            put_graph(len(self._pools), elem, shape[1:]).SerializeToString(), sess_options=opts, providers=providers
         )
+        self._frame_bytes = int(np.prod(shape[1:])) * self.dtype.itemsize
 
     def _frame_array(self, frames: Sequence[int]) -> np.ndarray:
         ids = np.asarray(frames, np.int64).reshape(-1)
@@ -228,26 +226,25 @@ class OrtPoolStore:
         return binding.get_outputs()[0].numpy().reshape(len(ids), *self.block_shape)
 
     def write_many(self, frames: Sequence[int], data: np.ndarray) -> None:
-        """Overwrite each frame with its block of `data` [len(frames), num_layers, 2, ...]; one run.
-
-        Slots must be distinct: ScatterND writes repeated indices in no defined order.
-        """
+        """Overwrite each of the distinct `frames` with its block of `data` [len(frames), num_layers, 2, ...]:
+        one run per run of consecutive frames (sorted first)."""
         ids = self._frame_array(frames)
         if len(set(ids.tolist())) != len(ids):
             raise ValueError(f"write_many got a frame twice: {ids.tolist()}")
         data = np.asarray(data)
         if data.shape != (len(ids), *self.block_shape):
             raise ValueError(f"blocks of shape {data.shape} for {len(ids)} frames of {self.block_shape}")
-        if not ids.size:
-            return
-        blocks = np.ascontiguousarray(data, self.dtype).reshape(len(ids), 2 * self.num_layers, *self.block_shape[2:])
-        binding = self._scatter.io_binding()
-        binding.bind_cpu_input(SLOTS, ids.reshape(-1, 1))
-        binding.bind_cpu_input(BLOCKS, blocks)
-        for j, value in enumerate(self._pools):
-            binding.bind_ortvalue_input(_pool_name(j), value)
-            binding.bind_ortvalue_output(f"{_pool_name(j)}_out", value)
-        self._scatter.run_with_iobinding(binding)
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
+        blocks = np.ascontiguousarray(data[order], self.dtype).reshape(len(ids), 2 * self.num_layers, *self.block_shape[2:])
+        kind, index = self.device.ort_device
+        for start, done, n in _runs(ids.tolist(), range(len(ids))):
+            binding = self._put.io_binding()
+            binding.bind_cpu_input(BLOCKS, blocks[done : done + n])
+            for j, value in enumerate(self._pools):
+                address = value.data_ptr() + start * self._frame_bytes
+                binding.bind_output(f"{_pool_name(j)}_out", kind, index, self.dtype, [n, *self.block_shape[2:]], address)
+            self._put.run_with_iobinding(binding)
 
 
 class LayerSplitStore:
