@@ -62,7 +62,7 @@ class ModelGraphs:
         self.cuda_graphs = cuda_graphs
         if cuda_graphs and not can_capture(manifest, self.devices):
             raise DeviceError("CUDA graphs need an export with --attention paged, every partition on one cuda device")
-        opts = session_options(num_threads, profile_prefix)
+        opts = session_options(num_threads, profile_prefix, self.devices)
         self.sessions = [
             ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers(cuda_graphs))
             for p, d in zip(manifest.partitions, self.devices)

@@ -17,15 +17,19 @@ a `Device` what it can do and never tests an EP's name.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from types import ModuleType
 
 from wicore.errors import RuntimeMissingError, WiCoreError
+
+log = logging.getLogger(__name__)
 
 # WiCore installs from its checkout (it is not on a package index): the extra picks the runtime.
 EXTRAS = "in the WiCore checkout, pip install '.[cpu]' (or '.[cuda]' for NVIDIA, '.[openvino]' for Intel)"
@@ -47,10 +51,15 @@ def onnxruntime() -> ModuleType:
 FPA_INTB_ENV = "ORT_FPA_INTB_GEMM"  # ONNX Runtime's own switch; when set, WiCore leaves the choice to it
 
 
-def session_options(num_threads: int | None, profile_prefix: str | None = None) -> object:
-    """Options of every WiCore session; `profile_prefix` turns on ONNX Runtime's profiler."""
+def session_options(num_threads: int | None, profile_prefix: str | None = None, devices: Sequence[Device] = ()) -> object:
+    """Options of every WiCore session; `profile_prefix` turns on ONNX Runtime's profiler. Sessions on
+    the CUDA `devices` allocate from one arena a device (shared_cuda_arena)."""
     ort = onnxruntime()
     opts = ort.SessionOptions()
+    if os.environ.get(SHARED_ARENA_ENV, "1") != "0" and any(
+        shared_cuda_arena(int(d.index)) for d in devices if d.capability.shares_cuda_arena
+    ):
+        opts.add_session_config_entry("session.use_env_allocators", "1")
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if num_threads:
         opts.intra_op_num_threads = num_threads
@@ -66,6 +75,27 @@ def session_options(num_threads: int | None, profile_prefix: str | None = None) 
         opts.enable_profiling = True
         opts.profile_file_prefix = profile_prefix
     return opts
+
+
+SHARED_ARENA_ENV = "WICORE_CUDA_SHARED_ARENA"  # "0": every CUDA session keeps an arena of its own
+
+
+@cache
+def shared_cuda_arena(index: int) -> bool:
+    """Register one arena for CUDA device `index` with ONNX Runtime's environment, for the sessions
+    on it to share. A model in partitions runs a session each, one after another; each with its own
+    arena keeps its largest step's buffers for itself (1.0-1.9 GiB a partition at the 27B shape,
+    docs/PERFORMANCE.md). Same tokens either way. False where ONNX Runtime refuses it (the sessions
+    then keep their own)."""
+    ort = onnxruntime()
+    try:
+        info = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, index, ort.OrtMemType.DEFAULT)
+        arena = ort.OrtArenaCfg(0, 1, -1, -1)  # no cap; grow by what is asked (kSameAsRequested); defaults
+        ort.create_and_register_allocator_v2("CUDAExecutionProvider", info, {"device_id": str(index)}, arena)
+    except Exception as exc:
+        log.warning("CUDA sessions on device %d keep an arena each: ONNX Runtime did not register a shared one (%s)", index, exc)
+        return False
+    return True
 
 
 # -- free memory readers -----------------------------------------------------------------
@@ -149,9 +179,11 @@ class Capability:
     attentions: tuple[str, ...] = ("portable", "batch-invariant")
     # vision partition flavours it runs: standard ops (portable) or fused: com.microsoft MultiHeadAttention, FastGelu
     vision_flavours: tuple[str, ...] = ("portable",)
+    options: tuple[tuple[str, str], ...] = ()  # provider options it always gets
+    shares_cuda_arena: bool = False  # its sessions on one device may allocate from one arena (shared_cuda_arena)
 
     def provider_options(self, index: str) -> dict[str, str]:
-        return {self.option_key: index} if self.option_key else {}
+        return {**dict(self.options), **({self.option_key: index} if self.option_key else {})}
 
 
 CAPABILITIES: dict[str, Capability] = {
@@ -181,6 +213,10 @@ CAPABILITIES: dict[str, Capability] = {
             "device_id",
             attentions=("portable", "paged", "batch-invariant"),
             vision_flavours=("portable", "fused"),
+            # The arena grows by what is asked, not to the next power of two: at 128K a prefill's
+            # buffers are GBs, and rounding them up is what keeps a 27B from a 24 GB card.
+            options=(("arena_extend_strategy", "kSameAsRequested"),),
+            shares_cuda_arena=True,
         ),
         Capability(
             "tensorrt",

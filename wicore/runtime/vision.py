@@ -48,7 +48,9 @@ class VisionEncoder:
         self.cache_size = cache_size
         self.max_batch = max_batch
         path = str(Path(model_dir) / record.file)
-        self.session = ort.InferenceSession(path, sess_options=session_options(num_threads), providers=device.providers(False))
+        self.session = ort.InferenceSession(
+            path, sess_options=session_options(num_threads, devices=[device]), providers=device.providers(False)
+        )
         self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self.num_encoded = 0  # images run through the tower (cache misses)
 
