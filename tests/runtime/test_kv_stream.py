@@ -147,10 +147,14 @@ def test_a_model_without_sliding_layers_streams_its_table_as_the_window_table_to
     assert got.token_ids == reference_greedy(model, LONG, 12)
 
 
-def test_the_copy_graphs_of_accelerators_stage_the_same_blocks(tiny, reference_greedy):
-    """The path a GPU takes (one gather-and-concat graph run fills a stage, block copies bound at the
-    blocks' addresses write back), run here on the CPU EP: HF's tokens, host blocks written back too."""
+def test_the_copy_graphs_of_accelerators_stage_the_same_blocks(tiny, reference_greedy, monkeypatch):
+    """The path a GPU takes (a gather graph fills a stage's first frames, copies bound at the stage's
+    addresses bring the host blocks in, two blocks a piece, and block copies write back), run here
+    on the CPU EP: HF's tokens, host blocks written back too."""
+    from wicore.runtime import device_store
     from wicore.runtime.kv_stream import KVStreamer
+
+    monkeypatch.setattr(device_store, "HOST_PIECE_BYTES", 2 * 4 * 2 * 32 * 4)  # two blocks: 4 tokens, 2 heads of 32, fp32
 
     model_dir, model = tiny[2]
     with streamed_engine(model_dir) as engine:
@@ -166,16 +170,17 @@ def test_the_copy_graphs_of_accelerators_stage_the_same_blocks(tiny, reference_g
 @pytest.mark.parametrize(
     "host_frames, part_bytes",
     [([3, 4, 5], 16 << 20), ([7, 2, 9], 16 << 20), ([7, 2, 9, 12, 30], 64)],
-    ids=["consecutive", "scattered", "scattered-in-threads"],
+    ids=["consecutive", "scattered", "scattered-in-threads-and-pieces"],
 )
 def test_the_copy_graphs_stage_host_blocks_from_one_slice_or_gathered(tiny, host_frames, part_bytes, monkeypatch):
     """Consecutive host frames go to the stage as one slice of the host tier, others gathered first
-    (a large gather in parts, by threads): either way each full layer's stage holds the sink, the
-    device blocks, then the host blocks by frame."""
-    from wicore.runtime import kv_stream
+    (a large gather in parts, by threads), then copied in (a large copy in pieces): either way each
+    full layer's stage holds the sink, the device blocks, then the host blocks by frame."""
+    from wicore.runtime import device_store, kv_stream
     from wicore.runtime.kv_stream import KVStreamer
 
     monkeypatch.setattr(kv_stream, "GATHER_PART_BYTES", part_bytes)
+    monkeypatch.setattr(device_store, "HOST_PIECE_BYTES", 2 * part_bytes)  # the third case: a block a piece
     model_dir, _ = tiny[1]
     with streamed_engine(model_dir) as engine:
         buffers, host = engine.runner.graphs.buffers, engine.runner.streamer.host

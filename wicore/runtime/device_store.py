@@ -35,6 +35,7 @@ from onnx import TensorProto, helper
 from wicore.runtime.providers import Device, onnxruntime, session_options
 
 OPSET = 17
+HOST_PIECE_BYTES = 64 << 20  # BlockCopier.from_host copies host blocks in pieces of at most this
 SLOTS = "frames"
 BLOCKS = "blocks"
 
@@ -83,22 +84,16 @@ def put_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -> o
     return _model(graph)
 
 
-def stage_graph(elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
-    """stage_j = Concat(Gather(pool_j, frames), host_j) for the key (j = k) and value (j = v) buffers
-    of one layer: a streamed step's stage, its device blocks gathered on the device and its host
-    blocks copied in (wicore.runtime.kv_stream). One run; the caller binds the outputs in place."""
-    nodes, outputs = [], []
-    inputs = [_value_info("frames", TensorProto.INT64, ["n"])]
+def take_graph(elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
+    """k_out, v_out = Gather(k, frames), Gather(v, frames): the caller binds the outputs at n consecutive
+    frames of other buffers (a streamed step's stage: wicore.runtime.kv_stream), so the gathered
+    blocks are written there and nowhere else."""
+    nodes, inputs, outputs = [], [_value_info("frames", TensorProto.INT64, ["n"])], []
     for kv in "kv":
-        gathered = f"/stage/{kv}/Gather/output_0"
-        nodes.append(helper.make_node("Gather", [f"pool_{kv}", "frames"], [gathered], name=f"/stage/{kv}/Gather", axis=0))
-        nodes.append(helper.make_node("Concat", [gathered, f"host_{kv}"], [f"stage_{kv}"], name=f"/stage/{kv}/Concat", axis=0))
-        inputs += [
-            _value_info(f"pool_{kv}", elem, ["pool_blocks", *block_shape]),
-            _value_info(f"host_{kv}", elem, ["m", *block_shape]),
-        ]
-        outputs.append(_value_info(f"stage_{kv}", elem, ["staged", *block_shape]))
-    return _model(helper.make_graph(nodes, "wicore_stage", inputs, outputs))
+        nodes.append(helper.make_node("Gather", [kv, "frames"], [f"{kv}_out"], name=f"/take/{kv}", axis=0))
+        inputs.append(_value_info(kv, elem, ["num_blocks", *block_shape]))
+        outputs.append(_value_info(f"{kv}_out", elem, ["n", *block_shape]))
+    return _model(helper.make_graph(nodes, "wicore_take", inputs, outputs))
 
 
 def copy_graph(elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
@@ -134,6 +129,20 @@ class BlockCopier:
                 shape = [n, *self.block_shape]
                 binding.bind_input(kv, self.kind, self.index, self.dtype, shape, a.data_ptr() + s * self.block_bytes)
                 binding.bind_output(f"{kv}_out", self.kind, self.index, self.dtype, shape, b.data_ptr() + d * self.block_bytes)
+            self._session.run_with_iobinding(binding)
+
+    def from_host(self, keys: np.ndarray, values: np.ndarray, dst: tuple[Any, Any], dst_frame: int) -> None:
+        """dst[dst_frame:dst_frame + n] = keys, values (host blocks [n, *block_shape]), in pieces of at
+        most HOST_PIECE_BYTES: ONNX Runtime copies a host input into a device buffer of its own first,
+        and so holds no more than a piece of it at a time."""
+        per_piece = max(1, HOST_PIECE_BYTES // self.block_bytes)
+        for start in range(0, len(keys), per_piece):
+            n = min(per_piece, len(keys) - start)
+            binding = self._session.io_binding()
+            for kv, blocks, b in zip("kv", (keys, values), dst):
+                binding.bind_cpu_input(kv, blocks[start : start + n])
+                address = b.data_ptr() + (dst_frame + start) * self.block_bytes
+                binding.bind_output(f"{kv}_out", self.kind, self.index, self.dtype, [n, *self.block_shape], address)
             self._session.run_with_iobinding(binding)
 
     def to_host(self, src: tuple[Any, Any], frames: Sequence[int]) -> np.ndarray:

@@ -7,10 +7,10 @@ device that the run fills with its rows' blocks, row after row, just before the 
 and whose newly written tokens go back to their blocks' homes right after:
 
     stage frame   0      1 .. n                       n + 1 .. n + m
-                  sink   the rows' blocks on DEVICE    their blocks in HOST memory    (each row's table
-                                                                                    lists its frames)
-    before a partition, each of its full layers:   stage = Concat(Gather(pool, DEVICE frames), host blocks)
-                                                   (one graph run: a gather on the device, a copy in)
+                  sink   the rows' blocks on DEVICE    their blocks in HOST memory, by frame   (each row's
+                                                                                    table lists its frames)
+    before a partition, each of its full layers:   stage[:n + 1] = Gather(pool, DEVICE frames)  (on the device)
+                                                   stage[n + 1:] = HOST blocks  (copied in, in pieces)
     after it:     the blocks the run wrote         stage ──► their DEVICE or HOST frame (block copies)
 
 The full-attention layers of different partitions run one after another, so they share stages:
@@ -36,7 +36,7 @@ from onnx import helper
 from wicore.graph.io import SINK_BLOCK
 from wicore.graph.manifest import Manifest
 from wicore.hmt.tiers import HostStore, Tier
-from wicore.runtime.device_store import BlockCopier, stage_graph
+from wicore.runtime.device_store import BlockCopier, take_graph
 from wicore.runtime.kv_buffers import KVBuffers
 from wicore.runtime.pinned import host_allocator
 from wicore.runtime.providers import Device, onnxruntime, session_options
@@ -181,7 +181,7 @@ class KVStreamer:
 
     def _new_graphs(self, device: Device, num_threads: int | None) -> tuple[Any, BlockCopier]:
         ort = onnxruntime()
-        model = stage_graph(helper.np_dtype_to_tensor_dtype(self.buffers.dtype), self.buffers.block_shape)
+        model = take_graph(helper.np_dtype_to_tensor_dtype(self.buffers.dtype), self.buffers.block_shape)
         session = ort.InferenceSession(
             model.SerializeToString(), sess_options=session_options(num_threads, devices=[device]), providers=device.providers()
         )
@@ -210,17 +210,23 @@ class KVStreamer:
     def _stage_on_device(
         self, layer: int, pool: _Buffers, plan: StagePlan, host: tuple[np.ndarray, np.ndarray], stage: _Buffers
     ) -> None:
+        """The device blocks gathered straight into the stage's first frames (one run), the host ones
+        copied in after them in pieces (BlockCopier.from_host): no device buffer as large as the stage."""
         device = self.buffers.layer_devices[layer]
         kind, index = device.ort_device
-        session, _ = self._graphs[device.label]
-        binding = session.io_binding()
+        take, copier = self._graphs[device.label]
+        binding = take.io_binding()
         binding.bind_cpu_input("frames", plan.device_src)
-        shape = [plan.num_frames, *self.buffers.block_shape]
+        n = len(plan.device_src)
         for j, kv in enumerate("kv"):
-            binding.bind_ortvalue_input(f"pool_{kv}", pool.values[j])
-            binding.bind_cpu_input(f"host_{kv}", self._host_input(host[j], j, plan.host_src))
-            binding.bind_output(f"stage_{kv}", kind, index, self.buffers.dtype, shape, stage.values[j].data_ptr())
-        session.run_with_iobinding(binding)
+            binding.bind_ortvalue_input(kv, pool.values[j])
+            binding.bind_output(
+                f"{kv}_out", kind, index, self.buffers.dtype, [n, *self.buffers.block_shape], stage.values[j].data_ptr()
+            )
+        take.run_with_iobinding(binding)
+        if len(plan.host_src):
+            keys, values = (self._host_input(host[j], j, plan.host_src) for j in range(2))
+            copier.from_host(keys, values, stage.values, n)
 
     def _host_input(self, blocks: np.ndarray, j: int, frames: np.ndarray) -> np.ndarray:
         """blocks[frames] (keys j = 0, values 1) in host memory the device copies from at the bus's speed:
