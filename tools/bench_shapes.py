@@ -64,6 +64,10 @@ VARIANTS: dict[str, dict[str, object]] = {
     "paged-nohead": dict(dtype="fp16", attention="paged", sampling_head="off"),  # sampled rows' logits to the host
     "int4-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0),
     "int8-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=8, accuracy_level=0),
+    # the embedding's rows from the head's 4-bit codes (wicore-export --quantize-embedding)
+    "int4e-paged": dict(
+        dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0, quantize_embedding=True
+    ),
 }
 # Run-time flags after a variant's name ("int4-paged+graphs+nofpa"): the same export, run with these.
 FLAGS = {

@@ -100,3 +100,5 @@ def test_wicore_export_weight_bits_quantize_for_the_gpu(tiny_model, tmp_path, ca
     bad = tmp_path / "bad"
     assert export_main(["--model", str(folder), "--out", str(bad), "--op-flavour", "portable", "--weight-bits", "4"]) == 2
     assert "--weight-bits quantizes the weights" in capsys.readouterr().err and not bad.exists()
+    assert export_main(["--model", str(folder), "--out", str(bad), "--quantize-embedding"]) == 2
+    assert "--quantize-embedding needs quantized weights" in capsys.readouterr().err and not bad.exists()

@@ -65,6 +65,23 @@ def test_the_27b_in_4_bits_on_a_24_gib_card(gemma3_27b, capsys):
     ]
 
 
+def test_quantized_embedding_rows_take_2_5_gib_off_the_27b_in_4_bits(gemma3_27b, capsys):
+    """--quantize-embedding: the table's 2.62 GiB of fp16 rows become the head's codes (shared) and
+    0.08 GiB of scales: 14.23 GiB, and one sequence of 118,784 tokens on 24 GiB (not 128K)."""
+    code, lines, _ = plan(
+        capsys, "--model", str(gemma3_27b / "config.json"), "--dtype", "fp16", "--weight-bits", "4", "--quantize-embedding",
+        "--attention", "paged", "--budget-gb", "24", "--context", "131072",
+    )  # fmt: skip
+    assert code == 0
+    assert lines[0].endswith("--weight-bits 4 --quantize-embedding --attention paged: weights 14.23G (estimated from the shape)")
+    assert lines[2:] == [
+        "one sequence: up to 118784 tokens, limited by the memory (the model takes 131072); KV pool 9.68G, activations 0.08G",
+        "sequences of 131072 tokens: none fits",
+    ]
+    code, _, err = plan(capsys, "--model", str(gemma3_27b), "--dtype", "fp16", "--quantize-embedding", "--budget-gb", "24")
+    assert code == 2 and "--quantize-embedding needs quantized weights: add --weight-bits 4 or 8" in err
+
+
 def test_int8_kv_blocks_hold_more_of_one_sequence(gemma3_27b, capsys):
     """The 27B in 4 bits, portable attention, on 24 GiB: 40,848 tokens with float16 KV, 56,656 with
     int8 KV (42,240 bytes a token in the 10 full layers instead of 81,920; the portable attention's

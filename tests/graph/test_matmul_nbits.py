@@ -83,6 +83,8 @@ def tiny_exports(tiny_model, tmp_path_factory):
         "quant-q8": ("q8", ExportConfig(op_flavour="ort-quant", accuracy_level=0)),
         "fp32-q4": ("q4", ExportConfig()),
         "quant-q4": ("q4", ExportConfig(op_flavour="ort-quant", weight_bits=4, accuracy_level=0)),
+        "quant-q8-emb": ("q8", ExportConfig(op_flavour="ort-quant", accuracy_level=0, quantize_embedding=True)),
+        "quant-q4-emb": ("q4", ExportConfig(op_flavour="ort-quant", weight_bits=4, accuracy_level=0, quantize_embedding=True)),
     }
     out = {}
     for name, (source, config) in plan.items():
@@ -129,13 +131,31 @@ def test_manifest_records_the_flavour_and_graphs_use_matmul_nbits(tiny_exports):
     assert {n.domain for n in portable.node} == {""}
 
 
+@pytest.mark.parametrize("embedding", ["", "-emb"], ids=["float-rows", "quantized-rows"])
 @pytest.mark.parametrize("bits", [8, 4])
-def test_ort_quant_computes_what_fp32_computes_on_the_same_quantized_weights(tiny_exports, bits):
+def test_ort_quant_computes_what_fp32_computes_on_the_same_quantized_weights(tiny_exports, bits, embedding):
     """Weights that are already on the 8/4-bit grid: the MatMulNBits graphs (float activations)
-    equal the fp32 graphs up to float rounding, so packing, fusing and the LM head are right."""
-    ref, ours = logits(tiny_exports[f"fp32-q{bits}"]), logits(tiny_exports[f"quant-q{bits}"])
+    equal the fp32 graphs up to float rounding, so packing, fusing and the LM head are right; with
+    --quantize-embedding the rows gathered from the head's codes are the table's too."""
+    ref, ours = logits(tiny_exports[f"fp32-q{bits}"]), logits(tiny_exports[f"quant-q{bits}{embedding}"])
     assert np.abs(ours - ref).max() < 1e-4 * np.abs(ref).max()
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_embedding_rows_read_the_tied_heads_codes(tiny_exports, bits):
+    """--quantize-embedding: the first partition gathers its rows from the LM head's MatMulNBits
+    codes (one initializer, no float table) with GatherBlockQuantized in the head's bits."""
+    folder = tiny_exports[f"quant-q{bits}-emb"]
+    manifest = Manifest.read(folder)
+    graph = onnx.load(folder / manifest.partitions[0].file, load_external_data=False).graph
+    (gather,) = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    head = [n for n in graph.node if n.op_type == "MatMulNBits" and n.input[1] == gather.input[0]]
+    assert gather.input[0] == "model.embed_tokens.qweight" and len(head) == 1
+    assert {a.name: a.i for a in gather.attribute if a.name in ("bits", "block_size")} == {"bits": bits, "block_size": 32}
+    assert "model.embed_tokens.weight" not in {t.name for t in graph.initializer}
+    float_rows = onnx.load(tiny_exports[f"quant-q{bits}"] / manifest.partitions[0].file, load_external_data=False).graph
+    assert "GatherBlockQuantized" not in {n.op_type for n in float_rows.node}  # without the flag: float rows
 
 
 def test_tiny_ort_quant_tracks_fp32(tiny_exports):

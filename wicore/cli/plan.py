@@ -43,6 +43,9 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     config = p.add_argument_group("a config.json alone: the export to plan for (wicore-export's flags)")
     config.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
     config.add_argument("--weight-bits", type=int, choices=(4, 8), default=None, help="the ort-quant flavour's weights")
+    config.add_argument(
+        "--quantize-embedding", action="store_true", help="with --weight-bits: the embedding's rows in those bits too"
+    )
     config.add_argument("--attention", choices=("portable", "paged"), default="portable")
     config.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto", help="int8: KV blocks in 8 bits")
     p.set_defaults(func=run_plan)
@@ -126,12 +129,13 @@ def config_only(args: argparse.Namespace, config_file: Path):
         dtype=args.dtype,
         op_flavour=flavour,
         weight_bits=args.weight_bits or 8,
+        quantize_embedding=args.quantize_embedding,
         attention=args.attention,
         kv_cache_dtype=args.kv_cache_dtype,
     )  # its checks
     dtype = np.dtype(DTYPES[args.dtype][0])  # of the weights and the KV, as in an export
     vision_bytes = estimate_vision_bytes(vision, dtype.itemsize) if vision else 0
-    weights = estimate_weight_bytes(cfg, dtype.itemsize, args.weight_bits) + vision_bytes
+    weights = estimate_weight_bytes(cfg, dtype.itemsize, args.weight_bits, args.quantize_embedding) + vision_bytes
     block_size = args.block_size or block_size_for(cfg, args.attention)
     kv_dtype = "int8" if args.kv_cache_dtype == "int8" else dtype.name
     print(
@@ -139,6 +143,7 @@ def config_only(args: argparse.Namespace, config_file: Path):
         f"{cfg.num_kv_heads} KV heads x {cfg.head_dim}, window {cfg.sliding_window}, context {cfg.max_position_embeddings}; "
         f"as exported with --dtype {args.dtype}"
         + (f" --op-flavour {flavour} --weight-bits {args.weight_bits}" if args.weight_bits else "")
+        + (" --quantize-embedding" if args.quantize_embedding else "")
         + f" --attention {args.attention}"
         + (" --kv-cache-dtype int8" if kv_dtype == "int8" else "")
         + f": weights {weights / (1 << 30):.2f}G (estimated from the shape"

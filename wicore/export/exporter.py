@@ -45,6 +45,7 @@ class ExportConfig:
     overwrite: bool = False
     weight_bits: int = 8  # ort-quant: bits for weights without a lossless GGUF encoding (float sources)
     accuracy_level: int = 4  # ort-quant: MatMulNBits activations, 4 = int8 (fast on CPU), 0 = float (exact)
+    quantize_embedding: bool = False  # ort-quant: a float embedding table's rows in weight_bits as well
     attention: str = "portable"  # "paged": com.microsoft.PagedAttention over the fp16 KV (CUDA EP)
     vision_flavour: str = "auto"  # the vision partition's ops (resolved_vision_flavour)
     sampling_head: str = "auto"  # "on" / "off" / "auto": on with the paged attention (graph/sampling.py)
@@ -76,12 +77,14 @@ class ExportConfig:
             )
         if self.num_partitions < 1:
             raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
+        if self.quantize_embedding and not OP_FLAVOURS[self.op_flavour]:
+            raise WiCoreError("--quantize-embedding needs quantized weights: add --weight-bits 4 or 8")
 
     def quant(self) -> QuantLinear | None:
         """How linear layers are encoded: None for float MatMuls (portable)."""
         if not OP_FLAVOURS[self.op_flavour]:
             return None
-        return QuantLinear(weight_bits=self.weight_bits, accuracy_level=self.accuracy_level)
+        return QuantLinear(self.weight_bits, accuracy_level=self.accuracy_level, quantize_embedding=self.quantize_embedding)
 
     def resolved_vision_flavour(self) -> str:
         """The vision partition's flavour (wicore.graph.vision): `auto` is `fused` (com.microsoft

@@ -8,7 +8,7 @@ their parts. Measured on ONNX Runtime 1.32 CPU (AMD EPYC Zen 4, 2 threads),
 8-bit/block 32 5.7 ms, 4-bit/block 32 9.4 ms, both with accuracy_level 4 (int8
 activations, as llama.cpp's Q8 dot products). Float zero points are refused
 for 8 bits and ~100x slower for 4 bits on CPU, hence the offset path below.
-An 8-bit symmetric embedding table (Q8_0) is gathered with GatherBlockQuantized.
+The embedding's rows are gathered from 8- or 4-bit blocks with GatherBlockQuantized (QuantLinear.gather).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class QuantLinear:
     weight_bits: int = 8  # for float weights and GGUF types without a lossless encoding
     block_size: int = 32
     accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations on CPU; ignored by GPU kernels
+    quantize_embedding: bool = False  # a float embedding table's rows in weight_bits too (gather)
 
     def __post_init__(self) -> None:
         if self.weight_bits not in SUPPORTED_BITS:
@@ -60,15 +61,20 @@ class QuantLinear:
     def gather(
         self, g: Graph, indices: str, table: np.ndarray, name: str, weight_name: str, dtype: type, data: DataFile | None
     ) -> str | None:
-        """Rows [..., hidden] of an embedding table kept in its source's 8-bit symmetric blocks (Q8_0:
-        a quarter of the float table's bytes, the same values), or None where it has no such blocks.
-        The codes are the tied LM head's MatMulNBits weight when both use `weight_name`:
+        """Rows [..., hidden] of an embedding table in symmetric 8- or 4-bit blocks: its source's own
+        (Q8_0, Q4_0: the same values), or, for a float table with `quantize_embedding`, the linear
+        weights' encoding (a quarter or an eighth of fp16's bytes: 2.6 GiB less for Gemma 3 27B in 4
+        bits; an error of the head's size added to every token's embedding). None otherwise, and for
+        blocks with offsets (Q4_K ...): float rows. The codes are the tied LM head's MatMulNBits
+        weight when both use `weight_name`, so the head and the rows agree:
 
-            codes [vocab, hidden / bs, bs] ─► GatherBlockQuantized(quantize_axis 2) ─► Reshape [.., hidden]
-                  └───────────────────────► MatMulNBits (lm_head)
+            codes [vocab, hidden / bs, bs * bits / 8] ─► GatherBlockQuantized(quantize_axis 2) ─► Reshape [.., hidden]
+                  └──────────────────────────────────► MatMulNBits (lm_head)
         """
         w = getattr(table, "blocks", None)
-        if w is None or w.bits != 8 or w.offsets is not None:
+        if w is None and self.quantize_embedding:
+            w = quantize_symmetric(table, self.weight_bits, self.block_size)
+        if w is None or w.bits not in (4, 8) or w.offsets is not None:
             return None
         codes = g.weight(f"{weight_name}.qweight", lambda: pack_codes(w), data)
         scales = g.weight(f"{weight_name}.row_scales", lambda: w.scales[:, :, None].astype(dtype), data)
@@ -80,7 +86,7 @@ class QuantLinear:
             gather_axis=0,
             quantize_axis=2,
             block_size=w.block_size,
-            bits=8,
+            bits=w.bits,
         )
         return g.op("Reshape", [rows, g.const([0, 0, -1])], f"{name}/Reshape")
 

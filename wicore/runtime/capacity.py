@@ -48,11 +48,14 @@ class Workload:
     paged_attention: bool = False
 
 
-def estimate_weight_bytes(cfg: Gemma3Config, itemsize: int, weight_bits: int | None = None) -> int:
+def estimate_weight_bytes(
+    cfg: Gemma3Config, itemsize: int, weight_bits: int | None = None, quantize_embedding: bool = False
+) -> int:
     """Bytes of the weights `wicore-export` writes from a float checkpoint: every linear layer and
     the tied embedding / LM head table in the float type (`itemsize` bytes), or with `weight_bits`
     (the ort-quant flavour) the linear layers and the LM head as `weight_bits` codes with one float
-    scale per 32 columns, beside the embedding's float rows. Norm weights in the float type."""
+    scale per 32 columns, beside the embedding's float rows (`quantize_embedding`: rows read from the
+    head's codes, with scales of their own). Norm weights in the float type."""
     h, hd = cfg.hidden_size, cfg.head_dim
     per_layer = h * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 3 * h * cfg.intermediate_size  # q, o; k, v; MLP
     table = cfg.vocab_size * h
@@ -60,7 +63,8 @@ def estimate_weight_bytes(cfg: Gemma3Config, itemsize: int, weight_bits: int | N
     norms = cfg.num_layers * (4 * h + 2 * hd) + h
     if weight_bits is None:
         return (linear + norms) * itemsize
-    return linear * weight_bits // 8 + linear // QUANT_BLOCK * itemsize + (table + norms) * itemsize
+    rows = table // QUANT_BLOCK if quantize_embedding else table
+    return linear * weight_bits // 8 + linear // QUANT_BLOCK * itemsize + (rows + norms) * itemsize
 
 
 def estimate_vision_bytes(cfg: VisionConfig, itemsize: int) -> int:
