@@ -86,7 +86,13 @@ def shared_cuda_arena(index: int) -> bool:
     on it to share. A model in partitions runs a session each, one after another; each with its own
     arena keeps its largest step's buffers for itself (1.0-1.9 GiB a partition at the 27B shape,
     docs/PERFORMANCE.md). Same tokens either way. False where ONNX Runtime refuses it (the sessions
-    then keep their own)."""
+    then keep their own).
+
+    A captured CUDA graph (cuda_graphs.py) replays into the scratch memory it was captured with,
+    which the arena counts as free between runs. An engine creates all of its sessions before it
+    captures, so nothing of its own can be placed there; a second engine started in the same
+    process while the first keeps replaying could be: run such engines with
+    WICORE_CUDA_SHARED_ARENA=0 (not measured either way)."""
     ort = onnxruntime()
     try:
         info = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, index, ort.OrtMemType.DEFAULT)
