@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from benchlib import int_list, write_record
@@ -34,7 +35,7 @@ from onnx import helper
 
 from wicore.graph.manifest import Manifest
 from wicore.hmt.tiers import HostStore, Tier
-from wicore.runtime.device_store import OrtPoolStore, _model
+from wicore.runtime.device_store import OrtPoolStore
 from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
 from wicore.runtime.kv_layout import choose_block_size
 from wicore.runtime.kv_stream import KVStreamer
@@ -106,8 +107,9 @@ def stage_step(config: Config, manifest: Manifest, context: int, pinned: bool, s
     }
 
 
-def scatter_session(store: OrtPoolStore) -> Callable[[list[int], np.ndarray], None]:
-    """The pager's old device-tier write, for comparison: one ScatterND per pool, outputs bound in place."""
+def scatter_session(store: OrtPoolStore, pools: list[Any]) -> Callable[[list[int], np.ndarray], None]:
+    """The pager's old device-tier write over the store's `pools` (key, value, key, ... OrtValues),
+    for comparison: one ScatterND per pool, outputs bound in place."""
     from onnx import TensorProto
 
     ort = onnxruntime()
@@ -122,14 +124,15 @@ def scatter_session(store: OrtPoolStore) -> Callable[[list[int], np.ndarray], No
         nodes.append(helper.make_node("ScatterND", [f"pool{j}", "frames", f"b{j}"], [f"out{j}"]))
         inputs.append(helper.make_tensor_value_info(f"pool{j}", elem, ["N", *token]))
         outputs.append(helper.make_tensor_value_info(f"out{j}", elem, ["N", *token]))
-    model = _model(helper.make_graph(nodes, "scatter", inputs, outputs))
+    model = helper.make_model(helper.make_graph(nodes, "scatter", inputs, outputs), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10  # what the CUDA 13 build of ONNX Runtime 1.31 reads
     session = ort.InferenceSession(model.SerializeToString(), sess_options=session_options(1), providers=store.device.providers())
 
     def write(frames: list[int], data: np.ndarray) -> None:
         binding = session.io_binding()
         binding.bind_cpu_input("frames", np.asarray(frames, np.int64).reshape(-1, 1))
         binding.bind_cpu_input("blocks", np.ascontiguousarray(data).reshape(len(frames), 2 * store.num_layers, *token))
-        for j, value in enumerate(store._pools):
+        for j, value in enumerate(pools):
             binding.bind_ortvalue_input(f"pool{j}", value)
             binding.bind_ortvalue_output(f"out{j}", value)
         session.run_with_iobinding(binding)
@@ -147,7 +150,7 @@ def pager_writes(config: Config, manifest: Manifest, num_blocks: int = 64) -> di
     full = [i for i in range(manifest.config.num_layers) if not manifest.config.is_sliding(i)]
     store = OrtPoolStore([buffers.values(i) for i in full], buffers.dtype, device)
     data = np.ones((num_blocks, *store.block_shape), buffers.dtype)
-    scatter = scatter_session(store)
+    scatter = scatter_session(store, [value for i in full for value in buffers.values(i)])
     out = {}
     for layout, frames in (
         ("consecutive", list(range(1, num_blocks + 1))),

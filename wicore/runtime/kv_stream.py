@@ -154,7 +154,7 @@ class KVStreamer:
         self._layers = [[i for i in range(p.start, p.stop) if i in self._group_index] for p in manifest.partitions]
         self._stages: dict[int, _Buffers] = {}  # full layer -> its stage (shared across partitions)
         by_slot: dict[tuple[str, int], _Buffers] = {}
-        self._graphs: dict[str, tuple[Any, BlockCopier]] = {}  # device label -> stage session, copier (accelerators)
+        self._graphs: dict[str, tuple[Any, BlockCopier]] = {}  # device label -> take session, copier (accelerators)
         self._numpy = not copy_with_graphs
         self._allocate = host_allocator(buffers.layer_devices)  # as the host tier: page-locked for CUDA
         self._gathered: tuple[np.ndarray, np.ndarray] | None = None  # _host_input's room

@@ -37,10 +37,9 @@ def loaded_library(stem: str, maps: Path = Path("/proc/self/maps")) -> str | Non
         lines = maps.read_text().splitlines()
     except OSError:
         return None
-    for line in lines:
-        path = line.split()[-1] if line.split() else ""
-        if Path(path).name.startswith(stem) and ".so" in path:
-            return path
+    for fields in map(str.split, lines):
+        if fields and Path(fields[-1]).name.startswith(stem) and ".so" in fields[-1]:
+            return fields[-1]
     return None
 
 
