@@ -8,6 +8,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
+from wicore.export.gguf_file import read_gguf
 from wicore.export.gguf_quant import can_transcode, transcode_gguf
 from wicore.model.quant import BlockQuant, QuantizedTensor, concat_rows, quantize_symmetric
 
@@ -75,9 +76,8 @@ def test_the_packaged_gemma_file_transcodes_bit_exactly():
     from wicore.export.sources import PACKAGED, packaged_gguf
 
     pytest.importorskip(PACKAGED["gemma3-270m"])
-    reader = gguf.GGUFReader(str(packaged_gguf("gemma3-270m")))
     first = {}
-    for t in reader.tensors:
+    for t in read_gguf(packaged_gguf("gemma3-270m")).tensors.values():
         if t.name != "token_embd.weight":  # 168 MB: covered by the graph tests
             first.setdefault(t.tensor_type, t)
     assert {T.Q8_0, T.Q5_0, T.Q4_K, T.Q6_K} <= set(first)

@@ -1,6 +1,6 @@
 """GGUF model source: the header becomes a Gemma3Config, tensors are dequantized on demand.
 
-`gguf.GGUFReader` memory-maps the file, so only the layer being built is ever
+wicore.export.gguf_file memory-maps the file, so only the layer being built is ever
 dequantized into float32 (every type in the packaged 270M: F32, Q8_0, Q6_K,
 Q5_0, Q4_K; `gguf.quants.dequantize` covers the rest of llama.cpp's types).
 Quantized 2-D tensors come back as `QuantizedTensor`s that also hold their
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from wicore.errors import ModelSourceError, UnsupportedModelError
+from wicore.export.gguf_file import GGUFTensor, read_gguf
 from wicore.export.gguf_quant import can_transcode, transcode_gguf
 from wicore.model.config import FULL, SLIDING, Gemma3Config, RopeConfig, default_layer_types
 from wicore.model.families import family_of_gguf
@@ -49,23 +50,17 @@ _LAYER_NAMES: dict[str, tuple[str, bool]] = {
 
 
 class GGUFFile:
-    """A GGUF file through gguf-py's reader (memory-mapped): its header fields and its tensors by name."""
+    """A GGUF file (wicore.export.gguf_file, memory-mapped): its header fields and its tensors by name."""
 
     def __init__(self, path: Path, kind: str = "GGUF") -> None:
-        import gguf
-
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelSourceError(f"{kind} file not found: {self.path}")
-        try:
-            self._reader = gguf.GGUFReader(str(self.path))
-        except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on bad files
-            raise ModelSourceError(f"{self.path} is not a readable GGUF file (truncated or corrupt?): {exc}") from exc
-        self._tensors = {t.name: t for t in self._reader.tensors}
+        self._contents = read_gguf(self.path)
+        self._tensors = self._contents.tensors
 
     def _field(self, key: str, default: Any = None) -> Any:
-        field = self._reader.fields.get(key)
-        return default if field is None else field.contents()
+        return self._contents.metadata.get(key, default)
 
     def _need(self, key: str) -> Any:
         """A header field the file must have."""
@@ -74,8 +69,8 @@ class GGUFFile:
             raise ModelSourceError(f"{self.path.name}: GGUF header lacks {key}")
         return value
 
-    def _reader_tensor(self, name: str) -> Any:
-        """A tensor the file must have, as gguf-py's ReaderTensor."""
+    def _need_tensor(self, name: str) -> GGUFTensor:
+        """A tensor the file must have."""
         t = self._tensors.get(name)
         if t is None:
             raise ModelSourceError(f"{self.path.name}: tensor {name} is missing")
@@ -107,7 +102,7 @@ class GGUFSource(GGUFFile):
         num_layers = int(need("block_count"))
         eos = int(self._field("tokenizer.ggml.eos_token_id", 2))
         return Gemma3Config(
-            vocab_size=int(self._reader_tensor("token_embd.weight").shape[-1]),
+            vocab_size=int(self._need_tensor("token_embd.weight").shape[-1]),
             hidden_size=hidden,
             intermediate_size=int(need("feed_forward_length")),
             num_layers=num_layers,
@@ -145,7 +140,7 @@ class GGUFSource(GGUFFile):
         # llama.cpp's rule: the 27B (62 layers) scales queries by (hidden / heads)^-0.5, the rest by head_dim.
         scalar = hidden / num_heads if num_layers == 62 else head_dim
         return Gemma3Config(
-            vocab_size=int(self._reader_tensor("token_embd.weight").shape[-1]),
+            vocab_size=int(self._need_tensor("token_embd.weight").shape[-1]),
             hidden_size=hidden,
             intermediate_size=int(need("feed_forward_length")),
             num_layers=num_layers,
@@ -166,8 +161,8 @@ class GGUFSource(GGUFFile):
 
     def _tensor(self, name: str, is_norm: bool = False, heads: int = 0) -> np.ndarray:
         """A tensor in HF's convention; `heads` > 0: a permuted Q or K of that many heads, put back in order."""
-        t = self._reader_tensor(name)
-        data = read_reader_tensor(t)
+        t = self._need_tensor(name)
+        data = read_tensor(t)
         shape = data.shape
         if is_norm:
             return data - self.family.norm_offset if self.family.norm_offset else data
@@ -223,21 +218,14 @@ class GGUFSource(GGUFFile):
         return None
 
     def token_ids(self, tokens: tuple[str, ...]) -> dict[str, int]:
-        """The vocabulary ids of those of `tokens` that are in it (a scan of the raw strings: decoding
-        all 262k of them as gguf-py's `contents()` does takes ~25 s)."""
-        field = self._reader.fields.get("tokenizer.ggml.tokens")
-        wanted = {t.encode(): t for t in tokens}
-        found: dict[str, int] = {}
-        for i, part in enumerate([] if field is None else field.data):
-            token = wanted.get(field.parts[part].tobytes())
-            if token is not None:
-                found[token] = i
-        return found
+        """The vocabulary ids of those of `tokens` that are in it."""
+        wanted = set(tokens)
+        return {token: i for i, token in enumerate(self._field("tokenizer.ggml.tokens", [])) if token in wanted}
 
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
         from wicore.export.tokenizer import export_tokenizer_from_gguf
 
-        return export_tokenizer_from_gguf(self.path, out_dir, self._reader).to_dict()
+        return export_tokenizer_from_gguf(self.path, out_dir, self._contents.metadata).to_dict()
 
 
 def unpermute_rows(num_rows: int, heads: int) -> np.ndarray:
@@ -247,8 +235,8 @@ def unpermute_rows(num_rows: int, heads: int) -> np.ndarray:
     return np.arange(num_rows).reshape(heads, dim, 2).swapaxes(2, 1).reshape(num_rows)
 
 
-def read_reader_tensor(t: Any) -> np.ndarray:
-    """A gguf-py ReaderTensor as float32, in Hugging Face's shape (ggml lists dimensions the other way)."""
+def read_tensor(t: GGUFTensor) -> np.ndarray:
+    """A GGUF tensor as float32, in Hugging Face's shape (ggml lists dimensions the other way)."""
     import gguf
 
     try:

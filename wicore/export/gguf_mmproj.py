@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from wicore.errors import UnsupportedModelError
-from wicore.export.gguf import GGUFFile, read_reader_tensor
+from wicore.export.gguf import GGUFFile, read_tensor
 from wicore.model.vision import ImagePreprocessing, VisionConfig
 from wicore.model.weights import LayerWeights, WeightSource
 
@@ -77,7 +77,7 @@ class MmprojVision(GGUFFile):
         need = lambda key: self._need(f"clip.vision.{key}")
         image_size, patch_size = int(need("image_size")), int(need("patch_size"))
         tokens_per_side = image_size // patch_size // int(self._field("clip.vision.projector.scale_factor", 4))
-        projection = self._reader_tensor("mm.input_projection.weight")
+        projection = self._need_tensor("mm.input_projection.weight")
         mean, std = (self._field(f"clip.vision.{key}", [0.5] * 3) for key in ("image_mean", "image_std"))
         preprocessing = ImagePreprocessing(
             image_size, image_size, image_mean=(mean[0], mean[1], mean[2]), image_std=(std[0], std[1], std[2])
@@ -99,7 +99,7 @@ class MmprojVision(GGUFFile):
         )
 
     def tensor(self, name: str) -> np.ndarray:
-        data = read_reader_tensor(self._reader_tensor(gguf_name(name)))
+        data = read_tensor(self._need_tensor(gguf_name(name)))
         return data - 1.0 if name == "projector.norm.weight" else data  # llama.cpp stores Gemma's norm as 1 + w
 
 

