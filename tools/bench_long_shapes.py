@@ -120,12 +120,15 @@ class DeviceMemory:
         self.peak = max(self.peak, self._used() - self.base)
 
 
-def wicore_long(model_dir: Path, context: int, config: Config, fraction: float | None = None) -> dict[str, float | bool]:
+def wicore_long(
+    model_dir: Path, context: int, config: Config, fraction: float | None = None, memory: DeviceMemory | None = None
+) -> dict[str, float | bool]:
     """Prefill seconds and median decode ms of one request of `context` tokens (after a warm-up
     request), and device GiB: resident once the engine is up (weights, KV buffers, sessions) and
     the peak above that (activations, ONNX Runtime's arenas). With `fraction`, the device tier holds
-    that share of the full layers' blocks, the host tier the rest, and every step stages them."""
-    memory = DeviceMemory()
+    that share of the full layers' blocks, the host tier the rest, and every step stages them.
+    `memory` measures the device (default: DeviceMemory, above what was used before the engine)."""
+    memory = memory if memory is not None else DeviceMemory()
     tokens = context + config.decode_steps + 4
     chunk = config.prefill_chunk
     manifest = Manifest.read(model_dir)

@@ -1,0 +1,59 @@
+"""tools/random_weights.py: the random 4-bit source the full-depth benchmark exports the 27B shape
+from. Its float values are never made, so its export must equal one of the same blocks with their
+dequantized floats behind them (nothing in the ort-quant export reads the floats)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+
+from random_weights import INIT_STD, RandomQuantSource
+
+from wicore.export.exporter import ExportConfig, export_model
+from wicore.model.config import DecoderConfig
+from wicore.model.quant import QuantizedTensor
+
+TINY = {
+    "model_type": "gemma3_text", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "sliding_window": 16, "max_position_embeddings": 4096, "query_pre_attn_scalar": 16,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+}  # fmt: skip
+
+
+class Materialized(RandomQuantSource):
+    """The same blocks with their floats behind them, as a GGUF source hands them over."""
+
+    def linear(self, name: str, shape: tuple[int, int]) -> QuantizedTensor:
+        blocks = self.blocks(name, shape)
+        return QuantizedTensor(blocks.dequantize(), lambda: blocks)
+
+
+def exported_bytes(source: RandomQuantSource, out: Path, partitions: int) -> dict[str, bytes]:
+    config = ExportConfig(dtype="fp16", op_flavour="ort-quant", weight_bits=4, quantize_embedding=True, num_partitions=partitions)
+    export_model(source, out, config, progress=lambda _: None)
+    return {f.name: f.read_bytes() for f in sorted(out.iterdir()) if f.suffix in (".onnx", ".data")}
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_blocks_are_seeded_and_spread_like_hf_init(bits: int) -> None:
+    source = RandomQuantSource(DecoderConfig.from_hf(TINY), bits)
+    a = source.blocks("layers.0.mlp.up_proj", (256, 512))
+    assert np.array_equal(a.codes, source.blocks("layers.0.mlp.up_proj", (256, 512)).codes)
+    assert not np.array_equal(a.codes, source.blocks("layers.1.mlp.up_proj", (256, 512)).codes)
+    assert a.codes.min() == -(1 << (bits - 1)) and a.codes.max() == (1 << (bits - 1)) - 1
+    assert abs(a.dequantize().std() - INIT_STD) < 0.1 * INIT_STD
+    assert source.embedding() is source.embedding()  # the rows and the tied head: one set of codes
+
+
+def test_export_never_reads_the_floats(tmp_path: Path) -> None:
+    config = DecoderConfig.from_hf(TINY)
+    lazy = exported_bytes(RandomQuantSource(config), tmp_path / "lazy", partitions=2)
+    real = exported_bytes(Materialized(config), tmp_path / "real", partitions=2)
+    assert lazy.keys() == real.keys() and {"embed_tokens.data"} < lazy.keys()
+    assert all(lazy[name] == real[name] for name in lazy)

@@ -1,0 +1,96 @@
+"""Random 4- or 8-bit weights at a named Gemma 3 shape, made a layer at a time: a weight source for
+WiCore's exporter with no checkpoint behind it.
+
+A device machine's disk (64 GiB) holds the 27B's int4 export (14 GiB) but not the bf16 checkpoint
+it would be quantized from (54 GB) beside it; and quantizing 27B floats costs minutes. This source
+hands the exporter `QuantizedTensor`s whose blocks are random codes and scales, drawn from a seed
+per tensor, so the `ort-quant` flavour writes them as they are (as it does a GGUF's Q4_0 blocks).
+Their float values are never read there and are not made: a zero-strided array of the right shape
+stands behind each. A float export of this source would be all zeros, so it only serves `ort-quant`
+(tests/export/test_random_weights.py checks the export equals one from the dequantized floats).
+
+Scales are chosen so a weight's spread is HF's initializer's (std 0.02); norm weights are small
+random floats around Gemma's `1 + w`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from bench_shapes import SHAPES, hf_config
+
+from wicore.model.config import DecoderConfig
+from wicore.model.quant import BlockQuant, QuantizedTensor
+from wicore.model.weights import LayerWeights, expected_shapes
+
+INIT_STD = 0.02  # HF's initializer_range for Gemma 3
+
+
+class RandomQuantSource:
+    """The WeightSource protocol (wicore.model.weights) over random `bits`-bit blocks."""
+
+    def __init__(self, config: DecoderConfig, bits: int = 4, block_size: int = 32, seed: int = 0) -> None:
+        self.config = config
+        self.bits, self.block_size, self.seed = bits, block_size, seed
+        self._embedding: QuantizedTensor | None = None
+
+    @classmethod
+    def of_shape(cls, shape: str, bits: int = 4, layers: int | None = None, seed: int = 0) -> RandomQuantSource:
+        """`shape` of tools/bench_shapes.py's SHAPES at its full depth (or its first `layers`)."""
+        depth = int(SHAPES[shape]["depth"]) if layers is None else layers  # type: ignore[call-overload]
+        return cls(DecoderConfig.from_hf({"model_type": "gemma3_text", **hf_config(shape, depth)}), bits, seed=seed)
+
+    def _rng(self, name: str) -> np.random.Generator:
+        return np.random.default_rng([self.seed, zlib.crc32(name.encode())])
+
+    def blocks(self, name: str, shape: tuple[int, int]) -> BlockQuant:
+        """Codes uniform over the signed `bits`-bit range; scales around INIT_STD / the codes' spread."""
+        rng = self._rng(name)
+        rows, cols = shape
+        half = 1 << (self.bits - 1)
+        codes = rng.integers(-half, half, (rows, cols), dtype=np.int8)
+        spread = np.sqrt(((2 * half) ** 2 - 1) / 12)  # a uniform code's standard deviation
+        scales = (rng.random((rows, cols // self.block_size), dtype=np.float32) + 0.5) * np.float32(INIT_STD / spread)
+        return BlockQuant(codes, scales, None, self.bits, self.block_size)
+
+    def linear(self, name: str, shape: tuple[int, int]) -> QuantizedTensor:
+        """A weight of `shape` that is its blocks only (see the module doc)."""
+        return QuantizedTensor(np.broadcast_to(np.float32(0), shape), partial(self.blocks, name, shape))
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "random", "bits": self.bits, "block_size": self.block_size, "seed": self.seed}
+
+    def embedding(self) -> np.ndarray:
+        if self._embedding is None:  # the first partition's rows and the last one's tied head
+            shape = (self.config.vocab_size, self.config.hidden_size)
+            self._embedding = self.linear("embed_tokens", shape)
+        return self._embedding
+
+    def final_norm(self) -> np.ndarray:
+        return self._rng("norm").normal(0, INIT_STD, self.config.hidden_size).astype(np.float32)
+
+    def lm_head(self) -> np.ndarray | None:
+        return None  # tied: the embedding is the head
+
+    def layer(self, index: int) -> LayerWeights:
+        tensors: dict[str, np.ndarray] = {}
+        for name, shape in expected_shapes(self.config).items():
+            key = f"layers.{index}.{name}"
+            if len(shape) == 2:
+                tensors[name] = self.linear(key, (shape[0], shape[1]))
+            else:
+                tensors[name] = self._rng(key).normal(0, INIT_STD, shape).astype(np.float32)
+        return LayerWeights(index, tensors)
+
+    def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
+        return None  # token ids only: benchmarks draw prompts from the vocabulary
+
+    def vision(self) -> None:
+        return None
+
+    def token_ids(self, tokens: tuple[str, ...]) -> dict[str, int]:
+        return {}
