@@ -152,9 +152,11 @@ def wicore_long(
     )  # fmt: skip
     with Engine(engine_config) as engine:
         memory.sample()
+        resident = memory.peak  # sessions (weights, prepacked copies), KV pools, stage
         rng = np.random.default_rng(context)
         vocab = engine.manifest.config.vocab_size
         run_request(engine, rng.integers(1000, vocab, min(2 * chunk, context)).tolist(), 4, memory)  # warm-up
+        warm = memory.peak  # + what a short request's steps (and CUDA graph captures) keep in the arenas
         prefill, decode, tokens = run_request(
             engine, rng.integers(1000, vocab, context).tolist(), config.decode_steps + 1, memory
         )
@@ -166,6 +168,8 @@ def wicore_long(
         "weights_gib": weight_bytes / GIB,
         "kv_gib": kv_bytes / GIB,
         "stage_gib": stage_bytes / GIB,
+        "resident_gib": resident / GIB,
+        "after_warm_up_gib": warm / GIB,
         "peak_gib": memory.peak / GIB,
         "overhead_gib": (memory.peak - weight_bytes - kv_bytes - stage_bytes) / GIB,
         "cuda_graphs": captured,
