@@ -1,4 +1,4 @@
-"""A named Gemma 3 at its full depth in 4 (or 8) bits on one GPU, with a long prompt, inside a
+"""A named Gemma 3 at its full depth in 4 or 8 bits (or fp16) on one GPU, with a long prompt, inside a
 device budget: does it fit a smaller card, and what does it cost against the whole card?
 
 tools/bench_long_shapes.py solves full-depth figures from three-layer models; this one runs the
@@ -41,7 +41,7 @@ from bench_long_shapes import GIB, DeviceMemory, wicore_long
 from bench_long_shapes import Config as LongConfig
 from bench_shapes import SHAPES
 from benchlib import write_record
-from random_weights import RandomQuantSource
+from random_weights import RandomFloatSource, RandomQuantSource
 
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.graph.manifest import Manifest
@@ -89,15 +89,17 @@ class CardMemory(DeviceMemory):
 
 
 def export(config: Config) -> Path:
-    source = RandomQuantSource.of_shape(config.shape, config.bits)
+    floats = config.bits == 16
+    source = (RandomFloatSource if floats else RandomQuantSource).of_shape(config.shape, 4 if floats else config.bits)
     num_full = sum(1 for t in source.config.layer_types if t == "full_attention")
-    out = config.work / f"{config.shape}-full-int{config.bits}{'e' if config.quantize_embedding else ''}-p{num_full}"
+    label = "fp16" if floats else f"int{config.bits}{'e' if config.quantize_embedding else ''}"
+    out = config.work / f"{config.shape}-full-{label}-p{num_full}"
     if not (out / "wicore.json").is_file():
         start = time.perf_counter()
-        settings = ExportConfig(
-            dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=config.bits, accuracy_level=0,
-            quantize_embedding=config.quantize_embedding, num_partitions=num_full, overwrite=True,
+        quant = {} if floats else dict(
+            op_flavour="ort-quant", weight_bits=config.bits, accuracy_level=0, quantize_embedding=config.quantize_embedding
         )  # fmt: skip
+        settings = ExportConfig(dtype="fp16", attention="paged", num_partitions=num_full, overwrite=True, **quant)  # type: ignore[arg-type]
         export_model(source, out, settings, progress=lambda _: None)
         print(f"exported {out.name} ({num_full} partitions) in {time.perf_counter() - start:.0f} s", flush=True)
     return out
@@ -147,7 +149,7 @@ def run(config: Config) -> int:
             model_dir, config, config.stream_fraction, budget
         )
     peer = runs.get("all-device", {}).get("tokens")
-    print(f"\n{config.shape}, {config.context} tokens, int{config.bits}, batch 1")
+    print(f"\n{config.shape}, {config.context} tokens, {'fp16' if config.bits == 16 else f'int{config.bits}'} weights, batch 1")
     print("| run | fits | prefill s | prefill tok/s | decode ms | used GiB (weights + KV + stage + rest) | same tokens |")
     print("|---|---|---:|---:|---:|---:|---|")
     for name, r in runs.items():
@@ -171,7 +173,7 @@ def parse_args(argv: list[str] | None) -> Config:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="gemma3-27b", choices=sorted(SHAPES))
     p.add_argument("--context", type=int, default=130944, help="prompt tokens")
-    p.add_argument("--bits", type=int, default=4, choices=(4, 8), help="weight bits (MatMulNBits)")
+    p.add_argument("--bits", type=int, default=4, choices=(4, 8, 16), help="weight bits: 4 / 8 (MatMulNBits) or 16 (fp16)")
     p.add_argument(
         "--float-embedding",
         dest="quantize_embedding",

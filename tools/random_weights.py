@@ -1,5 +1,5 @@
 """Random 4- or 8-bit weights at a named Gemma 3 shape, made a layer at a time: a weight source for
-WiCore's exporter with no checkpoint behind it.
+WiCore's exporter with no checkpoint behind it (and `RandomFloatSource`, float ones, for fp16).
 
 A device machine's disk (64 GiB) holds the 27B's int4 export (14 GiB) but not the bf16 checkpoint
 it would be quantized from (54 GB) beside it; and quantizing 27B floats costs minutes. This source
@@ -94,3 +94,14 @@ class RandomQuantSource:
 
     def token_ids(self, tokens: tuple[str, ...]) -> dict[str, int]:
         return {}
+
+
+class RandomFloatSource(RandomQuantSource):
+    """Float weights (normal, std INIT_STD) for a float export (fp16 graphs): what the quantized
+    source's blocks stand in for, made in full since a float export reads them."""
+
+    def linear(self, name: str, shape: tuple[int, int]) -> np.ndarray:  # type: ignore[override]
+        return self._rng(name).standard_normal(shape, dtype=np.float32) * np.float32(INIT_STD)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "random", "bits": 32, "seed": self.seed}

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
-from random_weights import INIT_STD, RandomQuantSource
+from random_weights import INIT_STD, RandomFloatSource, RandomQuantSource
 
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.model.config import DecoderConfig
@@ -57,3 +57,19 @@ def test_export_never_reads_the_floats(tmp_path: Path) -> None:
     real = exported_bytes(Materialized(config), tmp_path / "real", partitions=2)
     assert lazy.keys() == real.keys() and {"embed_tokens.data"} < lazy.keys()
     assert all(lazy[name] == real[name] for name in lazy)
+
+
+def test_float_source_exports_its_floats_in_fp16(tmp_path: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    source = RandomFloatSource(DecoderConfig.from_hf(TINY))
+    layer = source.layer(1)
+    assert layer["mlp.up_proj"].dtype == np.float32 and np.array_equal(layer["mlp.up_proj"], source.layer(1)["mlp.up_proj"])
+    assert abs(layer["mlp.up_proj"].std() - INIT_STD) < 0.05 * INIT_STD
+    out = tmp_path / "fp16"
+    export_model(source, out, ExportConfig(dtype="fp16"), progress=lambda _: None)
+    (graph,) = out.glob("*.onnx")
+    weights = {t.name: numpy_helper.to_array(t, str(out)) for t in onnx.load(str(graph)).graph.initializer}
+    gate_up = np.concatenate([layer["mlp.gate_proj"], layer["mlp.up_proj"]]).T.astype(np.float16)
+    assert np.array_equal(weights["/model/layers.1/mlp/gate_up_proj.weight"], gate_up)
