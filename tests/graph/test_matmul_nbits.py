@@ -11,7 +11,7 @@ from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph.manifest import Manifest
 from wicore.graph.ops import DataFile, Graph
-from wicore.graph.quant import matmul_nbits
+from wicore.graph.quant import matmul_nbits, pack_codes
 from wicore.model.quant import BlockQuant, quantize_symmetric
 from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.providers import CAPABILITIES, Device, DeviceError, onnxruntime
@@ -183,3 +183,13 @@ def test_providers_without_matmul_nbits_refuse_ort_quant():
     device = Device(CAPABILITIES["openvino"], "CPU")
     with pytest.raises(DeviceError, match="--op-flavour portable"):
         device.check_can_run("fp32", "ort-quant")
+
+
+def test_codes_pack_as_matmul_nbits_reads_them() -> None:
+    """code + 2**(bits-1), two 4-bit codes a byte with the first in the low nibble, a block a row."""
+    four = BlockQuant(np.array([[-8, 7, 0, -1], [1, -2, 3, -4]], np.int8), np.ones((2, 1), np.float32), None, 4, 4)
+    assert pack_codes(four).tolist() == [[[0xF0, 0x78]], [[0x69, 0x4B]]]
+    eight = BlockQuant(np.array([[-128, 127, 0, -1]], np.int8), np.ones((1, 2), np.float32), None, 8, 2)
+    assert pack_codes(eight).tolist() == [[[0x00, 0xFF], [0x80, 0x7F]]]
+    wide = BlockQuant(np.array([[-8, 7, 0, -1]], np.int32), np.ones((1, 1), np.float32), None, 4, 4)
+    assert pack_codes(wide).tolist() == [[[0xF0, 0x78]]]  # codes of another integer type: the same bytes

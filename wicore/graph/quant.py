@@ -94,9 +94,8 @@ class QuantLinear:
 def pack_codes(w: BlockQuant) -> np.ndarray:
     """MatMulNBits' B: uint8 [N, K / block, block * bits / 8], codes + 2**(bits-1), low nibble first."""
     rows, cols = w.shape
-    codes = np.asarray(w.codes, np.int8).view(
-        np.uint8
-    )  # two's complement: code + 2**(bits-1) is its low `bits` with the top one flipped
+    # In two's complement, code + 2**(bits-1) is the code's low `bits` bits with the top one flipped.
+    codes = np.asarray(w.codes, np.int8).view(np.uint8)
     if w.bits == 8:
         return (codes ^ 0x80).reshape(rows, cols // w.block_size, -1)
     unsigned = codes[:, 0::2] & 0x0F  # in place from here: a 27B export packs ~13 G codes
