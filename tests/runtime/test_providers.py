@@ -9,6 +9,7 @@ from wicore.runtime.providers import CAPABILITIES, FPA_INTB_ENV, Device, session
 
 FPA_KEY = "ep.cuda.fpa_intb_gemm"
 ENV_ALLOCATORS = "session.use_env_allocators"
+OWN_INITIALIZERS = "session.use_device_allocator_for_initializers"
 
 
 def test_int4_cuda_kernels_are_turned_on(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,3 +57,11 @@ def test_sessions_on_a_cuda_device_share_its_arena_unless_turned_off(monkeypatch
 
 def test_an_onnx_runtime_without_cuda_refuses_the_shared_arena_and_sessions_keep_their_own() -> None:
     assert providers.shared_cuda_arena.__wrapped__(0) is False  # this machine's CPU build
+
+
+def test_cuda_sessions_allocate_each_initializer_on_its_own_and_others_keep_onnx_runtimes_plan() -> None:
+    cpu, cuda = Device(CAPABILITIES["cpu"], "0"), Device(CAPABILITIES["cuda"], "0")
+    assert session_options(1, devices=[cpu, cuda]).get_session_config_entry(OWN_INITIALIZERS) == "1"  # type: ignore[attr-defined]
+    for devices in ([], [cpu]):
+        with pytest.raises(RuntimeError, match=OWN_INITIALIZERS):
+            session_options(1, devices=devices).get_session_config_entry(OWN_INITIALIZERS)  # type: ignore[attr-defined]
