@@ -10,7 +10,8 @@ Each run is one request of `--context` random prompt tokens, prefilled in `--pre
 chunks, then `--decode-steps` greedy steps (bench_long_shapes.wicore_long: the engine's own step
 loop, a warm-up request first), in a process of its own:
 
-    all-device      every block on the device, the whole card (the peer: speed and tokens)
+    all-device      every block on the device, the whole card (the peer: speed and tokens; random
+                    weights may decode one token over and over, which makes the tokens weak evidence)
     stream F @ B    a share F of the full layers' blocks on the device, the rest streamed from
                     the host tier at every step, with only B GiB of the card free to the process
 
@@ -33,6 +34,7 @@ import multiprocessing
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,6 @@ class Config:
     shape: str
     context: int
     bits: int
-    quantize_embedding: bool
     stream_fraction: float
     budgets: tuple[float, ...]
     all_device: bool
@@ -92,13 +93,12 @@ def export(config: Config) -> Path:
     floats = config.bits == 16
     source = (RandomFloatSource if floats else RandomQuantSource).of_shape(config.shape, 4 if floats else config.bits)
     num_full = sum(1 for t in source.config.layer_types if t == "full_attention")
-    label = "fp16" if floats else f"int{config.bits}{'e' if config.quantize_embedding else ''}"
+    label = "fp16" if floats else f"int{config.bits}e"
     out = config.work / f"{config.shape}-full-{label}-p{num_full}"
     if not (out / "wicore.json").is_file():
         start = time.perf_counter()
-        quant = {} if floats else dict(
-            op_flavour="ort-quant", weight_bits=config.bits, accuracy_level=0, quantize_embedding=config.quantize_embedding
-        )  # fmt: skip
+        # the random source's embedding is its blocks: the rows are gathered from the head's codes
+        quant = {} if floats else dict(op_flavour="ort-quant", weight_bits=config.bits, accuracy_level=0, quantize_embedding=True)
         settings = ExportConfig(dtype="fp16", attention="paged", num_partitions=num_full, overwrite=True, **quant)  # type: ignore[arg-type]
         export_model(source, out, settings, progress=lambda _: None)
         print(f"exported {out.name} ({num_full} partitions) in {time.perf_counter() - start:.0f} s", flush=True)
@@ -112,18 +112,24 @@ def measured(model_dir: Path, context: int, config: LongConfig, fraction: float 
 def run_within(model_dir: Path, config: Config, fraction: float | None, budget: float | None) -> dict[str, Any]:
     """One request in a process of its own, with `budget` GiB of the card free to it (None: all)."""
     long = LongConfig(
-        config.shape, (config.context,), (), config.prefill_chunk, config.decode_steps, "cuda:0", config.work, False, None
-    )
+        shape=config.shape, contexts=(config.context,), variants=(), prefill_chunk=config.prefill_chunk,
+        decode_steps=config.decode_steps, devices="cuda:0", work=config.work, hf=False, json_path=None,
+    )  # fmt: skip
     helper = subprocess.Popen(
         [sys.executable, "-c", BALLAST, str(budget or 0)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert helper.stdout is not None
-        free_before, total = map(int, helper.stdout.readline().split())
+        report = helper.stdout.readline().split()
+        if len(report) != 2:
+            raise SystemExit(f"error: the helper that holds the card's memory failed (torch with CUDA?): {report}")
+        free_before, total = map(int, report)
         record: dict[str, Any] = {"fraction_on_device": fraction, "budget_gib": budget, "free_before_gib": free_before / GIB}
-        try:
-            with multiprocessing.get_context("spawn").Pool(1) as pool:
-                record |= pool.apply(measured, (model_dir, config.context, long, fraction, free_before))
+        if budget is not None and free_before > budget * GIB + (64 << 20):
+            raise SystemExit(f"error: {free_before / GIB:.2f} GiB free, not the {budget} GiB asked: the budget would not hold")
+        try:  # a worker that dies (segfault, the OOM killer) raises BrokenProcessPool here, not a hang
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                record |= pool.submit(measured, model_dir, config.context, long, fraction, free_before).result()
             record["fits"] = True
         except Exception as exc:  # out of memory: the budget is too small; anything else: no answer
             message = str(exc)
@@ -175,12 +181,6 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--context", type=int, default=130944, help="prompt tokens")
     p.add_argument("--bits", type=int, default=4, choices=(4, 8, 16), help="weight bits: 4 / 8 (MatMulNBits) or 16 (fp16)")
     p.add_argument(
-        "--float-embedding",
-        dest="quantize_embedding",
-        action="store_false",
-        help="an fp16 embedding table (default: --quantize-embedding)",
-    )
-    p.add_argument(
         "--stream-fraction", type=float, default=0.1, help="share of the full layers' KV on the device in budgeted runs"
     )
     p.add_argument("--budgets", default="23.5", help="GiB of the card free to each streamed run (comma-separated)")
@@ -194,7 +194,7 @@ def parse_args(argv: list[str] | None) -> Config:
     if not 0 < a.stream_fraction < 1 or any(b <= 0 for b in budgets) or a.context < 1:
         raise SystemExit("error: --stream-fraction between 0 and 1, --budgets and --context positive")
     return Config(
-        a.shape, a.context, a.bits, a.quantize_embedding, a.stream_fraction, budgets, a.all_device, a.prefill_chunk,
+        a.shape, a.context, a.bits, a.stream_fraction, budgets, a.all_device, a.prefill_chunk,
         a.decode_steps, a.work, a.json,
     )  # fmt: skip
 

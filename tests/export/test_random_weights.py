@@ -1,23 +1,24 @@
-"""tools/random_weights.py: the random 4-bit source the full-depth benchmark exports the 27B shape
-from. Its float values are never made, so its export must equal one of the same blocks with their
-dequantized floats behind them (nothing in the ort-quant export reads the floats)."""
+"""tools/random_weights.py: the random sources the full-depth benchmark exports the 27B shape from.
+The quantized one's float values are never made, so its export must equal one of the same blocks
+with their dequantized floats behind them (nothing in the ort-quant export reads the floats)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
+import onnx
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-
-from random_weights import INIT_STD, RandomFloatSource, RandomQuantSource
+from onnx import numpy_helper
 
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.model.config import DecoderConfig
 from wicore.model.quant import QuantizedTensor
 
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
 TINY = {
     "model_type": "gemma3_text", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -26,47 +27,57 @@ TINY = {
 }  # fmt: skip
 
 
-class Materialized(RandomQuantSource):
-    """The same blocks with their floats behind them, as a GGUF source hands them over."""
+@pytest.fixture(scope="module")
+def rw() -> ModuleType:
+    """tools/random_weights.py, with tools/ on the path for its import only (it imports bench_shapes)."""
+    sys.path.insert(0, str(TOOLS))
+    try:
+        return importlib.import_module("random_weights")
+    finally:
+        sys.path.remove(str(TOOLS))
 
-    def linear(self, name: str, shape: tuple[int, int]) -> QuantizedTensor:
-        blocks = self.blocks(name, shape)
-        return QuantizedTensor(blocks.dequantize(), lambda: blocks)
+
+def materialized(rw: ModuleType, config: DecoderConfig) -> object:
+    """The random source with its blocks' floats behind each weight, as a GGUF source hands them over."""
+
+    class Materialized(rw.RandomQuantSource):  # type: ignore[name-defined,misc]
+        def linear(self, name: str, shape: tuple[int, int]) -> QuantizedTensor:
+            blocks = self.blocks(name, shape)
+            return QuantizedTensor(blocks.dequantize(), lambda: blocks)
+
+    return Materialized(config)
 
 
-def exported_bytes(source: RandomQuantSource, out: Path, partitions: int) -> dict[str, bytes]:
+def exported_bytes(source: object, out: Path, partitions: int) -> dict[str, bytes]:
     config = ExportConfig(dtype="fp16", op_flavour="ort-quant", weight_bits=4, quantize_embedding=True, num_partitions=partitions)
-    export_model(source, out, config, progress=lambda _: None)
+    export_model(source, out, config, progress=lambda _: None)  # type: ignore[arg-type]
     return {f.name: f.read_bytes() for f in sorted(out.iterdir()) if f.suffix in (".onnx", ".data")}
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_blocks_are_seeded_and_spread_like_hf_init(bits: int) -> None:
-    source = RandomQuantSource(DecoderConfig.from_hf(TINY), bits)
+def test_blocks_are_seeded_and_spread_like_hf_init(rw: ModuleType, bits: int) -> None:
+    source = rw.RandomQuantSource(DecoderConfig.from_hf(TINY), bits)
     a = source.blocks("layers.0.mlp.up_proj", (256, 512))
     assert np.array_equal(a.codes, source.blocks("layers.0.mlp.up_proj", (256, 512)).codes)
     assert not np.array_equal(a.codes, source.blocks("layers.1.mlp.up_proj", (256, 512)).codes)
     assert a.codes.min() == -(1 << (bits - 1)) and a.codes.max() == (1 << (bits - 1)) - 1
-    assert abs(a.dequantize().std() - INIT_STD) < 0.1 * INIT_STD
+    assert abs(a.dequantize().std() - rw.INIT_STD) < 0.1 * rw.INIT_STD
     assert source.embedding() is source.embedding()  # the rows and the tied head: one set of codes
 
 
-def test_export_never_reads_the_floats(tmp_path: Path) -> None:
+def test_export_never_reads_the_floats(rw: ModuleType, tmp_path: Path) -> None:
     config = DecoderConfig.from_hf(TINY)
-    lazy = exported_bytes(RandomQuantSource(config), tmp_path / "lazy", partitions=2)
-    real = exported_bytes(Materialized(config), tmp_path / "real", partitions=2)
+    lazy = exported_bytes(rw.RandomQuantSource(config), tmp_path / "lazy", partitions=2)
+    real = exported_bytes(materialized(rw, config), tmp_path / "real", partitions=2)
     assert lazy.keys() == real.keys() and {"embed_tokens.data"} < lazy.keys()
     assert all(lazy[name] == real[name] for name in lazy)
 
 
-def test_float_source_exports_its_floats_in_fp16(tmp_path: Path) -> None:
-    import onnx
-    from onnx import numpy_helper
-
-    source = RandomFloatSource(DecoderConfig.from_hf(TINY))
+def test_float_source_exports_its_floats_in_fp16(rw: ModuleType, tmp_path: Path) -> None:
+    source = rw.RandomFloatSource(DecoderConfig.from_hf(TINY))
     layer = source.layer(1)
     assert layer["mlp.up_proj"].dtype == np.float32 and np.array_equal(layer["mlp.up_proj"], source.layer(1)["mlp.up_proj"])
-    assert abs(layer["mlp.up_proj"].std() - INIT_STD) < 0.05 * INIT_STD
+    assert abs(layer["mlp.up_proj"].std() - rw.INIT_STD) < 0.05 * rw.INIT_STD
     out = tmp_path / "fp16"
     export_model(source, out, ExportConfig(dtype="fp16"), progress=lambda _: None)
     (graph,) = out.glob("*.onnx")
