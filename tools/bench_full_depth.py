@@ -10,8 +10,8 @@ Each run is one request of `--context` random prompt tokens, prefilled in `--pre
 chunks, then `--decode-steps` greedy steps (bench_long_shapes.wicore_long: the engine's own step
 loop, a warm-up request first), in a process of its own:
 
-    all-device      every block on the device, the whole card (the peer: speed and tokens; random
-                    weights may decode one token over and over, which makes the tokens weak evidence)
+    all-device      every block on the device, the whole card (the peer: speed, and tokens, which
+                    say little: a random tied-embedding model repeats its prompt's last token)
     stream F @ B    a share F of the full layers' blocks on the device, the rest streamed from
                     the host tier at every step, with only B GiB of the card free to the process
 

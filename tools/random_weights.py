@@ -48,12 +48,14 @@ class RandomQuantSource:
         return np.random.default_rng([self.seed, zlib.crc32(name.encode())])
 
     def blocks(self, name: str, shape: tuple[int, int]) -> BlockQuant:
-        """Codes uniform over the signed `bits`-bit range; scales around INIT_STD / the codes' spread."""
+        """Codes uniform over -qmax .. qmax (quantize_symmetric's range: a mean of zero, where the
+        full signed range's -0.5 gives every weight one common direction and the model one output
+        token); scales around INIT_STD / the codes' spread."""
         rng = self._rng(name)
         rows, cols = shape
-        half = 1 << (self.bits - 1)
-        codes = rng.integers(-half, half, (rows, cols), dtype=np.int8)
-        spread = np.sqrt(((2 * half) ** 2 - 1) / 12)  # a uniform code's standard deviation
+        qmax = (1 << (self.bits - 1)) - 1
+        codes = rng.integers(-qmax, qmax + 1, (rows, cols), dtype=np.int8)
+        spread = np.sqrt(((2 * qmax + 1) ** 2 - 1) / 12)  # a uniform code's standard deviation
         scales = (rng.random((rows, cols // self.block_size), dtype=np.float32) + 0.5) * np.float32(INIT_STD / spread)
         return BlockQuant(codes, scales, None, self.bits, self.block_size)
 
