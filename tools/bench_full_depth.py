@@ -91,7 +91,7 @@ class CardMemory(DeviceMemory):
 
 def export(config: Config) -> Path:
     floats = config.bits == 16
-    source = (RandomFloatSource if floats else RandomQuantSource).of_shape(config.shape, 4 if floats else config.bits)
+    source = RandomFloatSource.of_shape(config.shape) if floats else RandomQuantSource.of_shape(config.shape, config.bits)
     num_full = sum(1 for t in source.config.layer_types if t == "full_attention")
     label = "fp16" if floats else f"int{config.bits}e"
     out = config.work / f"{config.shape}-full-{label}-p{num_full}"

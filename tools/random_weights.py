@@ -36,7 +36,7 @@ class RandomQuantSource:
     def __init__(self, config: DecoderConfig, bits: int = 4, block_size: int = 32, seed: int = 0) -> None:
         self.config = config
         self.bits, self.block_size, self.seed = bits, block_size, seed
-        self._embedding: QuantizedTensor | None = None
+        self._embedding: np.ndarray | None = None
 
     @classmethod
     def of_shape(cls, shape: str, bits: int = 4, layers: int | None = None, seed: int = 0) -> RandomQuantSource:

@@ -105,14 +105,13 @@ def read_gguf(path: Path) -> GGUFContents:
             if size < 4:
                 raise _FormatError(f"the file is {size} bytes long")
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if buf[:4] != b"GGUF":
+            raise ModelSourceError(
+                f"{path} is not a GGUF file (it begins with {buf[:4]!r}, not b'GGUF'); pass a .gguf model file"
+            )
+        return _parse(path, _Cursor(buf))
     except OSError as exc:
         raise ModelSourceError(f"{path} cannot be read: {exc}") from exc
-    except _FormatError as exc:
-        raise ModelSourceError(f"{path} is not a readable GGUF file (truncated or corrupt?): {exc}") from None
-    if buf[:4] != b"GGUF":
-        raise ModelSourceError(f"{path} is not a GGUF file (it begins with {buf[:4]!r}, not b'GGUF'); pass a .gguf model file")
-    try:
-        return _parse(path, _Cursor(buf))
     except _FormatError as exc:
         raise ModelSourceError(f"{path} is not a readable GGUF file (truncated or corrupt?): {exc}") from None
 
@@ -212,7 +211,7 @@ class _Cursor:
     def value(self, vtype: int, key: str, depth: int = 0) -> Any:
         scalar = _SCALAR_STRUCTS.get(vtype)
         if scalar is not None:
-            return scalar.unpack_from(self.buf, self.take(scalar.size, key))[0]
+            return self.unpack(scalar, key)
         if vtype == GGUFValueType.STRING:
             return self.string(key)
         if vtype != GGUFValueType.ARRAY:
