@@ -36,6 +36,7 @@ from onnx import helper
 from wicore.graph.io import SINK_BLOCK
 from wicore.graph.manifest import Manifest
 from wicore.hmt.tiers import HostStore, Tier
+from wicore.runtime.device_alloc import zeros
 from wicore.runtime.device_store import BlockCopier, take_graph
 from wicore.runtime.kv_buffers import KVBuffers
 from wicore.runtime.pinned import host_allocator
@@ -172,12 +173,13 @@ class KVStreamer:
         self.num_stages = len(by_slot)
 
     def _new_stage(self, device: Device) -> _Buffers:
-        ort = onnxruntime()
-        kind, index = device.ort_device
         shape = (self.num_frames, *self.buffers.block_shape)
+        if device.ort_device[0] != "cpu":
+            dtype = self.buffers.dtype
+            return _Buffers((zeros(device, shape, dtype), zeros(device, shape, dtype)), None)
+        ort = onnxruntime()
         key, value = np.zeros(shape, self.buffers.dtype), np.zeros(shape, self.buffers.dtype)
-        values = (ort.OrtValue.ortvalue_from_numpy(key, kind, index), ort.OrtValue.ortvalue_from_numpy(value, kind, index))
-        return _Buffers(values, (key, value) if kind == "cpu" else None)
+        return _Buffers((ort.OrtValue.ortvalue_from_numpy(key), ort.OrtValue.ortvalue_from_numpy(value)), (key, value))
 
     def _new_graphs(self, device: Device, num_threads: int | None) -> tuple[Any, BlockCopier]:
         ort = onnxruntime()
