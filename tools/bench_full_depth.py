@@ -133,8 +133,10 @@ def run_within(model_dir: Path, config: Config, fraction: float | None, budget: 
             record["fits"] = True
         except Exception as exc:  # out of memory: the budget is too small; anything else: no answer
             message = str(exc)
-            oom = any(m in message.lower() for m in ("out of memory", "failed to allocate"))
-            record |= {"fits": False if oom else None, "error": message[:600]}
+            oom = any(m in message.lower() for m in ("out of memory", "failed to allocate", "alloc_failed"))
+            # ONNX Runtime's CUDA errors open with a long C++ signature: keep the end, where the status is
+            short = message if len(message) <= 900 else f"{message[:300]} ... {message[-600:]}"
+            record |= {"fits": False if oom else None, "error": short}
         record["card_gib"] = total / GIB
         return record
     finally:
