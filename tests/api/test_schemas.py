@@ -36,6 +36,7 @@ def test_fields_are_read():
             "presence_penalty": 0,
             "frequency_penalty": 0.0,
             "logprobs": False,
+            "ignore_eos": True,
         }
     )
     assert req.options == Options(
@@ -50,6 +51,7 @@ def test_fields_are_read():
         include_usage=True,
         priority="high",
         user="u",
+        ignore_eos=True,
     )
 
 
@@ -87,6 +89,7 @@ def test_nulls_mean_not_given():
         ("top_logprobs", 21),
         ("top_logprobs", -1),
         ("user", 5),
+        ("ignore_eos", "yes"),
     ],
 )
 def test_bad_values_name_the_parameter(field, value):

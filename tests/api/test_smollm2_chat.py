@@ -20,9 +20,16 @@ def test_chat_answer_equals_hf_greedy_on_the_models_template(smollm2, hf_smollm2
     try:
         api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
         reply = api.chat.completions.create(model="smollm2", messages=CHATS[1], max_tokens=64, temperature=0)
+        through = api.chat.completions.create(
+            model="smollm2", messages=CHATS[1], max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+        )
     finally:
         server.stop()
         engine.stop()
+    # vLLM's ignore_eos: the same answer, then on past <|im_end|> to max_tokens
+    assert through.choices[0].finish_reason == "length" and through.usage.completion_tokens == 12
+    assert through.choices[0].message.content.startswith("The capital of France is Paris.")
+    assert len(through.choices[0].message.content) > len("The capital of France is Paris.")
     choice = reply.choices[0]
     ids = hf_tokenizer_smollm2.apply_chat_template(CHATS[1], add_generation_prompt=True, return_dict=False)
     expected = hf_greedy(hf_smollm2, list(ids), 64)

@@ -284,6 +284,7 @@ class API:
                         frequency_penalty=opts.frequency_penalty,
                         logprobs=opts.logprobs,
                         speculative=opts.speculative,
+                        ignore_eos=opts.ignore_eos,
                     )
                     request_ids.append(
                         self.engine.add_request(

@@ -33,6 +33,8 @@ _COMMON: dict[str, Any] = {
     "frequency_penalty": {**_NUM, "minimum": -2, "maximum": 2, "nullable": True},
     "user": _NULLABLE_STR,
     "priority": {**_STR, "enum": ["low", "normal", "high", "urgent"], "nullable": True},
+    "speculative": {"type": "boolean", "nullable": True},
+    "ignore_eos": {"type": "boolean", "nullable": True},
 }
 _TEXT_PART = _object(["type", "text"], {"type": {**_STR, "enum": ["text"]}, "text": _STR})
 _IMAGE_PART = _object(

@@ -48,6 +48,7 @@ class Options:
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # None: none; k: each token's logprob and the k most likely alternatives
     speculative: bool = True  # False: no draft tokens for this request, where the server speculates
+    ignore_eos: bool = False  # vLLM's extension: generate through end-of-sequence tokens up to max_tokens
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...], logpr
         user=_str(body, "user"),
         logprobs=logprobs,
         speculative=_bool(body, "speculative") is not False,
+        ignore_eos=bool(_bool(body, "ignore_eos")),
     )
 
 
