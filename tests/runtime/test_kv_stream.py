@@ -93,6 +93,10 @@ def test_a_sequence_past_the_device_tier_streams_and_gives_hfs_greedy_tokens(tin
         stats = engine.runner.streamer.stats
         full = engine.stats()["kv_groups"]["full"]["blocks_in_use"]
     assert got.token_ids == reference_greedy(model, LONG, 12)
+    # and those tokens hang on the prompt's first 60, whose KV lay in the host tier: other first
+    # tokens (the last 10 kept) give other greedy tokens, so a stage that lost them would show
+    other_start = np.random.default_rng(7).integers(3, 512, 60).tolist()
+    assert reference_greedy(model, other_start + LONG[60:], 12) != got.token_ids
     assert stats.num_runs == 5 + 11  # 70 tokens in chunks of 16, then 11 decode steps
     assert stats.num_host_blocks > 0 and stats.num_written_back > 0
     # 81 tokens have KV: 20 full blocks stay cached where they lie, the partial 21st is retired
