@@ -9,6 +9,7 @@ import pytest
 from shapes import GEMMA3_27B_IT, SIGLIP_27B
 
 from wicore.cli.main import main
+from wicore.runtime.capacity import RUNTIME_NOTE
 
 
 @pytest.fixture
@@ -36,6 +37,7 @@ def test_the_27b_at_128k_on_an_80_gib_card_in_fp16(gemma3_27b, capsys):
         "KV pool 10.62G, activations 0.08G",
         "sequences of 131072 tokens: 2 at once; KV pool 21.18G, activations 0.16G "
         "(serve with --kv-pool-gb 21.18 --max-num-seqs 2)",
+        RUNTIME_NOTE,
     ]
 
 
@@ -62,6 +64,7 @@ def test_the_27b_in_4_bits_on_a_24_gib_card(gemma3_27b, capsys):
     assert lines[2:] == [
         "one sequence: up to 85504 tokens, limited by the memory (the model takes 131072); KV pool 7.14G, activations 0.08G",
         "sequences of 65536 tokens: 1 at once; KV pool 5.62G, activations 0.08G (serve with --kv-pool-gb 5.62 --max-num-seqs 1)",
+        RUNTIME_NOTE,
     ]
 
 
@@ -77,6 +80,7 @@ def test_quantized_embedding_rows_take_2_5_gib_off_the_27b_in_4_bits(gemma3_27b,
     assert lines[2:] == [
         "one sequence: up to 118784 tokens, limited by the memory (the model takes 131072); KV pool 9.68G, activations 0.08G",
         "sequences of 131072 tokens: none fits",
+        RUNTIME_NOTE,
     ]
     code, _, err = plan(capsys, "--model", str(gemma3_27b), "--dtype", "fp16", "--quantize-embedding", "--budget-gb", "24")
     assert code == 2 and "--quantize-embedding needs quantized weights: add --weight-bits 4 or 8" in err
@@ -103,8 +107,9 @@ def test_an_export_is_planned_from_its_graphs(tiny_export, capsys):
     code, lines, _ = plan(capsys, "--model", str(folder), "--devices", "cpu", "--budget-gb", "1", "--block-size", "4")
     assert code == 0
     assert lines[0].split() == ["partition", "layers", "device", "weights", "kv", "pool"]
-    assert lines[-2].startswith("one sequence: up to 256 tokens, limited by the model's maximum")
-    assert lines[-1].startswith("sequences of 256 tokens: ")
+    assert lines[-3].startswith("one sequence: up to 256 tokens, limited by the model's maximum")
+    assert lines[-2].startswith("sequences of 256 tokens: ")
+    assert lines[-1] == RUNTIME_NOTE
 
 
 @pytest.mark.parametrize(

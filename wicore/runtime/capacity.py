@@ -36,6 +36,12 @@ from wicore.runtime.kv_layout import KVLayout, pool_gb_flag
 from wicore.runtime.placement import GIB
 
 F32 = 4
+# What the budget must leave beside this estimate, measured (docs/PERFORMANCE.md, "the KV pools' memory"):
+# the 27B at 128K on an H100 used 3.8 GiB (int4) and 5.4 GiB (fp16) above its weights and KV pool.
+RUNTIME_NOTE = (
+    "not counted: the runtime's own memory (CUDA context, library workspaces, arenas): 3.8-5.4G above weights "
+    "and KV for the 27B at 128K on an H100; leave it out of --budget-gb"
+)
 QUANT_BLOCK = 32  # columns sharing one scale in the ort-quant flavour's MatMulNBits weights
 
 
@@ -133,6 +139,7 @@ class Capacity:
             )
         else:
             lines.append(f"sequences of {self.context} tokens: none fits")
+        lines.append(RUNTIME_NOTE)
         return "\n".join(lines)
 
 
