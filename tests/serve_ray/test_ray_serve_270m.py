@@ -37,9 +37,13 @@ START_TIMEOUT_S = 240.0
 CALL_TIMEOUT_S = 120.0
 
 
-async def ask(client: openai.AsyncOpenAI, kind: str, topic: str, stream: bool, max_tokens: int = MAX_TOKENS) -> str:
-    """The greedy text of one request (streamed deltas joined)."""
+async def ask(
+    client: openai.AsyncOpenAI, kind: str, topic: str, stream: bool, max_tokens: int = MAX_TOKENS, ignore_eos: bool = False
+) -> str:
+    """The greedy text of one request (streamed deltas joined); `ignore_eos`: it runs to max_tokens."""
     common = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0.0, "stream": stream}
+    if ignore_eos:
+        common["extra_body"] = {"ignore_eos": True}
     if kind == "chat":
         response = await client.chat.completions.create(
             messages=[{"role": "user", "content": f"Tell me about {topic}."}], **common
@@ -160,11 +164,13 @@ def test_a_killed_replica_fails_its_requests_clearly_and_is_replaced(cluster: st
         client = openai.AsyncOpenAI(base_url=f"{cluster}/v1", api_key="unused", max_retries=0, timeout=CALL_TIMEOUT_S)
         calls = []
         # One at a time, each once the engines report the ones before: Ray's router then sees the
-        # busier replica and sends the next to the other, so both run two (long: 200 tokens).
+        # busier replica and sends the next to the other, so both hold two (long: 200 tokens, none
+        # ending early at an end-of-sequence token).
         for i, topic in enumerate(TOPICS[:4]):
-            calls.append(asyncio.ensure_future(ask(client, "completion", topic, stream=i % 2 == 0, max_tokens=200)))
+            call = ask(client, "completion", topic, stream=i % 2 == 0, max_tokens=200, ignore_eos=True)
+            calls.append(asyncio.ensure_future(call))
             await asyncio.to_thread(wait_for, lambda n=i + 1: sum(running(cluster)) == n, 30)
-        loads = {r["pid"]: r["stats"]["running"] for r in await asyncio.to_thread(replicas, cluster)}
+        loads = {r["pid"]: r["stats"]["running"] + r["stats"]["waiting"] for r in await asyncio.to_thread(replicas, cluster)}
         assert sorted(loads.values()) == [2, 2], loads
         victim = min(loads)
         os.kill(victim, signal.SIGKILL)
