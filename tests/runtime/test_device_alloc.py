@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from wicore.runtime.device_alloc import zeros, zeros_graph
-from wicore.runtime.providers import parse_device
+from wicore.runtime.device_alloc import LARGEST_FILL, by_graph, zeros, zeros_graph
+from wicore.runtime.providers import CAPABILITIES, Device, parse_device
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.int8])
@@ -29,3 +29,12 @@ def test_the_graph_is_one_constant_of_shape_of_the_dtype():
     onnx.checker.check_model(model, full_check=True)
     assert [n.op_type for n in model.graph.node] == ["ConstantOfShape"]
     assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+
+
+def test_the_graph_makes_what_lands_in_the_sessions_memory_and_its_fill_reaches():
+    cuda, tensorrt, cpu = (Device(CAPABILITIES[name], "0") for name in ("cuda", "tensorrt", "cpu"))
+    pool = (8186, 16, 16, 128)  # a full-attention layer's K of the 27B at 128K: 268 M elements
+    assert by_graph(cuda, pool) and by_graph(cpu, pool)
+    assert not by_graph(tensorrt, pool)  # its session would not be the CUDA EP's
+    assert by_graph(cuda, (LARGEST_FILL,)) and not by_graph(cuda, (LARGEST_FILL + 1,))
+    assert not by_graph(cuda, (2**16, 2**16))  # 2**32 elements: cuda::Fill's int32 count would wrap

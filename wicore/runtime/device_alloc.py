@@ -8,13 +8,15 @@ engine with its pools made here, and at full depth 38.5 -> 29.6 GiB (docs/PERFOR
 pools' memory"). Which allocations the binding's arena adds was not isolated: pools alone in a bare
 process cost their size either way (measured too). So the pools, the largest buffers WiCore makes,
 come from a one-node graph (ConstantOfShape) run on the device with its output bound there:
-ONNX Runtime allocates the output from the session's arena, the device's shared one on CUDA
-(providers.shared_cuda_arena, grown by exactly what is asked). Zeros come for free: masked-out
-slots must hold finite values (kv_buffers.py).
+ONNX Runtime allocates the output from the session's arena: the device's shared one on CUDA
+(providers.shared_cuda_arena, grown by exactly what is asked), or with WICORE_CUDA_SHARED_ARENA=0
+this session's own (grown the same way; the CUDA EP's option). Zeros come for free: masked-out
+slots must hold finite values (kv_buffers.py). `by_graph` says where the old way stays.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -27,9 +29,26 @@ from wicore.runtime.providers import Device, onnxruntime, session_options
 OPSET = 17
 
 
+# ConstantOfShape's CUDA kernel (cuda::Fill) counts elements in an int32: a larger tensor would be
+# left partly unfilled, without an error (onnxruntime/core/providers/cuda/cu_inc/common.cuh, 1.31)
+LARGEST_FILL = 2**31 - 1
+
+
+def by_graph(device: Device, shape: Sequence[int]) -> bool:
+    """Whether zeros() makes this buffer by a graph run: where the output lands in the memory the
+    sessions allocate from (the CPU, the CUDA EP) and the fill kernel reaches every element.
+    Otherwise (TensorRT, a tensor of more than LARGEST_FILL elements) it is made as before: zeros
+    copied from the host through the binding's own allocator."""
+    if math.prod(shape) > LARGEST_FILL:
+        return False
+    return device.ort_device[0] == "cpu" or device.capability.shares_cuda_arena
+
+
 def zeros(device: Device, shape: Sequence[int], dtype: Any) -> Any:
     """A new OrtValue of `shape` and `dtype`, all zeros, in `device`'s memory (its ort_device)."""
     kind, index = device.ort_device
+    if not by_graph(device, shape):
+        return onnxruntime().OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), kind, index)
     session = _session(device, np.dtype(dtype).str, len(shape))
     binding = session.io_binding()
     binding.bind_cpu_input("shape", np.array(shape, np.int64))
