@@ -5,10 +5,10 @@ shared arena). Each way in a process of its own, one after the other, on an expo
 
     PYTHONPATH=/tmp/site:.:tools python3 tools/probe_engine_memory.py /tmp/m12 --context 130944
 
-Memory is the card's used memory (cudaMemGetInfo) above what it was when the process started, so
-the first stage includes the CUDA context. The request is bench_long_shapes.wicore_long's (a
-warm-up, then `--context` random tokens in chunks of 1,024 and 4 greedy steps, the whole pool on
-the device).
+Memory is the card's used memory (cudaMemGetInfo) above what it was when the process first asked,
+which made its CUDA context: the context is not in the numbers. The request is
+bench_long_shapes.wicore_long's (a warm-up, then `--context` random tokens in chunks of 1,024 and
+4 greedy steps, the whole pool on the device); the last stage is read once the engine has closed.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def probe(way: str, model_dir: Path, context: int) -> dict[str, Any]:
         work=model_dir, hf=False, json_path=None,
     )  # fmt: skip
     result = wicore_long(model_dir, context, config, None, DeviceMemory())
-    mark("after the request")
+    mark("engine closed")
     result.pop("tokens", None)
     return {"stages": stages, **result}
 
