@@ -28,7 +28,6 @@ an L4 (23,034 MiB) about 22. "Used" is B minus the least free memory seen after 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import multiprocessing
 import subprocess
@@ -42,7 +41,7 @@ from typing import Any
 from bench_long_shapes import GIB, DeviceMemory, wicore_long
 from bench_long_shapes import Config as LongConfig
 from bench_shapes import SHAPES
-from benchlib import write_record
+from benchlib import cuda_memory, write_record
 from random_weights import RandomFloatSource, RandomQuantSource
 
 from wicore.export.exporter import ExportConfig, export_model
@@ -80,13 +79,7 @@ class CardMemory(DeviceMemory):
         self.base, self.peak, self.free_before = 0, 0, free_before
 
     def _used(self) -> int:
-        from wicore.runtime.pinned import cuda_runtime
-
-        lib = cuda_runtime()
-        free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        if lib is None or lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
-            raise RuntimeError("cudaMemGetInfo failed: no CUDA runtime")
-        return self.free_before - free.value
+        return self.free_before - cuda_memory()[0]
 
 
 def export(config: Config) -> Path:

@@ -111,6 +111,20 @@ def load_tokenizer(model_dir: Path) -> tuple[Any, Any]:
 # --------------------------------------------------------------------------- machine
 
 
+def cuda_memory() -> tuple[int, int]:
+    """(free, total) bytes of the current CUDA device, from the CUDA runtime ONNX Runtime uses (the
+    first call makes the process's CUDA context)."""
+    import ctypes
+
+    from wicore.runtime.pinned import cuda_runtime
+
+    lib = cuda_runtime()
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    if lib is None or lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
+        raise RuntimeError("cudaMemGetInfo failed: no CUDA runtime")
+    return free.value, total.value
+
+
 def machine_info() -> dict[str, object]:
     cpu_model = ""
     physical_cores: set[tuple[str, str]] = set()

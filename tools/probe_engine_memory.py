@@ -14,7 +14,6 @@ bench_long_shapes.wicore_long's (a warm-up, then `--context` random tokens in ch
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import multiprocessing
 import sys
@@ -23,25 +22,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchlib import cuda_memory
 
 WAYS = ("python-binding", "device_alloc")
 GIB = 1 << 30
 
 
 def used_gib() -> float:
-    from wicore.runtime.pinned import cuda_runtime
-
-    lib = cuda_runtime()
-    free, total = ctypes.c_size_t(), ctypes.c_size_t()
-    if lib is None or lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
-        raise RuntimeError("cudaMemGetInfo failed: no CUDA runtime")
-    return (total.value - free.value) / GIB
+    free, total = cuda_memory()
+    return (total - free) / GIB
 
 
 def probe(way: str, model_dir: Path, context: int) -> dict[str, Any]:
     from bench_long_shapes import Config, DeviceMemory, wicore_long
 
-    from wicore.runtime import engine, graphs, kv_buffers
+    from wicore.runtime import device_alloc, engine, graphs
     from wicore.runtime.providers import onnxruntime
 
     base, stages = used_gib(), []
@@ -51,7 +46,7 @@ def probe(way: str, model_dir: Path, context: int) -> dict[str, Any]:
 
     if way == "python-binding":
         ort = onnxruntime()
-        kv_buffers.zeros = lambda device, shape, dtype: ort.OrtValue.ortvalue_from_numpy(  # type: ignore[assignment]
+        device_alloc.zeros = lambda device, shape, dtype: ort.OrtValue.ortvalue_from_numpy(  # type: ignore[assignment]
             np.zeros(shape, dtype), *device.ort_device
         )
 

@@ -9,7 +9,6 @@ named shape's full depth, as KVBuffers makes them; no model needed.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import multiprocessing
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from bench_shapes import SHAPES, hf_config
+from benchlib import cuda_memory
 
 from wicore.model.config import DecoderConfig
 
@@ -35,13 +35,8 @@ def pool_shapes(shape: str, context: int, block_size: int, window: int) -> list[
 
 
 def used_bytes() -> int:
-    from wicore.runtime.pinned import cuda_runtime
-
-    lib = cuda_runtime()
-    free, total = ctypes.c_size_t(), ctypes.c_size_t()
-    if lib is None or lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
-        raise RuntimeError("cudaMemGetInfo failed: no CUDA runtime")
-    return total.value - free.value
+    free, total = cuda_memory()
+    return total - free
 
 
 def allocate(way: str, shapes: list[tuple[int, ...]]) -> dict[str, Any]:

@@ -80,13 +80,18 @@ class RandomQuantSource:
         return None  # tied: the embedding is the head
 
     def layer(self, index: int) -> LayerWeights:
-        tensors: dict[str, np.ndarray] = {}
-        for name, shape in expected_shapes(self.config).items():
-            key = f"layers.{index}.{name}"
-            if len(shape) == 2:
-                tensors[name] = self.linear(key, (shape[0], shape[1]))
-            else:
-                tensors[name] = self._rng(key).normal(0, INIT_STD, shape).astype(np.float32)
+        """The layer's weights, its matrices made in threads (NumPy's generators release the GIL: the
+        27B's 0.4 G floats a layer are most of a float export's time on one core)."""
+        shapes = expected_shapes(self.config)
+        matrices = [name for name, shape in shapes.items() if len(shape) == 2]
+        with ThreadPoolExecutor(len(matrices)) as pool:
+            made = dict(zip(matrices, pool.map(lambda name: self.linear(f"layers.{index}.{name}", shapes[name]), matrices)))
+        tensors = {
+            name: made[name]
+            if name in made
+            else self._rng(f"layers.{index}.{name}").normal(0, INIT_STD, shape).astype(np.float32)
+            for name, shape in shapes.items()
+        }
         return LayerWeights(index, tensors)
 
     def write_tokenizer(self, out_dir: Path) -> dict[str, Any] | None:
@@ -107,19 +112,6 @@ class RandomFloatSource(RandomQuantSource):
         weight = self._rng(name).standard_normal(shape, dtype=np.float32)
         weight *= np.float32(INIT_STD)
         return weight
-
-    def layer(self, index: int) -> LayerWeights:
-        """The layer's weights, its matrices drawn in threads (NumPy's generators release the GIL:
-        the 27B's 0.4 G floats a layer are most of a float export's time on one core)."""
-        shapes = expected_shapes(self.config)
-        matrices = [name for name, shape in shapes.items() if len(shape) == 2]
-        with ThreadPoolExecutor(len(matrices)) as pool:
-            drawn = pool.map(lambda name: self.linear(f"layers.{index}.{name}", shapes[name]), matrices)
-            tensors = dict(zip(matrices, drawn))
-        for name, shape in shapes.items():
-            if name not in tensors:
-                tensors[name] = self._rng(f"layers.{index}.{name}").normal(0, INIT_STD, shape).astype(np.float32)
-        return LayerWeights(index, tensors)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "random", "bits": 32, "seed": self.seed}

@@ -57,6 +57,16 @@ def zeros(device: Device, shape: Sequence[int], dtype: Any) -> Any:
     return binding.get_outputs()[0]
 
 
+def buffer_pair(device: Device, shape: Sequence[int], dtype: Any) -> tuple[tuple[Any, Any], tuple[np.ndarray, np.ndarray] | None]:
+    """Two zero-filled buffers (a key and a value) for `device`: their OrtValues, and their NumPy
+    arrays where they live in host memory (bound zero-copy; None on an accelerator)."""
+    if device.ort_device[0] == "cpu":
+        ort = onnxruntime()
+        key, value = np.zeros(shape, dtype), np.zeros(shape, dtype)
+        return (ort.OrtValue.ortvalue_from_numpy(key), ort.OrtValue.ortvalue_from_numpy(value)), (key, value)
+    return (zeros(device, shape, dtype), zeros(device, shape, dtype)), None
+
+
 def zeros_graph(dtype: np.dtype, rank: int) -> bytes:
     """shape [rank] int64 -> zeros [*shape] of `dtype`."""
     elem = helper.np_dtype_to_tensor_dtype(dtype)

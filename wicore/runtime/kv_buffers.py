@@ -20,9 +20,9 @@ import numpy as np
 
 from wicore.graph.manifest import Manifest
 from wicore.hmt.tiers import DeviceStore, TierStore
-from wicore.runtime.device_alloc import zeros
+from wicore.runtime.device_alloc import buffer_pair
 from wicore.runtime.device_store import ort_pool_store
-from wicore.runtime.providers import Device, onnxruntime
+from wicore.runtime.providers import Device
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,6 @@ class KVBuffers:
     """Per-layer key / value buffers of one model, on the devices its partitions run on."""
 
     def __init__(self, manifest: Manifest, cache: CacheConfig, devices: Sequence[Device]) -> None:
-        ort = onnxruntime()
         cfg = manifest.config
         self.cache = cache
         self.dtype = np.dtype(manifest.kv_dtype)
@@ -57,16 +56,10 @@ class KVBuffers:
         self._arrays: list[tuple[np.ndarray, np.ndarray] | None] = []  # host-memory buffers
         self._values: list[tuple[Any, Any]] = []  # the OrtValues the graphs bind
         for layer, device in enumerate(self.layer_devices):
-            kind = device.ort_device[0]
             num_blocks = cache.window_blocks if cfg.is_sliding(layer) else cache.num_blocks
-            shape = (num_blocks, *self.block_shape)
-            if kind == "cpu":
-                key, value = np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)
-                self._arrays.append((key, value))
-                self._values.append((ort.OrtValue.ortvalue_from_numpy(key), ort.OrtValue.ortvalue_from_numpy(value)))
-            else:  # in the memory the device's sessions allocate from (device_alloc.py says why)
-                self._arrays.append(None)
-                self._values.append((zeros(device, shape, self.dtype), zeros(device, shape, self.dtype)))
+            values, arrays = buffer_pair(device, (num_blocks, *self.block_shape), self.dtype)
+            self._values.append(values)
+            self._arrays.append(arrays)
 
     @property
     def num_layers(self) -> int:

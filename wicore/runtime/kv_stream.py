@@ -36,7 +36,7 @@ from onnx import helper
 from wicore.graph.io import SINK_BLOCK
 from wicore.graph.manifest import Manifest
 from wicore.hmt.tiers import HostStore, Tier
-from wicore.runtime.device_alloc import zeros
+from wicore.runtime.device_alloc import buffer_pair
 from wicore.runtime.device_store import BlockCopier, take_graph
 from wicore.runtime.kv_buffers import KVBuffers
 from wicore.runtime.pinned import host_allocator
@@ -173,13 +173,7 @@ class KVStreamer:
         self.num_stages = len(by_slot)
 
     def _new_stage(self, device: Device) -> _Buffers:
-        shape = (self.num_frames, *self.buffers.block_shape)
-        if device.ort_device[0] != "cpu":
-            dtype = self.buffers.dtype
-            return _Buffers((zeros(device, shape, dtype), zeros(device, shape, dtype)), None)
-        ort = onnxruntime()
-        key, value = np.zeros(shape, self.buffers.dtype), np.zeros(shape, self.buffers.dtype)
-        return _Buffers((ort.OrtValue.ortvalue_from_numpy(key), ort.OrtValue.ortvalue_from_numpy(value)), (key, value))
+        return _Buffers(*buffer_pair(device, (self.num_frames, *self.buffers.block_shape), self.buffers.dtype))
 
     def _new_graphs(self, device: Device, num_threads: int | None) -> tuple[Any, BlockCopier]:
         ort = onnxruntime()
