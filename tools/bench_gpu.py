@@ -103,10 +103,10 @@ def engine_outputs(folder: Path, devices: str, prompts: list[list[int]], new_tok
                 if out.finish_reason not in (None, "length"):
                     raise RuntimeError(f"{request_id} ended with {out.finish_reason!r}: {out.error}")
                 ids += out.new_token_ids
-                held.append({name: g["blocks_referenced"]["device"] for name, g in engine.stats()["kv_groups"].items()})
+                held.append({name: g["blocks_referenced"]["device"] for name, g in engine.stats().kv_groups.items()})
             tokens.append(ids)
         logits = [c.prompt_logits for c in engine.generate(prompts, SamplingParams(max_tokens=1, prompt_logits=True))]
-        labels = [d.label for d in engine.runner.graphs.devices]
+        labels = [d.label for d in engine.devices]
     return Outputs(labels, tokens, logits, held[-2] if len(held) > 1 else None)
 
 

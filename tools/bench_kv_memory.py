@@ -43,7 +43,7 @@ def measure(model_dir: Path, context: int, new_tokens: int, threads: int, kv_poo
     with Engine(config).start() as engine:
         request_id = engine.add_request(prompt, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
         for _ in engine.outputs(request_id):
-            seen.append(engine.stats()["kv_groups"])  # after each token: the request holds its blocks
+            seen.append(engine.stats().kv_groups)  # after each token: the request holds its blocks
     seconds = time.perf_counter() - start
     groups = seen[-2]  # before the last output ended the request
     full, window = groups["full"], groups["window"]

@@ -3,12 +3,10 @@
 One prompt of --prompt-tokens ids (BOS, then bench_generate's paragraph repeated), prefilled once
 by each engine in chunks, every chunk timed on its own:
 
-    WiCore     the engine's own parts, as its step loop runs them, one request: each step is one
-               prefill chunk of the scheduler's prefill_chunk tokens (--chunk, default 256)
-                   out = scheduler.schedule()  ─┐
-                   kv.execute(out.moves)        ├ host ms (bookkeeping, tables, block moves)
-                   runner.execute(out.rows)     ─ graphs ms (build_batch, the ONNX Runtime runs)
-                   scheduler.update(...)       ─┘
+    WiCore     the engine's core stepped by hand (`EngineCore.step()`), one request: each step is
+               one prefill chunk of the scheduler's prefill_chunk tokens (--chunk, default 256);
+               `core.last_step.seconds` splits it: schedule, KV moves and update are host ms,
+               the runner (build_batch, the ONNX Runtime runs, sampling) graphs ms
     llama.cpp  llama-cpp-python's eval() on consecutive slices of --llama-batch tokens
                (n_batch = n_ubatch), one KV cache holding the whole prompt
 
@@ -194,22 +192,19 @@ def wicore_chunks(model_dir: Path, config: Config, prompt_ids: list[int]) -> Ite
 
 
 def engine_steps(engine, prompt_ids: list[int], params) -> Iterator[Chunk]:
-    """One request's prefill, one timed engine step (one chunk) at a time."""
-    engine.add_request(prompt_ids, params)
+    """One request's prefill, one timed engine step (one chunk) at a time (the engine's thread
+    not started: the tool steps its core)."""
+    core = engine.core
+    core.add(core.make_request(prompt_ids, params, f"prefill-{len(prompt_ids)}-{time.monotonic_ns()}"))
     token = None
     while token is None:
-        start = time.perf_counter()
-        out = engine.scheduler.schedule()
-        if out.finished or engine.kv.execute(out.moves) or len(out.rows) != 1:
+        outputs = core.step()
+        trace = core.last_step
+        if trace.num_lost or len(trace.rows) != 1 or any(o.finished and not o.new_token_ids for o in outputs):
             raise RuntimeError("the request ended, lost KV or was not scheduled")
-        (row,) = out.rows
-        graphs_start = time.perf_counter()
-        result = engine.runner.execute(out.rows, out.ended_request_ids)
-        graphs_end = time.perf_counter()
-        engine.scheduler.update(out.rows, result)
-        sample = result.sampled.get(row.request_id)
-        token = None if sample is None else sample.token_id
-        yield Chunk(row.start, len(row.token_ids), time.perf_counter() - start, graphs_end - graphs_start, token)
+        (row,) = trace.rows
+        token = next((t for o in outputs for t in o.new_token_ids), None)
+        yield Chunk(row.start, len(row.token_ids), trace.seconds.total_s, trace.seconds.run_s, token)
 
 
 def llama_cpp_prefill(gguf: Path, config: Config, prompt_ids: list[int]) -> Prefill:

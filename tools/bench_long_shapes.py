@@ -161,7 +161,8 @@ def wicore_long(
             engine, rng.integers(1000, vocab, context).tolist(), config.decode_steps + 1, memory
         )
         captured = bool(engine.config.cuda_graphs)
-        staged = engine.runner.streamer.stats if engine.runner.streamer is not None else None
+        streamer = engine.core.runner.streamer
+        staged = streamer.stats if streamer is not None else None
     return {
         "prefill_s": prefill,
         "decode_ms": 1000 * statistics.median(decode),
@@ -181,27 +182,27 @@ def wicore_long(
 
 
 def run_request(engine: Engine, prompt: list[int], max_tokens: int, memory: DeviceMemory) -> tuple[float, list[float], list[int]]:
-    """One request through the engine's step loop (its thread not started): seconds of the steps
-    that prefill, and of each decode step after them, and the greedy tokens."""
-    engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    """One request stepped through the engine's core (its thread not started): seconds of the
+    runner in the steps that prefill, and in each decode step after them, and the greedy tokens."""
+    core = engine.core
+    request = core.make_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), f"long-{time.monotonic_ns()}")
+    core.add(request)
     prefill, decode, tokens = 0.0, [], []
-    while True:
-        out = engine.scheduler.schedule()
-        if not out.rows:
-            return prefill, decode, tokens
-        if engine.kv.execute(out.moves):
+    while core.has_work:
+        outputs = core.step()
+        trace = core.last_step
+        if trace.num_lost:
             raise RuntimeError(f"{len(prompt)} tokens: the engine lost KV blocks (the pool is too small)")
-        start = time.perf_counter()
-        result = engine.runner.execute(out.rows, out.ended_request_ids)
-        seconds = time.perf_counter() - start
-        tokens += [t for o in engine.scheduler.update(out.rows, result) for t in o.new_token_ids]
         memory.sample()
-        if result.failed:
-            raise RuntimeError(f"{len(prompt)} tokens: {next(iter(result.failed.values()))}")
-        if any(len(r.token_ids) > 1 for r in out.rows):
-            prefill += seconds
-        else:
-            decode.append(seconds)
+        for o in outputs:
+            if o.finish_reason == "error":
+                raise RuntimeError(f"{len(prompt)} tokens: {o.error}")
+            tokens += o.new_token_ids
+        if any(len(r.token_ids) > 1 for r in trace.rows):
+            prefill += trace.seconds.run_s
+        elif trace.rows:
+            decode.append(trace.seconds.run_s)
+    return prefill, decode, tokens
 
 
 def hf_long(folder: Path, context: int, config: Config) -> dict[str, object]:

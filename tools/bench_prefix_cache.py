@@ -171,7 +171,7 @@ def tier_blocks(workload: Workload, config: BenchConfig) -> tuple[int, int]:
 def pager_moves(engine) -> dict[tuple[str, str], int]:
     """Blocks moved so far, by (source tier, destination tier), over the engine's block groups."""
     moves: dict[tuple[str, str], int] = {}
-    for pager in engine.kv.pagers:
+    for pager in engine.core.kv.pagers:
         for pair, n in pager.stats.num_moves.items():
             moves[pair] = moves.get(pair, 0) + n
     return moves

@@ -81,7 +81,7 @@ def ask(config: Config, prompts: list[list[int]], enable_prefix_cache: bool) -> 
     with Engine(engine_config).start() as engine, CpuWatch() as watch:
         engine.generate([[2, 1000, 2000]], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up, under one block
         for prompt in prompts:
-            before = engine.stats()["computed_prompt_tokens"]
+            before = engine.stats().computed_prompt_tokens
             start = time.perf_counter()
             first = None
             token_ids: list[int] = []
@@ -89,7 +89,7 @@ def ask(config: Config, prompts: list[list[int]], enable_prefix_cache: bool) -> 
                 first = first or time.perf_counter()
                 token_ids += out.new_token_ids
             assert first is not None and out.finish_reason == "length", out.error
-            computed = engine.stats()["computed_prompt_tokens"] - before
+            computed = engine.stats().computed_prompt_tokens - before
             answers.append(Answer(len(prompt), out.num_cached_tokens, computed, first - start, token_ids))
     return answers, watch.num_other_busy_cores
 

@@ -116,18 +116,19 @@ def ask(config: Config, policy: str, prompts: list[list[int]]) -> tuple[PolicyRu
     with Engine(engine_config) as engine, CpuWatch() as watch:
         start_all = time.perf_counter()
         for prompt in prompts:
-            request_id = engine.add_request(prompt, params)
+            core = engine.core
+            request_id = f"q{len(run.token_ids)}"
+            core.add(core.make_request(prompt, params, request_id))
             start, first, streamed, tokens = time.perf_counter(), None, False, []
-            while engine.scheduler.has_work:
-                out = engine.scheduler.schedule()
-                engine.kv.execute(out.moves)
-                for row in out.rows:
+            while core.has_work:
+                outputs = core.step()
+                for row in core.last_step.rows:
                     tiers = [t for t, _ in row.full_locations] or [Tier.DEVICE] * len(row.block_table)
                     on_device = sum(t is Tier.DEVICE for t in tiers)
                     run.device_blocks_read += on_device
                     run.host_blocks_read += len(tiers) - on_device
                     streamed = streamed or bool(row.full_locations)
-                for o in engine.scheduler.update(out.rows, engine.runner.execute(out.rows, out.ended_request_ids)):
+                for o in outputs:
                     if o.request_id == request_id and o.new_token_ids:
                         first = first or time.perf_counter()
                         tokens += o.new_token_ids

@@ -79,7 +79,7 @@ def group_stores(engine: Engine) -> list[tuple[str, list[int], object]]:
     """(group name, its layers, its pager) per block group: full-attention, then sliding layers."""
     layout = engine.layout
     groups = [(name, list(layers)) for name, layers in (("full", layout.full_layers), ("window", layout.window_layers)) if layers]
-    return [(name, layers, pager) for (name, layers), pager in zip(groups, engine.kv.pagers)]
+    return [(name, layers, pager) for (name, layers), pager in zip(groups, engine.core.kv.pagers)]
 
 
 def check_store_round_trip(store) -> bool:
@@ -127,7 +127,7 @@ def run_workload(config: EngineConfig, args: argparse.Namespace, force_ort_store
     try:
         groups = group_stores(engine)
         if force_ort_store:  # the same KV buffers, paged by the gather / scatter graphs
-            buffers = engine.runner.graphs.buffers
+            buffers = engine.core.runner.graphs.buffers
             for _, layers, pager in groups:
                 pager.stores[Tier.DEVICE] = ort_pool_store(
                     [buffers.values(i) for i in layers], [buffers.layer_devices[i] for i in layers], buffers.dtype, args.threads
@@ -147,18 +147,6 @@ def run_workload(config: EngineConfig, args: argparse.Namespace, force_ort_store
             if config.num_host_blocks
             else {}
         )
-        pager_seconds = 0.0
-        execute = engine.kv.execute
-
-        def timed_execute(moves):
-            nonlocal pager_seconds
-            start = time.perf_counter()
-            try:
-                return execute(moves)
-            finally:
-                pager_seconds += time.perf_counter() - start
-
-        engine.kv.execute = timed_execute  # a tool's probe, not engine behaviour
         params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
         questions = (QUESTIONS * (args.requests // len(QUESTIONS) + 1))[: args.requests]
         prompts = [prompt_ids(engine, SYSTEM + q) for q in questions]
@@ -189,11 +177,11 @@ def run_workload(config: EngineConfig, args: argparse.Namespace, force_ort_store
             "store_timings": timings,
             "moves": dict(sorted(moves.items())),
             "moves_by_group": by_group,
-            "preempted_swap": stats["preempted_swap"],
-            "preempted_recompute": stats["preempted_recompute"],
-            "prefix_hit_rate": round(stats["prefix_hit_rate"], 4),
-            "corrupt_blocks": stats["corrupt_blocks"],
-            "pager_seconds": round(pager_seconds, 4),
+            "preempted_swap": stats.preempted_swap,
+            "preempted_recompute": stats.preempted_recompute,
+            "prefix_hit_rate": round(stats.prefix_hit_rate, 4),
+            "corrupt_blocks": stats.corrupt_blocks,
+            "pager_seconds": round(engine.core.seconds.moves_s, 4),
             "seconds": round(seconds, 2),
             "outputs": answers + follow_ups,
         }

@@ -1,16 +1,13 @@
 """Time decode steps of an exported model at several batch sizes, and where their kernel time goes.
 
-Steps run through a WiCore Engine's own parts, as its step loop runs them, without its thread.
+Steps run through the engine's core (`EngineCore.step()`), without the engine's thread.
 `--batch` requests of `--context` prompt tokens each are prefilled; then every step is a real
 decode step (one new token a row, at positions --context, --context + 1, ...) on the rows the
 engine's scheduler produced, so block tables and sliding-window tables (the blocks behind the
 window released) are the engine's:
 
-    out = scheduler.schedule()              untimed   one decode row a request
-    kv.execute(out.moves)                   untimed   a new block where a row crosses one
-    graphs.run(build_batch(out.rows))       graphs ms the ONNX Runtime sessions alone
-    result = runner.execute(out.rows)       step ms   the engine's model step: graphs and sampling
-    scheduler.update(out.rows, result)      untimed
+    core.step()                             step ms   its runner phase (core.last_step): graphs and sampling
+    graphs.run(build_batch(step's rows))    graphs ms the ONNX Runtime sessions alone, on the same rows
 
 (The graphs run twice a step; the second run writes the same KV again.)
 
@@ -125,25 +122,22 @@ def decode_steps(engine: Engine, batch: int, config: Config) -> StepTimes:
         engine.add_request(rng.integers(1000, engine.manifest.config.vocab_size, config.context).tolist(), params)
     times = StepTimes([], [])
     num_decodes = 0
+    core = engine.core
     while num_decodes < NUM_WARMUP_STEPS + config.num_steps:
-        out = engine.scheduler.schedule()
-        if not out.rows or out.finished or engine.kv.execute(out.moves):
+        outputs = core.step()
+        trace = core.last_step
+        if not trace.rows or trace.num_lost or any(o.finished for o in outputs):
             raise RuntimeError(f"after {num_decodes} decode steps: a request ended, lost KV or was not scheduled")
-        is_decode = len(out.rows) == batch and all(len(r.token_ids) == 1 for r in out.rows)
-        start = time.perf_counter()
-        if is_decode:
-            engine.runner.graphs.run(build_batch(out.rows, engine.layout.block_size))
-        middle = time.perf_counter()
-        result = engine.runner.execute(out.rows, out.ended_request_ids)
-        end = time.perf_counter()
-        engine.scheduler.update(out.rows, result)
-        if result.failed:
-            raise RuntimeError(f"sampling failed: {next(iter(result.failed.values()))}")
-        if is_decode:
+        if any(o.finish_reason == "error" for o in outputs):
+            raise RuntimeError(f"sampling failed: {next(o.error for o in outputs if o.error)}")
+        if len(trace.rows) == batch and all(len(r.token_ids) == 1 for r in trace.rows):
             num_decodes += 1
             if num_decodes > NUM_WARMUP_STEPS:
-                times.graphs_seconds.append(middle - start)
-                times.step_seconds.append(end - middle)
+                # The graphs alone on the same rows (their KV written again, with the same values).
+                start = time.perf_counter()
+                core.runner.graphs.run(build_batch(list(trace.rows), engine.layout.block_size))
+                times.graphs_seconds.append(time.perf_counter() - start)
+                times.step_seconds.append(trace.seconds.run_s)
     return times
 
 
@@ -153,7 +147,7 @@ def measure(model_dir: Path, config: Config) -> list[dict[str, object]]:
         with Engine(engine_config(model_dir, batch, config)) as engine:
             times = decode_steps(engine, batch, config)
             flavour = engine.manifest.op_flavour
-            devices = ",".join(d.label for d in engine.runner.graphs.devices)
+            devices = ",".join(d.label for d in engine.devices)
         ms = 1000 * statistics.median(times.step_seconds)
         records.append(
             {
@@ -177,7 +171,7 @@ def profile(model_dir: Path, config: Config, batch: int) -> Counter:
     with tempfile.TemporaryDirectory(prefix="wicore-profile-") as folder:
         with Engine(engine_config(model_dir, batch, config, f"{folder}/b{batch}")) as engine:
             decode_steps(engine, batch, config)
-            paths = [Path(s.end_profiling()) for s in engine.runner.graphs.sessions]
+            paths = [Path(s.end_profiling()) for s in engine.core.runner.graphs.sessions]
         for path in paths:
             events = json.loads(path.read_text())
             runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[-num_runs:]
@@ -201,9 +195,7 @@ def gpu_kernels(model_dir: Path, config: Config, batch: int) -> tuple[float, Cou
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             start = time.perf_counter()
             for _ in range(KERNEL_STEPS):
-                out = engine.scheduler.schedule()
-                engine.kv.execute(out.moves)
-                engine.scheduler.update(out.rows, engine.runner.execute(out.rows, out.ended_request_ids))
+                engine.core.step()
             wall_ms = 1000 * (time.perf_counter() - start) / KERNEL_STEPS
     for event in prof.key_averages():
         if event.self_device_time_total > 0:

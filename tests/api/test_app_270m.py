@@ -34,7 +34,7 @@ def wait_idle(served, timeout: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         stats = httpx.get(f"{served.url}/v1/stats").json()
-        if stats["running"] == stats["waiting"] == stats["swapped"] == 0 or time.monotonic() > deadline:
+        if stats.running == stats.waiting == stats.swapped == 0 or time.monotonic() > deadline:
             return stats
         time.sleep(0.05)
 
@@ -136,22 +136,22 @@ def test_n_choices_of_a_prompt_too_long_admit_nothing(gemma_server):
     r = httpx.post(f"{gemma_server.url}/v1/chat/completions", json={"model": MODEL, "messages": messages, "n": 3})
     assert assert_openai_error(r, 400, "messages")["code"] == "context_length_exceeded"
     stats = httpx.get(f"{gemma_server.url}/v1/stats").json()
-    assert (stats["running"], stats["waiting"]) == (0, 0)
-    assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
+    assert (stats.running, stats.waiting) == (0, 0)
+    assert stats.blocks_referenced == {"device": 0, "host": 0, "nvme": 0}
 
 
 def test_a_later_prompt_too_long_takes_back_the_choices_queued_before_it(gemma_server):
     """Prompts [short, too long] with n=3: the three choices of the short one are queued before
     the long one is refused; the API aborts them, so none runs to its end."""
     limit = gemma_server.engine.max_sequence_tokens
-    before = gemma_server.engine.stats()["generated_tokens"]
+    before = gemma_server.engine.stats().generated_tokens
     body = {"model": MODEL, "prompt": [[2, 651, 6037], [5] * (limit + 4)], "n": 3, "max_tokens": 50, "temperature": 0}
     r = httpx.post(f"{gemma_server.url}/v1/completions", json=body)
     assert assert_openai_error(r, 400, "prompt")["code"] == "context_length_exceeded"
     stats = wait_idle(gemma_server)
-    assert (stats["running"], stats["waiting"]) == (0, 0)
-    assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
-    assert stats["generated_tokens"] - before < 3 * 50
+    assert (stats.running, stats.waiting) == (0, 0)
+    assert stats.blocks_referenced == {"device": 0, "host": 0, "nvme": 0}
+    assert stats.generated_tokens - before < 3 * 50
 
 
 def test_max_tokens_is_capped_by_the_context_left(client, gemma_server):
@@ -184,11 +184,11 @@ def test_a_full_waiting_queue_is_503_and_queues_none_of_the_choices(gemma_270m):
             engine.cancel(blocker)
             engine.start()  # the engine drops the requests taken back, running none of them
             deadline = time.monotonic() + 30
-            while engine.stats()["waiting"] and time.monotonic() < deadline:
+            while engine.stats().waiting and time.monotonic() < deadline:
                 time.sleep(0.05)
             stats = engine.stats()
-            assert (stats["running"], stats["waiting"]) == (0, 0)
-            assert stats["computed_prompt_tokens"] == stats["generated_tokens"] == 0
+            assert (stats.running, stats.waiting) == (0, 0)
+            assert stats.computed_prompt_tokens == stats.generated_tokens == 0
         finally:
             server.stop()
 
@@ -214,7 +214,7 @@ def test_concurrent_streaming_clients_all_complete(client, gemma_server):
 
 
 def test_disconnecting_clients_leave_no_running_requests_and_no_referenced_blocks(gemma_server):
-    before = gemma_server.engine.stats()["generated_tokens"]
+    before = gemma_server.engine.stats().generated_tokens
     for _ in range(3):
         body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
         with httpx.stream("POST", f"{gemma_server.url}/v1/completions", json=body, timeout=60) as r:
@@ -226,9 +226,9 @@ def test_disconnecting_clients_leave_no_running_requests_and_no_referenced_block
                 if events == 3:
                     break  # leaving the block closes the connection mid-stream
     stats = wait_idle(gemma_server)
-    assert stats["running"] == 0 and stats["waiting"] == 0
-    assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
-    assert stats["generated_tokens"] - before < 3 * 400  # the requests were aborted, not run to the end
+    assert stats.running == 0 and stats.waiting == 0
+    assert stats.blocks_referenced == {"device": 0, "host": 0, "nvme": 0}
+    assert stats.generated_tokens - before < 3 * 400  # the requests were aborted, not run to the end
 
 
 def test_32_concurrent_chat_streams_are_complete_and_correct(client):
@@ -280,18 +280,18 @@ def test_50_clients_disconnecting_mid_stream_leave_no_blocks_in_use(gemma_server
     for t in threads:
         t.join(timeout=300)
     stats = wait_idle(gemma_server, timeout=60)
-    assert stats["running"] == 0 and stats["waiting"] == 0 and stats["swapped"] == 0
-    assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
+    assert stats.running == 0 and stats.waiting == 0 and stats.swapped == 0
+    assert stats.blocks_referenced == {"device": 0, "host": 0, "nvme": 0}
 
 
 def test_a_non_streaming_client_that_gives_up_aborts_its_request(gemma_server):
-    before = gemma_server.engine.stats()["generated_tokens"]
+    before = gemma_server.engine.stats().generated_tokens
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{gemma_server.url}/v1/completions", json=body, timeout=1.5)
     stats = wait_idle(gemma_server)
-    assert stats["running"] == 0 and stats["blocks_referenced"]["device"] == 0
-    assert stats["generated_tokens"] - before < 1000
+    assert stats.running == 0 and stats.blocks_referenced.device == 0
+    assert stats.generated_tokens - before < 1000
 
 
 def test_messages_the_chat_template_rejects_are_400(client):
@@ -509,7 +509,7 @@ def test_a_request_failing_mid_stream_ends_with_an_error_event_and_the_others_go
     assert all("choices" in json.loads(line[6:]) for line in rest[:-2])
     assert results == expected  # the concurrent streams completed, unchanged
     stats = wait_idle(gemma_server)
-    assert stats["running"] == 0 and stats["blocks_referenced"]["device"] == 0
+    assert stats.running == 0 and stats.blocks_referenced.device == 0
     again = api.completions.create(model=MODEL, prompt=prompts[0], max_tokens=24, temperature=0)
     assert again.choices[0].text == expected[0]  # the server goes on serving
 
@@ -523,7 +523,7 @@ def test_a_request_failing_in_the_engine_is_500_internal_error(failing, gemma_se
     assert error["type"] == "server_error" and error["code"] == "internal_error"
     assert "failed inside the engine" in error["message"] and "sampler failed" not in error["message"]
     stats = wait_idle(gemma_server)
-    assert stats["running"] == 0 and stats["blocks_referenced"]["device"] == 0
+    assert stats.running == 0 and stats.blocks_referenced.device == 0
     ok = httpx.post(f"{url}/v1/completions", json={**body, "prompt": "Hello", "max_tokens": 3}, timeout=120)
     assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
 
@@ -554,7 +554,7 @@ def test_priority_from_the_api_orders_queued_requests(gemma_270m):
         for name, priority in [("low", "low"), ("normal-1", "normal"), ("urgent", 3), ("normal-2", 1), ("high", "high")]:
             threads.append(threading.Thread(target=run, args=(name, priority)))
             threads[-1].start()
-            while engine.stats()["waiting"] < len(threads) and threads[-1].is_alive():  # queued in this order
+            while engine.stats().waiting < len(threads) and threads[-1].is_alive():  # queued in this order
                 time.sleep(0.01)
         engine.start()
         for t in threads:
@@ -572,7 +572,7 @@ def test_a_request_the_queue_can_never_hold_is_a_400_and_admits_nothing(gemma_se
     error = assert_openai_error(r, 400, param="n")
     assert error["code"] == "too_many_choices" and "1600 choices" in error["message"] and "at most 1024" in error["message"]
     stats = httpx.get(f"{gemma_server.url}/v1/stats").json()
-    assert stats["running"] == 0 and stats["waiting"] == 0 and stats["blocks_referenced"]["device"] == 0
+    assert stats.running == 0 and stats.waiting == 0 and stats.blocks_referenced.device == 0
     ok = httpx.post(f"{gemma_server.url}/v1/completions", json={**body, "prompt": ["hi"] * 2, "n": 2}, timeout=60)
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 4
 
@@ -594,9 +594,9 @@ def test_a_stream_cut_by_shutdown_ends_with_an_error_event_and_done(gemma_server
     error = json.loads(rest[-2][6:])["error"]
     assert error["code"] == "server_shutting_down" and "shutting down" in error["message"]
     deadline = time.monotonic() + 30
-    while gemma_server.engine.stats()["running"] and time.monotonic() < deadline:
+    while gemma_server.engine.stats().running and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert gemma_server.engine.stats()["running"] == 0
+    assert gemma_server.engine.stats().running == 0
 
 
 def test_models_report_the_longest_sequence_this_server_takes(gemma_server):

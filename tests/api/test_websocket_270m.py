@@ -101,7 +101,7 @@ def test_cancel_ends_one_request_and_frees_its_blocks(gemma_server):
 
 
 def test_closing_the_socket_aborts_its_requests(gemma_server):
-    before = gemma_server.engine.stats()["generated_tokens"]
+    before = gemma_server.engine.stats().generated_tokens
     with open_socket(gemma_server) as ws:
         send(ws, "completion", "a", LONG)
         send(ws, "chat", "b", {**CHAT, "max_tokens": 400})

@@ -82,7 +82,7 @@ def test_prompt_logits_stay_close_to_hf_float32(int8_export, reference_logits):
     config = dict(num_threads=1, block_size=4, num_device_blocks=64, num_host_blocks=0, num_nvme_blocks=0)
     with Engine(EngineConfig(model_dir=folder, scheduler=SchedulerConfig(prefill_chunk=8), **config)) as eng:
         (out,) = eng.generate([prompt], SamplingParams(max_tokens=1, prompt_logits=True))
-        assert eng.runner.graphs.buffers.dtype == np.int8
+        assert eng.core.runner.graphs.buffers.dtype == np.int8
     ref = reference_logits(model, prompt)
     assert out.prompt_logits is not None
     diff = np.abs(out.prompt_logits - ref).max()
@@ -108,7 +108,7 @@ def test_int8_blocks_swapped_to_the_host_and_back_lose_nothing(int8_export):
         )  # fmt: skip
         with Engine(config) as eng:
             outputs.append([c.token_ids for c in eng.generate(prompts, params)])
-            swaps.append(eng.stats()["preempted_swap"])
+            swaps.append(eng.stats().preempted_swap)
     assert swaps[0] == 0 and swaps[1] > 0
     assert outputs[0] == outputs[1]
 

@@ -125,4 +125,4 @@ def test_the_engine_holds_what_the_plan_says(tiny_export, num_seqs):
         done = eng.generate(prompts, SamplingParams(max_tokens=1, ignore_eos=True))
         stats = eng.stats()
     assert [(d.error, len(d.token_ids)) for d in done] == [(None, 1)] * num_seqs
-    assert (stats["preempted_swap"], stats["preempted_recompute"]) == (0, 0)
+    assert (stats.preempted_swap, stats.preempted_recompute) == (0, 0)

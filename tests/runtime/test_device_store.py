@@ -226,9 +226,9 @@ def test_engine_swaps_through_ort_pool_stores_losslessly(tiny_export, tmp_path):
             **tiers,
         )
         with Engine(config) as eng:
-            buffers = eng.runner.graphs.buffers
+            buffers = eng.core.runner.graphs.buffers
             layouts = [layers for layers in (eng.layout.full_layers, eng.layout.window_layers) if layers]
-            for layers, pager in zip(layouts, eng.kv.pagers):
+            for layers, pager in zip(layouts, eng.core.kv.pagers):
                 assert isinstance(pager.stores[Tier.DEVICE], DeviceStore)  # what a CPU engine picks itself
                 pager.stores[Tier.DEVICE] = ort_pool_store(
                     [buffers.values(i) for i in layers], [buffers.layer_devices[i] for i in layers], buffers.dtype
@@ -239,7 +239,7 @@ def test_engine_swaps_through_ort_pool_stores_losslessly(tiny_export, tmp_path):
                 eng.start()
                 outputs += [[t for out in eng.outputs(i) for t in out.new_token_ids] for i in ids]
             moves: dict = {}
-            for pager in eng.kv.pagers:
+            for pager in eng.core.kv.pagers:
                 for key, n in pager.stats.num_moves.items():
                     moves[key] = moves.get(key, 0) + n
             return outputs, eng.stats(), moves
@@ -247,5 +247,5 @@ def test_engine_swaps_through_ort_pool_stores_losslessly(tiny_export, tmp_path):
     roomy, _, _ = run(num_device_blocks=256, num_host_blocks=0, num_nvme_blocks=0)
     tight, stats, moves = run(num_device_blocks=41, num_host_blocks=24, num_nvme_blocks=400)
     assert tight == roomy
-    assert stats["preempted_swap"] > 0 and stats["corrupt_blocks"] == 0
+    assert stats.preempted_swap > 0 and stats.corrupt_blocks == 0
     assert all(moves.get(pair, 0) > 0 for pair in (("device", "host"), ("host", "device"), ("host", "nvme"), ("nvme", "device")))

@@ -10,6 +10,7 @@ import pytest
 
 from wicore.errors import ContextLengthError, OverloadedError, RequestError
 from wicore.runtime.engine import Engine, EngineConfig
+from wicore.runtime.engine_stats import TierCounts
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
 
@@ -64,8 +65,8 @@ def test_concurrent_requests_generate_what_they_generate_alone(model_dir, alone)
     with engine(model_dir).start() as eng:  # requests arrive while earlier ones run
         assert run_all(eng, PROMPTS, stagger=0.005) == alone
         stats = eng.stats()
-    assert stats["running"] == stats["waiting"] == stats["swapped"] == 0
-    assert stats["generated_tokens"] == 10 * len(PROMPTS)
+    assert stats.running == stats.waiting == stats.swapped == 0
+    assert stats.generated_tokens == 10 * len(PROMPTS)
 
 
 def test_preemption_by_swap_to_host_is_lossless(model_dir, alone):
@@ -73,9 +74,9 @@ def test_preemption_by_swap_to_host_is_lossless(model_dir, alone):
     with engine(model_dir, num_device_blocks=41, num_host_blocks=200) as eng:
         assert run_all(eng, PROMPTS) == alone
         stats = eng.stats()
-    assert stats["preempted_swap"] > 0
+    assert stats.preempted_swap > 0
     # Every request ended: what is left on the host is prefix cache, referenced by nobody.
-    assert stats["blocks_in_use"]["host"] > 0 and stats["blocks_referenced"]["host"] == 0
+    assert stats.blocks_in_use.host > 0 and stats.blocks_referenced.host == 0
 
 
 def test_sliding_layers_release_blocks_behind_the_window(tiny, reference_greedy):
@@ -87,19 +88,19 @@ def test_sliding_layers_release_blocks_behind_the_window(tiny, reference_greedy)
     expected = [reference_greedy(hf_model, p, 40) for p in prompts]
     with engine(model_dir, num_window_device_blocks=8, scheduler=SchedulerConfig(max_num_seqs=1, prefill_chunk=16)) as eng:
         assert run_all(eng, prompts, params) == expected
-        groups = eng.stats()["kv_groups"]
-    assert groups["window"]["layers"] == 3 and groups["full"]["layers"] == 1
-    assert groups["window"]["blocks_in_use"]["device"] + groups["window"]["blocks_free"]["device"] == 7
+        groups = eng.stats().kv_groups
+    assert groups["window"].layers == 3 and groups["full"].layers == 1
+    assert groups["window"].blocks_in_use.device + groups["window"].blocks_free.device == 7
     # The full group keeps each request's full computed blocks cached: 99 and 109 tokens
     # have KV (the last sampled token never ran), 24 and 27 full blocks.
-    assert groups["full"]["blocks_in_use"]["device"] == 24 + 27
+    assert groups["full"].blocks_in_use.device == 24 + 27
 
 
 def test_preemption_by_recompute_when_no_tier_below(model_dir, alone):
     with engine(model_dir, num_device_blocks=41) as eng:
         assert run_all(eng, PROMPTS) == alone
         stats = eng.stats()
-    assert stats["preempted_swap"] == 0 and stats["preempted_recompute"] > 0
+    assert stats.preempted_swap == 0 and stats.preempted_recompute > 0
 
 
 def corrupt_every_write(nvme) -> None:
@@ -116,12 +117,12 @@ def test_corrupt_nvme_block_is_detected_and_recomputed(model_dir, alone, tmp_pat
     """Swaps go straight to NVMe (no host tier); every block written there is corrupted
     behind the store's back, so each swap-in finds a bad checksum and recomputes."""
     with engine(model_dir, num_device_blocks=41, num_nvme_blocks=400, nvme_dir=tmp_path) as eng:
-        for pager in eng.kv.pagers:  # both block groups: full-attention and sliding layers
+        for pager in eng.core.kv.pagers:  # both block groups: full-attention and sliding layers
             corrupt_every_write(pager.stores[2])
         assert run_all(eng, PROMPTS) == alone
         stats = eng.stats()
-    assert stats["preempted_swap"] > 0
-    assert stats["corrupt_blocks"] > 0
+    assert stats.preempted_swap > 0
+    assert stats.corrupt_blocks > 0
 
 
 def test_prefix_cache_prefills_only_the_suffix(model_dir):
@@ -129,10 +130,10 @@ def test_prefix_cache_prefills_only_the_suffix(model_dir):
     first, second = [*prefix, 5, 6, 7], [*prefix, 9, 10]
     with engine(model_dir) as eng:
         out_first = run_all(eng, [first])[0]
-        before = eng.stats()["computed_prompt_tokens"]
+        before = eng.stats().computed_prompt_tokens
         out_second = run_all(eng, [second])[0]
-        computed = eng.stats()["computed_prompt_tokens"] - before
-        hit_rate = eng.stats()["prefix_hit_rate"]
+        computed = eng.stats().computed_prompt_tokens - before
+        hit_rate = eng.stats().prefix_hit_rate
     with engine(model_dir, enable_prefix_cache=False) as eng:
         assert run_all(eng, [first, second]) == [out_first, out_second]
     # 100 shared tokens = 25 full blocks of 4 are reused; the second prompt runs its own 2 tokens.
@@ -147,11 +148,11 @@ def test_questions_over_one_document_sent_together_compute_it_once(model_dir):
     prompts = [[*document, 5, 6, 7], [*document, 9, 10], [*document, 11]]
     with engine(model_dir, enable_prefix_cache=False) as eng:
         expected = run_all(eng, prompts)
-        assert eng.stats()["computed_prompt_tokens"] == 103 + 102 + 101
+        assert eng.stats().computed_prompt_tokens == 103 + 102 + 101
     with engine(model_dir) as eng:
         assert run_all(eng, prompts) == expected
         # 100 shared tokens = 25 full blocks of 4, computed once; the others run their own 2 and 1.
-        assert eng.stats()["computed_prompt_tokens"] == 103 + 2 + 1
+        assert eng.stats().computed_prompt_tokens == 103 + 2 + 1
 
 
 def test_abort_returns_blocks_and_ends_the_stream(model_dir):
@@ -166,12 +167,12 @@ def test_abort_returns_blocks_and_ends_the_stream(model_dir):
         assert seen[-1].finished and seen[-1].finish_reason == "abort"
         assert 3 <= len(seen) < 200
         deadline = time.monotonic() + 5
-        while eng.stats()["running"] and time.monotonic() < deadline:
+        while eng.stats().running and time.monotonic() < deadline:
             time.sleep(0.01)
         stats = eng.stats()
-    assert stats["running"] == 0
+    assert stats.running == 0
     # Only prefix-cached (unreferenced, reusable) blocks remain on the device.
-    assert stats["blocks_referenced"]["device"] == 0
+    assert stats.blocks_referenced.device == 0
 
 
 def test_deadline_ends_a_request(model_dir):
@@ -188,7 +189,7 @@ def test_waiting_queue_limit_rejects_with_overloaded(model_dir):
     with pytest.raises(OverloadedError) as err:
         eng.add_request([5, 8], GREEDY, request_id="third")
     assert str(err.value) == "overloaded: 2 requests already waiting; retry later"
-    assert eng.scheduler.num_waiting == 2 and not eng.scheduler.has_request("third")
+    assert eng.num_queued == 2 and not eng.has_request("third")
 
 
 @pytest.mark.parametrize(
@@ -203,7 +204,7 @@ def test_malformed_prompts_are_refused_and_not_queued(model_dir, prompt, message
     with engine(model_dir) as eng:
         with pytest.raises(RequestError) as err:
             eng.add_request(prompt, GREEDY, request_id="bad")
-        assert eng.scheduler.num_waiting == 0 and not eng.scheduler.has_request("bad")
+        assert eng.num_queued == 0 and not eng.has_request("bad")
     assert type(err.value) is RequestError and str(err.value) == message
 
 
@@ -212,7 +213,7 @@ def test_a_request_id_in_use_is_refused(model_dir):
         assert eng.add_request([5, 6], GREEDY, request_id="a") == "a"
         with pytest.raises(RequestError) as err:
             eng.add_request([5, 7], GREEDY, request_id="a")
-        assert eng.scheduler.num_waiting == 1
+        assert eng.num_queued == 1
     assert type(err.value) is RequestError and str(err.value) == "request id 'a' is already in use"
 
 
@@ -228,7 +229,7 @@ def test_a_prompt_that_fills_the_device_kv_cache_is_refused_and_a_shorter_one_is
             "the prompt has 16 tokens; the device KV cache holds 16 tokens (prompt plus at least one generated token); "
             "--kv-pool-gb 0.01 holds it with --max-num-seqs 64 (wicore plan --context 17 shows what else fits)"
         )
-        assert not eng.scheduler.has_request("long")
+        assert not eng.has_request("long")
         prompt = list(range(3, 15))
         [done] = eng.generate([prompt], GREEDY)
     assert (done.token_ids, done.finish_reason, done.num_prompt_tokens) == (reference_greedy(hf_model, prompt, 4), "length", 12)
@@ -263,9 +264,9 @@ def test_a_request_the_sliding_layers_cache_cannot_hold_is_refused(model_dir):
         "the request needs up to 5 blocks in the sliding-window layers' KV cache, which holds 4 "
         "(raise --kv-pool-gb or lower --prefill-chunk)"
     )
-    assert not eng.scheduler.has_request("wide")
+    assert not eng.has_request("wide")
     eng.add_request(list(range(3, 13)), SamplingParams(max_tokens=6, ignore_eos=True), request_id="narrow")
-    assert eng.scheduler.has_request("narrow")
+    assert eng.has_request("narrow")
 
 
 def test_generate_refusing_one_prompt_queues_none(model_dir):
@@ -276,41 +277,13 @@ def test_generate_refusing_one_prompt_queues_none(model_dir):
             eng.generate([[5, 6, 7], list(range(3, 30))], GREEDY)
         eng.start()  # the prompt queued before the refused one was aborted: it ends at the first step
         deadline = time.monotonic() + 30
-        while eng.scheduler.has_work and time.monotonic() < deadline:
+        while eng.has_request("req-0") and time.monotonic() < deadline:
             time.sleep(0.01)
         stats = eng.stats()
-        assert (stats["running"], stats["waiting"], stats["generated_tokens"], stats["computed_prompt_tokens"]) == (0, 0, 0, 0)
-        assert eng.stats()["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
+        assert (stats.running, stats.waiting, stats.generated_tokens, stats.computed_prompt_tokens) == (0, 0, 0, 0)
+        assert eng.stats().blocks_referenced == TierCounts()
         with pytest.raises(RequestError, match="unknown request id"):
             eng.outputs("req-0")  # its channel was claimed and forgotten
-
-
-def test_priority_then_fcfs_order_of_admission(model_dir):
-    sched = SchedulerConfig(max_num_seqs=1, aging_seconds=0)
-    eng = engine(model_dir, scheduler=sched)
-    ids = {
-        eng.add_request([5, 6, 7], GREEDY, priority="low"): "low",
-        eng.add_request([5, 6, 8], GREEDY, priority="normal"): "normal-1",
-        eng.add_request([5, 6, 9], GREEDY, priority="urgent"): "urgent",
-        eng.add_request([5, 6, 10], GREEDY, priority="normal"): "normal-2",
-        eng.add_request([5, 6, 11], GREEDY, priority="high"): "high",
-    }
-    # One running request at a time: the order in which they finish is the order of admission.
-    # It is recorded on the engine thread, as the scheduler reports the endings, not by
-    # consumer threads whose wake-ups a loaded machine may reorder.
-    finished = []
-    update = eng.scheduler.update
-
-    def record(rows, result):
-        outputs = update(rows, result)
-        finished.extend(ids[o.request_id] for o in outputs if o.finished)
-        return outputs
-
-    eng.scheduler.update = record
-    with eng.start():
-        for rid in ids:
-            assert list(eng.outputs(rid))[-1].finish_reason == "length"
-    assert finished == ["urgent", "high", "normal-1", "normal-2", "low"]
 
 
 def test_attention_stats_reach_the_kv_cache_and_change_no_output(tiny_model, alone, tmp_path):
@@ -324,14 +297,14 @@ def test_attention_stats_reach_the_kv_cache_and_change_no_output(tiny_model, alo
     )
     eng = engine(stats_dir)
     received = []
-    record = eng.kv.record_attention
+    record = eng.core.kv.record_attention
 
     def record_and_keep(block_ids, mass):
         assert len(block_ids) == len(mass)
         received.extend(mass)
         record(block_ids, mass)
 
-    eng.kv.record_attention = record_and_keep
+    eng.core.kv.record_attention = record_and_keep
     with eng:
         assert run_all(eng, PROMPTS) == alone
     # Every step's mass over a row's blocks sums to full-attention layers * heads * tokens run
@@ -357,7 +330,7 @@ def test_a_step_that_fails_ends_its_requests_and_the_engine_goes_on(model_dir, a
     """The runner raising in one step (a broken kernel, say) fails the requests of that step
     with finish reason "error"; their blocks return and later requests run normally."""
     with engine(model_dir).start() as eng:
-        execute = eng.runner.execute
+        execute = eng.core.runner.execute
         failures = []
 
         def fail_once(rows, ended_request_ids=()):
@@ -366,11 +339,11 @@ def test_a_step_that_fails_ends_its_requests_and_the_engine_goes_on(model_dir, a
                 raise RuntimeError("kernel failed")
             return execute(rows, ended_request_ids)
 
-        eng.runner.execute = fail_once
+        eng.core.runner.execute = fail_once
         rid = eng.add_request(PROMPTS[0], GREEDY)
         outputs = list(eng.outputs(rid))
         assert outputs[-1].finished and outputs[-1].finish_reason == "error"
         assert "kernel failed" in outputs[-1].error
         assert run_all(eng, PROMPTS[:3]) == alone[:3]
         stats = eng.stats()
-    assert stats["blocks_referenced"]["device"] == 0
+    assert stats.blocks_referenced.device == 0

@@ -50,7 +50,7 @@ def test_32_concurrent_requests_arriving_over_time_match_alone(workload):
     with Engine(EngineConfig(model_dir=folder, num_threads=2, verify_files=False)).start() as engine:
         assert run(engine, prompts, stagger=0.05) == alone
         stats = engine.stats()
-    assert stats["generated_tokens"] == 32 * 12
+    assert stats.generated_tokens == 32 * 12
 
 
 def test_tier0_too_small_swaps_and_still_matches(workload, tmp_path):
@@ -71,7 +71,7 @@ def test_tier0_too_small_swaps_and_still_matches(workload, tmp_path):
         outputs = [[t for out in engine.outputs(i) for t in out.new_token_ids] for i in ids]
         stats = engine.stats()
     assert outputs == alone
-    assert stats["preempted_swap"] > 0
+    assert stats.preempted_swap > 0
 
 
 def test_a_shared_1024_token_prefix_past_the_window_is_prefilled_once(workload):
@@ -89,10 +89,10 @@ def test_a_shared_1024_token_prefix_past_the_window_is_prefilled_once(workload):
         results, computed = [], []
         with Engine(config).start() as engine:
             for prompt in (first, second):
-                before = engine.stats()["computed_prompt_tokens"]
+                before = engine.stats().computed_prompt_tokens
                 request_id = engine.add_request(prompt, params)
                 results.append([t for out in engine.outputs(request_id) for t in out.new_token_ids])
-                computed.append(engine.stats()["computed_prompt_tokens"] - before)
+                computed.append(engine.stats().computed_prompt_tokens - before)
         return results, computed
 
     cached, computed = outputs(True)
@@ -122,11 +122,11 @@ def test_questions_over_a_1500_token_document_compute_only_their_own_tokens(work
         results, cached, computed = [], [], []
         with Engine(config).start() as engine:
             for prompt in prompts:
-                before = engine.stats()["computed_prompt_tokens"]
+                before = engine.stats().computed_prompt_tokens
                 outs = list(engine.outputs(engine.add_request(prompt, params)))
                 results.append([t for out in outs for t in out.new_token_ids])
                 cached.append(outs[-1].num_cached_tokens)
-                computed.append(engine.stats()["computed_prompt_tokens"] - before)
+                computed.append(engine.stats().computed_prompt_tokens - before)
         return results, cached, computed
 
     with_cache, cached, computed = outputs(True)

@@ -96,9 +96,9 @@ def test_the_prefix_cache_tells_images_apart(engine, tiny_multimodal):
         text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         ids = engine.tokenizer.encode(engine.expand_images(text), add_bos=False)
         inputs = tiny_multimodal.inputs(messages, [image])
-        before = engine.stats()["cached_prompt_tokens"]
+        before = engine.stats().cached_prompt_tokens
         (completion,) = engine.generate([ids], greedy, images=[[load_image(image, engine.vision.config.preprocessing)]])
-        cached = engine.stats()["cached_prompt_tokens"] - before
+        cached = engine.stats().cached_prompt_tokens - before
         start = ids.index(engine.vision.config.image_token_id)
         if cached_before == "image":
             assert cached == start // 4 * 4  # the blocks before the first image token

@@ -11,6 +11,7 @@ import pytest
 from wicore.errors import ContextLengthError
 from wicore.hmt.tiers import Tier
 from wicore.runtime.engine import Engine, EngineConfig
+from wicore.runtime.engine_stats import TierCounts
 from wicore.runtime.kv_stream import plan_stage
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.scheduler import SchedulerConfig
@@ -88,10 +89,10 @@ def test_a_sequence_past_the_device_tier_streams_and_gives_hfs_greedy_tokens(tin
     model_dir, model = tiny[parts]
     with streamed_engine(model_dir) as engine:
         assert engine.max_sequence_tokens == 128  # the stage, less the sink: 32 blocks of 4
-        assert engine.runner.streamer is not None and engine.runner.streamer.num_stages == 3 - parts
+        assert engine.core.runner.streamer is not None and engine.core.runner.streamer.num_stages == 3 - parts
         got = engine.generate([LONG], GREEDY)[0]
-        stats = engine.runner.streamer.stats
-        full = engine.stats()["kv_groups"]["full"]["blocks_in_use"]
+        stats = engine.core.runner.streamer.stats
+        full = engine.stats().kv_groups["full"].blocks_in_use
     assert got.token_ids == reference_greedy(model, LONG, 12)
     # and those tokens hang on the prompt's first 60, whose KV lay in the host tier: other first
     # tokens (the last 10 kept) give other greedy tokens, so a stage that lost them would show
@@ -100,7 +101,7 @@ def test_a_sequence_past_the_device_tier_streams_and_gives_hfs_greedy_tokens(tin
     assert stats.num_runs == 5 + 11  # 70 tokens in chunks of 16, then 11 decode steps
     assert stats.num_host_blocks > 0 and stats.num_written_back > 0
     # 81 tokens have KV: 20 full blocks stay cached where they lie, the partial 21st is retired
-    assert full == {"device": 4, "host": 16, "nvme": 0}
+    assert full == TierCounts(device=4, host=16, nvme=0)
 
 
 def test_streamed_sequences_share_a_prefix_from_host_and_run_beside_short_ones(tiny, reference_greedy):
@@ -111,7 +112,7 @@ def test_streamed_sequences_share_a_prefix_from_host_and_run_beside_short_ones(t
     with streamed_engine(model_dir) as engine:
         first = engine.generate([LONG], GREEDY)[0]
         both = engine.generate([LONG, short], GREEDY)
-        cached = engine.stats()["cached_prompt_tokens"]
+        cached = engine.stats().cached_prompt_tokens
     assert first.token_ids == both[0].token_ids == reference_greedy(model, LONG, 12)
     assert both[1].token_ids == reference_greedy(model, short, 12)
     assert cached == 68  # 17 full blocks of the 70-token prompt
@@ -145,9 +146,9 @@ def test_a_model_without_sliding_layers_streams_its_table_as_the_window_table_to
     model.save_pretrained(tmp_path / "hf")
     export_model(open_source(str(tmp_path / "hf")), tmp_path / "model", ExportConfig(), progress=lambda _: None)
     with streamed_engine(tmp_path / "model", num_window_device_blocks=None) as engine:
-        assert engine.runner.streamer is not None and engine.runner.streamer.num_stages == 3
+        assert engine.core.runner.streamer is not None and engine.core.runner.streamer.num_stages == 3
         got = engine.generate([LONG], GREEDY)[0]
-        assert engine.runner.streamer.stats.num_host_blocks > 0
+        assert engine.core.runner.streamer.stats.num_host_blocks > 0
     assert got.token_ids == reference_greedy(model, LONG, 12)
 
 
@@ -162,10 +163,10 @@ def test_the_copy_graphs_of_accelerators_stage_the_same_blocks(tiny, reference_g
 
     model_dir, model = tiny[2]
     with streamed_engine(model_dir) as engine:
-        numpy_path = engine.runner.streamer
+        numpy_path = engine.core.runner.streamer
         assert numpy_path is not None
-        streamer = KVStreamer(engine.manifest, engine.runner.graphs.buffers, numpy_path.host, numpy_path.num_frames, 1, True)
-        engine.runner.streamer = streamer
+        streamer = KVStreamer(engine.manifest, engine.core.runner.graphs.buffers, numpy_path.host, numpy_path.num_frames, 1, True)
+        engine.core.runner.streamer = streamer
         got = engine.generate([LONG], GREEDY)[0]
     assert got.token_ids == reference_greedy(model, LONG, 12)
     assert streamer.stats.num_host_blocks > 0 and streamer.stats.num_written_back > 0
@@ -187,8 +188,8 @@ def test_the_copy_graphs_stage_host_blocks_from_one_slice_or_gathered(tiny, host
     monkeypatch.setattr(device_store, "HOST_PIECE_BYTES", 2 * part_bytes)  # the third case: a block a piece
     model_dir, _ = tiny[1]
     with streamed_engine(model_dir) as engine:
-        buffers, host = engine.runner.graphs.buffers, engine.runner.streamer.host
-        streamer = KVStreamer(engine.manifest, buffers, host, engine.runner.streamer.num_frames, 1, True)
+        buffers, host = engine.core.runner.graphs.buffers, engine.core.runner.streamer.host
+        streamer = KVStreamer(engine.manifest, buffers, host, engine.core.runner.streamer.num_frames, 1, True)
         host.data[...] = RNG.standard_normal(host.data.shape).astype(host.data.dtype)
         for layer in (0, 2):  # TWO_FULL's full-attention layers
             for pool in buffers.arrays(layer):

@@ -62,7 +62,7 @@ def generate(model_dir, spec, prompts=PROMPTS, params=GREEDY, **overrides):
     with engine(model_dir, spec, **overrides) as eng:
         completions = eng.generate(prompts, params)
         stats = eng.stats()
-        pools = [g.pool for g in eng.kv.groups]
+        pools = [g.pool for g in eng.core.kv.groups]
         free = [(p.num_free(Tier.DEVICE), p.num_evictable(Tier.DEVICE), sum(b.ref_count for b in p.blocks())) for p in pools]
     return completions, stats, free
 
@@ -72,11 +72,11 @@ def test_greedy_text_is_the_same_with_ngram_speculation(model_dir, k):
     plain, _, _ = generate(model_dir, None)
     spec, stats, _ = generate(model_dir, SpeculativeConfig("ngram", num_speculative_tokens=k))
     assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
-    s = stats["speculative"]
-    assert s["num_drafts"] > 0 and s["num_draft_tokens"] >= s["num_drafts"]
-    assert 0 < s["num_accepted_tokens"] <= s["num_draft_tokens"]
+    s = stats.speculative
+    assert s.num_drafts > 0 and s.num_draft_tokens >= s.num_drafts
+    assert 0 < s.num_accepted_tokens <= s.num_draft_tokens
     # every generated token is counted once, whether it came from a plain or a verification row
-    assert stats["generated_tokens"] == sum(len(c.token_ids) for c in spec)
+    assert stats.generated_tokens == sum(len(c.token_ids) for c in spec)
 
 
 def test_rejected_drafts_leave_no_blocks_and_no_prefix_hashes_behind(model_dir):
@@ -84,7 +84,7 @@ def test_rejected_drafts_leave_no_blocks_and_no_prefix_hashes_behind(model_dir):
     cached (hashed) blocks, nothing owned."""
     _, _, plain_free = generate(model_dir, None)
     _, stats, spec_free = generate(model_dir, SpeculativeConfig("ngram", num_speculative_tokens=5))
-    assert stats["speculative"]["num_accepted_tokens"] < stats["speculative"]["num_draft_tokens"]  # some were rolled back
+    assert stats.speculative.num_accepted_tokens < stats.speculative.num_draft_tokens  # some were rolled back
     assert spec_free == plain_free
     assert all(num_referenced == 0 for _, _, num_referenced in spec_free)
 
@@ -102,14 +102,14 @@ def test_greedy_text_is_the_same_under_preemption_and_stops(model_dir, tiny_expo
         spec, stats, _ = generate(model_dir, config, params=params, **{**tight, "scheduler": sched})
         assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
         assert [c.finish_reason for c in spec] == [c.finish_reason for c in plain]
-        assert stats["preempted_swap"] + stats["preempted_recompute"] > 0
-        assert stats["speculative"]["num_drafts"] > 0
+        assert stats.preempted_swap + stats.preempted_recompute > 0
+        assert stats.speculative.num_drafts > 0
 
 
 def test_a_request_can_opt_out(model_dir):
     params = SamplingParams(max_tokens=16, ignore_eos=True, speculative=False)
     _, stats, _ = generate(model_dir, SpeculativeConfig("ngram"), params=params)
-    assert stats["speculative"]["num_drafts"] == 0
+    assert stats.speculative.num_drafts == 0
 
 
 def test_logprobs_come_for_every_token_of_a_verification_row(model_dir):
@@ -126,7 +126,7 @@ def test_logprobs_come_for_every_token_of_a_verification_row(model_dir):
             if eng.start()
             else []
         )
-        assert eng.stats()["speculative"]["num_accepted_tokens"] > 0
+        assert eng.stats().speculative.num_accepted_tokens > 0
     assert [[lp.token_id for lp in r] for r in spec] == [[lp.token_id for lp in r] for r in plain]
     for a, b in zip(spec[0], plain[0]):
         assert a.top_ids == b.top_ids
@@ -141,9 +141,9 @@ def test_a_draft_model_gives_the_same_greedy_text(model_dir, tiny_export):
     for draft_dir, all_kept in ((model_dir, True), (other, False)):
         spec, stats, _ = generate(model_dir, SpeculativeConfig("draft", num_speculative_tokens=3, draft_model_dir=draft_dir))
         assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
-        s = stats["speculative"]
-        assert s["num_drafts"] > 0
-        assert (s["num_accepted_tokens"] == s["num_draft_tokens"]) is all_kept
+        s = stats.speculative
+        assert s.num_drafts > 0
+        assert (s.num_accepted_tokens == s.num_draft_tokens) is all_kept
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused(model_dir, tiny_export):
@@ -158,7 +158,7 @@ def test_seeded_sampling_with_speculation_repeats(model_dir):
     again, _, _ = generate(model_dir, SpeculativeConfig("ngram", num_speculative_tokens=4), params=params)
     assert [c.token_ids for c in first] == [c.token_ids for c in again]
     assert all(c.error is None and len(c.token_ids) == 16 for c in first)
-    assert stats["speculative"]["num_accepted_tokens"] > 0
+    assert stats.speculative.num_accepted_tokens > 0
 
 
 def test_abort_and_deadline_end_speculating_requests_and_free_their_blocks(model_dir):
@@ -173,7 +173,7 @@ def test_abort_and_deadline_end_speculating_requests_and_free_their_blocks(model
         late = list(eng.outputs(expiring))
         assert ends[-1].finish_reason == "abort" and late[-1].finish_reason == "deadline"
         eng.generate([PROMPTS[2]], GREEDY)  # one more step after both ended
-        assert eng.stats()["blocks_referenced"]["device"] == 0
+        assert eng.stats().blocks_referenced.device == 0
 
 
 class Proposes:
@@ -237,4 +237,4 @@ def test_penalties_apply_token_by_token_inside_a_verification_row(model_dir):
     plain, _, _ = generate(model_dir, None, params=params)
     spec, stats, _ = generate(model_dir, SpeculativeConfig("ngram", num_speculative_tokens=4), params=params)
     assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
-    assert stats["speculative"]["num_drafts"] > 0  # (penalties steer away from repeats: few drafts are kept)
+    assert stats.speculative.num_drafts > 0  # (penalties steer away from repeats: few drafts are kept)

@@ -48,7 +48,7 @@ def plain(gemma_270m):
 def test_ngram_speculation_gives_the_same_greedy_text(gemma_270m, plain):
     outputs, stats = run(gemma_270m(3), NGRAM)
     assert outputs == plain
-    assert stats["speculative"]["num_accepted_tokens"] > 0
+    assert stats.speculative.num_accepted_tokens > 0
 
 
 def test_ngram_speculation_under_preemption_gives_the_same_greedy_text(gemma_270m, plain):
@@ -56,8 +56,8 @@ def test_ngram_speculation_under_preemption_gives_the_same_greedy_text(gemma_270
     tight = dict(num_device_blocks=80, host_tier_gb=0.25, scheduler=SchedulerConfig(max_num_batched_tokens=128))
     outputs, stats = run(gemma_270m(3), NGRAM, repeat=2, **tight)
     assert outputs == plain * 2
-    assert stats["preempted_swap"] + stats["preempted_recompute"] > 0
-    assert stats["speculative"]["num_accepted_tokens"] > 0
+    assert stats.preempted_swap + stats.preempted_recompute > 0
+    assert stats.speculative.num_accepted_tokens > 0
 
 
 def test_a_draft_model_gives_the_same_greedy_text(gemma_270m, plain):
@@ -67,5 +67,5 @@ def test_a_draft_model_gives_the_same_greedy_text(gemma_270m, plain):
     folder = gemma_270m(3)
     outputs, stats = run(folder, SpeculativeConfig("draft", num_speculative_tokens=4, draft_model_dir=folder))
     assert outputs == plain
-    s = stats["speculative"]
-    assert s["num_drafts"] > 0 and s["num_accepted_tokens"] == s["num_draft_tokens"]
+    s = stats.speculative
+    assert s.num_drafts > 0 and s.num_accepted_tokens == s.num_draft_tokens

@@ -131,10 +131,10 @@ def test_the_engine_samples_the_models_distribution_with_speculation(tiny_export
     )
     params = [SamplingParams(max_tokens=3, ignore_eos=True, temperature=1.0, top_k=top_k, seed=i) for i in range(num_requests)]
     with Engine(config) as engine:
-        engine.speculator = Speculator(spec, FixedProposer(guess))
+        engine.core.speculator = Speculator(spec, FixedProposer(guess))
         completions = engine.generate([prompt] * num_requests, params)
-        stats = engine.stats()["speculative"]
-    assert stats["num_drafts"] == num_requests  # every second token was verified
+        stats = engine.stats().speculative
+    assert stats.num_drafts == num_requests  # every second token was verified
     counts: dict[tuple[int, int], int] = {}
     for c in completions:
         key = (c.token_ids[0], c.token_ids[1])

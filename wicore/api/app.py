@@ -137,11 +137,11 @@ class API:
 
     async def stats(self, request: Request) -> Response:
         self.guard(request)
-        return JSONResponse(self.engine.stats())
+        return JSONResponse(self.engine.stats_json())
 
     async def metrics_route(self, request: Request) -> Response:
         self.guard(request)
-        return Response(self.metrics.render(self.engine.stats()), media_type="text/plain; version=0.0.4")
+        return Response(self.metrics.render(self.engine.stats_json()), media_type="text/plain; version=0.0.4")
 
     async def chat(self, request: Request) -> Response:
         self.guard(request)
@@ -160,22 +160,28 @@ class API:
     async def prepare(self, is_chat: bool, body: Any) -> Job:
         """A chat or completion body, checked and tokenized (its images loaded): what both the HTTP
         endpoints and /v1/ws (wicore.api.websocket) queue."""
+        # Templates and tokenization run on a worker thread: a long prompt must not stall the event loop.
         if not is_chat:
             req = parse_completion(body)
             self._check_model(req.options)
             tok = self._tokenizer()
-            return Job(False, [tok.encode(p) if isinstance(p, str) else p for p in req.prompts], req.options)
+            prompts = await asyncio.to_thread(lambda: [tok.encode(p) if isinstance(p, str) else p for p in req.prompts])
+            return Job(False, prompts, req.options)
         chat = parse_chat(body)
         self._check_model(chat.options)
         images = await self.images(chat.images)
         tok = self._tokenizer()
-        try:
-            prompt = tok.apply_chat_template(chat.messages, add_generation_prompt=True)
-        except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
-            raise from_wicore(exc, "messages") from exc
-        if images:
-            prompt = self.engine.expand_images(prompt)
-        return Job(True, [tok.encode(prompt, add_bos=False)], chat.options, images)
+
+        def render() -> list[int]:
+            try:
+                prompt = tok.apply_chat_template(chat.messages, add_generation_prompt=True)
+            except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
+                raise from_wicore(exc, "messages") from exc
+            if images:
+                prompt = self.engine.expand_images(prompt)
+            return tok.encode(prompt, add_bos=False)
+
+        return Job(True, [await asyncio.to_thread(render)], chat.options, images)
 
     async def images(self, parts: tuple[ImagePart, ...]) -> list[ImageInput]:
         """The request's images, loaded for the model; a 400 naming the part when there is something wrong."""

@@ -12,6 +12,7 @@ original keys below; flags given on the command line win over the file.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -77,8 +78,8 @@ async def inference(api: Any, body: Any) -> dict[str, Any]:
     tok = api._tokenizer()
     if images:
         boi = tok.id_to_token(api.engine.vision.config.boi_token_id)
-        prompt = api.engine.expand_images(prompt if boi in prompt else boi * len(images) + prompt)
-    ids = tok.encode(prompt)
+        prompt = await asyncio.to_thread(api.engine.expand_images, prompt if boi in prompt else boi * len(images) + prompt)
+    ids = await asyncio.to_thread(tok.encode, prompt)  # off the event loop: a long prompt takes a while
     started = time.monotonic()
     request_id = f"inf-{uuid.uuid4().hex[:24]}"
     [engine_id] = api.add_requests(request_id, [ids], opts, "prompt", images)

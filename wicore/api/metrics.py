@@ -1,7 +1,7 @@
 """Prometheus metrics of one app, in its own registry (never prometheus_client's global one).
 
 Request counters and latency histograms are recorded as requests end; engine gauges
-(running / waiting, KV blocks per tier, prefix hit rate) are read from engine.stats()
+(running / waiting, KV blocks per tier, prefix hit rate) are read from engine.stats_json()
 when /metrics is scraped; served by several engine replicas (wicore.serve_ray), the stats also
 carry each replica's, shown as gauges with a `replica` label. `StatusCounter` (middleware) counts HTTP responses by route and
 status; /v1/ws counts each of its requests itself.
@@ -90,7 +90,7 @@ class Metrics:
 
 class SpecDecodeCounters(Collector):
     """vLLM's speculative-decoding counters (`vllm:spec_decode_num_drafts_total`, ...), their values
-    the engine's running totals as of the last scrape (`totals`: engine.stats()["speculative"])."""
+    the engine's running totals as of the last scrape (`totals`: engine.stats_json()["speculative"])."""
 
     NAMES = (
         ("num_drafts", "Verification rows run (decodes that carried draft tokens)"),

@@ -67,15 +67,14 @@ def serve(
 
 def startup_summary(engine: Engine, settings: ServerSettings) -> str:
     """One line of what is serving: the export, where it runs, the KV tiers, and the guards."""
-    m, stats = engine.manifest, engine.stats()
-    free: dict[str, int] = stats["blocks_free"]  # type: ignore[assignment]
-    devices = ", ".join(dict.fromkeys(d.label for d in engine.runner.graphs.devices))
+    m, free = engine.manifest, engine.stats().blocks_free
+    devices = ", ".join(dict.fromkeys(d.label for d in engine.devices))
     rate = f"{settings.rate_limit_rpm:g}/min a key" if settings.rate_limit_rpm else "off"
     auth = f"{len(settings.api_keys)} key(s)" if settings.api_keys else "off"
     return (
         f"{settings.model_name}: {m.config.num_layers} layers, {m.dtype} {m.op_flavour}, {m.attention} attention; "
         f"on {devices}, {engine.config.num_threads or 'all'} CPU threads; KV blocks of {engine.layout.block_size} "
-        f"tokens free: {free['device']} device, {free['host']} host, {free['nvme']} NVMe; "
+        f"tokens free: {free.device} device, {free.host} host, {free.nvme} NVMe; "
         f"CUDA graphs {'on' if engine.config.cuda_graphs else 'off'}; auth {auth}; rate limit {rate}"
     )
 

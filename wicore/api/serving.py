@@ -57,4 +57,6 @@ class ServingEngine(Protocol):
     def outputs(self, request_id: str) -> AsyncIterable[RequestOutput]:
         """The request's outputs in order, the last one finished (claims them: read once)."""
 
-    def stats(self) -> dict[str, object]: ...
+    def stats_json(self) -> dict[str, object]:
+        """Queues, KV blocks and counters in /v1/stats' JSON shape (`EngineStats.to_dict()`; a
+        cluster adds its replicas')."""

@@ -1,18 +1,19 @@
-"""The engine: requests in, token streams out, one step loop on its own thread.
+"""The engine: requests in, token streams out; an `EngineCore` stepped by one thread behind a queue.
 
 Everything that generates drives it: `wicore serve`, `wicore generate`, `wicore-export
---verify` and the tools. One step:
+--verify` and the tools (which may also step an `EngineCore` themselves).
 
-    add_request(...) ──► admission ──► ┌──────────── step loop (engine thread) ─────────────┐
-    abort(id)        ──►               │ out = scheduler.schedule()         rows, moves     │
-                                       │ lost = kv.execute(out.moves)       move blocks     │
-                                       │ rows = scheduler.drop_lost(...)                    │
-                                       │ result = runner.execute(rows)      run, sample     │
-    stream(id) ◄── Channel ◄────────── │ outputs = scheduler.update(rows, result)           │
-                                       └────────────────────────────────────────────────────┘
+    caller threads / the event loop          │ the engine thread (owns the core; no lock on it)
+                                             │
+    add_request: tokenize, core.check(...) ──┼─► inbox ──► core.add / core.abort
+    abort(id), cancel(id) ───────────────────┼─►            │
+                                             │           outputs = core.step()
+    outputs(id) / stream(id) ◄── Channel ◄───┼──────────── emit; publish stats()
+    stats() ◄── the last published snapshot  │
 
-Admission is checked here and nowhere else (`_admit`): a request that reaches the scheduler
-fits the context, the device KV cache and the waiting queue, and its images fit its prompt.
+What a request can be told at once is told on the caller's thread: a prompt that can never fit
+(`EngineCore.check`, which reads only what construction fixed), a full queue and a duplicate id
+(the front's own books, under a small lock the core never takes).
 
 A model exported with a vision partition takes images with a prompt (`add_request(...,
 images=)`): their embeddings replace the prompt's image tokens (wicore.runtime.images,
@@ -23,123 +24,72 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import queue
 import threading
-import time
-import traceback
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from wicore.errors import ContextLengthError, OverloadedError, RequestError
+from wicore.errors import OverloadedError, RequestError
 from wicore.graph.manifest import Manifest
-from wicore.hmt.block_groups import FULL, WINDOW
-from wicore.hmt.tiers import HostStore, Tier
 from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.runtime.channel import Channel
 from wicore.runtime.engine_config import EngineConfig
-from wicore.runtime.engine_stats import engine_stats
-from wicore.runtime.graphs import ModelGraphs
-from wicore.runtime.images import ImageInput, ImageSpan
-from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
-from wicore.runtime.kv_layout import KVLayout, build_kv_cache, choose_block_size, plan_tiers, pool_gb_flag
-from wicore.runtime.kv_stream import KVStreamer, num_stages
-from wicore.runtime.placement import plan_placement
-from wicore.runtime.rate import RateMeter
+from wicore.runtime.engine_core import EngineCore
+from wicore.runtime.engine_stats import EngineStats
+from wicore.runtime.images import ImageInput
+from wicore.runtime.kv_layout import KVLayout
+from wicore.runtime.providers import Device
 from wicore.runtime.request import Completion, Priority, Request, RequestOutput
-from wicore.runtime.runner import ModelRunner
 from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.scheduler import Scheduler
-from wicore.runtime.speculative_setup import build_speculator
-from wicore.runtime.step import RunResult, SchedulerOutput
 from wicore.runtime.tokenizer import Tokenizer
 from wicore.runtime.vision import NO_VISION, VisionEncoder
+
+IDLE_WAIT = 0.01  # seconds the thread waits for news when nothing could run (a deadline may pass)
+
+
+@dataclass(frozen=True)
+class _Add:
+    request: Request
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+class _Stop:
+    pass
 
 
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
-        model_dir = Path(config.model_dir)
-        self.manifest = Manifest.read(model_dir)
-        if config.verify_files:
-            self.manifest.verify(model_dir)
-        vision = self.manifest.vision
-        if vision is not None:  # a step never cuts an image: the step's limits hold at least one
-            config = replace(config, scheduler=config.scheduler.at_least(vision.config.mm_tokens_per_image))
-        self.config = config
-        bs = choose_block_size(self.manifest, config.block_size)
-        layout = KVLayout.of(self.manifest, bs)
-        stage_frames = -(-config.kv_stream_tokens // bs) + 1 if config.kv_stream_tokens else 0  # + the sink
-        tiers = plan_tiers(config, layout, num_stages(self.manifest) * stage_frames * layout.layer_block_bytes)
-        device = tiers[Tier.DEVICE]
-        device_bytes = device.full * layout.block_bytes(FULL) + device.window * layout.block_bytes(WINDOW)
-        placement = plan_placement(model_dir, self.manifest, config.devices, device_bytes, config.vision_device)
-        buffers = KVBuffers(self.manifest, CacheConfig(device.full, bs, device.window or None), placement.devices)
-        graphs = ModelGraphs(
-            model_dir,
-            self.manifest,
-            buffers,
-            placement.devices,
-            config.num_threads,
-            config.profile_prefix,
-            config.cuda_graphs,
-            bs,
-        )
-        self.config = config = replace(config, cuda_graphs=graphs.cuda_graphs)
-        self.layout = layout
-        self.kv = build_kv_cache(config, layout, tiers, buffers)
-        self.vision = None
-        if placement.vision is not None:
-            self.vision = VisionEncoder(
-                model_dir, placement.vision.record, placement.vision.device, config.num_threads, config.image_cache_size
-            )
-        streamer = None
-        if stage_frames:
-            host = self.kv.store(FULL, Tier.HOST)
-            assert isinstance(host, HostStore), "the host tier is a HostStore (build_kv_cache)"
-            streamer = KVStreamer(self.manifest, buffers, host, stage_frames, config.num_threads)
-        self.runner = ModelRunner(graphs, bs, self.vision, streamer)
-        sched = replace(config.scheduler, max_staged_blocks=stage_frames - 1 if stage_frames else None)
-        model_context = self.manifest.config.max_position_embeddings
-        self._max_context = model_context if sched.max_context is None else min(sched.max_context, model_context)
-        self.scheduler = Scheduler(replace(sched, eos_token_ids=self.eos_token_ids, max_context=self._max_context), self.kv)
-        # Room one sequence can have on the device (one block of each group is the padding sink), or,
-        # streamed, on the device and in the host tier, within what a step stages.
-        full_blocks = device.full - 1
-        if stage_frames:
-            full_blocks = min(full_blocks + tiers[Tier.HOST].full, stage_frames - 1)
-        self._device_tokens = full_blocks * bs
-        self._window_blocks = device.window - 1
-        if config.cuda_graphs:  # tables as wide as the longest sequence, and a sliding window plus two blocks
-            context = self.max_sequence_tokens
-            window = -(-self.manifest.config.sliding_window // bs) + 2 if layout.has_window else 1
-            graphs.enable_decode_graphs(bs, sched.max_num_seqs, -(-context // bs), window, context)
-        self._tokenizer: Tokenizer | None = None
+        self.core = EngineCore(config)
+        info = self.core.manifest.tokenizer
+        # Loaded now, not on the first request: a missing or broken tokenizer fails the start.
+        self._tokenizer = None if info is None else Tokenizer(Path(config.model_dir), TokenizerInfo.from_dict(info))
         self._ids = itertools.count()
-        self._lock = threading.Condition()
+        self._inbox: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # the front's books: channels, requests not yet in the core
         self._channels: dict[str, Channel] = {}
+        self._num_in_inbox = 0  # requests added but not yet handed to the core
+        self._stats = self.core.stats()  # the last snapshot the engine thread published
         self._thread: threading.Thread | None = None
-        self._running = False
-        self.generated = RateMeter()  # tokens generated a second over the last 10 s: stats()' tokens_per_second
-        self.num_steps = 0
-        self.speculator = build_speculator(config, self.manifest) if config.speculative is not None else None
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> Engine:
         if self._thread is None:
-            self._running = True
             self._thread = threading.Thread(target=self._loop, name="wicore-engine", daemon=True)
             self._thread.start()
         return self
 
     def stop(self) -> None:
-        with self._lock:
-            self._running = False
-            self._lock.notify_all()
+        """Stop stepping (requests in flight are left as they are) and free the KV tiers."""
         if self._thread is not None:
+            self._inbox.put(_Stop())
             self._thread.join()
             self._thread = None
-        if self.speculator is not None:
-            self.speculator.close()
-        self.kv.close()
+        self.core.close()
 
     def __enter__(self) -> Engine:
         """`with Engine(...) as e:` guarantees stop(); start() stays explicit, so requests
@@ -151,36 +101,52 @@ class Engine:
 
     # -- the model -------------------------------------------------------------------
     @property
+    def manifest(self) -> Manifest:
+        return self.core.manifest
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.core.config
+
+    @property
+    def layout(self) -> KVLayout:
+        return self.core.layout
+
+    @property
+    def vision(self) -> VisionEncoder | None:
+        return self.core.vision
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """Where the model's partitions run, in order."""
+        return self.core.devices
+
+    @property
     def tokenizer(self) -> Tokenizer:
-        """The model folder's tokenizer (loaded on first use)."""
+        """The model folder's tokenizer."""
         if self._tokenizer is None:
-            if self.manifest.tokenizer is None:
-                raise RequestError("this model was exported without a tokenizer: send token ids")
-            self._tokenizer = Tokenizer(Path(self.config.model_dir), TokenizerInfo.from_dict(self.manifest.tokenizer))
+            raise RequestError("this model was exported without a tokenizer: send token ids")
         return self._tokenizer
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """Every token id that ends a request (unless it sets ignore_eos)."""
-        if self.manifest.tokenizer is not None:
-            return TokenizerInfo.from_dict(self.manifest.tokenizer).eos_token_ids
-        cfg = self.manifest.config
-        return cfg.eos_token_ids or (cfg.eos_token_id,)
+        return self.core.eos_token_ids
 
     @property
     def max_context(self) -> int:
         """Tokens (prompt + generated) one sequence may reach: the model's context, or less if configured."""
-        return self._max_context
+        return self.core.max_context
 
     @property
     def max_waiting(self) -> int:
         """Requests the queue holds at most: a batch of more can never be admitted whole."""
-        return self.scheduler.config.max_waiting
+        return self.core.scheduler.config.max_waiting
 
     @property
     def max_sequence_tokens(self) -> int:
         """Most tokens one request may reach: the context, or what the device KV cache holds."""
-        return min(self.max_context, self._device_tokens)
+        return self.core.max_sequence_tokens
 
     # -- requests --------------------------------------------------------------------
     def add_request(
@@ -196,8 +162,9 @@ class Engine:
         order, where the prompt has an image: a `<start_of_image>` in text, a run of the image
         token in ids (`expand_images` writes it).
 
-        Raises RequestError (ContextLengthError for a prompt with no room left) or
-        OverloadedError; a request that raises was not queued."""
+        Runs on the caller's thread (tokenizing a long prompt takes a while: call it off an
+        event loop). Raises RequestError (ContextLengthError for a prompt with no room left)
+        or OverloadedError; a request that raises was not queued."""
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(self.expand_images(prompt) if images else prompt)
         else:
@@ -205,22 +172,28 @@ class Engine:
         priority = Priority.parse(priority)
         with self._lock:
             request_id = request_id or f"req-{next(self._ids)}"
-            max_tokens, spans = self._admit(ids, params, request_id, images)
-            now = time.monotonic()
-            request = Request(
-                request_id=request_id,
-                prompt_ids=ids,
-                params=params,
-                max_tokens=max_tokens,
-                priority=priority,
-                arrival=now,
-                deadline=None if deadline is None else now + deadline,
-                image_spans=spans,
-            )
-            self.scheduler.add(request)
+        request = self.core.make_request(ids, params, request_id, priority, deadline, images)
+        with self._lock:
+            if request_id in self._channels:
+                raise RequestError(f"request id {request_id!r} is already in use")
+            waiting = self.num_queued
+            if waiting >= self.max_waiting:
+                raise OverloadedError(f"overloaded: {waiting} requests already waiting; retry later")
             self._channels[request_id] = Channel()
-            self._lock.notify_all()
+            self._num_in_inbox += 1
+            self._inbox.put(_Add(request))
         return request_id
+
+    def has_request(self, request_id: str) -> bool:
+        """A request with this id was queued and has not ended, or has ended with its outputs unread."""
+        with self._lock:
+            return request_id in self._channels
+
+    @property
+    def num_queued(self) -> int:
+        """Requests waiting for their first step: in the core's queue (as of its last news) or
+        not yet handed to it."""
+        return self._stats.waiting + self._num_in_inbox
 
     def expand_images(self, text: str) -> str:
         """`text` with each `<start_of_image>` expanded into its image's tokens, as HF's Gemma3Processor
@@ -229,67 +202,9 @@ class Engine:
             raise RequestError(NO_VISION)
         return self.vision.expand(text, self.tokenizer)
 
-    def _admit(
-        self, ids: list[int], params: SamplingParams, request_id: str, images: Sequence[ImageInput]
-    ) -> tuple[int, tuple[ImageSpan, ...]]:
-        """The admission check, the only one: raises unless the request can run to its end.
-        Returns the tokens it may generate (max_tokens capped by the room left) and where its
-        images go in the prompt."""
-        if not ids:
-            raise RequestError("the prompt is empty")
-        if images and self.vision is None:
-            raise RequestError(NO_VISION)
-        spans = () if self.vision is None else self.vision.spans(ids, images)
-        vocab = self.manifest.config.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise RequestError(f"token ids must be in [0, {vocab})")
-        limit = self.max_sequence_tokens
-        if len(ids) >= limit:
-            raise ContextLengthError(f"the prompt has {len(ids)} tokens; {self._context_limit(len(ids) + 1)}")
-        room = limit - len(ids)
-        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        if self.layout.has_window:
-            chunk = self.scheduler.config.prefill_chunk
-            need = min(-(-(len(ids) + max_tokens) // self.layout.block_size), self.layout.window_blocks_per_sequence(chunk))
-            if need > self._window_blocks:
-                raise RequestError(
-                    f"the request needs up to {need} blocks in the sliding-window layers' KV cache, which holds "
-                    f"{self._window_blocks} (raise --kv-pool-gb or lower --prefill-chunk)"
-                )
-        if self.scheduler.has_request(request_id):
-            raise RequestError(f"request id {request_id!r} is already in use")
-        if self.scheduler.num_waiting >= self.scheduler.config.max_waiting:
-            raise OverloadedError(f"overloaded: {self.scheduler.num_waiting} requests already waiting; retry later")
-        return max_tokens, spans
-
-    def _context_limit(self, tokens: int) -> str:
-        """What holds fewer than `tokens` tokens (a prompt and one generated token), and what to change:
-        the context (the model's, or --max-context), else the device KV cache (by how much)."""
-        model_context = self.manifest.config.max_position_embeddings
-        if tokens > self.max_context:
-            holds = f"holds {self.max_context} tokens (prompt plus at least one generated token)"
-            if self.max_context == model_context:
-                return f"the model's context {holds}"
-            return f"--max-context {holds}; the model takes up to {model_context}"
-        sched = self.scheduler.config
-        if sched.max_staged_blocks is not None:
-            return (
-                f"a step stages {self.max_sequence_tokens} tokens of KV with --kv-stream-tokens "
-                f"{self.config.kv_stream_tokens} and the device and host tiers (prompt plus at least one generated "
-                "token): raise --kv-stream-tokens or --host-tier-gb"
-            )
-        need = pool_gb_flag(self.layout.pool_bytes(sched.max_num_seqs, tokens, sched.prefill_chunk))
-        return (
-            f"the device KV cache holds {self.max_sequence_tokens} tokens (prompt plus at least one generated token); "
-            f"--kv-pool-gb {need} holds it with --max-num-seqs {sched.max_num_seqs} (wicore plan --context {tokens} "
-            "shows what else fits)"
-        )
-
     def abort(self, request_id: str) -> None:
         """End the request at the next step (reason "abort"); its outputs can still be read."""
-        with self._lock:
-            self.scheduler.abort(request_id)
-            self._lock.notify_all()
+        self._inbox.put(_Abort(request_id))
 
     def cancel(self, request_id: str) -> None:
         """Abort a request whose outputs nobody will read: its channel is claimed, and so goes when it ends."""
@@ -346,52 +261,43 @@ class Engine:
             completions.append(Completion(tokens, end.finish_reason, end.num_prompt_tokens, end.error, prompt_logits))
         return completions
 
-    # -- loop ------------------------------------------------------------------------
+    # -- the engine thread -----------------------------------------------------------
     def _loop(self) -> None:
+        core = self.core
         while True:
-            with self._lock:
-                self._lock.wait_for(lambda: not self._running or self.scheduler.has_work)
-                if not self._running:
-                    return
-                decoding = self.scheduler.decoding() if self.speculator is not None else []
-            # Only this thread changes the requests' tokens: a draft model proposes without the lock.
-            drafts = self.speculator.drafts(decoding) if self.speculator is not None and decoding else {}
-            with self._lock:
-                out = self.scheduler.schedule(drafts)
-                if not out.rows and not out.moves and not out.finished:
-                    # Nothing can run until a request ends or a deadline passes.
-                    self._lock.wait(timeout=0.01)
-                    continue
-            try:
-                self._step(out)
-            except Exception:  # a bug in one step must not kill the engine: fail its requests
+            # Block for news when there is nothing to step; else take what came and step.
+            if not self._take(block=not core.has_work):
+                return
+            if not core.has_work:
+                continue
+            steps = core.num_steps
+            outputs = core.step()
+            self._stats = core.stats()
+            self._emit(outputs)
+            idle = core.num_steps == steps and not outputs  # nothing could run: wait for news or a deadline
+            if idle and not self._take(block=True, timeout=IDLE_WAIT):
+                return
+
+    def _take(self, block: bool, timeout: float | None = None) -> bool:
+        """Hand the inbox's commands to the core (waiting for the first if `block`); False on stop."""
+        try:
+            command = self._inbox.get(block=block, timeout=timeout)
+        except queue.Empty:
+            return True
+        while True:
+            if isinstance(command, _Stop):
+                return False
+            if isinstance(command, _Add):
+                self.core.add(command.request)
                 with self._lock:
-                    failed = self.scheduler.fail([row.request_id for row in out.rows], traceback.format_exc())
-                self._emit(failed)
-
-    def _step(self, out: SchedulerOutput) -> None:
-        self._emit(out.finished)
-        lost = self.kv.execute(out.moves)
-        rows = out.rows
-        if lost:
-            with self._lock:
-                rows = self.scheduler.drop_lost(lost, rows)
-        result = self.runner.execute(rows, out.ended_request_ids) if rows else RunResult()
-        if self.speculator is not None:
-            self.speculator.observe(rows, result)
-            self.speculator.forget(out.ended_request_ids)
-        self._record_attention(out, result)
-        with self._lock:
-            outputs = self.scheduler.update(rows, result)
-        self._emit(outputs)
-        self.num_steps += 1
-        self.generated.add(len(result.sampled) + sum(len(v) for v in result.verified.values()))
-
-    def _record_attention(self, out: SchedulerOutput, result: RunResult) -> None:
-        for row in out.rows:
-            mass = result.attention.get(row.request_id)
-            if mass is not None:
-                self.kv.record_attention(row.block_ids, mass.tolist())
+                    self._num_in_inbox -= 1
+            else:
+                self.core.abort(command.request_id)
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                self._stats = self.core.stats()
+                return True
 
     def _emit(self, outputs: list[RequestOutput]) -> None:
         with self._lock:
@@ -404,6 +310,15 @@ class Engine:
                     del self._channels[output.request_id]
 
     # -- stats -----------------------------------------------------------------------
-    def stats(self) -> dict[str, object]:
-        with self._lock:
-            return engine_stats(self.scheduler, self.kv, self.layout, self.speculator, self.generated.rate(), self.num_steps)
+    @property
+    def num_steps(self) -> int:
+        return self.core.num_steps
+
+    def stats(self) -> EngineStats:
+        """Queues, KV blocks and counters as of the engine thread's last step (or its last
+        news): never waits for a step. Before start and after stop, read from the core."""
+        return self._stats if self._thread is not None else self.core.stats()
+
+    def stats_json(self) -> dict[str, object]:
+        """`stats()` in /v1/stats' JSON shape (the API's seam: wicore.api.serving)."""
+        return self.stats().to_dict()

@@ -1,4 +1,4 @@
-"""The stats board: each engine replica posts its `Engine.stats()` here every second; the ingress
+"""The stats board: each engine replica posts its `Engine.stats_json()` here every second; the ingress
 reads them all for /v1/stats and /metrics, per replica and summed.
 
 A Ray Serve handle sends each call to one replica of its choosing, so it cannot ask every
@@ -59,7 +59,7 @@ def stats_board(app_name: str) -> Any:
 
 
 def combine(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One stats object for all replicas: `Engine.stats()`'s keys summed (the prefix hit rate
+    """One stats object for all replicas: `Engine.stats_json()`'s keys summed (the prefix hit rate
     recomputed from the summed tokens), and under "replicas" each replica's own report."""
     stats = [r["stats"] for r in reports]
     total: dict[str, Any] = {key: sum(s[key] for s in stats) for key in SUMMED}

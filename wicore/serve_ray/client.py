@@ -10,7 +10,7 @@ What differs from an Engine in the same process:
   queue full) comes out of `outputs`: for a streamed request, as the stream's error event.
 - A replica that dies ends its requests with a 503 `replica_died` error at once; Ray replaces it.
 - No images yet: the image encoder would have to run in the ingress or travel with the call.
-- `stats()` is the board's last reading (wicore.serve_ray.board), refreshed every second.
+- `stats_json()` is the board's last reading (wicore.serve_ray.board), refreshed every second.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class RemoteEngine:
             self._aborted.discard(request_id)
 
     # -- stats -----------------------------------------------------------------------
-    def stats(self) -> dict[str, object]:
+    def stats_json(self) -> dict[str, object]:
         """All replicas' stats, summed and per replica, as of the last reading (at most ~1 s old)."""
         return self._stats
 

@@ -96,7 +96,7 @@ class EngineReplica:
                 if posted is not None:
                     ray.get(posted, timeout=REPORT_PERIOD_S)  # raises if the board died with its owner
                 board = board or stats_board(self.app_name)
-                posted = board.post.remote({**self.identity, "stats": self.engine.stats()})
+                posted = board.post.remote({**self.identity, "stats": self.engine.stats_json()})
             except Exception:  # make the board again next time
                 log.warning("could not post stats to the board; retrying", exc_info=True)
                 board, posted = None, None
