@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from wicore.cli.verify import VERIFY_TEXT, compare_logits, hf_logits
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.sampler import SamplingParams
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.types.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 

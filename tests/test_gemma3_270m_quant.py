@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from wicore.cli.verify import VERIFY_TEXT
+from wicore.engine.engine import Engine, EngineConfig
 from wicore.export.sources import packaged_gguf
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.sampler import SamplingParams
+from wicore.types.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from wicore.engine.engine import Engine, EngineConfig
 from wicore.graph.manifest import Manifest
+from wicore.inputs.tokenizer import Tokenizer
 from wicore.model.tokenizer_info import TokenizerInfo
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.tokenizer import Tokenizer
+from wicore.types.sampling import SamplingParams
 
 CHATS = [
     [{"role": "user", "content": "Write a short poem about the sea."}],

@@ -251,10 +251,10 @@ def bench_wicore(
         import onnxruntime
 
         import wicore
+        from wicore.engine.engine import Engine, EngineConfig
+        from wicore.engine.scheduler import SchedulerConfig
         from wicore.errors import WiCoreError
-        from wicore.runtime.engine import Engine, EngineConfig
-        from wicore.runtime.sampler import SamplingParams
-        from wicore.runtime.scheduler import SchedulerConfig
+        from wicore.types.sampling import SamplingParams
     except ImportError as exc:
         raise EngineUnavailable(f"WiCore runtime cannot be imported ({exc}); pip install -e '.[cpu]'") from exc
     model_dir = ensure_model(model_dir, op_flavour)

@@ -38,12 +38,12 @@ import numpy as np
 from benchlib import load_tokenizer, stream_tokens
 
 from wicore.cli.verify import VERIFY_TEXT
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.scheduler import SchedulerConfig
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.gguf import GGUFSource
 from wicore.graph.manifest import Manifest
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.scheduler import SchedulerConfig
+from wicore.types.sampling import SamplingParams
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", " ".join([VERIFY_TEXT] * 9)]
 NUM_THREADS = 8

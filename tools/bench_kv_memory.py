@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from wicore.cli.models import resolve_model
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.scheduler import SchedulerConfig
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.scheduler import SchedulerConfig
+from wicore.types.sampling import SamplingParams
 
 
 def measure(model_dir: Path, context: int, new_tokens: int, threads: int, kv_pool_gb: float) -> dict[str, object]:

@@ -171,9 +171,9 @@ def wicore_prefill(model_dir: Path, config: Config, prompt_ids: list[int]) -> Pr
 def wicore_chunks(model_dir: Path, config: Config, prompt_ids: list[int]) -> Iterator[Chunk]:
     """Prefill `prompt_ids` as one request through the engine's parts (its thread is never
     started), one timed step a chunk; the last chunk carries the greedy token after the prompt."""
-    from wicore.runtime.engine import Engine, EngineConfig
-    from wicore.runtime.sampler import SamplingParams
-    from wicore.runtime.scheduler import SchedulerConfig
+    from wicore.engine.engine import Engine, EngineConfig
+    from wicore.engine.scheduler import SchedulerConfig
+    from wicore.types.sampling import SamplingParams
 
     engine_config = EngineConfig(
         model_dir=model_dir,

@@ -22,7 +22,7 @@ activations are one layer's at a time, so the full depth takes the largest of th
 
 With `--stream-fractions`, the same exports (then one partition a layer) also run with only that
 fraction of the full-attention layers' blocks in the device tier and the rest in the host tier,
-staged into the device at every step (`EngineConfig.kv_stream_tokens`, wicore.runtime.kv_stream):
+staged into the device at every step (`EngineConfig.kv_stream_tokens`, wicore.kv.stream):
 the cost of a context that does not fit the device, against the same run with all of it there.
 Their memory counts the stage (one layer's blocks of the whole sequence) apart from the KV.
 
@@ -51,13 +51,13 @@ import numpy as np
 from bench_shapes import SHAPES, VARIANTS, export, first_layers, hf_config
 from benchlib import int_list, write_record
 
+from wicore.blocks.block_groups import FULL, WINDOW
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.scheduler import SchedulerConfig
 from wicore.graph.manifest import Manifest
-from wicore.hmt.block_groups import FULL, WINDOW
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.kv_layout import KVLayout, choose_block_size
-from wicore.runtime.kv_stream import num_stages
-from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.scheduler import SchedulerConfig
+from wicore.kv.layout import KVLayout, choose_block_size
+from wicore.kv.stream import num_stages
+from wicore.types.sampling import SamplingParams
 
 MODELS = {"s1f1": (1, 1), "s2f1": (2, 1), "s1f2": (1, 2)}  # name -> (sliding layers, full layers)
 GIB = 1 << 30

@@ -180,9 +180,9 @@ def pager_moves(engine) -> dict[tuple[str, str], int]:
 def run_policy(
     policy: str, workload: Workload, config: BenchConfig, num_blocks: tuple[int, int], encode: Callable[..., list[int]]
 ) -> Run:
-    from wicore.runtime.engine import EngineConfig
-    from wicore.runtime.sampler import SamplingParams
-    from wicore.runtime.scheduler import SchedulerConfig
+    from wicore.engine.engine import EngineConfig
+    from wicore.engine.scheduler import SchedulerConfig
+    from wicore.types.sampling import SamplingParams
 
     engine_config = EngineConfig(
         model_dir=config.wicore_model,

@@ -56,7 +56,7 @@ class BenchConfig:
 
 
 def engine_config(config: BenchConfig, num_threads: int):
-    from wicore.runtime.engine import EngineConfig
+    from wicore.engine.engine import EngineConfig
 
     return EngineConfig(model_dir=config.wicore_model, num_threads=num_threads, verify_files=False, kv_pool_gb=0.5)
 
@@ -104,7 +104,7 @@ def throughput(url: str, config: BenchConfig) -> dict[str, float]:
 def plain_throughput(config: BenchConfig) -> dict[str, float]:
     from wicore.api.app import ServerSettings, create_app
     from wicore.api.server import ServerThread
-    from wicore.runtime.engine import Engine
+    from wicore.engine.engine import Engine
 
     with Engine(engine_config(config, config.threads)).start() as engine:
         server = ServerThread(create_app(engine, ServerSettings(model_name="gemma3-270m"))).start()
@@ -131,8 +131,8 @@ def ray_throughput(config: BenchConfig, num_replicas: int, port: int) -> dict[st
 async def drive(handle, workload: Workload, config: BenchConfig) -> tuple[int, int]:
     """Send the turns in order (a user's turn after their previous one), `concurrency` at a time;
     (prompt tokens, of those found in the prefix cache)."""
-    from wicore.runtime.sampler import SamplingParams
     from wicore.serve_ray.replica import EngineCall
+    from wicore.types.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=workload.num_answer_tokens, ignore_eos=True)
     generate = handle.options(method_name="generate", stream=True)

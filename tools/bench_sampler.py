@@ -2,7 +2,7 @@
 of N streams that sample against the same streams decoding greedily, same engine, same run.
 
 Greedy rows take the graph's argmax and bring no logits to the host; rows that sample bring
-[vocab] float32 logits (262,144 for Gemma 3) and draw on the host (wicore/runtime/sampler.py).
+[vocab] float32 logits (262,144 for Gemma 3) and draw on the host (wicore/executor/sampler.py).
 
     PYTHONPATH=. python tools/bench_sampler.py --streams 8 --new-tokens 32 --json docs/results/sampler.json
 """
@@ -19,8 +19,9 @@ from pathlib import Path
 
 from benchlib import add_model_args, ensure_model, run_tool, write_record
 
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.sampler import Sampler, SamplingParams
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.executor.sampler import Sampler
+from wicore.types.sampling import SamplingParams
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The weather today is",
            "In 1492, Columbus", "My favourite food is", "Water boils at", "The quick brown fox"]  # fmt: skip

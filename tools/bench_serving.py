@@ -81,7 +81,7 @@ from serving_engines import (
 )
 from workloads import build_prompts
 
-from wicore.runtime.scheduler import SchedulerConfig
+from wicore.engine.scheduler import SchedulerConfig
 
 TARGET_STREAMS = 16
 TARGET_VS_SINGLE = 4.0

@@ -41,10 +41,10 @@ from hf_peers import hf_compiled_steps, hf_steps
 from profile_step import Config as StepConfig
 from profile_step import decode_steps, engine_config
 
+from wicore.engine.engine import Engine
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
-from wicore.runtime.engine import Engine
-from wicore.runtime.sampler import SamplingParams
+from wicore.types.sampling import SamplingParams
 
 _PATTERN = 6  # five sliding layers, then a full one
 SHAPES: dict[str, dict[str, object]] = {

@@ -70,8 +70,8 @@ class Answer:
 
 def ask(config: Config, prompts: list[list[int]], enable_prefix_cache: bool) -> tuple[list[Answer], float | None]:
     """Every prompt in turn through a fresh engine; the answers, and other processes' busy cores meanwhile."""
-    from wicore.runtime.engine import Engine, EngineConfig
-    from wicore.runtime.sampler import SamplingParams
+    from wicore.engine.engine import Engine, EngineConfig
+    from wicore.types.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=config.num_new_tokens, ignore_eos=True)
     engine_config = EngineConfig(

@@ -66,8 +66,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
 def wicore_runs(cfg: Config, specs: Sequence[object], prompts: list[str], concurrency: int = 1) -> list[dict[str, object]]:
     """One engine per speculative setting (None: plain), taking turns group by group (`concurrency`
     prompts at a time), so that every setting sees the same load: decode rates and token ids."""
-    from wicore.runtime.engine import Engine, EngineConfig
-    from wicore.runtime.sampler import SamplingParams
+    from wicore.engine.engine import Engine, EngineConfig
+    from wicore.types.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=cfg.max_tokens, ignore_eos=True)
     engines = []
@@ -151,7 +151,7 @@ def llama_cpp_runs(cfg: Config, prompts: list[str]) -> tuple[dict[str, object], 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from wicore.runtime.speculative import SpeculativeConfig
+    from wicore.engine.speculative import SpeculativeConfig
 
     cfg = parse_args(argv)
     record: dict[str, object] = {}

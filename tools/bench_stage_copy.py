@@ -1,6 +1,6 @@
 """What a streamed step's copies cost at an exported model's real shapes, per full-attention layer.
 
-A streamed step (wicore.runtime.kv_stream) fills each full layer's stage from the device tier (a
+A streamed step (wicore.kv.stream) fills each full layer's stage from the device tier (a
 gather on the device) and the host tier (a copy in), then sends the block it wrote home. This
 times one decode step's stage and unstage (each per full layer) of a sequence of N tokens with `--device-fraction` of its
 blocks on the device and the rest in the host tier, four ways:
@@ -33,16 +33,17 @@ import numpy as np
 from benchlib import int_list, write_record
 from onnx import helper
 
+from wicore.blocks.tier import Tier
+from wicore.devices.pinned import pinned_zeros
+from wicore.devices.providers import onnxruntime, parse_device, session_options
 from wicore.graph.manifest import Manifest
-from wicore.hmt.tiers import HostStore, Tier
-from wicore.runtime.device_store import OrtPoolStore
-from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
-from wicore.runtime.kv_layout import choose_block_size
-from wicore.runtime.kv_stream import KVStreamer
-from wicore.runtime.pinned import pinned_zeros
-from wicore.runtime.providers import onnxruntime, parse_device, session_options
-from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.step import ScheduledRow
+from wicore.kv.buffers import CacheConfig, KVBuffers
+from wicore.kv.device_store import OrtPoolStore
+from wicore.kv.layout import choose_block_size
+from wicore.kv.stream import KVStreamer
+from wicore.kv.tiers import HostStore
+from wicore.types.sampling import SamplingParams
+from wicore.types.step import ScheduledRow
 
 GB = 1e9
 

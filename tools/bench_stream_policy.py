@@ -86,12 +86,12 @@ class PolicyRun:
 
 
 def ask(config: Config, policy: str, prompts: list[list[int]]) -> tuple[PolicyRun, float | None]:
+    from wicore.blocks.tier import Tier
+    from wicore.engine.engine import Engine, EngineConfig
+    from wicore.engine.scheduler import SchedulerConfig
     from wicore.graph.manifest import Manifest
-    from wicore.hmt.tiers import Tier
-    from wicore.runtime.engine import Engine, EngineConfig
-    from wicore.runtime.kv_layout import KVLayout, choose_block_size
-    from wicore.runtime.sampler import SamplingParams
-    from wicore.runtime.scheduler import SchedulerConfig
+    from wicore.kv.layout import KVLayout, choose_block_size
+    from wicore.types.sampling import SamplingParams
 
     manifest = Manifest.read(config.wicore_model)
     bs = choose_block_size(manifest, None)

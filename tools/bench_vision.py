@@ -149,10 +149,10 @@ def median_ms(run: Callable[[], None], warmup: int, iters: int) -> float:
 def wicore_runner(model_dir: Path, config: Config) -> tuple[Callable[[np.ndarray], Callable[[], None]], Callable[[], np.ndarray]]:
     """run(pixels) -> a closure running vision.onnx on the device with the pixels bound there; and
     the last output as NumPy."""
+    from wicore.devices.providers import onnxruntime, parse_device
+    from wicore.executor.vision import VisionEncoder
     from wicore.graph import io
     from wicore.graph.manifest import Manifest
-    from wicore.runtime.providers import onnxruntime, parse_device
-    from wicore.runtime.vision import VisionEncoder
 
     ort = onnxruntime()
     manifest = Manifest.read(model_dir)

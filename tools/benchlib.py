@@ -98,8 +98,8 @@ def ensure_model(model_dir: Path, op_flavour: str) -> Path:
 def load_tokenizer(model_dir: Path) -> tuple[Any, Any]:
     """(WiCore tokenizer, manifest) of an exported model; verifies its files once, so engines may skip it."""
     from wicore.graph.manifest import Manifest
+    from wicore.inputs.tokenizer import Tokenizer
     from wicore.model.tokenizer_info import TokenizerInfo
-    from wicore.runtime.tokenizer import Tokenizer
 
     manifest = Manifest.read(model_dir)
     manifest.verify(model_dir)
@@ -116,7 +116,7 @@ def cuda_memory() -> tuple[int, int]:
     first call makes the process's CUDA context)."""
     import ctypes
 
-    from wicore.runtime.pinned import cuda_runtime
+    from wicore.devices.pinned import cuda_runtime
 
     lib = cuda_runtime()
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
@@ -347,8 +347,8 @@ def run_tool(
 @contextlib.contextmanager
 def warm_engine(engine_config: Any, warmup_ids: list[int]) -> Iterator[Any]:
     """A started WiCore Engine, warmed up by two greedy tokens after `warmup_ids`; stopped on exit."""
-    from wicore.runtime.engine import Engine
-    from wicore.runtime.sampler import SamplingParams
+    from wicore.engine.engine import Engine
+    from wicore.types.sampling import SamplingParams
 
     with Engine(engine_config).start() as engine:
         engine.generate([warmup_ids], SamplingParams(max_tokens=2, ignore_eos=True))

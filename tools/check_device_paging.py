@@ -48,11 +48,12 @@ from pathlib import Path
 
 import numpy as np
 
-from wicore.hmt.tiers import BatchedTierStore, Tier
-from wicore.runtime.device_store import ort_pool_store
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.scheduler import SchedulerConfig
+from wicore.blocks.tier import Tier
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.scheduler import SchedulerConfig
+from wicore.kv.device_store import ort_pool_store
+from wicore.kv.tiers import BatchedTierStore
+from wicore.types.sampling import SamplingParams
 
 SYSTEM = (
     "You are a careful assistant. Answer in one short paragraph, plainly, without lists. "

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 from benchlib import write_record
 
+from wicore.engine.engine import Engine, EngineConfig
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.sampler import SamplingParams
+from wicore.types.sampling import SamplingParams
 
 SHAPE = dict(
     vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,

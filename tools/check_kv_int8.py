@@ -25,12 +25,12 @@ import numpy as np
 from benchlib import PACKAGED_MODEL, load_tokenizer, num_agreeing, run_tool, write_record
 from workloads import build_prompts
 
+from wicore.engine.engine import Engine, EngineConfig
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph.manifest import MANIFEST, Manifest
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.kv_layout import KVLayout
-from wicore.runtime.sampler import SamplingParams
+from wicore.kv.layout import KVLayout
+from wicore.types.sampling import SamplingParams
 
 PROMPTS = (
     "The capital of France is",

@@ -53,8 +53,8 @@ class Continuation:
 
 
 def wicore_greedy(config: Config, prompt_ids: list[int]) -> Continuation:
-    from wicore.runtime.engine import Engine, EngineConfig
-    from wicore.runtime.sampler import SamplingParams
+    from wicore.engine.engine import Engine, EngineConfig
+    from wicore.types.sampling import SamplingParams
 
     engine_config = EngineConfig(model_dir=config.wicore_model, num_threads=config.threads, kv_pool_gb=config.kv_pool_gb)
     with Engine(engine_config) as engine:

@@ -1,6 +1,6 @@
 """Device memory an engine holds after each stage of its construction and after a long request,
 with its KV pools made either way: through ONNX Runtime's Python binding (`OrtValue.ortvalue_from_numpy`,
-WiCore's way before 2026-11-27) or through wicore.runtime.device_alloc (a graph run, the sessions'
+WiCore's way before 2026-11-27) or through wicore.devices.device_alloc (a graph run, the sessions'
 shared arena). Each way in a process of its own, one after the other, on an exported model:
 
     PYTHONPATH=/tmp/site:.:tools python3 tools/probe_engine_memory.py /tmp/m12 --context 130944
@@ -36,8 +36,10 @@ def used_gib() -> float:
 def probe(way: str, model_dir: Path, context: int) -> dict[str, Any]:
     from bench_long_shapes import Config, DeviceMemory, wicore_long
 
-    from wicore.runtime import device_alloc, engine, graphs
-    from wicore.runtime.providers import onnxruntime
+    from wicore.devices import device_alloc
+    from wicore.devices.providers import onnxruntime
+    from wicore.engine import engine
+    from wicore.executor import graphs
 
     base, stages = used_gib(), []
 

@@ -1,5 +1,5 @@
 """Device memory the KV pools take, made two ways: through ONNX Runtime's Python binding (its own
-CUDA arena, regions growing to the next power of two) and through wicore.runtime.device_alloc (a
+CUDA arena, regions growing to the next power of two) and through wicore.devices.device_alloc (a
 graph run, the sessions' shared arena). Each way in a process of its own, pools in layer order at a
 named shape's full depth, as KVBuffers makes them; no model needed.
 
@@ -40,8 +40,8 @@ def used_bytes() -> int:
 
 
 def allocate(way: str, shapes: list[tuple[int, ...]]) -> dict[str, Any]:
-    from wicore.runtime.device_alloc import zeros
-    from wicore.runtime.providers import onnxruntime, parse_device
+    from wicore.devices.device_alloc import zeros
+    from wicore.devices.providers import onnxruntime, parse_device
 
     ort, device = onnxruntime(), parse_device("cuda:0")
     warm = (

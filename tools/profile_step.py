@@ -41,12 +41,12 @@ from pathlib import Path
 import numpy as np
 from benchlib import int_list, run_tool, write_record
 
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.scheduler import SchedulerConfig
+from wicore.executor.batch import build_batch
 from wicore.graph.manifest import Manifest
-from wicore.runtime.batch import build_batch
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.kv_layout import choose_block_size
-from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.scheduler import SchedulerConfig
+from wicore.kv.layout import choose_block_size
+from wicore.types.sampling import SamplingParams
 
 NUM_WARMUP_STEPS = 3
 NUM_SPARE_TOKENS = 8  # beyond what the first rows decode while the last ones prefill; none may end while timed

@@ -71,9 +71,9 @@ class WiCoreServer:
         """Nothing to release: each level's engine is stopped when it is done."""
 
     def serve(self, prompts: list[list[int]], num_new_tokens: int) -> Served:
-        from wicore.runtime.engine import EngineConfig
-        from wicore.runtime.sampler import SamplingParams
-        from wicore.runtime.scheduler import SchedulerConfig
+        from wicore.engine.engine import EngineConfig
+        from wicore.engine.scheduler import SchedulerConfig
+        from wicore.types.sampling import SamplingParams
 
         block_size = 16
         num_blocks = len(prompts) * -(-(len(prompts[0]) + num_new_tokens) // block_size) + 2  # + the sink + 1

@@ -20,19 +20,19 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "Engine": "wicore.runtime.engine",
-    "EngineCore": "wicore.runtime.engine_core",
-    "StepTrace": "wicore.runtime.engine_core",
-    "EngineConfig": "wicore.runtime.engine_config",
-    "SchedulerConfig": "wicore.runtime.scheduler_config",
-    "SpeculativeConfig": "wicore.runtime.speculative",
-    "EngineStats": "wicore.runtime.engine_stats",
-    "SamplingParams": "wicore.runtime.sampler",
-    "Logprobs": "wicore.runtime.sampler",
-    "RequestOutput": "wicore.runtime.request",
-    "Completion": "wicore.runtime.request",
-    "Priority": "wicore.runtime.request",
-    "ImageInput": "wicore.runtime.images",
+    "Engine": "wicore.engine.engine",
+    "EngineCore": "wicore.engine.core",
+    "StepTrace": "wicore.engine.core",
+    "EngineConfig": "wicore.engine.config",
+    "SchedulerConfig": "wicore.engine.scheduler_config",
+    "SpeculativeConfig": "wicore.engine.speculative",
+    "EngineStats": "wicore.engine.stats",
+    "SamplingParams": "wicore.executor.sampler",
+    "Logprobs": "wicore.executor.sampler",
+    "RequestOutput": "wicore.engine.request",
+    "Completion": "wicore.engine.request",
+    "Priority": "wicore.engine.request",
+    "ImageInput": "wicore.types.images",
     "StructuredOutput": "wicore.structured.spec",
     "StructuredKind": "wicore.structured.spec",
     "WiCoreError": "wicore.errors",
@@ -44,25 +44,25 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:  # the same names for type checkers and editors (`X as X`: a re-export)
+    from wicore.engine.config import EngineConfig as EngineConfig
+    from wicore.engine.core import EngineCore as EngineCore
+    from wicore.engine.core import StepTrace as StepTrace
+    from wicore.engine.engine import Engine as Engine
+    from wicore.engine.scheduler_config import SchedulerConfig as SchedulerConfig
+    from wicore.engine.speculative import SpeculativeConfig as SpeculativeConfig
+    from wicore.engine.stats import EngineStats as EngineStats
     from wicore.errors import ContextLengthError as ContextLengthError
     from wicore.errors import OverloadedError as OverloadedError
     from wicore.errors import RequestError as RequestError
     from wicore.errors import WiCoreError as WiCoreError
-    from wicore.runtime.engine import Engine as Engine
-    from wicore.runtime.engine_config import EngineConfig as EngineConfig
-    from wicore.runtime.engine_core import EngineCore as EngineCore
-    from wicore.runtime.engine_core import StepTrace as StepTrace
-    from wicore.runtime.engine_stats import EngineStats as EngineStats
-    from wicore.runtime.images import ImageInput as ImageInput
-    from wicore.runtime.request import Completion as Completion
-    from wicore.runtime.request import Priority as Priority
-    from wicore.runtime.request import RequestOutput as RequestOutput
-    from wicore.runtime.sampler import Logprobs as Logprobs
-    from wicore.runtime.sampler import SamplingParams as SamplingParams
-    from wicore.runtime.scheduler_config import SchedulerConfig as SchedulerConfig
-    from wicore.runtime.speculative import SpeculativeConfig as SpeculativeConfig
     from wicore.structured.spec import StructuredKind as StructuredKind
     from wicore.structured.spec import StructuredOutput as StructuredOutput
+    from wicore.types.images import ImageInput as ImageInput
+    from wicore.types.outputs import Completion as Completion
+    from wicore.types.outputs import Priority as Priority
+    from wicore.types.outputs import RequestOutput as RequestOutput
+    from wicore.types.sampling import Logprobs as Logprobs
+    from wicore.types.sampling import SamplingParams as SamplingParams
 
 
 def __getattr__(name: str) -> Any:

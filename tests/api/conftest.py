@@ -20,7 +20,7 @@ import pytest
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread, free_port
-from wicore.runtime.engine import Engine, EngineConfig
+from wicore.engine.engine import Engine, EngineConfig
 
 
 @dataclass
@@ -84,7 +84,7 @@ def gemma_server(gemma_270m) -> Iterator[Served]:
 @pytest.fixture(scope="module")
 def small_gemma_server(gemma_270m) -> Iterator[Served]:
     """The real model with a 64-token context: every generation is short."""
-    from wicore.runtime.scheduler import SchedulerConfig
+    from wicore.engine.scheduler import SchedulerConfig
 
     served = start(
         gemma_270m(1), ServerSettings(model_name="gemma3-270m"), num_device_blocks=32, scheduler=SchedulerConfig(max_context=64)

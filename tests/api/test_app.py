@@ -13,8 +13,8 @@ from starlette.responses import Response
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
+from wicore.engine.engine import Engine, EngineConfig
 from wicore.errors import OverloadedError, RequestError
-from wicore.runtime.engine import Engine, EngineConfig
 
 
 @pytest.fixture(scope="module")

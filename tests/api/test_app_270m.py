@@ -14,10 +14,10 @@ import pytest
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.request import RequestOutput
-from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.scheduler import SchedulerConfig
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.scheduler import SchedulerConfig
+from wicore.types.outputs import RequestOutput
+from wicore.types.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ import pytest
 from multimodal import png, user
 
 from wicore.api.images import ImageSettings
-from wicore.runtime.image_loader import ImageLimits
+from wicore.inputs.image_loader import ImageLimits
 
 IMAGE = png(5, (64, 48))
 

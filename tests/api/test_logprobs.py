@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from wicore.api.logprobs import MIN_LOGPROB, LogprobFormatter, LogprobQueue, TokenLogprobs
-from wicore.runtime.sampler import Logprobs
+from wicore.types.sampling import Logprobs
 
 VOCAB = {0: "<eos>", 1: "▁Paris", 2: "<0xE2>", 3: "▁is", 4: "."}
 

@@ -10,7 +10,7 @@ from test_smollm2 import CHATS, hf_greedy
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
-from wicore.runtime.engine import Engine, EngineConfig
+from wicore.engine.engine import Engine, EngineConfig
 
 
 def test_chat_answer_equals_hf_greedy_on_the_models_template(smollm2, hf_smollm2, hf_tokenizer_smollm2):

@@ -8,8 +8,8 @@ import pytest
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.speculative import SpeculativeConfig
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.speculative import SpeculativeConfig
 
 PROMPT = "one two three four five one two three four five one two three"  # repeats itself: prompt lookup has drafts
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from wicore.cli.models import export_targets, packaged_export, resolve_model, suited_export
-from wicore.runtime.providers import DeviceError, available_devices
+from wicore.devices.providers import DeviceError, available_devices
 
 
 def test_cpu_gets_the_gguf_quantized_graphs():

@@ -1,5 +1,5 @@
 """`wicore plan` for long contexts: from a checkpoint's config.json alone (Gemma-3-27B's shape, the
-numbers worked by hand in tests/runtime/test_capacity.py), from an export, and bad input."""
+numbers worked by hand in tests/kv/test_capacity.py), from an export, and bad input."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from shapes import GEMMA3_27B_IT, SIGLIP_27B
 
 from wicore.cli.main import main
-from wicore.runtime.capacity import RUNTIME_NOTE
+from wicore.kv.capacity import RUNTIME_NOTE
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def test_the_27b_at_128k_on_an_80_gib_card_in_fp16(gemma3_27b, capsys):
     assert lines == [
         f"{gemma3_27b / 'config.json'}: 62 layers (10 full attention), 16 KV heads x 128, window 1024, context 131072; "
         "as exported with --dtype fp16 --attention paged: weights 50.31G (estimated from the shape)",
-        "memory budget 80.00G: weights 50.31G, KV pool and activations (an estimate: wicore/runtime/capacity.py) in the rest",
+        "memory budget 80.00G: weights 50.31G, KV pool and activations (an estimate: wicore/kv/capacity.py) in the rest",
         "one sequence: up to 131072 tokens, limited by the model's maximum (the memory holds 380032); "
         "KV pool 10.62G, activations 0.08G",
         "sequences of 131072 tokens: 2 at once; KV pool 21.18G, activations 0.16G "

@@ -29,7 +29,7 @@ def test_a_model_without_chat_template_refuses_chat_saying_why(tmp_path):
     from tokenizers import Tokenizer as FastTokenizer
     from tokenizers.models import WordLevel
 
-    from wicore.runtime.tokenizer import Tokenizer
+    from wicore.inputs.tokenizer import Tokenizer
 
     FastTokenizer(WordLevel({"a": 0, "<eos>": 1}, unk_token="a")).save(str(tmp_path / "tokenizer.json"))
     info = TokenizerInfo(

@@ -1,4 +1,4 @@
-"""Tokenizer export (wicore.export.tokenizer) and serving (wicore.runtime.tokenizer) on the real Gemma 3 270M.
+"""Tokenizer export (wicore.export.tokenizer) and serving (wicore.inputs.tokenizer) on the real Gemma 3 270M.
 
 The GGUF vocabulary is exported once per session. With WICORE_TEST_CACHE set,
 the export and the transformers reference (AutoTokenizer from the GGUF, saved
@@ -24,8 +24,8 @@ import pytest
 import wicore.export.tokenizer as export_tokenizer
 from wicore.errors import ModelSourceError, RequestError, UnsupportedModelError
 from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE, check_whole_words, export_tokenizer_from_gguf, export_tokenizer_from_hf
+from wicore.inputs.tokenizer import IncrementalDecoder, Tokenizer
 from wicore.model.tokenizer_info import TokenizerInfo
-from wicore.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
 INFO_FILE = "wicore-tokenizer-info.json"  # test-side record of the TokenizerInfo of a cached export
 
@@ -217,7 +217,7 @@ def test_runtime_imports_neither_transformers_nor_torch(exported: tuple[Path, To
         "import json, sys\n"
         "from pathlib import Path\n"
         "from wicore.export.tokenizer import TokenizerInfo\n"
-        "from wicore.runtime.tokenizer import Tokenizer\n"
+        "from wicore.inputs.tokenizer import Tokenizer\n"
         f"info = TokenizerInfo.from_dict(json.loads({json.dumps(json.dumps(info.to_dict()))}))\n"
         f"tok = Tokenizer(Path({str(folder)!r}), info)\n"
         "tok.encode(tok.apply_chat_template([{'role': 'user', 'content': 'hi'}]), add_bos=False)\n"

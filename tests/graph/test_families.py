@@ -15,7 +15,7 @@ from test_gemma3 import engine
 from wicore.errors import UnsupportedModelError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
-from wicore.runtime.sampler import SamplingParams
+from wicore.types.sampling import SamplingParams
 
 SHAPE = dict(
     vocab_size=512,

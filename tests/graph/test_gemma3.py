@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from wicore.devices.placement import plan_placement
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.scheduler import SchedulerConfig
+from wicore.executor.batch import build_batch
+from wicore.executor.graphs import ModelGraphs
 from wicore.graph.manifest import Manifest
-from wicore.runtime.batch import build_batch
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.graphs import ModelGraphs
-from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
-from wicore.runtime.placement import plan_placement
-from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.scheduler import SchedulerConfig
+from wicore.kv.buffers import CacheConfig, KVBuffers
+from wicore.types.sampling import SamplingParams
 
 PROMPT = np.random.default_rng(0).integers(0, 512, 40).tolist()  # 40 tokens: 5x the sliding window
 
@@ -50,7 +50,7 @@ def token_ids(eng: Engine, prompts: list[list[int]], params: SamplingParams) -> 
 
 @dataclass(frozen=True)
 class Row:
-    """A batch row (wicore.runtime.batch.BatchRow). By default the sliding layers get the
+    """A batch row (wicore.executor.batch.BatchRow). By default the sliding layers get the
     same blocks as the full layers, none released."""
 
     token_ids: list[int]

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from wicore.devices.providers import parse_device
+from wicore.executor.batch import build_batch
+from wicore.executor.graphs import ModelGraphs
 from wicore.graph.manifest import Manifest
-from wicore.runtime.batch import build_batch
-from wicore.runtime.graphs import ModelGraphs
-from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
-from wicore.runtime.providers import parse_device
+from wicore.kv.buffers import CacheConfig, KVBuffers
 
 BS = 16
 LENGTHS = [5, 40, 300, 37, 500]  # short rows batched with long ones: key widths 16 .. 512
@@ -130,8 +130,8 @@ def test_270m_greedy_requests_generate_alone_what_they_generate_together(export_
     cache on, so the second pass also reuses blocks the first computed in other batches). With the
     default attention 3 to 5 of such 16 differ (docs/RELIABILITY.md)."""
     from wicore.cli.verify import VERIFY_TEXT
-    from wicore.runtime.engine import Engine, EngineConfig
-    from wicore.runtime.sampler import SamplingParams
+    from wicore.engine.engine import Engine, EngineConfig
+    from wicore.types.sampling import SamplingParams
 
     folder = export_cached("gemma3-270m-ort-quant-invariant", "gemma3-270m", op_flavour="ort-quant", attention="batch-invariant")
     words = VERIFY_TEXT.split()

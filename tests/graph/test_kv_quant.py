@@ -8,16 +8,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.scheduler import SchedulerConfig
 from wicore.errors import WiCoreError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph.kv_quant import QMAX, dequantize_kv, kv_row_width, quantize_kv
 from wicore.graph.manifest import Manifest
 from wicore.graph.ops import DataFile, Graph
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.kv_layout import KVLayout
-from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.scheduler import SchedulerConfig
+from wicore.kv.layout import KVLayout
+from wicore.types.sampling import SamplingParams
 
 HEAD_DIM, GROUPS = 64, 2  # scales of 32 values
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from wicore.devices.placement import plan_placement
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.executor.batch import build_batch
+from wicore.executor.graphs import ModelGraphs
 from wicore.graph.manifest import Manifest
-from wicore.runtime.batch import build_batch
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.graphs import ModelGraphs
-from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
-from wicore.runtime.placement import plan_placement
+from wicore.kv.buffers import CacheConfig, KVBuffers
 
 LONG = dict(
     max_position_embeddings=131072,
@@ -38,7 +38,7 @@ NEW = np.random.default_rng(1).integers(0, 512, 21).tolist()  # 20 tokens prefil
 
 
 class Row:
-    """A batch row (wicore.runtime.batch.BatchRow)."""
+    """A batch row (wicore.executor.batch.BatchRow)."""
 
     def __init__(self, token_ids: list[int], start: int, block_table: list[int], window_table: list[int], window_first: int):
         self.token_ids, self.start, self.block_table = token_ids, start, block_table

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from wicore.engine.engine import Engine, EngineConfig
 from wicore.errors import ManifestError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph.manifest import Manifest
 from wicore.graph.partition import plan_partitions
-from wicore.runtime.engine import Engine, EngineConfig
 
 
 @pytest.mark.parametrize(

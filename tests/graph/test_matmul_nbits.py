@@ -7,15 +7,15 @@ import onnx
 import pytest
 from onnx import TensorProto
 
+from wicore.devices.providers import CAPABILITIES, Device, DeviceError, onnxruntime
+from wicore.engine.engine import Engine, EngineConfig
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph.manifest import Manifest
 from wicore.graph.ops import DataFile, Graph
 from wicore.graph.quant import matmul_nbits, pack_codes
 from wicore.model.quant import BlockQuant, quantize_symmetric
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.providers import CAPABILITIES, Device, DeviceError, onnxruntime
-from wicore.runtime.sampler import SamplingParams
+from wicore.types.sampling import SamplingParams
 
 PROMPT = np.random.default_rng(0).integers(0, 512, 40).tolist()
 

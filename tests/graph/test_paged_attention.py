@@ -15,16 +15,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from wicore.devices.providers import DeviceError, parse_device
 from wicore.errors import WiCoreError
+from wicore.executor.graphs import ModelGraphs
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
 from wicore.graph.paged_attention import flash_page_size
-from wicore.runtime.graphs import ModelGraphs
-from wicore.runtime.kv_buffers import CacheConfig, KVBuffers
-from wicore.runtime.kv_layout import choose_block_size, default_block_size
-from wicore.runtime.providers import DeviceError, parse_device
+from wicore.kv.buffers import CacheConfig, KVBuffers
+from wicore.kv.layout import choose_block_size, default_block_size
 
 WINDOW = 8  # the tiny model's sliding window (tests/conftest.py)
 
@@ -175,7 +175,7 @@ def test_cuda_graphs_are_refused_without_the_paged_attention_on_one_cuda_device(
 
 
 def test_decode_buckets_double_up_to_the_largest_batch():
-    from wicore.runtime.cuda_graphs import buckets
+    from wicore.executor.cuda_graphs import buckets
 
     assert buckets(1) == [1] and buckets(8) == [1, 2, 4, 8] and buckets(33) == [1, 2, 4, 8, 16, 32, 64]
 

@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from wicore.cli.export import main as export_main
+from wicore.devices.placement import plan_placement
 from wicore.errors import WiCoreError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.hf import HFSource
@@ -19,7 +20,6 @@ from wicore.graph import io
 from wicore.graph.manifest import Manifest, VisionRecord, sha256_file
 from wicore.graph.ops import DataFile
 from wicore.graph.vision import FLAVOURS, VisionBuilder
-from wicore.runtime.placement import plan_placement
 
 
 def hf_features(tiny, pixels: np.ndarray) -> np.ndarray:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.providers import installed_providers
-from wicore.runtime.sampler import SamplingParams
+from wicore.devices.providers import installed_providers
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.types.sampling import SamplingParams
 
 pytestmark = [pytest.mark.openvino, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ import pytest
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread, free_port
-from wicore.runtime.engine import Engine, EngineConfig
+from wicore.engine.engine import Engine, EngineConfig
 
 pytest.importorskip("ray.serve", reason="the Ray Serve tests need the wicore[ray] extra")
 pytestmark = pytest.mark.slow

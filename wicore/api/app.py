@@ -38,12 +38,12 @@ from wicore.api.settings import ServerSettings
 from wicore.api.streaming import EventStream, Streams, chunks, event_stream, merge
 from wicore.api.web import WebPage
 from wicore.errors import WiCoreError
-from wicore.runtime.images import ImageInput
-from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.vision import NO_VISION
+from wicore.executor.vision import NO_VISION
+from wicore.types.images import ImageInput
+from wicore.types.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from wicore.runtime.tokenizer import Tokenizer
+    from wicore.inputs.tokenizer import Tokenizer
 
 log = logging.getLogger("wicore.api")
 

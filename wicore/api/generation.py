@@ -23,8 +23,8 @@ from wicore.api.errors import APIError
 from wicore.api.logprobs import LogprobFormatter, LogprobQueue, TokenLogprobs
 from wicore.api.schemas import Options
 from wicore.api.serving import ServingEngine
-from wicore.runtime.images import ImageInput
-from wicore.runtime.tokenizer import IncrementalDecoder
+from wicore.inputs.tokenizer import IncrementalDecoder
+from wicore.types.images import ImageInput
 
 log = logging.getLogger("wicore.api")
 

@@ -3,7 +3,7 @@
     part.url ──► data:image/...;base64,...  ──► base64 ──┐
              └─► http(s)://...  (only with --allow-image-urls: size limit, timeout) ──┤
                                                           ▼
-                 wicore.runtime.image_loader.load_image (Pillow, in a worker thread) ──► ImageInput
+                 wicore.inputs.image_loader.load_image (Pillow, in a worker thread) ──► ImageInput
 
 Every failure is a 400 whose `param` names the content part (`messages[0].content[1]`), with a
 message that says what to do. The limits (`ImageSettings`): images a request, encoded bytes and
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from wicore.api.errors import APIError
+from wicore.inputs.image_loader import ImageError, ImageLimits, load_image
 from wicore.model.vision import ImagePreprocessing
-from wicore.runtime.image_loader import ImageError, ImageLimits, load_image
-from wicore.runtime.images import ImageInput
+from wicore.types.images import ImageInput
 
 _DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*),(?P<data>.*)", re.DOTALL)
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from wicore.runtime.sampler import Logprobs
+from wicore.types.sampling import Logprobs
 
 if TYPE_CHECKING:
-    from wicore.runtime.tokenizer import Tokenizer
+    from wicore.inputs.tokenizer import Tokenizer
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI and vLLM report this floor instead
 

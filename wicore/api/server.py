@@ -25,7 +25,7 @@ from hypercorn.utils import wrap_app
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.connections import DEFAULT_LIMITS, ConnectionLimits, LimitedListener
-from wicore.runtime.engine import Engine, EngineConfig
+from wicore.engine.engine import Engine, EngineConfig
 
 log = logging.getLogger("wicore.api")
 

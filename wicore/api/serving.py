@@ -11,11 +11,11 @@ from collections.abc import AsyncIterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from wicore.runtime.images import ImageInput
-    from wicore.runtime.request import Priority, RequestOutput
-    from wicore.runtime.sampler import SamplingParams
-    from wicore.runtime.tokenizer import Tokenizer
-    from wicore.runtime.vision import VisionEncoder
+    from wicore.executor.vision import VisionEncoder
+    from wicore.inputs.tokenizer import Tokenizer
+    from wicore.types.images import ImageInput
+    from wicore.types.outputs import Priority, RequestOutput
+    from wicore.types.sampling import SamplingParams
 
 
 class ServingEngine(Protocol):

@@ -59,9 +59,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
-    from wicore.hmt.policy import A2CRConfig
-    from wicore.runtime.engine import EngineConfig
-    from wicore.runtime.scheduler import SchedulerConfig
+    from wicore.blocks.policy import A2CRConfig
+    from wicore.engine.engine import EngineConfig
+    from wicore.engine.scheduler import SchedulerConfig
 
     try:
         weights = [float(w) for w in str(args.a2cr_weights).split(",")]

@@ -43,9 +43,9 @@ def run_generate(args: argparse.Namespace) -> int:
     """The prompts run together on the engine that `serve` uses (continuous batching, the KV
     tiers, sliding-window release), each printed when all are done."""
     from wicore.cli.models import resolve_model
-    from wicore.runtime.engine import Engine
-    from wicore.runtime.providers import onnxruntime
-    from wicore.runtime.sampler import SamplingParams
+    from wicore.devices.providers import onnxruntime
+    from wicore.engine.engine import Engine
+    from wicore.types.sampling import SamplingParams
 
     texts = args.prompt + [sys.stdin.read() if str(f) == "-" else read_text(f) for f in args.prompt_file]
     if not texts:
@@ -84,8 +84,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def load_image_file(engine, path: Path):  # -> ImageInput
-    from wicore.runtime.image_loader import load_image
-    from wicore.runtime.vision import NO_VISION
+    from wicore.executor.vision import NO_VISION
+    from wicore.inputs.image_loader import load_image
 
     if engine.vision is None:
         raise RequestError(f"--image {path}: {NO_VISION}")

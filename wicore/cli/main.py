@@ -116,13 +116,13 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
     """The served model's folder (exported once if named) and the server's settings, from the flags:
     what one `wicore serve` and a Ray Serve deployment (wicore.cli.cluster) share."""
     from wicore.cli.models import resolve_model
-    from wicore.runtime.providers import onnxruntime
+    from wicore.devices.providers import onnxruntime
 
     try:
         from wicore.api.app import ServerSettings
         from wicore.api.auth import read_key_file
         from wicore.api.images import ImageSettings
-        from wicore.runtime.image_loader import ImageLimits
+        from wicore.inputs.image_loader import ImageLimits
     except ImportError as exc:
         raise RequestError(
             f"the HTTP server needs {exc.name}: pip install '.[cpu]' in the WiCore checkout (starlette, hypercorn)"

@@ -14,7 +14,7 @@ from wicore.export.sources import PACKAGED
 from wicore.graph.manifest import MANIFEST
 
 if TYPE_CHECKING:
-    from wicore.runtime.providers import Capability
+    from wicore.devices.providers import Capability
 
 
 def cache_dir() -> Path:
@@ -42,7 +42,7 @@ def suited_export(capabilities: Sequence[Capability], source: str) -> tuple[str,
 def export_targets(devices: str) -> list[Capability]:
     """The capabilities of the devices an export is meant for (`cuda`, `cpu`, `cuda:0,cpu`): named,
     not looked up among the installed ones, so a CPU machine can export for a GPU."""
-    from wicore.runtime.providers import CAPABILITIES, DeviceError
+    from wicore.devices.providers import CAPABILITIES, DeviceError
 
     names = [spec.strip().partition(":")[0].lower() for spec in devices.split(",") if spec.strip()]
     unknown = [n for n in names if n not in CAPABILITIES]
@@ -54,7 +54,7 @@ def export_targets(devices: str) -> list[Capability]:
 def packaged_export(spec: str, devices: str = "cpu") -> tuple[str, str, str]:
     """`suited_export` of a packaged or pulled model for the devices of a --devices spec; `auto`
     stands for the device placement fills first: the first accelerator installed, or the CPU."""
-    from wicore.runtime.placement import device_list
+    from wicore.devices.placement import device_list
 
     found = device_list(devices)
     return suited_export([d.capability for d in (found[:1] if devices.strip() == "auto" else found)], spec)

@@ -4,7 +4,7 @@ longest context one sequence can have and how many sequences of a length fit. Lo
 `--model` names an export (or a packaged model, exported on first use as `serve` does), or a
 checkpoint's config.json alone (the file, or the Hugging Face folder holding it): a model too
 large to export here, such as Gemma-3-27B, is planned from its shape, with its weights estimated
-as `wicore-export --dtype --weight-bits --attention` would write them (wicore.runtime.capacity).
+as `wicore-export --dtype --weight-bits --attention` would write them (wicore.kv.capacity).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from wicore.runtime.capacity import Workload, plan_capacity
-    from wicore.runtime.kv_layout import KVLayout
+    from wicore.kv.capacity import Workload, plan_capacity
+    from wicore.kv.layout import KVLayout
 
     config_file = checkpoint_config(Path(args.model))
     if config_file is None:
@@ -88,9 +88,9 @@ def checkpoint_config(path: Path) -> Path | None:
 def exported_model(args: argparse.Namespace):
     """(config, KV dtype, weight bytes, block size, paged, devices) of an export, its placement printed."""
     from wicore.cli.models import resolve_model
+    from wicore.devices.placement import GIB, plan_placement
     from wicore.graph.manifest import Manifest
-    from wicore.runtime.kv_layout import choose_block_size
-    from wicore.runtime.placement import GIB, plan_placement
+    from wicore.kv.layout import choose_block_size
 
     model_dir = resolve_model(args.model, args.devices)
     manifest = Manifest.read(model_dir)
@@ -106,13 +106,13 @@ def config_only(args: argparse.Namespace, config_file: Path):
     """The same for a checkpoint's config.json, as wicore-export would export it with the flags given."""
     import numpy as np
 
+    from wicore.devices.placement import device_list
     from wicore.export.exporter import ExportConfig
     from wicore.graph.decoder import DTYPES
+    from wicore.kv.capacity import estimate_vision_bytes, estimate_weight_bytes
+    from wicore.kv.layout import block_size_for
     from wicore.model.config import Gemma3Config
     from wicore.model.vision import VisionConfig
-    from wicore.runtime.capacity import estimate_vision_bytes, estimate_weight_bytes
-    from wicore.runtime.kv_layout import block_size_for
-    from wicore.runtime.placement import device_list
 
     try:
         raw = json.loads(config_file.read_text())
@@ -154,7 +154,7 @@ def config_only(args: argparse.Namespace, config_file: Path):
 
 def budget_bytes(args: argparse.Namespace, devices: list) -> int:
     """--budget-gb, or 90% of the free memory of `devices` (as placement plans)."""
-    from wicore.runtime.placement import GIB, HEADROOM
+    from wicore.devices.placement import GIB, HEADROOM
 
     if args.budget_gb is not None:
         if args.budget_gb <= 0:

@@ -1,4 +1,4 @@
-"""The speculative-decoding flags of `wicore serve` and `wicore generate` (wicore.runtime.speculative)."""
+"""The speculative-decoding flags of `wicore serve` and `wicore generate` (wicore.engine.speculative)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from wicore.runtime.speculative import SpeculativeConfig
+    from wicore.engine.speculative import SpeculativeConfig
 
 
 def add_speculative_args(p: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
 
 def speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
     """The settings the flags give; None when speculation is off. Raises ValueError for a bad combination."""
-    from wicore.runtime.speculative import SpeculativeConfig
+    from wicore.engine.speculative import SpeculativeConfig
 
     method, draft = getattr(args, "speculative", None), getattr(args, "draft_model", None)
     if method is not None and draft is not None:

@@ -136,8 +136,8 @@ def perplexity(logits: np.ndarray, token_ids: list[int]) -> float:
 def verify_against_hf(model_dir: Path, source: str, num_tokens: int = 64) -> VerifyReport:
     """The exported model's logits at every position of a prompt (through the engine, as served)
     against HF transformers' on the source's weights."""
-    from wicore.runtime.engine import Engine, EngineConfig
-    from wicore.runtime.sampler import SamplingParams
+    from wicore.engine.engine import Engine, EngineConfig
+    from wicore.types.sampling import SamplingParams
 
     with Engine(EngineConfig(model_dir=Path(model_dir), host_tier_gb=0.0)) as engine:
         if engine.manifest.tokenizer is not None:

@@ -11,7 +11,7 @@ and returns a `TokenizerInfo` (which goes into wicore.json). Transformers is
 used here, at export time only, and without torch: for a GGUF, the metadata
 wicore.export.gguf_file reads is handed to transformers' GGUF vocabulary converter (its own
 GGUF path imports torch). Serving loads tokenizer.json with `tokenizers` alone
-(`wicore.runtime.tokenizer`).
+(`wicore.inputs.tokenizer`).
 """
 
 from __future__ import annotations

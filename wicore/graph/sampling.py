@@ -11,7 +11,7 @@ Inputs and outputs (wicore.graph.io, "Sampling head"), one entry per logits row:
     top_ids              [num_logits, K]   int64    most likely first (ties: lower id first)
 
 The draw is the host sampler's, moved: the weights are exp((logits - max) / T) and the token is
-where u * total falls in their running sum (wicore.runtime.sampler._inverse_cdf), so a row drawn
+where u * total falls in their running sum (wicore.executor.sampler._inverse_cdf), so a row drawn
 here gives the token the host would give for the same u (but for float32 rounding exactly at a
 boundary between two tokens). The running sum is two-level, as on the host: 512-token block
 sums, then one block's own sum. ONNX Runtime's CUDA CumSum adds every element's whole prefix
@@ -34,7 +34,7 @@ from wicore.graph import io
 from wicore.graph.ops import Graph
 
 TOP_CANDIDATES = 64  # K (at most the vocabulary): covers llama.cpp's default top_k (40) and most nucleus cuts
-CDF_BLOCK = 512  # tokens a block of the two-level running sum, here and in wicore.runtime.sampler
+CDF_BLOCK = 512  # tokens a block of the two-level running sum, here and in wicore.executor.sampler
 
 
 def sampling_head(g: Graph, logits: str, vocab_size: int) -> None:

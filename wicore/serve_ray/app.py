@@ -24,11 +24,11 @@ from ray.serve.handle import DeploymentHandle
 
 from wicore.api.app import create_app
 from wicore.api.settings import ServerSettings
+from wicore.engine.engine import EngineConfig
 from wicore.graph.manifest import Manifest
+from wicore.inputs.tokenizer import Tokenizer
+from wicore.kv.layout import choose_block_size
 from wicore.model.tokenizer_info import TokenizerInfo
-from wicore.runtime.engine import EngineConfig
-from wicore.runtime.kv_layout import choose_block_size
-from wicore.runtime.tokenizer import Tokenizer
 from wicore.serve_ray.board import stats_board
 from wicore.serve_ray.client import RemoteEngine
 from wicore.serve_ray.replica import EngineReplica

@@ -27,12 +27,12 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from wicore.api.errors import APIError, from_wicore
 from wicore.errors import RequestError, WiCoreError
-from wicore.runtime.images import ImageInput
-from wicore.runtime.request import Priority, RequestOutput
-from wicore.runtime.sampler import SamplingParams
-from wicore.runtime.tokenizer import Tokenizer
+from wicore.inputs.tokenizer import Tokenizer
 from wicore.serve_ray.board import combine, stats_board
 from wicore.serve_ray.replica import EngineCall, EngineInfo
+from wicore.types.images import ImageInput
+from wicore.types.outputs import Priority, RequestOutput
+from wicore.types.sampling import SamplingParams
 
 log = logging.getLogger("wicore.serve_ray")
 

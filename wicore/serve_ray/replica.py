@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import ray
 from ray import serve
 
+from wicore.engine.engine import Engine, EngineConfig
 from wicore.errors import WiCoreError
-from wicore.runtime.engine import Engine, EngineConfig
-from wicore.runtime.request import Priority, RequestOutput
-from wicore.runtime.sampler import SamplingParams
 from wicore.serve_ray.board import stats_board
+from wicore.types.outputs import Priority, RequestOutput
+from wicore.types.sampling import SamplingParams
 
 log = logging.getLogger("wicore.serve_ray")
 

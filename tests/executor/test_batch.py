@@ -1,0 +1,55 @@
+"""build_batch's arrays for the paged attention (graph/paged_attention.py): packed row starts,
+the tokens already cached (in the window group: from the row's first window block), the window
+group's blocks at their logical index, and the host-side bounds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from wicore.executor.batch import build_batch
+from wicore.graph import io
+
+BS = 4
+
+
+@dataclass(frozen=True)
+class Row:
+    token_ids: list[int]
+    start: int
+    block_table: list[int]
+    window_table: list[int]
+    window_first: int
+    num_logits: int
+
+
+def test_decode_rows_of_a_sliding_window_engine():
+    """Two decode rows: one at position 13 whose window group released logical blocks 0 and 1
+    (its table lists blocks 2 and 3), one at position 5 with nothing released."""
+    rows = [Row([7], 13, [1, 2, 3, 4], [9, 10], 2, 1), Row([8], 5, [5, 6], [11, 12], 0, 1)]
+    b = build_batch(rows, BS)
+    assert b.cumulative_seqlens.tolist() == [0, 1, 2] and b.cumulative_seqlens.dtype.name == "int32"
+    assert b.past_seqlens.tolist() == [13, 5] and b.past_seqlens.dtype.name == "int32"
+    assert b.window_past_seqlens.tolist() == [13 - 2 * BS, 5] and b.window_past_seqlens.dtype.name == "int32"
+    sink = io.SINK_BLOCK
+    assert b.window_block_tables.tolist() == [[9, 10], [11, 12]]
+    assert b.window_slot_mapping.tolist() == [[10 * BS + 1], [12 * BS + 1]]
+    assert b.attention_bounds.tolist() == [1, 14] and b.window_attention_bounds.tolist() == [1, 6]
+    assert b.block_tables.tolist() == [[1, 2, 3, 4], [5, 6, sink, sink]]
+    # what the paged graphs' sliding layers read: the window blocks at their logical index
+    assert b.window_logical_tables.tolist() == [[sink, sink, 9, 10], [11, 12, sink, sink]]
+
+
+def test_padded_rows_reach_only_the_sink_past_their_blocks():
+    """A 2-token row batched with a 6-token one is padded to 6 tokens: the paged op reads (for
+    the padding's own queries) up to logical block (start + 6 - 1) // BS, so the tables reach
+    that far, with the sink block where the row has none; the padding writes to the sink."""
+    rows = [Row([1, 2, 3, 4, 5, 6], 0, [3, 4], [3, 4], 0, 1), Row([7, 8], 6, [5, 6], [7, 8], 0, 1)]
+    b = build_batch(rows, BS)
+    assert b.cumulative_seqlens.tolist() == [0, 6, 12]
+    assert b.past_seqlens.tolist() == [0, 6] and b.window_past_seqlens.tolist() == [0, 6]
+    assert b.attention_bounds.tolist() == [6, 12]
+    sink = io.SINK_BLOCK
+    assert b.block_tables.tolist() == [[3, 4, sink], [5, 6, sink]]
+    assert b.window_block_tables.tolist() == [[3, 4, sink], [7, 8, sink]]
+    assert b.window_logical_tables.tolist() == [[3, 4, sink], [7, 8, sink]]
+    assert b.slot_mapping[1].tolist() == [6 * BS + 2, 6 * BS + 3] + [sink * BS] * 4

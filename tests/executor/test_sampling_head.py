@@ -1,0 +1,129 @@
+"""The sampling head (wicore/graph/sampling.py): a graph that draws sampled rows itself gives the
+tokens the host sampler gives from the logits, for the same seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto
+
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.scheduler import SchedulerConfig
+from wicore.executor.sampler import Sampler, _inverse_cdf, candidates, temperature_weights
+from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.sources import open_source
+from wicore.graph import io
+from wicore.graph.manifest import Manifest
+from wicore.graph.ops import DataFile, Graph
+from wicore.graph.sampling import TOP_CANDIDATES, sampling_head
+from wicore.types.sampling import SamplingParams
+
+
+def head_session(vocab: int, tmp_path) -> ort.InferenceSession:
+    g = Graph("head", DataFile(tmp_path / "head.data"))
+    logits = g.op("Identity", [g.input("logits_in", TensorProto.FLOAT, ["num_logits", vocab])], "/in")
+    sampling_head(g, logits, vocab)
+    return ort.InferenceSession(g.to_model(17).SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("vocab", [262_208, 1_000, 40])
+def test_the_head_draws_the_host_samplers_token_and_candidates(vocab, tmp_path):
+    rng = np.random.default_rng(vocab)
+    rows = 32
+    logits = (rng.standard_normal((rows, vocab)) * 4).astype(np.float32)
+    logits[0, 7] = logits[0, 9] = logits[0].max() + 1  # a tie for the top: the lower id first, as on the host
+    temperature = rng.uniform(0.2, 2.0, rows).astype(np.float32)
+    uniform = rng.random(rows).astype(np.float32)
+    feeds = {"logits_in": logits, io.SAMPLING_TEMPERATURE: temperature, io.SAMPLING_UNIFORM: uniform}
+    tokens, probs, ids = head_session(vocab, tmp_path).run([io.SAMPLED_TOKENS, io.TOP_PROBS, io.TOP_IDS], feeds)
+    k = min(TOP_CANDIDATES, vocab)
+    assert probs.shape == ids.shape == (rows, k)
+    for r in range(rows):
+        weights = temperature_weights(logits[r], float(temperature[r]))
+        assert tokens[r] == _inverse_cdf(weights, float(uniform[r]))
+        order = np.lexsort((np.arange(vocab), -weights))[:k]
+        assert ids[r].tolist() == order.tolist()
+        np.testing.assert_allclose(probs[r], weights[order] / weights.sum(dtype=np.float64), rtol=2e-4, atol=1e-9)
+    assert ids[0, :2].tolist() == [7, 9]
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(5, 1.0), (40, 0.9), (64, 0.3), (0, 0.5), (0, 0.999)])
+def test_a_top_k_top_p_draw_from_the_candidates_is_the_hosts(top_k, top_p):
+    rng = np.random.default_rng(top_k)
+    logits = (rng.standard_normal(5_000) * 3).astype(np.float32)
+    params = SamplingParams(temperature=0.7, top_k=top_k, top_p=top_p, seed=11)
+    weights = temperature_weights(logits, params.temperature)
+    order = np.lexsort((np.arange(len(weights)), -weights))[:TOP_CANDIDATES]
+    probs = (weights[order] / weights.sum(dtype=np.float64)).astype(np.float32)
+    host, head = Sampler(params), Sampler(params)
+    kept = candidates(weights, top_k, top_p)
+    assert kept is not None
+    holds = top_k > 0 or len(kept[0]) <= TOP_CANDIDATES  # without top-k, the nucleus may outgrow K
+    for _ in range(50):
+        token = head.from_candidates(probs, order)
+        if not holds:
+            assert token is None  # the logits decide; no draw was spent
+            return
+        assert token == host.sample(logits).token_id
+
+
+@pytest.fixture(scope="module")
+def exports(tiny_model, tmp_path_factory):
+    """The same tiny random Gemma 3 exported without and with the sampling head (2 partitions)."""
+    folder, _ = tiny_model()
+    made = {}
+    for head in ("off", "on"):
+        out = tmp_path_factory.mktemp(f"sampling_head_{head}") / "model"
+        export_model(open_source(str(folder)), out, ExportConfig(num_partitions=2, sampling_head=head), progress=lambda _: None)
+        made[head] = out
+    return made
+
+
+def test_the_head_is_in_the_manifest_only_where_asked(exports):
+    off, on = (Manifest.read(exports[h]).partitions for h in ("off", "on"))
+    assert [p.has_sampling_head for p in off] == [False, False]
+    assert [p.has_sampling_head for p in on] == [False, True]
+    assert {io.SAMPLING_TEMPERATURE, io.SAMPLING_UNIFORM} <= set(on[-1].inputs)
+    assert ExportConfig().has_sampling_head() is False
+    assert ExportConfig(dtype="fp16", attention="paged").has_sampling_head() is True
+    assert ExportConfig(dtype="fp16", attention="paged", sampling_head="off").has_sampling_head() is False
+
+
+MIXED = [
+    SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=1),
+    SamplingParams(max_tokens=12, ignore_eos=True, temperature=1.3, seed=2),
+    SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.9, top_k=8, seed=3),
+    SamplingParams(max_tokens=12, ignore_eos=True, temperature=1.0, top_k=40, top_p=0.9, seed=4),
+    SamplingParams(max_tokens=12, ignore_eos=True, temperature=1.0, top_p=0.6, seed=5),  # nucleus past K: logits
+    SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.3, top_p=0.2, seed=6),
+    SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, top_k=100, seed=7),  # top-k past K: logits
+    SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, logprobs=2, seed=8),  # logprobs: logits
+    SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, presence_penalty=1.0, seed=9),
+    SamplingParams(max_tokens=12, ignore_eos=True),  # greedy
+]
+
+
+@pytest.mark.parametrize("batch", [MIXED, MIXED[:6]], ids=["every-path", "head-only"])
+def test_an_engine_on_the_head_generates_what_the_host_sampler_generates(exports, batch):
+    """Every row in one batch: with rows that need logits the head's rows read them too; without
+    (head-only), the logits stay unread but for the nucleus that outgrows the candidates."""
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, 512, int(n)).tolist() for n in rng.integers(4, 30, len(batch))]
+    outputs = {}
+    for head, folder in exports.items():
+        config = EngineConfig(
+            model_dir=folder,
+            num_threads=1,
+            block_size=4,
+            num_device_blocks=256,
+            num_host_blocks=0,
+            num_nvme_blocks=0,
+            scheduler=SchedulerConfig(max_num_batched_tokens=512, prefill_chunk=64),
+        )
+        with Engine(config) as eng:
+            ids = [eng.add_request(p, params) for p, params in zip(prompts, batch)]  # one batch: every path at once
+            eng.start()
+            outputs[head] = [[t for out in eng.outputs(i) for t in out.new_token_ids] for i in ids]
+    assert all(len(tokens) == 12 for tokens in outputs["on"])
+    assert outputs["on"] == outputs["off"]

@@ -1,0 +1,191 @@
+"""Tier stores copy exactly; NVMe detects corruption; the pager follows plans in order."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from wicore.blocks.block_pool import Move
+from wicore.blocks.tier import Tier
+from wicore.kv.pager import Pager
+from wicore.kv.tiers import CorruptBlockError, DeviceStore, HostStore, NvmeStore
+
+LAYERS, BLOCK, HEADS, DIM = 3, 4, 2, 8
+SHAPE = (LAYERS, 2, BLOCK, HEADS, DIM)
+
+
+def frame(pool, block_id: int) -> int:
+    """The frame the block lies in (in whichever tier)."""
+    return next(b.frame for b in pool.blocks() if b.block_id == block_id)
+
+
+def block(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
+
+
+@pytest.fixture
+def stores(tmp_path):
+    keys = [np.zeros((6, BLOCK, HEADS, DIM), np.float32) for _ in range(LAYERS)]
+    values = [np.zeros((6, BLOCK, HEADS, DIM), np.float32) for _ in range(LAYERS)]
+    nvme = NvmeStore(tmp_path / "kv.bin", 4, SHAPE, np.dtype(np.float32))
+    yield {Tier.DEVICE: DeviceStore(keys, values), Tier.HOST: HostStore(4, SHAPE, np.dtype(np.float32)), Tier.NVME: nvme}
+    nvme.close()
+
+
+def test_device_store_reads_and_writes_the_bound_pools(stores):
+    dev = stores[Tier.DEVICE]
+    data = block(1)
+    dev.write(3, data)
+    assert np.array_equal(dev.key_pools[1][3], data[1, 0])
+    assert np.array_equal(dev.value_pools[2][3], data[2, 1])
+    assert np.array_equal(dev.read(3), data)
+    assert not dev.read(2).any()
+
+
+def test_round_trip_through_every_tier_is_bit_exact(stores):
+    data = block(2)
+    stores[Tier.DEVICE].write(1, data)
+    plan = [
+        Move(7, (Tier.DEVICE, 1), (Tier.HOST, 2)),
+        Move(7, (Tier.HOST, 2), (Tier.NVME, 3)),
+        Move(7, (Tier.NVME, 3), (Tier.DEVICE, 5)),
+    ]
+    assert Pager(stores).execute(plan) == set()
+    assert stores[Tier.DEVICE].read(5).tobytes() == data.tobytes()
+
+
+def test_corrupt_nvme_block_is_detected(stores):
+    nvme = stores[Tier.NVME]
+    nvme.write(1, block(3))
+    nvme.data[1, 2, 1, 3, 0, 5] += 1e-3  # one value, behind the store's back
+    with pytest.raises(CorruptBlockError, match="frame 1"):
+        nvme.read(1)
+    with pytest.raises(CorruptBlockError):
+        nvme.read(0)  # never written
+
+
+def test_pager_reports_corrupt_blocks_and_leaves_their_destination(stores):
+    stores[Tier.NVME].write(0, block(4))
+    stores[Tier.NVME].write(1, block(5))
+    stores[Tier.NVME].data[0, 0, 0, 0, 0, 0] = 42.0
+    pager = Pager(stores)
+    bad = pager.execute([Move(10, (Tier.NVME, 0), (Tier.DEVICE, 1)), Move(11, (Tier.NVME, 1), (Tier.DEVICE, 2))])
+    assert bad == {10}
+    assert not stores[Tier.DEVICE].read(1).any()
+    assert np.array_equal(stores[Tier.DEVICE].read(2), block(5))
+    assert pager.stats.num_corrupt == 1
+
+
+def test_dropped_blocks_copy_nothing(stores):
+    stores[Tier.HOST].write(0, block(6))
+    pager = Pager(stores)
+    assert pager.execute([Move(3, (Tier.HOST, 0), None)]) == set()
+    assert pager.stats.num_moves == {("host", "dropped"): 1}
+
+
+def test_a_pool_plan_with_swaps_through_the_sink_moves_every_block_intact(stores):
+    """A real BlockPool plan executed on real stores: each block's bytes end where the pool
+    says the block is, through the promotions that pass the DEVICE sink frame."""
+    from wicore.blocks.block_pool import BlockPool
+    from wicore.blocks.policy import LRUPolicy
+
+    now = [0.0]
+    pool = BlockPool(6, 4, 4, BLOCK, LRUPolicy(), clock=lambda: now[0])
+    truth = {}
+
+    def execute(moves):
+        assert Pager(stores).execute(moves) == set()
+
+    for seq in range(12):  # one-block prompts: fill DEVICE, then cascade down to HOST and NVME
+        now[0] = float(seq)
+        prompt = [seq] * BLOCK + [99]
+        alloc = pool.allocate(seq, prompt)
+        execute(alloc.moves)
+        block_id = pool.block_ids(seq)[0]
+        truth[block_id] = block(100 + seq)
+        stores[Tier.DEVICE].write(frame(pool, block_id), truth[block_id])
+        pool.commit(seq, prompt, BLOCK)
+        pool.free(seq)
+    holder = list(range(1000, 1000 + BLOCK * pool.num_free(Tier.DEVICE)))
+    execute(pool.allocate(500, holder).moves)  # takes every free DEVICE frame: hits must evict
+    assert pool.num_free(Tier.DEVICE) == 0
+    num_through_sink = 0
+    num_hits = 0
+    for seq in range(12):  # hits on the blocks still cached, most demoted below DEVICE
+        prompt = [seq] * BLOCK + [7]
+        if not pool.is_cached(pool.prefix_hashes(prompt)[0]):
+            continue
+        now[0] += 1
+        alloc = pool.allocate(100 + seq, prompt)
+        assert alloc.num_cached_tokens == BLOCK
+        num_hits += 1
+        num_through_sink += sum(m.dst == (Tier.DEVICE, BlockPool.SINK_SLOT) for m in alloc.moves)
+        execute(alloc.moves)
+        pool.free(100 + seq)
+    assert num_hits >= 6 and num_through_sink > 0
+    checked = 0
+    for info in pool.blocks():
+        if info.block_id in truth:
+            assert np.array_equal(stores[info.tier].read(info.frame), truth[info.block_id]), info
+            checked += 1
+    assert checked >= 8
+
+
+def test_kv_cache_drops_a_block_found_corrupt_and_names_the_sequence_that_lost_it(stores):
+    """KVCache.execute: a sequence swapped out to NVMe (no host tier) comes back with one block
+    corrupted there. The good blocks arrive intact, the corrupt one leaves the prefix cache,
+    and the sequence is named so that the scheduler recomputes it."""
+    from wicore.blocks.block_pool import BlockPool
+    from wicore.blocks.policy import LRUPolicy
+    from wicore.kv.cache import KVCache
+
+    pool = BlockPool(6, 0, 4, BLOCK, LRUPolicy())
+    kv = KVCache([pool], [Pager(stores)])
+    prompt = [*range(2 * BLOCK), 99]  # two full blocks and one token
+    assert kv.execute(kv.allocate(1, prompt, 16).moves) == set()
+    block_ids = kv.block_ids(1)
+    truth = {b: block(20 + i) for i, b in enumerate(block_ids)}
+    for b in block_ids:
+        stores[Tier.DEVICE].write(frame(pool, b), truth[b])
+    kv.commit(1, prompt, len(prompt))
+    assert kv.execute(kv.swap_out(1)) == set()
+    assert kv.num_blocks_in(1, Tier.NVME) == 3
+    bad = block_ids[1]
+    stores[Tier.NVME].data[frame(pool, bad)].reshape(-1)[0] += 1.0  # behind the store's back
+    assert kv.execute(kv.swap_in(1)) == {1}
+    assert kv.num_corrupt == 1
+    hashes = pool.prefix_hashes(prompt)
+    assert pool.is_cached(hashes[0]) and not pool.is_cached(hashes[1])
+    for b in (block_ids[0], block_ids[2]):
+        assert np.array_equal(stores[Tier.DEVICE].read(frame(pool, b)), truth[b])
+    assert kv.holders({(0, bad)}) == {1}  # it keeps its reference until it is freed to recompute
+    kv.free(1)
+    assert kv.holders({(0, b) for b in block_ids}) == set() and bad not in {i.block_id for i in pool.blocks()}
+
+
+def test_nvme_file_is_private_and_closing_removes_it(tmp_path):
+    path = tmp_path / f"wicore-kv-{os.getpid()}-1-full.bin"
+    path.write_bytes(b"old")
+    path.chmod(0o644)  # an earlier file of the same name does not lend its mode
+    store = NvmeStore(path, 3, SHAPE, np.dtype(np.float32))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    store.write(1, np.ones(SHAPE, np.float32))
+    np.testing.assert_array_equal(store.read(1), np.ones(SHAPE, np.float32))
+    store.close()
+    assert not path.exists()
+
+
+def test_files_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    stale = tmp_path / f"wicore-kv-{int(dead.stdout)}-7-full.bin"
+    mine = tmp_path / f"wicore-kv-{os.getpid()}-7-full.bin"
+    other = tmp_path / "notes.bin"
+    for path in (stale, mine, other):
+        path.write_bytes(b"x")
+    assert NvmeStore.remove_stale(tmp_path) == [stale]
+    assert not stale.exists() and mine.exists() and other.exists()

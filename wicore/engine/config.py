@@ -1,0 +1,52 @@
+"""The engine's settings, in one frozen dataclass (its own module, so that the modules the engine
+is built from can take it without importing the engine)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wicore.blocks.policy import A2CRConfig
+from wicore.engine.scheduler import SchedulerConfig
+from wicore.engine.speculative import SpeculativeConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: Path
+    num_threads: int | None = None
+    block_size: int | None = None  # tokens a KV block; None: default_block_size(the model)
+    kv_pool_gb: float = 1.0  # tier 0
+    host_tier_gb: float = 1.0  # tier 1
+    nvme_tier_gb: float = 0.0  # tier 2
+    nvme_dir: Path | None = None
+    # Exact block counts per tier, overriding the sizes above (tests, tuning).
+    num_device_blocks: int | None = None
+    num_host_blocks: int | None = None
+    num_nvme_blocks: int | None = None
+    num_window_device_blocks: int | None = None  # the sliding layers' device buffers, if set apart
+    policy: str = "a2cr"  # or "lru"
+    a2cr: A2CRConfig = field(default_factory=A2CRConfig)
+    enable_prefix_cache: bool = True
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    verify_files: bool = True
+    devices: str = "cpu"  # see wicore.devices.placement
+    profile_prefix: str | None = None  # ONNX Runtime's profiler on (tools/profile_step.py)
+    # Decode steps replayed from CUDA graphs (a paged export on one CUDA device). None: on wherever
+    # they can be and the KV blocks are the paged attention's FlashAttention tile or a multiple.
+    cuda_graphs: bool | None = None
+    vision_device: str | None = None  # where the vision partition runs; None: the first partition's device
+    image_cache_size: int = 64  # images whose features are kept (each distinct image is encoded once)
+    speculative: SpeculativeConfig | None = None  # speculative decoding (wicore.engine.speculative); None: off
+    # Long sequences whose full-attention KV does not fit the device (wicore.kv.stream): 0, off;
+    # else their blocks may lie in the host tier too, and each step that runs one stages up to this
+    # many tokens of its batch's blocks into stage buffers (taken from kv_pool_gb) for the graphs to read.
+    kv_stream_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("a2cr", "lru"):
+            raise ValueError(f"policy {self.policy!r}: choose a2cr or lru")
+        if min(self.kv_pool_gb, self.host_tier_gb, self.nvme_tier_gb) < 0:
+            raise ValueError("tier sizes must be >= 0")
+        if self.kv_stream_tokens < 0:
+            raise ValueError(f"kv_stream_tokens must be >= 0 (0: off), got {self.kv_stream_tokens}")

@@ -1,0 +1,318 @@
+"""The engine core: the model's graphs, the KV cache and the scheduler, stepped by one thread.
+
+No lock: whoever owns the core (the `Engine`'s thread, a tool, a test) is the only caller.
+
+    core.add(core.make_request(ids, params, request_id))    check() raises for a request that cannot fit
+    core.abort(request_id)
+    outputs = core.step()       one step:
+        drafts  = speculator.drafts(decoding requests)          (if speculating)
+        out     = scheduler.schedule(drafts)                    rows to run, KV moves, ended requests
+        lost    = kv.execute(out.moves)                         move blocks between tiers
+        rows    = scheduler.drop_lost(lost, out.rows)           sequences whose KV was lost recompute
+        result  = runner.execute(rows)                          run the graphs, sample
+        outputs = scheduler.update(rows, result)                new tokens, stops
+    core.stats()
+
+`check()` reads only what never changes after construction (the context, the KV layout, the
+vision encoder), so the `Engine` calls it on the caller's thread and answers a request that can
+never fit at once; the queue's own limits (a full queue, a duplicate id) are the `Engine`'s.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from wicore.blocks.block_groups import FULL, WINDOW
+from wicore.blocks.tier import Tier
+from wicore.devices.placement import plan_placement
+from wicore.engine.config import EngineConfig
+from wicore.engine.kv_setup import build_kv_cache, plan_tiers
+from wicore.engine.rate import RateMeter
+from wicore.engine.request import Request
+from wicore.engine.scheduler import Scheduler
+from wicore.engine.speculative_setup import build_speculator
+from wicore.engine.stats import EngineStats, engine_stats
+from wicore.errors import ContextLengthError, RequestError
+from wicore.executor.graphs import ModelGraphs
+from wicore.executor.runner import ModelRunner
+from wicore.executor.vision import NO_VISION, VisionEncoder
+from wicore.graph.manifest import Manifest
+from wicore.kv.buffers import CacheConfig, KVBuffers
+from wicore.kv.layout import KVLayout, choose_block_size, pool_gb_flag
+from wicore.kv.stream import KVStreamer, num_stages
+from wicore.kv.tiers import HostStore
+from wicore.model.tokenizer_info import TokenizerInfo
+from wicore.types.images import ImageInput, ImageSpan
+from wicore.types.outputs import Priority, RequestOutput
+from wicore.types.sampling import SamplingParams
+from wicore.types.step import RunResult, ScheduledRow, SchedulerOutput
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What `check` found for a request that fits: the tokens it may generate (max_tokens capped
+    by the room left) and where its images go in the prompt."""
+
+    max_tokens: int
+    image_spans: tuple[ImageSpan, ...] = ()
+
+
+@dataclass(frozen=True)
+class PhaseSeconds:
+    """Seconds spent in each phase of a step (or summed over steps)."""
+
+    schedule_s: float = 0.0  # the speculator's drafts and the scheduler
+    moves_s: float = 0.0  # KV blocks moved between tiers
+    run_s: float = 0.0  # the graphs and sampling (runner.execute)
+    update_s: float = 0.0  # the scheduler's accounting of the result
+
+    @property
+    def total_s(self) -> float:
+        return self.schedule_s + self.moves_s + self.run_s + self.update_s
+
+    def __add__(self, other: PhaseSeconds) -> PhaseSeconds:
+        return PhaseSeconds(
+            self.schedule_s + other.schedule_s,
+            self.moves_s + other.moves_s,
+            self.run_s + other.run_s,
+            self.update_s + other.update_s,
+        )
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """What the last `step()` did, for tools that time or inspect it: the rows it ran, its KV
+    moves and the time of each phase."""
+
+    rows: tuple[ScheduledRow, ...] = ()
+    num_moves: int = 0
+    num_lost: int = 0
+    seconds: PhaseSeconds = PhaseSeconds()
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        model_dir = Path(config.model_dir)
+        self.manifest = Manifest.read(model_dir)
+        if config.verify_files:
+            self.manifest.verify(model_dir)
+        vision = self.manifest.vision
+        if vision is not None:  # a step never cuts an image: the step's limits hold at least one
+            config = replace(config, scheduler=config.scheduler.at_least(vision.config.mm_tokens_per_image))
+        bs = choose_block_size(self.manifest, config.block_size)
+        layout = KVLayout.of(self.manifest, bs)
+        stage_frames = -(-config.kv_stream_tokens // bs) + 1 if config.kv_stream_tokens else 0  # + the sink
+        tiers = plan_tiers(config, layout, num_stages(self.manifest) * stage_frames * layout.layer_block_bytes)
+        device = tiers[Tier.DEVICE]
+        device_bytes = device.full * layout.block_bytes(FULL) + device.window * layout.block_bytes(WINDOW)
+        placement = plan_placement(model_dir, self.manifest, config.devices, device_bytes, config.vision_device)
+        buffers = KVBuffers(self.manifest, CacheConfig(device.full, bs, device.window or None), placement.devices)
+        graphs = ModelGraphs(
+            model_dir,
+            self.manifest,
+            buffers,
+            placement.devices,
+            config.num_threads,
+            config.profile_prefix,
+            config.cuda_graphs,
+            bs,
+        )
+        self.config = config = replace(config, cuda_graphs=graphs.cuda_graphs)
+        self.layout = layout
+        self.devices = tuple(graphs.devices)
+        self.kv = build_kv_cache(config, layout, tiers, buffers)
+        self.vision: VisionEncoder | None = None
+        if placement.vision is not None:
+            self.vision = VisionEncoder(
+                model_dir, placement.vision.record, placement.vision.device, config.num_threads, config.image_cache_size
+            )
+        streamer = None
+        if stage_frames:
+            host = self.kv.store(FULL, Tier.HOST)
+            assert isinstance(host, HostStore), "the host tier is a HostStore (build_kv_cache)"
+            streamer = KVStreamer(self.manifest, buffers, host, stage_frames, config.num_threads)
+        self.runner = ModelRunner(graphs, bs, self.vision, streamer)
+        sched = replace(config.scheduler, max_staged_blocks=stage_frames - 1 if stage_frames else None)
+        model_context = self.manifest.config.max_position_embeddings
+        self.max_context = model_context if sched.max_context is None else min(sched.max_context, model_context)
+        self.scheduler = Scheduler(replace(sched, eos_token_ids=self.eos_token_ids, max_context=self.max_context), self.kv)
+        # Room one sequence can have on the device (one block of each group is the padding sink), or,
+        # streamed, on the device and in the host tier, within what a step stages.
+        full_blocks = device.full - 1
+        if stage_frames:
+            full_blocks = min(full_blocks + tiers[Tier.HOST].full, stage_frames - 1)
+        self.max_sequence_tokens = min(self.max_context, full_blocks * bs)
+        self._window_blocks = device.window - 1
+        if config.cuda_graphs:  # tables as wide as the longest sequence, and a sliding window plus two blocks
+            context = self.max_sequence_tokens
+            window = -(-self.manifest.config.sliding_window // bs) + 2 if layout.has_window else 1
+            graphs.enable_decode_graphs(bs, sched.max_num_seqs, -(-context // bs), window, context)
+        self.generated = RateMeter()  # tokens generated a second over the last 10 s: stats()' tokens_per_second
+        self.num_steps = 0  # steps that ran rows
+        self.speculator = build_speculator(config, self.manifest) if config.speculative is not None else None
+        self.last_step = StepTrace()
+        self.seconds = PhaseSeconds()  # summed over every step
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every token id that ends a request (unless it sets ignore_eos)."""
+        if self.manifest.tokenizer is not None:
+            return TokenizerInfo.from_dict(self.manifest.tokenizer).eos_token_ids
+        cfg = self.manifest.config
+        return cfg.eos_token_ids or (cfg.eos_token_id,)
+
+    # -- admission -------------------------------------------------------------------
+    def check(self, ids: list[int], params: SamplingParams, images: Sequence[ImageInput] = ()) -> Admission:
+        """Raises RequestError (ContextLengthError for a prompt with no room left) unless the
+        request can run to its end. Reads only what construction fixed: safe on any thread."""
+        if not ids:
+            raise RequestError("the prompt is empty")
+        if images and self.vision is None:
+            raise RequestError(NO_VISION)
+        spans = () if self.vision is None else self.vision.spans(ids, images)
+        vocab = self.manifest.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise RequestError(f"token ids must be in [0, {vocab})")
+        limit = self.max_sequence_tokens
+        if len(ids) >= limit:
+            raise ContextLengthError(f"the prompt has {len(ids)} tokens; {self._context_limit(len(ids) + 1)}")
+        room = limit - len(ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        if self.layout.has_window:
+            chunk = self.scheduler.config.prefill_chunk
+            need = min(-(-(len(ids) + max_tokens) // self.layout.block_size), self.layout.window_blocks_per_sequence(chunk))
+            if need > self._window_blocks:
+                raise RequestError(
+                    f"the request needs up to {need} blocks in the sliding-window layers' KV cache, which holds "
+                    f"{self._window_blocks} (raise --kv-pool-gb or lower --prefill-chunk)"
+                )
+        return Admission(max_tokens, spans)
+
+    def _context_limit(self, tokens: int) -> str:
+        """What holds fewer than `tokens` tokens (a prompt and one generated token), and what to change:
+        the context (the model's, or --max-context), else the device KV cache (by how much)."""
+        model_context = self.manifest.config.max_position_embeddings
+        if tokens > self.max_context:
+            holds = f"holds {self.max_context} tokens (prompt plus at least one generated token)"
+            if self.max_context == model_context:
+                return f"the model's context {holds}"
+            return f"--max-context {holds}; the model takes up to {model_context}"
+        sched = self.scheduler.config
+        if sched.max_staged_blocks is not None:
+            return (
+                f"a step stages {self.max_sequence_tokens} tokens of KV with --kv-stream-tokens "
+                f"{self.config.kv_stream_tokens} and the device and host tiers (prompt plus at least one generated "
+                "token): raise --kv-stream-tokens or --host-tier-gb"
+            )
+        need = pool_gb_flag(self.layout.pool_bytes(sched.max_num_seqs, tokens, sched.prefill_chunk))
+        return (
+            f"the device KV cache holds {self.max_sequence_tokens} tokens (prompt plus at least one generated token); "
+            f"--kv-pool-gb {need} holds it with --max-num-seqs {sched.max_num_seqs} (wicore plan --context {tokens} "
+            "shows what else fits)"
+        )
+
+    def make_request(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: Priority = Priority.NORMAL,
+        deadline: float | None = None,
+        images: Sequence[ImageInput] = (),
+    ) -> Request:
+        """`check`, then the request to `add` (`deadline` in seconds from now). Safe on any thread."""
+        admission = self.check(ids, params, images)
+        now = time.monotonic()
+        return Request(
+            request_id=request_id,
+            prompt_ids=ids,
+            params=params,
+            max_tokens=admission.max_tokens,
+            priority=priority,
+            arrival=now,
+            deadline=None if deadline is None else now + deadline,
+            image_spans=admission.image_spans,
+        )
+
+    # -- requests --------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        """Queue a request that `check` admitted."""
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> None:
+        """End the request at the next step (reason "abort"); unknown ids are ignored."""
+        self.scheduler.abort(request_id)
+
+    def has_request(self, request_id: str) -> bool:
+        return self.scheduler.has_request(request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    # -- the step --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, move KV blocks, run the graphs and sample, account: the outputs of every
+        request that produced tokens or ended. A step that raises fails its rows' requests (a
+        bug in one step must not end the others); `num_steps` counts the steps that ran rows."""
+        start = time.perf_counter()
+        decoding = self.scheduler.decoding() if self.speculator is not None else []
+        drafts = self.speculator.drafts(decoding) if self.speculator is not None and decoding else {}
+        out = self.scheduler.schedule(drafts)
+        if not out.rows and not out.moves:
+            self._trace(StepTrace(seconds=PhaseSeconds(schedule_s=time.perf_counter() - start)))
+            return out.finished
+        try:
+            return out.finished + self._run(out, start)
+        except Exception:
+            return out.finished + self.scheduler.fail([row.request_id for row in out.rows], traceback.format_exc())
+
+    def _run(self, out: SchedulerOutput, start: float) -> list[RequestOutput]:
+        scheduled = time.perf_counter()
+        lost = self.kv.execute(out.moves)
+        rows = self.scheduler.drop_lost(lost, out.rows) if lost else out.rows
+        moved = time.perf_counter()
+        result = self.runner.execute(rows, out.ended_request_ids) if rows else RunResult()
+        ran = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.observe(rows, result)
+            self.speculator.forget(out.ended_request_ids)
+        for row in rows:  # A2CR: where each row's attention went
+            mass = result.attention.get(row.request_id)
+            if mass is not None:
+                self.kv.record_attention(row.block_ids, mass.tolist())
+        outputs = self.scheduler.update(rows, result)
+        seconds = PhaseSeconds(scheduled - start, moved - scheduled, ran - moved, time.perf_counter() - ran)
+        self._trace(StepTrace(tuple(rows), len(out.moves), len(lost), seconds))
+        if rows:
+            self.num_steps += 1
+        self.generated.add(len(result.sampled) + sum(len(v) for v in result.verified.values()))
+        return outputs
+
+    def _trace(self, trace: StepTrace) -> None:
+        self.last_step = trace
+        self.seconds += trace.seconds
+
+    def run_to_end(self) -> list[RequestOutput]:
+        """Step until no request is left: every output, in order (tools and tests)."""
+        outputs: list[RequestOutput] = []
+        while self.has_work:
+            outputs += self.step()
+        return outputs
+
+    # -- stats and shutdown ----------------------------------------------------------
+    def stats(self) -> EngineStats:
+        return engine_stats(self.scheduler, self.kv, self.layout, self.speculator, self.generated.rate(), self.num_steps)
+
+    def close(self) -> None:
+        if self.speculator is not None:
+            self.speculator.close()
+        self.kv.close()

@@ -1,0 +1,76 @@
+"""A request's state as the scheduler tracks it (what it reports back: wicore.types.outputs)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wicore.types.images import ImageSpan, block_keys, chunk_end
+from wicore.types.outputs import Priority
+from wicore.types.sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # not started, or preempted by recompute (its blocks were freed)
+    RUNNING = "running"  # owns DEVICE blocks and is scheduled every step
+    SWAPPED = "swapped"  # preempted by swap: some of its blocks are on HOST / NVME
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    """One sequence. Its tokens are prompt + output; `num_computed` of them have KV in the cache.
+
+    token_ids  [ prompt ................ | output ...... ]
+               [ computed (KV cached)  |  to run      ]
+                                   num_computed
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # params.max_tokens, capped by the room the context and the KV cache leave
+    priority: Priority
+    arrival: float
+    deadline: float | None = None
+    token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached_prompt_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    was_admitted: bool = False
+    status: Status = Status.WAITING
+    seq_id: int = 0  # key of its blocks in the KV cache
+    prompt_logits: list[np.ndarray] = field(default_factory=list)  # chunks so far, if params.prompt_logits
+    image_spans: tuple[ImageSpan, ...] = ()  # the prompt's images (wicore.types.images)
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_ids) :]
+
+    def chunk(self, limit: int) -> int:
+        """Tokens to run from num_computed when at most `limit` may: never an image in part
+        (wicore.graph.io: its tokens attend to each other), so possibly fewer, or none."""
+        return chunk_end(self.image_spans, self.num_computed, self.num_computed + limit) - self.num_computed
+
+    def images_in(self, start: int, stop: int) -> tuple[ImageSpan, ...]:
+        """The images with soft tokens in positions [start, stop)."""
+        return tuple(s for s in self.image_spans if s.start < stop and start < s.stop)
+
+    def extra_keys(self, block_size: int) -> dict[int, bytes]:
+        """What the prefix cache hashes with each block's token ids: the digests of its images."""
+        return block_keys(self.image_spans, block_size)
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Still prefilling a prompt whose every position's logits were asked for (a recompute
+        after the first token needs none: they were sent with it)."""
+        return self.params.prompt_logits and not self.output_ids

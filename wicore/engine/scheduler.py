@@ -1,0 +1,397 @@
+"""Continuous batching: which requests run how many tokens this step, and which blocks move.
+
+Each step, in order:
+
+    1. drop aborted and expired requests (their blocks return to the pool)
+    2. running requests, best rank first: one decode token, or the next prefill chunk;
+       when the pool cannot grow a request, the lowest-ranked running request is
+       preempted (swapped to HOST/NVME, or freed for recompute when the tiers are full)
+    3. swapped requests come back while DEVICE has room
+    4. waiting requests are admitted by effective priority (priority + aging), FCFS within,
+       reusing prefix-cached blocks, until max_num_seqs or the token budget runs out; one
+       that shares full blocks of its prompt with a request still prefilling them waits for
+       them (the prefix cache then holds them), so a document is computed once
+
+Rank: higher priority first, then earlier arrival. A waiting request's priority rises one
+level every `aging_seconds`, so a stream of urgent work cannot starve a low-priority one.
+The scheduler never runs the model; the runner never sees queues. Admission checks (prompt,
+context, KV capacity, queue length) are the engine's: what reaches `add` fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from wicore.blocks.block_groups import BlockGroups
+from wicore.blocks.block_pool import Move
+from wicore.blocks.tier import Tier
+from wicore.engine.request import Request, Status
+from wicore.engine.scheduler_config import SchedulerConfig, SchedulerStats, StageBudget, StepBudget
+from wicore.types.outputs import Priority, RequestOutput
+from wicore.types.sampling import Sample
+from wicore.types.step import RunResult, ScheduledRow, SchedulerOutput
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: BlockGroups, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.kv = kv
+        self.clock = clock
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.swapped: list[Request] = []
+        self.stats = SchedulerStats()
+        self._aborted: deque[str] = deque()
+        self._ended: list[str] = []  # finished since the last schedule (the runner drops their state)
+        self._seq_ids = itertools.count(1)
+
+    # -- requests --------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        """Queue an admitted request (Engine.add_request checked it)."""
+        assert request.request_id not in self.requests, "admission checks request ids"
+        request.seq_id = next(self._seq_ids)
+        request.status = Status.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request at any point; it ends at the next step with reason "abort"."""
+        if request_id in self.requests:
+            self._aborted.append(request_id)
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.requests
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped or self._aborted)
+
+    # -- schedule --------------------------------------------------------------------
+    def decoding(self) -> list[Request]:
+        """Running requests whose next row is a decode (one token to run): those that may speculate."""
+        return [r for r in self.running if r.num_tokens - r.num_computed == 1]
+
+    def schedule(self, drafts: Mapping[str, Sequence[int]] | None = None) -> SchedulerOutput:
+        """The step's rows and moves. `drafts` (request id -> draft tokens) turn decodes into
+        verification rows (wicore.engine.speculative), as far as the step's tokens and the KV cache allow."""
+        now = self.clock()
+        finished = self._drop_aborted() + self._drop_expired(now)
+        moves: list[Move] = []
+        rows: list[ScheduledRow] = []
+        cfg = self.config
+        decoding = any(r.num_tokens - r.num_computed == 1 for r in self.running)
+        prefill = cfg.prefill_with_decodes if decoding else cfg.max_num_batched_tokens
+        budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk)
+        stage = StageBudget(cfg.max_staged_blocks)
+
+        queue = sorted(self.running, key=self._rank)
+        preempted_this_step = False
+        while queue and budget.tokens > 0:
+            req = queue.pop(0)
+            n = budget.fits(req)
+            if n == 0:  # a prefill chunk, and the step's prefill tokens are spent
+                continue
+            draft = self._draft(req, n, (drafts or {}).get(req.request_id, ()), budget)
+            plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n + len(draft))
+            if plan is None and draft:  # no room for the draft: a plain decode
+                draft = ()
+                plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n)
+            while plan is None:
+                preempted_this_step = True
+                if queue:  # the lowest-ranked running request makes room
+                    moves += self._preempt(queue.pop())
+                elif rows:  # better-ranked requests run this step: this one waits its turn
+                    moves += self._preempt(req)
+                    break
+                elif not self._unpin(req):  # alone, and not even all of DEVICE holds it
+                    finished.append(self._fail(req, "needs more KV blocks than the device tier holds"))
+                    break
+                plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n)
+            if plan is None:
+                continue
+            moves += plan
+            if not self._stage(stage, req):  # its blocks do not fit this step's staging: a later step
+                continue
+            budget.spend(req, n + len(draft))
+            rows.append(self._row(req, n, draft))
+
+        if not preempted_this_step:
+            self._swap_in(rows, moves, budget, stage)
+            if not self.swapped:
+                self._admit(rows, moves, budget, stage, now)
+        ended, self._ended = self._ended, []
+        return SchedulerOutput(rows, moves, finished, ended)
+
+    def _rank(self, req: Request, now: float | None = None) -> tuple[int, float]:
+        priority = int(req.priority)
+        if now is not None and self.config.aging_seconds > 0:
+            priority = min(int(Priority.URGENT), priority + int((now - req.arrival) / self.config.aging_seconds))
+        return (-priority, req.arrival)
+
+    def _draft(self, req: Request, n: int, draft: Sequence[int], budget: StepBudget) -> tuple[int, ...]:
+        """The part of a proposed draft that a decode row of `req` runs: within the step's tokens
+        and one prefill chunk (what the sliding layers' cache was sized for at admission)."""
+        if n != 1 or req.num_tokens - req.num_computed != 1:
+            return ()
+        return tuple(draft[: max(0, min(budget.tokens - 1, self.config.prefill_chunk - 1))])
+
+    def _stage(self, stage: StageBudget, req: Request) -> bool:
+        """Whether `req`'s row fits what the step may stage (always, when nothing streams); taken if so."""
+        if stage.capacity is None:
+            return True
+        num_blocks, streams = self.kv.num_full_blocks(req.seq_id), self.kv.is_streamed(req.seq_id)
+        if not stage.admits(num_blocks, streams):
+            return False
+        stage.take(num_blocks, streams)
+        return True
+
+    def _row(self, req: Request, n: int, draft: tuple[int, ...] = ()) -> ScheduledRow:
+        start = req.num_computed
+        window_table, window_first = self.kv.window_table(req.seq_id)
+        needs_sample = start + n == req.num_tokens
+        streams = self.kv.is_streamed(req.seq_id)
+        return ScheduledRow(
+            request_id=req.request_id,
+            token_ids=req.token_ids[start : start + n] + list(draft),
+            start=start,
+            block_table=[] if streams else self.kv.block_table(req.seq_id),
+            full_locations=tuple(self.kv.block_locations(req.seq_id)) if streams else (),
+            block_ids=self.kv.block_ids(req.seq_id),
+            window_table=window_table,
+            window_first=window_first,
+            num_logits=(n if req.wants_prompt_logits else int(needs_sample)) + len(draft),
+            needs_sample=needs_sample,
+            params=req.params,
+            images=req.images_in(start, start + n),
+            draft_ids=draft,
+        )
+
+    def _preempt(self, req: Request) -> list[Move]:
+        self.running.remove(req)
+        if self.config.preemption == "swap":
+            plan = self.kv.swap_out(req.seq_id)
+            if plan is not None:
+                req.status = Status.SWAPPED
+                self.swapped.append(req)
+                self.stats.num_preempted_swap += 1
+                return plan
+        self._requeue_for_recompute(req)
+        return []
+
+    def _unpin(self, req: Request) -> bool:
+        """`req` is all that could run but DEVICE cannot hold it: the only other blocks there are
+        cached ones (already evicted by the pool when it could) and those that swapped requests
+        share (prefixes they had in common with requests that have since left, which swap-out
+        leaves on DEVICE). Without this, `req` would be swapped out and in again forever. The
+        lowest-ranked swapped request that holds DEVICE blocks is sent back to recompute (its
+        references go, its blocks stay cached); False when there is none."""
+        pinning = [r for r in self.swapped if r is not req and self.kv.num_blocks_in(r.seq_id, Tier.DEVICE)]
+        if not pinning:
+            return False
+        victim = max(pinning, key=self._rank)
+        self.swapped.remove(victim)
+        self._requeue_for_recompute(victim)
+        return True
+
+    def _fail(self, req: Request, reason: str) -> RequestOutput:
+        return dataclasses.replace(self._finish(req, "error"), error=f"request {req.request_id}: {reason}")
+
+    def _requeue_for_recompute(self, req: Request) -> None:
+        """Free the request's blocks; it re-enters the waiting queue and recomputes its tokens."""
+        self.kv.free(req.seq_id)
+        req.num_computed = 0
+        req.prompt_logits = []
+        req.status = Status.WAITING
+        self.waiting.append(req)
+        self.stats.num_preempted_recompute += 1
+
+    def _swap_in(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, stage: StageBudget) -> None:
+        for req in sorted(self.swapped, key=self._rank):
+            if len(self.running) >= self.config.max_num_seqs or budget.tokens <= 0:
+                break
+            n = budget.fits(req)
+            if n == 0:  # its next tokens are a prefill chunk, and none fit this step
+                break
+            plan = self.kv.swap_in(req.seq_id)
+            while plan is None and not self.running and self._unpin(req):
+                plan = self.kv.swap_in(req.seq_id)
+            if plan is None:
+                break
+            moves += plan
+            self._set_running(req, self.swapped)
+            more = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n)
+            if more is None:  # back in, but no room to grow this step: it runs next step
+                continue
+            moves += more
+            if not self._stage(stage, req):
+                continue
+            budget.spend(req, n)
+            rows.append(self._row(req, n))
+
+    def _admit(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, stage: StageBudget, now: float) -> None:
+        for req in sorted(self.waiting, key=lambda r: self._rank(r, now)):
+            if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
+                break
+            if self._shares_a_prefill(req):
+                continue
+            alloc = self.kv.allocate(
+                req.seq_id,
+                req.token_ids,
+                budget.prefill_room,
+                reuse_prefix=not req.params.prompt_logits,
+                extra_keys=req.extra_keys(self.kv.block_size),
+            )
+            if alloc is None:
+                break  # the best-ranked request waits for room; nothing jumps ahead of it
+            if not req.was_admitted:  # readmissions after preemption are not prefix-cache traffic
+                req.was_admitted = True
+                self.stats.num_prompt_tokens += len(req.prompt_ids)
+                self.stats.num_cached_tokens += alloc.num_cached_tokens
+                req.num_cached_prompt_tokens = alloc.num_cached_tokens
+            req.num_computed = alloc.num_cached_tokens
+            moves += alloc.moves
+            self._set_running(req, self.waiting)
+            n = budget.fits(req)
+            # else its next chunk is an image that does not fit this step, or its blocks the step's
+            # staging: it runs a later step
+            if n and self._stage(stage, req):
+                budget.spend(req, n)
+                rows.append(self._row(req, n))
+
+    def _shares_a_prefill(self, req: Request) -> bool:
+        """Whether `req` should wait for a running request that is still prefilling blocks of the
+        prompt they share (many questions over one document sent together): admitted once those
+        blocks are computed, it reuses them from the prefix cache instead of computing them again."""
+        bs = self.kv.block_size
+        if not self.kv.prefix_cache_enabled or req.params.prompt_logits or req.image_spans:
+            return False
+        for r in self.running:
+            boundary = (r.num_computed // bs + 1) * bs  # the end of the next full block `r` computes
+            within = boundary <= min(len(r.prompt_ids), len(req.token_ids)) and not r.image_spans
+            if within and r.token_ids[:boundary] == req.token_ids[:boundary]:
+                return True
+        return False
+
+    def _set_running(self, req: Request, source: list[Request]) -> None:
+        source.remove(req)
+        req.status = Status.RUNNING
+        self.running.append(req)
+
+    # -- endings ---------------------------------------------------------------------
+    def _finish(self, req: Request, reason: str) -> RequestOutput:
+        if req.status is not Status.FINISHED:
+            for queue in (self.waiting, self.running, self.swapped):
+                if req in queue:
+                    queue.remove(req)
+            if req.status is not Status.WAITING:
+                self.kv.free(req.seq_id)
+            req.status = Status.FINISHED
+            self._ended.append(req.request_id)
+        self.requests.pop(req.request_id, None)
+        return RequestOutput(req.request_id, [], True, reason, len(req.prompt_ids), req.num_cached_prompt_tokens)
+
+    def _drop_aborted(self) -> list[RequestOutput]:
+        out = []
+        while self._aborted:
+            req = self.requests.get(self._aborted.popleft())
+            if req is not None:
+                out.append(self._finish(req, "abort"))
+        return out
+
+    def _drop_expired(self, now: float) -> list[RequestOutput]:
+        expired = [r for r in self.requests.values() if r.deadline is not None and now > r.deadline]
+        return [self._finish(r, "deadline") for r in expired]
+
+    def drop_lost(self, seq_ids: set[int], rows: list[ScheduledRow]) -> list[ScheduledRow]:
+        """Sequences `seq_ids` lost KV blocks (a corrupt NVMe block, dropped by the KV cache):
+        their requests go back to recompute every token. The rows that still run."""
+        lost = {
+            r.request_id for r in self.requests.values() if r.seq_id in seq_ids and r.status in (Status.RUNNING, Status.SWAPPED)
+        }
+        for request_id in lost:
+            req = self.requests[request_id]
+            (self.running if req.status is Status.RUNNING else self.swapped).remove(req)
+            self._requeue_for_recompute(req)
+        return [r for r in rows if r.request_id not in lost]
+
+    def fail(self, request_ids: list[str], error: str) -> list[RequestOutput]:
+        """End requests with "error" (their step raised): the final outputs to send."""
+        return [self._fail(self.requests[i], error) for i in request_ids if i in self.requests]
+
+    # -- update ----------------------------------------------------------------------
+    def update(self, rows: list[ScheduledRow], result: RunResult) -> list[RequestOutput]:
+        """Account for a step that ran `rows`: new tokens, stops, and rows whose sampling failed."""
+        outputs = []
+        for row in rows:
+            req = self.requests.get(row.request_id)
+            if req is None or req.status is not Status.RUNNING:
+                continue
+            wants_prompt_logits = req.wants_prompt_logits  # before this step's token is appended
+            samples = result.verified.get(row.request_id) if row.draft_ids else None
+            # A verification row computed its first token and the drafts it kept; the rest are rolled back.
+            num_run = len(row.token_ids) if samples is None else len(samples)
+            kept = [] if samples is None else [s.token_id for s in samples[:-1]]
+            req.num_computed += num_run
+            if req.num_computed <= len(req.prompt_ids):
+                self.stats.num_computed_prompt_tokens += num_run
+            self.kv.commit(req.seq_id, req.token_ids + kept, req.num_computed)
+            if row.draft_ids:
+                self.kv.truncate(req.seq_id, req.num_computed + 1)
+            if wants_prompt_logits:
+                req.prompt_logits.append(result.logits[row.request_id])
+            if row.request_id in result.failed:
+                outputs.append(self._fail(req, f"sampling failed:\n{result.failed[row.request_id]}"))
+            elif samples is not None:
+                outputs.append(self._append(req, samples))
+            elif row.needs_sample:
+                outputs.append(self._append(req, [result.sampled[row.request_id]]))
+        return outputs
+
+    def _append(self, req: Request, samples: list[Sample]) -> RequestOutput:
+        """The request's new tokens, up to its end if it stops at one of them (the rest are dropped)."""
+        tokens: list[int] = []
+        logprobs = []
+        prompt_logits = None
+        reason = None
+        for sample in samples:
+            req.token_ids.append(sample.token_id)
+            tokens.append(sample.token_id)
+            if sample.logprobs is not None:
+                logprobs.append(sample.logprobs)
+            self.stats.num_generated_tokens += 1
+            if req.prompt_logits and len(req.output_ids) == 1:  # the first output carries them
+                prompt_logits, req.prompt_logits = np.concatenate(req.prompt_logits), []
+            reason = self._stop_reason(req, sample.token_id)
+            if reason is not None:
+                self._finish(req, reason)
+                break
+        return RequestOutput(
+            req.request_id,
+            tokens,
+            reason is not None,
+            reason,
+            len(req.prompt_ids),
+            req.num_cached_prompt_tokens,
+            logprobs=logprobs or None,
+            prompt_logits=prompt_logits,
+        )
+
+    def _stop_reason(self, req: Request, token: int) -> str | None:
+        p = req.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.config.eos_token_ids):
+            return "stop"
+        context = self.config.max_context
+        if len(req.output_ids) >= req.max_tokens or (context is not None and req.num_tokens >= context):
+            return "length"
+        return None

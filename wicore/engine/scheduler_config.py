@@ -1,0 +1,104 @@
+"""The scheduler's settings, what is left of one step's token budget, and its counters."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from wicore.engine.request import Request
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    # Tokens one step runs: up to max_num_batched_tokens (2048, the default batch of vLLM and
+    # llama.cpp) while nothing is decoding, so a burst of prompts on an idle engine is prefilled
+    # in one batched step; at most prefill_with_decodes of them prefill tokens while requests
+    # are decoding, so those wait no longer than a 512-token prefill between two tokens; one
+    # request prefills at most prefill_chunk a step (docs/PERFORMANCE.md measures the choices).
+    max_num_batched_tokens: int = 2048
+    prefill_with_decodes: int = 512
+    prefill_chunk: int = 256
+    max_waiting: int = 1024
+    aging_seconds: float = 10.0
+    preemption: str = "swap"  # or "recompute"
+    max_context: int | None = None  # tokens per sequence; None: the model's (the engine sets it)
+    eos_token_ids: tuple[int, ...] = ()  # the engine sets the model's
+    # Full-attention blocks a step with a streamed row may stage (wicore.kv.stream); None:
+    # nothing streams (the engine sets it from EngineConfig.kv_stream_tokens).
+    max_staged_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if min(self.max_num_seqs, self.max_num_batched_tokens, self.prefill_with_decodes, self.prefill_chunk) < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens, prefill_with_decodes and prefill_chunk must be positive")
+        if self.preemption not in ("swap", "recompute"):
+            raise ValueError(f"preemption {self.preemption!r}: choose swap or recompute")
+
+    def at_least(self, tokens: int) -> SchedulerConfig:
+        """This config with room for a chunk of `tokens` in every step (an image's, run whole)."""
+        return dataclasses.replace(
+            self,
+            max_num_batched_tokens=max(self.max_num_batched_tokens, tokens),
+            prefill_with_decodes=max(self.prefill_with_decodes, tokens),
+            prefill_chunk=max(self.prefill_chunk, tokens),
+        )
+
+
+@dataclass
+class StepBudget:
+    """What is left of one step: tokens in all, and tokens prefill chunks may still take."""
+
+    tokens: int
+    prefill: int
+    chunk: int  # the most one request prefills
+
+    @property
+    def prefill_room(self) -> int:
+        """The longest prefill chunk that still fits this step."""
+        return max(0, min(self.tokens, self.prefill, self.chunk))
+
+    def fits(self, req: Request) -> int:
+        """Tokens `req` would run this step (0: none fit). One token left to run is a decode;
+        more are a prefill chunk (a prompt, or tokens to recompute), which never cuts an image."""
+        left = req.num_tokens - req.num_computed
+        return min(left, self.tokens) if left == 1 else req.chunk(min(left, self.prefill_room))
+
+    def spend(self, req: Request, n: int) -> None:
+        """`req` runs `n` tokens (call before its num_computed moves)."""
+        self.tokens -= n
+        if req.num_tokens - req.num_computed > 1:
+            self.prefill -= n
+
+
+@dataclass
+class StageBudget:
+    """What a step may still stage. When any row of a step streams, the runner stages every row's
+    full-attention blocks (the graph reads one buffer per layer), so their sum must fit."""
+
+    capacity: int | None  # SchedulerConfig.max_staged_blocks
+    num_blocks: int = 0  # the full-attention blocks of the step's rows so far
+    streams: bool = False  # whether one of them streams
+
+    def admits(self, num_blocks: int, streams: bool) -> bool:
+        """Whether a row with `num_blocks` full blocks (streamed or not) still fits the step."""
+        if self.capacity is None or not (self.streams or streams):
+            return True
+        return self.num_blocks + num_blocks <= self.capacity
+
+    def take(self, num_blocks: int, streams: bool) -> None:
+        self.num_blocks += num_blocks
+        self.streams = self.streams or streams
+
+
+@dataclass
+class SchedulerStats:
+    num_prompt_tokens: int = 0  # prompt tokens of admitted requests
+    num_cached_tokens: int = 0  # of those, found in the prefix cache
+    num_computed_prompt_tokens: int = 0  # prompt tokens actually run through the graphs
+    num_generated_tokens: int = 0
+    num_preempted_swap: int = 0
+    num_preempted_recompute: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.num_cached_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0

@@ -1,0 +1,234 @@
+"""Decode steps replayed from CUDA graphs that ONNX Runtime captures (CUDA EP, paged attention).
+
+At batch 1 a decode step of the 27B shape spends more time dispatching ~60 ONNX Runtime kernels
+a layer than reading the weights (docs/PERFORMANCE.md). ONNX Runtime's CUDA EP can capture a
+session's run into a CUDA graph and replay it (`enable_cuda_graph`), as vLLM does with its
+decode steps, provided that every input and output of the run stays at one device address with
+one shape. So each batch-size bucket (1, 2, 4, 8, ... rows) gets its own inputs, allocated
+once on the device and refilled in place each step, and its own graph id:
+
+    rows ──► padded to the bucket ──► copied into the bucket's device inputs ──► replay ──► greedy tokens, draws
+             (extra rows: one token at position 0 in the sink block; their tokens are dropped)
+
+The block tables have a fixed width too (the most blocks a sequence can hold), and the paged
+attention's host-side bounds are the largest the step can see, so the kernels chosen at capture
+stay valid as sequences grow. Every decode step runs this way: the greedy tokens come back to
+the host, the sampling head's draws when a row samples there, and the [rows, vocab] logits only
+when a row needs them (they are written into the bucket's device buffer either way). Prefill chunks and image prompts run uncaptured (graph id -1).
+
+A bucket's per-step inputs are views into one host buffer allocated with it (StepInputs): a step
+writes the batch into them and copies the whole buffer to the device in one transfer, where each
+input was its own copy (and its own padded array) before: nothing is allocated on the way.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from wicore.executor.batch import BatchInputs
+from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
+from wicore.graph import io
+
+_HOST = (io.ATTENTION_BOUNDS, io.WINDOW_ATTENTION_BOUNDS)  # read by the op on the host, at capture
+
+
+def buckets(max_rows: int) -> list[int]:
+    """1, 2, 4, ... up to the first power of two that holds `max_rows`."""
+    out = [1]
+    while out[-1] < max_rows:
+        out.append(out[-1] * 2)
+    return out
+
+
+class StepInputs:
+    """Inputs of fixed shapes, each a typed view into one host buffer whose bytes one transfer
+    copies to a device buffer of the same layout (`sync`); `bind` binds each input to its place there."""
+
+    ALIGN = 64
+
+    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], type]], device: tuple[str, int]) -> None:
+        from wicore.devices.providers import onnxruntime
+
+        self.offsets: dict[str, int] = {}
+        self.shapes = shapes
+        size = 0
+        for name, (shape, dtype) in shapes.items():
+            size = -(-size // self.ALIGN) * self.ALIGN
+            self.offsets[name] = size
+            size += int(np.prod(shape)) * np.dtype(dtype).itemsize
+        self.host = np.zeros(max(size, 1), np.uint8)
+        self.views = {name: self._view(self.offsets[name], shape, np.dtype(dtype)) for name, (shape, dtype) in shapes.items()}
+        self.device = device
+        self.buffer = onnxruntime().OrtValue.ortvalue_from_shape_and_type([self.host.size], np.uint8, *device)
+
+    def _view(self, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return self.host[offset : offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+
+    def put(self, name: str, array: np.ndarray, fill: float) -> None:
+        """Write `array` into the leading rows / columns of input `name`, `fill` elsewhere; an input
+        not held here (one the graphs do not take: an older or newer export's) is skipped."""
+        view = self.views.get(name)
+        if view is None:
+            return
+        view.fill(fill)
+        view[tuple(slice(0, n) for n in array.shape)] = array
+
+    def sync(self) -> None:
+        self.buffer.update_inplace(self.host)
+
+    def bind(self, binding: object, names: set[str]) -> None:
+        base = self.buffer.data_ptr()
+        for name in names & self.offsets.keys():
+            shape, dtype = self.shapes[name]
+            binding.bind_input(name, *self.device, dtype, list(shape), base + self.offsets[name])  # type: ignore[attr-defined]
+
+
+@dataclass
+class _Bucket:
+    rows: int
+    graph_id: int
+    inputs: StepInputs
+    bindings: list[object]  # one IOBinding a partition, bound once
+    outputs: dict[str, object]  # the last partition's: name -> OrtValue on its device (greedy, logits, draws)
+
+
+class DecodeGraphs:
+    """Captured decode steps of a ModelGraphs whose partitions all run on one CUDA device."""
+
+    def __init__(self, graphs, block_size: int, max_rows: int, max_blocks: int, max_window_blocks: int, max_context: int) -> None:
+        from wicore.devices.providers import onnxruntime
+
+        self._ort = onnxruntime()
+        # The graphs own this object: a strong reference back would make the pair a cycle that only
+        # the garbage collector frees, and an engine dropped in a loop (the benchmarks) would keep
+        # its sessions' device memory until then (seen on an H100: out of memory at the 7th engine).
+        self.graphs = weakref.proxy(graphs)
+        self.sink_slot = io.SINK_BLOCK * block_size  # offset 0 of the sink block
+        self.max_blocks = max_blocks
+        self.max_window_blocks = max(max_window_blocks, 1)
+        self.max_context = max_context
+        self._buckets = [self._bucket(n, i) for i, n in enumerate(buckets(max_rows))]
+
+    def _bucket(self, rows: int, graph_id: int) -> _Bucket:
+        ort, graphs = self._ort, self.graphs
+        kind, index = graphs.devices[0].ort_device
+        hidden = graphs.manifest.config.hidden_size
+        shapes: dict[str, tuple[tuple[int, ...], type]] = {
+            io.INPUT_IDS: ((rows, 1), np.int64),
+            io.POSITIONS: ((rows, 1), np.int64),
+            io.SLOT_MAPPING: ((rows, 1), np.int64),
+            io.BLOCK_TABLES: ((rows, self.max_blocks), np.int64),
+            io.WINDOW_SLOT_MAPPING: ((rows, 1), np.int64),
+            io.WINDOW_BLOCK_TABLES: ((rows, self.max_window_blocks), np.int64),
+            io.CUMULATIVE_SEQLENS: ((rows + 1,), np.int32),
+            io.PAST_SEQLENS: ((rows,), np.int32),
+            io.WINDOW_PAST_SEQLENS: ((rows,), np.int32),
+            io.WINDOW_LOGICAL_TABLES: ((rows, self.max_blocks), np.int64),
+            io.LOGITS_INDICES: ((rows,), np.int64),
+        }
+        if graphs.has_sampling_head:
+            shapes |= {io.SAMPLING_TEMPERATURE: ((rows,), np.float32), io.SAMPLING_UNIFORM: ((rows,), np.float32)}
+        taken = set().union(*(graphs.input_names(i) for i in range(len(graphs.sessions))))
+        inputs = StepInputs({name: shape for name, shape in shapes.items() if name in taken}, (kind, index))
+        inputs.put(io.CUMULATIVE_SEQLENS, np.arange(rows + 1, dtype=np.int32), 0)  # one token a row: fixed
+        inputs.put(io.LOGITS_INDICES, np.arange(rows, dtype=np.int64), 0)
+        bounds = np.asarray([1, self.max_context], np.int32)
+        # the largest bounds: the kernels chosen at capture hold for every replay
+        host = {name: ort.OrtValue.ortvalue_from_numpy(bounds.copy()) for name in _HOST}
+        outputs = {
+            name: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, kind, index)
+            for name, (shape, dtype) in self._output_shapes(rows).items()
+        }
+        handoff = [
+            ort.OrtValue.ortvalue_from_shape_and_type([rows, 1, hidden], np.float32, kind, index) for _ in graphs.sessions[:-1]
+        ]
+        bindings = []
+        for i, (record, session) in enumerate(zip(graphs.manifest.partitions, graphs.sessions)):
+            binding = session.io_binding()
+            names = set(graphs.input_names(i))
+            inputs.bind(binding, names)
+            for name, value in host.items():
+                if name in names:
+                    binding.bind_ortvalue_input(name, value)
+            if i > 0:
+                binding.bind_ortvalue_input(io.HIDDEN_STATES, handoff[i - 1])
+            graphs.bind_kv(binding, record)
+            if record.has_lm_head:
+                for name, value in outputs.items():
+                    binding.bind_ortvalue_output(name, value)
+            else:
+                binding.bind_ortvalue_output(io.HIDDEN_STATES_OUT, handoff[i])
+            bindings.append(binding)
+        return _Bucket(rows, graph_id, inputs, bindings, outputs)
+
+    def _output_shapes(self, rows: int) -> dict[str, tuple[tuple[int, ...], type]]:
+        graphs = self.graphs
+        shapes: dict[str, tuple[tuple[int, ...], type]] = {
+            io.LOGITS: ((rows, graphs.manifest.config.vocab_size), np.float32),
+            io.GREEDY_TOKENS: ((rows,), np.int64),
+        }
+        if graphs.has_sampling_head:
+            k = next(o.shape[-1] for o in graphs.sessions[-1].get_outputs() if o.name == io.TOP_PROBS)
+            shapes |= {
+                io.SAMPLED_TOKENS: ((rows,), np.int64),
+                io.TOP_PROBS: ((rows, k), np.float32),
+                io.TOP_IDS: ((rows, k), np.int64),
+            }
+        return shapes
+
+    def can_run(self, batch: BatchInputs) -> bool:
+        rows, seq = batch.input_ids.shape
+        return (
+            seq == 1
+            and rows <= self._buckets[-1].rows
+            and max(batch.block_tables.shape[1], batch.window_logical_tables.shape[1]) <= self.max_blocks
+            and batch.window_block_tables.shape[1] <= self.max_window_blocks
+        )
+
+    def run(self, batch: BatchInputs, logits: bool, sampling: SamplingInputs | None = None) -> GraphOutputs:
+        """A decode batch (`can_run`) from a replayed graph: each row's greedy token, with `logits`
+        the rows' [rows, vocab] logits, with `sampling` the sampling head's draws."""
+        rows = batch.input_ids.shape[0]
+        bucket = next(b for b in self._buckets if b.rows >= rows)
+        self._write(batch, bucket.inputs, sampling)
+        options = self._ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(bucket.graph_id))
+        for session, binding in zip(self.graphs.sessions, bucket.bindings):
+            session.run_with_iobinding(binding, options)
+        rows_of = {name: _Rows(value, rows) for name, value in bucket.outputs.items()}
+        return graph_outputs(rows_of, logits, sampling is not None, None)
+
+    def _write(self, batch: BatchInputs, inputs: StepInputs, sampling: SamplingInputs | None) -> None:
+        """The batch's inputs into the bucket's, copied to the device: extra rows decode one token at
+        position 0 of the sink block, and the tables are padded with the sink to their fixed width.
+        Without `sampling`, an export with the sampling head draws at temperature 1 (the draws go
+        unread)."""
+        sink, sink_slot = io.SINK_BLOCK, self.sink_slot
+        inputs.put(io.INPUT_IDS, batch.input_ids, 0)
+        inputs.put(io.POSITIONS, batch.positions, 0)
+        inputs.put(io.SLOT_MAPPING, batch.slot_mapping, sink_slot)
+        inputs.put(io.BLOCK_TABLES, batch.block_tables, sink)
+        inputs.put(io.WINDOW_SLOT_MAPPING, batch.window_slot_mapping, sink_slot)
+        inputs.put(io.WINDOW_BLOCK_TABLES, batch.window_block_tables, sink)
+        inputs.put(io.PAST_SEQLENS, batch.past_seqlens, 0)
+        inputs.put(io.WINDOW_PAST_SEQLENS, batch.window_past_seqlens, 0)
+        inputs.put(io.WINDOW_LOGICAL_TABLES, batch.window_logical_tables, sink)
+        if self.graphs.has_sampling_head:
+            head = sampling or SamplingInputs.unused(batch.input_ids.shape[0])
+            inputs.put(io.SAMPLING_TEMPERATURE, head.temperature, 1)
+            inputs.put(io.SAMPLING_UNIFORM, head.uniform, 0)
+        inputs.sync()
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The first `rows` rows of one of a bucket's device outputs, copied to the host on `numpy()`."""
+
+    value: object
+    rows: int
+
+    def numpy(self) -> np.ndarray:
+        return self.value.numpy()[: self.rows]  # type: ignore[attr-defined]

@@ -1,0 +1,180 @@
+"""Runs one batch through the partitions' ONNX Runtime sessions, KV buffers bound in place.
+
+Each layer's `key_cache.{i}` input and `key_cache_out.{i}` output are bound to the same
+OrtValue of wicore.kv.buffers, so the graph's ScatterND writes the new tokens
+straight into the buffer and no run allocates or copies one. Hidden states pass from one
+partition to the next as OrtValues, without a trip through NumPy when the devices allow.
+
+    BatchInputs ──► part-00 (embed, layers) ──► part-01 ... ──► part-NN (lm head) ──► logits [num_logits, vocab]
+                        │ binds key/value buffers of its layers, in place │
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wicore.devices.providers import Device, DeviceError, onnxruntime, session_options
+from wicore.executor.batch import BatchInputs
+from wicore.executor.cuda_graphs import DecodeGraphs
+from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
+from wicore.graph import io
+from wicore.graph.manifest import Manifest
+from wicore.graph.paged_attention import flash_page_size
+from wicore.kv.buffers import KVBuffers
+from wicore.kv.stream import StagedRun
+
+
+def can_capture(manifest: Manifest, devices: Sequence[Device]) -> bool:
+    """Decode steps can be captured: a paged-attention export, every partition on one CUDA device."""
+    one_gpu = devices[0].capability.name == "cuda" and all(d == devices[0] for d in devices)
+    return manifest.attention == "paged" and one_gpu
+
+
+class ModelGraphs:
+    """One ONNX Runtime session per partition, each on its device, bound to the KV buffers."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        manifest: Manifest,
+        buffers: KVBuffers,
+        devices: Sequence[Device],
+        num_threads: int | None = None,
+        profile_prefix: str | None = None,  # ONNX Runtime's profiler on (tools/profile_step.py)
+        cuda_graphs: bool | None = False,  # decode steps captured and replayed (runtime/cuda_graphs.py)
+        block_size: int | None = None,  # cuda_graphs None: on where they can be and blocks are FlashAttention's
+    ) -> None:
+        ort = onnxruntime()
+        self.manifest = manifest
+        self.buffers = buffers
+        self.devices = list(devices)
+        if len(self.devices) != len(manifest.partitions):
+            raise ValueError(f"{len(self.devices)} devices for {len(manifest.partitions)} partitions")
+        for device in self.devices:
+            device.check_can_run(manifest.dtype, manifest.op_flavour, manifest.attention)
+        if cuda_graphs is None:  # greedy and sampled tokens measured identical to uncaptured there (PERFORMANCE.md)
+            tile = flash_page_size(manifest.config.head_dim)
+            cuda_graphs = can_capture(manifest, self.devices) and block_size is not None and block_size % tile == 0
+        self.cuda_graphs = cuda_graphs
+        if cuda_graphs and not can_capture(manifest, self.devices):
+            raise DeviceError("CUDA graphs need an export with --attention paged, every partition on one cuda device")
+        opts = session_options(num_threads, profile_prefix, self.devices)
+        self.sessions = [
+            ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers(cuda_graphs))
+            for p, d in zip(manifest.partitions, self.devices)
+        ]
+        self._input_names = [{i.name for i in s.get_inputs()} for s in self.sessions]
+        self.has_greedy_tokens = io.GREEDY_TOKENS in manifest.partitions[-1].outputs
+        self.has_sampling_head = manifest.partitions[-1].has_sampling_head
+        self.decode_graphs: DecodeGraphs | None = None
+        self._run_options = None
+        if cuda_graphs:  # a session that captures runs uncaptured only when told so
+            self._run_options = ort.RunOptions()
+            self._run_options.add_run_config_entry("gpu_graph_id", "-1")
+
+    def enable_decode_graphs(
+        self, block_size: int, max_rows: int, max_blocks: int, max_window_blocks: int, max_context: int
+    ) -> None:
+        """Replay greedy decode steps of up to `max_rows` rows from captured CUDA graphs."""
+        self.decode_graphs = DecodeGraphs(self, block_size, max_rows, max_blocks, max_window_blocks, max_context)
+
+    def input_names(self, partition: int) -> set[str]:
+        return self._input_names[partition]
+
+    def bind_kv(self, binding, record, staged: StagedRun | None = None) -> None:
+        """Bind the partition's KV buffers as its cache inputs and, in place, its cache outputs
+        (in a staged run, each full-attention layer's stage: wicore.kv.stream)."""
+        for layer in range(record.start, record.stop):
+            key, value = (staged.values(layer) if staged is not None else None) or self.buffers.values(layer)
+            binding.bind_ortvalue_input(io.key_cache(layer), key)
+            binding.bind_ortvalue_output(io.key_cache_out(layer), key)
+            binding.bind_ortvalue_input(io.value_cache(layer), value)
+            binding.bind_ortvalue_output(io.value_cache_out(layer), value)
+
+    def _handoff_device(self, partition: int) -> tuple[str, int]:
+        """Where partition `partition` writes its hidden states: the next partition's device if
+        that is host memory or its own device, else its own device."""
+        own, nxt = self.devices[partition].ort_device, self.devices[partition + 1].ort_device
+        return nxt if nxt[0] == "cpu" or nxt == own else own
+
+    def run(
+        self,
+        batch: BatchInputs,
+        logits: bool = True,
+        images: dict[str, np.ndarray] | None = None,
+        sampling: SamplingInputs | None = None,
+        staged: StagedRun | None = None,
+    ) -> GraphOutputs:
+        """Run every partition for one batch. With `logits` False and a graph that gives the greedy
+        tokens, only those come back to the host (the logits stay on the device, unread). `images`:
+        the image inputs of a multimodal export (wicore.executor.vision.VisionEncoder.decoder_inputs).
+        `sampling` (exports with the sampling head): the rows' draws come back too. `staged`: the
+        rows stream, their full-attention blocks staged around each partition (uncaptured)."""
+        want_logits = logits or not self.has_greedy_tokens
+        if sampling is not None and not self.has_sampling_head:
+            raise ValueError("this export has no sampling head (wicore-export --sampling-head on)")
+        if staged is None and not images and self.decode_graphs is not None and self.decode_graphs.can_run(batch):
+            return self.decode_graphs.run(batch, want_logits, sampling)
+        hidden = None
+        out: dict[str, Any] = {}
+        mass = None
+        parts = list(zip(self.manifest.partitions, self.sessions))
+        for i, (record, session) in enumerate(parts):
+            binding = session.io_binding()
+            # Hidden states go straight to the next partition's device when this session can
+            # write there (its own device, or host memory); between two accelerators they pass
+            # through the host, since a session has no allocator for another card.
+            results = self._result_devices(i, record, want_logits, sampling is not None)
+            for name, device in results.items():
+                binding.bind_output(name, *device)
+            if record.has_embedding:
+                binding.bind_cpu_input(io.INPUT_IDS, batch.input_ids)
+            elif hidden is None:
+                raise ValueError(f"partition {i} takes hidden states, but no partition before it made any")
+            elif self._handoff_device(i - 1) == self.devices[i].ort_device:
+                binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
+            else:
+                binding.bind_cpu_input(io.HIDDEN_STATES, hidden.numpy())
+            step_inputs = {**batch.paging_inputs(), **(images or {})}
+            if record.has_lm_head:
+                step_inputs[io.LOGITS_INDICES] = batch.logits_indices
+                if self.has_sampling_head:
+                    head = sampling or SamplingInputs.unused(len(batch.logits_indices))
+                    step_inputs[io.SAMPLING_TEMPERATURE] = head.temperature
+                    step_inputs[io.SAMPLING_UNIFORM] = head.uniform
+            for name, array in step_inputs.items():
+                if name in self._input_names[i]:
+                    binding.bind_cpu_input(name, array)
+            self.bind_kv(binding, record, staged)
+            if staged is not None:
+                staged.before(i)
+            session.run_with_iobinding(binding, self._run_options)
+            if staged is not None:
+                staged.after(i)
+            out = dict(zip(results, binding.get_outputs()))
+            hidden = out.get(io.HIDDEN_STATES_OUT)
+            if record.has_attention_stats:
+                part = out[io.ATTENTION_MASS].numpy()
+                mass = part if mass is None else mass + part
+        return graph_outputs(out, want_logits, sampling is not None, mass)
+
+    def _result_devices(self, partition: int, record, want_logits: bool, draws: bool) -> dict[str, tuple[str, int]]:
+        """The partition's outputs this step reads, and where each is written."""
+        host = ("cpu", 0)
+        if not record.has_lm_head:
+            results = {io.HIDDEN_STATES_OUT: self._handoff_device(partition)}
+        else:
+            results = {}
+            if want_logits or draws:  # with draws, unread unless a row needs them (read_logits)
+                results[io.LOGITS] = host if want_logits else self.devices[partition].ort_device
+            if self.has_greedy_tokens:
+                results[io.GREEDY_TOKENS] = host
+            if draws:
+                results.update({io.SAMPLED_TOKENS: host, io.TOP_PROBS: host, io.TOP_IDS: host})
+        if record.has_attention_stats:
+            results[io.ATTENTION_MASS] = host
+        return results

@@ -1,0 +1,190 @@
+"""The model runner: scheduled rows in, sampled tokens (or per-row failures) out.
+
+    rows ──► by length ──► build_batch ──► ModelGraphs.run ──► logits per row ──► Sampler ──► RunResult
+                                                          └──► greedy tokens (argmax in the graph) ──┘
+
+When every row of a batch decodes greedily (no penalties, no logprobs, no prompt logits) only the
+graph's argmax comes back to the host, not [rows, vocab] float32 logits (1 MB a row for Gemma 3).
+An export with the sampling head (wicore/graph/sampling.py) draws tempered rows in the graph too:
+a row that keeps the whole distribution passes its uniform draw in and reads its token back, a
+top-k / top-p row picks from the head's 64 candidates, and the logits are read only for a row
+they cannot decide (a nucleus past the candidates) or that needs them (penalties, logprobs).
+
+A model with a vision partition also gets, per batch, the embeddings of the image tokens its
+rows run and where their images end (wicore.executor.vision); each image of the step is encoded
+once, or taken from the encoder's cache.
+
+A verification row (a decode with draft tokens, wicore.engine.speculative) gets logits at each of
+its positions and keeps the drafts its request's sampler agrees with.
+
+Rows of the same length run as one batch, so nothing is padded: the decode rows (one token
+each) together, prefill chunks of equal length (prompts of one size, or chunks cut at the
+prefill chunk) together, any other chunk alone. The runner keeps each request's Sampler (its
+seeded generator and penalty counts) from the request's first row until the scheduler says it
+ended; rows carry only plain data.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Sequence
+
+import numpy as np
+
+from wicore.executor.batch import build_batch
+from wicore.executor.graph_io import Draws, SamplingInputs
+from wicore.executor.graphs import ModelGraphs
+from wicore.executor.sampler import MIN_TEMPERATURE, Sampler, verify_row
+from wicore.executor.vision import VisionEncoder
+from wicore.graph.sampling import TOP_CANDIDATES
+from wicore.kv.stream import KVStreamer
+from wicore.types.sampling import Sample, SamplingParams
+from wicore.types.step import RunResult, ScheduledRow
+
+
+class ModelRunner:
+    """Rows in, sampled tokens out, over the model's graphs (see the module docstring)."""
+
+    def __init__(
+        self, graphs: ModelGraphs, block_size: int, vision: VisionEncoder | None = None, streamer: KVStreamer | None = None
+    ) -> None:
+        self.graphs = graphs
+        self.block_size = block_size
+        self.vision = vision
+        self.streamer = streamer  # stages the blocks of streamed rows (wicore.kv.stream)
+        self._samplers: dict[str, Sampler] = {}
+
+    def execute(self, rows: Sequence[ScheduledRow], ended_request_ids: Sequence[str] = ()) -> RunResult:
+        """Run `rows` (any mix of prefill chunks and decodes) and sample where a row asks.
+
+        A row whose sampling fails gets no sample and its traceback in `failed`; the other rows
+        go on. `ended_request_ids` are requests the scheduler finished: their samplers go."""
+        for request_id in ended_request_ids:
+            self._samplers.pop(request_id, None)
+        result = RunResult()
+        by_length: dict[int, list[ScheduledRow]] = {}
+        for row in rows:
+            by_length.setdefault(len(row.token_ids), []).append(row)
+        vision = self.vision
+        features = vision.features(span.image for row in rows for span in row.images) if vision is not None else {}
+        for length, group in by_length.items():
+            images = vision.decoder_inputs(group, length, features) if vision is not None else None
+            drawn = self._drawn_rows(group)
+            sampling = self._sampling_inputs(group, drawn) if drawn else None
+            logits = any(_needs_logits(row) and row.request_id not in drawn for row in group)
+            batch_rows, staged = group, None
+            if any(row.full_locations for row in group):  # a row streams: every row's blocks are staged
+                if self.streamer is None:
+                    raise ValueError("a streamed row, but the engine has no KV stages (kv_stream_tokens)")
+                staged = self.streamer.run(group, self.block_size)
+                batch_rows = staged.plan.rows
+            batch = build_batch(batch_rows, self.block_size)
+            out = self.graphs.run(batch, logits=logits, images=images, sampling=sampling, staged=staged)
+            host_logits = out.logits
+            offset = 0
+            for i, row in enumerate(group):
+                offset += row.num_logits
+                if out.attention_mass is not None:
+                    result.attention[row.request_id] = out.attention_mass[i, : len(row.block_ids)]
+                if row.draft_ids:
+                    self._verify(row, host_logits, out.greedy_tokens, offset, result)
+                    continue
+                if row.request_id in drawn:
+                    assert out.draws is not None
+                    if self._from_draws(row, out.draws, offset - 1, drawn[row.request_id], result):
+                        continue
+                    if host_logits is None:  # the candidates did not hold the nucleus: the logits decide
+                        host_logits = out.read_logits()
+                if host_logits is None:  # every row samples greedily: the graph's argmax is the token
+                    if row.needs_sample:
+                        assert out.greedy_tokens is not None
+                        result.sampled[row.request_id] = Sample(int(out.greedy_tokens[offset - 1]))
+                else:
+                    row_logits = host_logits[offset - row.num_logits : offset]
+                    if row.num_logits and out.logits is not None:
+                        result.logits[row.request_id] = row_logits  # a view: no copy for a decode row
+                    if row.needs_sample:
+                        self._sample(row, row_logits[-1], result)
+        return result
+
+    def _drawn_rows(self, group: Sequence[ScheduledRow]) -> dict[str, bool]:
+        """The rows whose token the graph's sampling head draws (request id -> whether the row
+        keeps the whole distribution, so the head's own inverse-CDF token is it)."""
+        if not self.graphs.has_sampling_head:
+            return {}
+        return {
+            row.request_id: row.params.top_k == 0 and row.params.top_p == 1.0
+            for row in group
+            if row.needs_sample and not row.draft_ids and _drawn_in_graph(row.params)
+        }
+
+    def _sampling_inputs(self, group: Sequence[ScheduledRow], drawn: dict[str, bool]) -> SamplingInputs:
+        num_logits = sum(row.num_logits for row in group)
+        temperature = np.ones(num_logits, np.float32)
+        uniform = np.zeros(num_logits, np.float32)
+        offset = 0
+        for row in group:
+            offset += row.num_logits
+            whole = drawn.get(row.request_id)
+            if whole is not None:
+                temperature[offset - 1] = max(row.params.temperature, MIN_TEMPERATURE)
+                if whole:
+                    uniform[offset - 1] = self._sampler(row).uniform()
+        return SamplingInputs(temperature, uniform)
+
+    def _from_draws(self, row: ScheduledRow, draws: Draws, index: int, whole: bool, result: RunResult) -> bool:
+        """The row's token from the sampling head's draws, into `result`; False when its
+        candidates cannot decide it."""
+        try:
+            token = (
+                int(draws.tokens[index])
+                if whole
+                else self._sampler(row).from_candidates(draws.top_probs[index], draws.top_ids[index])
+            )
+        except Exception:  # this request's sampling failed: it fails alone
+            result.failed[row.request_id] = traceback.format_exc()
+            return True
+        if token is not None:
+            result.sampled[row.request_id] = Sample(token)
+        return token is not None
+
+    def _verify(
+        self, row: ScheduledRow, logits: np.ndarray | None, greedy: np.ndarray | None, end: int, result: RunResult
+    ) -> None:
+        """A verification row's tokens (wicore.engine.speculative), from its logits, or from the
+        graph's argmax when every row of the batch decodes greedily."""
+        start = end - row.num_logits
+        try:
+            result.verified[row.request_id] = verify_row(
+                row.draft_ids,
+                self._sampler(row),
+                None if logits is None else logits[start:end],
+                None if greedy is None else greedy[start:end],
+            )
+        except Exception:  # this request's sampling failed: it fails alone
+            result.failed[row.request_id] = traceback.format_exc()
+
+    def _sampler(self, row: ScheduledRow) -> Sampler:
+        sampler = self._samplers.get(row.request_id)
+        if sampler is None:
+            sampler = self._samplers[row.request_id] = Sampler(row.params)
+        return sampler
+
+    def _sample(self, row: ScheduledRow, logits: np.ndarray, result: RunResult) -> None:
+        try:
+            result.sampled[row.request_id] = self._sampler(row).sample(logits)
+        except Exception:  # this request's sampling failed: it fails alone
+            result.failed[row.request_id] = traceback.format_exc()
+
+
+def _drawn_in_graph(p: SamplingParams) -> bool:
+    """Whether a sampling head can draw the row: a tempered draw, top-k within the head's
+    candidates, nothing that needs the logits on the host (penalties, logprobs, prompt logits)."""
+    return not (p.is_greedy or p.has_penalties or p.prompt_logits) and p.logprobs is None and p.top_k <= TOP_CANDIDATES
+
+
+def _needs_logits(row: ScheduledRow) -> bool:
+    """Whether the row needs its logits on the host: prompt logits, or a sampler that is more
+    than an argmax (temperature, penalties, logprobs)."""
+    p = row.params
+    return p.prompt_logits or (row.needs_sample and not (p.is_greedy and not p.has_penalties and p.logprobs is None))

@@ -1,0 +1,111 @@
+"""How the engine's KV cache is laid out: block groups, blocks per tier, and the cache built on them.
+
+The full-attention layers and the sliding-window layers are two block groups
+(wicore.kv.cache). Each tier's byte budget is shared between them: the window group
+gets what its running sequences can use at most, its window (plus a prefill chunk)
+each, capped at an even split; the full group gets the rest. So at long context most
+of the memory goes to the full-attention layers, whose blocks cover the whole context.
+
+    bytes per block   full:   num_full_layers   * 2 * block_size * kv_heads * row
+                      window: num_window_layers * 2 * block_size * kv_heads * row
+                      row = head_dim * itemsize (int8 KV: (head_dim + 1) bytes, graph/kv_quant.py)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from wicore.blocks.block_groups import FULL, WINDOW
+from wicore.devices.placement import GIB
+from wicore.graph.kv_quant import kv_row_width
+from wicore.graph.manifest import Manifest
+from wicore.graph.paged_attention import flash_page_size
+from wicore.model.config import Gemma3Config
+
+log = logging.getLogger(__name__)
+
+
+def default_block_size(manifest: Manifest) -> int:
+    """16 tokens (as vLLM), or for a paged-attention export the block its FlashAttention kernels need."""
+    return block_size_for(manifest.config, manifest.attention)
+
+
+def block_size_for(cfg: Gemma3Config, attention: str) -> int:
+    """`default_block_size` of a model exported with `attention` (also for a config alone: `wicore plan`)."""
+    return flash_page_size(cfg.head_dim) if attention == "paged" else 16
+
+
+def choose_block_size(manifest: Manifest, requested: int | None) -> int:
+    """`requested`, or the model's default; a paged export warned where its kernels will be slow."""
+    size = requested or default_block_size(manifest)
+    tile = flash_page_size(manifest.config.head_dim)
+    if manifest.attention == "paged" and size % tile:
+        log.warning("KV blocks of %d tokens: the paged attention runs FlashAttention on multiples of %d only", size, tile)
+    return size
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The layers of each block group and the bytes of one block of each."""
+
+    full_layers: tuple[int, ...]
+    window_layers: tuple[int, ...]
+    window: int  # tokens a sliding layer sees
+    block_size: int
+    layer_block_bytes: int  # K and V of one layer's block
+
+    @classmethod
+    def of(cls, manifest: Manifest, block_size: int) -> KVLayout:
+        return cls.of_config(manifest.config, manifest.kv_dtype, block_size)
+
+    @classmethod
+    def of_config(cls, cfg: Gemma3Config, kv_dtype: str, block_size: int) -> KVLayout:
+        """The layout of a model's KV in `kv_dtype` (an export's, or a config's alone: `wicore plan`)."""
+        sliding = tuple(i for i in range(cfg.num_layers) if cfg.is_sliding(i))
+        full = tuple(i for i in range(cfg.num_layers) if not cfg.is_sliding(i))
+        if not full:
+            raise ValueError("the engine needs at least one full-attention layer")
+        row = kv_row_width(cfg.head_dim, kv_dtype) * np.dtype(kv_dtype).itemsize  # one token's K of one head
+        return cls(full, sliding, cfg.sliding_window, block_size, 2 * block_size * cfg.num_kv_heads * row)
+
+    @property
+    def has_window(self) -> bool:
+        return bool(self.window_layers)
+
+    def block_bytes(self, group: int) -> int:
+        return len(self.window_layers if group == WINDOW else self.full_layers) * self.layer_block_bytes
+
+    def window_blocks_per_sequence(self, prefill_chunk: int) -> int:
+        """Most window blocks one sequence holds in a step: its window plus a prefill chunk."""
+        return math.ceil((self.window - 1 + prefill_chunk) / self.block_size) + 1
+
+    def sequence_blocks(self, tokens: int) -> int:
+        """Full-attention blocks a sequence of `tokens` holds (its every token)."""
+        return -(-tokens // self.block_size)
+
+    def pool_bytes(self, num_seqs: int, tokens: int, prefill_chunk: int) -> int:
+        """Device pool bytes (`--kv-pool-gb`) in which the engine holds `num_seqs` sequences of `tokens`
+        each, with `max_num_seqs` = num_seqs: the bytes whose `split` gives the full group their
+        blocks and the window group its whole reservation (`plan_tiers`), each plus the sink."""
+        full = num_seqs * self.sequence_blocks(tokens) + 1
+        if not self.has_window:
+            return full * self.block_bytes(FULL)
+        window = num_seqs * self.window_blocks_per_sequence(prefill_chunk) + 1
+        return max(full, window) * self.block_bytes(FULL) + window * self.block_bytes(WINDOW)
+
+    def split(self, num_bytes: float, window_need: int) -> tuple[int, int]:
+        """(full, window) blocks from a byte budget: the window group takes at most
+        `window_need` blocks and at most an even split; the full group the rest."""
+        if not self.has_window:
+            return int(num_bytes // self.block_bytes(FULL)), 0
+        window = min(int(num_bytes // (self.block_bytes(FULL) + self.block_bytes(WINDOW))), window_need)
+        return int((num_bytes - window * self.block_bytes(WINDOW)) // self.block_bytes(FULL)), window
+
+
+def pool_gb_flag(num_bytes: int) -> str:
+    """`--kv-pool-gb`'s value for a pool of at least `num_bytes`: GiB rounded up to 0.01."""
+    return f"{-(-num_bytes * 100 // GIB) / 100:.2f}"
