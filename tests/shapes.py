@@ -1,18 +1,14 @@
 """Gemma-3-27B-IT's configuration (google/gemma-3-27b-it's config.json: its text config and the
 vision tower's size), for the tests that plan memory at the 27B shape without its weights."""
 
-GEMMA3_27B_TEXT = {
+from wicore.model.shapes import SHAPES
+
+_SIZES = {k: v for k, v in SHAPES["gemma3-27b"].items() if k != "depth"}
+GEMMA3_27B_TEXT = {  # as the checkpoint's config.json spells it (rope_theta / rope_scaling, not rope_parameters)
     "model_type": "gemma3_text",
-    "vocab_size": 262208,
-    "hidden_size": 5376,
-    "intermediate_size": 21504,
-    "num_hidden_layers": 62,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 16,
-    "head_dim": 128,
-    "sliding_window": 1024,
+    **_SIZES,
+    "num_hidden_layers": SHAPES["gemma3-27b"]["depth"],
     "max_position_embeddings": 131072,
-    "query_pre_attn_scalar": 168,
     "rope_theta": 1_000_000.0,
     "rope_local_base_freq": 10_000.0,
     "rope_scaling": {"rope_type": "linear", "factor": 8.0},

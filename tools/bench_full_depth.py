@@ -2,7 +2,7 @@
 device budget: does it fit a smaller card, and what does it cost against the whole card?
 
 tools/bench_long_shapes.py solves full-depth figures from three-layer models; this one runs the
-whole model. Its weights are random blocks made a layer at a time (tools/random_weights.py: no
+whole model. Its weights are random blocks made a layer at a time (wicore/export/random_weights.py: no
 checkpoint, which would not fit the device's disk beside the export), exported with one partition
 per full-attention layer (each partition's full layer then shares one stage when KV streams).
 
@@ -40,12 +40,12 @@ from typing import Any
 
 from bench_long_shapes import GIB, DeviceMemory, wicore_long
 from bench_long_shapes import Config as LongConfig
-from bench_shapes import SHAPES
 from benchlib import cuda_memory, write_record
-from random_weights import RandomFloatSource, RandomQuantSource
 
 from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.random_weights import RandomFloatSource, RandomQuantSource
 from wicore.graph.manifest import Manifest
+from wicore.model.shapes import SHAPES
 
 BALLAST = """
 import sys, torch

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
-from bench_shapes import SHAPES, VARIANTS, export, first_layers, hf_config
+from bench_shapes import VARIANTS, export, first_layers
 from benchlib import int_list, write_record
 
 from wicore.blocks.block_groups import FULL, WINDOW
@@ -57,6 +57,7 @@ from wicore.engine.scheduler import SchedulerConfig
 from wicore.graph.manifest import Manifest
 from wicore.kv.layout import KVLayout, choose_block_size
 from wicore.kv.stream import num_stages
+from wicore.model.shapes import SHAPES, hf_config
 from wicore.types.sampling import SamplingParams
 
 MODELS = {"s1f1": (1, 1), "s2f1": (2, 1), "s1f2": (1, 2)}  # name -> (sliding layers, full layers)

@@ -44,19 +44,9 @@ from profile_step import decode_steps, engine_config
 from wicore.engine.engine import Engine
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
+from wicore.model.shapes import SHAPES, hf_config
 from wicore.types.sampling import SamplingParams
 
-_PATTERN = 6  # five sliding layers, then a full one
-SHAPES: dict[str, dict[str, object]] = {
-    "gemma3-1b": dict(hidden_size=1152, intermediate_size=6912, num_attention_heads=4, num_key_value_heads=1,
-                      head_dim=256, query_pre_attn_scalar=256, vocab_size=262144, sliding_window=512, depth=26),
-    "gemma3-4b": dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=8, num_key_value_heads=4,
-                      head_dim=256, query_pre_attn_scalar=256, vocab_size=262208, sliding_window=1024, depth=34),
-    "gemma3-12b": dict(hidden_size=3840, intermediate_size=15360, num_attention_heads=16, num_key_value_heads=8,
-                       head_dim=256, query_pre_attn_scalar=256, vocab_size=262208, sliding_window=1024, depth=48),
-    "gemma3-27b": dict(hidden_size=5376, intermediate_size=21504, num_attention_heads=32, num_key_value_heads=16,
-                       head_dim=128, query_pre_attn_scalar=168, vocab_size=262208, sliding_window=1024, depth=62),
-}  # fmt: skip
 # variant -> export settings: fp16 graphs; "int4" / "int8" are ort-quant with 4- / 8-bit weights (fp16 activations on GPU)
 VARIANTS: dict[str, dict[str, object]] = {
     "portable": dict(dtype="fp16", attention="portable"),
@@ -109,16 +99,6 @@ class Config:
     top_p: float = 0.95
     threads: int = 1
     block_size: int | None = None  # None: the engine's default (a paged export: its FlashAttention tile)
-
-
-def hf_config(shape: str, layers: int) -> dict[str, object]:
-    s = {k: v for k, v in SHAPES[shape].items() if k != "depth"}
-    types = ["full_attention" if (i + 1) % _PATTERN == 0 else "sliding_attention" for i in range(layers)]
-    global_rope = {"rope_type": "default", "rope_theta": 1_000_000.0}
-    if shape != "gemma3-1b":
-        global_rope = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}
-    rope = {"full_attention": global_rope, "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
-    return dict(s, num_hidden_layers=layers, layer_types=types, max_position_embeddings=131072, rope_parameters=rope)
 
 
 def make_checkpoints(config: Config) -> dict[int, Path]:

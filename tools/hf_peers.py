@@ -7,13 +7,18 @@ import copy
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from bench_shapes import Config
+from typing import Protocol
 
 
-def hf_steps(folder: Path, config: Config) -> dict[int, float]:
+class StepConfig(Protocol):
+    """What the peers read of bench_shapes' Config (a protocol, so this module imports no tool back)."""
+
+    batches: tuple[int, ...]
+    context: int
+    steps: int
+
+
+def hf_steps(folder: Path, config: StepConfig) -> dict[int, float]:
     """Median decode step ms of HF transformers (bf16, sdpa) per batch size, argmax on the GPU."""
     import torch
     from transformers import Gemma3ForCausalLM
@@ -46,7 +51,7 @@ def hf_steps(folder: Path, config: Config) -> dict[int, float]:
     return times
 
 
-def hf_compiled_steps(folder: Path, config: Config) -> dict[int, float]:
+def hf_compiled_steps(folder: Path, config: StepConfig) -> dict[int, float]:
     """Median decode step ms of HF transformers bf16 with a static cache under
     `torch.compile(mode="reduce-overhead")` (CUDA graphs), the strongest torch peer.
 

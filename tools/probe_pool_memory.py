@@ -16,10 +16,10 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
-from bench_shapes import SHAPES, hf_config
 from benchlib import cuda_memory
 
 from wicore.model.config import DecoderConfig
+from wicore.model.shapes import SHAPES, hf_config
 
 GIB = 1 << 30
 WAYS = ("python-binding", "device_alloc")

@@ -1,11 +1,9 @@
-"""tools/random_weights.py: the random sources the full-depth benchmark exports the 27B shape from.
+"""wicore/export/random_weights.py: the random sources the full-depth benchmark exports the 27B shape from.
 The quantized one's float values are never made, so its export must equal one of the same blocks
 with their dequantized floats behind them (nothing in the ort-quant export reads the floats)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -14,11 +12,11 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from wicore.export import random_weights
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.model.config import DecoderConfig
 from wicore.model.quant import QuantizedTensor
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
 TINY = {
     "model_type": "gemma3_text", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -29,12 +27,7 @@ TINY = {
 
 @pytest.fixture(scope="module")
 def rw() -> ModuleType:
-    """tools/random_weights.py, with tools/ on the path for its import only (it imports bench_shapes)."""
-    sys.path.insert(0, str(TOOLS))
-    try:
-        return importlib.import_module("random_weights")
-    finally:
-        sys.path.remove(str(TOOLS))
+    return random_weights
 
 
 def materialized(rw: ModuleType, config: DecoderConfig) -> object:

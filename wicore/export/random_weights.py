@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_shapes import SHAPES, hf_config
 
 from wicore.model.config import DecoderConfig
 from wicore.model.quant import BlockQuant, QuantizedTensor
+from wicore.model.shapes import SHAPES, hf_config
 from wicore.model.weights import LayerWeights, expected_shapes
 
 INIT_STD = 0.02  # HF's initializer_range for Gemma 3
