@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from wicore.devices.device_alloc import LARGEST_FILL, by_graph, zeros, zeros_graph
+from wicore.devices.device_alloc import LARGEST_FILL, by_graph, zeros
+from wicore.devices.micrographs import zeros_graph
 from wicore.devices.providers import CAPABILITIES, Device, parse_device
 
 
@@ -25,7 +26,7 @@ def test_each_call_is_a_buffer_of_its_own():
 def test_the_graph_is_one_constant_of_shape_of_the_dtype():
     import onnx
 
-    model = onnx.load_from_string(zeros_graph(np.dtype(np.float16), 4))
+    model = zeros_graph(np.dtype(np.float16), 4)
     onnx.checker.check_model(model, full_check=True)
     assert [n.op_type for n in model.graph.node] == ["ConstantOfShape"]
     assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16

@@ -22,12 +22,9 @@ from functools import cache
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto, helper
 
+from wicore.devices.micrographs import zeros_graph
 from wicore.devices.providers import Device, onnxruntime, session_options
-
-OPSET = 17
-
 
 # ConstantOfShape's CUDA kernel (cuda::Fill) counts elements in an int32: a larger tensor would be
 # left partly unfilled, without an error (onnxruntime/core/providers/cuda/cu_inc/common.cuh, 1.31)
@@ -67,24 +64,11 @@ def buffer_pair(device: Device, shape: Sequence[int], dtype: Any) -> tuple[tuple
     return (zeros(device, shape, dtype), zeros(device, shape, dtype)), None
 
 
-def zeros_graph(dtype: np.dtype, rank: int) -> bytes:
-    """shape [rank] int64 -> zeros [*shape] of `dtype`."""
-    elem = helper.np_dtype_to_tensor_dtype(dtype)
-    node = helper.make_node("ConstantOfShape", ["shape"], ["zeros"], value=helper.make_tensor("value", elem, [1], [0]))
-    graph = helper.make_graph(
-        [node],
-        "wicore_zeros",
-        [helper.make_tensor_value_info("shape", TensorProto.INT64, [rank])],
-        [helper.make_tensor_value_info("zeros", elem, [f"d{i}" for i in range(rank)])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = min(model.ir_version, 10)
-    return model.SerializeToString()
-
-
 @cache
 def _session(device: Device, dtype: str, rank: int) -> Any:
     ort = onnxruntime()
     return ort.InferenceSession(
-        zeros_graph(np.dtype(dtype), rank), sess_options=session_options(1, devices=[device]), providers=device.providers()
+        zeros_graph(np.dtype(dtype), rank).SerializeToString(),
+        sess_options=session_options(1, devices=[device]),
+        providers=device.providers(),
     )

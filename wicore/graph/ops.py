@@ -62,7 +62,9 @@ class DataFile:
 class Graph:
     """Nodes, inputs, outputs and initializers of one ONNX graph under construction."""
 
-    def __init__(self, name: str, data: DataFile) -> None:
+    def __init__(self, name: str, data: DataFile | None = None) -> None:
+        """`data`: where `weight` writes; a graph of inline constants only (the runtime's
+        micro-graphs, wicore.devices.micrographs) needs none."""
         self.name = name
         self.data = data
         self.nodes: list[onnx.NodeProto] = []
@@ -87,6 +89,8 @@ class Graph:
         if name in self._weights:
             return name
         target = data or self.data
+        if target is None:
+            raise ValueError(f"weight {name!r}: this graph has no external data file")
         offset, length, dtype, shape = target.store(name, array)
         tensor = TensorProto()
         tensor.name = name

@@ -1,7 +1,7 @@
 """Tier 0 when the KV pools live in device memory: blocks copied by tiny ONNX graphs, in place.
 
 The step graphs own no copy path for a pool held on a GPU, and NumPy cannot slice it. So the
-store builds two graphs over the pools of one device, runs them with a session on that device,
+store builds two graphs (wicore.devices.micrographs) over the pools of one device, runs them with a session on that device,
 and binds each pool input to the pool's own OrtValue, each put output at the blocks' own
 addresses: the same in-place trick as the step graphs, so no pool is ever copied whole. (A
 ScatterND into the pools would write any frames in one run, but ONNX Runtime 1.31's moves fp16
@@ -29,79 +29,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
+from wicore.devices.micrographs import BLOCKS, FRAMES, copy_graph, gather_graph, pool_name, put_graph
 from wicore.devices.providers import Device, onnxruntime, session_options
 
-OPSET = 17
 HOST_PIECE_BYTES = 64 << 20  # BlockCopier.from_host copies host blocks in pieces of at most this
-SLOTS = "frames"
-BLOCKS = "blocks"
-
-
-def _pool_name(j: int) -> str:
-    """Pool j of the store: layer j // 2, key (even) or value (odd)."""
-    return f"{'key' if j % 2 == 0 else 'value'}_cache.{j // 2}"
-
-
-def _value_info(name: str, elem: int, shape: Sequence[int | str]) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem, list(shape))
-
-
-def gather_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
-    """frames [n] -> blocks [n, num_pools, *block_shape] (see the module docstring)."""
-    pool_shape: list[int | str] = ["num_blocks", *block_shape]
-    nodes = [helper.make_node("Constant", [], ["/axes_1"], value=helper.make_tensor("axes_1", TensorProto.INT64, [1], [1]))]
-    parts = []
-    for j in range(num_pools):
-        prefix = f"/pager/{_pool_name(j)}"
-        gathered, unsqueezed = f"{prefix}/Gather/output_0", f"{prefix}/Unsqueeze/output_0"
-        nodes.append(helper.make_node("Gather", [_pool_name(j), SLOTS], [gathered], name=f"{prefix}/Gather", axis=0))
-        nodes.append(helper.make_node("Unsqueeze", [gathered, "/axes_1"], [unsqueezed], name=f"{prefix}/Unsqueeze"))
-        parts.append(unsqueezed)
-    nodes.append(helper.make_node("Concat", parts, [BLOCKS], name="/pager/Concat", axis=1))
-    graph = helper.make_graph(
-        nodes,
-        "wicore_pager_gather",
-        [_value_info(SLOTS, TensorProto.INT64, ["n"])] + [_value_info(_pool_name(j), elem, pool_shape) for j in range(num_pools)],
-        [_value_info(BLOCKS, elem, ["n", num_pools, *block_shape])],
-    )
-    return _model(graph)
-
-
-def put_graph(num_pools: int, elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
-    """blocks [n, num_pools, *block_shape] -> `{pool_j}_out` = blocks[:, j], each bound by the caller
-    at n consecutive frames of pool j (see the module docstring)."""
-    nodes, outputs = [], []
-    for j in range(num_pools):
-        prefix = f"/pager/{_pool_name(j)}"
-        index, out = f"{prefix}/index", f"{_pool_name(j)}_out"
-        nodes.append(helper.make_node("Constant", [], [index], value=helper.make_tensor(index, TensorProto.INT64, [], [j])))
-        nodes.append(helper.make_node("Gather", [BLOCKS, index], [out], name=f"{prefix}/Gather", axis=1))
-        outputs.append(_value_info(out, elem, ["n", *block_shape]))
-    graph = helper.make_graph(nodes, "wicore_pager_put", [_value_info(BLOCKS, elem, ["n", num_pools, *block_shape])], outputs)
-    return _model(graph)
-
-
-def take_graph(elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
-    """k_out, v_out = Gather(k, frames), Gather(v, frames): the caller binds the outputs at n consecutive
-    frames of other buffers (a streamed step's stage: wicore.kv.stream), so the gathered
-    blocks are written there and nowhere else."""
-    nodes, inputs, outputs = [], [_value_info("frames", TensorProto.INT64, ["n"])], []
-    for kv in "kv":
-        nodes.append(helper.make_node("Gather", [kv, "frames"], [f"{kv}_out"], name=f"/take/{kv}", axis=0))
-        inputs.append(_value_info(kv, elem, ["num_blocks", *block_shape]))
-        outputs.append(_value_info(f"{kv}_out", elem, ["n", *block_shape]))
-    return _model(helper.make_graph(nodes, "wicore_take", inputs, outputs))
-
-
-def copy_graph(elem: int, block_shape: tuple[int, int, int]) -> onnx.ModelProto:
-    """k_out, v_out = k, v: bound at two buffers' addresses, a copy of consecutive blocks (BlockCopier)."""
-    nodes = [helper.make_node("Identity", [kv], [f"{kv}_out"], name=f"/copy/{kv}") for kv in "kv"]
-    inputs = [_value_info(kv, elem, ["n", *block_shape]) for kv in "kv"]
-    outputs = [_value_info(f"{kv}_out", elem, ["n", *block_shape]) for kv in "kv"]
-    return _model(helper.make_graph(nodes, "wicore_block_copy", inputs, outputs))
 
 
 class BlockCopier:
@@ -227,9 +160,9 @@ class OrtPoolStore:
         if not ids.size:
             return np.zeros((0, *self.block_shape), self.dtype)
         binding = self._gather.io_binding()
-        binding.bind_cpu_input(SLOTS, ids)
+        binding.bind_cpu_input(FRAMES, ids)
         for j, value in enumerate(self._pools):
-            binding.bind_ortvalue_input(_pool_name(j), value)
+            binding.bind_ortvalue_input(pool_name(j), value)
         binding.bind_output(BLOCKS, "cpu")
         self._gather.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy().reshape(len(ids), *self.block_shape)
@@ -252,7 +185,7 @@ class OrtPoolStore:
             binding.bind_cpu_input(BLOCKS, blocks[done : done + n])
             for j, value in enumerate(self._pools):
                 address = value.data_ptr() + start * self._frame_bytes
-                binding.bind_output(f"{_pool_name(j)}_out", kind, index, self.dtype, [n, *self.block_shape[2:]], address)
+                binding.bind_output(f"{pool_name(j)}_out", kind, index, self.dtype, [n, *self.block_shape[2:]], address)
             self._put.run_with_iobinding(binding)
 
 
@@ -298,11 +231,3 @@ def ort_pool_store(
             stores.append(OrtPoolStore(pools[start:stop], dtype, devices[start], num_threads))
             start = stop
     return stores[0] if len(stores) == 1 else LayerSplitStore(stores)
-
-
-def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
-    """The graph as a model at IR version 10 (onnx writes its newest, which older ONNX
-    Runtime builds refuse: the CUDA 13 build of 1.31 reads up to 13), as ops.Graph does."""
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = min(model.ir_version, 10)
-    return model

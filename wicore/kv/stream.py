@@ -35,12 +35,13 @@ from onnx import helper
 
 from wicore.blocks.tier import Tier
 from wicore.devices.device_alloc import buffer_pair
+from wicore.devices.micrographs import take_graph
 from wicore.devices.pinned import host_allocator
 from wicore.devices.providers import Device, onnxruntime, session_options
 from wicore.graph.io import SINK_BLOCK
 from wicore.graph.manifest import Manifest
 from wicore.kv.buffers import KVBuffers
-from wicore.kv.device_store import BlockCopier, take_graph
+from wicore.kv.device_store import BlockCopier
 from wicore.kv.tiers import HostStore
 from wicore.types.step import ScheduledRow
 
