@@ -1,0 +1,112 @@
+"""Mixtures of experts (Qwen3-MoE, Mixtral) against HF transformers on tiny random models.
+
+Four experts, two a token, three layers: the three batched prompts route to every expert of
+every layer (asserted from HF's own router logits), so each expert's weights and the routing
+(softmax, top-k, renormalised or not) meet HF's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_families import PROMPTS, SHAPE
+from test_gemma3 import engine
+
+from wicore.errors import UnsupportedModelError
+from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.sources import open_source
+from wicore.graph.decoder import DecoderBuilder
+from wicore.runtime.sampler import SamplingParams
+
+NUM_EXPERTS, TOP_K = 4, 2
+CONFIGS = {
+    # no renormalisation of the top k (Qwen3-MoE's config default), q/k norms
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {"num_experts": NUM_EXPERTS, "num_experts_per_tok": TOP_K, "moe_intermediate_size": 48, "norm_topk_prob": False},
+    ),
+    "qwen3_moe-renormalised": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {"num_experts": NUM_EXPERTS, "num_experts_per_tok": TOP_K, "moe_intermediate_size": 48, "norm_topk_prob": True},
+    ),
+    # always renormalised; checkpoints name the experts block_sparse_moe.experts.N.w1/w2/w3
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": NUM_EXPERTS, "num_experts_per_tok": TOP_K}),
+}
+
+
+def build(tmp: Path, name: str) -> tuple[Path, object]:
+    """(exported folder, HF model); norms drawn away from their init, routers scaled up so the
+    routing is far from uniform."""
+    import torch
+    import transformers
+
+    config_class, model_class, overrides = CONFIGS[name]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config_class)(**{**SHAPE, **overrides})
+    model = getattr(transformers, model_class)(cfg).eval()
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if "norm" in param_name:
+                param.normal_(0.5, 0.5)
+            elif param_name.endswith("gate.weight"):
+                param.normal_(0.0, 0.3)
+    model.save_pretrained(tmp / "hf")
+    export_model(open_source(str(tmp / "hf")), tmp / "model", ExportConfig(), progress=lambda _: None)
+    return tmp / "model", model
+
+
+def experts_used(model: object, prompts: list[list[int]]) -> list[set[int]]:
+    """Per layer, the experts HF routes some token of `prompts` to."""
+    import torch
+
+    used: list[set[int]] = []
+    for prompt in prompts:
+        with torch.no_grad():
+            out = model(torch.tensor([prompt]), output_router_logits=True)  # type: ignore[operator]
+        for i, logits in enumerate(out.router_logits):
+            top = logits.topk(TOP_K, dim=-1).indices.flatten().tolist()
+            if i == len(used):
+                used.append(set())
+            used[i].update(top)
+    return used
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_batched_logits_match_hf_with_every_expert_used(tmp_path, reference_logits, name):
+    folder, model = build(tmp_path, name)
+    assert experts_used(model, PROMPTS) == [set(range(NUM_EXPERTS))] * SHAPE["num_hidden_layers"]
+    with engine(folder, prefill_chunk=16) as eng:
+        completions = eng.generate(PROMPTS, SamplingParams(max_tokens=1, prompt_logits=True))
+    for prompt, completion in zip(PROMPTS, completions, strict=True):
+        assert completion.error is None
+        ref = reference_logits(model, prompt)
+        np.testing.assert_allclose(completion.prompt_logits, ref, atol=1e-4, rtol=0)
+        assert (completion.prompt_logits.argmax(-1) == ref.argmax(-1)).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+def test_greedy_text_matches_hf_generate(tmp_path, reference_greedy, name):
+    folder, model = build(tmp_path, name)
+    with engine(folder, prefill_chunk=16) as eng:
+        completions = eng.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
+    for prompt, completion in zip(PROMPTS, completions, strict=True):
+        assert completion.token_ids == reference_greedy(model, prompt, 12)
+
+
+def test_experts_have_no_paged_graphs(tmp_path):
+    import transformers
+
+    config_class, _, overrides = CONFIGS["mixtral"]
+    cfg = getattr(transformers, config_class)(**{**SHAPE, **overrides}).to_dict()
+    from wicore.model.config import DecoderConfig
+
+    config = DecoderConfig.from_hf(cfg)
+    assert (config.family, config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == ("mixtral", 4, 2, 128)
+    with pytest.raises(UnsupportedModelError, match="this mixtral model has no paged attention"):
+        DecoderBuilder(config, "fp16", attention="paged")
