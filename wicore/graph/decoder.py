@@ -219,13 +219,14 @@ class DecoderBuilder:
         """An RMS norm's effective weight, float64: (the family's offset + w) * scale."""
         return (self.family.norm_offset + weight.astype(np.float64)) * scale
 
-    def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str) -> str:
-        """x @ concat(weights)ᵀ; weights are [out, in] (HF layout), stored [in, out] in the model dtype.
+    def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str, float_weights: bool = False) -> str:
+        """x @ concat(weights)ᵀ; weights are [out, in] (HF layout), stored [in, out] in the model dtype
+        (quantized in the ort-quant flavour unless `float_weights`: an expert router's choice).
         x and the result are of the activation type; the MatMul runs in the model dtype."""
         cast = self.act_type != self.onnx_dtype
         if cast:
             x = g.op("Cast", [x], f"{name}/Cast_in", to=self.onnx_dtype)
-        if self.quant is not None:
+        if self.quant is not None and not float_weights:
             y = self.quant.linear(g, x, weights, name, self.np_dtype)
         else:
             w = np.concatenate(weights, axis=0).T.astype(self.np_dtype)

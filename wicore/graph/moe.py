@@ -38,7 +38,8 @@ def moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     k, h = cfg.num_experts_per_tok, cfg.hidden_size
     f32 = TensorProto.FLOAT
     rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows")  # [N, H]
-    logits = b.linear(g, rows, [layer["mlp.router"]], f"{p}/router")
+    # the router in float weights in every flavour: a quantized one flips experts, not just logits
+    logits = b.linear(g, rows, [layer["mlp.router"]], f"{p}/router", float_weights=True)
     if b.act_type != f32:
         logits = g.op("Cast", [logits], f"{p}/router/Cast_f32", to=f32)
     probs = g.op("Softmax", [logits], f"{p}/router/Softmax", axis=-1)
