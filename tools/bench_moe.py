@@ -1,15 +1,16 @@
 """What WiCore's mixture-of-experts graph costs on the CPU against computing every expert.
 
-One expert layer (router, softmax, top-k, experts) in two ONNX formulations, both in standard ops
-and fp32, timed on the CPU EP at a decode step (1 token) and a prefill chunk:
+One expert layer (router, softmax, top-k, experts) in three ONNX formulations, fp32, timed on
+the CPU EP at a decode step (1 token) and prefill chunks:
 
     routed   wicore.graph.moe: each expert on the tokens routed to it (the exported graphs)
+    ort-moe  ONNX Runtime's com.microsoft.MoE kernel (what the paged graphs use on CUDA)
     dense    every expert on every token (one batched MatMul over stacked weights), weighted by
              the routing with zeros off the top k: E / k times the arithmetic and weight reads
 
     python tools/bench_moe.py --experts 64 --top-k 8 --hidden 1024 --expert-width 384 --threads 2
 
-Both give the same output (checked, max |diff| printed); the shape defaults to Qwen3-30B-A3B's
+All three give the same output (max |diff| against dense printed); the shape defaults to Qwen3-30B-A3B's
 ratios (E / k = 8 ... 16) at a size a 2-core machine times in seconds.
 """
 
@@ -49,10 +50,10 @@ def weights(cfg: DecoderConfig, seed: int = 0) -> LayerWeights:
     return LayerWeights(0, tensors)
 
 
-def routed_graph(cfg: DecoderConfig, layer: LayerWeights, data: DataFile) -> onnx.ModelProto:
+def routed_graph(cfg: DecoderConfig, layer: LayerWeights, data: DataFile, kernel: str = "graph") -> onnx.ModelProto:
     g = Graph("routed", data)
     x = g.input("x", TensorProto.FLOAT, ["batch", "seq", cfg.hidden_size])
-    g.op("Identity", [moe(DecoderBuilder(cfg, "fp32"), g, layer, x)], "/out", out="y")
+    g.op("Identity", [moe(DecoderBuilder(cfg, "fp32", expert_kernel=kernel), g, layer, x)], "/out", out="y")
     g.output("y", TensorProto.FLOAT, ["batch", "seq", cfg.hidden_size])
     return g.to_model(OPSET)
 
@@ -117,7 +118,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         sessions = {}
-        for name, build in (("routed", routed_graph), ("dense", dense_graph)):
+        ort_moe = lambda c, w, d: routed_graph(c, w, d, "ort-moe")
+        for name, build in (("routed", routed_graph), ("ort-moe", ort_moe), ("dense", dense_graph)):
             data = DataFile(folder / f"{name}.bin")
             model = build(cfg, layer, data)
             data.close()
@@ -128,7 +130,7 @@ def main() -> None:
         for n in (int(t) for t in args.tokens.split(",")):
             x = np.random.default_rng(1).standard_normal((1, n, cfg.hidden_size), np.float32)
             results = {name: time_ms(sess, x, args.repeats) for name, (sess, _) in sessions.items()}
-            diff = float(np.abs(results["routed"][1] - results["dense"][1]).max())
+            diff = max(float(np.abs(results[name][1] - results["dense"][1]).max()) for name in results)
             cells = ", ".join(f"{name} {ms:.2f} ms ({sessions[name][1]} nodes)" for name, (ms, _) in results.items())
             print(f"{n} tokens: {cells}; dense / routed {results['dense'][0] / results['routed'][0]:.2f}x; max |diff| {diff:.1e}")
 

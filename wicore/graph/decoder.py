@@ -72,13 +72,17 @@ class DecoderBuilder:
         image_inputs: bool = False,
         sampling_head: bool = False,
         kv_cache_dtype: str = "auto",
+        expert_kernel: str = "auto",
     ) -> None:
         """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py).
         `attention`: "portable" (standard ops), "paged" (com.microsoft.PagedAttention, fp16, CUDA) or
         "batch-invariant" (standard ops, a row's logits the same in any batch: graph/invariant_attention.py).
         `image_inputs`: the graphs take image embeddings and image spans (wicore.graph.io, "Images").
         `sampling_head`: the last partition also draws sampled rows (graph/sampling.py).
-        `kv_cache_dtype`: "auto" (the graphs' dtype) or "int8" (graph/kv_quant.py; portable attention)."""
+        `kv_cache_dtype`: "auto" (the graphs' dtype) or "int8" (graph/kv_quant.py; portable attention).
+        `expert_kernel` (mixtures of experts, graph/moe.py): "graph" (standard ops; per-expert
+        MatMulNBits with `quant`), "ort-moe" (com.microsoft.MoE, float weights) or "auto": ort-moe in
+        the paged graphs (CUDA), graph elsewhere."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         if attention not in ATTENTIONS:
@@ -90,13 +94,16 @@ class DecoderBuilder:
         if kv_cache_dtype not in ("auto", "int8") or (kv_cache_dtype == "int8" and attention == "paged"):
             raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: auto, or int8 with the portable or batch-invariant attention")
         self.family = cfg.family_row
-        if attention == "paged" and (
-            cfg.attn_logit_softcapping or cfg.window_all_layers or self.family.qk_norm == ALL_HEADS or self.family.is_moe
-        ):
+        if attention == "paged" and (cfg.attn_logit_softcapping or cfg.window_all_layers or self.family.qk_norm == ALL_HEADS):
             raise UnsupportedModelError(
-                f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer, "
-                "whole-projection q/k norms and experts are not in the paged graphs): export it with the portable attention"
+                f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer and "
+                "whole-projection q/k norms are not in the paged graphs): export it with the portable attention"
             )
+        if expert_kernel not in ("auto", "graph", "ort-moe") or (expert_kernel == "ort-moe" and quant is not None):
+            raise ValueError(f"expert_kernel {expert_kernel!r}: auto, graph, or ort-moe without quantized weights")
+        if expert_kernel == "auto":
+            expert_kernel = "ort-moe" if attention == "paged" and quant is None else "graph"
+        self.expert_kernel = expert_kernel
         if self.family.name != "gemma3" and image_inputs:
             raise UnsupportedModelError(f"the {self.family.name} family is text only (the vision tower is Gemma 3's)")
         self.image_inputs = image_inputs

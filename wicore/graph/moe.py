@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 from onnx import TensorProto
 
-from wicore.graph.ops import Graph
+from wicore.graph.ops import MS_DOMAIN, Graph
 from wicore.model.weights import LayerWeights
 
 if TYPE_CHECKING:
@@ -32,7 +33,10 @@ if TYPE_CHECKING:
 
 
 def moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
-    """The layer's experts on x [batch, seq, hidden] (of the activation type); the same shape back."""
+    """The layer's experts on x [batch, seq, hidden] (of the activation type); the same shape back:
+    one com.microsoft.MoE node where the builder's `expert_kernel` is "ort-moe", else the routed graph."""
+    if b.expert_kernel == "ort-moe":
+        return ort_moe(b, g, layer, x)
     cfg = b.cfg
     p = f"/model/layers.{layer.index}/moe"
     k, h = cfg.num_experts_per_tok, cfg.hidden_size
@@ -74,3 +78,44 @@ def moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     y = g.op("ReduceSum", [y, g.const([1])], f"{p}/sum", keepdims=0)  # [N, H]
     shape = g.op("Shape", [x], f"{p}/shape")
     return g.op("Reshape", [y, shape], f"{p}/out")
+
+
+def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
+    """ONNX Runtime's MoE kernel (CPU and CUDA): the router's logits in, softmax, top-k and the
+    renormalisation inside, every expert's gate / up rows interleaved in one fc1 [E, 2 * W, H]
+    (swiglu_fusion=1, the one layout both EPs take), down as fc2 [E, H, W], SwiGLU with alpha 1,
+    beta 0 and no clamp: silu(gate) * up."""
+    cfg = b.cfg
+    p = f"/model/layers.{layer.index}/moe"
+    h, w = cfg.hidden_size, cfg.moe_intermediate_size
+    rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows")
+    if b.act_type != b.onnx_dtype:
+        rows = g.op("Cast", [rows], f"{p}/Cast_in", to=b.onnx_dtype)
+    logits = g.op("MatMul", [rows, g.weight(f"{p}/router.weight", layer["mlp.router"].T.astype(b.np_dtype))], f"{p}/router")
+
+    def fc1() -> np.ndarray:
+        gate_up = [
+            np.stack([layer[f"mlp.experts.{e}.gate_proj"], layer[f"mlp.experts.{e}.up_proj"]], axis=1)
+            for e in range(cfg.num_experts)
+        ]
+        return np.stack(gate_up).reshape(cfg.num_experts, 2 * w, h).astype(b.np_dtype)  # rows g0, u0, g1, u1, ...
+
+    def fc2() -> np.ndarray:
+        downs = [b.residual_scaled(layer[f"mlp.experts.{e}.down_proj"]) for e in range(cfg.num_experts)]
+        return np.stack(downs).astype(b.np_dtype)
+
+    y = g.op(
+        "MoE",
+        [rows, logits, g.weight(f"{p}/fc1.weight", fc1), "", g.weight(f"{p}/fc2.weight", fc2)],
+        f"{p}/MoE",
+        domain=MS_DOMAIN,
+        k=cfg.num_experts_per_tok,
+        activation_type="swiglu",
+        swiglu_fusion=1,
+        activation_alpha=1.0,
+        activation_beta=0.0,
+        normalize_routing_weights=int(cfg.norm_topk_prob),
+    )
+    if b.act_type != b.onnx_dtype:
+        y = g.op("Cast", [y], f"{p}/Cast_out", to=b.act_type)
+    return g.op("Reshape", [y, g.op("Shape", [x], f"{p}/shape")], f"{p}/out")
