@@ -37,9 +37,10 @@ CONFIGS = {
 }
 
 
-def build(tmp: Path, name: str, export: ExportConfig | None = None) -> tuple[Path, object]:
+def build(tmp: Path, name: str, export: ExportConfig | None = None, tie_experts: bool = False) -> tuple[Path, object]:
     """(exported folder, HF model); norms drawn away from their init, routers scaled up so the
-    routing is far from uniform."""
+    routing is far from uniform; `tie_experts`: the last two experts equal, router rows and
+    weights (every token's logits tie between them)."""
     import torch
     import transformers
 
@@ -54,6 +55,10 @@ def build(tmp: Path, name: str, export: ExportConfig | None = None) -> tuple[Pat
                 param.normal_(0.5, 0.5)
             elif param_name.endswith("gate.weight"):
                 param.normal_(0.0, 0.3)
+                if tie_experts:
+                    param[-1] = param[-2]
+            if tie_experts and ".experts." in param_name:  # transformers 5 stacks the experts: [E, ...]
+                param[-1] = param[-2]
     model.save_pretrained(tmp / "hf")
     export_model(open_source(str(tmp / "hf")), tmp / "model", export or ExportConfig(), progress=lambda _: None)
     return tmp / "model", model
@@ -86,6 +91,28 @@ def test_batched_logits_match_hf_with_every_expert_used(tmp_path, reference_logi
         ref = reference_logits(model, prompt)
         np.testing.assert_allclose(completion.prompt_logits, ref, atol=1e-4, rtol=0)
         assert (completion.prompt_logits.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_top_k_ties_take_one_of_the_tied_experts_once(tmp_path, reference_logits):
+    """Experts 2 and 3 are equal: where they tie for the k-th place, ONNX TopK takes the lower
+    index and torch.topk either (its pick varies from row to row on equal values, so no graph can
+    match it on distinct experts); with equal experts any one pick gives HF's logits, and taking
+    both, neither, or one twice would not."""
+    import torch
+
+    folder, model = build(tmp_path, "mixtral", tie_experts=True)
+    ties = 0
+    for prompt in PROMPTS:
+        with torch.no_grad():
+            out = model(torch.tensor([prompt]), output_router_logits=True)
+        for logits in out.router_logits:
+            ranked = logits.argsort(dim=-1, descending=True)
+            ties += int((ranked[:, TOP_K - 1 : TOP_K + 1].sort(dim=-1).values == torch.tensor([2, 3])).all(-1).sum())
+    assert ties > 10  # tokens whose last place is a tie
+    with engine(folder, prefill_chunk=16) as eng:
+        completions = eng.generate(PROMPTS, SamplingParams(max_tokens=1, prompt_logits=True))
+    for prompt, completion in zip(PROMPTS, completions, strict=True):
+        np.testing.assert_allclose(completion.prompt_logits, reference_logits(model, prompt), atol=1e-4, rtol=0)
 
 
 @pytest.mark.slow
