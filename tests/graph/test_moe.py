@@ -32,6 +32,17 @@ CONFIGS = {
         "Qwen3MoeForCausalLM",
         {"num_experts": NUM_EXPERTS, "num_experts_per_tok": TOP_K, "moe_intermediate_size": 48, "norm_topk_prob": True},
     ),
+    # a shared expert beside the routed ones, qkv biases
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        {
+            "num_experts": NUM_EXPERTS,
+            "num_experts_per_tok": TOP_K,
+            "moe_intermediate_size": 48,
+            "shared_expert_intermediate_size": 80,
+        },
+    ),
     # always renormalised; checkpoints name the experts block_sparse_moe.experts.N.w1/w2/w3
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": NUM_EXPERTS, "num_experts_per_tok": TOP_K}),
 }
@@ -53,6 +64,8 @@ def build(tmp: Path, name: str, export: ExportConfig | None = None, tie_experts:
         for param_name, param in model.named_parameters():
             if "norm" in param_name:
                 param.normal_(0.5, 0.5)
+            elif param_name.endswith(".bias"):
+                param.normal_(0.0, 0.02)
             elif param_name.endswith("gate.weight"):
                 param.normal_(0.0, 0.3)
                 if tie_experts:
@@ -116,7 +129,7 @@ def test_top_k_ties_take_one_of_the_tied_experts_once(tmp_path, reference_logits
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "qwen2_moe"])
 def test_greedy_text_matches_hf_generate(tmp_path, reference_greedy, name):
     folder, model = build(tmp_path, name)
     with engine(folder, prefill_chunk=16) as eng:
@@ -139,7 +152,7 @@ def test_8_bit_experts_agree_with_hf_float32(tmp_path, reference_logits):
 
 
 @pytest.mark.parametrize("kernel", ["graph", "ort-moe"])
-@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "qwen2_moe"])
 def test_one_expert_layer_matches_hf_in_both_kernels(tmp_path, name, kernel):
     """The expert block alone, on 11 rows: the routed graph and ONNX Runtime's MoE kernel (on the
     CPU EP; the paged graphs use it on CUDA, untested there) against HF's sparse MoE block."""

@@ -76,8 +76,22 @@ def moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     y = g.op("Mul", [y, weights], f"{p}/weighted")
     y = g.op("Reshape", [y, g.const([-1, k, h])], f"{p}/per_token")
     y = g.op("ReduceSum", [y, g.const([1])], f"{p}/sum", keepdims=0)  # [N, H]
+    y = with_shared_expert(b, g, layer, rows, y, p)
     shape = g.op("Shape", [x], f"{p}/shape")
     return g.op("Reshape", [y, shape], f"{p}/out")
+
+
+def with_shared_expert(b: DecoderBuilder, g: Graph, layer: LayerWeights, rows: str, y: str, p: str) -> str:
+    """y + sigmoid(rows @ gateᵀ) * shared_expert(rows), where the family has a shared expert (Qwen2-MoE);
+    rows and y [N, H] of the activation type."""
+    if not b.family.shared_expert:
+        return y
+    q = f"{p}/shared_expert"
+    down = b.residual_scaled(layer["mlp.shared_expert.down_proj"])
+    shared = b.gated_mlp(g, rows, layer["mlp.shared_expert.gate_proj"], layer["mlp.shared_expert.up_proj"], down, q)
+    gate = b.linear(g, rows, [layer["mlp.shared_expert_gate"]], f"{q}_gate", float_weights=True)  # [N, 1]
+    shared = g.op("Mul", [g.op("Sigmoid", [gate], f"{q}_gate/Sigmoid"), shared], f"{q}/gated")
+    return g.op("Add", [y, shared], f"{p}/add_shared")
 
 
 def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
@@ -118,4 +132,6 @@ def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     )
     if b.act_type != b.onnx_dtype:
         y = g.op("Cast", [y], f"{p}/Cast_out", to=b.act_type)
+        rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows_act")
+    y = with_shared_expert(b, g, layer, rows, y, p)
     return g.op("Reshape", [y, g.op("Shape", [x], f"{p}/shape")], f"{p}/out")

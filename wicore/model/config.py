@@ -93,6 +93,7 @@ class DecoderConfig:
     num_experts_per_tok: int = 0  # the top k each token is routed to
     moe_intermediate_size: int = 0  # an expert's MLP width
     norm_topk_prob: bool = True  # the top k's probabilities renormalised to sum to 1
+    shared_expert_intermediate_size: int = 0  # the shared expert's width (families with one: Qwen2-MoE)
 
     def __post_init__(self) -> None:
         family(self.family)
@@ -107,6 +108,10 @@ class DecoderConfig:
             raise UnsupportedModelError(f"head_dim {self.head_dim} must be even for RoPE")
         if self.family_row.is_moe != (self.num_experts > 0):
             raise UnsupportedModelError(f"the {self.family} family {'needs' if self.family_row.is_moe else 'has no'} experts")
+        if self.family_row.shared_expert != (self.shared_expert_intermediate_size > 0):
+            raise UnsupportedModelError(
+                f"the {self.family} family {'needs' if self.family_row.shared_expert else 'has no'} a shared expert"
+            )
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise UnsupportedModelError(f"num_experts_per_tok {self.num_experts_per_tok} of {self.num_experts} experts")
 

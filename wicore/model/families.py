@@ -17,6 +17,7 @@ live in the config (wicore.model.config); a row says which mechanisms the family
 | qwen3     | x * w       | silu      | no              | pre           | per head | no       |               |                             |
 | qwen3_moe | x * w       | silu      | no              | pre           | per head | no       |               | softmax, top-k (renorm: config) |
 | mixtral   | x * w       | silu      | no              | pre           | no       | no       |               | softmax, top-k, renormalised |
+| qwen2_moe | x * w       | silu      | no              | pre           | no       | yes      |               | softmax, top-k (renorm: config); a shared expert |
 
 "pre" norms: one before attention and one before the MLP; "post": Gemma's after attention and after
 the MLP (Gemma has both, OLMo 2 only the post ones). The families with pre norms only name the one
@@ -24,7 +25,8 @@ before the MLP `post_attention_layernorm` in their checkpoints, WiCore (which us
 `pre_feedforward_layernorm`; `hf_names` maps them. A q/k norm "per head" normalises each head's
 head_dim channels; OLMo 2's normalises the whole projection (all heads together). "fused": the
 checkpoint stores q/k/v (and gate/up) as one matrix, split by rows at load (`hf_fused`).
-Mixture-of-experts rows route each token to the top-k of the config's experts (wicore.graph.moe).
+Mixture-of-experts rows route each token to the top-k of the config's experts (wicore.graph.moe);
+Qwen2-MoE adds a shared expert every token runs, scaled by sigmoid of its own one-row gate.
 Families with `gguf_architecture` None are read from Hugging Face folders only.
 """
 
@@ -56,6 +58,7 @@ class Family:
     gguf_permuted_qk: bool = False  # llama.cpp's converter interleaved the Q/K rows for its RoPE
     local_rope: bool = False  # sliding layers have a RoPE of their own (`rope_local`)
     router: str = ""  # "" dense MLP; SOFTMAX_TOPK: a mixture of experts (wicore.graph.moe)
+    shared_expert: bool = False  # beside the routed experts, one every token runs, scaled by sigmoid(its gate)
     hf_names: dict[str, str] = field(default_factory=dict)  # WiCore's per-layer name -> the checkpoint's
     # a checkpoint tensor -> the WiCore tensors stacked in its rows, in order (Phi-3's qkv_proj)
     hf_fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -109,6 +112,14 @@ FAMILIES: dict[str, Family] = {
             hf_names={**_PRE_MLP_NORM, "mlp.router": "mlp.gate"},
         ),
         Family("mixtral", ("mixtral",), router=SOFTMAX_TOPK, hf_names=_MIXTRAL_NAMES),
+        Family(
+            "qwen2_moe",
+            ("qwen2_moe",),
+            qkv_bias=True,
+            router=SOFTMAX_TOPK,
+            shared_expert=True,
+            hf_names={**_PRE_MLP_NORM, "mlp.router": "mlp.gate"},
+        ),
     )
 }
 

@@ -97,15 +97,17 @@ def attention_scalar(cfg: dict[str, Any], head_dim: int) -> float:
 
 
 def experts(row: Family, cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """The mixture-of-experts fields of a row with a router (Qwen3-MoE's and Mixtral's keys)."""
+    """The mixture-of-experts fields of a row with a router (Qwen3-MoE's, Mixtral's, Qwen2-MoE's keys)."""
     if not row.is_moe:
         return {}
     model_type = cfg.get("model_type")
     if int(cfg.get("decoder_sparse_step", 1)) != 1 or cfg.get("mlp_only_layers"):
         raise UnsupportedModelError(f"{model_type}: dense layers among the expert layers (mlp_only_layers) are not supported")
-    if cfg.get("shared_expert_intermediate_size"):
-        raise UnsupportedModelError(f"{model_type}: shared experts are not supported")
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+    if bool(shared) != row.shared_expert:
+        raise UnsupportedModelError(f"{model_type}: shared_expert_intermediate_size={shared} for the {row.name} family")
     return {
+        "shared_expert_intermediate_size": shared,
         "num_experts": int(cfg.get("num_experts") or cfg["num_local_experts"]),
         "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
         "moe_intermediate_size": int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),

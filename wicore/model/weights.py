@@ -83,6 +83,9 @@ def expected_shapes(cfg: Gemma3Config) -> dict[str, tuple[int, ...]]:
         shapes["mlp.router"] = (cfg.num_experts, h)
         for e in range(cfg.num_experts):
             shapes.update(mlp_shapes(f"mlp.experts.{e}.", h, cfg.moe_intermediate_size))
+        if row.shared_expert:
+            shapes.update(mlp_shapes("mlp.shared_expert.", h, cfg.shared_expert_intermediate_size))
+            shapes["mlp.shared_expert_gate"] = (1, h)
     else:
         shapes.update(mlp_shapes("mlp.", h, cfg.intermediate_size))
     shapes.update({name: (h,) for name in row.layer_norm_names()})

@@ -76,9 +76,12 @@ def estimate_weight_bytes(
 
 
 def mlp_params(cfg: Gemma3Config) -> int:
-    """Weights of one layer's MLP: gate, up and down, or every expert's and the router."""
+    """Weights of one layer's MLP: gate, up and down, or every expert's, the router and a shared expert."""
     if cfg.num_experts:
-        return cfg.num_experts * (3 * cfg.hidden_size * cfg.moe_intermediate_size + cfg.hidden_size)
+        shared = 3 * cfg.hidden_size * cfg.shared_expert_intermediate_size + (
+            cfg.hidden_size if cfg.shared_expert_intermediate_size else 0
+        )
+        return cfg.num_experts * (3 * cfg.hidden_size * cfg.moe_intermediate_size + cfg.hidden_size) + shared
     return 3 * cfg.hidden_size * cfg.intermediate_size
 
 
