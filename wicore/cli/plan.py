@@ -123,7 +123,7 @@ def config_only(args: argparse.Namespace, config_file: Path):
         cfg = Gemma3Config.from_hf(raw)
         vision = None if paged else VisionConfig.from_hf(raw, {})  # a paged export leaves the vision tower out
     except KeyError as exc:
-        raise RequestError(f"{config_file} is not a Gemma 3 config: it has no {exc}") from exc
+        raise RequestError(f"{config_file} is not a model config WiCore reads: it has no {exc}") from exc
     flavour = "ort-quant" if args.weight_bits else "portable"
     ExportConfig(
         dtype=args.dtype,
@@ -140,7 +140,13 @@ def config_only(args: argparse.Namespace, config_file: Path):
     kv_dtype = "int8" if args.kv_cache_dtype == "int8" else dtype.name
     print(
         f"{config_file}: {cfg.num_layers} layers ({cfg.layer_types.count('full_attention')} full attention), "
-        f"{cfg.num_kv_heads} KV heads x {cfg.head_dim}, window {cfg.sliding_window}, context {cfg.max_position_embeddings}; "
+        f"{cfg.num_kv_heads} KV heads x {cfg.head_dim}, window {cfg.sliding_window}, context {cfg.max_position_embeddings}"
+        + (
+            f", {cfg.num_experts} experts x {cfg.moe_intermediate_size} a layer ({cfg.num_experts_per_tok} a token)"
+            if cfg.num_experts
+            else ""
+        )
+        + "; "
         f"as exported with --dtype {args.dtype}"
         + (f" --op-flavour {flavour} --weight-bits {args.weight_bits}" if args.weight_bits else "")
         + (" --quantize-embedding" if args.quantize_embedding else "")

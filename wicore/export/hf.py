@@ -9,6 +9,7 @@ Only the tensors of the layer being built are converted to float32.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -110,12 +111,20 @@ class HFSource:
         return self._index.load("lm_head.weight")
 
     def layer(self, index: int) -> LayerWeights:
-        """The layer's tensors under WiCore's names (wicore.model.families: `hf_names`)."""
-        names = self.config.family_row.hf_names
-        tensors = {}
-        for name in expected_shapes(self.config):
-            stored = names.get(name, name)
-            tensors[name] = self._tensor(f"layers.{index}.{stored}" + ("" if stored.endswith(".bias") else ".weight"))
+        """The layer's tensors under WiCore's names (wicore.model.families: `hf_names`, a name
+        with an expert's index as `{e}`; `hf_fused` tensors split by rows)."""
+        row = self.config.family_row
+        shapes = expected_shapes(self.config)
+        tensors: dict[str, np.ndarray] = {}
+        for fused, parts in row.hf_fused.items():
+            if self._prefix + f"layers.{index}.{fused}.weight" in self._index:
+                data = self._tensor(f"layers.{index}.{fused}.weight")
+                ends = np.cumsum([shapes[part][0] for part in parts])[:-1]
+                tensors.update(zip(parts, np.split(data, ends, axis=0)))
+        for name in shapes:
+            if name not in tensors:
+                stored = hf_name(row.hf_names, name)
+                tensors[name] = self._tensor(f"layers.{index}.{stored}" + ("" if stored.endswith(".bias") else ".weight"))
         return LayerWeights(index, tensors)
 
     def vision(self) -> HFVision | None:
@@ -143,6 +152,18 @@ class HFSource:
 
         info = export_tokenizer_from_hf(self.folder, out_dir, self.config.family)
         return None if info is None else info.to_dict()
+
+
+def hf_name(names: dict[str, str], name: str) -> str:
+    """The checkpoint's name of a per-layer tensor: `names[name]`, or for an expert's tensor
+    (`mlp.experts.3.up_proj`) `names["mlp.experts.{e}.up_proj"]` with its index; else `name`."""
+    if name in names:
+        return names[name]
+    found = re.fullmatch(r"(.*experts\.)(\d+)(\..*)", name)
+    if found is None:
+        return name
+    template = names.get(found[1] + "{e}" + found[3])
+    return name if template is None else template.format(e=found[2])
 
 
 class HFVision:

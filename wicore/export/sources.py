@@ -1,5 +1,6 @@
 """Resolve what the user named (`gemma3-270m`, a pulled name such as `smollm2-135m-instruct`
-(wicore.export.pull), a .gguf file, an HF folder) to a weight source."""
+(wicore.export.pull), a .gguf file, an HF folder, a Hugging Face Hub id (wicore.export.hub)) to a
+weight source."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def packaged_gguf(name: str, progress: Callable[[str], None] | None = None) -> P
 
 
 def open_source(spec: str, mmproj: str | Path | None = None, progress: Callable[[str], None] | None = None) -> WeightSource:
-    """A packaged model name (its assembled .gguf), a GGUF file or a Hugging Face folder; with
+    """A packaged model name (its assembled .gguf), a GGUF file, a Hugging Face folder or Hub id; with
     `mmproj`, llama.cpp's mmproj GGUF as its vision tower (wicore.export.gguf_mmproj)."""
     source = _text_source(spec, progress)
     if mmproj is None:
@@ -43,12 +44,16 @@ def open_source(spec: str, mmproj: str | Path | None = None, progress: Callable[
 
 
 def _text_source(spec: str, progress: Callable[[str], None] | None) -> WeightSource:
+    from wicore.export.hub import hub_path, parse_hub_id
     from wicore.export.pull import PULLABLE, pull
 
+    hub = parse_hub_id(spec)
     if spec in PACKAGED:
         path = packaged_gguf(spec, progress)
     elif spec in PULLABLE and not Path(spec).exists():
         path = pull(spec, progress=progress)
+    elif hub is not None:
+        path = hub_path(hub, progress)
     else:
         path = Path(spec)
     if path.suffix == ".gguf":

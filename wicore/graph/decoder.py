@@ -42,12 +42,14 @@ from onnx import TensorProto
 from wicore.errors import UnsupportedModelError
 from wicore.graph import invariant_attention, io, sampling
 from wicore.graph.kv_quant import dequantize_kv, kv_row_width, quantize_kv
+from wicore.graph.moe import moe
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, block_mass, gelu_tanh, place_images, rms_norm_f32, rotary, silu
 from wicore.graph.paged_attention import paged_attention
 from wicore.graph.partition import PartitionSpec
 from wicore.graph.quant import QuantLinear
 from wicore.graph.shared_values import SharedValues, shared_values
 from wicore.model.config import Gemma3Config
+from wicore.model.families import ALL_HEADS, PER_HEAD
 from wicore.model.weights import LayerWeights, check_layer
 
 OPSET = 17
@@ -70,13 +72,17 @@ class DecoderBuilder:
         image_inputs: bool = False,
         sampling_head: bool = False,
         kv_cache_dtype: str = "auto",
+        expert_kernel: str = "auto",
     ) -> None:
         """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py).
         `attention`: "portable" (standard ops), "paged" (com.microsoft.PagedAttention, fp16, CUDA) or
         "batch-invariant" (standard ops, a row's logits the same in any batch: graph/invariant_attention.py).
         `image_inputs`: the graphs take image embeddings and image spans (wicore.graph.io, "Images").
         `sampling_head`: the last partition also draws sampled rows (graph/sampling.py).
-        `kv_cache_dtype`: "auto" (the graphs' dtype) or "int8" (graph/kv_quant.py; portable attention)."""
+        `kv_cache_dtype`: "auto" (the graphs' dtype) or "int8" (graph/kv_quant.py; portable attention).
+        `expert_kernel` (mixtures of experts, graph/moe.py): "graph" (standard ops; per-expert
+        MatMulNBits with `quant`), "ort-moe" (com.microsoft.MoE, float weights) or "auto": ort-moe in
+        the paged graphs (CUDA), graph elsewhere."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         if attention not in ATTENTIONS:
@@ -88,6 +94,16 @@ class DecoderBuilder:
         if kv_cache_dtype not in ("auto", "int8") or (kv_cache_dtype == "int8" and attention == "paged"):
             raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: auto, or int8 with the portable or batch-invariant attention")
         self.family = cfg.family_row
+        if attention == "paged" and (cfg.attn_logit_softcapping or cfg.window_all_layers or self.family.qk_norm == ALL_HEADS):
+            raise UnsupportedModelError(
+                f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer and "
+                "whole-projection q/k norms are not in the paged graphs): export it with the portable attention"
+            )
+        if expert_kernel not in ("auto", "graph", "ort-moe") or (expert_kernel == "ort-moe" and quant is not None):
+            raise ValueError(f"expert_kernel {expert_kernel!r}: auto, graph, or ort-moe without quantized weights")
+        if expert_kernel == "auto":
+            expert_kernel = "ort-moe" if attention == "paged" and quant is None else "graph"
+        self.expert_kernel = expert_kernel
         if self.family.name != "gemma3" and image_inputs:
             raise UnsupportedModelError(f"the {self.family.name} family is text only (the vision tower is Gemma 3's)")
         self.image_inputs = image_inputs
@@ -187,10 +203,12 @@ class DecoderBuilder:
         if x is None:  # portable, or a table without 8-bit blocks: float rows
             x = g.op("Gather", [self.embedding_weight(g, table, data), tokens], "/model/embed_tokens/Gather")
         x = self.to_f32(g, x, "/model/embed_tokens")
-        if not self.family.embedding_scale:
+        scale = self.cfg.embedding_multiplier
+        if scale is None and self.family.embedding_scale:
+            scale = self.cfg.hidden_size**0.5
+        if scale is None:
             return x
-        scale = np.float32(self.cfg.hidden_size**0.5)
-        return g.op("Mul", [x, g.const(scale, np.float32)], "/model/embed_tokens/scale")
+        return g.op("Mul", [x, g.const(np.float32(scale), np.float32)], "/model/embed_tokens/scale")
 
     def rms_norm(self, g: Graph, x: str, weight: np.ndarray, name: str, scale: float = 1.0, to: int = TensorProto.FLOAT) -> str:
         """x / sqrt(mean(x^2) + eps) * (offset + w) * scale in float32 (offset: the family's, Gemma's 1), the result of type `to`. Paged
@@ -208,13 +226,14 @@ class DecoderBuilder:
         """An RMS norm's effective weight, float64: (the family's offset + w) * scale."""
         return (self.family.norm_offset + weight.astype(np.float64)) * scale
 
-    def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str) -> str:
-        """x @ concat(weights)ᵀ; weights are [out, in] (HF layout), stored [in, out] in the model dtype.
+    def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str, float_weights: bool = False) -> str:
+        """x @ concat(weights)ᵀ; weights are [out, in] (HF layout), stored [in, out] in the model dtype
+        (quantized in the ort-quant flavour unless `float_weights`: an expert router's choice).
         x and the result are of the activation type; the MatMul runs in the model dtype."""
         cast = self.act_type != self.onnx_dtype
         if cast:
             x = g.op("Cast", [x], f"{name}/Cast_in", to=self.onnx_dtype)
-        if self.quant is not None:
+        if self.quant is not None and not float_weights:
             y = self.quant.linear(g, x, weights, name, self.np_dtype)
         else:
             w = np.concatenate(weights, axis=0).T.astype(self.np_dtype)
@@ -248,19 +267,22 @@ class DecoderBuilder:
         scale = cfg.query_pre_attn_scalar**-0.5
         if shared.paged is not None:  # one op: q/k norms, RoPE, the K/V write and the attention
             norms = None
-            if self.family.qk_norm:  # Gemma's attention scale folded into the q-norm weight
+            if self.family.qk_norm == PER_HEAD:  # Gemma's attention scale folded into the q-norm weight
                 norms = (self.norm_weight(layer["self_attn.q_norm"], scale), self.norm_weight(layer["self_attn.k_norm"]))
             out = paged_attention(g, cfg, i, qkv, shared.paged, p, norms, scale=1.0 if norms else scale)
-            return self.linear(g, out, [layer["self_attn.o_proj"]], f"{p}/o_proj")
+            return self.o_proj(g, layer, out, p)
 
         q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
+        if self.family.qk_norm == ALL_HEADS:  # OLMo 2: over every head's channels together, before the split into heads
+            q = self.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
+            k = self.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
         q = g.op("Reshape", [q, g.const([0, 0, nh, hd])], f"{p}/q_heads")
         k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])], f"{p}/k_heads")
         v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])], f"{p}/v_heads")
-        if self.family.qk_norm:
+        if self.family.qk_norm == PER_HEAD:
             q = self.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
             k = self.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
-        else:
+        elif self.family.qk_norm != ALL_HEADS:  # (the whole-projection q norm above took the scale)
             q = g.op("Mul", [q, g.const(np.float32(scale), np.float32)], f"{p}/q_scale")
         q = self.rope(g, q, shared, is_sliding, nh, f"{p}/q_rope")
         k = self.rope(g, k, shared, is_sliding, kvh, f"{p}/k_rope")
@@ -284,6 +306,8 @@ class DecoderBuilder:
         else:
             k_t = g.op("Transpose", [k_rows], f"{p}/k_rows_T", perm=[0, 1, 3, 2])  # fused into the MatMul by ORT
             scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, s * groups, total]
+        if cfg.attn_logit_softcapping:  # Gemma 2: cap * tanh(scores / cap), before the mask
+            scores = softcap(g, scores, cfg.attn_logit_softcapping, f"{p}/softcap")
         probs = g.op("Softmax", [g.op("Add", [scores, shared.masks[is_sliding]], f"{p}/masked")], f"{p}/Softmax", axis=-1)
         if masses is not None and not is_sliding:
             masses.append(block_mass(g, probs, shared.block_shape, f"{p}/block_mass"))
@@ -294,7 +318,16 @@ class DecoderBuilder:
         out = g.op("Reshape", [out, g.const([0, kvh, -1, groups, hd])], f"{p}/context_groups")
         out = self.kv_major(g, out, [0, 2, 1, 3, 4], f"{p}/context_T")  # [b, s, kvh, groups, hd]
         out = g.op("Reshape", [out, g.const([0, -1, nh * hd])], f"{p}/context_flat")
-        return self.linear(g, out, [layer["self_attn.o_proj"]], f"{p}/o_proj")
+        return self.o_proj(g, layer, out, p)
+
+    def o_proj(self, g: Graph, layer: LayerWeights, out: str, p: str) -> str:
+        """The attention's output projection, Granite's residual multiplier folded into its weight."""
+        return self.linear(g, out, [self.residual_scaled(layer["self_attn.o_proj"])], f"{p}/o_proj")
+
+    def residual_scaled(self, weight: np.ndarray) -> np.ndarray:
+        """A block's last weight times the residual multiplier (Granite's; 1 elsewhere: unchanged)."""
+        m = self.cfg.residual_multiplier
+        return weight if m == 1.0 else weight * np.float32(m)
 
     def kv_major(self, g: Graph, x: str, perm: list[int], name: str) -> str:
         """Transpose that brings the KV-head axis forward. With one KV head (MQA, as Gemma 3 270M
@@ -315,10 +348,17 @@ class DecoderBuilder:
         return dequantize_kv(g, blocks, self.cfg.head_dim, name) if self.kv_int8 else self.to_f32(g, blocks, name)
 
     def mlp(self, g: Graph, layer: LayerWeights, x: str) -> str:
-        """Gated MLP: down(act(gate(x)) * up(x)), act the family's (Gemma: gelu_tanh, GeGLU; others: SiLU)."""
+        """The layer's MLP: the family's gated MLP, or its mixture of experts (graph/moe.py)."""
+        if self.family.is_moe:
+            return moe(self, g, layer, x)
         p = f"/model/layers.{layer.index}/mlp"
-        inter = self.cfg.intermediate_size
-        gate_up = self.linear(g, x, [layer["mlp.gate_proj"], layer["mlp.up_proj"]], f"{p}/gate_up_proj")
+        down = self.residual_scaled(layer["mlp.down_proj"])
+        return self.gated_mlp(g, x, layer["mlp.gate_proj"], layer["mlp.up_proj"], down, p)
+
+    def gated_mlp(self, g: Graph, x: str, gate_w: np.ndarray, up_w: np.ndarray, down_w: np.ndarray, p: str) -> str:
+        """down(act(gate(x)) * up(x)), act the family's (Gemma: gelu_tanh, GeGLU; others: SiLU)."""
+        inter = gate_w.shape[0]
+        gate_up = self.linear(g, x, [gate_w, up_w], f"{p}/gate_up_proj")
         gate, up = g.op_multi("Split", [gate_up, g.const([inter, inter])], f"{p}/gate_up_split", 2, axis=-1)
         if self.family.activation == "silu":
             act = silu(g, gate, f"{p}/act")
@@ -326,27 +366,34 @@ class DecoderBuilder:
             act = g.op("FastGelu", [gate], f"{p}/act/FastGelu", domain=MS_DOMAIN)
         else:
             act = gelu_tanh(g, gate, f"{p}/act")
-        return self.linear(g, g.op("Mul", [act, up], f"{p}/gate_mul"), [layer["mlp.down_proj"]], f"{p}/down_proj")
+        return self.linear(g, g.op("Mul", [act, up], f"{p}/gate_mul"), [down_w], f"{p}/down_proj")
 
     def decoder_layer(
         self, g: Graph, layer: LayerWeights, x: str, shared: SharedValues, masses: list[str] | None, out: str | None = None
     ) -> str:
         p = f"/model/layers.{layer.index}"
-        h = self.rms_norm(g, x, layer["input_layernorm"], f"{p}/input_layernorm", to=self.act_type)
-        sandwich = self.family.sandwich_norms
+        pre, post = self.family.pre_norms, self.family.post_norms
+        h = self.rms_norm(g, x, layer["input_layernorm"], f"{p}/input_layernorm", to=self.act_type) if pre else self.act(g, x, p)
         h = self.attention(g, layer, h, shared, masses)
-        if sandwich:
+        if post:
             h = self.rms_norm(g, h, layer["post_attention_layernorm"], f"{p}/post_attention_layernorm")
         else:
             h = self.residual_type(g, h, f"{p}/attn")
         x = g.op("Add", [x, h], f"{p}/attn_residual")
-        h = self.rms_norm(g, x, layer["pre_feedforward_layernorm"], f"{p}/pre_feedforward_layernorm", to=self.act_type)
+        if pre:
+            h = self.rms_norm(g, x, layer["pre_feedforward_layernorm"], f"{p}/pre_feedforward_layernorm", to=self.act_type)
+        else:
+            h = self.act(g, x, f"{p}/mlp")
         h = self.mlp(g, layer, h)
-        if sandwich:
+        if post:
             h = self.rms_norm(g, h, layer["post_feedforward_layernorm"], f"{p}/post_feedforward_layernorm")
         else:
             h = self.residual_type(g, h, f"{p}/mlp")
         return g.op("Add", [x, h], f"{p}/mlp_residual", out=out)
+
+    def act(self, g: Graph, x: str, name: str) -> str:
+        """The residual stream in the activation type, where no norm comes before a block (OLMo 2)."""
+        return x if self.act_type == TensorProto.FLOAT else g.op("Cast", [x], f"{name}/Cast_act", to=self.act_type)
 
     def residual_type(self, g: Graph, h: str, name: str) -> str:
         """A block's output in the residual stream's float32 (Gemma's post-norms cast it themselves)."""
@@ -365,7 +412,8 @@ class DecoderBuilder:
         p = "/model/lm_head"
         rows = g.op("Reshape", [x, g.const([-1, self.cfg.hidden_size])], f"{p}/flatten")
         rows = g.op("Gather", [rows, io.LOGITS_INDICES], f"{p}/select_rows", axis=0)
-        rows = self.rms_norm(g, rows, final_norm, "/model/norm", to=self.onnx_dtype)
+        # Granite divides the logits by logits_scaling: folded into the final norm's weight.
+        rows = self.rms_norm(g, rows, final_norm, "/model/norm", scale=1.0 / self.cfg.logits_scaling, to=self.onnx_dtype)
         cap = self.cfg.final_logit_softcapping
         fp32 = self.dtype == "fp32"
         logits_out = io.LOGITS if fp32 and not cap else None
@@ -382,7 +430,12 @@ class DecoderBuilder:
         if not fp32:
             logits = g.op("Cast", [logits], f"{p}/Cast_out", out=None if cap else io.LOGITS, to=TensorProto.FLOAT)
         if cap:
-            logits = g.op("Div", [logits, g.const(cap, np.float32)], f"{p}/softcap_div")
-            logits = g.op("Tanh", [logits], f"{p}/softcap_tanh")
-            logits = g.op("Mul", [logits, g.const(cap, np.float32)], f"{p}/softcap", out=io.LOGITS)
+            logits = softcap(g, logits, cap, f"{p}/softcap", out=io.LOGITS)
         return logits
+
+
+def softcap(g: Graph, x: str, cap: float, name: str, out: str | None = None) -> str:
+    """cap * tanh(x / cap) in float32 (Gemma's logit and attention soft-capping)."""
+    x = g.op("Div", [x, g.const(np.float32(cap), np.float32)], f"{name}_div")
+    x = g.op("Tanh", [x], f"{name}_tanh")
+    return g.op("Mul", [x, g.const(np.float32(cap), np.float32)], name, out=out)

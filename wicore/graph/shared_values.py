@@ -53,7 +53,7 @@ def shared_values(
     A query at position p sees the key at position k when
 
         k <= p  and  k < context_len             (causal, within the row)
-        k >  p - sliding_window                  (sliding layers only)
+        k >  p - sliding_window                  (sliding layers; every layer with window_all_layers)
 
     With `image_spans` the first condition is k < attend_until[p] (wicore.graph.io, "Images"):
     p + 1 for text, the end of its image for an image token, as HF's Gemma 3 masks: causal or
@@ -109,8 +109,9 @@ def shared_values(
         else:  # causal, or within the query's image
             causal = g.op("Less", [keys, q_until], f"{q}/causal_or_image")
         visible = g.op("And", [causal, g.op("Less", [keys, ctx], f"{q}/in_context")], f"{q}/visible")
-        if is_sliding:
-            window_start = g.op("Sub", [q_pos, g.const(cfg.sliding_window)], f"{q}/window_start")
+        window = cfg.sliding_window if is_sliding else cfg.window_all_layers
+        if window:
+            window_start = g.op("Sub", [q_pos, g.const(window)], f"{q}/window_start")
             visible = g.op("And", [visible, g.op("Greater", [keys, window_start], f"{q}/in_window")], f"{q}/visible_window")
         mask = g.op(
             "Where",

@@ -64,14 +64,25 @@ def estimate_weight_bytes(
     scale per 32 columns, beside the embedding's float rows (`quantize_embedding`: rows read from the
     head's codes, with scales of their own). Norm weights in the float type."""
     h, hd = cfg.hidden_size, cfg.head_dim
-    per_layer = h * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 3 * h * cfg.intermediate_size  # q, o; k, v; MLP
+    per_layer = h * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + mlp_params(cfg)  # q, o; k, v; MLP or experts
     table = cfg.vocab_size * h
-    linear = cfg.num_layers * per_layer + table  # the LM head reads the table
+    # the LM head reads the table, or is a matrix of its own
+    linear = cfg.num_layers * per_layer + table * (1 if cfg.tie_word_embeddings else 2)
     norms = cfg.num_layers * (4 * h + 2 * hd) + h
     if weight_bits is None:
         return (linear + norms) * itemsize
     rows = table // QUANT_BLOCK if quantize_embedding else table
     return linear * weight_bits // 8 + linear // QUANT_BLOCK * itemsize + (rows + norms) * itemsize
+
+
+def mlp_params(cfg: Gemma3Config) -> int:
+    """Weights of one layer's MLP: gate, up and down, or every expert's, the router and a shared expert."""
+    if cfg.num_experts:
+        shared = 3 * cfg.hidden_size * cfg.shared_expert_intermediate_size + (
+            cfg.hidden_size if cfg.shared_expert_intermediate_size else 0
+        )
+        return cfg.num_experts * (3 * cfg.hidden_size * cfg.moe_intermediate_size + cfg.hidden_size) + shared
+    return 3 * cfg.hidden_size * cfg.intermediate_size
 
 
 def estimate_vision_bytes(cfg: VisionConfig, itemsize: int) -> int:
@@ -87,7 +98,9 @@ def activation_bytes(cfg: Gemma3Config, kv_itemsize: int, rows: int, queries: in
     K and V with float32 copies, the mask of each query against each key and the scores and
     probabilities of every query head."""
     tokens = rows * queries
-    hidden = tokens * 3 * (cfg.hidden_size + cfg.intermediate_size) * F32
+    # an expert layer: each token's k experts' gate / up rows (and the routed copies of its hidden state)
+    width = cfg.num_experts_per_tok * (cfg.moe_intermediate_size + cfg.hidden_size) if cfg.num_experts else cfg.intermediate_size
+    hidden = tokens * 3 * (cfg.hidden_size + width) * F32
     logits = rows * cfg.vocab_size * F32
     if paged:
         return hidden + logits

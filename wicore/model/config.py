@@ -82,6 +82,18 @@ class DecoderConfig:
     eos_token_ids: tuple[int, ...] = ()  # every id that ends generation, when the source lists several
     family: str = "gemma3"  # its row of wicore.model.families
     tie_word_embeddings: bool = True  # the LM head is the embedding table (else the source's lm_head)
+    # Every layer slides (Mistral, Phi-3): the engine pages them as full-attention layers (their KV
+    # kept whole) whose mask also keeps the last `window_all_layers` positions only.
+    window_all_layers: int | None = None
+    attn_logit_softcapping: float | None = None  # Gemma 2: scores = cap * tanh(scores / cap)
+    embedding_multiplier: float | None = None  # Granite: embeddings times this (else the family's sqrt(H) or 1)
+    residual_multiplier: float = 1.0  # Granite: each block's output times this before the residual add
+    logits_scaling: float = 1.0  # Granite: logits divided by this
+    num_experts: int = 0  # mixture of experts (the family's router): experts per layer, 0 for a dense MLP
+    num_experts_per_tok: int = 0  # the top k each token is routed to
+    moe_intermediate_size: int = 0  # an expert's MLP width
+    norm_topk_prob: bool = True  # the top k's probabilities renormalised to sum to 1
+    shared_expert_intermediate_size: int = 0  # the shared expert's width (families with one: Qwen2-MoE)
 
     def __post_init__(self) -> None:
         family(self.family)
@@ -94,6 +106,14 @@ class DecoderConfig:
             raise UnsupportedModelError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim {self.head_dim} must be even for RoPE")
+        if self.family_row.is_moe != (self.num_experts > 0):
+            raise UnsupportedModelError(f"the {self.family} family {'needs' if self.family_row.is_moe else 'has no'} experts")
+        if self.family_row.shared_expert != (self.shared_expert_intermediate_size > 0):
+            raise UnsupportedModelError(
+                f"the {self.family} family {'needs' if self.family_row.shared_expert else 'has no'} a shared expert"
+            )
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise UnsupportedModelError(f"num_experts_per_tok {self.num_experts_per_tok} of {self.num_experts} experts")
 
     @property
     def family_row(self) -> Family:

@@ -16,6 +16,7 @@ import numpy as np
 
 from wicore.errors import UnsupportedModelError
 from wicore.model.config import Gemma3Config
+from wicore.model.families import ALL_HEADS, PER_HEAD
 from wicore.model.vision import VisionWeights
 
 
@@ -62,7 +63,8 @@ class WeightSource(Protocol):
 
 def expected_shapes(cfg: Gemma3Config) -> dict[str, tuple[int, ...]]:
     """Shape of every per-layer tensor, by Hugging Face's (Gemma 3's) short names: the family's
-    norms, q/k norms and qkv biases (`*.bias`) where it has them (wicore.model.families)."""
+    norms, q/k norms and qkv biases (`*.bias`) where it has them (wicore.model.families); a mixture
+    of experts has `mlp.router` [experts, hidden] and `mlp.experts.{e}.gate_proj` / `up_proj` / `down_proj`."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     row = cfg.family_row
     shapes: dict[str, tuple[int, ...]] = {
@@ -73,17 +75,25 @@ def expected_shapes(cfg: Gemma3Config) -> dict[str, tuple[int, ...]]:
     }
     if row.qkv_bias:
         shapes.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})
-    if row.qk_norm:
+    if row.qk_norm == PER_HEAD:
         shapes.update({"self_attn.q_norm": (cfg.head_dim,), "self_attn.k_norm": (cfg.head_dim,)})
-    shapes.update(
-        {
-            "mlp.gate_proj": (cfg.intermediate_size, h),
-            "mlp.up_proj": (cfg.intermediate_size, h),
-            "mlp.down_proj": (h, cfg.intermediate_size),
-        }
-    )
+    elif row.qk_norm == ALL_HEADS:
+        shapes.update({"self_attn.q_norm": (q,), "self_attn.k_norm": (kv,)})
+    if row.is_moe:
+        shapes["mlp.router"] = (cfg.num_experts, h)
+        for e in range(cfg.num_experts):
+            shapes.update(mlp_shapes(f"mlp.experts.{e}.", h, cfg.moe_intermediate_size))
+        if row.shared_expert:
+            shapes.update(mlp_shapes("mlp.shared_expert.", h, cfg.shared_expert_intermediate_size))
+            shapes["mlp.shared_expert_gate"] = (1, h)
+    else:
+        shapes.update(mlp_shapes("mlp.", h, cfg.intermediate_size))
     shapes.update({name: (h,) for name in row.layer_norm_names()})
     return shapes
+
+
+def mlp_shapes(prefix: str, hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
+    return {f"{prefix}gate_proj": (inter, hidden), f"{prefix}up_proj": (inter, hidden), f"{prefix}down_proj": (hidden, inter)}
 
 
 def check_layer(cfg: Gemma3Config, layer: LayerWeights) -> None:

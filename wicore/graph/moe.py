@@ -1,0 +1,137 @@
+"""A mixture-of-experts MLP in standard ONNX ops that runs each expert on its own tokens only.
+
+Every token goes to the top k of E experts (wicore.model.families: the router; the config: E, k,
+renormalised or not). Computing every expert for every token, the simple graph, costs E / k times
+the MLP's arithmetic (16x for Qwen3-30B-A3B's 128 / 8); this one gathers each expert's tokens,
+runs the expert on those rows, and puts the results back in one permutation:
+
+    x [b, s, H] ─► rows [N, H] ─► router ─► softmax ─► TopK ─► (renormalise) ─► p, e  [N, k]
+                                                   flattened into N * k assignments, token n * k + j
+    for each expert:  its assignments a = NonZero(e == expert)
+                      y_a = expert(rows[a // k])          [M_expert, H]   (M = 0: empty MatMuls)
+    concat over experts: y [N * k, H] in expert order, positions a in the same order
+    y[inverse(a)] * p ─► [N, k, H] ─► sum over k ─► [b, s, H]
+
+The node count grows with E (about 15 a layer an expert: ~1,900 a layer at E = 128), so a
+session of a 128-expert model has ~10^5 nodes; each runs even for an expert no token chose.
+Routing is computed in float32 (HF: softmax in float32); the experts run in the model dtype
+through the builder's own `linear` (so `--weight-bits` quantizes them like dense weights).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from onnx import TensorProto
+
+from wicore.graph.ops import MS_DOMAIN, Graph
+from wicore.model.weights import LayerWeights
+
+if TYPE_CHECKING:
+    from wicore.graph.decoder import DecoderBuilder
+
+
+def moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
+    """The layer's experts on x [batch, seq, hidden] (of the activation type); the same shape back:
+    one com.microsoft.MoE node where the builder's `expert_kernel` is "ort-moe", else the routed graph."""
+    if b.expert_kernel == "ort-moe":
+        return ort_moe(b, g, layer, x)
+    cfg = b.cfg
+    p = f"/model/layers.{layer.index}/moe"
+    k, h = cfg.num_experts_per_tok, cfg.hidden_size
+    f32 = TensorProto.FLOAT
+    rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows")  # [N, H]
+    # the router in float weights in every flavour: a quantized one flips experts, not just logits
+    logits = b.linear(g, rows, [layer["mlp.router"]], f"{p}/router", float_weights=True)
+    if b.act_type != f32:
+        logits = g.op("Cast", [logits], f"{p}/router/Cast_f32", to=f32)
+    probs = g.op("Softmax", [logits], f"{p}/router/Softmax", axis=-1)
+    top_p, top_e = g.op_multi("TopK", [probs, g.const([k])], f"{p}/router/TopK", 2, axis=-1, largest=1, sorted=1)
+    if cfg.norm_topk_prob:
+        total = g.op("ReduceSum", [top_p, g.const([-1])], f"{p}/router/top_sum", keepdims=1)
+        top_p = g.op("Div", [top_p, total], f"{p}/router/renormalise")
+    if b.act_type != f32:
+        top_p = g.op("Cast", [top_p], f"{p}/router/Cast_act", to=b.act_type)
+    experts = g.op("Reshape", [top_e, g.const([-1])], f"{p}/assigned_experts")  # [N * k]
+    weights = g.op("Reshape", [top_p, g.const([-1, 1])], f"{p}/assigned_weights")  # [N * k, 1]
+    n_k = g.op("Shape", [experts], f"{p}/num_assignments")
+    assignments = g.op("Range", [g.const(0), g.op("Squeeze", [n_k, g.const([0])], f"{p}/n_k"), g.const(1)], f"{p}/range")
+    token_of = g.op("Div", [assignments, g.const(k)], f"{p}/token_of")  # [N * k]
+
+    positions, outputs = [], []
+    for e in range(cfg.num_experts):
+        q = f"{p}/experts.{e}"
+        hits = g.op("NonZero", [g.op("Equal", [experts, g.const(e)], f"{q}/Equal")], f"{q}/NonZero")
+        mine = g.op("Reshape", [hits, g.const([-1])], f"{q}/assignments")  # [M]
+        tokens = g.op("Gather", [token_of, mine], f"{q}/tokens", axis=0)
+        xe = g.op("Gather", [rows, tokens], f"{q}/rows", axis=0)  # [M, H]
+        w = [layer[f"mlp.experts.{e}.{n}"] for n in ("gate_proj", "up_proj", "down_proj")]
+        outputs.append(b.gated_mlp(g, xe, w[0], w[1], b.residual_scaled(w[2]), q))
+        positions.append(mine)
+    order = g.op("Concat", positions, f"{p}/expert_order", axis=0)  # [N * k]: assignment of each row of y
+    y = g.op("Concat", outputs, f"{p}/expert_outputs", axis=0)  # [N * k, H]
+    inverse = g.op("ScatterElements", [assignments, order, assignments], f"{p}/inverse_order", axis=0)
+    y = g.op("Gather", [y, inverse], f"{p}/assignment_outputs", axis=0)  # back in assignment order
+    y = g.op("Mul", [y, weights], f"{p}/weighted")
+    y = g.op("Reshape", [y, g.const([-1, k, h])], f"{p}/per_token")
+    y = g.op("ReduceSum", [y, g.const([1])], f"{p}/sum", keepdims=0)  # [N, H]
+    y = with_shared_expert(b, g, layer, rows, y, p)
+    shape = g.op("Shape", [x], f"{p}/shape")
+    return g.op("Reshape", [y, shape], f"{p}/out")
+
+
+def with_shared_expert(b: DecoderBuilder, g: Graph, layer: LayerWeights, rows: str, y: str, p: str) -> str:
+    """y + sigmoid(rows @ gateᵀ) * shared_expert(rows), where the family has a shared expert (Qwen2-MoE);
+    rows and y [N, H] of the activation type."""
+    if not b.family.shared_expert:
+        return y
+    q = f"{p}/shared_expert"
+    down = b.residual_scaled(layer["mlp.shared_expert.down_proj"])
+    shared = b.gated_mlp(g, rows, layer["mlp.shared_expert.gate_proj"], layer["mlp.shared_expert.up_proj"], down, q)
+    gate = b.linear(g, rows, [layer["mlp.shared_expert_gate"]], f"{q}_gate", float_weights=True)  # [N, 1]
+    shared = g.op("Mul", [g.op("Sigmoid", [gate], f"{q}_gate/Sigmoid"), shared], f"{q}/gated")
+    return g.op("Add", [y, shared], f"{p}/add_shared")
+
+
+def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
+    """ONNX Runtime's MoE kernel (CPU and CUDA): the router's logits in, softmax, top-k and the
+    renormalisation inside, every expert's gate / up rows interleaved in one fc1 [E, 2 * W, H]
+    (swiglu_fusion=1, the one layout both EPs take), down as fc2 [E, H, W], SwiGLU with alpha 1,
+    beta 0 and no clamp: silu(gate) * up."""
+    cfg = b.cfg
+    p = f"/model/layers.{layer.index}/moe"
+    h, w = cfg.hidden_size, cfg.moe_intermediate_size
+    rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows")
+    if b.act_type != b.onnx_dtype:
+        rows = g.op("Cast", [rows], f"{p}/Cast_in", to=b.onnx_dtype)
+    logits = g.op("MatMul", [rows, g.weight(f"{p}/router.weight", layer["mlp.router"].T.astype(b.np_dtype))], f"{p}/router")
+
+    def fc1() -> np.ndarray:
+        gate_up = [
+            np.stack([layer[f"mlp.experts.{e}.gate_proj"], layer[f"mlp.experts.{e}.up_proj"]], axis=1)
+            for e in range(cfg.num_experts)
+        ]
+        return np.stack(gate_up).reshape(cfg.num_experts, 2 * w, h).astype(b.np_dtype)  # rows g0, u0, g1, u1, ...
+
+    def fc2() -> np.ndarray:
+        downs = [b.residual_scaled(layer[f"mlp.experts.{e}.down_proj"]) for e in range(cfg.num_experts)]
+        return np.stack(downs).astype(b.np_dtype)
+
+    y = g.op(
+        "MoE",
+        [rows, logits, g.weight(f"{p}/fc1.weight", fc1), "", g.weight(f"{p}/fc2.weight", fc2)],
+        f"{p}/MoE",
+        domain=MS_DOMAIN,
+        k=cfg.num_experts_per_tok,
+        activation_type="swiglu",
+        swiglu_fusion=1,
+        activation_alpha=1.0,
+        activation_beta=0.0,
+        normalize_routing_weights=int(cfg.norm_topk_prob),
+    )
+    if b.act_type != b.onnx_dtype:
+        y = g.op("Cast", [y], f"{p}/Cast_out", to=b.act_type)
+        rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows_act")
+    y = with_shared_expert(b, g, layer, rows, y, p)
+    return g.op("Reshape", [y, g.op("Shape", [x], f"{p}/shape")], f"{p}/out")
