@@ -184,7 +184,14 @@ def build_kv_cache(config: EngineConfig, layout: KVLayout, tiers: dict[Tier, Tie
         }
         if counts[Tier.NVME]:
             path = nvme_dir / f"wicore-kv-{os.getpid()}-{id(buffers)}-{group}.bin"
-            stores[Tier.NVME] = NvmeStore(path, counts[Tier.NVME], block_shape, buffers.dtype)
+            try:
+                stores[Tier.NVME] = NvmeStore(path, counts[Tier.NVME], block_shape, buffers.dtype)
+            except WiCoreError:  # no room for this group's file: the other group's goes too
+                for pager in pagers:
+                    nvme = pager.stores.get(Tier.NVME)
+                    if isinstance(nvme, NvmeStore):
+                        nvme.close()
+                raise
         pagers.append(Pager(stores))
         policy = A2CRPolicy(config.a2cr) if config.policy == "a2cr" else LRUPolicy()
         device, host, nvme = counts
