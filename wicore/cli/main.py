@@ -42,7 +42,16 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--allow-image-urls", action="store_true", help="fetch http(s) image URLs (default: only data: URLs are taken)"
     )
-    p.add_argument("--image-url-timeout", type=float, default=10.0, help="seconds to fetch one image URL")
+    p.add_argument(
+        "--image-url-timeout", type=float, default=10.0, help="seconds for the whole fetch of one image URL, redirects included"
+    )
+    p.add_argument(
+        "--image-url-allow-network",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="fetch image URLs from this private network too (10.0.0.0/8; default: public addresses only); repeat",
+    )
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin ('*' for any); repeat")
     p.add_argument("--no-web", action="store_true", help="no web page at / (the API and /v1/ws stay)")
     p.add_argument("--grace-seconds", type=float, default=30.0, help="on SIGTERM, time in-flight requests get to finish")
@@ -146,6 +155,7 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
                 limits=ImageLimits(args.max_image_bytes, args.max_image_pixels),
                 fetch_urls=args.allow_image_urls,
                 fetch_timeout=args.image_url_timeout,
+                fetch_allowed_networks=tuple(args.image_url_allow_network),
             ),
         )
     except ValueError as exc:
