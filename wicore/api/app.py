@@ -12,8 +12,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from wicore.runtime.tokenizer import Tokenizer
 
 log = logging.getLogger("wicore.api")
+T = TypeVar("T")
 
 
 class API:
@@ -154,7 +155,8 @@ class API:
     async def inference(self, request: Request) -> Response:
         """The original WiCore endpoint (wicore.api.compat)."""
         self.guard(request)
-        return JSONResponse(await compat.inference(self, await self.read_json(request)))
+        body = await self.read_json(request)
+        return JSONResponse(await until_disconnect(request, compat.inference(self, body)))
 
     # -- generation ------------------------------------------------------------------
     async def prepare(self, is_chat: bool, body: Any) -> Job:
@@ -228,8 +230,8 @@ class API:
         reasons: list[str | None] = [None] * len(choices)
         tokens: list[list[TokenLogprobs]] = [[] for _ in choices]
 
-        async def collect() -> None:
-            async for index, piece in merge(choices):
+        async def collect() -> None:  # cut by a shutdown as streams are: a 503 server_shutting_down
+            async for index, piece in merge(choices, self.streams):
                 texts[index] += piece.text
                 reasons[index] = piece.finish_reason or reasons[index]
                 tokens[index] += piece.logprobs
@@ -330,8 +332,10 @@ def parse_json(body: bytes | str) -> Any:
     return value
 
 
-async def until_disconnect(request: Request, work: Any) -> None:
-    """Await `work`; if the client goes away first, cancel it (which aborts its engine requests)."""
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result; if the client goes away first (a closed connection, an HTTP/2
+    RST_STREAM: both reach the app as http.disconnect), cancel it, which aborts its engine
+    requests, and raise the 499 that counts it."""
     task = asyncio.ensure_future(work)
 
     async def disconnected() -> None:
@@ -348,7 +352,7 @@ async def until_disconnect(request: Request, work: Any) -> None:
             await asyncio.gather(task, return_exceptions=True)
     if task.cancelled():
         raise APIError(499, "the client closed the connection", code="client_closed")
-    task.result()  # re-raises the work's error
+    return task.result()  # re-raises the work's error
 
 
 async def _client_error(request: Request, exc: Exception) -> Response:

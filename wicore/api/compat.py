@@ -21,6 +21,7 @@ from typing import Any
 from wicore.api.generation import ChoiceStats, run_choice
 from wicore.api.images import ImagePart
 from wicore.api.schemas import Options, _bad, _int, _number, _object
+from wicore.api.streaming import merge
 from wicore.errors import RequestError
 
 # Original config key -> flag destination.
@@ -67,7 +68,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
 
 
 async def inference(api: Any, body: Any) -> dict[str, Any]:
-    """Run one /v1/inference request on `api` (a wicore.api.app.API)."""
+    """Run one /v1/inference request on `api` (a wicore.api.app.API); cancelling it aborts the request."""
     body = _object(body)
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
@@ -84,8 +85,11 @@ async def inference(api: Any, body: Any) -> dict[str, Any]:
     [engine_id] = api.add_requests(request_id, [ids], opts, "prompt", images)
     stats = ChoiceStats(num_prompt_tokens=len(ids))
     text = ""
-    async for piece in run_choice(api.engine, engine_id, ids, (), stats):
-        text += piece.text
+    try:
+        async for _, piece in merge([run_choice(api.engine, engine_id, ids, (), stats)], api.streams):
+            text += piece.text  # a shutdown cuts it with a 503, as the chat and completion answers
+    finally:  # cancelled (the client went away: wicore.api.app.until_disconnect) before it read, or while
+        api.engine.cancel(engine_id)
     api.metrics.observe_choice(stats, time.monotonic())
     return {
         "id": request_id,
