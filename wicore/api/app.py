@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -30,6 +29,7 @@ from wicore.api.generation import ChoiceStats, Generation, Job, Piece, run_choic
 from wicore.api.images import ImagePart, load_images
 from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
 from wicore.api.metrics import Metrics, StatusCounter
+from wicore.api.middleware import HeaderLimit, InternalErrors, internal_error
 from wicore.api.openapi import openapi_route
 from wicore.api.ratelimit import RateLimiter
 from wicore.api.schemas import Options, parse_chat, parse_completion
@@ -45,7 +45,6 @@ from wicore.runtime.vision import NO_VISION
 if TYPE_CHECKING:
     from wicore.runtime.tokenizer import Tokenizer
 
-log = logging.getLogger("wicore.api")
 T = TypeVar("T")
 
 
@@ -359,16 +358,15 @@ async def _client_error(request: Request, exc: Exception) -> Response:
     """An APIError as it is; WiCore's errors and Starlette's own (404, 405) as the APIError they stand for."""
     if isinstance(exc, WiCoreError):
         exc = from_wicore(exc)
-    elif isinstance(exc, HTTPException):
-        exc = APIError(exc.status_code, str(exc.detail), code="http_error")
+    elif isinstance(exc, HTTPException):  # its headers too: a 405's Allow
+        exc = APIError(exc.status_code, str(exc.detail), code="http_error", headers=dict(exc.headers or {}))
     assert isinstance(exc, APIError)
     return error_response(exc)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    request_id = uuid.uuid4().hex[:12]
-    log.error("request %s (%s %s) failed", request_id, request.method, request.url.path, exc_info=exc)
-    return error_response(APIError(500, f"internal error (request {request_id}); see the server log", code="internal_error"))
+    """Starlette's last resort, for a bug in the middleware around InternalErrors (wicore.api.middleware)."""
+    return internal_error(request.scope, exc)
 
 
 def create_app(engine: ServingEngine, settings: ServerSettings) -> Starlette:
@@ -392,6 +390,7 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> Starlette:
         middleware.append(
             Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"], allow_headers=["*"])
         )
+    middleware += [Middleware(HeaderLimit), Middleware(InternalErrors)]  # wicore.api.middleware
     handlers = {APIError: _client_error, WiCoreError: _client_error, HTTPException: _client_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)  # type: ignore[arg-type]
     app.state.api = api
