@@ -117,8 +117,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
         return run_cluster(args, model_dir, settings)
     from wicore.api.server import serve
+    from wicore.cli.models import cached_export_errors
 
-    return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds, limits)
+    with cached_export_errors(args.model, model_dir):
+        return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds, limits)
 
 
 def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
