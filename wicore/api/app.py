@@ -170,13 +170,14 @@ class API:
         self._check_model(chat.options)
         images = await self.images(chat.images)
         tok = self._tokenizer()
+        messages, literals = tok.guard_specials(chat.messages)  # message text never writes a control token
         try:
-            prompt = tok.apply_chat_template(chat.messages, add_generation_prompt=True)
+            prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
         except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
             raise from_wicore(exc, "messages") from exc
         if images:
             prompt = self.engine.expand_images(prompt)
-        return Job(True, [tok.encode(prompt, add_bos=False)], chat.options, images)
+        return Job(True, [tok.encode(prompt, add_bos=False, literals=literals)], chat.options, images)
 
     async def images(self, parts: tuple[ImagePart, ...]) -> list[ImageInput]:
         """The request's images, loaded for the model; a 400 naming the part when there is something wrong."""
@@ -261,6 +262,7 @@ class API:
         """Queue every choice of every prompt (n per prompt) in the engine, or none: the engine's
         admission errors become the 400 / 503 they stand for, naming `param` for the prompt.
         `images` go with every prompt (the engine encodes each distinct image once)."""
+        self._check_placeholders(prompts, images or [], param)
         num_choices = len(prompts) * opts.n
         if num_choices > self.engine.max_waiting:  # never fits: a 400, not a 503 to retry
             raise APIError(
@@ -297,6 +299,23 @@ class API:
                 self.engine.cancel(request_id)
             raise from_wicore(exc, param) from exc
         return request_ids
+
+    def _check_placeholders(self, prompts: list[list[int]], images: list[ImageInput], param: str) -> None:
+        """A 400 unless every prompt holds one image placeholder (`<start_of_image>`) per image: one
+        without its image would reach the model as a bare control token."""
+        vision = self.engine.vision
+        if vision is None:
+            return
+        boi = vision.config.boi_token_id
+        for ids in prompts:
+            if ids.count(boi) != len(images):
+                raise APIError(
+                    400,
+                    f"{param}: the prompt has {ids.count(boi)} image placeholder(s) (<start_of_image>) and "
+                    f"{len(images)} image(s); write one placeholder per image",
+                    param=param,
+                    code="invalid_request",
+                )
 
     def _check_model(self, opts: Options) -> None:
         if opts.model is not None and opts.model != self.settings.model_name:
