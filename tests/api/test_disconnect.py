@@ -1,4 +1,5 @@
-"""Clients that leave, over HTTP/1.1 and HTTP/2, and non-streamed answers cut by a shutdown (issue 35).
+"""Clients that leave (HTTP/1.1, HTTP/2), take more than their share of the queue, or are cut by
+a shutdown (issue 35).
 
 The tiny multimodal model (it has a tokenizer, which /v1/inference needs) with a 4,096-token
 context: a request for 4,000 tokens runs for many seconds on the CPU, long enough to be cut.
@@ -144,3 +145,81 @@ def test_a_non_streamed_answer_cut_by_shutdown_is_a_503_with_a_body(engine, rout
     error = answer.json()["error"]
     assert (error["code"], error["type"]) == ("server_shutting_down", "server_error")
     wait_running(engine, 0, timeout=5)
+
+
+@pytest.fixture(scope="module")
+def shared_server(engine):
+    """A server that lets one connection have 2 requests in flight."""
+    served = ServerThread(create_app(engine, ServerSettings(model_name="long", max_requests_per_connection=2))).start()
+    yield served
+    served.stop()
+
+
+def next_frame(ws, request_id: str, kinds: tuple[str, ...] = ("done", "error")) -> dict:
+    """The next frame of `request_id` of one of `kinds` (chunks of others skipped)."""
+    while True:
+        frame = json.loads(ws.recv(timeout=60))
+        if frame.get("id") == request_id and frame["type"] in kinds:
+            return frame
+
+
+def test_one_websocket_cannot_take_more_than_its_share_of_the_queue(engine, shared_server):
+    """Issue 35: one socket filled the whole waiting queue. Past its 2 requests in flight it gets a
+    429 error frame; another socket is still served, and a request that ends frees its place."""
+    from websockets.sync.client import connect
+
+    body = {"prompt": [20, 21, 22], "max_tokens": LONG, "ignore_eos": True}
+    url = f"ws://127.0.0.1:{shared_server.port}/v1/ws"
+    with connect(url) as greedy, connect(url) as other:
+        for request_id in ("a", "b", "c"):
+            greedy.send(json.dumps({"type": "completion", "id": request_id, "body": body}))
+        refused = next_frame(greedy, "c")
+        assert (refused["type"], refused["status"], refused["error"]["code"]) == ("error", 429, "too_many_in_flight")
+        assert refused["error"]["message"] == (
+            "this connection has 2 requests queued or running and may have at most 2 (each choice counts): "
+            "wait for some to finish"
+        )
+        other.send(json.dumps({"type": "completion", "id": "x", "body": {**body, "max_tokens": 3}}))
+        done = next_frame(other, "x")
+        assert (done["type"], done["usage"]["completion_tokens"]) == ("done", 3)
+        greedy.send(json.dumps({"type": "cancel", "id": "a"}))
+        assert next_frame(greedy, "a")["cancelled"] is True
+        greedy.send(json.dumps({"type": "completion", "id": "d", "body": body}))
+        wait_running(engine, 2, timeout=30)  # b and d
+        for request_id in ("b", "d"):
+            greedy.send(json.dumps({"type": "cancel", "id": request_id}))
+            assert next_frame(greedy, request_id)["type"] == "done"
+    wait_running(engine, 0, timeout=10)
+    assert shared_server.app.state.api.in_flight.counts == {}
+
+
+def test_the_streams_of_one_http2_connection_share_its_limit(engine, shared_server):
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    body = json.dumps(BODIES["/v1/inference"]).encode()
+    with socket.create_connection(("127.0.0.1", shared_server.port)) as sock:
+        conn.initiate_connection()
+        for stream_id in (1, 3, 5):
+            headers = [
+                (":method", "POST"),
+                (":path", "/v1/inference"),
+                (":scheme", "http"),
+                (":authority", "127.0.0.1"),
+                ("content-type", "application/json"),
+            ]
+            conn.send_headers(stream_id, headers)
+            conn.send_data(stream_id, body, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        status, answer = None, b""
+        sock.settimeout(30)
+        while status is None or not answer.endswith(b"}"):
+            for event in conn.receive_data(sock.recv(65536)):
+                if isinstance(event, h2.events.ResponseReceived):
+                    status = dict(event.headers)[b":status"]
+                    first = event.stream_id
+                elif isinstance(event, h2.events.DataReceived):
+                    answer += event.data
+            sock.sendall(conn.data_to_send())
+        assert (first, status) == (5, b"429")
+        assert json.loads(answer)["error"]["code"] == "too_many_in_flight"
+        wait_running(engine, 2, timeout=30)
+    wait_running(engine, 0, timeout=10)

@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
@@ -23,6 +23,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from wicore.api import compat, websocket
 from wicore.api.auth import Authenticator, client_address
+from wicore.api.connections import InFlight
 from wicore.api.docs_page import docs_route
 from wicore.api.errors import APIError, CORSMiddleware, error_response, from_wicore
 from wicore.api.generation import ChoiceStats, Generation, Job, Piece, run_choice
@@ -59,6 +60,7 @@ class API:
         self.streams = Streams()  # open event streams, cut by a shutdown (wicore/api/server.py)
         self.created = int(time.time())
         self.body_limit = settings.body_limit(engine.vision is not None, engine.max_sequence_tokens)
+        self.in_flight = InFlight(settings.requests_per_connection(engine.max_waiting))  # one client's share
 
     # -- guards ----------------------------------------------------------------------
     def guard(self, request: Request) -> None:
@@ -155,7 +157,7 @@ class API:
         """The original WiCore endpoint (wicore.api.compat)."""
         self.guard(request)
         body = await self.read_json(request)
-        return JSONResponse(await until_disconnect(request, compat.inference(self, body)))
+        return JSONResponse(await until_disconnect(request, compat.inference(self, body, connection_of(request))))
 
     # -- generation ------------------------------------------------------------------
     async def prepare(self, is_chat: bool, body: Any) -> Job:
@@ -188,12 +190,18 @@ class API:
             raise APIError(400, f"{parts[0].param}: {NO_VISION}", param=parts[0].param, code="images_not_supported")
         return await load_images(parts, vision.config.preprocessing, self.settings.images)
 
-    def start(self, job: Job) -> Generation:
-        """Queue the job's choices in the engine (all or none); nothing runs until they are read."""
+    def start(self, job: Job, connection: Hashable | None = None) -> Generation:
+        """Queue the job's choices in the engine (all or none); nothing runs until they are read.
+        They count toward `connection`'s share of the queue (a 429 past it) until aborted."""
         is_chat, prompts, opts = job.is_chat, job.prompts, job.options
         rid = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         base = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
-        request_ids = self.add_requests(rid, prompts, opts, "messages" if is_chat else "prompt", job.images)
+        release = self.in_flight.claim(connection, len(prompts) * opts.n)
+        try:
+            request_ids = self.add_requests(rid, prompts, opts, "messages" if is_chat else "prompt", job.images)
+        except BaseException:
+            release()
+            raise
         stats = [ChoiceStats(num_prompt_tokens=len(prompts[i // opts.n])) for i in range(len(request_ids))]
         choices = [
             self._observed(run_choice(self.engine, request_id, prompts[i // opts.n], opts.stop, s), s)
@@ -214,13 +222,14 @@ class API:
         def abort_all() -> None:  # whatever way the response ends, no request outlives it
             for request_id in request_ids:
                 self.engine.abort(request_id)
+            release()
 
         formatter = None if opts.logprobs is None else LogprobFormatter(self._tokenizer())
         return Generation(base, is_chat, choices, usage, abort_all, formatter)
 
     async def complete(self, request: Request, job: Job) -> Response:
         """The HTTP answer to a job: an event stream, or one JSON body once every choice ends."""
-        gen = self.start(job)
+        gen = self.start(job, connection_of(request))
         is_chat, opts, choices, formatter, abort_all = job.is_chat, job.options, gen.choices, gen.logprobs, gen.abort
         if opts.stream:
             objects = chunks(gen.base, is_chat, choices, gen.usage, opts.include_usage, formatter, self.streams)
@@ -348,6 +357,13 @@ def parse_json(body: bytes | str) -> Any:
             400, "the request body has a lone surrogate (an unpaired \\ud800-\\udfff escape)", code="invalid_json"
         ) from None
     return value
+
+
+def connection_of(conn: HTTPConnection) -> Hashable | None:
+    """What identifies the connection a request came on: its client's address and port (the
+    streams of one HTTP/2 connection share them)."""
+    client = conn.scope.get("client")
+    return None if client is None else tuple(client)
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:

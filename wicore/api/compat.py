@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,9 @@ def load_config_file(path: Path) -> dict[str, Any]:
     return values
 
 
-async def inference(api: Any, body: Any) -> dict[str, Any]:
-    """Run one /v1/inference request on `api` (a wicore.api.app.API); cancelling it aborts the request."""
+async def inference(api: Any, body: Any, connection: Hashable | None = None) -> dict[str, Any]:
+    """Run one /v1/inference request on `api` (a wicore.api.app.API); cancelling it aborts the
+    request. It counts toward `connection`'s share of the queue while it runs."""
     body = _object(body)
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
@@ -82,7 +84,12 @@ async def inference(api: Any, body: Any) -> dict[str, Any]:
     ids = tok.encode(prompt)
     started = time.monotonic()
     request_id = f"inf-{uuid.uuid4().hex[:24]}"
-    [engine_id] = api.add_requests(request_id, [ids], opts, "prompt", images)
+    release = api.in_flight.claim(connection, 1)
+    try:
+        [engine_id] = api.add_requests(request_id, [ids], opts, "prompt", images)
+    except BaseException:
+        release()
+        raise
     stats = ChoiceStats(num_prompt_tokens=len(ids))
     text = ""
     try:
@@ -90,6 +97,7 @@ async def inference(api: Any, body: Any) -> dict[str, Any]:
             text += piece.text  # a shutdown cuts it with a 503, as the chat and completion answers
     finally:  # cancelled (the client went away: wicore.api.app.until_disconnect) before it read, or while
         api.engine.cancel(engine_id)
+        release()
     api.metrics.observe_choice(stats, time.monotonic())
     return {
         "id": request_id,

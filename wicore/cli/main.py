@@ -56,6 +56,13 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-web", action="store_true", help="no web page at / (the API and /v1/ws stay)")
     p.add_argument("--grace-seconds", type=float, default=30.0, help="on SIGTERM, time in-flight requests get to finish")
     p.add_argument("--max-connections", type=int, default=1000, help="open connections at most; one more gets a 503")
+    p.add_argument(
+        "--max-requests-per-connection",
+        type=int,
+        default=None,
+        help="requests (choices) one connection or WebSocket may have queued or running; more get a 429 "
+        "(default: a quarter of the waiting queue, 256; 0: no limit)",
+    )
     p.add_argument("--header-timeout", type=float, default=20.0, help="seconds to send a request's headers, or to idle")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request's whole body (then a 408)")
     add_engine_args(p)
@@ -152,6 +159,7 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
             web=not args.no_web,
             allowed_hosts=() if keys else local_host_names(args.host),
             body_timeout_seconds=args.body_timeout,
+            max_requests_per_connection=args.max_requests_per_connection,
             images=ImageSettings(
                 max_images=args.max_images_per_request,
                 limits=ImageLimits(args.max_image_bytes, args.max_image_pixels),
