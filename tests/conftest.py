@@ -192,6 +192,14 @@ def tiny_multimodal(tmp_path_factory: pytest.TempPathFactory):
     return multimodal.build(tmp_path_factory.mktemp("tiny_multimodal"), TINY)
 
 
+@pytest.fixture(scope="session")
+def tiny_multimodal_long(tmp_path_factory: pytest.TempPathFactory):
+    """tiny_multimodal with a 4,096-token context: long requests that a test can cut."""
+    import multimodal
+
+    return multimodal.build(tmp_path_factory.mktemp("tiny_multimodal_long"), {**TINY, "max_position_embeddings": 4096})
+
+
 # -- the real Gemma 3 270M ---------------------------------------------------------------
 @pytest.fixture(scope="session")
 def gemma_270m(export_cached: Callable[..., Path]) -> Callable[[int], Path]:

@@ -228,6 +228,65 @@ def test_openapi_lists_the_endpoints(open_server):
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/v1/stats"} <= set(schema["paths"])
 
 
+def test_openapi_lists_415_and_token_id_prompts(open_server):
+    """Issue 35: both were missing (a keyless server answers 415 to non-JSON bodies)."""
+    import jsonschema
+
+    schema = httpx.get(f"{open_server.url}/openapi.json").json()
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/inference"):
+        assert {"408", "415", "431"} <= set(schema["paths"][path]["post"]["responses"]), path
+    prompt = schema["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    prompt = prompt["properties"]["prompt"]
+    for good in ("text", ["a", "b"], [1, 2, 3], [[1, 2], [3]]):
+        jsonschema.validate(good, prompt)
+    for bad in ([], [[]], [1, "a"], [-1]):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, prompt)
+
+
+def test_a_405_says_which_methods_the_route_takes(open_server):
+    """Issue 35: 405s came without Allow."""
+    r = httpx.get(f"{open_server.url}/v1/completions")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    r = httpx.delete(f"{open_server.url}/v1/models")
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
+def test_headers_past_16_kib_in_one_write_are_a_431(open_server):
+    """Issue 35: Hypercorn refuses headers still incomplete past 16 KiB, but took 20 KB sent at once."""
+    import socket
+
+    big = "x" * 20_000
+    with socket.create_connection(("127.0.0.1", open_server.server.port)) as sock:
+        sock.sendall(f"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {big}\r\n\r\n".encode())
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 ")
+    error = json.loads(body)["error"]
+    assert error["code"] == "headers_too_large" and error["message"].endswith("bytes; the limit is 16384")
+    fits = httpx.get(f"{open_server.url}/v1/models", headers={"x-big": "x" * 15_000})
+    assert fits.status_code == 200
+
+
+def test_a_500_is_logged_once_with_its_traceback(raising_url, caplog):
+    """Issue 35: Starlette's last-resort handler re-raises after answering, so Hypercorn logged
+    every 500 a second time."""
+    import logging
+    import time
+
+    with caplog.at_level(logging.INFO):
+        error = assert_openai_error(httpx.get(f"{raising_url}/raise/RuntimeError"), 500)
+        time.sleep(0.2)  # the server's own log lines, if any, come from its thread
+    request_id = error["message"].split("(request ")[1].split(")")[0]
+    tracebacks = [r for r in caplog.records if r.exc_info is not None]
+    assert [r.getMessage() for r in tracebacks] == [f"request {request_id} (GET /raise/RuntimeError) failed"]
+
+
 def test_docs_is_a_self_contained_page_over_the_openapi_schema(open_server):
     """/docs renders /openapi.json in the browser (checked in headless chromium when written);
     here: it is served, loads nothing from another host, and the schema has what it reads."""

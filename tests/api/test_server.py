@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from wicore.api.server import free_port
 from wicore.graph.manifest import Manifest
 
 
@@ -92,3 +93,30 @@ def test_sigterm_lets_an_inflight_stream_finish(gemma_270m, launch):
             httpx.get(f"{url}/health", timeout=2)
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize("kind", ["a file", "larger than the disk"])
+def test_serve_refuses_an_nvme_dir_that_cannot_hold_the_tier_in_one_line(tiny_export, tmp_path, kind):
+    """Issue 35: a bad --nvme-dir was a traceback and left a 0-byte tier file behind."""
+    import shutil
+
+    folder, _ = tiny_export()
+    nvme_dir = tmp_path / "nvme"
+    if kind == "a file":
+        nvme_dir.write_bytes(b"x")
+        gb, expected = "0.01", f"cannot use the NVMe KV tier folder {nvme_dir} (nvme_dir): Not a directory"
+    else:
+        nvme_dir.mkdir()
+        gb, expected = f"{shutil.disk_usage(tmp_path).free / (1 << 30) + 100:.0f}", "GiB free: lower nvme_tier_gb"
+    res = subprocess.run(
+        [sys.executable, "-m", "wicore.cli", "serve", "--model", str(folder), "--threads", "2"]
+        + ["--port", str(free_port()), "--nvme-tier-gb", gb, "--nvme-dir", str(nvme_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    [line] = [line for line in res.stderr.splitlines() if line.startswith("wicore: error:")]
+    assert expected in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nvme"]
+    assert nvme_dir.is_file() or list(nvme_dir.iterdir()) == []

@@ -121,6 +121,22 @@ def test_a_socket_that_never_authenticates_is_closed(locked_server):
     assert info.value.rcvd is not None and info.value.rcvd.code == 1008
 
 
+def test_frames_before_auth_do_not_extend_the_auth_deadline(locked_server):
+    """Issue 35: the deadline restarted with every frame, so keyless sockets sending junk held their
+    connection slots forever. Junk every 0.2 s: closed 0.5 s after the upgrade all the same."""
+    import time
+
+    with open_socket(locked_server) as ws:
+        opened = time.monotonic()
+        with pytest.raises(ConnectionClosed) as info:
+            for _ in range(20):
+                ws.send(json.dumps({"type": "ping"}))
+                assert json.loads(ws.recv(timeout=5))["status"] == 400
+                time.sleep(0.2)
+        assert info.value.rcvd is not None and info.value.rcvd.code == 1008
+        assert time.monotonic() - opened < 1.5
+
+
 def test_without_the_page_the_socket_stays(tiny_server):
     served = tiny_server(web=False)
     assert httpx.get(f"{served.url}/").status_code == 404

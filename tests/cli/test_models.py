@@ -102,3 +102,33 @@ def test_wicore_export_weight_bits_quantize_for_the_gpu(tiny_model, tmp_path, ca
     assert "--weight-bits quantizes the weights" in capsys.readouterr().err and not bad.exists()
     assert export_main(["--model", str(folder), "--out", str(bad), "--quantize-embedding"]) == 2
     assert "--quantize-embedding needs quantized weights" in capsys.readouterr().err and not bad.exists()
+
+
+def test_a_damaged_cached_export_names_the_folder_to_delete(tiny_export, tmp_path):
+    """Issue 35: a corrupted cached export said "re-export the model", which `wicore serve
+    --model gemma3-270m` never does and its user never did: name the folder to delete."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder, _ = tiny_export()
+    cached = tmp_path / "models" / "gemma3-270m-ort-quant"  # what resolve_model names on a CPU
+    shutil.copytree(folder, cached)
+    weights = next(p for p in sorted(cached.iterdir()) if p.suffix == ".onnx")
+    weights.write_bytes(weights.read_bytes()[:-10])  # truncated
+    env = {**os.environ, "WICORE_CACHE": str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[2])}
+    res = subprocess.run(
+        [sys.executable, "-m", "wicore.cli", "generate", "--model", "gemma3-270m", "--prompt", "hi", "--threads", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"wicore: error: {cached}: {weights.name} does not match its sha256 in wicore.json (modified or truncated); "
+        f"re-export the model -- {cached} is WiCore's cached export of gemma3-270m: delete that folder and run again "
+        "to export it anew"
+    )

@@ -108,7 +108,11 @@ def corrupt_every_write(nvme) -> None:
 
     def write_then_corrupt(slot, data):
         original_write(slot, data)
-        nvme.data[slot].reshape(-1)[0] += 1.0
+        with open(nvme.path, "r+b") as f:  # one byte flipped, behind the store's back
+            f.seek(slot * nvme.frame_bytes)
+            value = f.read(1)[0]
+            f.seek(slot * nvme.frame_bytes)
+            f.write(bytes([value ^ 0x40]))
 
     nvme.write = write_then_corrupt
 

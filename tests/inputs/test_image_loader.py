@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import io
 
 import numpy as np
@@ -96,6 +97,64 @@ def test_the_digest_is_of_the_pixels_not_the_bytes():
 def test_bad_images_are_refused_with_the_reason(data, limits, message):
     with pytest.raises(ImageError, match=message):
         load_image(data, PREP, limits)
+
+
+def png_chunk(kind: bytes, payload: bytes) -> bytes:
+    import struct
+    import zlib
+
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def with_text_chunk(png: bytes, num_bytes: int) -> bytes:
+    """The PNG with a compressed text chunk that inflates to `num_bytes` (Pillow stops at MAX_TEXT_CHUNK)."""
+    import zlib
+
+    chunk = png_chunk(b"zTXt", b"comment\x00\x00" + zlib.compress(b"a" * num_bytes))
+    return png[:33] + chunk + png[33:]  # after the signature and IHDR
+
+
+# Issue 35: bytes on which Pillow raises other than UnidentifiedImageError (each was a 500).
+MALFORMED = {
+    "png-ihdr-cut": base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAg="),  # the issue's repro: "Truncated File Read"
+    "png-text-chunk-too-large": with_text_chunk(encoded(RGB, "PNG"), 2 << 20),  # ValueError
+    "webp-cut": encoded(RGB, "WEBP")[:40],  # "could not create decoder object"
+    "jpeg-cut-in-header": encoded(RGB, "JPEG")[:30],
+    "gif-cut-in-header": gif()[:20],
+}
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_malformed_images_are_image_errors(name):
+    with pytest.raises(ImageError, match="not a readable|truncated or corrupt"):
+        load_image(MALFORMED[name], PREP)
+
+
+def test_mutated_images_load_or_raise_an_image_error_never_anything_else():
+    """600 images of the four formats with random bytes changed, cut or repeated (the adversarial
+    pass's corpus, seeded): each decodes, or is refused with an ImageError."""
+    rng = np.random.default_rng(35)
+    sources = [encoded(RGB, "PNG"), encoded(RGB, "JPEG"), encoded(RGBA, "WEBP"), gif(), encoded(RGBA, "PNG")]
+    outcomes = {"loaded": 0, "refused": 0}
+    for i in range(600):
+        data = bytearray(sources[i % len(sources)])
+        for _ in range(int(rng.integers(1, 6))):
+            at = int(rng.integers(0, len(data)))
+            kind = int(rng.integers(0, 3))
+            if kind == 0:
+                data[at] = int(rng.integers(0, 256))
+            elif kind == 1:
+                del data[at:]
+            else:
+                data[at:at] = data[at : at + int(rng.integers(1, 64))]
+            if not data:
+                data = bytearray(b"x")
+        try:
+            assert load_image(bytes(data), PREP).pixels.shape == (56, 56, 3)
+            outcomes["loaded"] += 1
+        except ImageError:
+            outcomes["refused"] += 1
+    assert outcomes["loaded"] + outcomes["refused"] == 600 and outcomes["refused"] > 100
 
 
 def test_expansion_is_hf_processors():

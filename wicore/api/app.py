@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Hashable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -24,12 +23,14 @@ from starlette.routing import Route, WebSocketRoute
 
 from wicore.api import compat, websocket
 from wicore.api.auth import Authenticator, client_address
+from wicore.api.connections import InFlight
 from wicore.api.docs_page import docs_route
 from wicore.api.errors import APIError, CORSMiddleware, error_response, from_wicore
 from wicore.api.generation import ChoiceStats, Generation, Job, Piece, run_choice
 from wicore.api.images import ImagePart, load_images
 from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
 from wicore.api.metrics import Metrics, StatusCounter
+from wicore.api.middleware import HeaderLimit, InternalErrors, internal_error
 from wicore.api.openapi import openapi_route
 from wicore.api.ratelimit import RateLimiter
 from wicore.api.schemas import Options, parse_chat, parse_completion
@@ -45,7 +46,7 @@ from wicore.types.sampling import SamplingParams
 if TYPE_CHECKING:
     from wicore.inputs.tokenizer import Tokenizer
 
-log = logging.getLogger("wicore.api")
+T = TypeVar("T")
 
 
 class API:
@@ -59,6 +60,7 @@ class API:
         self.streams = Streams()  # open event streams, cut by a shutdown (wicore/api/server.py)
         self.created = int(time.time())
         self.body_limit = settings.body_limit(engine.vision is not None, engine.max_sequence_tokens)
+        self.in_flight = InFlight(settings.requests_per_connection(engine.max_waiting))  # one client's share
 
     # -- guards ----------------------------------------------------------------------
     def guard(self, request: Request) -> None:
@@ -154,7 +156,8 @@ class API:
     async def inference(self, request: Request) -> Response:
         """The original WiCore endpoint (wicore.api.compat)."""
         self.guard(request)
-        return JSONResponse(await compat.inference(self, await self.read_json(request)))
+        body = await self.read_json(request)
+        return JSONResponse(await until_disconnect(request, compat.inference(self, body, connection_of(request))))
 
     # -- generation ------------------------------------------------------------------
     async def prepare(self, is_chat: bool, body: Any) -> Job:
@@ -173,13 +176,14 @@ class API:
         tok = self._tokenizer()
 
         def render() -> list[int]:
+            messages, literals = tok.guard_specials(chat.messages)  # message text never writes a control token
             try:
-                prompt = tok.apply_chat_template(chat.messages, add_generation_prompt=True)
+                prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
             except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
                 raise from_wicore(exc, "messages") from exc
             if images:
                 prompt = self.engine.expand_images(prompt)
-            return tok.encode(prompt, add_bos=False)
+            return tok.encode(prompt, add_bos=False, literals=literals)
 
         return Job(True, [await asyncio.to_thread(render)], chat.options, images)
 
@@ -192,12 +196,18 @@ class API:
             raise APIError(400, f"{parts[0].param}: {NO_VISION}", param=parts[0].param, code="images_not_supported")
         return await load_images(parts, vision.config.preprocessing, self.settings.images)
 
-    def start(self, job: Job) -> Generation:
-        """Queue the job's choices in the engine (all or none); nothing runs until they are read."""
+    def start(self, job: Job, connection: Hashable | None = None) -> Generation:
+        """Queue the job's choices in the engine (all or none); nothing runs until they are read.
+        They count toward `connection`'s share of the queue (a 429 past it) until aborted."""
         is_chat, prompts, opts = job.is_chat, job.prompts, job.options
         rid = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         base = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
-        request_ids = self.add_requests(rid, prompts, opts, "messages" if is_chat else "prompt", job.images)
+        release = self.in_flight.claim(connection, len(prompts) * opts.n)
+        try:
+            request_ids = self.add_requests(rid, prompts, opts, "messages" if is_chat else "prompt", job.images)
+        except BaseException:
+            release()
+            raise
         stats = [ChoiceStats(num_prompt_tokens=len(prompts[i // opts.n])) for i in range(len(request_ids))]
         choices = [
             self._observed(run_choice(self.engine, request_id, prompts[i // opts.n], opts.stop, s), s)
@@ -218,13 +228,14 @@ class API:
         def abort_all() -> None:  # whatever way the response ends, no request outlives it
             for request_id in request_ids:
                 self.engine.abort(request_id)
+            release()
 
         formatter = None if opts.logprobs is None else LogprobFormatter(self._tokenizer())
         return Generation(base, is_chat, choices, usage, abort_all, formatter)
 
     async def complete(self, request: Request, job: Job) -> Response:
         """The HTTP answer to a job: an event stream, or one JSON body once every choice ends."""
-        gen = self.start(job)
+        gen = self.start(job, connection_of(request))
         is_chat, opts, choices, formatter, abort_all = job.is_chat, job.options, gen.choices, gen.logprobs, gen.abort
         if opts.stream:
             objects = chunks(gen.base, is_chat, choices, gen.usage, opts.include_usage, formatter, self.streams)
@@ -234,8 +245,8 @@ class API:
         reasons: list[str | None] = [None] * len(choices)
         tokens: list[list[TokenLogprobs]] = [[] for _ in choices]
 
-        async def collect() -> None:
-            async for index, piece in merge(choices):
+        async def collect() -> None:  # cut by a shutdown as streams are: a 503 server_shutting_down
+            async for index, piece in merge(choices, self.streams):
                 texts[index] += piece.text
                 reasons[index] = piece.finish_reason or reasons[index]
                 tokens[index] += piece.logprobs
@@ -266,6 +277,7 @@ class API:
         """Queue every choice of every prompt (n per prompt) in the engine, or none: the engine's
         admission errors become the 400 / 503 they stand for, naming `param` for the prompt.
         `images` go with every prompt (the engine encodes each distinct image once)."""
+        self._check_placeholders(prompts, images or [], param)
         num_choices = len(prompts) * opts.n
         if num_choices > self.engine.max_waiting:  # never fits: a 400, not a 503 to retry
             raise APIError(
@@ -303,6 +315,23 @@ class API:
             raise from_wicore(exc, param) from exc
         return request_ids
 
+    def _check_placeholders(self, prompts: list[list[int]], images: list[ImageInput], param: str) -> None:
+        """A 400 unless every prompt holds one image placeholder (`<start_of_image>`) per image: one
+        without its image would reach the model as a bare control token."""
+        vision = self.engine.vision
+        if vision is None:
+            return
+        boi = vision.config.boi_token_id
+        for ids in prompts:
+            if ids.count(boi) != len(images):
+                raise APIError(
+                    400,
+                    f"{param}: the prompt has {ids.count(boi)} image placeholder(s) (<start_of_image>) and "
+                    f"{len(images)} image(s); write one placeholder per image",
+                    param=param,
+                    code="invalid_request",
+                )
+
     def _check_model(self, opts: Options) -> None:
         if opts.model is not None and opts.model != self.settings.model_name:
             raise APIError(
@@ -336,8 +365,17 @@ def parse_json(body: bytes | str) -> Any:
     return value
 
 
-async def until_disconnect(request: Request, work: Any) -> None:
-    """Await `work`; if the client goes away first, cancel it (which aborts its engine requests)."""
+def connection_of(conn: HTTPConnection) -> Hashable | None:
+    """What identifies the connection a request came on: its client's address and port (the
+    streams of one HTTP/2 connection share them)."""
+    client = conn.scope.get("client")
+    return None if client is None else tuple(client)
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result; if the client goes away first (a closed connection, an HTTP/2
+    RST_STREAM: both reach the app as http.disconnect), cancel it, which aborts its engine
+    requests, and raise the 499 that counts it."""
     task = asyncio.ensure_future(work)
 
     async def disconnected() -> None:
@@ -354,23 +392,22 @@ async def until_disconnect(request: Request, work: Any) -> None:
             await asyncio.gather(task, return_exceptions=True)
     if task.cancelled():
         raise APIError(499, "the client closed the connection", code="client_closed")
-    task.result()  # re-raises the work's error
+    return task.result()  # re-raises the work's error
 
 
 async def _client_error(request: Request, exc: Exception) -> Response:
     """An APIError as it is; WiCore's errors and Starlette's own (404, 405) as the APIError they stand for."""
     if isinstance(exc, WiCoreError):
         exc = from_wicore(exc)
-    elif isinstance(exc, HTTPException):
-        exc = APIError(exc.status_code, str(exc.detail), code="http_error")
+    elif isinstance(exc, HTTPException):  # its headers too: a 405's Allow
+        exc = APIError(exc.status_code, str(exc.detail), code="http_error", headers=dict(exc.headers or {}))
     assert isinstance(exc, APIError)
     return error_response(exc)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    request_id = uuid.uuid4().hex[:12]
-    log.error("request %s (%s %s) failed", request_id, request.method, request.url.path, exc_info=exc)
-    return error_response(APIError(500, f"internal error (request {request_id}); see the server log", code="internal_error"))
+    """Starlette's last resort, for a bug in the middleware around InternalErrors (wicore.api.middleware)."""
+    return internal_error(request.scope, exc)
 
 
 def create_app(engine: ServingEngine, settings: ServerSettings) -> Starlette:
@@ -394,6 +431,7 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> Starlette:
         middleware.append(
             Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"], allow_headers=["*"])
         )
+    middleware += [Middleware(HeaderLimit), Middleware(InternalErrors)]  # wicore.api.middleware
     handlers = {APIError: _client_error, WiCoreError: _client_error, HTTPException: _client_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)  # type: ignore[arg-type]
     app.state.api = api

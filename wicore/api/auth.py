@@ -22,6 +22,8 @@ def read_key_file(path: Path) -> list[str]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise RequestError(f"cannot read the API key file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"the API key file {path} is not UTF-8 text (byte {exc.start}); write one key per line") from None
     return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
 
 

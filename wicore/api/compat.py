@@ -16,12 +16,14 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 from wicore.api.generation import ChoiceStats, run_choice
 from wicore.api.images import ImagePart
 from wicore.api.schemas import Options, _bad, _int, _number, _object
+from wicore.api.streaming import merge
 from wicore.errors import RequestError
 
 # Original config key -> flag destination.
@@ -67,8 +69,9 @@ def load_config_file(path: Path) -> dict[str, Any]:
     return values
 
 
-async def inference(api: Any, body: Any) -> dict[str, Any]:
-    """Run one /v1/inference request on `api` (a wicore.api.app.API)."""
+async def inference(api: Any, body: Any, connection: Hashable | None = None) -> dict[str, Any]:
+    """Run one /v1/inference request on `api` (a wicore.api.app.API); cancelling it aborts the
+    request. It counts toward `connection`'s share of the queue while it runs."""
     body = _object(body)
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
@@ -82,11 +85,20 @@ async def inference(api: Any, body: Any) -> dict[str, Any]:
     ids = await asyncio.to_thread(tok.encode, prompt)  # off the event loop: a long prompt takes a while
     started = time.monotonic()
     request_id = f"inf-{uuid.uuid4().hex[:24]}"
-    [engine_id] = api.add_requests(request_id, [ids], opts, "prompt", images)
+    release = api.in_flight.claim(connection, 1)
+    try:
+        [engine_id] = api.add_requests(request_id, [ids], opts, "prompt", images)
+    except BaseException:
+        release()
+        raise
     stats = ChoiceStats(num_prompt_tokens=len(ids))
     text = ""
-    async for piece in run_choice(api.engine, engine_id, ids, (), stats):
-        text += piece.text
+    try:
+        async for _, piece in merge([run_choice(api.engine, engine_id, ids, (), stats)], api.streams):
+            text += piece.text  # a shutdown cuts it with a 503, as the chat and completion answers
+    finally:  # cancelled (the client went away: wicore.api.app.until_disconnect) before it read, or while
+        api.engine.cancel(engine_id)
+        release()
     api.metrics.observe_choice(stats, time.monotonic())
     return {
         "id": request_id,

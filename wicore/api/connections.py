@@ -1,4 +1,5 @@
-"""Limits on connections, below the app: how many may be open, how long headers may take.
+"""Limits on connections: how many may be open and how long headers may take (below the app),
+and how many engine requests one may have in flight (`InFlight`, in the app).
 
 Hypercorn has no cap on open connections (pgjones/hypercorn#81), so the listening socket is
 wrapped: accepting one past `max_connections` writes a 503 in OpenAI's error shape and closes
@@ -21,8 +22,11 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
+
+from wicore.api.errors import APIError
 
 
 @dataclass(frozen=True)
@@ -88,3 +92,43 @@ class _Counted(socket.socket):
             self._listener.num_open -= 1
             self._listener = None
         super().close()
+
+
+class InFlight:
+    """Engine requests (choices) in flight per connection, so that one client cannot take the
+    whole waiting queue: a connection that already has some in flight and would pass `limit`
+    gets a 429 (its first request always passes: the queue's own limits apply to it). A
+    connection is a WebSocket, or an HTTP connection (all the streams of an HTTP/2 one)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit  # 0: no limit
+        self.counts: dict[Hashable, int] = {}
+
+    def claim(self, connection: Hashable | None, num_requests: int) -> Callable[[], None]:
+        """Count `num_requests` for `connection`; returns the callable that gives them back (once)."""
+        if connection is None or self.limit <= 0:
+            return lambda: None
+        held = self.counts.get(connection, 0)
+        if held and held + num_requests > self.limit:
+            raise APIError(
+                429,
+                f"this connection has {held} requests queued or running and may have at most {self.limit} "
+                "(each choice counts): wait for some to finish",
+                code="too_many_in_flight",
+                headers={"Retry-After": "1"},
+            )
+        self.counts[connection] = held + num_requests
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            left = self.counts.get(connection, 0) - num_requests
+            if left > 0:
+                self.counts[connection] = left
+            else:
+                self.counts.pop(connection, None)
+
+        return release

@@ -1,7 +1,8 @@
 """Images of a request: `image_url` content parts (chat) and `images` (/v1/inference) -> ImageInputs.
 
     part.url ──► data:image/...;base64,...  ──► base64 ──┐
-             └─► http(s)://...  (only with --allow-image-urls: size limit, timeout) ──┤
+             └─► http(s)://...  (only with --allow-image-urls: public addresses, size limit,
+                 one deadline; wicore.api.image_fetch, on the event loop) ──┤
                                                           ▼
                  wicore.inputs.image_loader.load_image (Pillow, in a worker thread) ──► ImageInput
 
@@ -15,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import ipaddress
 import re
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from wicore.api.errors import APIError
+from wicore.api.image_fetch import Network, fetch_image
 from wicore.inputs.image_loader import ImageError, ImageLimits, load_image
 from wicore.model.vision import ImagePreprocessing
 from wicore.types.images import ImageInput
@@ -43,11 +43,20 @@ class ImageSettings:
     max_images: int = 8  # images one request may carry
     limits: ImageLimits = field(default_factory=ImageLimits)  # encoded bytes and decoded pixels of one image
     fetch_urls: bool = False  # http(s) image URLs: fetched (the operator's choice), or a 400
-    fetch_timeout: float = 10.0  # seconds to fetch one image
+    fetch_timeout: float = 10.0  # seconds for the whole fetch of one image, redirects included
+    # Networks (CIDR) fetched from although not public: deliberate intranet use (image_fetch.py).
+    fetch_allowed_networks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_images < 0 or self.fetch_timeout <= 0:
             raise ValueError("max_images must be >= 0 and the fetch timeout > 0")
+        self.allowed_networks()
+
+    def allowed_networks(self) -> tuple[Network, ...]:
+        try:
+            return tuple(ipaddress.ip_network(n, strict=False) for n in self.fetch_allowed_networks)
+        except ValueError as exc:
+            raise ValueError(f"fetch_allowed_networks: {exc} (write networks as 10.0.0.0/8 or fd00::/8)") from None
 
 
 async def load_images(parts: Sequence[ImagePart], prep: ImagePreprocessing, settings: ImageSettings) -> list[ImageInput]:
@@ -79,7 +88,7 @@ async def _image_bytes(url: str, settings: ImageSettings) -> bytes:
                 "this server does not fetch image URLs: send the image inline as a data: URL "
                 "(data:image/png;base64,...), or start the server with --allow-image-urls"
             )
-        return await asyncio.to_thread(_fetch, url, settings)
+        return await fetch_image(url, settings.fetch_timeout, settings.limits.max_bytes, settings.allowed_networks())
     raise ImageError("expected a data: URL (data:image/png;base64,...) or an http(s) URL")
 
 
@@ -97,20 +106,3 @@ def _data_url_bytes(url: str, max_bytes: int) -> bytes:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise ImageError("the data: URL is not valid base64") from None
-
-
-def _fetch(url: str, settings: ImageSettings) -> bytes:
-    """GET an image (blocking: run in a thread): at most max_bytes of it, all within the timeout."""
-    limit, deadline = settings.limits.max_bytes, time.monotonic() + settings.fetch_timeout
-    data = bytearray()
-    try:
-        with urllib.request.urlopen(url, timeout=settings.fetch_timeout) as response:  # http(s) only, checked above
-            while chunk := response.read(1 << 16):
-                data += chunk
-                if len(data) > limit:
-                    raise ImageError(f"the image at {url} has more than {limit} bytes, the limit")
-                if time.monotonic() > deadline:
-                    raise ImageError(f"fetching {url} took longer than {settings.fetch_timeout:g} s")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ImageError(f"fetching {url} failed: {getattr(exc, 'reason', exc)}") from None
-    return bytes(data)

@@ -17,6 +17,7 @@ _NULLABLE_STR = {**_STR, "nullable": True}
 _NUM = {"type": "number"}
 _INT = {"type": "integer"}
 _MAX_TOKENS = {**_INT, "minimum": 1, "nullable": True}
+_TOKEN_ID = {**_INT, "minimum": 0}
 _TEMPERATURE = {**_NUM, "minimum": 0, "maximum": 2, "nullable": True}
 _STOP = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}], "nullable": True}
 _COMMON: dict[str, Any] = {
@@ -101,8 +102,9 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 
 # A completion (JSON), or server-sent events when stream is true: each event's data is a JSON chunk
-# (or an error object), then "[DONE]".
-_COMPLETION_ERRORS = (400, 401, 404, 413, 429, 500, 503)
+# (or an error object), then "[DONE]". 408: the body came too slowly; 415: a keyless server takes
+# only application/json bodies; 431: headers past 16 KiB; 503: a full queue, or a shutdown.
+_COMPLETION_ERRORS = (400, 401, 404, 408, 413, 415, 429, 431, 500, 503)
 _COMPLETION_OK = {
     "description": "a completion (JSON), or server-sent events when stream is true",
     "content": {
@@ -152,7 +154,14 @@ def openapi_schema() -> dict[str, Any]:
         ["prompt"],
         {
             **_COMMON,
-            "prompt": {"oneOf": [_STR, {"type": "array", "minItems": 1, "items": _STR}]},
+            "prompt": {
+                "oneOf": [
+                    _STR,
+                    {"type": "array", "minItems": 1, "items": _STR},
+                    {"type": "array", "minItems": 1, "items": _TOKEN_ID, "description": "token ids"},
+                    {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": _TOKEN_ID}},
+                ]
+            },
             "max_tokens": _MAX_TOKENS,
             "logprobs": {**_INT, "minimum": 0, "maximum": 5, "nullable": True},
         },
@@ -180,7 +189,7 @@ def openapi_schema() -> dict[str, Any]:
                 "Original WiCore API (images go where the prompt writes <start_of_image>, else in front)",
                 inference,
                 {"description": "ok", "content": {"application/json": {"schema": inference_out}}},
-                (400, 401, 413, 429, 500, 503),
+                (400, 401, 408, 413, 415, 429, 431, 500, 503),
             ),
             "/v1/models": _get("Served models", obj),
             "/v1/stats": _get("Engine state", obj),

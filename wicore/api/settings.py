@@ -22,10 +22,21 @@ class ServerSettings:
     body_timeout_seconds: float = 30.0  # the whole request body must arrive within this (slow-drip uploads)
     images: ImageSettings = field(default_factory=ImageSettings)  # limits of image inputs (wicore.api.images)
     web: bool = True  # the page at / (wicore.api.web); /v1/ws stays either way
+    # Engine requests (choices) one connection may have queued or running (wicore.api.connections.
+    # InFlight); None: a quarter of the engine's waiting queue; 0: no limit.
+    max_requests_per_connection: int | None = None
 
     def __post_init__(self) -> None:
         if self.rate_limit_rpm < 0 or (self.max_body_bytes is not None and self.max_body_bytes < 1):
             raise ValueError("rate_limit_rpm must be >= 0 and max_body_bytes >= 1")
+        if self.max_requests_per_connection is not None and self.max_requests_per_connection < 0:
+            raise ValueError("max_requests_per_connection must be >= 0 (0: no limit)")
+
+    def requests_per_connection(self, max_waiting: int) -> int:
+        """The in-flight limit of one connection on an engine that queues `max_waiting` requests."""
+        if self.max_requests_per_connection is not None:
+            return self.max_requests_per_connection
+        return max(1, max_waiting // 4)
 
     def body_limit(self, takes_images: bool, max_tokens: int) -> int:
         """--max-body-bytes, or by default room for a prompt of `max_tokens` tokens at 16 bytes each

@@ -18,8 +18,8 @@ request ends with exactly one `done` or `error` frame. A socket that closes abor
 (their KV blocks go back to the pool at the next engine step).
 
 Auth: an `Authorization: Bearer KEY` header on the upgrade request, or (browsers cannot set
-headers on a WebSocket) a first message `{"type": "auth", "api_key": KEY}`, within the body
-timeout. Browsers are held to the same origins as CORS: the page's own, or a `--cors-origin`.
+headers on a WebSocket) a message `{"type": "auth", "api_key": KEY}`, within the body timeout
+of the upgrade (one deadline: other frames meanwhile do not extend it). Browsers are held to the same origins as CORS: the page's own, or a `--cors-origin`.
 """
 
 from __future__ import annotations
@@ -106,13 +106,19 @@ class Connection:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _receive_all(self) -> None:
+        """Messages until the socket closes; one that has not authenticated within the body
+        timeout of its upgrade is closed, however many frames it sends meanwhile."""
         timeout = self.api.settings.body_timeout_seconds
+        deadline = asyncio.get_running_loop().time() + timeout
         while True:
             try:
                 if self.is_authenticated:
                     message = await self.ws.receive()
                 else:
-                    message = await asyncio.wait_for(self.ws.receive(), timeout)
+                    left = deadline - asyncio.get_running_loop().time()
+                    if left <= 0:
+                        raise asyncio.TimeoutError
+                    message = await asyncio.wait_for(self.ws.receive(), left)
             except asyncio.TimeoutError:
                 await self.ws.close(POLICY_VIOLATION, f"no auth message within {timeout:g} s")
                 return
@@ -183,7 +189,7 @@ class Connection:
         error: APIError | None = None
         status = 200
         try:
-            gen = self.api.start(await self.api.prepare(is_chat, body))
+            gen = self.api.start(await self.api.prepare(is_chat, body), connection=self)  # this socket's share
             async for c in chunks(gen.base, is_chat, gen.choices, gen.usage, False, gen.logprobs, self.api.streams):
                 await self.send({"type": "chunk", "id": request_id, "chunk": c})
         except asyncio.CancelledError:

@@ -10,4 +10,4 @@ class Tier(IntEnum):
 
     DEVICE = 0  # the pool bound to the graph (device memory, or host NumPy on the CPU EP)
     HOST = 1  # host NumPy
-    NVME = 2  # np.memmap files, checksummed per block
+    NVME = 2  # files, checksummed per block

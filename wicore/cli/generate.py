@@ -42,7 +42,7 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     """The prompts run together on the engine that `serve` uses (continuous batching, the KV
     tiers, sliding-window release), each printed when all are done."""
-    from wicore.cli.models import resolve_model
+    from wicore.cli.models import cached_export_errors, resolve_model
     from wicore.devices.providers import onnxruntime
     from wicore.engine.engine import Engine
     from wicore.types.sampling import SamplingParams
@@ -55,7 +55,10 @@ def run_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
     )
-    with Engine(engine_config(args, resolve_model(args.model, args.devices))) as engine:
+    model_dir = resolve_model(args.model, args.devices)
+    with cached_export_errors(args.model, model_dir):
+        engine = Engine(engine_config(args, model_dir))
+    with engine:
         tok = engine.tokenizer
         images = [load_image_file(engine, path) for path in args.image]
         if args.chat:

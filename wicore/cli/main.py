@@ -42,11 +42,27 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--allow-image-urls", action="store_true", help="fetch http(s) image URLs (default: only data: URLs are taken)"
     )
-    p.add_argument("--image-url-timeout", type=float, default=10.0, help="seconds to fetch one image URL")
+    p.add_argument(
+        "--image-url-timeout", type=float, default=10.0, help="seconds for the whole fetch of one image URL, redirects included"
+    )
+    p.add_argument(
+        "--image-url-allow-network",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="fetch image URLs from this private network too (10.0.0.0/8; default: public addresses only); repeat",
+    )
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin ('*' for any); repeat")
     p.add_argument("--no-web", action="store_true", help="no web page at / (the API and /v1/ws stay)")
     p.add_argument("--grace-seconds", type=float, default=30.0, help="on SIGTERM, time in-flight requests get to finish")
     p.add_argument("--max-connections", type=int, default=1000, help="open connections at most; one more gets a 503")
+    p.add_argument(
+        "--max-requests-per-connection",
+        type=int,
+        default=None,
+        help="requests (choices) one connection or WebSocket may have queued or running; more get a 429 "
+        "(default: a quarter of the waiting queue, 256; 0: no limit)",
+    )
     p.add_argument("--header-timeout", type=float, default=20.0, help="seconds to send a request's headers, or to idle")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request's whole body (then a 408)")
     add_engine_args(p)
@@ -108,8 +124,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
         return run_cluster(args, model_dir, settings)
     from wicore.api.server import serve
+    from wicore.cli.models import cached_export_errors
 
-    return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds, limits)
+    with cached_export_errors(args.model, model_dir):
+        return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds, limits)
 
 
 def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
@@ -141,11 +159,13 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
             web=not args.no_web,
             allowed_hosts=() if keys else local_host_names(args.host),
             body_timeout_seconds=args.body_timeout,
+            max_requests_per_connection=args.max_requests_per_connection,
             images=ImageSettings(
                 max_images=args.max_images_per_request,
                 limits=ImageLimits(args.max_image_bytes, args.max_image_pixels),
                 fetch_urls=args.allow_image_urls,
                 fetch_timeout=args.image_url_timeout,
+                fetch_allowed_networks=tuple(args.image_url_allow_network),
             ),
         )
     except ValueError as exc:

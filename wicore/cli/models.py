@@ -5,7 +5,8 @@ into the user's cache and reused."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,3 +87,18 @@ def resolve_model(spec: str, devices: str = "cpu") -> Path:
     raise ManifestError(
         f"{spec}: no exported model here (no {MANIFEST}); named models: {', '.join(sorted([*PACKAGED, *PULLABLE]))}"
     )
+
+
+@contextmanager
+def cached_export_errors(spec: str, model_dir: Path) -> Iterator[None]:
+    """Around loading `model_dir`, the folder `resolve_model` gave for `spec`: a damaged export in
+    WiCore's cache (the user never exported it) says which folder to delete so that the next run
+    exports it anew, instead of asking the user to re-export."""
+    try:
+        yield
+    except ManifestError as exc:
+        if Path(spec) == Path(model_dir) or cache_dir() not in Path(model_dir).parents:
+            raise
+        raise ManifestError(
+            f"{exc} -- {model_dir} is WiCore's cached export of {spec}: delete that folder and run again to export it anew"
+        ) from exc

@@ -68,7 +68,8 @@ def plan_tiers(config: EngineConfig, layout: KVLayout, reserved_bytes: int = 0) 
 def build_kv_cache(config: EngineConfig, layout: KVLayout, tiers: dict[Tier, TierBlocks], buffers: KVBuffers) -> KVCache:
     """The KV cache over `buffers` (tier 0) and new host / NVMe stores: per block group a
     BlockPool with its policy and a Pager over its stores."""
-    pools, pagers = [], []
+    pools: list[BlockPool] = []
+    pagers: list[Pager] = []
     nvme_dir = Path(config.nvme_dir or tempfile.gettempdir())
     if tiers[Tier.NVME].full or tiers[Tier.NVME].window:
         NvmeStore.remove_stale(nvme_dir)  # files a killed process left (once, for both groups)
@@ -84,7 +85,14 @@ def build_kv_cache(config: EngineConfig, layout: KVLayout, tiers: dict[Tier, Tie
         }
         if counts[Tier.NVME]:
             path = nvme_dir / f"wicore-kv-{os.getpid()}-{id(buffers)}-{group}.bin"
-            stores[Tier.NVME] = NvmeStore(path, counts[Tier.NVME], block_shape, buffers.dtype)
+            try:
+                stores[Tier.NVME] = NvmeStore(path, counts[Tier.NVME], block_shape, buffers.dtype)
+            except WiCoreError:  # no room for this group's file: the other group's goes too
+                for made in pagers:
+                    store = made.stores.get(Tier.NVME)
+                    if isinstance(store, NvmeStore):
+                        store.close()
+                raise
         pagers.append(Pager(stores))
         policy = A2CRPolicy(config.a2cr) if config.policy == "a2cr" else LRUPolicy()
         device, host, nvme = counts

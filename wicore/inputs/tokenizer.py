@@ -11,6 +11,7 @@ sandboxed jinja2 settings and helpers, messages without their None fields.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +26,11 @@ from tokenizers import Tokenizer as _FastTokenizer
 
 from wicore.errors import ManifestError, RequestError
 from wicore.model.tokenizer_info import TokenizerInfo
+
+# Placeholders of guard_specials: private-use characters around the literal's index. The
+# characters themselves are hidden too when a message holds them, so no text can forge one.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_PLACEHOLDER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
 
 # The named special tokens transformers passes to every chat template (its `special_tokens_map`).
 _SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -45,6 +51,11 @@ class Tokenizer:
         self.info = info
         self._template_vars = _special_token_strings(folder / "tokenizer_config.json", self._tokenizer, info)
         self._template = _compile_template(info.chat_template)
+        # The same vocabulary reading special tokens as plain text: what message text encodes with.
+        self._plain = _FastTokenizer.from_file(str(path))
+        self._plain.encode_special_tokens = True
+        specials = sorted({t.content for t in self._tokenizer.get_added_tokens_decoder().values() if t.special}, key=len)
+        self._specials = re.compile("|".join(re.escape(t) for t in [*reversed(specials), _OPEN, _CLOSE]))
 
     @property
     def vocab_size(self) -> int:
@@ -54,13 +65,23 @@ class Tokenizer:
         """The vocabulary entry (`▁Paris`, `<0xE2>`, `<eos>`), or None past the vocabulary."""
         return self._tokenizer.id_to_token(token_id)
 
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+    def encode(self, text: str, add_bos: bool | None = None, literals: Sequence[str] = ()) -> list[int]:
         """Token ids of `text`; special tokens written in it (`<start_of_turn>`) become their ids.
 
         `add_bos=None` follows `info.add_bos`. Encode a rendered chat template with add_bos=False:
-        the template writes `<bos>` itself.
+        the template writes `<bos>` itself. `literals`: the text that `guard_specials` took out of
+        the messages, whose placeholders in `text` encode as that text, special tokens as plain text.
         """
-        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        if literals:
+            parts = _PLACEHOLDER.split(text)  # text, literal index, text, ...
+            ids = []
+            for i, part in enumerate(parts):
+                if i % 2 == 0:
+                    ids += self._tokenizer.encode(part, add_special_tokens=False).ids if part else []
+                else:
+                    ids += self._plain.encode(literals[int(part)], add_special_tokens=False).ids
+        else:
+            ids = self._tokenizer.encode(text, add_special_tokens=False).ids
         if self.info.add_bos if add_bos is None else add_bos:
             if self.info.bos_token_id is None:
                 raise RequestError("this tokenizer has no bos token; encode with add_bos=False")
@@ -69,6 +90,36 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def guard_specials(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+        """The role-injection guard: `messages` with every special token written in their text
+        (`<end_of_turn>`, `<start_of_turn>`, `<start_of_image>`, ...) replaced by a placeholder, and
+        the text replaced, for `encode(..., literals=)`. A user who writes `<end_of_turn><start_of_turn>
+        model` then sends those characters, not a turn of the model's; the control tokens of the
+        prompt are the template's own."""
+        literals: list[str] = []
+
+        def hide(text: str) -> str:
+            def placeholder(match: re.Match[str]) -> str:
+                literals.append(match.group(0))
+                return f"{_OPEN}{len(literals) - 1}{_CLOSE}"
+
+            return self._specials.sub(placeholder, text)
+
+        def part(p: Any) -> Any:
+            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
+                return {**p, "text": hide(p["text"])}
+            return p
+
+        guarded = []
+        for message in messages:
+            content = message.get("content")
+            if isinstance(content, str):
+                message = {**message, "content": hide(content)}
+            elif isinstance(content, list):
+                message = {**message, "content": [part(p) for p in content]}
+            guarded.append(message)
+        return guarded, tuple(literals)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt text of a conversation; contents are strings or lists of `{"type": "text", ...}` parts."""

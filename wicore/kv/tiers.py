@@ -8,15 +8,18 @@ A block's bytes are the K and V of `block_size` tokens in every layer:
                          pools in device memory: OrtPoolStore (device_store.py), gather/put graphs
     tier 1  HostStore    one NumPy array [num_layers, 2, num_frames, *token shape]: layer-major, as
                          a streamed step reads it (one layer at a time)
-    tier 2  NvmeStore    an np.memmap file [num_frames, *block shape]: block-major, each block one
-                         range with a checksum that is checked on every read (a corrupt block
-                         raises CorruptBlockError, it is never returned)
+    tier 2  NvmeStore    a file [num_frames, *block shape], reserved at start: block-major, each
+                         block one range with a checksum that is checked on every read (a corrupt
+                         block, or one whose write failed, raises CorruptBlockError: never returned)
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import logging
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -24,6 +27,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from wicore.errors import WiCoreError
+
+log = logging.getLogger("wicore.kv")
 
 
 class CorruptBlockError(WiCoreError):
@@ -101,25 +106,27 @@ class HostStore:
 
 
 class NvmeStore:
-    """A memory-mapped file on fast local storage, with a BLAKE2b digest per frame.
+    """A file on fast local storage, one range per frame, with a BLAKE2b digest per frame.
 
-    The file is `wicore-kv-<pid>-*.bin`, readable by its owner only (it holds the users' KV);
-    `close` deletes it, and `remove_stale` deletes those of processes that died without closing."""
+    The file is `wicore-kv-<pid>-*.bin`, readable by its owner only (it holds the users' KV),
+    created with O_EXCL | O_NOFOLLOW (a link planted in a shared folder is never followed) and
+    its whole size reserved at start (`reserve`): a tier the filesystem cannot hold is refused
+    then, with the free space named. Frames move with pread / pwrite, never through a memory
+    map: a write that cannot land (EIO, a full filesystem after all) leaves its frame without a
+    digest, so reading it raises CorruptBlockError, the lost-block event the KV cache handles
+    (its holders recompute), where a mapped page would have killed the process with SIGBUS.
+    `close` deletes the file, and `remove_stale` deletes those of processes that died without closing."""
 
     PATTERN = "wicore-kv-*.bin"
 
     def __init__(self, path: Path, num_frames: int, block_shape: tuple[int, ...], dtype: np.dtype) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.num_frames = num_frames
-        shape = (max(num_frames, 1), *block_shape)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
-            os.ftruncate(fd, int(np.prod(shape)) * np.dtype(dtype).itemsize)
-        finally:
-            os.close(fd)
-        self.data = np.memmap(self.path, dtype=dtype, mode="r+", shape=shape)
+        self.block_shape = tuple(block_shape)
+        self.dtype = np.dtype(dtype)
+        self.frame_bytes = int(np.prod(self.block_shape)) * self.dtype.itemsize
+        self.num_lost_writes = 0  # writes that did not land (their frames read as corrupt)
+        self._fd = reserve(self.path, max(num_frames, 1) * self.frame_bytes)
         self._digests: list[bytes | None] = [None] * num_frames
 
     @classmethod
@@ -134,23 +141,107 @@ class NvmeStore:
         return removed
 
     @staticmethod
-    def _digest(data: np.ndarray) -> bytes:
-        return hashlib.blake2b(np.ascontiguousarray(data).data, digest_size=16).digest()
+    def _digest(data: bytes) -> bytes:
+        return hashlib.blake2b(data, digest_size=16).digest()
 
     def read(self, frame: int) -> np.ndarray:
-        data = np.array(self.data[frame])
-        if self._digests[frame] is None or self._digest(data) != self._digests[frame]:
+        try:
+            raw = os.pread(self._fd, self.frame_bytes, frame * self.frame_bytes)
+        except OSError:  # an I/O error: the block is as lost as a corrupt one
+            raw = b""
+        if self._digests[frame] is None or len(raw) != self.frame_bytes or self._digest(raw) != self._digests[frame]:
             raise CorruptBlockError(frame, self.path)
-        return data
+        return np.frombuffer(raw, self.dtype).reshape(self.block_shape).copy()
 
     def write(self, frame: int, data: np.ndarray) -> None:
-        self.data[frame] = data
-        self._digests[frame] = self._digest(self.data[frame])
+        raw = np.ascontiguousarray(data, dtype=self.dtype).tobytes()
+        self._digests[frame] = None  # lost until the new bytes have landed
+        view, offset = memoryview(raw), frame * self.frame_bytes
+        try:
+            while view:
+                written = os.pwrite(self._fd, view, offset)
+                view, offset = view[written:], offset + written
+        except OSError as exc:
+            self.num_lost_writes += 1
+            if self.num_lost_writes == 1 or self.num_lost_writes % 1000 == 0:
+                log.warning(
+                    "a KV block could not be written to %s (%s; %d so far): its requests will recompute it",
+                    self.path,
+                    exc.strerror,
+                    self.num_lost_writes,
+                )
+            return
+        self._digests[frame] = self._digest(raw)
 
     def close(self) -> None:
-        """Drop the mapping and delete the file (its contents are a cache, not data)."""
-        del self.data
+        """Close and delete the file (its contents are a cache, not data)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         self.path.unlink(missing_ok=True)
+
+
+def reserve(path: Path, num_bytes: int) -> int:
+    """A new file at `path` (owner-only, no link followed) with `num_bytes` allocated on disk, open
+    for reading and writing; a WiCoreError naming the folder's free space where it does not fit."""
+    folder = path.parent
+    where = f"the NVMe KV tier folder {folder} (nvme_dir)"
+    try:
+        if folder.exists() and not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        folder.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(folder).free
+    except OSError as exc:
+        raise WiCoreError(f"cannot use {where}: {exc.strerror or exc}") from None
+    if num_bytes > free:
+        raise WiCoreError(
+            f"the NVMe KV tier needs {_gib(num_bytes)} but {where} has {_gib(free)} free: "
+            "lower nvme_tier_gb or choose another nvme_dir"
+        )
+    fd = _create(path, where)
+    try:
+        _allocate(fd, num_bytes)
+    except OSError as exc:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        free = shutil.disk_usage(folder).free
+        raise WiCoreError(
+            f"cannot reserve {_gib(num_bytes)} for the NVMe KV tier in {where} ({exc.strerror}; {_gib(free)} free): "
+            "lower nvme_tier_gb or choose another nvme_dir"
+        ) from None
+    return fd
+
+
+def _create(path: Path, where: str) -> int:
+    """Open a new owner-only file; one of our own of that name (this pid, an earlier engine) is replaced."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for attempt in (1, 2):
+        try:
+            return os.open(path, flags, 0o600)
+        except FileExistsError:
+            if attempt == 2 or path.is_symlink() or not path.is_file():
+                raise WiCoreError(f"{path} exists and is not a file this server may replace; remove it ({where})") from None
+            try:
+                path.unlink()  # ours: a sticky shared folder lets nobody else remove it
+            except OSError as exc:
+                raise WiCoreError(f"{path} exists and cannot be replaced ({exc.strerror}); remove it ({where})") from None
+        except OSError as exc:
+            raise WiCoreError(f"cannot create {path} in {where}: {exc.strerror}") from None
+    raise AssertionError("unreachable")
+
+
+def _allocate(fd: int, num_bytes: int) -> None:
+    """Allocate the file's blocks now (not a sparse file whose writes may find no space later)."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, num_bytes)
+        return
+    zeros = bytes(1 << 20)  # macOS: write them
+    for offset in range(0, num_bytes, len(zeros)):
+        os.pwrite(fd, zeros[: min(len(zeros), num_bytes - offset)], offset)
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / (1 << 30):.2f} GiB"
 
 
 def _alive(pid: int) -> bool:
