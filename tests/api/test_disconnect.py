@@ -21,6 +21,7 @@ import pytest
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
 from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.stats import EngineStats
 
 LONG = 4000
 BODIES = {
@@ -51,10 +52,10 @@ def server(engine):
     served.stop()
 
 
-def wait_running(engine: Engine, num_running: int, timeout: float) -> dict:
+def wait_running(engine: Engine, num_running: int, timeout: float) -> EngineStats:
     deadline = time.monotonic() + timeout
-    while (stats := engine.stats())["running"] != num_running:
-        assert time.monotonic() < deadline, f"{stats['running']} running after {timeout} s, not {num_running}"
+    while (stats := engine.stats()).running != num_running:
+        assert time.monotonic() < deadline, f"{stats.running} running after {timeout} s, not {num_running}"
         time.sleep(0.02)
     return stats
 
@@ -77,10 +78,10 @@ def test_a_client_that_closes_its_connection_aborts_its_request(engine, server, 
         )
         sock.sendall(head.encode() + body)
         wait_running(engine, 1, timeout=60)
-        generated = engine.stats()["generated_tokens"]
+        generated = engine.stats().generated_tokens
     stats = wait_running(engine, 0, timeout=5)
-    assert stats["generated_tokens"] - generated < LONG // 2  # aborted, not run to its end
-    assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
+    assert stats.generated_tokens - generated < LONG // 2  # aborted, not run to its end
+    assert stats.blocks_referenced.total == 0
     deadline = time.monotonic() + 5
     while count_499(server, route) != before + 1 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -108,11 +109,11 @@ def test_an_http2_stream_reset_aborts_its_request_and_the_connection_goes_on(eng
         conn.send_data(1, body, end_stream=True)
         sock.sendall(conn.data_to_send())
         wait_running(engine, 1, timeout=60)
-        generated = engine.stats()["generated_tokens"]
+        generated = engine.stats().generated_tokens
         conn.reset_stream(1)
         sock.sendall(conn.data_to_send())
         stats = wait_running(engine, 0, timeout=5)
-        assert stats["generated_tokens"] - generated < LONG // 2
+        assert stats.generated_tokens - generated < LONG // 2
         conn.send_headers(
             3, [(":method", "GET"), (":path", "/health"), (":scheme", "http"), (":authority", "x")], end_stream=True
         )
