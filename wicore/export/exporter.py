@@ -95,7 +95,7 @@ class ExportConfig:
         return "fused" if OP_FLAVOURS[self.op_flavour] else "portable"
 
     def has_sampling_head(self) -> bool:
-        """Whether the last partition draws sampled rows itself: `auto` where its logits live on an
+        """Whether the export draws sampled rows on the device (Manifest.sampling_head): `auto` where its logits live on an
         accelerator (the paged attention's CUDA graphs); on the CPU the host sampler costs the same."""
         return self.sampling_head == "on" or (self.sampling_head == "auto" and self.attention == "paged")
 
@@ -137,7 +137,6 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         quant=config.quant(),
         attention=config.attention,
         image_inputs=vision is not None,
-        sampling_head=config.has_sampling_head(),
         kv_cache_dtype=config.kv_cache_dtype,
     )
     started = time.monotonic()
@@ -196,6 +195,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         attention=config.attention,
         vision=vision_record,
         kv_cache_dtype=config.kv_cache_dtype,
+        sampling_head=config.has_sampling_head(),
     )
     manifest.write(folder)
     return manifest

@@ -40,7 +40,7 @@ import onnx
 from onnx import TensorProto
 
 from wicore.errors import UnsupportedModelError
-from wicore.graph import invariant_attention, io, sampling
+from wicore.graph import invariant_attention, io
 from wicore.graph.kv_quant import dequantize_kv, kv_row_width, quantize_kv
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, block_mass, gelu_tanh, place_images, rms_norm_f32, rotary, silu
 from wicore.graph.paged_attention import paged_attention
@@ -68,14 +68,12 @@ class DecoderBuilder:
         quant: QuantLinear | None = None,
         attention: str = "portable",
         image_inputs: bool = False,
-        sampling_head: bool = False,
         kv_cache_dtype: str = "auto",
     ) -> None:
         """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py).
         `attention`: "portable" (standard ops), "paged" (com.microsoft.PagedAttention, fp16, CUDA) or
         "batch-invariant" (standard ops, a row's logits the same in any batch: graph/invariant_attention.py).
         `image_inputs`: the graphs take image embeddings and image spans (wicore.graph.io, "Images").
-        `sampling_head`: the last partition also draws sampled rows (graph/sampling.py).
         `kv_cache_dtype`: "auto" (the graphs' dtype) or "int8" (graph/kv_quant.py; portable attention)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
@@ -91,7 +89,6 @@ class DecoderBuilder:
         if self.family.name != "gemma3" and image_inputs:
             raise UnsupportedModelError(f"the {self.family.name} family is text only (the vision tower is Gemma 3's)")
         self.image_inputs = image_inputs
-        self.sampling_head = sampling_head
         self.paged = attention == "paged"
         self.batch_invariant = attention == "batch-invariant"
         self.cfg = cfg
@@ -167,8 +164,6 @@ class DecoderBuilder:
             g.output(io.LOGITS, f32, ["num_logits", cfg.vocab_size])
             g.op("ArgMax", [logits], "/model/greedy/ArgMax", out=io.GREEDY_TOKENS, axis=-1, keepdims=0)
             g.output(io.GREEDY_TOKENS, TensorProto.INT64, ["num_logits"])
-            if self.sampling_head:
-                sampling.sampling_head(g, logits, cfg.vocab_size)
         else:
             g.output(io.HIDDEN_STATES_OUT, f32, ["batch", "seq", cfg.hidden_size])
         if masses is not None:

@@ -62,7 +62,7 @@ class DataFile:
 class Graph:
     """Nodes, inputs, outputs and initializers of one ONNX graph under construction."""
 
-    def __init__(self, name: str, data: DataFile) -> None:
+    def __init__(self, name: str, data: DataFile | None = None) -> None:  # None: a graph without weights
         self.name = name
         self.data = data
         self.nodes: list[onnx.NodeProto] = []
@@ -87,6 +87,8 @@ class Graph:
         if name in self._weights:
             return name
         target = data or self.data
+        if target is None:
+            raise ValueError(f"{self.name}: a graph without a data file holds no weights ({name})")
         offset, length, dtype, shape = target.store(name, array)
         tensor = TensorProto()
         tensor.name = name

@@ -26,6 +26,7 @@ from wicore.runtime.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 from wicore.runtime.kv_buffers import KVBuffers
 from wicore.runtime.kv_stream import StagedRun
 from wicore.runtime.providers import Device, DeviceError, onnxruntime, session_options
+from wicore.runtime.sampling_head import SamplingHead
 
 
 def can_capture(manifest: Manifest, devices: Sequence[Device]) -> bool:
@@ -69,7 +70,9 @@ class ModelGraphs:
         ]
         self._input_names = [{i.name for i in s.get_inputs()} for s in self.sessions]
         self.has_greedy_tokens = io.GREEDY_TOKENS in manifest.partitions[-1].outputs
-        self.has_sampling_head = manifest.partitions[-1].has_sampling_head
+        self.has_sampling_head = manifest.has_sampling_head
+        self.inline_head = manifest.partitions[-1].has_sampling_head  # an older export's head, in its last partition
+        self.head = SamplingHead(manifest.config.vocab_size, self.devices[-1], num_threads) if manifest.sampling_head else None
         self.decode_graphs: DecodeGraphs | None = None
         self._run_options = None
         if cuda_graphs:  # a session that captures runs uncaptured only when told so
@@ -142,7 +145,7 @@ class ModelGraphs:
             step_inputs = {**batch.paging_inputs(), **(images or {})}
             if record.has_lm_head:
                 step_inputs[io.LOGITS_INDICES] = batch.logits_indices
-                if self.has_sampling_head:
+                if self.inline_head:
                     head = sampling or SamplingInputs.unused(len(batch.logits_indices))
                     step_inputs[io.SAMPLING_TEMPERATURE] = head.temperature
                     step_inputs[io.SAMPLING_UNIFORM] = head.uniform
@@ -160,6 +163,8 @@ class ModelGraphs:
             if record.has_attention_stats:
                 part = out[io.ATTENTION_MASS].numpy()
                 mass = part if mass is None else mass + part
+        if sampling is not None and self.head is not None:
+            out |= self.head.run(out[io.LOGITS], sampling)
         return graph_outputs(out, want_logits, sampling is not None, mass)
 
     def _result_devices(self, partition: int, record, want_logits: bool, draws: bool) -> dict[str, tuple[str, int]]:
@@ -173,7 +178,7 @@ class ModelGraphs:
                 results[io.LOGITS] = host if want_logits else self.devices[partition].ort_device
             if self.has_greedy_tokens:
                 results[io.GREEDY_TOKENS] = host
-            if draws:
+            if draws and self.inline_head:
                 results.update({io.SAMPLED_TOKENS: host, io.TOP_PROBS: host, io.TOP_IDS: host})
         if record.has_attention_stats:
             results[io.ATTENTION_MASS] = host
