@@ -106,6 +106,7 @@ class Manifest:
     # The sampling head (graph/sampling.py) runs as its own graph after the last partition, built
     # at load; an older export may hold it in its last partition instead (PartitionRecord).
     sampling_head: bool = False
+    kernels: str = "ort"  # "wicore": some nodes are WiCore's own ops (wicore/kernels), whose library the runtime loads
 
     @property
     def has_sampling_head(self) -> bool:
@@ -150,6 +151,7 @@ class Manifest:
             "tokenizer": self.tokenizer,
             "vision": None if self.vision is None else self.vision.to_dict(),
             "sampling_head": self.sampling_head,
+            "kernels": self.kernels,
             "files": self.files,
         }
 
@@ -183,6 +185,7 @@ class Manifest:
                 vision=VisionRecord.from_dict(d["vision"]) if d.get("vision") else None,
                 kv_cache_dtype="int8" if d["kv"]["dtype"] == "int8" else "auto",
                 sampling_head=bool(d.get("sampling_head", False)),
+                kernels=d.get("kernels", "ort"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{path} is malformed ({exc!r}); re-export the model") from exc

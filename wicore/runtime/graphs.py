@@ -20,6 +20,7 @@ import numpy as np
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
 from wicore.graph.paged_attention import flash_page_size
+from wicore.kernels.library import KernelBuildError, has_cuda_kernels, library
 from wicore.runtime.batch import BatchInputs
 from wicore.runtime.cuda_graphs import DecodeGraphs
 from wicore.runtime.graph_io import GraphOutputs, SamplingInputs, graph_outputs
@@ -27,6 +28,16 @@ from wicore.runtime.kv_buffers import KVBuffers
 from wicore.runtime.kv_stream import StagedRun
 from wicore.runtime.providers import Device, DeviceError, onnxruntime, session_options
 from wicore.runtime.sampling_head import SamplingHead
+
+
+def kernel_library(devices: Sequence[Device]) -> Path:
+    """WiCore's kernel library for these devices (built once, wicore.kernels.library): with the CUDA
+    kernels where a device is a CUDA one (a CPU-only build would run those nodes on the host)."""
+    cuda = any(d.ort_device[0] == "cuda" for d in devices)
+    path = library(cuda)
+    if cuda and not has_cuda_kernels(path):
+        raise KernelBuildError(f"{path} holds no CUDA kernels; remove it to rebuild with nvcc")
+    return path
 
 
 def can_capture(manifest: Manifest, devices: Sequence[Device]) -> bool:
@@ -64,6 +75,8 @@ class ModelGraphs:
         if cuda_graphs and not can_capture(manifest, self.devices):
             raise DeviceError("CUDA graphs need an export with --attention paged, every partition on one cuda device")
         opts = session_options(num_threads, profile_prefix, self.devices)
+        if manifest.kernels == "wicore":
+            opts.register_custom_ops_library(str(kernel_library(self.devices)))
         self.sessions = [
             ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers(cuda_graphs))
             for p, d in zip(manifest.partitions, self.devices)
