@@ -52,6 +52,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "portable": dict(dtype="fp16", attention="portable"),
     "paged": dict(dtype="fp16", attention="paged"),
     "paged-nohead": dict(dtype="fp16", attention="paged", sampling_head="off"),  # sampled rows' logits to the host
+    "paged-wicore": dict(dtype="fp16", attention="paged", kernels="wicore"),  # residual norms, GeGLU on WiCore's kernels
     "int4-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0),
     "int8-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=8, accuracy_level=0),
     # the embedding's rows from the head's 4-bit codes (wicore-export --quantize-embedding)

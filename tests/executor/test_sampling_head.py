@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.scheduler import SchedulerConfig
@@ -15,16 +14,12 @@ from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
-from wicore.graph.ops import DataFile, Graph
-from wicore.graph.sampling import TOP_CANDIDATES, sampling_head
+from wicore.graph.sampling import TOP_CANDIDATES, head_model
 from wicore.types.sampling import SamplingParams
 
 
-def head_session(vocab: int, tmp_path) -> ort.InferenceSession:
-    g = Graph("head", DataFile(tmp_path / "head.data"))
-    logits = g.op("Identity", [g.input("logits_in", TensorProto.FLOAT, ["num_logits", vocab])], "/in")
-    sampling_head(g, logits, vocab)
-    return ort.InferenceSession(g.to_model(17).SerializeToString(), providers=["CPUExecutionProvider"])
+def head_session(vocab: int) -> ort.InferenceSession:
+    return ort.InferenceSession(head_model(vocab).SerializeToString(), providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize("vocab", [262_208, 1_000, 40])
@@ -35,8 +30,8 @@ def test_the_head_draws_the_host_samplers_token_and_candidates(vocab, tmp_path):
     logits[0, 7] = logits[0, 9] = logits[0].max() + 1  # a tie for the top: the lower id first, as on the host
     temperature = rng.uniform(0.2, 2.0, rows).astype(np.float32)
     uniform = rng.random(rows).astype(np.float32)
-    feeds = {"logits_in": logits, io.SAMPLING_TEMPERATURE: temperature, io.SAMPLING_UNIFORM: uniform}
-    tokens, probs, ids = head_session(vocab, tmp_path).run([io.SAMPLED_TOKENS, io.TOP_PROBS, io.TOP_IDS], feeds)
+    feeds = {io.LOGITS: logits, io.SAMPLING_TEMPERATURE: temperature, io.SAMPLING_UNIFORM: uniform}
+    tokens, probs, ids = head_session(vocab).run([io.SAMPLED_TOKENS, io.TOP_PROBS, io.TOP_IDS], feeds)
     k = min(TOP_CANDIDATES, vocab)
     assert probs.shape == ids.shape == (rows, k)
     for r in range(rows):
@@ -80,11 +75,11 @@ def exports(tiny_model, tmp_path_factory):
     return made
 
 
-def test_the_head_is_in_the_manifest_only_where_asked(exports):
-    off, on = (Manifest.read(exports[h]).partitions for h in ("off", "on"))
-    assert [p.has_sampling_head for p in off] == [False, False]
-    assert [p.has_sampling_head for p in on] == [False, True]
-    assert {io.SAMPLING_TEMPERATURE, io.SAMPLING_UNIFORM} <= set(on[-1].inputs)
+def test_the_head_is_in_the_manifest_only_where_asked_and_in_no_partition(exports):
+    off, on = (Manifest.read(exports[h]) for h in ("off", "on"))
+    assert (off.sampling_head, off.has_sampling_head, on.sampling_head, on.has_sampling_head) == (False, False, True, True)
+    assert [p.has_sampling_head for p in on.partitions] == [False, False]  # its own graph, built at load
+    assert not {io.SAMPLING_TEMPERATURE, io.SAMPLING_UNIFORM} & set(on.partitions[-1].inputs)
     assert ExportConfig().has_sampling_head() is False
     assert ExportConfig(dtype="fp16", attention="paged").has_sampling_head() is True
     assert ExportConfig(dtype="fp16", attention="paged", sampling_head="off").has_sampling_head() is False
@@ -127,3 +122,16 @@ def test_an_engine_on_the_head_generates_what_the_host_sampler_generates(exports
             outputs[head] = [[t for out in eng.outputs(i) for t in out.new_token_ids] for i in ids]
     assert all(len(tokens) == 12 for tokens in outputs["on"])
     assert outputs["on"] == outputs["off"]
+
+
+def test_the_head_runs_only_in_steps_where_a_row_samples(exports):
+    """A greedy step never pays the head's TopK over the vocabulary: the head's session runs once
+    a step while a sampled request decodes, and not at all for greedy ones."""
+    config = EngineConfig(model_dir=exports["on"], num_threads=1, block_size=4, num_device_blocks=64, num_host_blocks=0)
+    with Engine(config) as eng:
+        head = eng.runner.graphs.head
+        assert head is not None
+        greedy = eng.generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=6, ignore_eos=True))
+        assert [len(c.token_ids) for c in greedy] == [6, 6] and head.num_runs == 0
+        eng.generate([[5, 6, 7]], SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.7, seed=1))
+        assert head.num_runs == 6  # the prefill's step and five decode steps, one draw each

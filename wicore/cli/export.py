@@ -63,6 +63,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "candidates instead of their logits (graph/sampling.py); auto: on with --attention paged",
     )
     ap.add_argument(
+        "--kernels",
+        default="ort",
+        choices=["ort", "wicore"],
+        help="wicore: with --attention paged, the residual adds, RMS norms and gated activation run on WiCore's "
+        "own CUDA kernels (wicore/kernels; built once with nvcc where the model loads); ort: ONNX Runtime's ops",
+    )
+    ap.add_argument(
         "--kv-cache-dtype",
         default="auto",
         choices=["auto", "int8"],
@@ -123,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             attention=args.attention or attention,
             vision_flavour=args.vision_flavour,
             sampling_head=args.sampling_head,
+            kernels=args.kernels,
             kv_cache_dtype=args.kv_cache_dtype,
         )
         source = open_source(args.model, args.mmproj, stderr_progress)

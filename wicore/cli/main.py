@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from wicore.cli.bench import add_bench
 from wicore.cli.cluster import add_cluster_args, wants_cluster
 from wicore.cli.engine_args import add_engine_args, engine_config
 from wicore.cli.generate import add_generate
@@ -267,6 +268,7 @@ def parse_command_line(argv: list[str] | None = None) -> argparse.Namespace:
     add_serve(sub)
     add_plan(sub)
     add_pull(sub)
+    add_bench(sub)
     args = ap.parse_args(argv)
     args.command_line = argv
     return args

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from wicore.errors import RuntimeMissingError, WiCoreError
 
@@ -51,7 +52,7 @@ def onnxruntime() -> ModuleType:
 FPA_INTB_ENV = "ORT_FPA_INTB_GEMM"  # ONNX Runtime's own switch; when set, WiCore leaves the choice to it
 
 
-def session_options(num_threads: int | None, profile_prefix: str | None = None, devices: Sequence[Device] = ()) -> object:
+def session_options(num_threads: int | None, profile_prefix: str | None = None, devices: Sequence[Device] = ()) -> Any:
     """Options of every WiCore session; `profile_prefix` turns on ONNX Runtime's profiler. Sessions on
     the CUDA `devices` allocate from one arena a device (shared_cuda_arena)."""
     ort = onnxruntime()

@@ -129,7 +129,7 @@ class DecodeGraphs:
             io.WINDOW_LOGICAL_TABLES: ((rows, self.max_blocks), np.int64),
             io.LOGITS_INDICES: ((rows,), np.int64),
         }
-        if graphs.has_sampling_head:
+        if graphs.inline_head:
             shapes |= {io.SAMPLING_TEMPERATURE: ((rows,), np.float32), io.SAMPLING_UNIFORM: ((rows,), np.float32)}
         taken = set().union(*(graphs.input_names(i) for i in range(len(graphs.sessions))))
         inputs = StepInputs({name: shape for name, shape in shapes.items() if name in taken}, (kind, index))
@@ -170,7 +170,7 @@ class DecodeGraphs:
             io.LOGITS: ((rows, graphs.manifest.config.vocab_size), np.float32),
             io.GREEDY_TOKENS: ((rows,), np.int64),
         }
-        if graphs.has_sampling_head:
+        if graphs.inline_head:
             k = next(o.shape[-1] for o in graphs.sessions[-1].get_outputs() if o.name == io.TOP_PROBS)
             shapes |= {
                 io.SAMPLED_TOKENS: ((rows,), np.int64),
@@ -198,7 +198,10 @@ class DecodeGraphs:
         options.add_run_config_entry("gpu_graph_id", str(bucket.graph_id))
         for session, binding in zip(self.graphs.sessions, bucket.bindings):
             session.run_with_iobinding(binding, options)
-        rows_of = {name: _Rows(value, rows) for name, value in bucket.outputs.items()}
+        outputs = dict(bucket.outputs)
+        if sampling is not None and self.graphs.head is not None:  # the head runs uncaptured, on the bucket's logits
+            outputs |= self.graphs.head.run(bucket.outputs[io.LOGITS], sampling)
+        rows_of = {name: _Rows(value, rows) for name, value in outputs.items()}
         return graph_outputs(rows_of, logits, sampling is not None, None)
 
     def _write(self, batch: BatchInputs, inputs: StepInputs, sampling: SamplingInputs | None) -> None:
@@ -216,7 +219,7 @@ class DecodeGraphs:
         inputs.put(io.PAST_SEQLENS, batch.past_seqlens, 0)
         inputs.put(io.WINDOW_PAST_SEQLENS, batch.window_past_seqlens, 0)
         inputs.put(io.WINDOW_LOGICAL_TABLES, batch.window_logical_tables, sink)
-        if self.graphs.has_sampling_head:
+        if self.graphs.inline_head:
             head = sampling or SamplingInputs.unused(batch.input_ids.shape[0])
             inputs.put(io.SAMPLING_TEMPERATURE, head.temperature, 1)
             inputs.put(io.SAMPLING_UNIFORM, head.uniform, 0)

@@ -21,11 +21,23 @@ from wicore.devices.providers import Device, DeviceError, onnxruntime, session_o
 from wicore.executor.batch import BatchInputs
 from wicore.executor.cuda_graphs import DecodeGraphs
 from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
+from wicore.executor.sampling_head import SamplingHead
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
 from wicore.graph.paged_attention import flash_page_size
+from wicore.kernels.library import KernelBuildError, has_cuda_kernels, library
 from wicore.kv.buffers import KVBuffers
 from wicore.kv.stream import StagedRun
+
+
+def kernel_library(devices: Sequence[Device]) -> Path:
+    """WiCore's kernel library for these devices (built once, wicore.kernels.library): with the CUDA
+    kernels where a device is a CUDA one (a CPU-only build would run those nodes on the host)."""
+    cuda = any(d.ort_device[0] == "cuda" for d in devices)
+    path = library(cuda)
+    if cuda and not has_cuda_kernels(path):
+        raise KernelBuildError(f"{path} holds no CUDA kernels; remove it to rebuild with nvcc")
+    return path
 
 
 def can_capture(manifest: Manifest, devices: Sequence[Device]) -> bool:
@@ -63,13 +75,17 @@ class ModelGraphs:
         if cuda_graphs and not can_capture(manifest, self.devices):
             raise DeviceError("CUDA graphs need an export with --attention paged, every partition on one cuda device")
         opts = session_options(num_threads, profile_prefix, self.devices)
+        if manifest.kernels == "wicore":
+            opts.register_custom_ops_library(str(kernel_library(self.devices)))
         self.sessions = [
             ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers(cuda_graphs))
             for p, d in zip(manifest.partitions, self.devices)
         ]
         self._input_names = [{i.name for i in s.get_inputs()} for s in self.sessions]
         self.has_greedy_tokens = io.GREEDY_TOKENS in manifest.partitions[-1].outputs
-        self.has_sampling_head = manifest.partitions[-1].has_sampling_head
+        self.has_sampling_head = manifest.has_sampling_head
+        self.inline_head = manifest.partitions[-1].has_sampling_head  # an older export's head, in its last partition
+        self.head = SamplingHead(manifest.config.vocab_size, self.devices[-1], num_threads) if manifest.sampling_head else None
         self.decode_graphs: DecodeGraphs | None = None
         self._run_options = None
         if cuda_graphs:  # a session that captures runs uncaptured only when told so
@@ -142,7 +158,7 @@ class ModelGraphs:
             step_inputs = {**batch.paging_inputs(), **(images or {})}
             if record.has_lm_head:
                 step_inputs[io.LOGITS_INDICES] = batch.logits_indices
-                if self.has_sampling_head:
+                if self.inline_head:
                     head = sampling or SamplingInputs.unused(len(batch.logits_indices))
                     step_inputs[io.SAMPLING_TEMPERATURE] = head.temperature
                     step_inputs[io.SAMPLING_UNIFORM] = head.uniform
@@ -160,6 +176,8 @@ class ModelGraphs:
             if record.has_attention_stats:
                 part = out[io.ATTENTION_MASS].numpy()
                 mass = part if mass is None else mass + part
+        if sampling is not None and self.head is not None:
+            out |= self.head.run(out[io.LOGITS], sampling)
         return graph_outputs(out, want_logits, sampling is not None, mass)
 
     def _result_devices(self, partition: int, record, want_logits: bool, draws: bool) -> dict[str, tuple[str, int]]:
@@ -173,7 +191,7 @@ class ModelGraphs:
                 results[io.LOGITS] = host if want_logits else self.devices[partition].ort_device
             if self.has_greedy_tokens:
                 results[io.GREEDY_TOKENS] = host
-            if draws:
+            if draws and self.inline_head:
                 results.update({io.SAMPLED_TOKENS: host, io.TOP_PROBS: host, io.TOP_IDS: host})
         if record.has_attention_stats:
             results[io.ATTENTION_MASS] = host

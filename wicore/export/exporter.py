@@ -50,6 +50,7 @@ class ExportConfig:
     vision_flavour: str = "auto"  # the vision partition's ops (resolved_vision_flavour)
     sampling_head: str = "auto"  # "on" / "off" / "auto": on with the paged attention (graph/sampling.py)
     kv_cache_dtype: str = "auto"  # "auto": the graphs' dtype; "int8": KV blocks in 8 bits (graph/kv_quant.py)
+    kernels: str = "ort"  # "wicore": paged graphs' residual norms and gated MLP on WiCore's kernels (wicore/kernels)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -75,6 +76,10 @@ class ExportConfig:
                 "--kv-cache-dtype int8 needs the portable attention: ONNX Runtime's PagedAttention takes int8 caches "
                 "only with scales fixed at export"
             )
+        if self.kernels not in ("ort", "wicore"):
+            raise WiCoreError(f"--kernels {self.kernels!r}: choose ort or wicore")
+        if self.kernels == "wicore" and self.attention != "paged":
+            raise WiCoreError("--kernels wicore needs --attention paged (its kernels take the float16 activations)")
         if self.num_partitions < 1:
             raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
         if self.quantize_embedding and not OP_FLAVOURS[self.op_flavour]:
@@ -95,7 +100,7 @@ class ExportConfig:
         return "fused" if OP_FLAVOURS[self.op_flavour] else "portable"
 
     def has_sampling_head(self) -> bool:
-        """Whether the last partition draws sampled rows itself: `auto` where its logits live on an
+        """Whether the export draws sampled rows on the device (Manifest.sampling_head): `auto` where its logits live on an
         accelerator (the paged attention's CUDA graphs); on the CPU the host sampler costs the same."""
         return self.sampling_head == "on" or (self.sampling_head == "auto" and self.attention == "paged")
 
@@ -137,7 +142,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         quant=config.quant(),
         attention=config.attention,
         image_inputs=vision is not None,
-        sampling_head=config.has_sampling_head(),
+        kernels=config.kernels,
         kv_cache_dtype=config.kv_cache_dtype,
     )
     started = time.monotonic()
@@ -196,6 +201,8 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         attention=config.attention,
         vision=vision_record,
         kv_cache_dtype=config.kv_cache_dtype,
+        sampling_head=config.has_sampling_head(),
+        kernels=config.kernels,
     )
     manifest.write(folder)
     return manifest

@@ -40,7 +40,8 @@ import onnx
 from onnx import TensorProto
 
 from wicore.errors import UnsupportedModelError
-from wicore.graph import invariant_attention, io, sampling
+from wicore.graph import invariant_attention, io
+from wicore.graph.fused_residual import Pending, add_rms_norm, gated_activation
 from wicore.graph.kv_quant import dequantize_kv, kv_row_width, quantize_kv
 from wicore.graph.moe import moe
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, block_mass, gelu_tanh, place_images, rms_norm_f32, rotary, silu
@@ -70,9 +71,9 @@ class DecoderBuilder:
         quant: QuantLinear | None = None,
         attention: str = "portable",
         image_inputs: bool = False,
-        sampling_head: bool = False,
         kv_cache_dtype: str = "auto",
         expert_kernel: str = "auto",
+        kernels: str = "ort",
     ) -> None:
         """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py).
         `attention`: "portable" (standard ops), "paged" (com.microsoft.PagedAttention, fp16, CUDA) or
@@ -82,7 +83,9 @@ class DecoderBuilder:
         `kv_cache_dtype`: "auto" (the graphs' dtype) or "int8" (graph/kv_quant.py; portable attention).
         `expert_kernel` (mixtures of experts, graph/moe.py): "graph" (standard ops; per-expert
         MatMulNBits with `quant`), "ort-moe" (com.microsoft.MoE, float weights) or "auto": ort-moe in
-        the paged graphs (CUDA), graph elsewhere."""
+        the paged graphs (CUDA), graph elsewhere.
+        `kernels`: "ort" (ONNX Runtime's ops) or "wicore" (paged graphs: the residual adds, norms and
+        gated activation on WiCore's own kernels, graph/fused_residual.py)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         if attention not in ATTENTIONS:
@@ -93,11 +96,19 @@ class DecoderBuilder:
             )
         if kv_cache_dtype not in ("auto", "int8") or (kv_cache_dtype == "int8" and attention == "paged"):
             raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: auto, or int8 with the portable or batch-invariant attention")
+        if kernels not in ("ort", "wicore") or (kernels == "wicore" and attention != "paged"):
+            raise ValueError(f"kernels {kernels!r}: ort, or wicore with the paged attention (float16 activations)")
+        self.wicore_kernels = kernels == "wicore"
         self.family = cfg.family_row
         if attention == "paged" and (cfg.attn_logit_softcapping or cfg.window_all_layers or self.family.qk_norm == ALL_HEADS):
             raise UnsupportedModelError(
                 f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer and "
                 "whole-projection q/k norms are not in the paged graphs): export it with the portable attention"
+            )
+        if self.wicore_kernels and not self.family.pre_norms:
+            raise UnsupportedModelError(
+                f"WiCore's fused kernels add each block's output into the next pre-norm; {self.family.name} has no "
+                "pre-norms: export it with ONNX Runtime's ops (--kernels ort)"
             )
         if expert_kernel not in ("auto", "graph", "ort-moe") or (expert_kernel == "ort-moe" and quant is not None):
             raise ValueError(f"expert_kernel {expert_kernel!r}: auto, graph, or ort-moe without quantized weights")
@@ -107,7 +118,6 @@ class DecoderBuilder:
         if self.family.name != "gemma3" and image_inputs:
             raise UnsupportedModelError(f"the {self.family.name} family is text only (the vision tower is Gemma 3's)")
         self.image_inputs = image_inputs
-        self.sampling_head = sampling_head
         self.paged = attention == "paged"
         self.batch_invariant = attention == "batch-invariant"
         self.cfg = cfg
@@ -164,6 +174,7 @@ class DecoderBuilder:
             True: ["num_window_blocks", "block_size", cfg.num_kv_heads, width],
         }
         masses: list[str] | None = [] if self.attention_stats else None
+        pending: Pending | None = None  # WiCore's kernels: the last block's output, not yet added to x
         for layer in layers:
             if not spec.start <= layer.index < spec.stop:
                 raise ValueError(f"layer {layer.index} is outside partition {spec}")
@@ -173,7 +184,12 @@ class DecoderBuilder:
             g.input(io.key_cache(i), self.kv_type, pool_shape)
             g.input(io.value_cache(i), self.kv_type, pool_shape)
             is_last = layer.index == spec.stop - 1 and not spec.has_lm_head
-            x = self.decoder_layer(g, layer, x, shared, masses, out=io.HIDDEN_STATES_OUT if is_last else None)
+            if self.wicore_kernels:
+                x, pending = self.fused_layer(g, layer, x, pending, shared, masses)
+                if layer.index == spec.stop - 1:
+                    x = self.settle(g, x, pending, out=io.HIDDEN_STATES_OUT if is_last else None)
+            else:
+                x = self.decoder_layer(g, layer, x, shared, masses, out=io.HIDDEN_STATES_OUT if is_last else None)
             g.output(io.key_cache_out(i), self.kv_type, pool_shape)
             g.output(io.value_cache_out(i), self.kv_type, pool_shape)
         if spec.has_lm_head:
@@ -183,8 +199,6 @@ class DecoderBuilder:
             g.output(io.LOGITS, f32, ["num_logits", cfg.vocab_size])
             g.op("ArgMax", [logits], "/model/greedy/ArgMax", out=io.GREEDY_TOKENS, axis=-1, keepdims=0)
             g.output(io.GREEDY_TOKENS, TensorProto.INT64, ["num_logits"])
-            if self.sampling_head:
-                sampling.sampling_head(g, logits, cfg.vocab_size)
         else:
             g.output(io.HIDDEN_STATES_OUT, f32, ["batch", "seq", cfg.hidden_size])
         if masses is not None:
@@ -359,6 +373,9 @@ class DecoderBuilder:
         """down(act(gate(x)) * up(x)), act the family's (Gemma: gelu_tanh, GeGLU; others: SiLU)."""
         inter = gate_w.shape[0]
         gate_up = self.linear(g, x, [gate_w, up_w], f"{p}/gate_up_proj")
+        if self.wicore_kernels:
+            act = gated_activation(g, gate_up, self.family.activation, f"{p}/act")
+            return self.linear(g, act, [down_w], f"{p}/down_proj")
         gate, up = g.op_multi("Split", [gate_up, g.const([inter, inter])], f"{p}/gate_up_split", 2, axis=-1)
         if self.family.activation == "silu":
             act = silu(g, gate, f"{p}/act")
@@ -394,6 +411,38 @@ class DecoderBuilder:
     def act(self, g: Graph, x: str, name: str) -> str:
         """The residual stream in the activation type, where no norm comes before a block (OLMo 2)."""
         return x if self.act_type == TensorProto.FLOAT else g.op("Cast", [x], f"{name}/Cast_act", to=self.act_type)
+
+    def fused_layer(
+        self, g: Graph, layer: LayerWeights, x: str, pending: Pending | None, shared: SharedValues, masses: list[str] | None
+    ) -> tuple[str, Pending]:
+        """decoder_layer on WiCore's kernels (graph/fused_residual.py): `pending` (the previous
+        layer's MLP output) is added to x by this layer's first norm; its own MLP output is returned pending."""
+        p = f"/model/layers.{layer.index}"
+        sandwich = self.family.sandwich_norms
+        if pending is None:
+            h = self.rms_norm(g, x, layer["input_layernorm"], f"{p}/input_layernorm", to=self.act_type)
+        else:
+            h, x = add_rms_norm(
+                g, x, pending, self.norm_weight(layer["input_layernorm"]), self.cfg.rms_norm_eps, f"{p}/input_layernorm"
+            )
+        h = self.attention(g, layer, h, shared, masses)
+        attn = Pending(h, self.norm_weight(layer["post_attention_layernorm"]) if sandwich else None, f"{p}/attn")
+        norm = self.norm_weight(layer["pre_feedforward_layernorm"])
+        h, x = add_rms_norm(g, x, attn, norm, self.cfg.rms_norm_eps, f"{p}/pre_feedforward_layernorm")
+        h = self.mlp(g, layer, h)
+        return x, Pending(h, self.norm_weight(layer["post_feedforward_layernorm"]) if sandwich else None, f"{p}/mlp")
+
+    def settle(self, g: Graph, x: str, pending: Pending, out: str | None = None) -> str:
+        """x + the pending block's output (through its post-norm), on ONNX Runtime's ops: a partition's end."""
+        if pending.post_norm is None:
+            h = self.residual_type(g, pending.h, pending.name)
+        else:
+            w = g.const(pending.post_norm.astype(np.float32), np.float32)
+            eps = self.cfg.rms_norm_eps
+            h = g.op(
+                "SimplifiedLayerNormalization", [pending.h, w], f"{pending.name}/post_norm", axis=-1, epsilon=eps, stash_type=1
+            )
+        return g.op("Add", [x, h], f"{pending.name}/residual", out=out)
 
     def residual_type(self, g: Graph, h: str, name: str) -> str:
         """A block's output in the residual stream's float32 (Gemma's post-norms cast it themselves)."""

@@ -103,6 +103,15 @@ class Manifest:
     attention: str = "portable"  # or "paged": com.microsoft.PagedAttention (graph/paged_attention.py)
     vision: VisionRecord | None = None  # a multimodal export's vision partition
     kv_cache_dtype: str = "auto"  # or "int8": KV blocks in 8 bits (graph/kv_quant.py)
+    # The sampling head (graph/sampling.py) runs as its own graph after the last partition, built
+    # at load; an older export may hold it in its last partition instead (PartitionRecord).
+    sampling_head: bool = False
+    kernels: str = "ort"  # "wicore": some nodes are WiCore's own ops (wicore/kernels), whose library the runtime loads
+
+    @property
+    def has_sampling_head(self) -> bool:
+        """Whether sampled rows are drawn on the device: by the separate head, or an older export's inline one."""
+        return self.sampling_head or self.partitions[-1].has_sampling_head
 
     @property
     def has_attention_stats(self) -> bool:
@@ -141,6 +150,8 @@ class Manifest:
             "partitions": [p.to_dict() for p in self.partitions],
             "tokenizer": self.tokenizer,
             "vision": None if self.vision is None else self.vision.to_dict(),
+            "sampling_head": self.sampling_head,
+            "kernels": self.kernels,
             "files": self.files,
         }
 
@@ -173,6 +184,8 @@ class Manifest:
                 attention=d.get("attention", "portable"),
                 vision=VisionRecord.from_dict(d["vision"]) if d.get("vision") else None,
                 kv_cache_dtype="int8" if d["kv"]["dtype"] == "int8" else "auto",
+                sampling_head=bool(d.get("sampling_head", False)),
+                kernels=d.get("kernels", "ort"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{path} is malformed ({exc!r}); re-export the model") from exc

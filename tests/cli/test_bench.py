@@ -1,0 +1,109 @@
+"""`wicore bench throughput` and `wicore bench serve` on a tiny random Gemma 3, on the CPU: the
+engine's public API and a real loopback Hypercorn server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from wicore.api.app import ServerSettings, create_app
+from wicore.api.server import ServerThread
+from wicore.cli.load import LoadConfig, RequestTiming, Spread, random_prompts, summarize
+from wicore.engine.engine import Engine, EngineConfig
+
+
+def wicore(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "wicore.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_random_prompts_are_seeded_and_below_the_vocabulary():
+    prompts = random_prompts(3, 5, 9, seed=1, low=4)
+    assert prompts == random_prompts(3, 5, 9, seed=1, low=4) != random_prompts(3, 5, 9, seed=2, low=4)
+    assert [len(p) for p in prompts] == [5, 5, 5] and all(4 <= t < 9 for p in prompts for t in p)
+
+
+def test_summarize_times_each_request_from_its_chunks():
+    a = RequestTiming(sent=0.0, chunk_times=[0.1, 0.2, 0.4], num_tokens=3)  # TTFT 100, TPOT 150 ms
+    b = RequestTiming(sent=1.0, chunk_times=[1.3, 1.4, 1.5], num_tokens=3)  # TTFT 300, TPOT 100 ms
+    failed = RequestTiming(sent=0.0, error="HTTP 503: busy")
+    r = summarize(4, [a, b, failed], duration=2.0)
+    assert (r.concurrency, r.num_completed, r.num_failed, r.num_output_tokens) == (4, 2, 1, 6)
+    assert r.first_error == "HTTP 503: busy" and r.output_tokens_per_second == 3.0 and r.requests_per_second == 1.0
+    assert r.ttft == Spread(pytest.approx(200.0), pytest.approx(200.0), pytest.approx(298.0))
+    assert r.tpot == Spread(pytest.approx(125.0), pytest.approx(125.0), pytest.approx(149.5))
+    # the gaps: 100, 200 (a) and 100, 100 (b)
+    assert r.itl == Spread(pytest.approx(125.0), pytest.approx(100.0), pytest.approx(197.0))
+
+
+def test_load_config_takes_a_base_url_with_or_without_v1():
+    assert (
+        LoadConfig("http://h:1/v1/", "m", 1, 1, 1).url
+        == LoadConfig("http://h:1", "m", 1, 1, 1).url
+        == "http://h:1/v1/completions"
+    )
+
+
+def test_bench_throughput_runs_every_request_to_its_length(tiny_export, tmp_path):
+    folder, _ = tiny_export()
+    out = tmp_path / "t.json"
+    res = wicore(
+        "bench", "throughput", "--model", str(folder), "--num-prompts", "6", "--input-len", "9", "--output-len", "5",
+        "--threads", "2", "--json", str(out),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("Throughput: ") and "(6 requests of 9 + 5 tokens in " in res.stdout
+    record = json.loads(out.read_text())
+    assert (record["num_requests"], record["num_failed"], record["num_prompt_tokens"], record["num_output_tokens"]) == (
+        6,
+        0,
+        54,
+        30,
+    )
+    assert record["output_tokens_per_second"] == pytest.approx(30 / record["elapsed"])
+
+
+@pytest.fixture(scope="module")
+def server_url(tiny_multimodal) -> Iterator[str]:
+    """A real Hypercorn server on a loopback port, in front of a tiny engine with a tokenizer
+    (streamed text needs one); its key is "k"."""
+    folder = tiny_multimodal.export()
+    engine = Engine(EngineConfig(model_dir=folder, num_threads=2, verify_files=False, num_device_blocks=128)).start()
+    server = ServerThread(create_app(engine, ServerSettings(model_name="tiny", api_keys=("k",)))).start()
+    yield server.url
+    server.stop()
+    engine.stop()
+
+
+def test_bench_serve_loads_a_real_server_at_each_concurrency(server_url, tmp_path):
+    out = tmp_path / "s.json"
+    res = wicore(
+        "bench", "serve", "--base-url", server_url, "--api-key", "k", "--concurrency", "1,3", "--num-prompts", "4",
+        "--input-len", "6", "--output-len", "4", "--vocab-size", "400", "--min-token-id", "20", "--json", str(out),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    levels = json.loads(out.read_text())["levels"]
+    assert [(lv["concurrency"], lv["num_completed"], lv["num_failed"], lv["num_output_tokens"]) for lv in levels] == [
+        (1, 4, 0, 16),
+        (3, 4, 0, 16),
+    ]
+    for lv in levels:
+        assert 0 < lv["ttft"]["p50"] <= lv["ttft"]["p99"] and lv["tpot"]["mean"] > 0 and lv["itl"]["p99"] > 0
+    assert res.stdout.count("concurrency ") == 2 and "  TTFT mean " in res.stdout and "  ITL  mean " in res.stdout
+
+
+def test_bench_serve_without_a_server_is_one_line(tmp_path):
+    from wicore.api.server import free_port
+
+    res = wicore("bench", "serve", "--base-url", f"http://127.0.0.1:{free_port()}", "--served-model-name", "m")
+    assert res.returncode == 2
+    assert res.stderr.startswith("wicore: error: cannot reach http://127.0.0.1:") and res.stderr.count("\n") == 1
+
+
+def test_bench_serve_with_a_wrong_key_says_the_first_request_failed(server_url):
+    res = wicore("bench", "serve", "--base-url", server_url, "--served-model-name", "tiny", "--api-key", "wrong")
+    assert res.returncode == 2
+    assert res.stderr.startswith(f"wicore: error: {server_url}/v1/completions: the first request failed: HTTP 401")

@@ -1,0 +1,190 @@
+// WiCore's custom ops for ONNX Runtime: domain "wicore", version 1 (kernels.h says what each computes).
+//
+//   session_options.register_custom_ops_library(path)  ──►  RegisterCustomOps(options, api_base)
+//       ──► one "wicore" domain: each op for the CPU EP, and (built with nvcc) for the CUDA EP
+//
+// Built against ONNX Runtime's C API version 29 (1.29 headers in ../include); later runtimes serve
+// that version too (the API only appends). A CUDA kernel launches on the stream ONNX Runtime hands
+// the node (KernelContext_GetGPUComputeStream): it allocates nothing, never synchronizes and
+// copies nothing to the host, so a CUDA EP session can capture it in a CUDA graph.
+#define ORT_API_MANUAL_INIT
+#include "onnxruntime/onnxruntime_cxx_api.h"
+#undef ORT_API_MANUAL_INIT
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+
+namespace {
+
+constexpr const char* kDomain = "wicore";
+constexpr const char* kCuda = "CUDAExecutionProvider";
+
+using Type = ONNXTensorElementDataType;
+constexpr Type kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr Type kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+
+void Check(bool ok, const std::string& message) {
+  if (!ok) ORT_CXX_API_THROW(message, ORT_INVALID_ARGUMENT);
+}
+
+int64_t LastDim(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape.back(); }
+
+int64_t Rows(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+// -- residual add + RMSNorm ---------------------------------------------------------------
+struct ResidualNormKernel {
+  ResidualNormKernel(const OrtKernelInfo* info, bool post_norm, bool cuda)
+      : post_norm_(post_norm), cuda_(cuda), epsilon_(Ort::ConstKernelInfo(info).GetAttribute<float>("epsilon")) {}
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    auto x = ctx.GetInput(0), h = ctx.GetInput(1);
+    auto w = ctx.GetInput(post_norm_ ? 3 : 2);
+    const auto shape = x.GetTensorTypeAndShapeInfo().GetShape();
+    const int64_t hidden = LastDim(shape), rows = Rows(shape);
+    Check(h.GetTensorTypeAndShapeInfo().GetShape() == shape, "wicore residual norm: x and h differ in shape");
+    Check(w.GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(hidden),
+          "wicore residual norm: the weight is not [hidden]");
+    const float* w_post = nullptr;
+    if (post_norm_) {
+      auto wp = ctx.GetInput(2);
+      Check(wp.GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(hidden),
+            "wicore residual norm: the post-norm weight is not [hidden]");
+      w_post = wp.GetTensorData<float>();
+    }
+    auto y = ctx.GetOutput(0, shape);
+    auto sum = ctx.GetOutput(1, shape);
+    const auto* hp = reinterpret_cast<const uint16_t*>(h.GetTensorData<Ort::Float16_t>());
+    const auto* wq = reinterpret_cast<const uint16_t*>(w.GetTensorData<Ort::Float16_t>());
+    auto* yp = reinterpret_cast<uint16_t*>(y.GetTensorMutableData<Ort::Float16_t>());
+    if (!cuda_) {
+      wicore::ResidualRMSNormCpu(x.GetTensorData<float>(), hp, w_post, wq, epsilon_, rows, hidden, yp,
+                                 sum.GetTensorMutableData<float>());
+      return;
+    }
+#ifdef WICORE_CUDA
+    const int err = wicore::ResidualRMSNormCuda(x.GetTensorData<float>(), hp, w_post, wq, epsilon_, rows, hidden, yp,
+                                                sum.GetTensorMutableData<float>(), ctx.GetGPUComputeStream());
+    Check(err == 0, std::string("wicore residual norm: ") + wicore::CudaErrorString(err));
+#endif
+  }
+
+  bool post_norm_, cuda_;
+  float epsilon_;
+};
+
+struct ResidualNormOp : Ort::CustomOpBase<ResidualNormOp, ResidualNormKernel> {
+  ResidualNormOp(bool post_norm, bool cuda) : post_norm_(post_norm), cuda_(cuda) {}
+  void* CreateKernel(const OrtApi&, const OrtKernelInfo* info) const { return new ResidualNormKernel(info, post_norm_, cuda_); }
+  const char* GetName() const { return post_norm_ ? "NormAddRMSNorm" : "AddRMSNorm"; }
+  const char* GetExecutionProviderType() const { return cuda_ ? kCuda : nullptr; }
+  size_t GetInputTypeCount() const { return post_norm_ ? 4 : 3; }
+  Type GetInputType(size_t i) const {
+    if (i == 0) return kF32;  // x: the residual stream
+    if (i == 1) return kF16;  // h: the block's output
+    return post_norm_ && i == 2 ? kF32 : kF16;  // the post-norm's weight, then the norm's (its output's type)
+  }
+  size_t GetOutputTypeCount() const { return 2; }
+  Type GetOutputType(size_t i) const { return i == 0 ? kF16 : kF32; }  // y, sum
+
+  bool post_norm_, cuda_;
+};
+
+// -- gated activations ----------------------------------------------------------------------
+struct GatedKernel {
+  GatedKernel(wicore::Activation act, bool cuda) : act_(act), cuda_(cuda) {}
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    auto in = ctx.GetInput(0);
+    auto shape = in.GetTensorTypeAndShapeInfo().GetShape();
+    Check(!shape.empty() && shape.back() % 2 == 0, "wicore gated activation: the last dimension is not gate|up");
+    const int64_t inter = shape.back() / 2, rows = Rows(shape);
+    shape.back() = inter;
+    auto out = ctx.GetOutput(0, shape);
+    const auto* ip = reinterpret_cast<const uint16_t*>(in.GetTensorData<Ort::Float16_t>());
+    auto* op = reinterpret_cast<uint16_t*>(out.GetTensorMutableData<Ort::Float16_t>());
+    if (!cuda_) {
+      wicore::GatedActivationCpu(ip, act_, rows, inter, op);
+      return;
+    }
+#ifdef WICORE_CUDA
+    const int err = wicore::GatedActivationCuda(ip, act_, rows, inter, op, ctx.GetGPUComputeStream());
+    Check(err == 0, std::string("wicore gated activation: ") + wicore::CudaErrorString(err));
+#endif
+  }
+
+  wicore::Activation act_;
+  bool cuda_;
+};
+
+struct GatedOp : Ort::CustomOpBase<GatedOp, GatedKernel> {
+  GatedOp(wicore::Activation act, bool cuda) : act_(act), cuda_(cuda) {}
+  void* CreateKernel(const OrtApi&, const OrtKernelInfo*) const { return new GatedKernel(act_, cuda_); }
+  const char* GetName() const { return act_ == wicore::Activation::kSilu ? "SwiGLU" : "GeGLU"; }
+  const char* GetExecutionProviderType() const { return cuda_ ? kCuda : nullptr; }
+  size_t GetInputTypeCount() const { return 1; }
+  Type GetInputType(size_t) const { return kF16; }
+  size_t GetOutputTypeCount() const { return 1; }
+  Type GetOutputType(size_t) const { return kF16; }
+
+  wicore::Activation act_;
+  bool cuda_;
+};
+
+// The ops live as long as the process: a session holds pointers to them.
+std::vector<OrtCustomOp*>* MakeOps() {
+  auto* ops = new std::vector<OrtCustomOp*>;
+  std::vector<bool> eps{false};
+#ifdef WICORE_CUDA
+  eps.push_back(true);
+#endif
+  for (bool cuda : eps) {
+    ops->push_back(new ResidualNormOp(false, cuda));
+    ops->push_back(new ResidualNormOp(true, cuda));
+    ops->push_back(new GatedOp(wicore::Activation::kGeluTanh, cuda));
+    ops->push_back(new GatedOp(wicore::Activation::kSilu, cuda));
+  }
+  return ops;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Whether this build has the CUDA kernels (wicore.kernels checks it before a CUDA session uses them).
+__attribute__((visibility("default"))) int WicoreHasCuda() {
+#ifdef WICORE_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
+                                                                                 const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) {
+    return nullptr;  // an ONNX Runtime older than the headers: nothing registered, the session names the op it lacks
+  }
+  Ort::InitApi(api);
+  static std::vector<OrtCustomOp*>* ops = MakeOps();
+  static std::once_flag once;
+  static OrtCustomOpDomain* domain = nullptr;
+  OrtStatus* status = nullptr;
+  std::call_once(once, [&] {
+    status = api->CreateCustomOpDomain(kDomain, &domain);
+    for (size_t i = 0; status == nullptr && i < ops->size(); ++i) status = api->CustomOpDomain_Add(domain, (*ops)[i]);
+  });
+  if (status != nullptr) return status;
+  return api->AddCustomOpDomain(options, domain);
+}
+
+}  // extern "C"
