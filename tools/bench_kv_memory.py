@@ -47,16 +47,16 @@ def measure(model_dir: Path, context: int, new_tokens: int, threads: int, kv_poo
     seconds = time.perf_counter() - start
     groups = seen[-2]  # before the last output ended the request
     full, window = groups["full"], groups["window"]
-    num_full, num_window = full["blocks_referenced"]["device"], window["blocks_referenced"]["device"]
+    num_full, num_window = full.blocks_referenced.device, window.blocks_referenced.device
     tokens = context - 1  # KV written: all but the last generated token
-    after = (num_full * full["block_bytes"] + num_window * window["block_bytes"]) / tokens
-    before = num_full * (full["block_bytes"] + window["block_bytes"]) / tokens
+    after = (num_full * full.block_bytes + num_window * window.block_bytes) / tokens
+    before = num_full * (full.block_bytes + window.block_bytes) / tokens
     return {
         "context_tokens": context,
         "full_blocks": num_full,
         "window_blocks": num_window,
-        "full_block_bytes": full["block_bytes"],
-        "window_block_bytes": window["block_bytes"],
+        "full_block_bytes": full.block_bytes,
+        "window_block_bytes": window.block_bytes,
         "bytes_per_token_before": round(before),
         "bytes_per_token_after": round(after),
         "reduction": round(before / after, 2),

@@ -92,7 +92,7 @@ def wicore_runs(cfg: Config, specs: Sequence[object], prompts: list[str], concur
                 total[0] += sum(sum(t > first_token for t in times) for times, _, _ in results)
                 total[1] += last_token - first_token
                 total[2] += [tokens for _, tokens, _ in results]
-        stats = [engine.stats().speculative for engine in engines]
+        stats = [engine.stats().to_dict()["speculative"] for engine in engines]  # JSON for the record
     finally:
         for engine in engines:
             engine.stop()

@@ -96,7 +96,7 @@ class WiCoreServer:
             with CpuWatch() as watch:
                 traces = asyncio.run(self._serve(engine, prompts, params))
             stats = engine.stats()
-        hits = stats.cached_prompt_tokens - warm["cached_prompt_tokens"]
+        hits = stats.cached_prompt_tokens - warm.cached_prompt_tokens
         return Served(traces, watch.num_other_busy_cores, hits / sum(len(p) for p in prompts))
 
     @staticmethod

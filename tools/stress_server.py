@@ -178,4 +178,4 @@ class ServerApi:
 
 
 def is_drained(stats: dict) -> bool:
-    return stats.running == 0 and stats.waiting == 0 and not any(stats.blocks_referenced.values())
+    return stats["running"] == 0 and stats["waiting"] == 0 and not any(stats["blocks_referenced"].values())

@@ -34,7 +34,7 @@ def wait_idle(served, timeout: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         stats = httpx.get(f"{served.url}/v1/stats").json()
-        if stats.running == stats.waiting == stats.swapped == 0 or time.monotonic() > deadline:
+        if stats["running"] == stats["waiting"] == stats["swapped"] == 0 or time.monotonic() > deadline:
             return stats
         time.sleep(0.05)
 
@@ -136,8 +136,8 @@ def test_n_choices_of_a_prompt_too_long_admit_nothing(gemma_server):
     r = httpx.post(f"{gemma_server.url}/v1/chat/completions", json={"model": MODEL, "messages": messages, "n": 3})
     assert assert_openai_error(r, 400, "messages")["code"] == "context_length_exceeded"
     stats = httpx.get(f"{gemma_server.url}/v1/stats").json()
-    assert (stats.running, stats.waiting) == (0, 0)
-    assert stats.blocks_referenced == {"device": 0, "host": 0, "nvme": 0}
+    assert (stats["running"], stats["waiting"]) == (0, 0)
+    assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
 
 
 def test_a_later_prompt_too_long_takes_back_the_choices_queued_before_it(gemma_server):
@@ -149,9 +149,9 @@ def test_a_later_prompt_too_long_takes_back_the_choices_queued_before_it(gemma_s
     r = httpx.post(f"{gemma_server.url}/v1/completions", json=body)
     assert assert_openai_error(r, 400, "prompt")["code"] == "context_length_exceeded"
     stats = wait_idle(gemma_server)
-    assert (stats.running, stats.waiting) == (0, 0)
-    assert stats.blocks_referenced == {"device": 0, "host": 0, "nvme": 0}
-    assert stats.generated_tokens - before < 3 * 50
+    assert (stats["running"], stats["waiting"]) == (0, 0)
+    assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
+    assert stats["generated_tokens"] - before < 3 * 50
 
 
 def test_max_tokens_is_capped_by_the_context_left(client, gemma_server):
@@ -226,9 +226,9 @@ def test_disconnecting_clients_leave_no_running_requests_and_no_referenced_block
                 if events == 3:
                     break  # leaving the block closes the connection mid-stream
     stats = wait_idle(gemma_server)
-    assert stats.running == 0 and stats.waiting == 0
-    assert stats.blocks_referenced == {"device": 0, "host": 0, "nvme": 0}
-    assert stats.generated_tokens - before < 3 * 400  # the requests were aborted, not run to the end
+    assert stats["running"] == 0 and stats["waiting"] == 0
+    assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
+    assert stats["generated_tokens"] - before < 3 * 400  # the requests were aborted, not run to the end
 
 
 def test_32_concurrent_chat_streams_are_complete_and_correct(client):
@@ -280,8 +280,8 @@ def test_50_clients_disconnecting_mid_stream_leave_no_blocks_in_use(gemma_server
     for t in threads:
         t.join(timeout=300)
     stats = wait_idle(gemma_server, timeout=60)
-    assert stats.running == 0 and stats.waiting == 0 and stats.swapped == 0
-    assert stats.blocks_referenced == {"device": 0, "host": 0, "nvme": 0}
+    assert stats["running"] == 0 and stats["waiting"] == 0 and stats["swapped"] == 0
+    assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
 
 
 def test_a_non_streaming_client_that_gives_up_aborts_its_request(gemma_server):
@@ -290,8 +290,8 @@ def test_a_non_streaming_client_that_gives_up_aborts_its_request(gemma_server):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{gemma_server.url}/v1/completions", json=body, timeout=1.5)
     stats = wait_idle(gemma_server)
-    assert stats.running == 0 and stats.blocks_referenced.device == 0
-    assert stats.generated_tokens - before < 1000
+    assert stats["running"] == 0 and stats["blocks_referenced"]["device"] == 0
+    assert stats["generated_tokens"] - before < 1000
 
 
 def test_messages_the_chat_template_rejects_are_400(client):
@@ -509,7 +509,7 @@ def test_a_request_failing_mid_stream_ends_with_an_error_event_and_the_others_go
     assert all("choices" in json.loads(line[6:]) for line in rest[:-2])
     assert results == expected  # the concurrent streams completed, unchanged
     stats = wait_idle(gemma_server)
-    assert stats.running == 0 and stats.blocks_referenced.device == 0
+    assert stats["running"] == 0 and stats["blocks_referenced"]["device"] == 0
     again = api.completions.create(model=MODEL, prompt=prompts[0], max_tokens=24, temperature=0)
     assert again.choices[0].text == expected[0]  # the server goes on serving
 
@@ -523,7 +523,7 @@ def test_a_request_failing_in_the_engine_is_500_internal_error(failing, gemma_se
     assert error["type"] == "server_error" and error["code"] == "internal_error"
     assert "failed inside the engine" in error["message"] and "sampler failed" not in error["message"]
     stats = wait_idle(gemma_server)
-    assert stats.running == 0 and stats.blocks_referenced.device == 0
+    assert stats["running"] == 0 and stats["blocks_referenced"]["device"] == 0
     ok = httpx.post(f"{url}/v1/completions", json={**body, "prompt": "Hello", "max_tokens": 3}, timeout=120)
     assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
 
@@ -572,7 +572,7 @@ def test_a_request_the_queue_can_never_hold_is_a_400_and_admits_nothing(gemma_se
     error = assert_openai_error(r, 400, param="n")
     assert error["code"] == "too_many_choices" and "1600 choices" in error["message"] and "at most 1024" in error["message"]
     stats = httpx.get(f"{gemma_server.url}/v1/stats").json()
-    assert stats.running == 0 and stats.waiting == 0 and stats.blocks_referenced.device == 0
+    assert stats["running"] == 0 and stats["waiting"] == 0 and stats["blocks_referenced"]["device"] == 0
     ok = httpx.post(f"{gemma_server.url}/v1/completions", json={**body, "prompt": ["hi"] * 2, "n": 2}, timeout=60)
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 4
 

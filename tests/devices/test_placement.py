@@ -162,7 +162,7 @@ def test_partitions_on_separate_cpu_devices_generate_the_same(tiny_export):
             model_dir=folder, num_threads=1, block_size=4, num_device_blocks=16, num_host_blocks=0, devices=devices
         )
         with Engine(config) as engine:
-            assert [d.label for d in engine.core.runner.graphs.devices] == ["cpu", "cpu"]
+            assert [d.label for d in engine.devices] == ["cpu", "cpu"]
             (completion,) = engine.generate([[5, 6, 7]], params)
         assert completion.error is None and len(completion.token_ids) == 8
         outputs[devices] = completion.token_ids

@@ -129,7 +129,7 @@ def test_the_head_runs_only_in_steps_where_a_row_samples(exports):
     a step while a sampled request decodes, and not at all for greedy ones."""
     config = EngineConfig(model_dir=exports["on"], num_threads=1, block_size=4, num_device_blocks=64, num_host_blocks=0)
     with Engine(config) as eng:
-        head = eng.runner.graphs.head
+        head = eng.core.runner.graphs.head
         assert head is not None
         greedy = eng.generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=6, ignore_eos=True))
         assert [len(c.token_ids) for c in greedy] == [6, 6] and head.num_runs == 0
