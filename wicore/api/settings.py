@@ -22,6 +22,9 @@ class ServerSettings:
     body_timeout_seconds: float = 30.0  # the whole request body must arrive within this (slow-drip uploads)
     images: ImageSettings = field(default_factory=ImageSettings)  # limits of image inputs (wicore.api.images)
     web: bool = True  # the page at / (wicore.api.web); /v1/ws stays either way
+    # A chat template (jinja source) that replaces the model's (--chat-template FILE); None: the
+    # model's own, and chat requests are refused where the model has none (a base model).
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.rate_limit_rpm < 0 or (self.max_body_bytes is not None and self.max_body_bytes < 1):
