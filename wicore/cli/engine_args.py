@@ -20,7 +20,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="tokens a KV block (default 16; a paged-attention export: 64-256, as its kernels need)",
     )
-    p.add_argument("--kv-pool-gb", type=float, default=1.0, help="tier 0 (device) KV pool")
+    p.add_argument(
+        "--kv-pool-gb",
+        type=float,
+        default=None,
+        help="tier 0 (device) KV pool, GiB (default: what one sequence of the model's whole context needs, at least 1)",
+    )
     p.add_argument("--host-tier-gb", type=float, default=1.0, help="tier 1 (host RAM) KV blocks")
     p.add_argument("--nvme-tier-gb", type=float, default=0.0, help="tier 2 (NVMe file) KV blocks")
     p.add_argument("--nvme-dir", type=Path, default=None)
@@ -32,7 +37,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "up to this many tokens of its batch's blocks into stage buffers (taken from --kv-pool-gb); exact, slower "
         "(0: off; export with --partitions so each partition holds one full-attention layer)",
     )
-    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=64,
+        help="sequences one step runs at most; each reserves sliding-window KV blocks in the pool (default: %(default)s)",
+    )
     p.add_argument("--max-batched-tokens", type=int, default=2048, help="tokens one step may run (decodes first)")
     p.add_argument(
         "--prefill-with-decodes",
@@ -71,7 +81,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             model_dir=model_dir,
             num_threads=args.threads,
             block_size=args.block_size,
-            kv_pool_gb=args.kv_pool_gb,
+            kv_pool_gb=args.kv_pool_gb if args.kv_pool_gb is not None else default_kv_pool_gb(args, model_dir),
             host_tier_gb=args.host_tier_gb,
             nvme_tier_gb=args.nvme_tier_gb,
             nvme_dir=args.nvme_dir,
@@ -93,6 +103,17 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
         )
     except (ValueError, TypeError) as exc:
         raise RequestError(str(exc)) from exc
+
+
+def default_kv_pool_gb(args: argparse.Namespace, model_dir: Path) -> float:
+    """--kv-pool-gb when not given: room for one sequence of the model's (or --max-context's) whole context."""
+    from wicore.graph.manifest import Manifest
+    from wicore.runtime.kv_layout import KVLayout, choose_block_size, default_pool_gb
+
+    manifest = Manifest.read(model_dir)
+    context = min(manifest.config.max_position_embeddings, args.max_context or manifest.config.max_position_embeddings)
+    layout = KVLayout.of(manifest, choose_block_size(manifest, args.block_size))
+    return default_pool_gb(layout, context, args.prefill_chunk, args.max_num_seqs)
 
 
 def read_text(path: Path) -> str:
