@@ -26,6 +26,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         "base model), a .gguf file, a Hugging Face folder (these three exported once into the cache), or an exported "
         "folder (default: %(default)s)",
     )
+    p.add_argument(
+        "model_arg", nargs="?", default=None, metavar="MODEL", help="the model to serve, as --model takes (wins over it)"
+    )
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the --model name)")
     p.add_argument(
         "--chat-template",
@@ -145,6 +148,8 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
         raise RequestError(
             f"the HTTP server needs {exc.name}: pip install '.[cpu]' in the WiCore checkout (starlette, hypercorn)"
         ) from exc
+    if getattr(args, "model_arg", None):  # `wicore serve x.gguf`
+        args.model = args.model_arg
     keys = api_keys(args, read_key_file)
     chat_template = read_chat_template(args.chat_template)
     onnxruntime()  # fail early, with the extras to install, before any export
