@@ -110,26 +110,26 @@ class KVLayout:
         return max(full, window) * self.block_bytes(FULL) + window * self.block_bytes(WINDOW)
 
     def one_sequence_bytes(self, tokens: int, prefill_chunk: int, max_num_seqs: int) -> int:
-        """The smallest device pool (`--kv-pool-gb`) whose `plan_tiers` split holds one sequence of
-        `tokens` while the window group is sized for `max_num_seqs` sequences: what a long prompt
-        needs, where `pool_bytes` sizes every one of `max_num_seqs` sequences.
+        """The smallest device pool (`--kv-pool-gb`) whose `split` holds one sequence of `tokens`
+        while the window group is sized for `max_num_seqs` sequences: what a long prompt needs,
+        where `pool_bytes` sizes every one of `max_num_seqs` sequences.
 
-        The window group takes an even split of the pool up to its need (`split`), so below that
-        need each byte of full blocks brings a byte's worth of window blocks along:
-
-            full blocks F = sequence_blocks(tokens) + 1 (the sink), window blocks W >= one sequence's
-            W_need = max_num_seqs * window_blocks_per_sequence + 1
-            max(F, W) < W_need:  max(F, W) * (full + window block bytes)
-            else:                pool_bytes' max(F, W_need) * full + W_need * window block bytes
+        The window group takes an even split of the pool up to its need, so below that need
+        window blocks come along with the full ones. The pool is F full blocks (the sequence's and
+        the sink) and w window blocks, for the fewest w >= one sequence's window blocks whose
+        `split` gives back at least F full blocks.
         """
         full = self.sequence_blocks(tokens) + 1
         if not self.has_window:
             return full * self.block_bytes(FULL)
-        window = min(self.sequence_blocks(tokens), self.window_blocks_per_sequence(prefill_chunk)) + 1
         need = max_num_seqs * self.window_blocks_per_sequence(prefill_chunk) + 1
-        if max(full, window) < need:
-            return max(full, window) * (self.block_bytes(FULL) + self.block_bytes(WINDOW))
-        return max(full, need) * self.block_bytes(FULL) + need * self.block_bytes(WINDOW)
+        least = min(self.sequence_blocks(tokens), self.window_blocks_per_sequence(prefill_chunk)) + 1
+        for window in range(least, need):
+            num_bytes = full * self.block_bytes(FULL) + window * self.block_bytes(WINDOW)
+            got_full, got_window = self.split(num_bytes, need)
+            if got_full >= full and got_window >= least:
+                return num_bytes
+        return full * self.block_bytes(FULL) + need * self.block_bytes(WINDOW)  # always holds it (least <= need)
 
     def split(self, num_bytes: float, window_need: int) -> tuple[int, int]:
         """(full, window) blocks from a byte budget: the window group takes at most
