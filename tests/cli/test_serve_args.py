@@ -156,3 +156,16 @@ def test_wicore_serve_a_gguf_path(serve_cache):
         proc.terminate()
         proc.wait(timeout=60)
     assert len(list((serve_cache / "models").glob(f"{gguf.stem}-*-ort-quant"))) == 1  # exported once, on a CPU as ort-quant
+
+
+@pytest.mark.slow
+def test_the_default_pool_holds_the_models_whole_context(gemma_270m):
+    """1 GiB capped the 270M at 29,136 of its 32,768 tokens; the default is sized for one whole sequence."""
+    from wicore.cli.engine_args import engine_config
+    from wicore.runtime.engine import Engine
+
+    folder = gemma_270m(1)
+    config = engine_config(parse_command_line(["serve", "--model", str(folder), "--threads", "2"]), folder)
+    assert config.kv_pool_gb == 1.13
+    with Engine(config) as engine:
+        assert engine.max_sequence_tokens == 32768 == engine.manifest.config.max_position_embeddings

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from wicore.cli.speculative_args import add_speculative_args, speculative_config
@@ -77,11 +78,11 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
         weights = [float(w) for w in str(args.a2cr_weights).split(",")]
         if len(weights) != 3:
             raise ValueError(f"--a2cr-weights {args.a2cr_weights!r}: give three numbers, attention,frequency,recency")
-        return EngineConfig(
+        config = EngineConfig(
             model_dir=model_dir,
             num_threads=args.threads,
             block_size=args.block_size,
-            kv_pool_gb=args.kv_pool_gb if args.kv_pool_gb is not None else default_kv_pool_gb(args, model_dir),
+            kv_pool_gb=args.kv_pool_gb if args.kv_pool_gb is not None else 1.0,
             host_tier_gb=args.host_tier_gb,
             nvme_tier_gb=args.nvme_tier_gb,
             nvme_dir=args.nvme_dir,
@@ -103,6 +104,9 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
         )
     except (ValueError, TypeError) as exc:
         raise RequestError(str(exc)) from exc
+    if args.kv_pool_gb is None:  # the flags are valid: size the pool for the model
+        return dataclasses.replace(config, kv_pool_gb=default_kv_pool_gb(args, model_dir))
+    return config
 
 
 def default_kv_pool_gb(args: argparse.Namespace, model_dir: Path) -> float:
