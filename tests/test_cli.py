@@ -117,9 +117,12 @@ def test_engine_flags_reach_the_engine_config_and_bad_ones_are_named(tmp_path):
             "64",
             "--kv-stream-tokens",
             "4096",
+            "--kv-pool-gb",
+            "2",
         ]
     )
     config = engine_config(args, tmp_path)
+    assert config.kv_pool_gb == 2
     assert (config.a2cr.w_attention, config.a2cr.w_frequency, config.a2cr.w_recency, config.a2cr.decay) == (0.2, 0.5, 0.3, 0.1)
     assert config.kv_stream_tokens == 4096
     sched = config.scheduler

@@ -21,6 +21,7 @@ import pytest
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread, free_port
 from wicore.engine.engine import Engine, EngineConfig
+from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE  # the packaged base model chats through it (--chat-template)
 
 
 @dataclass
@@ -75,7 +76,9 @@ def multimodal_server(tiny_multimodal) -> Iterator[Callable[..., Served]]:
 @pytest.fixture(scope="module")
 def gemma_server(gemma_270m) -> Iterator[Served]:
     # A small device pool (1,520 tokens) so that the context-limit tests run short prompts.
-    served = start(gemma_270m(1), ServerSettings(model_name="gemma3-270m"), num_device_blocks=96)
+    served = start(
+        gemma_270m(1), ServerSettings(model_name="gemma3-270m", chat_template=GEMMA3_CHAT_TEMPLATE), num_device_blocks=96
+    )
     yield served
     served.server.stop()
     served.engine.stop()
@@ -87,7 +90,10 @@ def small_gemma_server(gemma_270m) -> Iterator[Served]:
     from wicore.engine.scheduler import SchedulerConfig
 
     served = start(
-        gemma_270m(1), ServerSettings(model_name="gemma3-270m"), num_device_blocks=32, scheduler=SchedulerConfig(max_context=64)
+        gemma_270m(1),
+        ServerSettings(model_name="gemma3-270m", chat_template=GEMMA3_CHAT_TEMPLATE),
+        num_device_blocks=32,
+        scheduler=SchedulerConfig(max_context=64),
     )
     yield served
     served.server.stop()

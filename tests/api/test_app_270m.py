@@ -16,6 +16,7 @@ from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.scheduler import SchedulerConfig
+from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE  # the packaged base model chats through it (--chat-template)
 from wicore.types.outputs import RequestOutput
 from wicore.types.sampling import SamplingParams
 
@@ -175,7 +176,7 @@ def test_a_full_waiting_queue_is_503_and_queues_none_of_the_choices(gemma_270m):
     )
     with Engine(config) as engine:  # not started yet: what is queued stays waiting
         blocker = engine.add_request([2, 651, 6037], SamplingParams(max_tokens=1))
-        server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL))).start()
+        server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL, chat_template=GEMMA3_CHAT_TEMPLATE))).start()
         try:
             r = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "Hello", "n": 2})
             assert assert_openai_error(r, 503)["code"] == "overloaded" and r.headers["retry-after"] == "1"
@@ -463,7 +464,7 @@ class FailingEngine:
 def failing(gemma_server):
     """(the engine wrapper, the URL of the real app in front of it): a second server on the same engine."""
     engine = FailingEngine(gemma_server.engine, gemma_server.engine.tokenizer.encode("Once upon a time"))
-    server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL))).start()  # type: ignore[arg-type]
+    server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL, chat_template=GEMMA3_CHAT_TEMPLATE))).start()  # type: ignore[arg-type]
     yield engine, server.url
     server.stop()
 
@@ -539,7 +540,7 @@ def test_priority_from_the_api_orders_queued_requests(gemma_270m):
             scheduler=SchedulerConfig(max_num_seqs=1, aging_seconds=0),
         )
     )
-    server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL))).start()
+    server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL, chat_template=GEMMA3_CHAT_TEMPLATE))).start()
     api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
     order: list[str] = []
     lock = threading.Lock()
@@ -580,7 +581,9 @@ def test_a_request_the_queue_can_never_hold_is_a_400_and_admits_nothing(gemma_se
 def test_a_stream_cut_by_shutdown_ends_with_an_error_event_and_done(gemma_server):
     """A second server on the same engine, 2 s of grace: a long stream still open when the grace
     runs out gets a 503 error event and [DONE] (not a silent close), and its request is aborted."""
-    server = ServerThread(create_app(gemma_server.engine, ServerSettings(model_name=MODEL)), grace_seconds=2.0).start()
+    server = ServerThread(
+        create_app(gemma_server.engine, ServerSettings(model_name=MODEL, chat_template=GEMMA3_CHAT_TEMPLATE)), grace_seconds=2.0
+    ).start()
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0, "stream": True}
     stopper = threading.Thread(target=server.stop)
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:

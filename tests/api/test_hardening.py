@@ -66,6 +66,9 @@ def test_wrong_keys_are_rate_limited_per_address_and_the_right_key_still_works(k
     assert statuses[:10] == [401] * 10 and statuses[10:] == [429] * 4
     limited = httpx.get(url, headers={"authorization": "Bearer guess-x"})
     assert int(limited.headers["retry-after"]) >= 1
+    error = limited.json()["error"]  # not "rate limit": no rate limit is set; it is the failed-key lockout
+    assert error["code"] == "failed_key_lockout"
+    assert error["message"].startswith("failed-key lockout: too many wrong or missing API keys from this address: retry in ")
     assert httpx.get(url, headers={"authorization": "Bearer right-key"}).status_code == 200
 
 

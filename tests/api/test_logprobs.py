@@ -9,13 +9,11 @@ VOCAB = {0: "<eos>", 1: "▁Paris", 2: "<0xE2>", 3: "▁is", 4: "."}
 
 
 class Vocabulary:
-    """The two Tokenizer methods the formatter uses, over a five-token vocabulary."""
+    """The Tokenizer method the formatter uses, over a five-token vocabulary (SentencePiece's byte fallback)."""
 
-    def id_to_token(self, token_id: int) -> str | None:
-        return VOCAB.get(token_id)
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return "".join(VOCAB[i].replace("▁", " ") for i in ids)
+    def token_bytes(self, token_id: int) -> bytes:
+        piece = VOCAB[token_id]
+        return bytes([int(piece[3:5], 16)]) if piece.startswith("<0x") else piece.replace("▁", " ").encode()
 
 
 def lp(token_id: int, logprob: float, *top: tuple[int, float]) -> Logprobs:

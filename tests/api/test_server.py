@@ -120,3 +120,52 @@ def test_serve_refuses_an_nvme_dir_that_cannot_hold_the_tier_in_one_line(tiny_ex
     assert expected in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nvme"]
     assert nvme_dir.is_file() or list(nvme_dir.iterdir()) == []
+
+
+def test_ctrl_c_closes_an_idle_websocket_and_exits_at_once(tiny_export, launch):
+    """The page's idle /v1/ws used to count as in flight: Ctrl-C waited the whole grace period."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    proc, url = launch(tiny_export()[0], "--grace-seconds", "30")
+    try:
+        with connect(url.replace("http", "ws") + "/v1/ws", open_timeout=10) as ws:
+            ws.send(json.dumps({"type": "poem", "id": "x"}))  # the socket is open and answering
+            assert json.loads(ws.recv(timeout=10))["id"] == "x"
+            started = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001  # going away
+            assert proc.wait(timeout=10) == 0
+            elapsed = time.monotonic() - started
+        log = proc.stdout.read()
+    finally:
+        proc.kill()
+    assert elapsed < 3.0, elapsed
+    assert "wicore: Ctrl-C: shutting down, draining: nothing is generating; press Ctrl-C again to quit now" in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_quits_while_a_request_generates(gemma_270m, launch):
+    proc, url = launch(gemma_270m(1), "--grace-seconds", "60", "--kv-pool-gb", "0.1")
+    body = {"model": "gemma3-270m-p1", "prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            while not next(lines).startswith("data: {"):  # tokens are coming
+                pass
+            proc.send_signal(signal.SIGINT)
+            time.sleep(1.0)
+            assert proc.poll() is None  # draining: the stream goes on
+            started = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=5) == 130
+            elapsed = time.monotonic() - started
+        log = proc.stdout.read()
+    finally:
+        proc.kill()
+    assert elapsed < 1.0, elapsed
+    assert "draining: 1 request(s) still generating get up to 60 s (--grace-seconds)" in log
+    assert "wicore: Ctrl-C again: quitting now" in log

@@ -83,7 +83,7 @@ def test_only_the_page_files_are_served(open_server):
 
 def test_the_page_config_says_the_model_and_needs_the_key(open_server, locked_server):
     config = httpx.get(f"{open_server.url}/web/config.json").json()
-    assert config == {"model": "tiny", "images": False, "max_context": open_server.engine.max_sequence_tokens}
+    assert config == {"model": "tiny", "images": False, "chat": False, "max_context": open_server.engine.max_sequence_tokens}
     assert httpx.get(f"{locked_server.url}/web/config.json").status_code == 401
     assert httpx.get(f"{locked_server.url}/").status_code == 200  # the page itself asks for the key
     r = httpx.get(f"{locked_server.url}/web/config.json", headers={"Authorization": "Bearer secret-1"})

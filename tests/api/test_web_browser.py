@@ -1,6 +1,7 @@
 """The page in a real headless Chromium, from a real `wicore serve --api-key` on the Gemma 3 270M:
 the key dialog, a greedy reply streamed over /v1/ws equal to the HTTP API's, stop on a long
-reply (0 referenced blocks after), the engine view. Screenshots go to tmp_path, and to
+reply (0 referenced blocks after), the engine view; the same base model without a chat template
+(text continuation) and the failed-key lockout. Screenshots go to tmp_path, and to
 $WICORE_SCREENSHOTS when set (`WICORE_SCREENSHOTS=docs python -m pytest tests/api/test_web_browser.py`
 renews the ones in docs/).
 
@@ -58,8 +59,12 @@ def wait_idle(url: str) -> dict:
 
 
 @pytest.fixture
-def served(gemma_270m, launch):
-    proc, url = launch(gemma_270m(1), "--api-key", KEY)
+def served(gemma_270m, launch, tmp_path):
+    from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE
+
+    template = tmp_path / "gemma3.jinja"  # the packaged model is a base model: it chats through a given template
+    template.write_text(GEMMA3_CHAT_TEMPLATE, encoding="utf-8")
+    proc, url = launch(gemma_270m(1), "--api-key", KEY, "--chat-template", str(template))
     yield url
     proc.terminate()
     proc.wait(timeout=60)
@@ -121,6 +126,16 @@ def test_chat_stop_and_engine_view_in_chromium(served, tmp_path):
         assert stats["blocks_referenced"] == {"device": 0, "host": 0, "nvme": 0}
         save(browser, tmp_path, "web-chat.png")
 
+        # Many long replies scroll inside the messages; the page itself never gets a second scrollbar.
+        browser.js(
+            "(() => { const m = document.getElementById('messages'); for (let i = 0; i < 40; i++) {"
+            " const d = document.createElement('div'); d.className = 'msg assistant';"
+            " d.textContent = 'a long reply '.repeat(60); m.appendChild(d); } })()"
+        )
+        overflow = "[document.documentElement.scrollHeight - innerHeight, (e => e.scrollHeight - e.clientHeight)(messages)]"
+        page, inner = browser.js(overflow.replace("messages)", "document.getElementById('messages'))"))
+        assert page <= 0 < inner, (page, inner)
+
         # Back on the engine view, idle: its tiles are the engine's numbers.
         browser.click("#tab-engine")
         browser.wait("document.querySelector('#tiles .tile[data-name=running] .value')?.textContent === '0'")
@@ -166,6 +181,43 @@ def test_an_uploaded_image_goes_with_the_prompt(tiny_multimodal, launch, tmp_pat
             expected = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
             assert reply(browser)[0] == expected["choices"][0]["message"]["content"] != ""
             assert browser.js("window.cspViolations") == [] and browser.console_errors() == []
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_a_base_model_page_continues_text_and_the_key_lockout_shows_the_dialog(gemma_270m, launch, tmp_path):
+    """The packaged 270M without --chat-template: the page offers continuation, not a chat. Before
+    that, wrong keys until the failed-key lockout: the dialog stays up and says it is the lockout."""
+    proc, url = launch(gemma_270m(1), "--api-key", KEY)
+    try:
+        with Chromium.launch(tmp_path / "profile") as browser:
+            browser.open(f"{url}/")
+            for attempt in range(11):  # the keyless first load and 9 wrong keys fail; then the lockout's 429s
+                browser.wait("document.getElementById('key-dialog').open")
+                browser.type("#key-input", f"wrong-{attempt}")
+                browser.click("#key-form button")  # closes the dialog; the answer opens it again
+            lockout = "document.getElementById('key-error').textContent.startsWith('failed-key lockout')"
+            browser.wait(f"document.getElementById('key-dialog').open && {lockout}")  # the dialog, saying why
+            assert browser.js("document.getElementById('status').dataset.state") != "error"
+            save(browser, tmp_path, "web-lockout.png")
+            browser.type("#key-input", KEY)  # the right key still works during the lockout
+            browser.click("#key-form button")
+            browser.wait("document.getElementById('status').textContent === 'connected'")
+
+            # A base model: the composer asks for text to continue, and the reply is the completion's.
+            assert browser.js("document.getElementById('send').textContent") == "Continue"
+            assert browser.js("document.getElementById('prompt').placeholder") == "Text to continue"
+            assert "is a base model (no chat template)" in browser.js("document.getElementById('empty').textContent")
+            browser.set_value("#max-tokens", "8")
+            browser.type("#prompt", "The capital of France is")
+            browser.click("#send")
+            browser.wait(f"document.querySelector({json.dumps(REPLY)})?.dataset.state === 'done'")
+            body = {"prompt": "The capital of France is", "temperature": 0, "top_p": 0.95, "max_tokens": 8}
+            expected = httpx.post(f"{url}/v1/completions", json=body, headers=AUTH, timeout=120).json()
+            assert reply(browser)[0] == expected["choices"][0]["text"] != ""
+            save(browser, tmp_path, "web-continuation.png")
+            assert browser.js("window.cspViolations") == []
     finally:
         proc.terminate()
         proc.wait(timeout=60)

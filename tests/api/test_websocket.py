@@ -72,8 +72,9 @@ def test_bad_messages_get_error_frames_and_the_socket_goes_on(open_server):
         assert error(ask(ws, "[" * 3000)) == (None, 400, None, "invalid_json")
         assert error(ask(ws, b"\x00binary")) == (None, 400, None, "invalid_message")
         assert error(ask(ws, [1])) == (None, 400, "type", "invalid_message")
-        assert error(ask(ws, {"type": "poem", "id": "a"})) == (None, 400, "type", "invalid_message")
-        assert error(ask(ws, {"type": ["chat"], "id": "a"})) == (None, 400, "type", "invalid_message")
+        assert error(ask(ws, {"type": "poem", "id": "a"})) == ("a", 400, "type", "invalid_message")  # its id kept
+        assert error(ask(ws, {"type": "poem", "id": ""})) == (None, 400, "type", "invalid_message")  # not an id
+        assert error(ask(ws, {"type": ["chat"], "id": "a"})) == ("a", 400, "type", "invalid_message")
         assert error(ask(ws, {"type": "chat", "body": {}})) == (None, 400, "id", "invalid_message")
         assert error(ask(ws, {"type": "chat", "id": "", "body": {}})) == (None, 400, "id", "invalid_message")
         assert error(ask(ws, {"type": "cancel", "id": "never-sent"})) == ("never-sent", 404, "id", "not_running")

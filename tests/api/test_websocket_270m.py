@@ -14,6 +14,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
+from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE  # the packaged base model chats through it (--chat-template)
 
 pytestmark = pytest.mark.slow
 
@@ -137,7 +138,10 @@ def test_bad_messages_mid_stream_get_error_frames_and_the_stream_goes_on(gemma_s
 def test_a_stream_cut_by_shutdown_ends_with_a_503_error_frame(gemma_server):
     """A second server on the same engine, 2 s of grace: a request still running when the grace
     runs out gets a 503 error frame (not a silent close), and is aborted in the engine."""
-    server = ServerThread(create_app(gemma_server.engine, ServerSettings(model_name="gemma3-270m")), grace_seconds=2.0).start()
+    server = ServerThread(
+        create_app(gemma_server.engine, ServerSettings(model_name="gemma3-270m", chat_template=GEMMA3_CHAT_TEMPLATE)),
+        grace_seconds=2.0,
+    ).start()
     stopper = threading.Thread(target=server.stop)
     with connect(server.url.replace("http://", "ws://") + "/v1/ws", open_timeout=10) as ws:
         send(ws, "completion", "a", {**LONG, "max_tokens": 1000})

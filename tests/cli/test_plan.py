@@ -149,3 +149,24 @@ def test_bad_input_is_refused_with_exit_2(gemma3_27b, capsys, args, config, mess
     code, _, err = plan(capsys, "--model", str(gemma3_27b), "--budget-gb", "80", *args)
     assert code == 2
     assert message in err and err.startswith("wicore: error: ")
+
+
+def test_plan_for_a_gpu_on_a_cpu_only_install(tiny_export, capsys):
+    """plan loads nothing: a device this ONNX Runtime build lacks is planned too (its memory from --budget-gb)."""
+    from wicore.devices.providers import installed_providers
+
+    if "CUDAExecutionProvider" in installed_providers():
+        pytest.skip("this ONNX Runtime has the CUDA EP")
+    folder, _ = tiny_export(1)
+    code, lines, err = plan(capsys, "--model", str(folder), "--devices", "cuda:0", "--budget-gb", "1", "--block-size", "4")
+    assert code == 0, err
+    assert lines[1].split()[2] == "cuda:0"
+
+
+def test_a_missing_model_says_plan_also_takes_a_config_json(tmp_path, capsys):
+    code, _, err = plan(capsys, "--model", str(tmp_path / "nowhere"), "--budget-gb", "1")
+    assert code == 2
+    assert err == (
+        f"wicore: error: --model {tmp_path / 'nowhere'}: no such file or folder; wicore plan takes an exported model, "
+        "a named one, a .gguf file, or a checkpoint's config.json alone (the file, or the Hugging Face folder holding it)\n"
+    )

@@ -96,6 +96,11 @@ MIXED = [
     SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, logprobs=2, seed=8),  # logprobs: logits
     SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, presence_penalty=1.0, seed=9),
     SamplingParams(max_tokens=12, ignore_eos=True),  # greedy
+    # min-p, repetition penalty and logit bias are the host sampler's (the head draws without them)
+    SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.3, min_p=0.6, seed=10),
+    SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.9, repetition_penalty=1.5, seed=11),
+    SamplingParams(max_tokens=12, ignore_eos=True, temperature=1.0, logit_bias=((7, 100.0),), seed=12),  # forced to 7
+    SamplingParams(max_tokens=12, ignore_eos=True, logit_bias=((5, 100.0),)),  # greedy, forced to token 5
 ]
 
 
@@ -122,6 +127,8 @@ def test_an_engine_on_the_head_generates_what_the_host_sampler_generates(exports
             outputs[head] = [[t for out in eng.outputs(i) for t in out.new_token_ids] for i in ids]
     assert all(len(tokens) == 12 for tokens in outputs["on"])
     assert outputs["on"] == outputs["off"]
+    if len(batch) == len(MIXED):
+        assert outputs["on"][-2:] == [[7] * 12, [5] * 12]
 
 
 def test_the_head_runs_only_in_steps_where_a_row_samples(exports):

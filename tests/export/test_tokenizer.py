@@ -127,6 +127,7 @@ def test_export_writes_files_and_info(exported: tuple[Path, TokenizerInfo], hf: 
     assert info.pad_token_id == vocab["<pad>"] == 0
     assert info.add_bos is True
     assert info.chat_template == GEMMA3_CHAT_TEMPLATE  # the GGUF has none: Gemma's is shipped
+    assert info.has_chat_template is False  # ... as a stand-in: a server treats it as a base model
     config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
     assert config["chat_template"] == GEMMA3_CHAT_TEMPLATE
     assert config["add_bos_token"] is True
@@ -143,6 +144,11 @@ def test_exported_tokenizer_json_equals_transformers(exported: tuple[Path, Token
 def test_info_dict_round_trip(info: TokenizerInfo) -> None:
     data = json.loads(json.dumps(info.to_dict()))
     assert TokenizerInfo.from_dict(data) == info
+
+
+def test_manifests_written_before_the_flag_keep_chat() -> None:
+    old = {"files": ["tokenizer.json"], "bos_token_id": 2, "eos_token_ids": [1], "pad_token_id": 0, "add_bos": True}
+    assert TokenizerInfo.from_dict({**old, "chat_template": "x"}).has_chat_template is True
 
 
 def test_missing_gguf_raises(tmp_path: Path) -> None:
@@ -185,10 +191,12 @@ def test_export_from_hf_folder_uses_its_template(exported: tuple[Path, Tokenizer
     template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     folder = _hf_folder(exported, tmp_path / "hf", chat_template=template)
     info = export_tokenizer_from_hf(folder, tmp_path / "out")
-    assert info is not None and info.chat_template == template
+    assert info is not None and info.chat_template == template and info.has_chat_template is True
     tok = Tokenizer(tmp_path / "out", info)
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     assert tok.apply_chat_template(messages) == "[user] hi\n[assistant] yo\n"
+    other = "{% for m in messages %}<{{ m['role'] }}>{% endfor %}"  # a server's --chat-template replaces it
+    assert tok.apply_chat_template(messages, chat_template=other) == "<user><assistant>"
 
 
 def test_export_from_hf_folder_without_tokenizer_is_none(tmp_path: Path) -> None:

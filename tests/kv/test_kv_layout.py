@@ -57,3 +57,37 @@ def test_block_counts_given_apply_to_both_groups(window_override):
 def test_a_model_without_sliding_layers_has_one_group():
     layout = KVLayout(full_layers=(0, 1), window_layers=(), window=512, block_size=16, layer_block_bytes=1024)
     assert layout.split(10 * 2048, window_need=5) == (10, 0)
+
+
+def test_one_sequence_of_the_270ms_context_and_what_max_num_seqs_costs():
+    """One sequence of the whole context needs 1.13 GiB; the old advice sized 64 of them (13.44 GiB)."""
+    from wicore.kv.layout import context_advice, default_pool_gb, pool_gb_flag
+
+    assert pool_gb_flag(LAYOUT.one_sequence_bytes(32768, 256, 64)) == "1.13"
+    assert pool_gb_flag(LAYOUT.one_sequence_bytes(32768, 256, 1)) == "0.22"
+    assert context_advice(LAYOUT, 32768, 256, 64) == (
+        "--kv-pool-gb 1.13 holds one sequence of 32768 tokens beside the sliding-window blocks --max-num-seqs 64 "
+        "reserves (--max-num-seqs 1: --kv-pool-gb 0.22); 64 such sequences at once take --kv-pool-gb 13.44"
+    )
+    assert default_pool_gb(LAYOUT, 32768, 256, 64) == 1.13  # the 1 GiB default held 29,136 tokens
+    assert default_pool_gb(LAYOUT, 2048, 256, 64) == 1.0  # at least 1 GiB
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 4, 64])
+@pytest.mark.parametrize("tokens", [100, 8192, 32768])
+def test_one_sequence_bytes_is_the_least_pool_that_holds_the_sequence(max_num_seqs, tokens):
+    """plan_tiers, given that many bytes, holds the sequence's full blocks and its window blocks;
+    a block's bytes fewer, it does not."""
+    full = LAYOUT.sequence_blocks(tokens) + 1
+    window = min(LAYOUT.sequence_blocks(tokens), LAYOUT.window_blocks_per_sequence(256)) + 1
+
+    def holds(num_bytes: int) -> bool:
+        config = EngineConfig(
+            model_dir="unused", kv_pool_gb=num_bytes / GIB, scheduler=SchedulerConfig(max_num_seqs=max_num_seqs)
+        )
+        device = plan_tiers(config, LAYOUT)[Tier.DEVICE]
+        return device.full >= full and device.window >= window
+
+    least = LAYOUT.one_sequence_bytes(tokens, 256, max_num_seqs)
+    assert holds(least)
+    assert not holds(least - LAYOUT.block_bytes(FULL)) and not holds(least - LAYOUT.block_bytes(WINDOW))

@@ -24,6 +24,7 @@ import pytest
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread, free_port
 from wicore.engine.engine import Engine, EngineConfig
+from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE
 
 pytest.importorskip("ray.serve", reason="the Ray Serve tests need the wicore[ray] extra")
 pytestmark = pytest.mark.slow
@@ -76,7 +77,7 @@ def reference_texts(model_dir: Path) -> list[str]:
     """The 16 answers of one plain `wicore serve` (the same app on one Engine), taken first, so the
     cluster does not share the cores with it."""
     engine = Engine(EngineConfig(model_dir=model_dir, num_threads=2, verify_files=False, kv_pool_gb=0.25)).start()
-    server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL))).start()
+    server = ServerThread(create_app(engine, ServerSettings(model_name=MODEL, chat_template=GEMMA3_CHAT_TEMPLATE))).start()
     try:
         return asyncio.run(ask_all(server.url))
     finally:
@@ -85,12 +86,14 @@ def reference_texts(model_dir: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def cluster(model_dir: Path, reference_texts: list[str]) -> Iterator[str]:
+def cluster(model_dir: Path, reference_texts: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`wicore serve --replicas 2` in a subprocess (its own local Ray cluster); its URL."""
     port = free_port()
+    template = tmp_path_factory.mktemp("template") / "gemma3.jinja"  # the packaged base model chats through it
+    template.write_text(GEMMA3_CHAT_TEMPLATE, encoding="utf-8")
     command = [sys.executable, "-m", "wicore.cli", "serve", "--model", str(model_dir), "--port", str(port)]
     command += ["--replicas", "2", "--threads", "1", "--kv-pool-gb", "0.25", "--host-tier-gb", "0.1"]
-    command += ["--served-model-name", MODEL]
+    command += ["--served-model-name", MODEL, "--chat-template", str(template)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Hashable
@@ -37,6 +38,7 @@ from wicore.api.schemas import Options, parse_chat, parse_completion
 from wicore.api.serving import ServingEngine
 from wicore.api.settings import ServerSettings
 from wicore.api.streaming import EventStream, Streams, chunks, event_stream, merge
+from wicore.api.tokenize import parse_detokenize, parse_tokenize
 from wicore.api.web import WebPage
 from wicore.errors import WiCoreError
 from wicore.executor.vision import NO_VISION
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
     from wicore.inputs.tokenizer import Tokenizer
 
 T = TypeVar("T")
+log = logging.getLogger("wicore.api")
+FAILED_KEY_LOCKOUT = "failed_key_lockout"  # the code of the 429 after too many failed keys from one address
 
 
 class API:
@@ -55,9 +59,15 @@ class API:
         self.settings = settings
         self.auth = Authenticator(settings.api_keys)
         self.limiter = RateLimiter(settings.rate_limit_rpm, settings.rate_limit_burst) if settings.rate_limit_rpm else None
-        self.failed_auth = RateLimiter(settings.failed_auth_per_minute, burst=10)
+        self.failed_auth = RateLimiter(
+            settings.failed_auth_per_minute,
+            burst=10,
+            reason="failed-key lockout: too many wrong or missing API keys from this address",
+            code=FAILED_KEY_LOCKOUT,
+        )
         self.metrics = Metrics()
         self.streams = Streams()  # open event streams, cut by a shutdown (wicore/api/server.py)
+        self.sockets = websocket.OpenSockets()  # open /v1/ws sockets, closed when idle by a shutdown
         self.created = int(time.time())
         self.body_limit = settings.body_limit(engine.vision is not None, engine.max_sequence_tokens)
         self.in_flight = InFlight(settings.requests_per_connection(engine.max_waiting))  # one client's share
@@ -126,16 +136,48 @@ class API:
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    async def models(self, request: Request) -> Response:
-        self.guard(request)
-        card = {
+    def model_card(self) -> dict[str, Any]:
+        return {
             "id": self.settings.model_name,
             "object": "model",
             "created": self.created,
             "owned_by": "wicore",
             "max_model_len": self.engine.max_sequence_tokens,  # what this server accepts: the context, or the KV pool
         }
-        return JSONResponse({"object": "list", "data": [card]})
+
+    async def models(self, request: Request) -> Response:
+        self.guard(request)
+        return JSONResponse({"object": "list", "data": [self.model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        """GET /v1/models/{id}: the model's card (the openai client's models.retrieve), or a 404."""
+        self.guard(request)
+        self._check_model(request.path_params["model_id"])
+        return JSONResponse(self.model_card())
+
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's /tokenize (wicore.api.tokenize)."""
+        self.guard(request)
+        req = parse_tokenize(await self.read_json(request))
+        self._check_model(req.model)
+        tok = self._tokenizer()
+        if req.messages is not None:
+            ids = tok.encode(self.render_chat(req.messages, req.add_generation_prompt), add_bos=req.add_special_tokens)
+        else:
+            assert req.prompt is not None
+            ids = tok.encode(req.prompt, add_bos=req.add_special_tokens and tok.info.add_bos)
+        strs = [tok.id_to_token(i) or "" for i in ids] if req.return_token_strs else None
+        return JSONResponse(
+            {"count": len(ids), "max_model_len": self.engine.max_sequence_tokens, "tokens": ids, "token_strs": strs}
+        )
+
+    async def detokenize(self, request: Request) -> Response:
+        """vLLM's /detokenize: token ids to text (special tokens left out, as the endpoints' text)."""
+        self.guard(request)
+        tok = self._tokenizer()
+        ids, model = parse_detokenize(await self.read_json(request), tok.vocab_size)
+        self._check_model(model)
+        return JSONResponse({"prompt": tok.decode(ids)})
 
     async def stats(self, request: Request) -> Response:
         self.guard(request)
@@ -159,6 +201,16 @@ class API:
         body = await self.read_json(request)
         return JSONResponse(await until_disconnect(request, compat.inference(self, body, connection_of(request))))
 
+    @property
+    def can_chat(self) -> bool:
+        """Whether chat requests are served: the model ships a chat template, or the server was given one."""
+        if self.settings.chat_template is not None:
+            return True
+        try:
+            return self.engine.tokenizer.has_chat_template
+        except WiCoreError:  # a model exported without a tokenizer takes token ids only
+            return False
+
     # -- generation ------------------------------------------------------------------
     async def prepare(self, is_chat: bool, body: Any) -> Job:
         """A chat or completion body, checked and tokenized (its images loaded): what both the HTTP
@@ -166,26 +218,39 @@ class API:
         # Templates and tokenization run on a worker thread: a long prompt must not stall the event loop.
         if not is_chat:
             req = parse_completion(body)
-            self._check_model(req.options)
+            self._check_model(req.options.model)
             tok = self._tokenizer()
             prompts = await asyncio.to_thread(lambda: [tok.encode(p) if isinstance(p, str) else p for p in req.prompts])
             return Job(False, prompts, req.options)
         chat = parse_chat(body)
-        self._check_model(chat.options)
+        self._check_model(chat.options.model)
         images = await self.images(chat.images)
         tok = self._tokenizer()
 
         def render() -> list[int]:
             messages, literals = tok.guard_specials(chat.messages)  # message text never writes a control token
-            try:
-                prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
-            except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
-                raise from_wicore(exc, "messages") from exc
+            prompt = self.render_chat(messages)
             if images:
                 prompt = self.engine.expand_images(prompt)
             return tok.encode(prompt, add_bos=False, literals=literals)
 
         return Job(True, [await asyncio.to_thread(render)], chat.options, images)
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt text of a conversation, through the server's or the model's chat template; a 400
+        where there is none (a base model) or the template refuses the messages."""
+        if not self.can_chat:
+            raise APIError(
+                400,
+                f"the model {self.settings.model_name!r} has no chat template (a base model: it continues text): "
+                "send prompts to /v1/completions, or start the server with --chat-template FILE",
+                param="messages",
+                code="no_chat_template",
+            )
+        try:
+            return self._tokenizer().apply_chat_template(messages, add_generation_prompt, self.settings.chat_template)
+        except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
+            raise from_wicore(exc, "messages") from exc
 
     async def images(self, parts: tuple[ImagePart, ...]) -> list[ImageInput]:
         """The request's images, loaded for the model; a 400 naming the part when there is something wrong."""
@@ -278,6 +343,7 @@ class API:
         admission errors become the 400 / 503 they stand for, naming `param` for the prompt.
         `images` go with every prompt (the engine encodes each distinct image once)."""
         self._check_placeholders(prompts, images or [], param)
+        self._check_logit_bias(opts)
         num_choices = len(prompts) * opts.n
         if num_choices > self.engine.max_waiting:  # never fits: a 400, not a 503 to retry
             raise APIError(
@@ -303,6 +369,9 @@ class API:
                         logprobs=opts.logprobs,
                         speculative=opts.speculative,
                         ignore_eos=opts.ignore_eos,
+                        logit_bias=opts.logit_bias,
+                        min_p=opts.min_p,
+                        repetition_penalty=opts.repetition_penalty,
                     )
                     request_ids.append(
                         self.engine.add_request(
@@ -332,11 +401,28 @@ class API:
                     code="invalid_request",
                 )
 
-    def _check_model(self, opts: Options) -> None:
-        if opts.model is not None and opts.model != self.settings.model_name:
+    def _check_logit_bias(self, opts: Options) -> None:
+        """A 400 for a logit_bias token id past the vocabulary (OpenAI's and vLLM's check)."""
+        if not opts.logit_bias:
+            return
+        try:
+            vocab_size = self.engine.tokenizer.vocab_size
+        except WiCoreError:  # a model exported without a tokenizer: the sampler skips ids past its logits
+            return
+        outside = [token_id for token_id, _ in opts.logit_bias if token_id >= vocab_size]
+        if outside:
+            raise APIError(
+                400,
+                f"logit_bias: token id {outside[0]} is out of the vocabulary (ids 0 to {vocab_size - 1})",
+                param="logit_bias",
+                code="invalid_value",
+            )
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.settings.model_name:
             raise APIError(
                 404,
-                f"model {opts.model!r} does not exist; this server serves {self.settings.model_name!r}",
+                f"model {model!r} does not exist; this server serves {self.settings.model_name!r}",
                 param="model",
                 code="model_not_found",
             )
@@ -416,6 +502,9 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> Starlette:
     routes = [
         Route("/health", api.health, methods=["GET"]),
         Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/inference", api.inference, methods=["POST"]),

@@ -27,8 +27,12 @@ function el(tag, text, cls) { const e = document.createElement(tag); if (text !=
   if (cls) e.className = cls; return e; }
 function typeOf(s) { if (!s) return ""; if (s.oneOf) return s.oneOf.map(typeOf).join(" | ");
   if (s.type === "array") return typeOf(s.items) + "[]"; return (s.type || "object") + (s.nullable ? " | null" : ""); }
-function limits(s) { const keep = {}; for (const k of ["enum", "minimum", "maximum", "maxItems", "maxLength", "default"])
-  if (s && s[k] !== undefined) keep[k] = s[k]; return Object.keys(keep).length ? JSON.stringify(keep) : ""; }
+function limits(s) { const keep = []; for (const k of ["enum", "minimum", "maximum", "maxItems", "maxLength", "default"])
+  if (s && s[k] !== undefined) keep.push(JSON.stringify(k) + ":" + (typeof s[k] === "bigint" ? String(s[k]) : JSON.stringify(s[k])));
+  return keep.length ? "{" + keep.join(",") + "}" : ""; }
+// Integers past 2^53 (seed's 64-bit limits) as written, not rounded to the nearest double.
+function exact(key, value, context) { return typeof value === "number" && !Number.isSafeInteger(value) && context &&
+  /^-?[0-9]+$/.test(context.source) ? BigInt(context.source) : value; }
 function fields(schema) {
   const table = el("table"); const head = table.insertRow();
   for (const h of ["field", "type", "required", "limits"]) head.appendChild(el("th", h));
@@ -40,8 +44,8 @@ function fields(schema) {
   }
   return table;
 }
-fetch("/openapi.json").then(r => r.json()).then(spec => {
-  document.getElementById("title").textContent = spec.info.title + " " + spec.info.version;
+fetch("/openapi.json").then(r => r.text()).then(text => JSON.parse(text, exact)).then(spec => {
+  document.getElementById("title").textContent = spec.info.title + " (WiCore " + spec.info.version + ")";
   document.getElementById("about").textContent = spec.info.description || "";
   const root = document.getElementById("endpoints"); root.textContent = "";
   for (const [path, methods] of Object.entries(spec.paths)) for (const [method, op] of Object.entries(methods)) {

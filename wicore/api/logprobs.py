@@ -62,17 +62,21 @@ class LogprobFormatter:
         self._strings: dict[int, tuple[str, list[int]]] = {}
 
     def token(self, token_id: int) -> tuple[str, list[int]]:
-        """The token's text alone (special tokens as written) and its bytes; a byte-fallback
-        token (`<0xE2>`, part of a character) is its one byte, its text U+FFFD."""
+        """The token's text alone (special tokens as written) and its bytes (Tokenizer.token_bytes);
+        a token that is part of a character (`<0xE2>`, a byte-level piece of an emoji) has those
+        bytes and the text U+FFFD."""
         if token_id not in self._strings:
-            piece = self.tokenizer.id_to_token(token_id) or ""
-            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-                raw = bytes([int(piece[3:5], 16)])
-                self._strings[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
-            else:
-                text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-                self._strings[token_id] = (text, list(text.encode("utf-8")))
+            raw = self.tokenizer.token_bytes(token_id)
+            self._strings[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
         return self._strings[token_id]
+
+    def key(self, token_id: int) -> str:
+        """The token as completions' `tokens` and `top_logprobs` keys write it: its text, or for
+        part of a character OpenAI's `bytes:\\xe2\\x80` (two such tokens never share a key)."""
+        text, raw = self.token(token_id)
+        if "\ufffd" in text and text.encode("utf-8") != bytes(raw):
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        return text
 
     def chat(self, tokens: list[TokenLogprobs]) -> dict[str, Any]:
         content = []
@@ -88,9 +92,9 @@ class LogprobFormatter:
         out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for t in tokens:
             lp = t.logprobs
-            top = {self.token(i)[0]: _floor(v) for i, v in zip(lp.top_ids, lp.top_logprobs)}
-            top.setdefault(self.token(lp.token_id)[0], _floor(lp.logprob))
-            out["tokens"].append(self.token(lp.token_id)[0])
+            top = {self.key(i): _floor(v) for i, v in zip(lp.top_ids, lp.top_logprobs)}
+            top.setdefault(self.key(lp.token_id), _floor(lp.logprob))
+            out["tokens"].append(self.key(lp.token_id))
             out["token_logprobs"].append(_floor(lp.logprob))
             out["top_logprobs"].append(top)
             out["text_offset"].append(t.offset)

@@ -7,6 +7,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+import wicore
+
 
 def _object(required: list[str], properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"type": "object", "required": required, "properties": properties, **extra}
@@ -36,6 +38,15 @@ _COMMON: dict[str, Any] = {
     "priority": {**_STR, "enum": ["low", "normal", "high", "urgent"], "nullable": True},
     "speculative": {"type": "boolean", "nullable": True},
     "ignore_eos": {"type": "boolean", "nullable": True},
+    "logit_bias": {
+        "type": "object",
+        "nullable": True,
+        "maxProperties": 300,
+        "additionalProperties": {**_NUM, "minimum": -100, "maximum": 100},
+        "description": "token id (a string of digits) -> bias added to its logit; -100 bans it, +100 forces it",
+    },
+    "min_p": {**_NUM, "minimum": 0, "maximum": 1, "nullable": True},
+    "repetition_penalty": {**_NUM, "exclusiveMinimum": True, "minimum": 0, "maximum": 1e6, "nullable": True},
 }
 _TEXT_PART = _object(["type", "text"], {"type": {**_STR, "enum": ["text"]}, "text": _STR})
 _IMAGE_PART = _object(
@@ -179,9 +190,21 @@ def openapi_schema() -> dict[str, Any]:
         ["id", "content", "token_count", "latency_ms"], {"id": _STR, "content": _STR, "token_count": _INT, "latency_ms": _NUM}
     )
     obj = {"application/json": {"schema": {"type": "object"}}}
+    tokenize = _object(
+        [],
+        {
+            "model": _NULLABLE_STR,
+            "prompt": _NULLABLE_STR,
+            "messages": {"type": "array", "items": _MESSAGE, "nullable": True},
+            "add_special_tokens": {"type": "boolean", "nullable": True},
+            "add_generation_prompt": {"type": "boolean", "nullable": True},
+            "return_token_strs": {"type": "boolean", "nullable": True},
+        },
+    )
+    detokenize = _object(["tokens"], {"model": _NULLABLE_STR, "tokens": {"type": "array", "items": {**_INT, "minimum": 0}}})
     return {
         "openapi": "3.0.3",
-        "info": {"title": "WiCore", "version": "1", "description": "OpenAI-compatible inference API"},
+        "info": {"title": "WiCore API", "version": wicore.__version__, "description": "OpenAI-compatible inference API"},
         "paths": {
             "/v1/chat/completions": _post("Chat completion", chat, _COMPLETION_OK, _COMPLETION_ERRORS),
             "/v1/completions": _post("Text completion", completion, _COMPLETION_OK, _COMPLETION_ERRORS),
@@ -192,6 +215,22 @@ def openapi_schema() -> dict[str, Any]:
                 (400, 401, 408, 413, 415, 429, 431, 500, 503),
             ),
             "/v1/models": _get("Served models", obj),
+            "/v1/models/{model_id}": {
+                "get": {
+                    **_get("The served model's card (404 for another id)", obj)["get"],
+                    "responses": {**_get("", obj)["get"]["responses"], **_errors(404)},
+                    "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": _STR}],
+                }
+            },
+            "/tokenize": _post(
+                "Text (prompt) or a conversation (messages) to the token ids the endpoints would run (vLLM's)",
+                tokenize,
+                {"description": "ok", "content": obj},
+                (400, 401, 404, 413, 429),
+            ),
+            "/detokenize": _post(
+                "Token ids to text (vLLM's)", detokenize, {"description": "ok", "content": obj}, (400, 401, 404, 413, 429)
+            ),
             "/v1/stats": _get("Engine state", obj),
             "/metrics": _get("Prometheus metrics", {"text/plain": {"schema": _STR}}),
             "/health": _get("Liveness", obj, auth=False),

@@ -47,8 +47,18 @@ class RateLimiter:
 
     MAX_KEYS = 4096
 
-    def __init__(self, requests_per_minute: float, burst: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        requests_per_minute: float,
+        burst: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        reason: str = "rate limit reached",
+        code: str = "rate_limit_exceeded",
+    ) -> None:
+        """`reason` and `code` say which limit a 429 is (the request rate, or the failed-key lockout)."""
         self.rate = requests_per_minute / 60.0
+        self.reason = reason
+        self.code = code
         self.burst = float(burst if burst is not None else default_burst(requests_per_minute))
         self._clock = clock
         self._buckets: dict[str, TokenBucket] = {}
@@ -69,6 +79,4 @@ class RateLimiter:
             wait = bucket.take()
         if wait is not None:
             retry = max(1, math.ceil(wait))
-            raise APIError(
-                429, f"rate limit reached: retry in {retry} s", code="rate_limit_exceeded", headers={"Retry-After": str(retry)}
-            )
+            raise APIError(429, f"{self.reason}: retry in {retry} s", code=self.code, headers={"Retry-After": str(retry)})

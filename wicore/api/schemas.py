@@ -26,6 +26,8 @@ MAX_N = 16
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs
+MAX_LOGIT_BIAS = 300  # tokens one logit_bias may name (OpenAI's limit)
+MAX_REPETITION_PENALTY = 1e6
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,9 @@ class Options:
     logprobs: int | None = None  # None: none; k: each token's logprob and the k most likely alternatives
     speculative: bool = True  # False: no draft tokens for this request, where the server speculates
     ignore_eos: bool = False  # vLLM's extension: generate through end-of-sequence tokens up to max_tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids checked against the vocabulary later
+    min_p: float = 0.0  # vLLM's extension
+    repetition_penalty: float = 1.0  # vLLM's extension (prompt and output tokens)
 
 
 @dataclass(frozen=True)
@@ -172,7 +177,29 @@ def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...], logpr
         logprobs=logprobs,
         speculative=_bool(body, "speculative") is not False,
         ignore_eos=bool(_bool(body, "ignore_eos")),
+        logit_bias=parse_logit_bias(body),
+        min_p=_number(body, "min_p", 0.0, 1.0, default=0.0),
+        repetition_penalty=_number(body, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY, lo_open=True, default=1.0),
     )
+
+
+def parse_logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: {"token id": bias in [-100, 100]}, at most MAX_LOGIT_BIAS entries."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise _bad("logit_bias", 'expected an object of token ids to biases, e.g. {"1234": -100}')
+    if len(value) > MAX_LOGIT_BIAS:
+        raise _bad("logit_bias", f"at most {MAX_LOGIT_BIAS} tokens, got {len(value)}")
+    out = []
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit()):
+            raise _bad("logit_bias", f"invalid key {key!r}: keys are token ids, non-negative integers")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise _bad("logit_bias", f"the bias of token {key} is {bias!r}; biases are numbers in [-100, 100]")
+        out.append((int(key), float(bias)))
+    return tuple(out)
 
 
 def parse_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[ImagePart]]:

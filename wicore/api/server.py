@@ -1,9 +1,11 @@
 """Hypercorn in front of the app: `serve()` for `wicore serve`, `ServerThread` for tests and tools.
 
-Shutdown (SIGTERM or SIGINT): Hypercorn stops accepting, in-flight requests get
-`grace_seconds` to finish, then their connections are cancelled, which aborts their engine
-requests; the engine stops last. Streams still open a second before the grace period ends are
-cut with an error event and `[DONE]` (wicore/api/streaming.py), so their clients see why.
+Shutdown (SIGTERM or SIGINT, i.e. Ctrl-C): Hypercorn stops accepting, WebSockets with no request
+in flight close at once (wicore/api/websocket.py), in-flight requests get `grace_seconds` to
+finish, then their connections are cancelled, which aborts their engine requests; the engine
+stops last. Streams still open a second before the grace period ends are cut with an error
+event and `[DONE]` (wicore/api/streaming.py), so their clients see why. The console says so,
+and a second signal quits at once (exit code 130).
 
 Connections: at most ConnectionLimits.max_connections open, headers within its
 header_timeout_seconds (wicore/api/connections.py).
@@ -13,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -59,7 +63,8 @@ def serve(
         app = create_app(engine, settings)
         log.info("%s", startup_summary(engine, settings))
         log.info("serving %s on http://%s:%d", settings.model_name, host, port)
-        asyncio.run(_serve_until_signal(app, hypercorn_config(host, port, grace_seconds, True, limits), limits))
+        config = hypercorn_config(host, port, grace_seconds, True, limits)
+        asyncio.run(_serve_until_signal(app, config, limits, lambda: _in_flight(engine)))
     finally:
         engine.stop()
     return 0
@@ -79,12 +84,33 @@ def startup_summary(engine: Engine, settings: ServerSettings) -> str:
     )
 
 
-async def _serve_until_signal(app: Any, config: Config, limits: ConnectionLimits) -> None:
+def _in_flight(engine: Engine) -> int:
+    """Requests the engine still runs or holds (what a shutdown waits for)."""
+    stats = engine.stats()
+    return sum(int(stats.get(name, 0)) for name in ("running", "waiting", "swapped"))  # type: ignore[call-overload]
+
+
+async def _serve_until_signal(app: Any, config: Config, limits: ConnectionLimits, in_flight: Any = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(name: str) -> None:
+        if stop.is_set():  # the second one: nothing more to wait for
+            print(f"wicore: {name} again: quitting now", file=sys.stderr, flush=True)
+            os._exit(130)
+        stop.set()
+        count = in_flight() if in_flight is not None else 0
+        waiting = f"{count} request(s) still generating get up to {config.graceful_timeout:g} s (--grace-seconds)"
+        print(
+            f"wicore: {name}: shutting down, draining: {waiting if count else 'nothing is generating'}; "
+            "press Ctrl-C again to quit now",
+            file=sys.stderr,
+            flush=True,
+        )
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, "Ctrl-C" if sig == signal.SIGINT else sig.name)
         except (NotImplementedError, RuntimeError):  # not the main thread, or no signals (Windows)
             pass
     await run_hypercorn(app, config, listening_sockets(config, limits), stop)
@@ -128,6 +154,7 @@ async def _until_stopped(stop: asyncio.Event, app: Any, grace_seconds: float) ->
     if api is not None:
         cut_at = max(0.0, grace_seconds - min(1.0, grace_seconds / 2))
         asyncio.get_running_loop().call_later(cut_at, api.streams.cut)
+        await api.sockets.drain()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -25,6 +25,9 @@ class ServerSettings:
     # Engine requests (choices) one connection may have queued or running (wicore.api.connections.
     # InFlight); None: a quarter of the engine's waiting queue; 0: no limit.
     max_requests_per_connection: int | None = None
+    # A chat template (jinja source) that replaces the model's (--chat-template FILE); None: the
+    # model's own, and chat requests are refused where the model has none (a base model).
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.rate_limit_rpm < 0 or (self.max_body_bytes is not None and self.max_body_bytes < 1):

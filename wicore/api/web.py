@@ -2,7 +2,8 @@
 
     GET /                  static/index.html
     GET /web/{name}        static/{name}: the page's scripts and style (nothing else is served)
-    GET /web/config.json   what the page needs to know: the model's name, whether it takes images
+    GET /web/config.json   what the page needs to know: the model's name, whether it takes images,
+                           whether it chats (a base model without a chat template only continues text)
 
 Plain HTML, CSS and JavaScript: no build step, nothing fetched from another origin. Every file
 goes out with a Content-Security-Policy that allows only this origin's scripts, styles and
@@ -70,6 +71,7 @@ class WebPage:
         body = {
             "model": api.settings.model_name,
             "images": api.engine.vision is not None,
+            "chat": api.can_chat,  # False: a base model, the page offers text continuation
             "max_context": api.engine.max_sequence_tokens,
         }
         return JSONResponse(body, headers={"Cache-Control": "no-store"})

@@ -11,6 +11,9 @@
                                                    ◄─  {"type": "done", "id": "a", "usage": {...}, "cancelled": false}
                                                    ◄─  {"type": "error", "id": "c" or null, "status": 400, "error": {...}}
 
+Shutdown: `OpenSockets.drain` closes every socket with no request in flight at once (1001, going
+away) and each other one after its last request's frame; a request sent meanwhile gets a 503.
+
 A request runs the HTTP endpoints' own code: API.prepare (the same parsing, checks and 400s),
 API.start (queueing, all choices or none), streaming.chunks (the SSE chunk objects), the same
 rate limit per message and the same OpenAI error objects, with the HTTP status beside them. Every
@@ -43,6 +46,7 @@ ROUTE = "/v1/ws"
 KINDS = {"chat": True, "completion": False}  # request type -> is_chat
 MAX_ID_CHARS = 256
 POLICY_VIOLATION = 1008  # the close code of a socket that never authenticated in time
+GOING_AWAY = 1001  # the close code of a socket the server closes because it is shutting down
 
 
 def origin_allowed(headers: Any, cors_origins: tuple[str, ...]) -> bool:
@@ -52,6 +56,19 @@ def origin_allowed(headers: Any, cors_origins: tuple[str, ...]) -> bool:
     if origin is None or "*" in cors_origins or origin in cors_origins:
         return True
     return urlsplit(origin).netloc == headers.get("host")
+
+
+class OpenSockets:
+    """The sockets open now, so that a shutdown can close them instead of waiting on idle ones."""
+
+    def __init__(self) -> None:
+        self.open: set[Connection] = set()
+        self.is_draining = False
+
+    async def drain(self) -> None:
+        """From now on, close each socket once it has no request in flight (the idle ones now)."""
+        self.is_draining = True
+        await asyncio.gather(*(conn.close_if_idle() for conn in list(self.open)))
 
 
 class Connection:
@@ -64,6 +81,7 @@ class Connection:
         self.is_authenticated = not api.settings.api_keys
         self.key: str | None = None
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.sockets: OpenSockets = api.sockets
         self.is_closed = False
         self._send_lock = asyncio.Lock()
 
@@ -96,9 +114,12 @@ class Connection:
             await self.ws.send_denial_response(error_response(exc))
             return
         await self.ws.accept()
+        self.sockets.open.add(self)
         try:
-            await self._receive_all()
+            if not self.sockets.is_draining:
+                await self._receive_all()
         finally:
+            self.sockets.open.discard(self)
             self.is_closed = True
             tasks = list(self.tasks.values())
             for task in tasks:
@@ -126,6 +147,17 @@ class Connection:
                 return
             await self.handle(message.get("text"))
 
+    async def close_if_idle(self) -> None:
+        """Close the socket (going away) when the server drains and no request runs on it."""
+        if self.is_closed or self.tasks or not self.sockets.is_draining:
+            return
+        self.is_closed = True
+        async with self._send_lock:
+            try:
+                await self.ws.close(GOING_AWAY, "the server is shutting down")
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                pass
+
     # -- one message ------------------------------------------------------------------
     async def handle(self, text: str | None) -> None:
         request_id, kind = None, None
@@ -137,6 +169,7 @@ class Connection:
                 raise APIError(400, "a message must be a JSON object with a 'type'", param="type", code="invalid_message")
             kind = message.get("type")
             if kind not in ("auth", "cancel", *KINDS):
+                request_id = readable_id(message)  # the error frame still says which request it answers
                 raise APIError(
                     400, f"type: expected auth, chat, completion or cancel, got {kind!r}", param="type", code="invalid_message"
                 )
@@ -154,7 +187,8 @@ class Connection:
                 self.api.metrics.observe_request(ROUTE, error.status)
             await self.send_error(request_id, error)
 
-    def request_id(self, message: dict[str, Any]) -> str:
+    @staticmethod
+    def request_id(message: dict[str, Any]) -> str:
         value = message.get("id")
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)
@@ -171,6 +205,8 @@ class Connection:
     def submit(self, request_id: str, is_chat: bool, body: Any) -> None:
         if not self.is_authenticated:
             raise APIError(401, 'missing API key: send {"type": "auth", "api_key": KEY} first', code="invalid_api_key")
+        if self.sockets.is_draining:
+            raise APIError(503, "the server is shutting down: retry on another server", code="server_shutting_down")
         if request_id in self.tasks:
             raise APIError(400, f"id: request {request_id!r} is still running on this socket", param="id", code="duplicate_id")
         self.api.check_rate(self.key or self.client)
@@ -210,6 +246,15 @@ class Connection:
         else:
             usage = None if gen is None else gen.usage()  # None: cancelled before it was queued
             await self.send({"type": "done", "id": request_id, "usage": usage, "cancelled": status == 499})
+        await self.close_if_idle()
+
+
+def readable_id(message: dict[str, Any]) -> str | None:
+    """The message's id where it is a valid one, else None (for an error frame about the message)."""
+    try:
+        return Connection.request_id(message)
+    except APIError:
+        return None
 
 
 async def websocket_route(websocket: WebSocket) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from wicore.cli.speculative_args import add_speculative_args, speculative_config
@@ -20,7 +21,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="tokens a KV block (default 16; a paged-attention export: 64-256, as its kernels need)",
     )
-    p.add_argument("--kv-pool-gb", type=float, default=1.0, help="tier 0 (device) KV pool")
+    p.add_argument(
+        "--kv-pool-gb",
+        type=float,
+        default=None,
+        help="tier 0 (device) KV pool, GiB (default: what one sequence of the model's whole context needs, at least 1)",
+    )
     p.add_argument("--host-tier-gb", type=float, default=1.0, help="tier 1 (host RAM) KV blocks")
     p.add_argument("--nvme-tier-gb", type=float, default=0.0, help="tier 2 (NVMe file) KV blocks")
     p.add_argument("--nvme-dir", type=Path, default=None)
@@ -32,7 +38,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "up to this many tokens of its batch's blocks into stage buffers (taken from --kv-pool-gb); exact, slower "
         "(0: off; export with --partitions so each partition holds one full-attention layer)",
     )
-    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=64,
+        help="sequences one step runs at most; each reserves sliding-window KV blocks in the pool (default: %(default)s)",
+    )
     p.add_argument("--max-batched-tokens", type=int, default=2048, help="tokens one step may run (decodes first)")
     p.add_argument(
         "--prefill-with-decodes",
@@ -67,11 +78,11 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
         weights = [float(w) for w in str(args.a2cr_weights).split(",")]
         if len(weights) != 3:
             raise ValueError(f"--a2cr-weights {args.a2cr_weights!r}: give three numbers, attention,frequency,recency")
-        return EngineConfig(
+        config = EngineConfig(
             model_dir=model_dir,
             num_threads=args.threads,
             block_size=args.block_size,
-            kv_pool_gb=args.kv_pool_gb,
+            kv_pool_gb=args.kv_pool_gb if args.kv_pool_gb is not None else 1.0,
             host_tier_gb=args.host_tier_gb,
             nvme_tier_gb=args.nvme_tier_gb,
             nvme_dir=args.nvme_dir,
@@ -93,6 +104,20 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
         )
     except (ValueError, TypeError) as exc:
         raise RequestError(str(exc)) from exc
+    if args.kv_pool_gb is None:  # the flags are valid: size the pool for the model
+        return dataclasses.replace(config, kv_pool_gb=default_kv_pool_gb(args, model_dir))
+    return config
+
+
+def default_kv_pool_gb(args: argparse.Namespace, model_dir: Path) -> float:
+    """--kv-pool-gb when not given: room for one sequence of the model's (or --max-context's) whole context."""
+    from wicore.graph.manifest import Manifest
+    from wicore.kv.layout import KVLayout, choose_block_size, default_pool_gb
+
+    manifest = Manifest.read(model_dir)
+    context = min(manifest.config.max_position_embeddings, args.max_context or manifest.config.max_position_embeddings)
+    layout = KVLayout.of(manifest, choose_block_size(manifest, args.block_size))
+    return default_pool_gb(layout, context, args.prefill_chunk, args.max_num_seqs)
 
 
 def read_text(path: Path) -> str:

@@ -17,16 +17,37 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         default="gemma3-270m",
-        help="exported model folder, or gemma3-270m / smollm2-135m-instruct (exported once, cached)",
+        help="exported model folder, a .gguf file or a Hugging Face folder, or gemma3-270m / smollm2-135m-instruct "
+        "(these exported once into the cache) (default: %(default)s)",
     )
     p.add_argument("--prompt", action="append", default=[], help="prompt text; repeat for a batch")
     p.add_argument("--prompt-file", action="append", default=[], type=Path, help="read a prompt from a file ('-': stdin)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the chat template")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: %(default)s)")
+    p.add_argument(
+        "--top-k", type=int, default=0, help="draw from the k most likely tokens only; 0 keeps all (default: %(default)s)"
+    )
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="draw from the fewest most likely tokens whose probability reaches p; 1 keeps all (default: %(default)s)",
+    )
+    p.add_argument(
+        "--min-p",
+        type=float,
+        default=0.0,
+        help="drop tokens less likely than min-p x the most likely one; 0 keeps all (default: %(default)s)",
+    )
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="divide positive logits (multiply negative ones) of tokens already in the prompt or output; 1 is off "
+        "(default: %(default)s)",
+    )
+    p.add_argument("--seed", type=int, default=None, help="seed of the draws, for repeatable sampling (default: random)")
     p.add_argument(
         "--image",
         action="append",
@@ -53,7 +74,13 @@ def run_generate(args: argparse.Namespace) -> int:
     onnxruntime()  # fail early, with the extras to install, before any export
     args.max_num_seqs = min(args.max_num_seqs, len(texts))  # the sliding layers' pool is sized for these
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
     )
     model_dir = resolve_model(args.model, args.devices)
     with cached_export_errors(args.model, model_dir):

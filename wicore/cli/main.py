@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import wicore
 from wicore.cli.bench import add_bench
 from wicore.cli.cluster import add_cluster_args, wants_cluster
 from wicore.cli.engine_args import add_engine_args, engine_config
@@ -13,18 +14,32 @@ from wicore.cli.generate import add_generate
 from wicore.cli.plan import add_plan
 from wicore.errors import RequestError, WiCoreError
 
+DEFAULT_MODEL = "smollm2-135m-instruct"  # a chat model, so that the first question gets an answer
+
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
     p.add_argument("--config", type=Path, default=None, help="JSON or TOML file of settings (flag names); flags win")
     p.add_argument(
         "--model",
-        default="gemma3-270m",
-        help="exported model folder, or gemma3-270m / smollm2-135m-instruct (exported once, cached)",
+        default=DEFAULT_MODEL,
+        help="a named model (smollm2-135m-instruct: a chat model pulled on first use; gemma3-270m: the packaged "
+        "base model), a .gguf file, a Hugging Face folder (these three exported once into the cache), or an exported "
+        "folder (default: %(default)s)",
     )
-    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the --model value)")
+    p.add_argument(
+        "model_arg", nargs="?", default=None, metavar="MODEL", help="the model to serve, as --model takes (wins over it)"
+    )
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the --model name)")
+    p.add_argument(
+        "--chat-template",
+        type=Path,
+        default=None,
+        help="jinja chat template file replacing the model's; a model without one (a base model) refuses chat "
+        "requests unless it is given",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
     p.add_argument("--api-key", action="append", default=[], help="accepted Bearer key; repeat for several")
     p.add_argument("--api-key-file", type=Path, default=None, help="file with one accepted key per line")
     p.add_argument("--rate-limit", type=float, default=0.0, help="requests per minute per key (0: no limit)")
@@ -55,7 +70,13 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin ('*' for any); repeat")
     p.add_argument("--no-web", action="store_true", help="no web page at / (the API and /v1/ws stay)")
-    p.add_argument("--grace-seconds", type=float, default=30.0, help="on SIGTERM, time in-flight requests get to finish")
+    p.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=30.0,
+        help="on SIGTERM or Ctrl-C (SIGINT), time requests still generating get to finish; a second Ctrl-C quits at "
+        "once (default: %(default)s)",
+    )
     p.add_argument("--max-connections", type=int, default=1000, help="open connections at most; one more gets a 503")
     p.add_argument(
         "--max-requests-per-connection",
@@ -96,7 +117,7 @@ def apply_config_file(args: argparse.Namespace) -> None:
             continue
         if name == "api_key" and isinstance(value, str):
             value = [value]
-        if name in ("nvme_dir", "api_key_file", "model") and value is not None:
+        if name in ("nvme_dir", "api_key_file", "chat_template", "model") and value is not None:
             value = Path(value) if name != "model" else str(value)
         setattr(args, name, value)
 
@@ -146,12 +167,16 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
         raise RequestError(
             f"the HTTP server needs {exc.name}: pip install '.[cpu]' in the WiCore checkout (starlette, hypercorn)"
         ) from exc
+    if getattr(args, "model_arg", None):  # `wicore serve x.gguf`
+        args.model = args.model_arg
     keys = api_keys(args, read_key_file)
+    chat_template = read_chat_template(args.chat_template)
     onnxruntime()  # fail early, with the extras to install, before any export
     model_dir = resolve_model(args.model, args.devices)
     try:
         settings = ServerSettings(
-            model_name=args.served_model_name or Path(args.model).name,
+            model_name=args.served_model_name or served_name(args.model),
+            chat_template=chat_template,
             api_keys=tuple(keys),
             rate_limit_rpm=args.rate_limit,
             rate_limit_burst=args.rate_burst,
@@ -172,6 +197,26 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
     except ValueError as exc:
         raise RequestError(str(exc)) from exc
     return model_dir, settings
+
+
+def served_name(spec: str) -> str:
+    """The model id of --model: a name as it is, a folder's name, a GGUF file's name without .gguf."""
+    path = Path(spec)
+    return path.stem if path.suffix.lower() == ".gguf" else path.name
+
+
+def read_chat_template(path: Path | None) -> str | None:
+    """The text of --chat-template FILE, checked to parse (one line and exit 2 otherwise)."""
+    if path is None:
+        return None
+    from wicore.inputs.tokenizer import check_chat_template
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RequestError(f"--chat-template {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from exc
+    check_chat_template(text, f"--chat-template {path}")
+    return text
 
 
 def connection_limits(args: argparse.Namespace):  # -> ConnectionLimits
@@ -263,6 +308,7 @@ def parse_command_line(argv: list[str] | None = None) -> argparse.Namespace:
     """The parsed arguments; `command_line` keeps the words themselves (for --config)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(prog="wicore", description="Portable LLM inference on ONNX Runtime.")
+    ap.add_argument("--version", action="version", version=f"wicore {wicore.__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     add_generate(sub)
     add_serve(sub)

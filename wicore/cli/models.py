@@ -1,6 +1,6 @@
 """What `--model` names at serve/generate time: an exported folder, or a packaged or pulled
-model (wicore.export.pull) or a Hugging Face Hub id (wicore.export.hub) that is exported once
-into the user's cache and reused."""
+model (wicore.export.pull), a .gguf file, a Hugging Face folder or a Hugging Face Hub id
+(wicore.export.hub), exported once into the user's cache and reused."""
 
 from __future__ import annotations
 
@@ -55,38 +55,65 @@ def export_targets(devices: str) -> list[Capability]:
     return [CAPABILITIES[n] for n in names]
 
 
-def packaged_export(spec: str, devices: str = "cpu") -> tuple[str, str, str]:
+def packaged_export(spec: str, devices: str = "cpu", is_installed: bool = True) -> tuple[str, str, str]:
     """`suited_export` of a packaged or pulled model for the devices of a --devices spec; `auto`
-    stands for the device placement fills first: the first accelerator installed, or the CPU."""
+    stands for the device placement fills first: the first accelerator installed, or the CPU.
+    `is_installed` False: devices this ONNX Runtime build lacks are named too (`wicore plan`)."""
     from wicore.devices.placement import device_list
 
-    found = device_list(devices)
+    found = device_list(devices, is_installed)
     return suited_export([d.capability for d in (found[:1] if devices.strip() == "auto" else found)], spec)
 
 
-def resolve_model(spec: str, devices: str = "cpu") -> Path:
-    """The folder of an exported model; a packaged name is exported on first use, in the
-    flavour that suits `devices` (`packaged_export`), into its own cache folder."""
+def resolve_model(spec: str, devices: str = "cpu", is_installed: bool = True) -> Path:
+    """The folder of an exported model. A packaged or pulled name, a .gguf file or a Hugging Face
+    folder is exported on first use, in the flavour that suits `devices` (`packaged_export`),
+    into a cache folder of its own, and reused after."""
     path = Path(spec)
     if (path / MANIFEST).is_file():
         return path
     hub = parse_hub_id(spec)
-    if spec in PACKAGED or spec in PULLABLE or hub is not None:
-        dtype, flavour, attention = packaged_export(spec, devices)
-        suffix = "".join(f"-{part}" for part in (flavour, dtype, attention) if part not in ("portable", "fp32"))
-        target = cache_dir() / (f"{spec}{suffix}" if hub is None else f"hub/{hub.cache_name}{suffix}")
-        if not (target / MANIFEST).is_file():
-            from wicore.export.exporter import ExportConfig, export_model, stderr_progress
-            from wicore.export.sources import open_source
+    if spec in PACKAGED or spec in PULLABLE:
+        name = spec
+    elif path.suffix.lower() == ".gguf" and path.is_file():
+        name = f"{path.stem}-{source_key(path)}"
+    elif (path / "config.json").is_file():
+        name = f"{path.resolve().name}-{source_key(path)}"
+    elif path.suffix.lower() == ".gguf":
+        raise ManifestError(f"{spec}: no such GGUF file")
+    elif hub is not None:
+        name = f"hub/{hub.cache_name}"
+    else:
+        raise ManifestError(
+            f"{spec}: no exported model here (no {MANIFEST}), nor a .gguf file, a Hugging Face folder (config.json) "
+            f"or a Hub id (org/name); named models: {', '.join(sorted([*PACKAGED, *PULLABLE]))}"
+        )
+    dtype, flavour, attention = packaged_export(spec, devices, is_installed)
+    suffix = "".join(f"-{part}" for part in (flavour, dtype, attention) if part not in ("portable", "fp32"))
+    target = cache_dir() / f"{name}{suffix}"
+    if not (target / MANIFEST).is_file():
+        from wicore.export.exporter import ExportConfig, export_model, stderr_progress
+        from wicore.export.sources import open_source
 
-            config = ExportConfig(dtype=dtype, op_flavour=flavour, attention=attention, overwrite=True)
-            export_model(open_source(spec, progress=stderr_progress), target, config)
-        return target
-    if path.suffix == ".gguf" or (path / "config.json").is_file():
-        raise ManifestError(f"{spec} is a model source, not an exported model: run wicore-export --model {spec} --out DIR first")
-    raise ManifestError(
-        f"{spec}: no exported model here (no {MANIFEST}); named models: {', '.join(sorted([*PACKAGED, *PULLABLE]))}"
-    )
+        if name != spec:
+            stderr_progress(f"exporting {spec} once into {target} (later runs reuse it)")
+        config = ExportConfig(dtype=dtype, op_flavour=flavour, attention=attention, overwrite=True)
+        export_model(open_source(spec, progress=stderr_progress), target, config)
+    return target
+
+
+def source_key(path: Path) -> str:
+    """12 hex digits that change when the model source at `path` does: its absolute path and the
+    size and modification time of the files an export reads (a GGUF; a folder's files)."""
+    import hashlib
+
+    path = path.resolve()
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    digest = hashlib.sha256(str(path).encode())
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:12]
 
 
 @contextmanager

@@ -56,6 +56,11 @@ def run_plan(args: argparse.Namespace) -> int:
     from wicore.kv.layout import KVLayout
 
     config_file = checkpoint_config(Path(args.model))
+    if config_file is None and not is_model_name_or_path(args.model):
+        raise RequestError(
+            f"--model {args.model}: no such file or folder; wicore plan takes an exported model, a named one, a .gguf "
+            "file, or a checkpoint's config.json alone (the file, or the Hugging Face folder holding it)"
+        )
     if config_file is None:
         cfg, kv_dtype, weights, block_size, paged, devices = exported_model(args)
     else:
@@ -72,6 +77,13 @@ def run_plan(args: argparse.Namespace) -> int:
     work = Workload(args.prefill_chunk, args.max_batched_tokens, paged)
     print(plan_capacity(cfg, layout, kv_dtype, weights, budget_bytes(args, devices), context, work).describe())
     return 0
+
+
+def is_model_name_or_path(spec: str) -> bool:
+    from wicore.export.pull import PULLABLE
+    from wicore.export.sources import PACKAGED
+
+    return spec in PACKAGED or spec in PULLABLE or Path(spec).exists()
 
 
 def checkpoint_config(path: Path) -> Path | None:
@@ -92,9 +104,9 @@ def exported_model(args: argparse.Namespace):
     from wicore.graph.manifest import Manifest
     from wicore.kv.layout import choose_block_size
 
-    model_dir = resolve_model(args.model, args.devices)
+    model_dir = resolve_model(args.model, args.devices, is_installed=False)
     manifest = Manifest.read(model_dir)
-    plan = plan_placement(model_dir, manifest, args.devices, int(args.kv_pool_gb * GIB), args.vision_device)
+    plan = plan_placement(model_dir, manifest, args.devices, int(args.kv_pool_gb * GIB), args.vision_device, is_installed=False)
     print(plan.describe())
     weights = sum(p.weight_bytes for p in plan.placements) + (plan.vision.weight_bytes if plan.vision else 0)
     devices = list(dict.fromkeys([*plan.devices, *([plan.vision.device] if plan.vision else [])]))
@@ -155,7 +167,8 @@ def config_only(args: argparse.Namespace, config_file: Path):
         + f": weights {weights / (1 << 30):.2f}G (estimated from the shape"
         + (f"; the vision tower's {vision_bytes / (1 << 30):.2f}G included)" if vision_bytes else ")")
     )
-    return cfg, kv_dtype, weights, block_size, paged, ([] if args.budget_gb is not None else device_list(args.devices)[:1])
+    devices = [] if args.budget_gb is not None else device_list(args.devices, is_installed=False)[:1]
+    return cfg, kv_dtype, weights, block_size, paged, devices
 
 
 def budget_bytes(args: argparse.Namespace, devices: list) -> int:

@@ -137,26 +137,33 @@ def partition_weights(model_dir: Path, record: PartitionRecord | VisionRecord) -
     )
 
 
-def device_list(spec: str) -> list[Device]:
+def device_list(spec: str, is_installed: bool = True) -> list[Device]:
     """The devices of a --devices spec; `auto`: the first accelerator installed (not a CPU, whatever
-    its EP: OpenVINO's default device is the CPU), then the plain CPU to spill to."""
+    its EP: OpenVINO's default device is the CPU), then the plain CPU to spill to. `is_installed`
+    False: named devices whose EP this ONNX Runtime lacks are taken too (`wicore plan`)."""
     if spec.strip() == "auto":
         found = available_devices()
         accelerators = [d for d in found if d.capability.device_kind != "cpu"]
         devices = accelerators[:1] + [d for d in found if d.capability.name == "cpu"]
     else:
-        devices = [parse_device(s) for s in spec.split(",") if s.strip()]
+        devices = [parse_device(s, is_installed) for s in spec.split(",") if s.strip()]
     if not devices:
         raise DeviceError(f"--devices {spec!r} names no device")
     return devices
 
 
 def plan_placement(
-    model_dir: Path, manifest: Manifest, devices: str = "cpu", kv_pool_bytes: int = 0, vision_device: str | None = None
+    model_dir: Path,
+    manifest: Manifest,
+    devices: str = "cpu",
+    kv_pool_bytes: int = 0,
+    vision_device: str | None = None,
+    is_installed: bool = True,
 ) -> Plan:
     """Assign every partition a device (see the module docstring for the three modes), and the
-    vision partition, if any, `vision_device` or the first partition's."""
-    candidates = device_list(devices)
+    vision partition, if any, `vision_device` or the first partition's. `is_installed` False: a
+    plan for named devices this ONNX Runtime build lacks (their free memory unknown)."""
+    candidates = device_list(devices, is_installed)
     for device in candidates:
         device.check_can_run(manifest.dtype, manifest.op_flavour, manifest.attention)
     num_layers = manifest.config.num_layers
@@ -173,7 +180,7 @@ def plan_placement(
     sizes = [h + k for (h, _, _), k in zip(held, kv)]
     vision = None
     if manifest.vision is not None:
-        device = candidates[owners[0]] if vision_device is None else parse_device(vision_device)
+        device = candidates[owners[0]] if vision_device is None else parse_device(vision_device, is_installed)
         device.check_can_run_vision(manifest.dtype, manifest.vision.flavour)
         vision = VisionPlacement(manifest.vision, device, partition_weights(model_dir, manifest.vision).held_on(device)[0])
         if device in candidates:  # its weights count with the partitions' on that device

@@ -335,13 +335,14 @@ def available_devices() -> list[Device]:
     return [Device(c, c.default_index) for c in CAPABILITIES.values() if c.provider in installed]
 
 
-def parse_device(spec: str) -> Device:
-    """`cpu`, `cuda:1`, `openvino:GPU`, ... -> Device, checking the provider is installed."""
+def parse_device(spec: str, is_installed: bool = True) -> Device:
+    """`cpu`, `cuda:1`, `openvino:GPU`, ... -> Device, checking the provider is installed (unless
+    `is_installed` is False: a plan for devices elsewhere, which loads nothing)."""
     name, _, index = spec.strip().partition(":")
     cap = CAPABILITIES.get(name.lower())
     if cap is None:
         raise DeviceError(f"unknown device {spec!r}; known: {', '.join(CAPABILITIES)}")
-    if cap.provider not in installed_providers():
+    if is_installed and cap.provider not in installed_providers():
         have = ", ".join(d.label for d in available_devices()) or "none"
         raise DeviceError(f"{spec}: {cap.provider} is not in this ONNX Runtime build (available: {have}); {EXTRAS}")
     return Device(cap, index or cap.default_index)

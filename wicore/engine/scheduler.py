@@ -175,6 +175,7 @@ class Scheduler:
             params=req.params,
             images=req.images_in(start, start + n),
             draft_ids=draft,
+            prompt_ids=req.prompt_ids if req.params.repetition_penalty != 1.0 else (),
         )
 
     def _preempt(self, req: Request) -> list[Move]:

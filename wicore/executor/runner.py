@@ -167,7 +167,7 @@ class ModelRunner:
     def _sampler(self, row: ScheduledRow) -> Sampler:
         sampler = self._samplers.get(row.request_id)
         if sampler is None:
-            sampler = self._samplers[row.request_id] = Sampler(row.params)
+            sampler = self._samplers[row.request_id] = Sampler(row.params, row.prompt_ids)
         return sampler
 
     def _sample(self, row: ScheduledRow, logits: np.ndarray, result: RunResult) -> None:
@@ -179,12 +179,14 @@ class ModelRunner:
 
 def _drawn_in_graph(p: SamplingParams) -> bool:
     """Whether a sampling head can draw the row: a tempered draw, top-k within the head's
-    candidates, nothing that needs the logits on the host (penalties, logprobs, prompt logits)."""
-    return not (p.is_greedy or p.has_penalties or p.prompt_logits) and p.logprobs is None and p.top_k <= TOP_CANDIDATES
+    candidates, nothing that needs the logits on the host (penalties, logit bias, min-p, logprobs,
+    prompt logits: the host sampler applies those)."""
+    host_only = p.is_greedy or p.changes_logits or p.min_p > 0.0 or p.prompt_logits
+    return not host_only and p.logprobs is None and p.top_k <= TOP_CANDIDATES
 
 
 def _needs_logits(row: ScheduledRow) -> bool:
     """Whether the row needs its logits on the host: prompt logits, or a sampler that is more
-    than an argmax (temperature, penalties, logprobs)."""
+    than the graph's argmax (temperature, penalties, logit bias, logprobs)."""
     p = row.params
-    return p.prompt_logits or (row.needs_sample and not (p.is_greedy and not p.has_penalties and p.logprobs is None))
+    return p.prompt_logits or (row.needs_sample and not (p.is_greedy and not p.changes_logits and p.logprobs is None))

@@ -1,10 +1,11 @@
 """Token selection from logits on the host: greedy, or seeded temperature / top-k / top-p
 (the request's `SamplingParams`, wicore.types.sampling).
 
-Per step, for one request:
+Per step, for one request (the order of vLLM's sampler):
 
     raw logits ─┬─► (if asked) log_softmax ──► Logprobs of the chosen token and the top k
-                └─► penalties (presence, frequency) ─► temperature ─► top-k ─► top-p ─► token
+                └─► logit_bias ─► repetition penalty ─► presence, frequency penalties
+                      ─► temperature ─► min-p ─► top-k ─► top-p ─► token
 
 Logprobs are those of the raw model distribution, before penalties and temperature: vLLM's
 default (`logprobs_mode="raw_logprobs"`). They cost one softmax over the vocabulary, so they
@@ -40,14 +41,21 @@ class Sampler:
     """Picks one token per logits row; one per request: it keeps the request's seeded
     generator (runs repeat) and, with penalties, the counts of the tokens it picked."""
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int] = ()) -> None:
+        """`prompt_ids`: the request's prompt, which the repetition penalty counts as seen."""
         self.params = params
         self.rng = np.random.default_rng(params.seed)
         self.counts: dict[int, int] = {}  # token id -> times picked (kept only with penalties)
+        self.prompt_ids = np.unique(np.asarray(prompt_ids, np.int64)) if params.repetition_penalty != 1.0 else None
+        self.bias = (
+            (np.array([i for i, _ in params.logit_bias], np.int64), np.array([b for _, b in params.logit_bias], np.float64))
+            if params.logit_bias
+            else None
+        )
 
     def sample(self, logits: np.ndarray) -> Sample:
         p = self.params
-        scores = self.penalized(logits) if p.has_penalties and self.counts else logits
+        scores = self.penalized(logits) if p.changes_logits else logits
         token = int(np.argmax(scores)) if p.is_greedy else self._draw(scores)
         return self._sample_of(logits, token)
 
@@ -61,12 +69,12 @@ class Sampler:
         (p: this sampler's distribution, after penalties, temperature, top-k and top-p), from the
         request's seeded generator."""
         p = self.params
-        scores = self.penalized(logits) if p.has_penalties and self.counts else logits
+        scores = self.penalized(logits) if p.changes_logits else logits
         token = int(np.argmax(scores)) if p.is_greedy else self._verify_draw(scores, draft_id)
         return self._sample_of(logits, token), token == draft_id
 
     def _verify_draw(self, scores: np.ndarray, draft_id: int) -> int:
-        weights = temperature_weights(scores, self.params.temperature)
+        weights = self._weights(scores)
         kept = candidates(weights, self.params.top_k, self.params.top_p)
         if kept is None:
             ids, probs = None, weights.astype(np.float64) / weights.sum(dtype=np.float64)
@@ -113,17 +121,33 @@ class Sampler:
         return self._pick(ids[:keep], kept[:keep] / kept[:keep].sum())
 
     def penalized(self, logits: np.ndarray) -> np.ndarray:
-        """The logits (float64) less the penalties of the tokens picked so far."""
+        """The logits (float64) with the logit bias, less the penalties of the tokens seen so far."""
         p = self.params
         scores = logits.astype(np.float64)
-        if self.counts:
+        if self.bias is not None:
+            ids, bias = self.bias
+            in_vocab = ids < len(scores)  # ids past the vocabulary (a padded LM head's) are no token
+            scores[ids[in_vocab]] += bias[in_vocab]
+        if self.prompt_ids is not None:
+            seen = np.union1d(self.prompt_ids, np.fromiter(self.counts, np.int64, len(self.counts)))
+            seen = seen[seen < len(scores)]
+            values = scores[seen]
+            scores[seen] = np.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+        if self.counts and (p.presence_penalty or p.frequency_penalty):
             ids = np.fromiter(self.counts, np.int64, len(self.counts))
             counts = np.fromiter(self.counts.values(), np.float64, len(self.counts))
             scores[ids] -= p.presence_penalty + p.frequency_penalty * counts
         return scores
 
+    def _weights(self, scores: np.ndarray) -> np.ndarray:
+        """temperature_weights, less the tokens min-p drops (weight < min_p: the best token weighs 1)."""
+        weights = temperature_weights(scores, self.params.temperature)
+        if self.params.min_p > 0.0:
+            weights[weights < np.float32(self.params.min_p)] = 0.0
+        return weights
+
     def _draw(self, logits: np.ndarray) -> int:
-        weights = temperature_weights(logits, self.params.temperature)
+        weights = self._weights(logits)
         kept = candidates(weights, self.params.top_k, self.params.top_p)
         if kept is None:  # the whole distribution: inverse CDF in token order, no sort
             return _inverse_cdf(weights, self.rng.random())

@@ -117,8 +117,9 @@ def export_tokenizer_from_gguf(gguf_path: Path, out_dir: Path, metadata: dict[st
         )
     hf_tokenizer = _hf_tokenizer_from_gguf(gguf_path, metadata)
     check_whole_words(hf_tokenizer, str(gguf_path))
-    chat_template = metadata.get("tokenizer.chat_template") or fallback_chat_template(metadata.get("general.architecture"))
-    return _write_tokenizer(hf_tokenizer, Path(out_dir), chat_template, extra_eos_ids=())
+    own = metadata.get("tokenizer.chat_template")
+    chat_template = own or fallback_chat_template(metadata.get("general.architecture"))
+    return _write_tokenizer(hf_tokenizer, Path(out_dir), chat_template, extra_eos_ids=(), has_chat_template=bool(own))
 
 
 def export_tokenizer_from_hf(folder: Path, out_dir: Path, family: str = "gemma3") -> TokenizerInfo | None:
@@ -144,16 +145,21 @@ def export_tokenizer_from_hf(folder: Path, out_dir: Path, family: str = "gemma3"
         ) from e
     if not getattr(hf_tokenizer, "is_fast", False):
         raise UnsupportedModelError(f"{folder}: transformers gave no fast tokenizer; add a tokenizer.json")
+    own = _folder_chat_template(hf_tokenizer)
     return _write_tokenizer(
         hf_tokenizer,
         Path(out_dir),
-        _folder_chat_template(hf_tokenizer) or fallback_chat_template(family),
+        own or fallback_chat_template(family),
         extra_eos_ids=_generation_config_eos_ids(folder),
+        has_chat_template=bool(own),
     )
 
 
-def _write_tokenizer(hf_tokenizer: Any, out_dir: Path, chat_template: str, extra_eos_ids: Iterable[int]) -> TokenizerInfo:
-    """Write the two files as transformers saves them, with the chat template in tokenizer_config.json."""
+def _write_tokenizer(
+    hf_tokenizer: Any, out_dir: Path, chat_template: str, extra_eos_ids: Iterable[int], has_chat_template: bool
+) -> TokenizerInfo:
+    """Write the two files as transformers saves them, with the chat template in tokenizer_config.json
+    (`has_chat_template`: whether it is the source's own, not a fallback_chat_template)."""
     add_bos = _adds_bos(hf_tokenizer)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".tokenizer-") as tmp:
@@ -175,6 +181,7 @@ def _write_tokenizer(hf_tokenizer: Any, out_dir: Path, chat_template: str, extra
         pad_token_id=hf_tokenizer.pad_token_id,
         add_bos=add_bos,
         chat_template=chat_template,
+        has_chat_template=has_chat_template,
     )
 
 

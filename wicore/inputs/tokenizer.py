@@ -10,6 +10,7 @@ sandboxed jinja2 settings and helpers, messages without their None fields.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -56,6 +57,8 @@ class Tokenizer:
         self._plain.encode_special_tokens = True
         specials = sorted({t.content for t in self._tokenizer.get_added_tokens_decoder().values() if t.special}, key=len)
         self._specials = re.compile("|".join(re.escape(t) for t in [*reversed(specials), _OPEN, _CLOSE]))
+        self._special_ids = set(self._tokenizer.get_added_tokens_decoder())
+        self._is_byte_level = _is_byte_level(self._tokenizer)
 
     @property
     def vocab_size(self) -> int:
@@ -64,6 +67,19 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry (`▁Paris`, `<0xE2>`, `<eos>`), or None past the vocabulary."""
         return self._tokenizer.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for, whole characters or not: a byte-level BPE piece (GPT-2's
+        byte-to-character table: SmolLM2, Llama 3, Qwen) mapped back to its bytes, a byte-fallback
+        piece (`<0xE2>`) as its byte, a special token as written, anything else its text in UTF-8."""
+        piece = self.id_to_token(token_id) or ""
+        if token_id in self._special_ids:
+            return piece.encode("utf-8")
+        if self._is_byte_level and all(c in _BYTE_OF_CHAR for c in piece):
+            return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def encode(self, text: str, add_bos: bool | None = None, literals: Sequence[str] = ()) -> list[int]:
         """Token ids of `text`; special tokens written in it (`<start_of_turn>`) become their ids.
@@ -121,13 +137,22 @@ class Tokenizer:
             guarded.append(message)
         return guarded, tuple(literals)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text of a conversation; contents are strings or lists of `{"type": "text", ...}` parts."""
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the model shipped a chat template (TokenizerInfo.has_chat_template)."""
+        return self.info.has_chat_template
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, chat_template: str | None = None
+    ) -> str:
+        """The prompt text of a conversation; contents are strings or lists of `{"type": "text", ...}` parts.
+        `chat_template` (jinja source, a server's --chat-template) replaces the model's."""
         if not messages:
             raise RequestError("the conversation is empty; send at least one message")
         cleaned = [{k: v for k, v in message.items() if v is not None} for message in messages]
+        template = self._template if chat_template is None else _compile_user_template(chat_template)
         try:
-            return self._template.render(
+            return template.render(
                 messages=cleaned,
                 tools=None,
                 documents=None,
@@ -185,6 +210,28 @@ class IncrementalDecoder:
 
     def _decode(self, start: int, end: int) -> str:
         return self._tokenizer.decode(self._ids[start:end], skip_special_tokens=self._skip_special_tokens)
+
+
+def _byte_to_char() -> dict[int, str]:
+    """GPT-2's table of byte-level BPE: each byte as a printable character (printable ASCII and
+    Latin-1 as themselves, the other bytes from U+0100 on)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in kept}
+    for n, b in enumerate(b for b in range(256) if b not in table):
+        table[b] = chr(256 + n)
+    return table
+
+
+_BYTE_OF_CHAR = {c: b for b, c in _byte_to_char().items()}
+
+
+def _is_byte_level(tokenizer: _FastTokenizer) -> bool:
+    """Whether the tokenizer's decoder is byte-level BPE's (alone or in a sequence)."""
+    decoder = tokenizer.decoder
+    if decoder is None:
+        return False
+    state = json.loads(decoder.__getstate__())
+    return state.get("type") == "ByteLevel" or any(d.get("type") == "ByteLevel" for d in state.get("decoders", []))
 
 
 def _special_token_strings(config_path: Path, tokenizer: _FastTokenizer, info: TokenizerInfo) -> dict[str, str]:
@@ -257,6 +304,19 @@ def _tojson(
 
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
+
+
+def check_chat_template(source: str, origin: str) -> None:
+    """Raise RequestError, naming `origin`, unless `source` parses as a chat template."""
+    try:
+        _compile_user_template(source)
+    except ManifestError as e:
+        raise RequestError(f"{origin}: {e.args[0].split(';')[0]}; fix the template's jinja syntax") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _compile_user_template(source: str) -> jinja2.Template:
+    return _compile_template(source)
 
 
 def _compile_template(source: str) -> jinja2.Template:

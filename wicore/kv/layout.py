@@ -97,6 +97,28 @@ class KVLayout:
         window = num_seqs * self.window_blocks_per_sequence(prefill_chunk) + 1
         return max(full, window) * self.block_bytes(FULL) + window * self.block_bytes(WINDOW)
 
+    def one_sequence_bytes(self, tokens: int, prefill_chunk: int, max_num_seqs: int) -> int:
+        """The smallest device pool (`--kv-pool-gb`) whose `split` holds one sequence of `tokens`
+        while the window group is sized for `max_num_seqs` sequences: what a long prompt needs,
+        where `pool_bytes` sizes every one of `max_num_seqs` sequences.
+
+        The window group takes an even split of the pool up to its need, so below that need
+        window blocks come along with the full ones. The pool is F full blocks (the sequence's and
+        the sink) and w window blocks, for the fewest w >= one sequence's window blocks whose
+        `split` gives back at least F full blocks.
+        """
+        full = self.sequence_blocks(tokens) + 1
+        if not self.has_window:
+            return full * self.block_bytes(FULL)
+        need = max_num_seqs * self.window_blocks_per_sequence(prefill_chunk) + 1
+        least = min(self.sequence_blocks(tokens), self.window_blocks_per_sequence(prefill_chunk)) + 1
+        for window in range(least, need):
+            num_bytes = full * self.block_bytes(FULL) + window * self.block_bytes(WINDOW)
+            got_full, got_window = self.split(num_bytes, need)
+            if got_full >= full and got_window >= least:
+                return num_bytes
+        return full * self.block_bytes(FULL) + need * self.block_bytes(WINDOW)  # always holds it (least <= need)
+
     def split(self, num_bytes: float, window_need: int) -> tuple[int, int]:
         """(full, window) blocks from a byte budget: the window group takes at most
         `window_need` blocks and at most an even split; the full group the rest."""
@@ -109,3 +131,26 @@ class KVLayout:
 def pool_gb_flag(num_bytes: int) -> str:
     """`--kv-pool-gb`'s value for a pool of at least `num_bytes`: GiB rounded up to 0.01."""
     return f"{-(-num_bytes * 100 // GIB) / 100:.2f}"
+
+
+def context_advice(layout: KVLayout, tokens: int, prefill_chunk: int, max_num_seqs: int) -> str:
+    """The device pools that hold sequences of `tokens`: one, one with --max-num-seqs 1 (where the
+    window group's reservation for --max-num-seqs costs something), and --max-num-seqs of them."""
+    one = layout.one_sequence_bytes(tokens, prefill_chunk, max_num_seqs)
+    alone = layout.one_sequence_bytes(tokens, prefill_chunk, 1)
+    text = f"--kv-pool-gb {pool_gb_flag(one)} holds one sequence of {tokens} tokens"
+    if pool_gb_flag(alone) != pool_gb_flag(one):
+        text += (
+            f" beside the sliding-window blocks --max-num-seqs {max_num_seqs} reserves "
+            f"(--max-num-seqs 1: --kv-pool-gb {pool_gb_flag(alone)})"
+        )
+    if max_num_seqs > 1:
+        every = layout.pool_bytes(max_num_seqs, tokens, prefill_chunk)
+        text += f"; {max_num_seqs} such sequences at once take --kv-pool-gb {pool_gb_flag(every)}"
+    return text
+
+
+def default_pool_gb(layout: KVLayout, context: int, prefill_chunk: int, max_num_seqs: int) -> float:
+    """The device pool a server gets when none is asked for: one sequence of the model's whole
+    `context` fits (`one_sequence_bytes`), and at least 1 GiB (room for many shorter ones)."""
+    return max(1.0, float(pool_gb_flag(layout.one_sequence_bytes(context, prefill_chunk, max_num_seqs))))

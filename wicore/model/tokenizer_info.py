@@ -16,7 +16,9 @@ class TokenizerInfo:
     `eos_token_ids` holds every id that ends generation: the eos token first,
     then end-of-turn tokens (Gemma: `<eos>` 1, `<end_of_turn>` 106).
     `add_bos` says whether plain text is encoded with the bos token in front;
-    a rendered chat template already starts with it.
+    a rendered chat template already starts with it. `has_chat_template` is False when the
+    source shipped no chat template (a base model): `chat_template` is then WiCore's stand-in
+    (Gemma 3's for Gemma 3, else one that refuses), and a server refuses chat requests.
     """
 
     files: tuple[str, ...]
@@ -25,6 +27,7 @@ class TokenizerInfo:
     pad_token_id: int | None
     add_bos: bool
     chat_template: str
+    has_chat_template: bool = True
 
     def __post_init__(self) -> None:
         if "tokenizer.json" not in self.files:
@@ -45,6 +48,7 @@ class TokenizerInfo:
                 pad_token_id=data["pad_token_id"],
                 add_bos=bool(data["add_bos"]),
                 chat_template=data["chat_template"],
+                has_chat_template=bool(data.get("has_chat_template", True)),  # exports before it: as before
             )
         except (KeyError, TypeError) as e:
             raise ManifestError(f"tokenizer entry of the manifest is malformed ({e!r}); export the model again") from e

@@ -27,9 +27,16 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the k most likely
     prompt_logits: bool = False  # also return the logits at every prompt position (no prefix-cache reuse)
     speculative: bool = True  # False: this request never runs draft tokens (where the engine speculates)
+    # OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the logits (-100 bans, +100 forces).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's extensions. min_p: drop tokens less likely than min_p x the likeliest one (after the
+    # temperature). repetition_penalty: every token of the prompt or the output so far has its
+    # logit divided by it where positive, multiplied by it where negative (1: off).
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):
                 raise RequestError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -47,6 +54,13 @@ class SamplingParams:
                 raise RequestError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise RequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise RequestError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise RequestError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for token_id, bias in self.logit_bias:
+            if token_id < 0 or not (math.isfinite(bias) and -100 <= bias <= 100):
+                raise RequestError(f"logit_bias: token {token_id} with bias {bias}: ids >= 0, biases in [-100, 100]")
 
     @property
     def is_greedy(self) -> bool:
@@ -54,7 +68,14 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        """Whether the scores depend on the tokens seen so far (presence, frequency, repetition)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def changes_logits(self) -> bool:
+        """Whether the token is chosen from other scores than the raw logits (so a greedy pick is
+        not their argmax): penalties or a logit bias."""
+        return self.has_penalties or bool(self.logit_bias)
 
 
 @dataclass(frozen=True)

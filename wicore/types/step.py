@@ -9,6 +9,7 @@ outputs = scheduler.update(rows, result)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +43,8 @@ class ScheduledRow:
     # row, or partly cached before it)
     draft_ids: tuple[int, ...] = ()  # a verification row: its last len(draft_ids) tokens are a proposer's
     # draft, and every one of its tokens has logits (wicore.engine.speculative)
+    prompt_ids: Sequence[int] = ()  # the request's prompt (the same list, not a copy) where its sampler
+    # penalizes repetition: the prompt's tokens count as seen
     full_locations: tuple[tuple[Tier, int], ...] = ()  # a streamed row (some full-attention blocks off the
     # device): (tier, frame) of each of them, in order; the runner stages them (wicore.kv.stream)
 

@@ -1,12 +1,19 @@
 // WiCore's page: the API key (kept for this tab only), the two views, and the start-up.
 //
 //   /web/config.json ─401─► ask for the key ─► sessionStorage ─► retry
+//                    ─429 failed-key lockout─► the key dialog, saying so (retry once the lockout ends)
 //                    └─ok─► model name, image upload on/off ─► Chat (/v1/ws) + EngineView (/v1/stats, /metrics)
 
 import { Chat } from "./chat.js";
 import { EngineView } from "./engine.js";
 
 const KEY_ITEM = "wicore.api_key";
+const LOCKOUT = "failed_key_lockout"; // the 429's code after too many failed keys from this address
+
+/** Whether an error is about the key: a refused one (401), or the lockout that follows many (429). */
+export function isKeyError(status, error) {
+  return status === 401 || (status === 429 && error && error.code === LOCKOUT);
+}
 
 export class Client {
   /** The server this page came from, with the key the user gave (if the server asks for one). */
@@ -23,25 +30,32 @@ export class Client {
   async get(path) {
     for (;;) {
       const response = await fetch(path, { headers: this.headers(), cache: "no-store" });
-      if (response.status === 401) {
-        await this.askKey((await errorOf(response)).message);
-        continue;
+      if (response.status === 401 || response.status === 429) {
+        const error = await errorOf(response);
+        if (isKeyError(response.status, error)) {
+          await this.askKey(error.message, response.status === 429);
+          continue;
+        }
+        return this.fail(response.status, error, response);
       }
-      if (!response.ok) {
-        const error = new Error((await errorOf(response)).message);
-        error.status = response.status;
-        error.retryAfter = Number(response.headers.get("Retry-After") || 0);
-        throw error;
-      }
+      if (!response.ok) return this.fail(response.status, await errorOf(response), response);
       return response;
     }
   }
 
-  /** Show the key dialog until the user submits a key; keep it for this tab. */
-  askKey(reason) {
+  fail(status, body, response) {
+    const error = new Error(body.message);
+    error.status = status;
+    error.retryAfter = Number(response.headers.get("Retry-After") || 0);
+    throw error;
+  }
+
+  /** Show the key dialog until the user submits a key; keep it for this tab. The reason shows
+   *  when a key was refused, and always for the lockout (`always`). */
+  askKey(reason, always = false) {
     const form = document.getElementById("key-form");
     const input = document.getElementById("key-input");
-    document.getElementById("key-error").textContent = this.key ? reason : "";
+    document.getElementById("key-error").textContent = this.key || always ? reason : "";
     return new Promise((resolve) => {
       form.onsubmit = (event) => {
         event.preventDefault();

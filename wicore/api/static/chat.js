@@ -1,9 +1,14 @@
 // The chat view: a conversation streamed over /v1/ws, one reply at a time, with its timings.
+// A base model (config.chat false: no chat template) gets text continuation instead: each
+// prompt is sent alone as a completion, and the reply continues it.
 //
 //   send ─► {"type": "chat", "id", "body": {model, messages, temperature, top_p, max_tokens, seed}}
-//        ◄─ {"type": "chunk", "id", "chunk": chat.completion.chunk}  ... (text appended as it comes)
+//           {"type": "completion", "id", "body": {model, prompt, ...}}          (a base model)
+//        ◄─ {"type": "chunk", "id", "chunk": chat.completion.chunk or text_completion}  ... (text appended)
 //        ◄─ {"type": "done", "id", "usage", "cancelled"}  or  {"type": "error", "id", "error"}
 //   stop ─► {"type": "cancel", "id"}   (the server aborts the request and answers "done", cancelled)
+
+import { isKeyError } from "./app.js";
 
 const MAX_IMAGE_SIDE = 1024; // uploads are scaled down to this before they are sent (the model resizes anyway)
 
@@ -11,6 +16,7 @@ export class Chat {
   constructor(client, config) {
     this.client = client;
     this.config = config;
+    this.isChat = config.chat !== false;
     this.history = []; // {role, content} as the API takes them
     this.pending = null; // the reply streaming now: {id, el, text, sentAt, firstAt, lastAt}
     this.image = null; // data: URL of the image to send with the next message
@@ -18,7 +24,8 @@ export class Chat {
     this.el = (id) => document.getElementById(id);
     this.bindSettings();
     this.bindComposer();
-    if (config.images) this.bindImages();
+    if (!this.isChat) this.showContinuation();
+    if (config.images && this.isChat) this.bindImages();
     this.connect(0);
   }
 
@@ -52,8 +59,9 @@ export class Chat {
   }
 
   async onFrame(frame) {
-    if (frame.type === "error" && frame.id === null && frame.status === 401) {
-      await this.client.askKey(frame.error.message); // the key was refused: ask again, then retry it
+    if (frame.type === "error" && frame.id === null && isKeyError(frame.status, frame.error)) {
+      // the key was refused (or the failed-key lockout holds): ask again, then retry it
+      await this.client.askKey(frame.error.message, frame.status === 429);
       this.ws.send(JSON.stringify({ type: "auth", api_key: this.client.key }));
       return;
     }
@@ -61,14 +69,14 @@ export class Chat {
     if (!reply || frame.id !== reply.id) return;
     if (frame.type === "chunk") {
       for (const choice of frame.chunk.choices) {
-        const text = choice.delta && choice.delta.content;
+        const text = choice.delta ? choice.delta.content : choice.text;
         if (text) this.append(reply, text);
         if (choice.finish_reason) reply.finishReason = choice.finish_reason;
       }
     } else if (frame.type === "done") {
       this.finish({ usage: frame.usage, cancelled: frame.cancelled });
     } else if (frame.type === "error") {
-      if (frame.status === 401) this.client.askKey(frame.error.message);
+      if (isKeyError(frame.status, frame.error)) this.client.askKey(frame.error.message, frame.status === 429);
       this.finish({ error: frame.error.message });
     }
   }
@@ -79,7 +87,7 @@ export class Chat {
     const text = prompt.value.trim();
     if (!text || this.pending || !this.ws || this.ws.readyState !== WebSocket.OPEN) return;
     const content = this.image ? [{ type: "image_url", image_url: { url: this.image } }, { type: "text", text }] : text;
-    this.history.push({ role: "user", content });
+    if (this.isChat) this.history.push({ role: "user", content });
     this.addMessage("user", text, this.image);
     prompt.value = "";
     this.clearImage();
@@ -87,14 +95,15 @@ export class Chat {
     const el = this.addMessage("assistant", "");
     el.dataset.state = "streaming";
     this.pending = { id, el, text: "", sentAt: performance.now(), firstAt: null, lastAt: null, finishReason: null };
-    this.ws.send(JSON.stringify({ type: "chat", id, body: this.body() }));
+    const type = this.isChat ? "chat" : "completion";
+    this.ws.send(JSON.stringify({ type, id, body: this.body(text) }));
     this.updateButtons();
   }
 
-  body() {
+  body(text) {
     const body = {
       model: this.config.model,
-      messages: this.history,
+      ...(this.isChat ? { messages: this.history } : { prompt: text }),
       temperature: Number(this.el("temperature").value),
       top_p: Number(this.el("top-p").value),
       max_tokens: Number(this.el("max-tokens").value) || 256,
@@ -126,10 +135,10 @@ export class Chat {
     if (error) {
       reply.el.dataset.state = "error";
       meta.textContent = error;
-      this.history.pop(); // the turn failed: leave it out of the conversation
+      if (this.isChat) this.history.pop(); // the turn failed: leave it out of the conversation
     } else {
       reply.el.dataset.state = cancelled ? "stopped" : "done";
-      this.history.push({ role: "assistant", content: reply.text });
+      if (this.isChat) this.history.push({ role: "assistant", content: reply.text });
       meta.textContent = timings(reply, usage);
     }
     this.updateButtons();
@@ -196,6 +205,17 @@ export class Chat {
       }
     });
     this.el("stop").addEventListener("click", () => this.stop());
+  }
+
+  /** A base model: the composer asks for text to continue, and says why. */
+  showContinuation() {
+    document.body.dataset.mode = "continuation";
+    this.el("prompt").placeholder = "Text to continue";
+    this.el("send").textContent = "Continue";
+    this.el("new-chat").textContent = "Clear";
+    this.el("empty").textContent =
+      `${this.config.model} is a base model (no chat template): it continues the text you write, ` +
+      "it does not answer questions. Serve a chat model (wicore serve, or --model smollm2-135m-instruct) to chat.";
   }
 
   bindImages() {

@@ -1,0 +1,171 @@
+"""What `wicore serve` and `wicore generate` take: the default model, a GGUF or HF folder served
+directly, --chat-template, the defaults their help shows, --version."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import wicore
+from wicore.api.server import free_port
+from wicore.cli.main import main, parse_command_line, served_name
+from wicore.cli.models import resolve_model
+
+
+def test_serve_defaults_to_a_chat_model_and_help_shows_the_defaults(capsys):
+    assert parse_command_line(["serve"]).model == "smollm2-135m-instruct"
+    assert parse_command_line(["serve", "x.gguf", "--port", "9000"]).model_arg == "x.gguf"  # `wicore serve x.gguf`
+    with pytest.raises(SystemExit):
+        parse_command_line(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--model", "--port", "--max-num-seqs", "--grace-seconds"):
+        assert f"{flag} " in text
+    for default in ("(default: smollm2-135m-instruct)", "(default: 8000)", "(default: 64)", "(default: 30.0)"):
+        assert default in text, default
+    assert "on SIGTERM or Ctrl-C (SIGINT)" in text and "a second Ctrl-C quits at once" in text
+    assert "(default: what one sequence of the model's whole context needs, at least 1)" in text
+
+
+def test_generate_sampling_flags_have_help(capsys):
+    with pytest.raises(SystemExit):
+        parse_command_line(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for phrase in (
+        "0 is greedy (default: 0.0)",
+        "0 keeps all (default: 0)",
+        "1 keeps all (default: 1.0)",
+        "--min-p",
+        "--repetition-penalty",
+    ):
+        assert phrase in text, phrase
+
+
+def test_version():
+    res = subprocess.run([sys.executable, "-m", "wicore.cli", "--version"], capture_output=True, text=True, timeout=60)
+    assert (res.returncode, res.stdout) == (0, f"wicore {wicore.__version__}\n")
+
+
+def test_served_names():
+    assert served_name("smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert served_name("/x/models/Qwen2.5-0.5B.Q4_K_M.gguf") == "Qwen2.5-0.5B.Q4_K_M"
+    assert served_name("/x/models/my-folder") == "my-folder"
+
+
+def test_an_hf_folder_is_exported_once_into_the_cache(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("WICORE_CACHE", str(tmp_path))
+    folder, _ = tiny_model()
+    first = resolve_model(str(folder), "cpu")
+    assert first.parent == tmp_path / "models" and first.name.startswith(f"{folder.name}-")
+    manifest = first / "wicore.json"
+    written = manifest.stat().st_mtime_ns
+    assert resolve_model(str(folder), "cpu") == first and manifest.stat().st_mtime_ns == written  # reused
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "nowhere.gguf"], "wicore: error: nowhere.gguf: no such GGUF file\n"),
+        (["nowhere.gguf"], "wicore: error: nowhere.gguf: no such GGUF file\n"),
+        (["--chat-template", "absent.jinja"], "wicore: error: --chat-template absent.jinja: cannot read it (No such file"),
+    ],
+)
+def test_bad_models_and_templates_are_one_line_errors(args, message, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--port", str(free_port()), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_a_chat_template_that_does_not_parse_is_refused(capsys, tmp_path):
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}", encoding="utf-8")
+    assert main(["serve", "--port", str(free_port()), "--chat-template", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"wicore: error: --chat-template {bad}: the chat template does not parse (") and err.count("\n") == 1
+
+
+def serve_process(cache: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    """`wicore serve ARGS` with WICORE_CACHE=cache, on a free port, once /health answers (first use pulls and exports)."""
+    port = free_port()
+    env = {**os.environ, "WICORE_CACHE": str(cache), "PYTHONPATH": str(Path(__file__).parents[2])}
+    command = [sys.executable, "-m", "wicore.cli", "serve", *args, "--port", str(port), "--threads", "2"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"wicore serve exited early:\n{proc.stdout.read()}")  # type: ignore[union-attr]
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise AssertionError("wicore serve did not come up")
+
+
+def ask(url: str, question: str) -> str:
+    body = {"messages": [{"role": "user", "content": question}], "max_tokens": 32, "temperature": 0}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def serve_cache(tmp_path_factory) -> Path:
+    """WICORE_CACHE for these servers: the test cache (its gguf/ holds the pulled SmolLM2), else a fresh one."""
+    base = os.environ.get("WICORE_TEST_CACHE")
+    return Path(base) if base else tmp_path_factory.mktemp("wicore-cache")
+
+
+@pytest.mark.slow
+def test_plain_wicore_serve_answers_the_readme_questions(serve_cache, smollm2_gguf):
+    """README's first command: no --model, the chat model; the English and the Chinese quick start's curl."""
+    proc, url = serve_process(serve_cache)
+    try:
+        assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "smollm2-135m-instruct"
+        assert httpx.get(f"{url}/web/config.json").json()["chat"] is True
+        assert ask(url, "What is the capital of France?") == "The capital of France is Paris."
+        assert ask(url, "What is the capital of China?") == "The capital of China is Beijing."
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_wicore_serve_a_gguf_path(serve_cache):
+    """`wicore serve x.gguf`: the packaged Gemma 3 270M's file, exported once into the cache; a base
+    model, so completions answer and chat says there is no chat template."""
+    from wicore.export.sources import packaged_gguf
+
+    gguf = packaged_gguf("gemma3-270m")
+    proc, url = serve_process(serve_cache, str(gguf))
+    try:
+        assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == gguf.stem
+        body = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+        done = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
+        assert done["usage"]["completion_tokens"] == 4 and done["choices"][0]["text"].strip()  # it continues the text
+        chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]}, timeout=60)
+        assert (chat.status_code, chat.json()["error"]["code"]) == (400, "no_chat_template")
+        assert httpx.get(f"{url}/web/config.json").json()["chat"] is False
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert len(list((serve_cache / "models").glob(f"{gguf.stem}-*-ort-quant"))) == 1  # exported once, on a CPU as ort-quant
+
+
+@pytest.mark.slow
+def test_the_default_pool_holds_the_models_whole_context(gemma_270m):
+    """1 GiB capped the 270M at 29,136 of its 32,768 tokens; the default is sized for one whole sequence."""
+    from wicore.cli.engine_args import engine_config
+    from wicore.engine.engine import Engine
+
+    folder = gemma_270m(1)
+    config = engine_config(parse_command_line(["serve", "--model", str(folder), "--threads", "2"]), folder)
+    assert config.kv_pool_gb == 1.13
+    with Engine(config) as engine:
+        assert engine.max_sequence_tokens == 32768 == engine.manifest.config.max_position_embeddings
