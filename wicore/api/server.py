@@ -87,7 +87,7 @@ def startup_summary(engine: Engine, settings: ServerSettings) -> str:
 def _in_flight(engine: Engine) -> int:
     """Requests the engine still runs or holds (what a shutdown waits for)."""
     stats = engine.stats()
-    return sum(int(stats.get(name, 0)) for name in ("running", "waiting", "swapped"))  # type: ignore[call-overload]
+    return stats.running + stats.waiting + stats.swapped
 
 
 async def _serve_until_signal(app: Any, config: Config, limits: ConnectionLimits, in_flight: Any = None) -> None:
