@@ -114,7 +114,10 @@ def test_rollback_returns_to_the_earlier_mask(compiler, bpe):
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (StructuredOutput(StructuredKind.JSON, '{"type": "strnig"}', "response_format.json_schema.schema"), "Invalid type: strnig"),
+        (
+            StructuredOutput(StructuredKind.JSON, '{"type": "strnig"}', "response_format.json_schema.schema"),
+            "Invalid type: strnig",
+        ),
         (StructuredOutput(StructuredKind.JSON, "{not json", "guided_json"), "Expecting property name"),
         (StructuredOutput(StructuredKind.JSON, "[1, 2]", "guided_json"), "a JSON schema is an object"),
         (StructuredOutput(StructuredKind.JSON, '{"type": "string", "format": "zipcode"}', "guided_json"), "Unknown format"),

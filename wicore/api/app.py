@@ -285,6 +285,7 @@ class API:
                         logprobs=opts.logprobs,
                         speculative=opts.speculative,
                         ignore_eos=opts.ignore_eos,
+                        structured=opts.structured,
                     )
                     request_ids.append(
                         self.engine.add_request(

@@ -21,6 +21,7 @@ from typing import Any
 from wicore.api.generation import ChoiceStats, run_choice
 from wicore.api.images import ImagePart
 from wicore.api.schemas import Options, _bad, _int, _number, _object
+from wicore.api.structured import parse_structured
 from wicore.errors import RequestError
 
 # Original config key -> flag destination.
@@ -72,7 +73,11 @@ async def inference(api: Any, body: Any) -> dict[str, Any]:
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise _bad("prompt", "expected a non-empty string")
-    opts = Options(max_tokens=_int(body, "max_tokens", 1), temperature=_number(body, "temperature", 0.0, 2.0, default=0.0))
+    opts = Options(
+        max_tokens=_int(body, "max_tokens", 1),
+        temperature=_number(body, "temperature", 0.0, 2.0, default=0.0),
+        structured=parse_structured(body),
+    )
     images = await api.images(_image_parts(body.get("images")))
     tok = api._tokenizer()
     if images:

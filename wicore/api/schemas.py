@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI endpoints, parsed and checked: a 400 names the parameter.
 
 Unknown fields are ignored, as OpenAI does; `null` means "not given". Known fields whose
-feature WiCore lacks (echo, best_of, suffix, audio parts, tools, response_format) are refused
-with a 400 rather than silently ignored, so a client never gets an answer it did not ask for.
+feature WiCore lacks (echo, best_of, suffix, audio parts, tools) are refused with a 400 rather
+than silently ignored, so a client never gets an answer it did not ask for. Output constraints
+(response_format, structured_outputs, guided_*) are parsed by wicore.api.structured.
 
     image_url parts  {"type": "image_url", "image_url": {"url": ...}} (or "image_url": "<url>"):
                      the message keeps {"type": "image"} where the chat template places the
@@ -19,6 +20,8 @@ from typing import Any
 
 from wicore.api.errors import APIError
 from wicore.api.images import ImagePart
+from wicore.api.structured import parse_structured
+from wicore.structured.spec import StructuredOutput
 
 PRIORITIES = ("low", "normal", "high", "urgent")
 ROLES = ("system", "developer", "user", "assistant")
@@ -49,6 +52,7 @@ class Options:
     logprobs: int | None = None  # None: none; k: each token's logprob and the k most likely alternatives
     speculative: bool = True  # False: no draft tokens for this request, where the server speculates
     ignore_eos: bool = False  # vLLM's extension: generate through end-of-sequence tokens up to max_tokens
+    structured: StructuredOutput | None = None  # response_format / structured_outputs / guided_*: what the output matches
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,7 @@ def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...], logpr
         logprobs=logprobs,
         speculative=_bool(body, "speculative") is not False,
         ignore_eos=bool(_bool(body, "ignore_eos")),
+        structured=parse_structured(body),
     )
 
 
@@ -249,17 +254,14 @@ def parse_chat(body: Any) -> ChatRequest:
 
 
 def refuse_structured_output(body: dict[str, Any]) -> None:
-    """Tool calls and constrained output are not implemented: a 400 rather than plain text that a
-    client would take for an answer in the format it asked for. Their "off" values pass."""
+    """Tool calls are not implemented: a 400 rather than plain text that a client would take for
+    a call. Their "off" values pass."""
     for name in ("tools", "functions"):
         if body.get(name):
             raise _unsupported(name, "tool calling")
     for name in ("tool_choice", "function_call"):
         if body.get(name) not in (None, "none"):
             raise _unsupported(name, "tool calling")
-    response_format = body.get("response_format")
-    if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
-        raise _unsupported("response_format", "a response_format other than text")
 
 
 def parse_completion(body: Any) -> CompletionRequest:

@@ -36,6 +36,7 @@ from wicore.hmt.block_groups import FULL, WINDOW
 from wicore.hmt.tiers import HostStore, Tier
 from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.runtime.channel import Channel
+from wicore.runtime.constrained import Grammars
 from wicore.runtime.engine_config import EngineConfig
 from wicore.runtime.engine_stats import engine_stats
 from wicore.runtime.graphs import ModelGraphs
@@ -121,6 +122,7 @@ class Engine:
         self.generated = RateMeter()  # tokens generated a second over the last 10 s: stats()' tokens_per_second
         self.num_steps = 0
         self.speculator = build_speculator(config, self.manifest) if config.speculative is not None else None
+        self.grammars = Grammars(lambda: self.tokenizer, self.manifest.config.vocab_size, self.eos_token_ids)
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> Engine:
@@ -203,6 +205,7 @@ class Engine:
         else:
             ids = list(prompt)
         priority = Priority.parse(priority)
+        grammar = self.grammars.start(params)  # a constraint that does not compile raises here, before queuing
         with self._lock:
             request_id = request_id or f"req-{next(self._ids)}"
             max_tokens, spans = self._admit(ids, params, request_id, images)
@@ -216,6 +219,7 @@ class Engine:
                 arrival=now,
                 deadline=None if deadline is None else now + deadline,
                 image_spans=spans,
+                grammar=grammar,
             )
             self.scheduler.add(request)
             self._channels[request_id] = Channel()

@@ -10,6 +10,7 @@ import numpy as np
 from wicore.errors import RequestError
 from wicore.runtime.images import ImageSpan, block_keys, chunk_end
 from wicore.runtime.sampler import Logprobs, SamplingParams
+from wicore.structured.state import GrammarState
 
 
 class Priority(enum.IntEnum):
@@ -59,6 +60,7 @@ class Request:
     seq_id: int = 0  # key of its blocks in the KV cache
     prompt_logits: list[np.ndarray] = field(default_factory=list)  # chunks so far, if params.prompt_logits
     image_spans: tuple[ImageSpan, ...] = ()  # the prompt's images (wicore.runtime.images)
+    grammar: GrammarState | None = None  # params.structured, compiled: where its output tokens have taken it
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -8,6 +8,11 @@ Per step, for one request:
 Logprobs are those of the raw model distribution, before penalties and temperature: vLLM's
 default (`logprobs_mode="raw_logprobs"`). They cost one softmax over the vocabulary, so they
 are computed only for requests that ask for them.
+
+A constrained request (`structured`) passes its grammar's mask (wicore.structured.bitmask) with
+the logits: the tokens it refuses are at -inf before anything else, so every choice above (and the
+logprobs, as vLLM reports them) is of the masked distribution, the model's renormalised over the
+allowed tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import numpy as np
 
 from wicore.errors import RequestError
 from wicore.graph.sampling import CDF_BLOCK  # one block size here and in the graph's draw: the same tokens
+from wicore.structured.bitmask import apply_bitmask
+from wicore.structured.spec import StructuredOutput
 
 MAX_LOGPROBS = 20  # most alternatives a request may ask for (OpenAI's top_logprobs limit)
 
@@ -40,6 +47,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the k most likely
     prompt_logits: bool = False  # also return the logits at every prompt position (no prefix-cache reuse)
     speculative: bool = True  # False: this request never runs draft tokens (where the engine speculates)
+    structured: StructuredOutput | None = None  # what the output must match (a JSON schema, regex, ...): masked
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
@@ -87,6 +95,16 @@ class Sample:
     logprobs: Logprobs | None = None  # only when the request asked for them
 
 
+def masked(logits: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """The logits with the tokens `mask` refuses at -inf (the logits themselves without a mask)."""
+    if mask is None:
+        return logits
+    out = apply_bitmask(logits, mask)
+    if not np.isfinite(out).any():
+        raise RuntimeError("the request's grammar allows no token here")
+    return out
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     shifted = x - x.max()
@@ -110,13 +128,15 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed)
         self.counts: dict[int, int] = {}  # token id -> times picked (kept only with penalties)
 
-    def sample(self, logits: np.ndarray) -> Sample:
+    def sample(self, logits: np.ndarray, mask: np.ndarray | None = None) -> Sample:
+        """The next token from one row of logits; `mask`: the packed tokens a grammar allows."""
         p = self.params
+        logits = masked(logits, mask)
         scores = self.penalized(logits) if p.has_penalties and self.counts else logits
         token = int(np.argmax(scores)) if p.is_greedy else self._draw(scores)
         return self._sample_of(logits, token)
 
-    def verify(self, logits: np.ndarray, draft_id: int) -> tuple[Sample, bool]:
+    def verify(self, logits: np.ndarray, draft_id: int, mask: np.ndarray | None = None) -> tuple[Sample, bool]:
         """The token at a position where a proposer guessed `draft_id`, and whether it is the guess.
 
         Greedy: the argmax (the guess is kept when it is the argmax). Tempered: speculative
@@ -124,8 +144,9 @@ class Sampler:
         on the guess: the guess is kept with probability p(guess), else a token is drawn from p
         without the guess, renormalized. Either way the token is distributed as `sample` draws it
         (p: this sampler's distribution, after penalties, temperature, top-k and top-p), from the
-        request's seeded generator."""
+        request's seeded generator. `mask`: as in `sample`."""
         p = self.params
+        logits = masked(logits, mask)
         scores = self.penalized(logits) if p.has_penalties and self.counts else logits
         token = int(np.argmax(scores)) if p.is_greedy else self._verify_draw(scores, draft_id)
         return self._sample_of(logits, token), token == draft_id

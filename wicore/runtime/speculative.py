@@ -150,22 +150,28 @@ class Speculator:
 
 
 def verify_row(
-    draft_ids: Sequence[int], sampler: Sampler | None, logits: np.ndarray | None, argmax: np.ndarray | None
+    draft_ids: Sequence[int],
+    sampler: Sampler | None,
+    logits: np.ndarray | None,
+    argmax: np.ndarray | None,
+    masks: np.ndarray | None = None,
 ) -> list[Sample]:
     """The tokens a verification row produces: the kept drafts and one more (module docstring).
-    `logits` [k + 1, vocab] go through the request's sampler; without them (greedy rows, no
-    logprobs), `argmax` [k + 1] are the graph's greedy tokens."""
+    `logits` [k + 1, vocab] go through the request's sampler, with `masks` [k + 1, words] when the
+    request has a grammar (position i: after the first i drafts); without logits (greedy rows, no
+    logprobs, no grammar), `argmax` [k + 1] are the graph's greedy tokens."""
     samples = []
     for i in range(len(draft_ids) + 1):
+        mask = None if masks is None else masks[i]
         if logits is None:
-            assert argmax is not None
+            assert argmax is not None and masks is None
             sample, kept = Sample(int(argmax[i])), i < len(draft_ids) and int(argmax[i]) == draft_ids[i]
         elif i < len(draft_ids):
             assert sampler is not None
-            sample, kept = sampler.verify(logits[i], draft_ids[i])
+            sample, kept = sampler.verify(logits[i], draft_ids[i], mask)
         else:
             assert sampler is not None
-            sample, kept = sampler.sample(logits[i]), False
+            sample, kept = sampler.sample(logits[i], mask), False
         samples.append(sample)
         if not kept:
             break

@@ -18,6 +18,7 @@ from wicore.hmt.tiers import Tier
 from wicore.runtime.images import ImageSpan
 from wicore.runtime.request import RequestOutput
 from wicore.runtime.sampler import Sample, SamplingParams
+from wicore.structured.state import GrammarState
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class ScheduledRow:
     # draft, and every one of its tokens has logits (wicore.runtime.speculative)
     full_locations: tuple[tuple[Tier, int], ...] = ()  # a streamed row (some full-attention blocks off the
     # device): (tier, frame) of each of them, in order; the runner stages them (wicore.runtime.kv_stream)
+    grammar: GrammarState | None = None  # a constrained request's grammar (the request's own): the runner
+    # reads its masks; only the scheduler advances it
 
 
 @dataclass(frozen=True)

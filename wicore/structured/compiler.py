@@ -128,7 +128,9 @@ class GrammarCompiler:
         seconds = time.monotonic() - started
         self.num_compiled += 1
         if matcher.is_error():
-            raise StructuredOutputError(f"{spec.field}: the {name} cannot be compiled: {_one_line(matcher.get_error())}", spec.field)
+            raise StructuredOutputError(
+                f"{spec.field}: the {name} cannot be compiled: {_one_line(matcher.get_error())}", spec.field
+            )
         if seconds > limits.max_compile_seconds:
             raise StructuredOutputError(
                 f"{spec.field}: the {name} took {seconds:.1f} s to compile; this server allows {limits.max_compile_seconds:g} s",

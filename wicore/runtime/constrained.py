@@ -1,0 +1,106 @@
+"""Constrained decoding in the engine: grammars compiled at admission, masks computed beside the step.
+
+    add_request ──► Grammars.start(params) ──► Request.grammar (GrammarState, or None)
+    schedule    ──► rows carry it; a draft is cut at the first token it refuses
+    execute     ──► MaskWorker.start(rows) ─┐ (its own thread: llguidance drops the GIL)
+                    graphs.run(...)         │ the model runs meanwhile
+                    sampler(logits, mask) ◄─┘ waits only if the masks are not done yet
+    update      ──► GrammarState.accept(token) for each new token; finished grammar -> "stop"
+
+A verification row gets one mask per position: the current one, then one after each draft prefix.
+Constrained rows sample on the host: the graph's sampling head draws from unmasked logits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from wicore.runtime.sampler import SamplingParams
+from wicore.runtime.step import ScheduledRow
+from wicore.runtime.tokenizer import Tokenizer
+from wicore.structured.compiler import GrammarCompiler, GrammarLimits, vocabulary
+from wicore.structured.state import GrammarState
+
+
+class Grammars:
+    """The engine's grammar compiler, built on the first constrained request (its vocabulary bridge
+    takes ~1 s for a 262K-token tokenizer)."""
+
+    def __init__(
+        self,
+        tokenizer: Callable[[], Tokenizer],
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        limits: GrammarLimits | None = None,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.limits = limits
+        self._compiler: GrammarCompiler | None = None
+        self._lock = threading.Lock()
+
+    def start(self, params: SamplingParams) -> GrammarState | None:
+        """A fresh grammar state for a constrained request (None for any other); raises
+        StructuredOutputError when the constraint cannot be compiled, RequestError without a tokenizer."""
+        if params.structured is None:
+            return None
+        return self.compiler.start(params.structured)
+
+    @property
+    def compiler(self) -> GrammarCompiler:
+        with self._lock:
+            if self._compiler is None:
+                vocab = vocabulary(self._tokenizer().to_json(), self.vocab_size, self.eos_token_ids)
+                self._compiler = GrammarCompiler(vocab, self.vocab_size, self.limits)
+            return self._compiler
+
+
+class StepMasks:
+    """The masks of one step's constrained rows (request id -> [positions, words] int32),
+    being computed; `get` waits for them."""
+
+    def __init__(self, future: Future[dict[str, np.ndarray]] | None) -> None:
+        self._future = future
+
+    def get(self, request_id: str) -> np.ndarray | None:
+        return None if self._future is None else self._future.result().get(request_id)
+
+    def wait(self) -> None:
+        if self._future is not None:
+            self._future.exception()  # done, whether it raised or not
+
+
+NO_MASKS = StepMasks(None)
+
+
+class MaskWorker:
+    """Computes a step's masks on one thread of its own, started before the step's graphs run."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, rows: Sequence[ScheduledRow]) -> StepMasks:
+        wanted = [row for row in rows if row.grammar is not None and row.needs_sample]
+        if not wanted:
+            return NO_MASKS
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="wicore-masks")
+        return StepMasks(self._pool.submit(_masks, wanted))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def _masks(rows: list[ScheduledRow]) -> dict[str, np.ndarray]:
+    out = {}
+    for row in rows:
+        assert row.grammar is not None
+        out[row.request_id] = row.grammar.masks(row.draft_ids)
+    return out
