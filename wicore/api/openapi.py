@@ -19,6 +19,36 @@ _INT = {"type": "integer"}
 _MAX_TOKENS = {**_INT, "minimum": 1, "nullable": True}
 _TEMPERATURE = {**_NUM, "minimum": 0, "maximum": 2, "nullable": True}
 _STOP = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}], "nullable": True}
+_SCHEMA = {"type": "object", "description": "a JSON schema"}
+_CHOICES = {"type": "array", "minItems": 1, "items": _STR}
+# Output constraints (wicore.api.structured): one per request, compiled by the server (a 400 names the
+# field of one that does not compile).
+_STRUCTURED: dict[str, Any] = {
+    "response_format": _object(
+        ["type"],
+        {
+            "type": {**_STR, "enum": ["text", "json_object", "json_schema"]},
+            "json_schema": _object([], {"name": _STR, "schema": _SCHEMA, "strict": {"type": "boolean", "nullable": True}}),
+        },
+        nullable=True,
+    ),
+    "structured_outputs": {
+        "type": "object",
+        "nullable": True,
+        "description": "vLLM's: one of json, regex, choice, grammar (Lark or GBNF), json_object",
+        "properties": {
+            "json": {"oneOf": [_SCHEMA, _STR]},
+            "regex": _STR,
+            "choice": _CHOICES,
+            "grammar": _STR,
+            "json_object": {"type": "boolean"},
+        },
+    },
+    "guided_json": {"oneOf": [_SCHEMA, _STR], "nullable": True},
+    "guided_regex": _NULLABLE_STR,
+    "guided_choice": {**_CHOICES, "nullable": True},
+    "guided_grammar": _NULLABLE_STR,
+}
 _COMMON: dict[str, Any] = {
     "model": _NULLABLE_STR,
     "temperature": _TEMPERATURE,
@@ -35,6 +65,7 @@ _COMMON: dict[str, Any] = {
     "priority": {**_STR, "enum": ["low", "normal", "high", "urgent"], "nullable": True},
     "speculative": {"type": "boolean", "nullable": True},
     "ignore_eos": {"type": "boolean", "nullable": True},
+    **_STRUCTURED,
 }
 _TEXT_PART = _object(["type", "text"], {"type": {**_STR, "enum": ["text"]}, "text": _STR})
 _IMAGE_PART = _object(
@@ -164,6 +195,7 @@ def openapi_schema() -> dict[str, Any]:
             "images": {"type": "array", "items": {**_STR, "description": "a base64 image (or a data: URL)"}, "nullable": True},
             "max_tokens": _MAX_TOKENS,
             "temperature": _TEMPERATURE,
+            **_STRUCTURED,
         },
     )
     inference_out = _object(

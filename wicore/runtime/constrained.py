@@ -27,8 +27,10 @@ from wicore.structured.state import GrammarState
 
 
 class Grammars:
-    """The engine's grammar compiler, built on the first constrained request (its vocabulary bridge
-    takes ~1 s for a 262K-token tokenizer)."""
+    """The engine's grammar compiler, built on the first constrained request: its vocabulary bridge
+    takes 3-12 s for Gemma 3's 262K-token tokenizer on 2 busy cores (docs/PERFORMANCE.md), so a
+    server starts building it in the background at startup (`warm_up`) and the first constrained
+    request waits only for what is left."""
 
     def __init__(
         self,
@@ -50,6 +52,16 @@ class Grammars:
         if params.structured is None:
             return None
         return self.compiler.start(params.structured)
+
+    def warm_up(self) -> None:
+        """Build the compiler on a thread of its own now (a model without a tokenizer: nothing)."""
+        threading.Thread(target=self._try_build, name="wicore-grammar-vocabulary", daemon=True).start()
+
+    def _try_build(self) -> None:
+        try:
+            self.compiler  # noqa: B018  (built and kept)
+        except Exception:  # no tokenizer: constrained requests are refused when they come
+            pass
 
     @property
     def compiler(self) -> GrammarCompiler:
