@@ -145,6 +145,13 @@ def test_a_constraint_that_does_not_compile_is_refused_before_queuing(tiny_chat)
         assert not e.scheduler.has_work
 
 
+def test_a_model_without_a_tokenizer_refuses_a_constraint_naming_it(tiny_export):
+    with engine(tiny_export(1)[0]) as e:
+        with pytest.raises(StructuredOutputError, match=r"^guided_regex: structured output needs the model's tokenizer") as err:
+            e.add_request([1, 2, 3], SamplingParams(structured=REGEX))
+        assert err.value.field == "guided_regex" and not e.scheduler.has_work
+
+
 def constrained_greedy(folder, **overrides) -> tuple[list[list[int]], dict]:
     params = [SamplingParams(max_tokens=48, structured=spec) for spec in (JSON, REGEX, CHOICE, JSON)]
     with engine(folder, **overrides) as e:

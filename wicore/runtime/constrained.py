@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from wicore.errors import RequestError, StructuredOutputError
 from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.step import ScheduledRow
 from wicore.runtime.tokenizer import Tokenizer
@@ -48,10 +49,17 @@ class Grammars:
 
     def start(self, params: SamplingParams) -> GrammarState | None:
         """A fresh grammar state for a constrained request (None for any other); raises
-        StructuredOutputError when the constraint cannot be compiled, RequestError without a tokenizer."""
-        if params.structured is None:
+        StructuredOutputError when the constraint cannot be compiled, or the model has no tokenizer."""
+        spec = params.structured
+        if spec is None:
             return None
-        return self.compiler.start(params.structured)
+        try:
+            compiler = self.compiler
+        except RequestError as exc:  # no tokenizer: no vocabulary to constrain
+            raise StructuredOutputError(
+                f"{spec.field}: structured output needs the model's tokenizer ({exc})", spec.field
+            ) from exc
+        return compiler.start(spec)
 
     def warm_up(self) -> None:
         """Build the compiler on a thread of its own now (a model without a tokenizer: nothing)."""
