@@ -27,7 +27,15 @@ def allowed_ids(mask: np.ndarray, vocab_size: int) -> np.ndarray:
 
 def apply_bitmask(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """A copy of one row of logits with every token the mask refuses at -inf (the row's own
-    buffer, often the graph's output, is left alone)."""
+    buffer, often the graph's output, is left alone).
+
+    Most masks allow a few tokens (a JSON key, a digit): those are gathered into a row of -inf
+    (~0.1 ms for 262K logits); a mask that allows many goes through one `np.where` (~0.5-1.5 ms).
+    `np.copyto(..., where=)` would cost ~12 ms on a mask of scattered bits (docs/PERFORMANCE.md)."""
+    keep = allowed(mask, logits.shape[-1])
+    ids = np.flatnonzero(keep)
+    if len(ids) > len(keep) // 4:
+        return np.where(keep, logits, logits.dtype.type(-np.inf))
     out = np.full(logits.shape, -np.inf, dtype=logits.dtype)
-    np.copyto(out, logits, where=allowed(mask, logits.shape[-1]))
+    out[ids] = logits[ids]
     return out
