@@ -48,3 +48,6 @@ class StructuredOutputError(RequestError):
     def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
         self.field = field
+
+    def __reduce__(self) -> tuple[type[StructuredOutputError], tuple[str, str]]:  # pickled whole (Ray replicas)
+        return (type(self), (str(self), self.field))

@@ -173,3 +173,10 @@ def test_apply_bitmask_keeps_the_allowed_logits_and_puts_the_rest_at_minus_infin
     assert np.all(out[~keep] == -np.inf)
     assert np.array_equal(allowed_ids(mask, vocab), np.flatnonzero(keep))
     assert out is not logits and np.isfinite(logits).all()
+
+
+def test_the_error_survives_pickling_with_its_field():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(StructuredOutputError("guided_regex: bad", "guided_regex")))
+    assert str(err) == "guided_regex: bad" and err.field == "guided_regex"
