@@ -1,11 +1,15 @@
 """Structured output through a real server on real models (slow layer): the official openai
 client's `chat.completions.parse(response_format=<pydantic model>)`, streamed and not, greedy and
 sampled, on SmolLM2-135M-Instruct and Gemma 3 270M, and LangChain's `with_structured_output`.
-Every answer must parse into the model class (pydantic checks it against the schema)."""
+Every answer must parse into the model class (pydantic checks it against the schema).
+
+Strings have a maxLength and numbers are integers in a range: a constraint keeps the text valid,
+not short, and a 270M base model can run a free string or a float's digits to max_tokens."""
 
 from __future__ import annotations
 
 from enum import Enum
+from typing import Annotated
 
 import pytest
 from conftest import start
@@ -40,10 +44,10 @@ class Forecast(BaseModel):  # an enum, an array with minItems, integer ranges
     days: int = Field(ge=1, le=7)
 
 
-class Tags(BaseModel):  # strings with a pattern, in an array with minItems
-    tags: list[str] = Field(min_length=1, max_length=4)
+class Tags(BaseModel):  # an array of strings with minItems, a pattern, an optional integer range
+    tags: list[Annotated[str, Field(max_length=16)]] = Field(min_length=1, max_length=4)
     code: str = Field(pattern=r"^[A-Z]{3}-[0-9]{3}$")
-    score: float | None = None
+    priority: int | None = Field(default=None, ge=1, le=5)
 
 
 CASES = [
