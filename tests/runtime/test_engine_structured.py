@@ -171,3 +171,26 @@ def test_constrained_greedy_is_the_same_with_ngram_speculation_and_under_preempt
         out, stats = constrained_greedy(folder, scheduler=sched, **tight)
         assert out == plain
         assert stats["preempted_swap"] + stats["preempted_recompute"] > 0
+
+
+@pytest.fixture(scope="module")
+def with_sampling_head(tiny_chat, tmp_path_factory):
+    """The tiny chat model exported with the sampling head (the graph draws tempered rows)."""
+    from wicore.export.exporter import ExportConfig, export_model
+    from wicore.export.sources import open_source
+
+    out = tmp_path_factory.mktemp("tiny_chat_head") / "model"
+    export_model(open_source(str(tiny_chat[1])), out, ExportConfig(sampling_head="on"), progress=lambda _: None)
+    return out
+
+
+def test_constrained_rows_never_take_the_sampling_heads_unmasked_pick(tiny_chat, with_sampling_head):
+    """With the head, free tempered rows draw in the graph and constrained rows on the host from
+    masked logits: every output is what the export without the head gives, token for token."""
+    reqs = requests()
+    outputs = []
+    for folder in (tiny_chat[0], with_sampling_head):
+        with engine(folder) as e:
+            assert e.runner.graphs.has_sampling_head == (folder == with_sampling_head)
+            outputs.append([(c.token_ids, c.finish_reason) for c in e.generate([p for p, _ in reqs], [sp for _, sp in reqs])])
+    assert outputs[0] == outputs[1]
