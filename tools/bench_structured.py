@@ -188,7 +188,12 @@ def serving(model_dir: Path, levels: list[int], new_tokens: int, repeats: int, t
                     wall = time.perf_counter() - started
                     assert all(len(c.token_ids) == new_tokens for c in out), [c.finish_reason for c in out]
                     results.setdefault((level, mode), []).append(sum(len(c.token_ids) for c in out) / wall)
-                    print(f"streams {level} {mode}: {results[(level, mode)][-1]:.1f} tok/s", flush=True)
+                    m = engine.runner.masks.stats
+                    print(
+                        f"streams {level} {mode}: {results[(level, mode)][-1]:.1f} tok/s; mask thread so far: "
+                        f"{m.num_steps} steps, sampling waited in {m.num_waits} ({m.wait_seconds * 1000:.1f} ms in all)",
+                        flush=True,
+                    )
     print("\n| streams | all free (tok/s) | half constrained (tok/s) | ratio |")
     print("|---|---|---|---|")
     for level in levels:

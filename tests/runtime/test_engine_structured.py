@@ -81,6 +81,7 @@ def test_constrained_and_free_requests_batch_and_every_constrained_output_is_val
         reqs = requests()
         completions = e.generate([p for p, _ in reqs], [sp for _, sp in reqs])
         tok = e.tokenizer
+        assert e.runner.masks.stats.num_steps > 0  # the mask thread ran
     for (_, params), c in zip(reqs, completions):
         if params.structured is None:
             assert c.finish_reason == "length" and len(c.token_ids) == 8

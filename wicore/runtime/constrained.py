@@ -14,8 +14,10 @@ Constrained rows sample on the host: the graph's sampling head draws from unmask
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -80,15 +82,35 @@ class Grammars:
             return self._compiler
 
 
+@dataclass
+class MaskStats:
+    """How the mask thread kept up: steps with constrained rows, and how long sampling waited for
+    their masks after the graphs had run (0 when the masks were ready first)."""
+
+    num_steps: int = 0
+    num_waits: int = 0  # steps whose sampling found the masks not yet done
+    wait_seconds: float = 0.0
+
+
 class StepMasks:
     """The masks of one step's constrained rows (request id -> [positions, words] int32),
     being computed; `get` waits for them."""
 
-    def __init__(self, future: Future[dict[str, np.ndarray]] | None) -> None:
+    def __init__(self, future: Future[dict[str, np.ndarray]] | None, stats: MaskStats | None = None) -> None:
         self._future = future
+        self._stats = stats
 
     def get(self, request_id: str) -> np.ndarray | None:
-        return None if self._future is None else self._future.result().get(request_id)
+        if self._future is None:
+            return None
+        if self._stats is not None:  # the first look of the step: did the masks make it in time?
+            stats, self._stats = self._stats, None
+            if not self._future.done():
+                started = time.perf_counter()
+                self._future.exception()
+                stats.num_waits += 1
+                stats.wait_seconds += time.perf_counter() - started
+        return self._future.result().get(request_id)
 
     def wait(self) -> None:
         if self._future is not None:
@@ -103,6 +125,7 @@ class MaskWorker:
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
+        self.stats = MaskStats()
 
     def start(self, rows: Sequence[ScheduledRow]) -> StepMasks:
         wanted = [row for row in rows if row.grammar is not None and row.needs_sample]
@@ -110,7 +133,8 @@ class MaskWorker:
             return NO_MASKS
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="wicore-masks")
-        return StepMasks(self._pool.submit(_masks, wanted))
+        self.stats.num_steps += 1
+        return StepMasks(self._pool.submit(_masks, wanted), self.stats)
 
     def close(self) -> None:
         if self._pool is not None:
