@@ -1,7 +1,10 @@
 """The original WiCore API, kept for clients written against it.
 
-    POST /v1/inference  {prompt, images?, max_tokens?, temperature?}
+    POST /v1/inference  {prompt, images?, max_tokens?, temperature?, an output constraint?}
                      -> {id, content, token_count, latency_ms}
+
+The output constraint is any of the chat endpoint's (response_format, structured_outputs,
+guided_*: wicore.api.structured).
 
 `images` is a list of base64 images (or data: URLs). They go where the prompt writes
 `<start_of_image>`, one each, in order; a prompt without any gets them all in front of its text.
