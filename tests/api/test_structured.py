@@ -184,3 +184,11 @@ def test_streamed_constrained_text_with_logprobs_and_a_stop_string(chat_server):
     stopped = post(chat_server, "/v1/chat/completions", {**CHAT, "guided_json": SCHEMA, "stop": ['"age"']})
     assert stopped.json()["choices"][0] == {**stopped.json()["choices"][0], "finish_reason": "stop"}
     assert stopped.json()["choices"][0]["message"]["content"] == "{"
+
+
+def test_a_model_without_a_tokenizer_refuses_a_constraint_naming_it(tiny_server):
+    served = tiny_server()
+    r = post(served, "/v1/completions", {"prompt": [1, 2, 3], "guided_regex": "a+", "max_tokens": 4})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "guided_regex" and "structured output needs the model's tokenizer" in error["message"]

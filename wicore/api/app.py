@@ -163,10 +163,12 @@ class API:
         if not is_chat:
             req = parse_completion(body)
             self._check_model(req.options)
+            await self.compile_constraint(req.options)
             tok = self._tokenizer()
             return Job(False, [tok.encode(p) if isinstance(p, str) else p for p in req.prompts], req.options)
         chat = parse_chat(body)
         self._check_model(chat.options)
+        await self.compile_constraint(chat.options)
         images = await self.images(chat.images)
         tok = self._tokenizer()
         try:
@@ -176,6 +178,18 @@ class API:
         if images:
             prompt = self.engine.expand_images(prompt)
         return Job(True, [tok.encode(prompt, add_bos=False)], chat.options, images)
+
+    async def compile_constraint(self, opts: Options) -> None:
+        """Compile the request's output constraint on a worker thread, not the event loop (a big
+        schema, or the vocabulary still being indexed after startup, takes seconds): queuing then
+        finds it in the engine's cache. One that does not compile is its 400 here."""
+        grammars = getattr(self.engine, "grammars", None)  # an engine elsewhere (Ray) compiles when it queues
+        if opts.structured is None or grammars is None:
+            return
+        try:
+            await asyncio.to_thread(grammars.state, opts.structured)
+        except WiCoreError as exc:
+            raise from_wicore(exc) from exc
 
     async def images(self, parts: tuple[ImagePart, ...]) -> list[ImageInput]:
         """The request's images, loaded for the model; a 400 naming the part when there is something wrong."""

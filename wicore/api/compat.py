@@ -81,6 +81,7 @@ async def inference(api: Any, body: Any) -> dict[str, Any]:
         temperature=_number(body, "temperature", 0.0, 2.0, default=0.0),
         structured=parse_structured(body),
     )
+    await api.compile_constraint(opts)
     images = await api.images(_image_parts(body.get("images")))
     tok = api._tokenizer()
     if images:

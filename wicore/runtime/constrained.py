@@ -26,6 +26,7 @@ from wicore.runtime.sampler import SamplingParams
 from wicore.runtime.step import ScheduledRow
 from wicore.runtime.tokenizer import Tokenizer
 from wicore.structured.compiler import GrammarCompiler, GrammarLimits, vocabulary
+from wicore.structured.spec import StructuredOutput
 from wicore.structured.state import GrammarState
 
 
@@ -52,9 +53,11 @@ class Grammars:
     def start(self, params: SamplingParams) -> GrammarState | None:
         """A fresh grammar state for a constrained request (None for any other); raises
         StructuredOutputError when the constraint cannot be compiled, or the model has no tokenizer."""
-        spec = params.structured
-        if spec is None:
-            return None
+        return None if params.structured is None else self.state(params.structured)
+
+    def state(self, spec: StructuredOutput) -> GrammarState:
+        """A fresh state of `spec` (compiled now unless cached): `start`, or, discarding the state,
+        a compile ahead of queuing (the API does it off its event loop)."""
         try:
             compiler = self.compiler
         except RequestError as exc:  # no tokenizer: no vocabulary to constrain
