@@ -245,3 +245,18 @@ def hf_tokenizer_smollm2(smollm2_gguf: Path) -> object:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+
+
+# -- a tiny random Gemma 3 with a real tokenizer (tests/tiny_chat.py) -----------------------
+@pytest.fixture(scope="session")
+def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(exported folder, HF folder) of the tiny chat model: random weights, a byte-level BPE tokenizer."""
+    import tiny_chat
+
+    from wicore.export.exporter import ExportConfig, export_model
+    from wicore.export.sources import open_source
+
+    hf = tiny_chat.build(tmp_path_factory.mktemp("tiny_chat_hf"), TINY)
+    out = tmp_path_factory.mktemp("tiny_chat") / "model"
+    export_model(open_source(str(hf)), out, ExportConfig(), progress=lambda _: None)
+    return out, hf

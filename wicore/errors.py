@@ -39,3 +39,15 @@ class ContextLengthError(RequestError):
 
 class OverloadedError(WiCoreError):
     """The engine's waiting queue is full; retry later."""
+
+
+class StructuredOutputError(RequestError):
+    """A request's structured-output constraint (a JSON schema, regex, choice or grammar) cannot be
+    compiled, or is over a limit; `field` is the request field it came from."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+    def __reduce__(self) -> tuple[type[StructuredOutputError], tuple[str, str]]:  # pickled whole (Ray replicas)
+        return (type(self), (str(self), self.field))

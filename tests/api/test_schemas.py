@@ -238,9 +238,6 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
         ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
         ({"functions": [TOOL["function"]]}, "functions"),
         ({"function_call": "auto"}, "function_call"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
-        ({"response_format": "json"}, "response_format"),
     ],
 )
 def test_tool_calls_and_structured_output_are_refused_not_ignored(extra, param):

@@ -219,11 +219,13 @@ class API:
         if not is_chat:
             req = parse_completion(body)
             self._check_model(req.options.model)
+            await self.compile_constraint(req.options)
             tok = self._tokenizer()
             prompts = await asyncio.to_thread(lambda: [tok.encode(p) if isinstance(p, str) else p for p in req.prompts])
             return Job(False, prompts, req.options)
         chat = parse_chat(body)
         self._check_model(chat.options.model)
+        await self.compile_constraint(chat.options)
         images = await self.images(chat.images)
         tok = self._tokenizer()
 
@@ -251,6 +253,18 @@ class API:
             return self._tokenizer().apply_chat_template(messages, add_generation_prompt, self.settings.chat_template)
         except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
             raise from_wicore(exc, "messages") from exc
+
+    async def compile_constraint(self, opts: Options) -> None:
+        """Compile the request's output constraint on a worker thread, not the event loop (a big
+        schema, or the vocabulary still being indexed after startup, takes seconds): queuing then
+        finds it in the engine's cache. One that does not compile is its 400 here."""
+        grammars = getattr(self.engine, "grammars", None)  # an engine elsewhere (Ray) compiles when it queues
+        if opts.structured is None or grammars is None:
+            return
+        try:
+            await asyncio.to_thread(grammars.state, opts.structured)
+        except WiCoreError as exc:
+            raise from_wicore(exc) from exc
 
     async def images(self, parts: tuple[ImagePart, ...]) -> list[ImageInput]:
         """The request's images, loaded for the model; a 400 naming the part when there is something wrong."""
@@ -372,6 +386,7 @@ class API:
                         logit_bias=opts.logit_bias,
                         min_p=opts.min_p,
                         repetition_penalty=opts.repetition_penalty,
+                        structured=opts.structured,
                     )
                     request_ids.append(
                         self.engine.add_request(

@@ -1,7 +1,10 @@
 """The original WiCore API, kept for clients written against it.
 
-    POST /v1/inference  {prompt, images?, max_tokens?, temperature?}
+    POST /v1/inference  {prompt, images?, max_tokens?, temperature?, an output constraint?}
                      -> {id, content, token_count, latency_ms}
+
+The output constraint is any of the chat endpoint's (response_format, structured_outputs,
+guided_*: wicore.api.structured).
 
 `images` is a list of base64 images (or data: URLs). They go where the prompt writes
 `<start_of_image>`, one each, in order; a prompt without any gets them all in front of its text.
@@ -24,6 +27,7 @@ from wicore.api.generation import ChoiceStats, run_choice
 from wicore.api.images import ImagePart
 from wicore.api.schemas import Options, _bad, _int, _number, _object
 from wicore.api.streaming import merge
+from wicore.api.structured import parse_structured
 from wicore.errors import RequestError
 
 # Original config key -> flag destination.
@@ -76,7 +80,12 @@ async def inference(api: Any, body: Any, connection: Hashable | None = None) -> 
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise _bad("prompt", "expected a non-empty string")
-    opts = Options(max_tokens=_int(body, "max_tokens", 1), temperature=_number(body, "temperature", 0.0, 2.0, default=0.0))
+    opts = Options(
+        max_tokens=_int(body, "max_tokens", 1),
+        temperature=_number(body, "temperature", 0.0, 2.0, default=0.0),
+        structured=parse_structured(body),
+    )
+    await api.compile_constraint(opts)
     images = await api.images(_image_parts(body.get("images")))
     tok = api._tokenizer()
     if images:

@@ -22,6 +22,36 @@ _MAX_TOKENS = {**_INT, "minimum": 1, "nullable": True}
 _TOKEN_ID = {**_INT, "minimum": 0}
 _TEMPERATURE = {**_NUM, "minimum": 0, "maximum": 2, "nullable": True}
 _STOP = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}], "nullable": True}
+_SCHEMA = {"type": "object", "description": "a JSON schema"}
+_CHOICES = {"type": "array", "minItems": 1, "items": _STR}
+# Output constraints (wicore.api.structured): one per request, compiled by the server (a 400 names the
+# field of one that does not compile).
+_STRUCTURED: dict[str, Any] = {
+    "response_format": _object(
+        ["type"],
+        {
+            "type": {**_STR, "enum": ["text", "json_object", "json_schema"]},
+            "json_schema": _object([], {"name": _STR, "schema": _SCHEMA, "strict": {"type": "boolean", "nullable": True}}),
+        },
+        nullable=True,
+    ),
+    "structured_outputs": {
+        "type": "object",
+        "nullable": True,
+        "description": "vLLM's: one of json, regex, choice, grammar (Lark or GBNF), json_object",
+        "properties": {
+            "json": {"oneOf": [_SCHEMA, _STR]},
+            "regex": _STR,
+            "choice": _CHOICES,
+            "grammar": _STR,
+            "json_object": {"type": "boolean"},
+        },
+    },
+    "guided_json": {"oneOf": [_SCHEMA, _STR], "nullable": True},
+    "guided_regex": _NULLABLE_STR,
+    "guided_choice": {**_CHOICES, "nullable": True},
+    "guided_grammar": _NULLABLE_STR,
+}
 _COMMON: dict[str, Any] = {
     "model": _NULLABLE_STR,
     "temperature": _TEMPERATURE,
@@ -47,6 +77,7 @@ _COMMON: dict[str, Any] = {
     },
     "min_p": {**_NUM, "minimum": 0, "maximum": 1, "nullable": True},
     "repetition_penalty": {**_NUM, "exclusiveMinimum": True, "minimum": 0, "maximum": 1e6, "nullable": True},
+    **_STRUCTURED,
 }
 _TEXT_PART = _object(["type", "text"], {"type": {**_STR, "enum": ["text"]}, "text": _STR})
 _IMAGE_PART = _object(
@@ -184,6 +215,7 @@ def openapi_schema() -> dict[str, Any]:
             "images": {"type": "array", "items": {**_STR, "description": "a base64 image (or a data: URL)"}, "nullable": True},
             "max_tokens": _MAX_TOKENS,
             "temperature": _TEMPERATURE,
+            **_STRUCTURED,
         },
     )
     inference_out = _object(

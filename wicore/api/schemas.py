@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI endpoints, parsed and checked: a 400 names the parameter.
 
 Unknown fields are ignored, as OpenAI does; `null` means "not given". Known fields whose
-feature WiCore lacks (echo, best_of, suffix, audio parts, tools, response_format) are refused
-with a 400 rather than silently ignored, so a client never gets an answer it did not ask for.
+feature WiCore lacks (echo, best_of, suffix, audio parts, tools) are refused with a 400 rather
+than silently ignored, so a client never gets an answer it did not ask for. Output constraints
+(response_format, structured_outputs, guided_*) are parsed by wicore.api.structured.
 
     image_url parts  {"type": "image_url", "image_url": {"url": ...}} (or "image_url": "<url>"):
                      the message keeps {"type": "image"} where the chat template places the
@@ -19,6 +20,8 @@ from typing import Any
 
 from wicore.api.errors import APIError
 from wicore.api.images import ImagePart
+from wicore.api.structured import parse_structured
+from wicore.structured.spec import StructuredOutput
 
 PRIORITIES = ("low", "normal", "high", "urgent")
 ROLES = ("system", "developer", "user", "assistant")
@@ -54,6 +57,7 @@ class Options:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids checked against the vocabulary later
     min_p: float = 0.0  # vLLM's extension
     repetition_penalty: float = 1.0  # vLLM's extension (prompt and output tokens)
+    structured: StructuredOutput | None = None  # response_format / structured_outputs / guided_*: what the output matches
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,7 @@ def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...], logpr
         logit_bias=parse_logit_bias(body),
         min_p=_number(body, "min_p", 0.0, 1.0, default=0.0),
         repetition_penalty=_number(body, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY, lo_open=True, default=1.0),
+        structured=parse_structured(body),
     )
 
 
@@ -276,17 +281,14 @@ def parse_chat(body: Any) -> ChatRequest:
 
 
 def refuse_structured_output(body: dict[str, Any]) -> None:
-    """Tool calls and constrained output are not implemented: a 400 rather than plain text that a
-    client would take for an answer in the format it asked for. Their "off" values pass."""
+    """Tool calls are not implemented: a 400 rather than plain text that a client would take for
+    a call. Their "off" values pass."""
     for name in ("tools", "functions"):
         if body.get(name):
             raise _unsupported(name, "tool calling")
     for name in ("tool_choice", "function_call"):
         if body.get(name) not in (None, "none"):
             raise _unsupported(name, "tool calling")
-    response_format = body.get("response_format")
-    if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
-        raise _unsupported("response_format", "a response_format other than text")
 
 
 def parse_completion(body: Any) -> CompletionRequest:

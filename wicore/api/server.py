@@ -59,6 +59,7 @@ def serve(
     """Run until SIGTERM / SIGINT; returns the process exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = Engine(engine_config).start()
+    engine.grammars.warm_up()  # the first constrained request need not wait for the vocabulary
     try:
         app = create_app(engine, settings)
         log.info("%s", startup_summary(engine, settings))

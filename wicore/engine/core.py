@@ -37,10 +37,12 @@ from wicore.engine.scheduler import Scheduler
 from wicore.engine.speculative_setup import build_speculator
 from wicore.engine.stats import EngineStats, engine_stats
 from wicore.errors import ContextLengthError, RequestError
+from wicore.executor.constrained import Grammars
 from wicore.executor.graphs import ModelGraphs
 from wicore.executor.runner import ModelRunner
 from wicore.executor.vision import NO_VISION, VisionEncoder
 from wicore.graph.manifest import Manifest
+from wicore.inputs.tokenizer import Tokenizer
 from wicore.kv.buffers import CacheConfig, KVBuffers
 from wicore.kv.layout import KVLayout, choose_block_size, pool_gb_flag
 from wicore.kv.stream import KVStreamer, num_stages
@@ -154,8 +156,18 @@ class EngineCore:
         self.generated = RateMeter()  # tokens generated a second over the last 10 s: stats()' tokens_per_second
         self.num_steps = 0  # steps that ran rows
         self.speculator = build_speculator(config, self.manifest) if config.speculative is not None else None
+        info = self.manifest.tokenizer
+        # Loaded now, not on the first request: a missing or broken tokenizer fails the start.
+        self.tokenizer = None if info is None else Tokenizer(model_dir, TokenizerInfo.from_dict(info))
+        self.grammars = Grammars(self.need_tokenizer, self.manifest.config.vocab_size, self.eos_token_ids)
         self.last_step = StepTrace()
         self.seconds = PhaseSeconds()  # summed over every step
+
+    def need_tokenizer(self) -> Tokenizer:
+        """The tokenizer, or the RequestError a model exported without one answers."""
+        if self.tokenizer is None:
+            raise RequestError("this model was exported without a tokenizer: send token ids")
+        return self.tokenizer
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -224,8 +236,10 @@ class EngineCore:
         deadline: float | None = None,
         images: Sequence[ImageInput] = (),
     ) -> Request:
-        """`check`, then the request to `add` (`deadline` in seconds from now). Safe on any thread."""
+        """`check`, then the request to `add` (`deadline` in seconds from now), its output constraint
+        compiled (StructuredOutputError when it does not). Safe on any thread."""
         admission = self.check(ids, params, images)
+        grammar = self.grammars.start(params)
         now = time.monotonic()
         return Request(
             request_id=request_id,
@@ -236,6 +250,7 @@ class EngineCore:
             arrival=now,
             deadline=None if deadline is None else now + deadline,
             image_spans=admission.image_spans,
+            grammar=grammar,
         )
 
     # -- requests --------------------------------------------------------------------

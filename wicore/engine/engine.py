@@ -28,7 +28,6 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from wicore.devices.providers import Device
 from wicore.engine.channel import Channel
@@ -37,11 +36,11 @@ from wicore.engine.core import EngineCore
 from wicore.engine.request import Request
 from wicore.engine.stats import EngineStats
 from wicore.errors import OverloadedError, RequestError
+from wicore.executor.constrained import Grammars
 from wicore.executor.vision import NO_VISION, VisionEncoder
 from wicore.graph.manifest import Manifest
 from wicore.inputs.tokenizer import Tokenizer
 from wicore.kv.layout import KVLayout
-from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.types.images import ImageInput
 from wicore.types.outputs import Completion, Priority, RequestOutput
 from wicore.types.sampling import SamplingParams
@@ -66,9 +65,6 @@ class _Stop:
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.core = EngineCore(config)
-        info = self.core.manifest.tokenizer
-        # Loaded now, not on the first request: a missing or broken tokenizer fails the start.
-        self._tokenizer = None if info is None else Tokenizer(Path(config.model_dir), TokenizerInfo.from_dict(info))
         self._ids = itertools.count()
         self._inbox: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._lock = threading.Lock()  # the front's books: channels, requests not yet in the core
@@ -124,10 +120,13 @@ class Engine:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        """The model folder's tokenizer."""
-        if self._tokenizer is None:
-            raise RequestError("this model was exported without a tokenizer: send token ids")
-        return self._tokenizer
+        """The model folder's tokenizer (RequestError for a model exported without one)."""
+        return self.core.need_tokenizer()
+
+    @property
+    def grammars(self) -> Grammars:
+        """The output constraints' compiler (thread-safe: the API compiles ahead of queuing)."""
+        return self.core.grammars
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

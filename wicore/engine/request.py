@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wicore.structured.state import GrammarState
 from wicore.types.images import ImageSpan, block_keys, chunk_end
 from wicore.types.outputs import Priority
 from wicore.types.sampling import SamplingParams
@@ -43,6 +44,7 @@ class Request:
     seq_id: int = 0  # key of its blocks in the KV cache
     prompt_logits: list[np.ndarray] = field(default_factory=list)  # chunks so far, if params.prompt_logits
     image_spans: tuple[ImageSpan, ...] = ()  # the prompt's images (wicore.types.images)
+    grammar: GrammarState | None = None  # params.structured, compiled: where its output tokens have taken it
 
     def __post_init__(self) -> None:
         if not self.token_ids:

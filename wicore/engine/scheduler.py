@@ -144,7 +144,10 @@ class Scheduler:
         and one prefill chunk (what the sliding layers' cache was sized for at admission)."""
         if n != 1 or req.num_tokens - req.num_computed != 1:
             return ()
-        return tuple(draft[: max(0, min(budget.tokens - 1, self.config.prefill_chunk - 1))])
+        draft = draft[: max(0, min(budget.tokens - 1, self.config.prefill_chunk - 1))]
+        if req.grammar is not None:  # cut at the first draft token the grammar refuses: it could never be kept
+            draft = draft[: req.grammar.num_valid(draft)]
+        return tuple(draft)
 
     def _stage(self, stage: StageBudget, req: Request) -> bool:
         """Whether `req`'s row fits what the step may stage (always, when nothing streams); taken if so."""
@@ -176,6 +179,7 @@ class Scheduler:
             images=req.images_in(start, start + n),
             draft_ids=draft,
             prompt_ids=req.prompt_ids if req.params.repetition_penalty != 1.0 else (),
+            grammar=req.grammar,
         )
 
     def _preempt(self, req: Request) -> list[Move]:
@@ -366,6 +370,8 @@ class Scheduler:
         prompt_logits = None
         reason = None
         for sample in samples:
+            if req.grammar is not None and not req.grammar.accept(sample.token_id):  # a mask bug, never the model
+                return self._fail(req, f"token {sample.token_id} was sampled, but the request's grammar refuses it")
             req.token_ids.append(sample.token_id)
             tokens.append(sample.token_id)
             if sample.logprobs is not None:
@@ -391,6 +397,8 @@ class Scheduler:
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.config.eos_token_ids):
+            return "stop"
+        if req.grammar is not None and req.grammar.is_finished:  # the output is complete: nothing but EOS can follow
             return "stop"
         context = self.config.max_context
         if len(req.output_ids) >= req.max_tokens or (context is not None and req.num_tokens >= context):

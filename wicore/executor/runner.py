@@ -17,6 +17,10 @@ once, or taken from the encoder's cache.
 A verification row (a decode with draft tokens, wicore.engine.speculative) gets logits at each of
 its positions and keeps the drafts its request's sampler agrees with.
 
+A constrained row (a request with a grammar, wicore.executor.constrained) samples on the host from
+its logits and its grammar's mask, which a thread computes while the graphs run; the sampling head
+and the graph's argmax never pick its token (they see the unmasked logits).
+
 Rows of the same length run as one batch, so nothing is padded: the decode rows (one token
 each) together, prefill chunks of equal length (prompts of one size, or chunks cut at the
 prefill chunk) together, any other chunk alone. The runner keeps each request's Sampler (its
@@ -32,6 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from wicore.executor.batch import build_batch
+from wicore.executor.constrained import MaskWorker, StepMasks
 from wicore.executor.graph_io import Draws, SamplingInputs
 from wicore.executor.graphs import ModelGraphs
 from wicore.executor.sampler import MIN_TEMPERATURE, Sampler, verify_row
@@ -53,6 +58,7 @@ class ModelRunner:
         self.vision = vision
         self.streamer = streamer  # stages the blocks of streamed rows (wicore.kv.stream)
         self._samplers: dict[str, Sampler] = {}
+        self.masks = MaskWorker()
 
     def execute(self, rows: Sequence[ScheduledRow], ended_request_ids: Sequence[str] = ()) -> RunResult:
         """Run `rows` (any mix of prefill chunks and decodes) and sample where a row asks.
@@ -61,6 +67,13 @@ class ModelRunner:
         go on. `ended_request_ids` are requests the scheduler finished: their samplers go."""
         for request_id in ended_request_ids:
             self._samplers.pop(request_id, None)
+        masks = self.masks.start(rows)  # the constrained rows' masks, computed while the graphs run
+        try:
+            return self._run(rows, masks)
+        finally:  # no mask thread outlives the step (the scheduler advances the grammars next)
+            masks.wait()
+
+    def _run(self, rows: Sequence[ScheduledRow], masks: StepMasks) -> RunResult:
         result = RunResult()
         by_length: dict[int, list[ScheduledRow]] = {}
         for row in rows:
@@ -87,7 +100,7 @@ class ModelRunner:
                 if out.attention_mass is not None:
                     result.attention[row.request_id] = out.attention_mass[i, : len(row.block_ids)]
                 if row.draft_ids:
-                    self._verify(row, host_logits, out.greedy_tokens, offset, result)
+                    self._verify(row, host_logits, out.greedy_tokens, offset, result, masks)
                     continue
                 if row.request_id in drawn:
                     assert out.draws is not None
@@ -104,7 +117,7 @@ class ModelRunner:
                     if row.num_logits and out.logits is not None:
                         result.logits[row.request_id] = row_logits  # a view: no copy for a decode row
                     if row.needs_sample:
-                        self._sample(row, row_logits[-1], result)
+                        self._sample(row, row_logits[-1], result, masks)
         return result
 
     def _drawn_rows(self, group: Sequence[ScheduledRow]) -> dict[str, bool]:
@@ -149,7 +162,13 @@ class ModelRunner:
         return token is not None
 
     def _verify(
-        self, row: ScheduledRow, logits: np.ndarray | None, greedy: np.ndarray | None, end: int, result: RunResult
+        self,
+        row: ScheduledRow,
+        logits: np.ndarray | None,
+        greedy: np.ndarray | None,
+        end: int,
+        result: RunResult,
+        masks: StepMasks,
     ) -> None:
         """A verification row's tokens (wicore.engine.speculative), from its logits, or from the
         graph's argmax when every row of the batch decodes greedily."""
@@ -160,6 +179,7 @@ class ModelRunner:
                 self._sampler(row),
                 None if logits is None else logits[start:end],
                 None if greedy is None else greedy[start:end],
+                masks.get(row.request_id),
             )
         except Exception:  # this request's sampling failed: it fails alone
             result.failed[row.request_id] = traceback.format_exc()
@@ -170,9 +190,10 @@ class ModelRunner:
             sampler = self._samplers[row.request_id] = Sampler(row.params, row.prompt_ids)
         return sampler
 
-    def _sample(self, row: ScheduledRow, logits: np.ndarray, result: RunResult) -> None:
+    def _sample(self, row: ScheduledRow, logits: np.ndarray, result: RunResult, masks: StepMasks) -> None:
         try:
-            result.sampled[row.request_id] = self._sampler(row).sample(logits)
+            mask = masks.get(row.request_id)
+            result.sampled[row.request_id] = self._sampler(row).sample(logits, None if mask is None else mask[0])
         except Exception:  # this request's sampling failed: it fails alone
             result.failed[row.request_id] = traceback.format_exc()
 
@@ -180,13 +201,14 @@ class ModelRunner:
 def _drawn_in_graph(p: SamplingParams) -> bool:
     """Whether a sampling head can draw the row: a tempered draw, top-k within the head's
     candidates, nothing that needs the logits on the host (penalties, logit bias, min-p, logprobs,
-    prompt logits: the host sampler applies those)."""
-    host_only = p.is_greedy or p.changes_logits or p.min_p > 0.0 or p.prompt_logits
+    prompt logits, a grammar's mask: the host sampler applies those)."""
+    host_only = p.is_greedy or p.changes_logits or p.min_p > 0.0 or p.prompt_logits or p.structured is not None
     return not host_only and p.logprobs is None and p.top_k <= TOP_CANDIDATES
 
 
 def _needs_logits(row: ScheduledRow) -> bool:
     """Whether the row needs its logits on the host: prompt logits, or a sampler that is more
-    than the graph's argmax (temperature, penalties, logit bias, logprobs)."""
+    than the graph's argmax (temperature, penalties, logit bias, logprobs, a grammar's mask)."""
     p = row.params
-    return p.prompt_logits or (row.needs_sample and not (p.is_greedy and not p.changes_logits and p.logprobs is None))
+    plain_argmax = p.is_greedy and not p.changes_logits and p.logprobs is None and p.structured is None
+    return p.prompt_logits or (row.needs_sample and not plain_argmax)

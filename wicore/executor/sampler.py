@@ -10,6 +10,11 @@ Per step, for one request (the order of vLLM's sampler):
 Logprobs are those of the raw model distribution, before penalties and temperature: vLLM's
 default (`logprobs_mode="raw_logprobs"`). They cost one softmax over the vocabulary, so they
 are computed only for requests that ask for them.
+
+A constrained request (`structured`) passes its grammar's mask (wicore.structured.bitmask) with
+the logits: the tokens it refuses are at -inf before anything else, so every choice above (and the
+logprobs, as vLLM reports them) is of the masked distribution, the model's renormalised over the
+allowed tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +25,18 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from wicore.graph.sampling import CDF_BLOCK  # one block size here and in the graph's draw: the same tokens
+from wicore.structured.bitmask import apply_bitmask
 from wicore.types.sampling import Logprobs, Sample, SamplingParams
+
+
+def masked(logits: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """The logits with the tokens `mask` refuses at -inf (the logits themselves without a mask)."""
+    if mask is None:
+        return logits
+    out = apply_bitmask(logits, mask)
+    if not np.isfinite(out).any():
+        raise RuntimeError("the request's grammar allows no token here")
+    return out
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -53,13 +69,15 @@ class Sampler:
             else None
         )
 
-    def sample(self, logits: np.ndarray) -> Sample:
+    def sample(self, logits: np.ndarray, mask: np.ndarray | None = None) -> Sample:
+        """The next token from one row of logits; `mask`: the packed tokens a grammar allows."""
         p = self.params
+        logits = masked(logits, mask)
         scores = self.penalized(logits) if p.changes_logits else logits
         token = int(np.argmax(scores)) if p.is_greedy else self._draw(scores)
         return self._sample_of(logits, token)
 
-    def verify(self, logits: np.ndarray, draft_id: int) -> tuple[Sample, bool]:
+    def verify(self, logits: np.ndarray, draft_id: int, mask: np.ndarray | None = None) -> tuple[Sample, bool]:
         """The token at a position where a proposer guessed `draft_id`, and whether it is the guess.
 
         Greedy: the argmax (the guess is kept when it is the argmax). Tempered: speculative
@@ -67,8 +85,9 @@ class Sampler:
         on the guess: the guess is kept with probability p(guess), else a token is drawn from p
         without the guess, renormalized. Either way the token is distributed as `sample` draws it
         (p: this sampler's distribution, after penalties, temperature, top-k and top-p), from the
-        request's seeded generator."""
+        request's seeded generator. `mask`: as in `sample`."""
         p = self.params
+        logits = masked(logits, mask)
         scores = self.penalized(logits) if p.changes_logits else logits
         token = int(np.argmax(scores)) if p.is_greedy else self._verify_draw(scores, draft_id)
         return self._sample_of(logits, token), token == draft_id
@@ -230,22 +249,28 @@ def _inverse_cdf(weights: np.ndarray, u: float) -> int:
 
 
 def verify_row(
-    draft_ids: Sequence[int], sampler: Sampler | None, logits: np.ndarray | None, argmax: np.ndarray | None
+    draft_ids: Sequence[int],
+    sampler: Sampler | None,
+    logits: np.ndarray | None,
+    argmax: np.ndarray | None,
+    masks: np.ndarray | None = None,
 ) -> list[Sample]:
     """The tokens a verification row produces: the kept drafts and one more (module docstring).
-    `logits` [k + 1, vocab] go through the request's sampler; without them (greedy rows, no
-    logprobs), `argmax` [k + 1] are the graph's greedy tokens."""
+    `logits` [k + 1, vocab] go through the request's sampler, with `masks` [k + 1, words] when the
+    request has a grammar (position i: after the first i drafts); without logits (greedy rows, no
+    logprobs, no grammar), `argmax` [k + 1] are the graph's greedy tokens."""
     samples = []
     for i in range(len(draft_ids) + 1):
+        mask = None if masks is None else masks[i]
         if logits is None:
-            assert argmax is not None
+            assert argmax is not None and masks is None
             sample, kept = Sample(int(argmax[i])), i < len(draft_ids) and int(argmax[i]) == draft_ids[i]
         elif i < len(draft_ids):
             assert sampler is not None
-            sample, kept = sampler.verify(logits[i], draft_ids[i])
+            sample, kept = sampler.verify(logits[i], draft_ids[i], mask)
         else:
             assert sampler is not None
-            sample, kept = sampler.sample(logits[i]), False
+            sample, kept = sampler.sample(logits[i], mask), False
         samples.append(sample)
         if not kept:
             break

@@ -64,6 +64,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (what a grammar library builds its vocabulary from)."""
+        return self._tokenizer.to_str()
+
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry (`▁Paris`, `<0xE2>`, `<eos>`), or None past the vocabulary."""
         return self._tokenizer.id_to_token(token_id)

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from wicore.errors import RequestError
+from wicore.structured.spec import StructuredOutput
 
 MAX_LOGPROBS = 20  # most alternatives a request may ask for (OpenAI's top_logprobs limit)
 
@@ -34,6 +35,7 @@ class SamplingParams:
     # logit divided by it where positive, multiplied by it where negative (1: off).
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    structured: StructuredOutput | None = None  # what the output must match (a JSON schema, regex, ...): masked
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty"):

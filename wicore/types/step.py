@@ -16,6 +16,7 @@ import numpy as np
 
 from wicore.blocks.block_pool import Move
 from wicore.blocks.tier import Tier
+from wicore.structured.state import GrammarState
 from wicore.types.images import ImageSpan
 from wicore.types.outputs import RequestOutput
 from wicore.types.sampling import Sample, SamplingParams
@@ -47,6 +48,8 @@ class ScheduledRow:
     # penalizes repetition: the prompt's tokens count as seen
     full_locations: tuple[tuple[Tier, int], ...] = ()  # a streamed row (some full-attention blocks off the
     # device): (tier, frame) of each of them, in order; the runner stages them (wicore.kv.stream)
+    grammar: GrammarState | None = None  # a constrained request's grammar (the request's own): the runner
+    # reads its masks; only the scheduler advances it
 
 
 @dataclass(frozen=True)
