@@ -81,7 +81,7 @@ def test_constrained_and_free_requests_batch_and_every_constrained_output_is_val
         reqs = requests()
         completions = e.generate([p for p, _ in reqs], [sp for _, sp in reqs])
         tok = e.tokenizer
-        assert e.runner.masks.stats.num_steps > 0  # the mask thread ran
+        assert e.core.runner.masks.stats.num_steps > 0  # the mask thread ran
     for (_, params), c in zip(reqs, completions):
         if params.structured is None:
             assert c.finish_reason == "length" and len(c.token_ids) == 8
@@ -143,14 +143,14 @@ def test_a_constraint_that_does_not_compile_is_refused_before_queuing(tiny_chat)
             match=r"^response_format.json_schema.schema: the JSON schema cannot be compiled: Invalid type: strnig",
         ):
             e.add_request(PROMPTS[0], SamplingParams(structured=bad))
-        assert not e.scheduler.has_work
+        assert e.num_queued == 0
 
 
 def test_a_model_without_a_tokenizer_refuses_a_constraint_naming_it(tiny_export):
     with engine(tiny_export(1)[0]) as e:
         with pytest.raises(StructuredOutputError, match=r"^guided_regex: structured output needs the model's tokenizer") as err:
             e.add_request([1, 2, 3], SamplingParams(structured=REGEX))
-        assert err.value.field == "guided_regex" and not e.scheduler.has_work
+        assert err.value.field == "guided_regex" and e.num_queued == 0
 
 
 def constrained_greedy(folder, **overrides) -> tuple[list[list[int]], dict]:
@@ -165,13 +165,13 @@ def test_constrained_greedy_is_the_same_with_ngram_speculation_and_under_preempt
     plain, _ = constrained_greedy(folder)
     spec, stats = constrained_greedy(folder, speculative=SpeculativeConfig("ngram", num_speculative_tokens=4))
     assert spec == plain
-    assert stats["speculative"]["num_drafts"] > 0
+    assert stats.speculative.num_drafts > 0
     tight = dict(num_device_blocks=24, num_host_blocks=16)
     for preemption in ("swap", "recompute"):
         sched = SchedulerConfig(max_num_batched_tokens=32, prefill_chunk=8, preemption=preemption)
         out, stats = constrained_greedy(folder, scheduler=sched, **tight)
         assert out == plain
-        assert stats["preempted_swap"] + stats["preempted_recompute"] > 0
+        assert stats.preempted_swap + stats.preempted_recompute > 0
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +192,6 @@ def test_constrained_rows_never_take_the_sampling_heads_unmasked_pick(tiny_chat,
     outputs = []
     for folder in (tiny_chat[0], with_sampling_head):
         with engine(folder) as e:
-            assert e.runner.graphs.has_sampling_head == (folder == with_sampling_head)
+            assert e.core.runner.graphs.has_sampling_head == (folder == with_sampling_head)
             outputs.append([(c.token_ids, c.finish_reason) for c in e.generate([p for p, _ in reqs], [sp for _, sp in reqs])])
     assert outputs[0] == outputs[1]
