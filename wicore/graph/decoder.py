@@ -94,10 +94,12 @@ class DecoderBuilder:
         if kv_cache_dtype not in ("auto", "int8") or (kv_cache_dtype == "int8" and attention == "paged"):
             raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: auto, or int8 with the portable or batch-invariant attention")
         self.family = cfg.family_row
-        if attention == "paged" and (cfg.attn_logit_softcapping or cfg.window_all_layers or self.family.qk_norm == ALL_HEADS):
+        if attention == "paged" and (
+            cfg.attn_logit_softcapping or cfg.window_all_layers or self.family.qk_norm == ALL_HEADS or cfg.rope_global.is_longrope
+        ):
             raise UnsupportedModelError(
-                f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer and "
-                "whole-projection q/k norms are not in the paged graphs): export it with the portable attention"
+                f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer, "
+                "whole-projection q/k norms and LongRoPE are not in the paged graphs): export it with the portable attention"
             )
         if expert_kernel not in ("auto", "graph", "ort-moe") or (expert_kernel == "ort-moe" and quant is not None):
             raise ValueError(f"expert_kernel {expert_kernel!r}: auto, graph, or ort-moe without quantized weights")
