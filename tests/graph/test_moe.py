@@ -48,7 +48,9 @@ CONFIGS = {
 }
 
 
-def build(tmp: Path, name: str, export: ExportConfig | None = None, tie_experts: bool = False) -> tuple[Path, object]:
+def build(
+    tmp: Path, name: str, export: ExportConfig | None = None, tie_experts: bool = False, **shape: object
+) -> tuple[Path, object]:
     """(exported folder, HF model); norms drawn away from their init, routers scaled up so the
     routing is far from uniform; `tie_experts`: the last two experts equal, router rows and
     weights (every token's logits tie between them)."""
@@ -57,7 +59,7 @@ def build(tmp: Path, name: str, export: ExportConfig | None = None, tie_experts:
 
     config_class, model_class, overrides = CONFIGS[name]
     torch.manual_seed(0)
-    cfg = getattr(transformers, config_class)(**{**SHAPE, **overrides})
+    cfg = getattr(transformers, config_class)(**{**SHAPE, **overrides, **shape})
     model = getattr(transformers, model_class)(cfg).eval()
     model.set_attn_implementation("eager")
     with torch.no_grad():
@@ -141,10 +143,11 @@ def test_greedy_text_matches_hf_generate(tmp_path, reference_greedy, name):
 @pytest.mark.slow
 def test_8_bit_experts_agree_with_hf_float32(tmp_path, reference_logits):
     """The ort-quant export quantizes each expert like a dense weight (8-bit MatMulNBits, int8
-    activations): HF's argmax at >= 99% of a 240-token prompt's positions."""
-    folder, model = build(tmp_path, "mixtral", ExportConfig(op_flavour="ort-quant", weight_bits=8))
-    prompt = np.random.default_rng(2).integers(0, SHAPE["vocab_size"], 240).tolist()
-    with engine(folder, prefill_chunk=64) as eng:
+    activations): HF's argmax at >= 99% of a 512-token prompt's positions."""
+    export = ExportConfig(op_flavour="ort-quant", weight_bits=8)
+    folder, model = build(tmp_path, "mixtral", export, max_position_embeddings=1024)
+    prompt = np.random.default_rng(2).integers(0, SHAPE["vocab_size"], 512).tolist()
+    with engine(folder, block_size=16, prefill_chunk=128) as eng:  # 64 blocks of 16: 1,024 tokens
         (completion,) = eng.generate([prompt], SamplingParams(max_tokens=1, prompt_logits=True))
     ref = reference_logits(model, prompt)
     agree = float((completion.prompt_logits.argmax(-1) == ref.argmax(-1)).mean())
