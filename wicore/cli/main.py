@@ -116,6 +116,7 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
     """The served model's folder (exported once if named) and the server's settings, from the flags:
     what one `wicore serve` and a Ray Serve deployment (wicore.cli.cluster) share."""
     from wicore.cli.models import resolve_model
+    from wicore.export.hub import parse_hub_id
     from wicore.runtime.providers import onnxruntime
 
     try:
@@ -132,7 +133,8 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
     model_dir = resolve_model(args.model, args.devices)
     try:
         settings = ServerSettings(
-            model_name=args.served_model_name or Path(args.model).name,
+            # a Hub id is served under itself, as vLLM serves it; a folder under its name
+            model_name=args.served_model_name or (args.model if parse_hub_id(args.model) else Path(args.model).name),
             api_keys=tuple(keys),
             rate_limit_rpm=args.rate_limit,
             rate_limit_burst=args.rate_burst,
