@@ -81,8 +81,8 @@ class DecoderBuilder:
         `sampling_head`: the last partition also draws sampled rows (graph/sampling.py).
         `kv_cache_dtype`: "auto" (the graphs' dtype) or "int8" (graph/kv_quant.py; portable attention).
         `expert_kernel` (mixtures of experts, graph/moe.py): "graph" (standard ops; per-expert
-        MatMulNBits with `quant`), "ort-moe" (com.microsoft.MoE, float weights) or "auto": ort-moe in
-        the paged graphs (CUDA), graph elsewhere."""
+        MatMulNBits with `quant`), "ort-moe" (com.microsoft.MoE; QMoE with `quant`) or "auto": ort-moe
+        in the flavours that use contrib ops (ort-quant, paged), graph in the portable one."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         if attention not in ATTENTIONS:
@@ -101,10 +101,10 @@ class DecoderBuilder:
                 f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer, "
                 "whole-projection q/k norms and LongRoPE are not in the paged graphs): export it with the portable attention"
             )
-        if expert_kernel not in ("auto", "graph", "ort-moe") or (expert_kernel == "ort-moe" and quant is not None):
-            raise ValueError(f"expert_kernel {expert_kernel!r}: auto, graph, or ort-moe without quantized weights")
-        if expert_kernel == "auto":
-            expert_kernel = "ort-moe" if attention == "paged" and quant is None else "graph"
+        if expert_kernel not in ("auto", "graph", "ort-moe"):
+            raise ValueError(f"expert_kernel {expert_kernel!r}: auto, graph or ort-moe")
+        if expert_kernel == "auto":  # the flavours that use contrib ops take ONNX Runtime's kernel; portable stays standard
+            expert_kernel = "ort-moe" if quant is not None or attention == "paged" else "graph"
         self.expert_kernel = expert_kernel
         if self.family.name != "gemma3" and image_inputs:
             raise UnsupportedModelError(f"the {self.family.name} family is text only (the vision tower is Gemma 3's)")
