@@ -140,7 +140,6 @@ def test_greedy_text_matches_hf_generate(tmp_path, reference_greedy, name):
         assert completion.token_ids == reference_greedy(model, prompt, 12)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("bits", "at_least"), [(8, 0.99), (4, 0.85)])
 def test_quantized_experts_agree_with_hf_float32(tmp_path, reference_logits, bits, at_least):
     """The ort-quant export runs the experts in QMoE, in the blocks a dense weight gets (int8
