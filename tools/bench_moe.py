@@ -1,16 +1,18 @@
 """What WiCore's mixture-of-experts graph costs on the CPU against computing every expert.
 
-One expert layer (router, softmax, top-k, experts) in three ONNX formulations, fp32, timed on
+One expert layer (router, softmax, top-k, experts) in three ONNX formulations (five with --bits), timed on
 the CPU EP at a decode step (1 token) and prefill chunks:
 
     routed   wicore.graph.moe: each expert on the tokens routed to it (the exported graphs)
     ort-moe  ONNX Runtime's com.microsoft.MoE kernel (what the paged graphs use on CUDA)
+    with --bits: routed-qN (per-expert MatMulNBits) and qmoe-qN (com.microsoft.QMoE, the ort-quant
+             exports' kernel), int8 activations: their |diff| is the quantization's
     dense    every expert on every token (one batched MatMul over stacked weights), weighted by
              the routing with zeros off the top k: E / k times the arithmetic and weight reads
 
     python tools/bench_moe.py --experts 64 --top-k 8 --hidden 1024 --expert-width 384 --threads 2
 
-All three give the same output (max |diff| against dense printed); the shape defaults to Qwen3-30B-A3B's
+The float ones give the same output (max |diff| against dense printed, per variant); the shape defaults to Qwen3-30B-A3B's
 ratios (E / k = 8 ... 16) at a size a 2-core machine times in seconds.
 """
 
@@ -28,6 +30,7 @@ from onnx import TensorProto
 from wicore.graph.decoder import OPSET, DecoderBuilder
 from wicore.graph.moe import moe
 from wicore.graph.ops import DataFile, Graph, silu
+from wicore.graph.quant import QuantLinear
 from wicore.model.config import FULL, DecoderConfig
 from wicore.model.weights import LayerWeights
 
@@ -50,10 +53,13 @@ def weights(cfg: DecoderConfig, seed: int = 0) -> LayerWeights:
     return LayerWeights(0, tensors)
 
 
-def routed_graph(cfg: DecoderConfig, layer: LayerWeights, data: DataFile, kernel: str = "graph") -> onnx.ModelProto:
+def routed_graph(
+    cfg: DecoderConfig, layer: LayerWeights, data: DataFile, kernel: str = "graph", bits: int | None = None
+) -> onnx.ModelProto:
     g = Graph("routed", data)
     x = g.input("x", TensorProto.FLOAT, ["batch", "seq", cfg.hidden_size])
-    g.op("Identity", [moe(DecoderBuilder(cfg, "fp32", expert_kernel=kernel), g, layer, x)], "/out", out="y")
+    quant = None if bits is None else QuantLinear(weight_bits=bits)
+    g.op("Identity", [moe(DecoderBuilder(cfg, "fp32", quant=quant, expert_kernel=kernel), g, layer, x)], "/out", out="y")
     g.output("y", TensorProto.FLOAT, ["batch", "seq", cfg.hidden_size])
     return g.to_model(OPSET)
 
@@ -112,14 +118,22 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,128", help="rows a run, comma-separated")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--bits", type=int, choices=(4, 8), default=None, help="also the quantized kernels (int8 activations)")
     args = ap.parse_args()
     cfg = config(args)
     layer = weights(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         sessions = {}
-        ort_moe = lambda c, w, d: routed_graph(c, w, d, "ort-moe")
-        for name, build in (("routed", routed_graph), ("ort-moe", ort_moe), ("dense", dense_graph)):
+        variants = {
+            "routed": routed_graph,
+            "ort-moe": lambda c, w, d: routed_graph(c, w, d, "ort-moe"),
+            "dense": dense_graph,
+        }
+        if args.bits:  # the ort-quant flavour's two kernels: per-expert MatMulNBits, QMoE
+            variants[f"routed-q{args.bits}"] = lambda c, w, d: routed_graph(c, w, d, "graph", args.bits)
+            variants[f"qmoe-q{args.bits}"] = lambda c, w, d: routed_graph(c, w, d, "ort-moe", args.bits)
+        for name, build in variants.items():
             data = DataFile(folder / f"{name}.bin")
             model = build(cfg, layer, data)
             data.close()
@@ -130,9 +144,12 @@ def main() -> None:
         for n in (int(t) for t in args.tokens.split(",")):
             x = np.random.default_rng(1).standard_normal((1, n, cfg.hidden_size), np.float32)
             results = {name: time_ms(sess, x, args.repeats) for name, (sess, _) in sessions.items()}
-            diff = max(float(np.abs(results[name][1] - results["dense"][1]).max()) for name in results)
-            cells = ", ".join(f"{name} {ms:.2f} ms ({sessions[name][1]} nodes)" for name, (ms, _) in results.items())
-            print(f"{n} tokens: {cells}; dense / routed {results['dense'][0] / results['routed'][0]:.2f}x; max |diff| {diff:.1e}")
+            dense = results["dense"][1]
+            cells = ", ".join(
+                f"{name} {ms:.2f} ms ({sessions[name][1]} nodes, |diff| {float(np.abs(out - dense).max()):.1e})"
+                for name, (ms, out) in results.items()
+            )
+            print(f"{n} tokens: {cells}; dense / routed {results['dense'][0] / results['routed'][0]:.2f}x")
 
 
 if __name__ == "__main__":

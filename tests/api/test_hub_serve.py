@@ -22,8 +22,10 @@ def test_serve_by_hub_id_answers_a_chat_with_hf_greedy_text(tmp_path, monkeypatc
     assert len(expected) >= 3  # a text to compare, not an immediate end
     proc, url = launch("tiny-org/tiny-llama")
     try:
-        body = {"model": "tiny-llama", "messages": messages, "max_tokens": 8, "temperature": 0}
+        body = {"model": "tiny-org/tiny-llama", "messages": messages, "max_tokens": 8, "temperature": 0}
         reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+        models = httpx.get(f"{url}/v1/models", timeout=10).json()
     finally:
         proc.kill()
+    assert [m["id"] for m in models["data"]] == ["tiny-org/tiny-llama"]  # served under its Hub id, as vLLM does
     assert reply["choices"][0]["message"]["content"].split() == [WORDS[i] for i in expected]

@@ -53,6 +53,21 @@ def test_a_mixture_of_experts_counts_every_expert(tmp_path, capsys):
     )
 
 
+def test_a_hub_id_is_planned_from_its_config_alone(tmp_path, capsys, monkeypatch):
+    from hub_cache import snapshot
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    folder = snapshot(tmp_path / "hub", "Qwen/Qwen3-30B-A3B")  # no weights in the cache: config.json only
+    (folder / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    code, lines, _ = plan(capsys, "--model", "Qwen/Qwen3-30B-A3B", "--dtype", "fp16", "--budget-gb", "80", "--context", "32768")
+    assert code == 0
+    assert lines[0].startswith(f"{folder / 'config.json'}: 48 layers") and "128 experts x 768 a layer" in lines[0]
+    code, _, err = plan(capsys, "--model", "Qwen/Qwen3-235B-A22B", "--budget-gb", "80")
+    assert code == 2 and "Qwen/Qwen3-235B-A22B is not in the Hugging Face cache" in err
+
+
 def test_a_portable_export_holds_the_vision_tower(gemma3_27b, capsys):
     """The multimodal config exported without --attention paged keeps SigLIP: 0.79 GiB more."""
     (gemma3_27b / "config.json").write_text(json.dumps({**GEMMA3_27B_IT, "vision_config": SIGLIP_27B}))

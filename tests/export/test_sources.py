@@ -121,7 +121,10 @@ def test_hf_config_legacy_type_key_reads_as_transformers_4_reads_it():
             {"rope_parameters": {FULL: {"rope_type": "llama3", "factor": 8.0}}},
             "llama3 rope scaling needs factor, low_freq_factor",
         ),
-        ({"rope_parameters": {SLIDING: {"rope_type": "longrope"}}}, "sliding_attention layers: rope scaling 'longrope'"),
+        (
+            {"rope_parameters": {SLIDING: {"rope_type": "longrope"}}},
+            "sliding_attention layers: longrope scaling needs short_factor",
+        ),
         ({"rope_scaling": {"rope_type": "linear"}}, "linear rope scaling without a factor"),
         ({"rope_parameters": {FULL: {"partial_rotary_factor": 0.5}}}, "partial rotary embeddings are not supported"),
         ({"rope_parameters": {"rope_type": "linear", "factor": 8.0}}, "key them by layer type"),

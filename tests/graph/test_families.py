@@ -69,6 +69,23 @@ CONFIGS = {
     ),
     # fused qkv_proj / gate_up_proj, Phi-3-mini's window on every layer
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": 8, "pad_token_id": 0, "eos_token_id": 2, "bos_token_id": 1}),
+    # LongRoPE (Phi-3-mini-128k, Phi-3.5-mini): the 40-token prompt is past original_max_position_embeddings
+    # (long factors), the others inside (short ones); the 23-token one crosses it while it generates
+    "phi3-longrope": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {
+            "pad_token_id": 0,
+            "eos_token_id": 2,
+            "bos_token_id": 1,
+            "original_max_position_embeddings": 32,
+            "rope_scaling": {
+                "type": "longrope",
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 13.0, 18.0],
+            },
+        },
+    ),
     # norms after attention and MLP only, q/k norms over all heads
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"pad_token_id": 0, "eos_token_id": 2, "bos_token_id": 1}),
     # its four multipliers
@@ -101,10 +118,14 @@ def build(tmp: Path, name: str) -> tuple[Path, object]:
     return tmp / "model", model
 
 
+# transformers picks LongRoPE's factors per forward, WiCore per step: a prompt past the switch in one chunk
+PREFILL_CHUNK = {"phi3-longrope": 64}
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_batched_logits_match_hf(tmp_path, reference_logits, name):
     folder, model = build(tmp_path, name)
-    with engine(folder, prefill_chunk=16) as eng:
+    with engine(folder, prefill_chunk=PREFILL_CHUNK.get(name, 16)) as eng:
         completions = eng.generate(PROMPTS, SamplingParams(max_tokens=1, prompt_logits=True))
     for prompt, completion in zip(PROMPTS, completions, strict=True):
         assert completion.error is None
@@ -113,14 +134,14 @@ def test_batched_logits_match_hf(tmp_path, reference_logits, name):
         assert (completion.prompt_logits.argmax(-1) == ref.argmax(-1)).all()
 
 
-GREEDY = ("gemma2", "phi3", "olmo2", "granite", "mistral-sliding")
+GREEDY = ("gemma2", "phi3", "phi3-longrope", "olmo2", "granite", "mistral-sliding")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", GREEDY)
 def test_greedy_text_matches_hf_generate(tmp_path, reference_greedy, name):
     folder, model = build(tmp_path, name)
-    with engine(folder, prefill_chunk=16) as eng:
+    with engine(folder, prefill_chunk=PREFILL_CHUNK.get(name, 16)) as eng:
         completions = eng.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
     for prompt, completion in zip(PROMPTS, completions, strict=True):
         assert completion.token_ids == reference_greedy(model, prompt, 12)

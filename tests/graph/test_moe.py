@@ -48,7 +48,9 @@ CONFIGS = {
 }
 
 
-def build(tmp: Path, name: str, export: ExportConfig | None = None, tie_experts: bool = False) -> tuple[Path, object]:
+def build(
+    tmp: Path, name: str, export: ExportConfig | None = None, tie_experts: bool = False, **shape: object
+) -> tuple[Path, object]:
     """(exported folder, HF model); norms drawn away from their init, routers scaled up so the
     routing is far from uniform; `tie_experts`: the last two experts equal, router rows and
     weights (every token's logits tie between them)."""
@@ -57,7 +59,7 @@ def build(tmp: Path, name: str, export: ExportConfig | None = None, tie_experts:
 
     config_class, model_class, overrides = CONFIGS[name]
     torch.manual_seed(0)
-    cfg = getattr(transformers, config_class)(**{**SHAPE, **overrides})
+    cfg = getattr(transformers, config_class)(**{**SHAPE, **overrides, **shape})
     model = getattr(transformers, model_class)(cfg).eval()
     model.set_attn_implementation("eager")
     with torch.no_grad():
@@ -138,24 +140,34 @@ def test_greedy_text_matches_hf_generate(tmp_path, reference_greedy, name):
         assert completion.token_ids == reference_greedy(model, prompt, 12)
 
 
-@pytest.mark.slow
-def test_8_bit_experts_agree_with_hf_float32(tmp_path, reference_logits):
-    """The ort-quant export quantizes each expert like a dense weight (8-bit MatMulNBits, int8
-    activations): HF's argmax at >= 99% of a 240-token prompt's positions."""
-    folder, model = build(tmp_path, "mixtral", ExportConfig(op_flavour="ort-quant", weight_bits=8))
-    prompt = np.random.default_rng(2).integers(0, SHAPE["vocab_size"], 240).tolist()
-    with engine(folder, prefill_chunk=64) as eng:
+@pytest.mark.parametrize(("bits", "at_least"), [(8, 0.99), (4, 0.85)])
+def test_quantized_experts_agree_with_hf_float32(tmp_path, reference_logits, bits, at_least):
+    """The ort-quant export runs the experts in QMoE, in the blocks a dense weight gets (int8
+    activations): HF's argmax at >= 99% of a 512-token prompt's positions with 8-bit weights
+    (measured 99.6%), >= 85% with 4-bit ones (85.5%: the tiny random model's logits are close)."""
+    import onnx
+
+    export = ExportConfig(op_flavour="ort-quant", weight_bits=bits)
+    folder, model = build(tmp_path, "mixtral", export, max_position_embeddings=1024)
+    prompt = np.random.default_rng(2).integers(0, SHAPE["vocab_size"], 512).tolist()
+    with engine(folder, block_size=16, prefill_chunk=128) as eng:  # 64 blocks of 16: 1,024 tokens
         (completion,) = eng.generate([prompt], SamplingParams(max_tokens=1, prompt_logits=True))
     ref = reference_logits(model, prompt)
+    (part,) = folder.glob("part-*.onnx")
+    ops = [n.op_type for n in onnx.load(part, load_external_data=False).graph.node]
+    assert ops.count("QMoE") == SHAPE["num_hidden_layers"]
     agree = float((completion.prompt_logits.argmax(-1) == ref.argmax(-1)).mean())
-    assert agree >= 0.99, agree
+    print(f"{bits}-bit experts: argmax agreement {agree:.4f}")
+    assert agree >= at_least, agree
 
 
 @pytest.mark.parametrize("kernel", ["graph", "ort-moe"])
-@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "qwen2_moe"])
-def test_one_expert_layer_matches_hf_in_both_kernels(tmp_path, name, kernel):
+@pytest.mark.parametrize(("name", "bits"), [("qwen3_moe", None), ("mixtral", None), ("qwen2_moe", None), ("mixtral", 8)])
+def test_one_expert_layer_matches_hf_in_both_kernels(tmp_path, name, kernel, bits):
     """The expert block alone, on 11 rows: the routed graph and ONNX Runtime's MoE kernel (on the
-    CPU EP; the paged graphs use it on CUDA, untested there) against HF's sparse MoE block."""
+    CPU EP; the paged graphs use it on CUDA, untested there) against HF's sparse MoE block; with
+    8-bit weights (per-expert MatMulNBits, or QMoE) within 3% of the block's largest output
+    (Mixtral's: its experts' width, 128, is whole blocks of 32)."""
     import onnx
     import onnxruntime as ort
     import torch
@@ -179,15 +191,19 @@ def test_one_expert_layer_matches_hf_in_both_kernels(tmp_path, name, kernel):
     data = DataFile(tmp_path / "moe.bin")
     g = Graph("moe", data)
     g.input("x", TensorProto.FLOAT, [1, "seq", SHAPE["hidden_size"]])
-    builder = DecoderBuilder(source.config, "fp32", expert_kernel=kernel)
+    from wicore.graph.quant import QuantLinear
+
+    quant = None if bits is None else QuantLinear(weight_bits=bits)
+    builder = DecoderBuilder(source.config, "fp32", quant=quant, expert_kernel=kernel)
     g.op("Identity", [moe(builder, g, source.layer(1), "x")], "/out", out="y")
     g.output("y", TensorProto.FLOAT, [1, "seq", SHAPE["hidden_size"]])
     onnx.save(g.to_model(17), tmp_path / "moe.onnx")
     data.close()
     nodes = {n.op_type for n in g.nodes}
-    assert ("MoE" in nodes) == (kernel == "ort-moe")
+    assert ({"MoE", "QMoE"} & nodes) == ({"QMoE" if bits else "MoE"} if kernel == "ort-moe" else set())
     sess = ort.InferenceSession(str(tmp_path / "moe.onnx"), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref, atol=1e-5, rtol=0)
+    atol = 1e-5 if bits is None else 0.03 * float(np.abs(ref).max())
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref, atol=atol, rtol=0)
 
 
 def test_paged_graphs_route_experts_through_ort_moe(tmp_path):
@@ -202,7 +218,7 @@ def test_paged_graphs_route_experts_through_ort_moe(tmp_path):
     assert (config.family, config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == ("mixtral", 4, 2, 128)
     assert DecoderBuilder(config, "fp16", attention="paged").expert_kernel == "ort-moe"
     assert DecoderBuilder(config, "fp32").expert_kernel == "graph"
-    with pytest.raises(ValueError, match="expert_kernel 'fused': auto, graph, or ort-moe without quantized weights"):
+    with pytest.raises(ValueError, match="expert_kernel 'fused': auto, graph or ort-moe"):
         DecoderBuilder(config, "fp32", expert_kernel="fused")
     folder, _ = build(tmp_path, "qwen3_moe", ExportConfig(dtype="fp16", attention="paged"))
     (part,) = folder.glob("part-*.onnx")

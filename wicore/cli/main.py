@@ -157,6 +157,7 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
     what one `wicore serve` and a Ray Serve deployment (wicore.cli.cluster) share."""
     from wicore.cli.models import resolve_model
     from wicore.devices.providers import onnxruntime
+    from wicore.export.hub import parse_hub_id
 
     try:
         from wicore.api.app import ServerSettings
@@ -175,7 +176,9 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
     model_dir = resolve_model(args.model, args.devices)
     try:
         settings = ServerSettings(
-            model_name=args.served_model_name or served_name(args.model),
+            # a Hub id is served under itself, as vLLM serves it; a folder or a file under its name
+            model_name=args.served_model_name
+            or (args.model if parse_hub_id(args.model) and not Path(args.model).exists() else served_name(args.model)),
             chat_template=chat_template,
             api_keys=tuple(keys),
             rate_limit_rpm=args.rate_limit,

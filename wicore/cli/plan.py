@@ -5,12 +5,14 @@ longest context one sequence can have and how many sequences of a length fit. Lo
 checkpoint's config.json alone (the file, or the Hugging Face folder holding it): a model too
 large to export here, such as Gemma-3-27B, is planned from its shape, with its weights estimated
 as `wicore-export --dtype --weight-bits --attention` would write them (wicore.kv.capacity).
+A Hugging Face Hub id (`Qwen/Qwen3-30B-A3B`) is planned from its config.json, fetched alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from wicore.errors import RequestError
@@ -23,7 +25,8 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         required=True,
-        help="exported model folder, a packaged name (exported on first use, as serve does), or a checkpoint's config.json",
+        help="exported model folder, a packaged name (exported on first use, as serve does), a checkpoint's config.json, "
+        "or a Hugging Face Hub id (its config.json alone is fetched)",
     )
     p.add_argument("--devices", default="auto", help="auto, cpu, cuda:0,cuda:1, openvino:CPU,cpu, ...")
     p.add_argument("--vision-device", default=None, help="where the vision partition runs (default: the first partition's)")
@@ -55,11 +58,11 @@ def run_plan(args: argparse.Namespace) -> int:
     from wicore.kv.capacity import Workload, plan_capacity
     from wicore.kv.layout import KVLayout
 
-    config_file = checkpoint_config(Path(args.model))
+    config_file = checkpoint_config(args.model)
     if config_file is None and not is_model_name_or_path(args.model):
         raise RequestError(
             f"--model {args.model}: no such file or folder; wicore plan takes an exported model, a named one, a .gguf "
-            "file, or a checkpoint's config.json alone (the file, or the Hugging Face folder holding it)"
+            "file, a checkpoint's config.json alone (the file, or the Hugging Face folder holding it) or a Hub id"
         )
     if config_file is None:
         cfg, kv_dtype, weights, block_size, paged, devices = exported_model(args)
@@ -80,16 +83,23 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def is_model_name_or_path(spec: str) -> bool:
+    from wicore.export.hub import parse_hub_id
     from wicore.export.pull import PULLABLE
     from wicore.export.sources import PACKAGED
 
-    return spec in PACKAGED or spec in PULLABLE or Path(spec).exists()
+    return spec in PACKAGED or spec in PULLABLE or Path(spec).exists() or parse_hub_id(spec) is not None
 
 
-def checkpoint_config(path: Path) -> Path | None:
-    """The config.json `--model` names, if it names a checkpoint's config rather than an export."""
+def checkpoint_config(spec: str) -> Path | None:
+    """The config.json `--model` names, if it names a checkpoint's config rather than an export: a
+    file, a folder holding one, or a Hugging Face Hub id (its config.json alone is fetched)."""
+    from wicore.export.hub import hub_config, parse_hub_id
     from wicore.graph.manifest import MANIFEST
 
+    path = Path(spec)
+    hub = parse_hub_id(spec)
+    if hub is not None and hub.quant is None:
+        return hub_config(hub, lambda message: print(f"[wicore plan] {message}", file=sys.stderr, flush=True))
     if path.is_file() and path.suffix == ".json":
         return path
     if (path / "config.json").is_file() and not (path / MANIFEST).is_file():

@@ -75,6 +75,19 @@ def hub_path(hub: HubId, progress: Callable[[str], None] | None = None) -> Path:
         raise ModelSourceError(_explain(hub, exc, offline)) from exc
 
 
+def hub_config(hub: HubId, progress: Callable[[str], None] | None = None) -> Path:
+    """The repository's config.json alone (what `wicore plan` needs of a model too large to fetch)."""
+    from huggingface_hub import hf_hub_download
+
+    offline = is_offline()
+    if progress is not None:
+        progress(f"fetching {hub.repo_id}'s config.json into {hub_cache()}")
+    try:
+        return Path(hf_hub_download(hub.repo_id, "config.json", cache_dir=hub_cache(), local_files_only=offline))
+    except Exception as exc:
+        raise ModelSourceError(_explain(hub, exc, offline)) from exc
+
+
 def _snapshot(hub: HubId, offline: bool) -> Path:
     from huggingface_hub import snapshot_download
 

@@ -82,8 +82,8 @@ class DecoderBuilder:
         `sampling_head`: the last partition also draws sampled rows (graph/sampling.py).
         `kv_cache_dtype`: "auto" (the graphs' dtype) or "int8" (graph/kv_quant.py; portable attention).
         `expert_kernel` (mixtures of experts, graph/moe.py): "graph" (standard ops; per-expert
-        MatMulNBits with `quant`), "ort-moe" (com.microsoft.MoE, float weights) or "auto": ort-moe in
-        the paged graphs (CUDA), graph elsewhere.
+        MatMulNBits with `quant`), "ort-moe" (com.microsoft.MoE; QMoE with `quant`) or "auto": ort-moe
+        in the flavours that use contrib ops (ort-quant, paged), graph in the portable one.
         `kernels`: "ort" (ONNX Runtime's ops) or "wicore" (paged graphs: the residual adds, norms and
         gated activation on WiCore's own kernels, graph/fused_residual.py)."""
         if dtype not in DTYPES:
@@ -100,20 +100,22 @@ class DecoderBuilder:
             raise ValueError(f"kernels {kernels!r}: ort, or wicore with the paged attention (float16 activations)")
         self.wicore_kernels = kernels == "wicore"
         self.family = cfg.family_row
-        if attention == "paged" and (cfg.attn_logit_softcapping or cfg.window_all_layers or self.family.qk_norm == ALL_HEADS):
+        if attention == "paged" and (
+            cfg.attn_logit_softcapping or cfg.window_all_layers or self.family.qk_norm == ALL_HEADS or cfg.rope_global.is_longrope
+        ):
             raise UnsupportedModelError(
-                f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer and "
-                "whole-projection q/k norms are not in the paged graphs): export it with the portable attention"
+                f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer, "
+                "whole-projection q/k norms and LongRoPE are not in the paged graphs): export it with the portable attention"
             )
         if self.wicore_kernels and not self.family.pre_norms:
             raise UnsupportedModelError(
                 f"WiCore's fused kernels add each block's output into the next pre-norm; {self.family.name} has no "
                 "pre-norms: export it with ONNX Runtime's ops (--kernels ort)"
             )
-        if expert_kernel not in ("auto", "graph", "ort-moe") or (expert_kernel == "ort-moe" and quant is not None):
-            raise ValueError(f"expert_kernel {expert_kernel!r}: auto, graph, or ort-moe without quantized weights")
-        if expert_kernel == "auto":
-            expert_kernel = "ort-moe" if attention == "paged" and quant is None else "graph"
+        if expert_kernel not in ("auto", "graph", "ort-moe"):
+            raise ValueError(f"expert_kernel {expert_kernel!r}: auto, graph or ort-moe")
+        if expert_kernel == "auto":  # the flavours that use contrib ops take ONNX Runtime's kernel; portable stays standard
+            expert_kernel = "ort-moe" if quant is not None or attention == "paged" else "graph"
         self.expert_kernel = expert_kernel
         if self.family.name != "gemma3" and image_inputs:
             raise UnsupportedModelError(f"the {self.family.name} family is text only (the vision tower is Gemma 3's)")

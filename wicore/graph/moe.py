@@ -20,12 +20,13 @@ through the builder's own `linear` (so `--weight-bits` quantizes them like dense
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from onnx import TensorProto
 
 from wicore.graph.ops import MS_DOMAIN, Graph
+from wicore.graph.quant import pack_codes
 from wicore.model.weights import LayerWeights
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     """ONNX Runtime's MoE kernel (CPU and CUDA): the router's logits in, softmax, top-k and the
     renormalisation inside, every expert's gate / up rows interleaved in one fc1 [E, 2 * W, H]
     (swiglu_fusion=1, the one layout both EPs take), down as fc2 [E, H, W], SwiGLU with alpha 1,
-    beta 0 and no clamp: silu(gate) * up."""
+    beta 0 and no clamp: silu(gate) * up. With the builder's `quant` (ort-quant): QMoE (`qmoe`)."""
     cfg = b.cfg
     p = f"/model/layers.{layer.index}/moe"
     h, w = cfg.hidden_size, cfg.moe_intermediate_size
@@ -107,22 +108,13 @@ def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
         rows = g.op("Cast", [rows], f"{p}/Cast_in", to=b.onnx_dtype)
     logits = g.op("MatMul", [rows, g.weight(f"{p}/router.weight", layer["mlp.router"].T.astype(b.np_dtype))], f"{p}/router")
 
-    def fc1() -> np.ndarray:
-        gate_up = [
-            np.stack([layer[f"mlp.experts.{e}.gate_proj"], layer[f"mlp.experts.{e}.up_proj"]], axis=1)
-            for e in range(cfg.num_experts)
-        ]
-        return np.stack(gate_up).reshape(cfg.num_experts, 2 * w, h).astype(b.np_dtype)  # rows g0, u0, g1, u1, ...
+    def gate_up(e: int) -> np.ndarray:  # rows g0, u0, g1, u1, ...
+        return np.stack([layer[f"mlp.experts.{e}.gate_proj"], layer[f"mlp.experts.{e}.up_proj"]], axis=1).reshape(2 * w, h)
 
-    def fc2() -> np.ndarray:
-        downs = [b.residual_scaled(layer[f"mlp.experts.{e}.down_proj"]) for e in range(cfg.num_experts)]
-        return np.stack(downs).astype(b.np_dtype)
+    def down(e: int) -> np.ndarray:
+        return b.residual_scaled(layer[f"mlp.experts.{e}.down_proj"])
 
-    y = g.op(
-        "MoE",
-        [rows, logits, g.weight(f"{p}/fc1.weight", fc1), "", g.weight(f"{p}/fc2.weight", fc2)],
-        f"{p}/MoE",
-        domain=MS_DOMAIN,
+    attrs = dict(
         k=cfg.num_experts_per_tok,
         activation_type="swiglu",
         swiglu_fusion=1,
@@ -130,8 +122,45 @@ def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
         activation_beta=0.0,
         normalize_routing_weights=int(cfg.norm_topk_prob),
     )
+    experts = range(cfg.num_experts)
+    if b.quant is None:
+        fc1 = g.weight(f"{p}/fc1.weight", lambda: np.stack([gate_up(e) for e in experts]).astype(b.np_dtype))
+        fc2 = g.weight(f"{p}/fc2.weight", lambda: np.stack([down(e) for e in experts]).astype(b.np_dtype))
+        y = g.op("MoE", [rows, logits, fc1, "", fc2], f"{p}/MoE", domain=MS_DOMAIN, **attrs)
+    else:
+        y = qmoe(b, g, [rows, logits], [gate_up(e) for e in experts], [down(e) for e in experts], p, attrs)
     if b.act_type != b.onnx_dtype:
         y = g.op("Cast", [y], f"{p}/Cast_out", to=b.act_type)
         rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows_act")
     y = with_shared_expert(b, g, layer, rows, y, p)
     return g.op("Reshape", [y, g.op("Shape", [x], f"{p}/shape")], f"{p}/out")
+
+
+def qmoe(
+    b: DecoderBuilder, g: Graph, inputs: list[str], fc1: list[np.ndarray], fc2: list[np.ndarray], p: str, attrs: dict[str, Any]
+) -> str:
+    """com.microsoft.QMoE over the experts' fc1 / fc2 [out, in] weights in the builder's quantized
+    blocks: MatMulNBits' codes and scales, stacked by expert (weights_prepacked=0: codes
+    [E, N, K * bits / 8], scales [E, N, K / block], zero point 2 ** (bits - 1) as MatMulNBits')."""
+    assert b.quant is not None
+    blocks = {"fc1": [b.quant.blocks([w]) for w in fc1], "fc2": [b.quant.blocks([w]) for w in fc2]}
+    every = blocks["fc1"] + blocks["fc2"]
+    bits = {q.bits for q in every}
+    if len(bits) != 1 or any(q.offsets is not None for q in every):
+        raise ValueError("QMoE needs one bit width and symmetric blocks for every expert")
+    inputs = list(inputs)
+    for fc, quantized in blocks.items():
+        codes = np.stack([pack_codes(q).reshape(q.shape[0], -1) for q in quantized])
+        scales = np.stack([q.scales for q in quantized]).astype(b.np_dtype)
+        inputs += [g.weight(f"{p}/{fc}.qweight", codes), g.weight(f"{p}/{fc}.scales", scales), ""]
+    return g.op(
+        "QMoE",
+        inputs[:-1],  # no fc2 bias
+        f"{p}/QMoE",
+        domain=MS_DOMAIN,
+        expert_weight_bits=bits.pop(),
+        block_size=b.quant.block_size,
+        weights_prepacked=0,
+        accuracy_level=b.quant.accuracy_level,
+        **attrs,
+    )

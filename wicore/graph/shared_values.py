@@ -157,17 +157,41 @@ def rope_tables(
     """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (computed in float32, as in
     HF; of type `to`); with contrib ops one row per token, [batch * seq, head_dim / 2],
     RotaryEmbedding's caches."""
-    inv_freq = rope.inv_freq(cfg.head_dim)
+    inv_freq = g.const(rope.inv_freq(cfg.head_dim), np.float32)
     pos = g.op("Cast", [positions], f"{p}/pos_f", to=TensorProto.FLOAT)
     if contrib:
         pos = g.op("Reshape", [pos, g.const([-1, 1])], f"{p}/pos_u")  # [b * s, 1]
     else:
         pos = g.op("Unsqueeze", [pos, g.const([-1, -2])], f"{p}/pos_u")  # [b, s, 1, 1]
-    freqs = g.op("Mul", [pos, g.const(inv_freq, np.float32)], f"{p}/freqs")
+    if rope.is_longrope:
+        inv_freq = longrope_inv_freq(g, cfg, positions, rope, p, contrib)
+    freqs = g.op("Mul", [pos, inv_freq], f"{p}/freqs")
     tables = g.op("Cos", [freqs], f"{p}/cos"), g.op("Sin", [freqs], f"{p}/sin")
+    if rope.is_longrope and rope.attention_factor != 1.0:
+        scale = g.const(np.float32(rope.attention_factor), np.float32)
+        tables = g.op("Mul", [tables[0], scale], f"{p}/cos_scaled"), g.op("Mul", [tables[1], scale], f"{p}/sin_scaled")
     if to == TensorProto.FLOAT:
         return tables
     return g.op("Cast", [tables[0]], f"{p}/cos_cast", to=to), g.op("Cast", [tables[1]], f"{p}/sin_cast", to=to)
+
+
+def longrope_inv_freq(g: Graph, cfg: Gemma3Config, positions: str, rope: RopeConfig, p: str, contrib: bool) -> str:
+    """LongRoPE's frequencies of each row: the long factors' where the row's last position this step
+    reaches past original_max_position_embeddings (transformers: where the forward's positions do;
+    a prompt prefilled in several chunks takes the short ones in the chunks that stay inside),
+    else the short ones. [b, 1, 1, half]; with contrib ops [b * s, half]. Padding positions are 0."""
+    last = g.op("ReduceMax", [positions], f"{p}/last_position", axes=[1], keepdims=1)  # [b, 1]
+    is_long = g.op("Greater", [last, g.const(rope.original_max_position_embeddings - 1)], f"{p}/is_long")
+    if contrib:
+        is_long = g.op(
+            "Reshape",
+            [g.op("Expand", [is_long, g.op("Shape", [positions], f"{p}/shape")], f"{p}/is_long_rows"), g.const([-1, 1])],
+            f"{p}/is_long_flat",
+        )
+    else:
+        is_long = g.op("Unsqueeze", [is_long, g.const([-1, -2])], f"{p}/is_long_u")  # [b, 1, 1, 1]
+    short, long = (g.const(rope.inv_freq(cfg.head_dim, long=flag), np.float32) for flag in (False, True))
+    return g.op("Where", [is_long, long, short], f"{p}/inv_freq")
 
 
 def group_mask(g: Graph, cfg: Gemma3Config, mask: str, total: str, name: str) -> str:

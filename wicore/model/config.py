@@ -26,15 +26,32 @@ FULL = "full_attention"
 @dataclass(frozen=True)
 class RopeConfig:
     """Rotary embedding of one layer type: base theta and scaling factor, linear or (with
-    `original_max_position_embeddings` set) Llama 3's frequency-dependent scaling."""
+    `original_max_position_embeddings` set) Llama 3's frequency-dependent scaling, or (with
+    `short_factor` set) Phi-3's LongRoPE: each channel pair's frequency divided by its short or
+    long factor, cos and sin times `attention_factor`. As transformers chooses them, a run whose
+    positions reach past `original_max_position_embeddings` uses the long factors for all its
+    tokens, any other the short ones (WiCore: per row and step, graph/shared_values.py)."""
 
     theta: float
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 scaling only
     high_freq_factor: float = 4.0  # llama3 scaling only
-    original_max_position_embeddings: int = 0  # > 0: llama3 scaling
+    original_max_position_embeddings: int = 0  # > 0: llama3 scaling, or LongRoPE's switch
+    short_factor: tuple[float, ...] = ()  # LongRoPE only: one factor a channel pair
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0  # LongRoPE only
+
+    @property
+    def is_longrope(self) -> bool:
+        return bool(self.short_factor)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "short_factor", tuple(float(f) for f in self.short_factor))  # from JSON lists
+        object.__setattr__(self, "long_factor", tuple(float(f) for f in self.long_factor))
+        if self.is_longrope and (len(self.short_factor) != len(self.long_factor) or not self.original_max_position_embeddings):
+            raise UnsupportedModelError(
+                "longrope scaling needs short_factor and long_factor of one length and original_max_position_embeddings"
+            )
         if self.theta <= 0 or self.factor <= 0:
             raise UnsupportedModelError(f"invalid rope parameters: theta={self.theta}, factor={self.factor}")
         if self.original_max_position_embeddings and self.high_freq_factor <= self.low_freq_factor:
@@ -42,9 +59,16 @@ class RopeConfig:
                 f"llama3 rope scaling: high_freq_factor {self.high_freq_factor} <= low_freq_factor {self.low_freq_factor}"
             )
 
-    def inv_freq(self, head_dim: int) -> np.ndarray:
-        """float32 [head_dim / 2]: the rotation speed of each pair of channels, as transformers computes it."""
+    def inv_freq(self, head_dim: int, long: bool = False) -> np.ndarray:
+        """float32 [head_dim / 2]: the rotation speed of each pair of channels, as transformers computes it
+        (LongRoPE: with the short factors, or the long ones with `long`)."""
         half = head_dim // 2
+        if self.is_longrope:
+            if len(self.short_factor) != half:
+                raise UnsupportedModelError(f"longrope: {len(self.short_factor)} factors for head_dim {head_dim}")
+            ext = np.asarray(self.long_factor if long else self.short_factor, np.float32)
+            shape = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+            return (np.float32(1.0) / (ext * np.float32(self.theta) ** shape)).astype(np.float32)
         inv_freq = 1.0 / (self.theta ** (np.arange(0, half, dtype=np.int64).astype(np.float32) * 2 / head_dim))
         if not self.original_max_position_embeddings:
             return (inv_freq / self.factor).astype(np.float32)
@@ -223,9 +247,25 @@ def rope_from_params(params: dict[str, Any], theta: float, layer_type: str) -> R
             high_freq_factor=float(params["high_freq_factor"]),
             original_max_position_embeddings=int(params["original_max_position_embeddings"]),
         )
+    if kind in ("longrope", "su"):
+        keys = ("short_factor", "long_factor", "original_max_position_embeddings", "max_position_embeddings")
+        if any(params.get(key) is None for key in keys):
+            raise UnsupportedModelError(f"{layer_type} layers: longrope scaling needs {', '.join(keys)}")
+        original = int(params["original_max_position_embeddings"])
+        factor = float(params.get("factor") or int(params["max_position_embeddings"]) / original)
+        attention_factor = params.get("attention_factor")
+        if attention_factor is None:
+            attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        return RopeConfig(
+            theta,
+            original_max_position_embeddings=original,
+            short_factor=tuple(params["short_factor"]),
+            long_factor=tuple(params["long_factor"]),
+            attention_factor=float(attention_factor),
+        )
     raise UnsupportedModelError(
         f"{layer_type} layers: rope scaling {kind!r} is not supported; WiCore implements 'default', 'linear' "
-        "(the scaling Gemma 3 checkpoints use) and 'llama3'"
+        "(the scaling Gemma 3 checkpoints use), 'llama3' and 'longrope'"
     )
 
 

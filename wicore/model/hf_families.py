@@ -35,6 +35,9 @@ def decoder_config_from_hf(cls: type[DecoderConfig], row: Family, cfg: dict[str,
     params = {**params, **(cfg.get("rope_scaling") or {})}
     if "partial_rotary_factor" in cfg:
         params.setdefault("partial_rotary_factor", cfg["partial_rotary_factor"])
+    if cfg.get("original_max_position_embeddings") is not None:  # Phi-3 keeps it at the top level
+        params.setdefault("original_max_position_embeddings", cfg["original_max_position_embeddings"])
+    params.setdefault("max_position_embeddings", cfg.get("max_position_embeddings"))
     rope = rope_from_params(params, float(cfg.get("rope_theta", 10_000.0)), FULL)
     heads = int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
