@@ -183,5 +183,5 @@ def test_a_missing_model_says_plan_also_takes_a_config_json(tmp_path, capsys):
     assert code == 2
     assert err == (
         f"wicore: error: --model {tmp_path / 'nowhere'}: no such file or folder; wicore plan takes an exported model, "
-        "a named one, a .gguf file, or a checkpoint's config.json alone (the file, or the Hugging Face folder holding it)\n"
+        "a named one, a .gguf file, a checkpoint's config.json alone (the file, or the Hugging Face folder holding it) or a Hub id\n"
     )
