@@ -76,7 +76,7 @@ class ModelGraphs:
             raise DeviceError("CUDA graphs need an export with --attention paged, every partition on one cuda device")
         opts = session_options(num_threads, profile_prefix, self.devices)
         if manifest.kernels == "wicore":
-            opts.register_custom_ops_library(str(kernel_library(self.devices)))
+            opts.register_custom_ops_library(str(kernel_library(self.devices)))  # type: ignore[attr-defined]
         self.sessions = [
             ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers(cuda_graphs))
             for p, d in zip(manifest.partitions, self.devices)
