@@ -75,6 +75,13 @@ EXPORTS = {
     "fp16-paged-wicore": ExportConfig(dtype="fp16", attention="paged", kernels="wicore"),
 }
 GREEDY_TOKENS = 24
+# Sampled decodes a paged export must repeat with and without CUDA graphs (the sampling head runs
+# on a replayed bucket's logits, uncaptured: wicore/executor/sampling_head.py).
+SAMPLED = {
+    "temperature": SamplingParams(max_tokens=GREEDY_TOKENS, ignore_eos=True, temperature=1.0, seed=5),
+    "top-k": SamplingParams(max_tokens=GREEDY_TOKENS, ignore_eos=True, temperature=0.8, top_k=40, seed=6),
+    "top-p": SamplingParams(max_tokens=GREEDY_TOKENS, ignore_eos=True, temperature=1.0, top_p=0.95, seed=7),
+}
 PROMPT_LENGTHS = (700, 40, 7)  # the first past Gemma's window of 64, and past blocks its window group releases
 MAX_ABS_DIFF = 0.05
 
@@ -120,6 +127,13 @@ def check(work: Path, name: str, prompts: list[list[int]], devices: str, exports
         with Engine(engine_config) as engine:
             got = engine.generate(prompts, SamplingParams(max_tokens=1, prompt_logits=True))
             greedy = engine.generate(prompts, SamplingParams(max_tokens=GREEDY_TOKENS, ignore_eos=True))
+        if config.attention == "paged":  # sampled rows: captured decode steps against uncaptured ones
+            sampled = {}
+            for graphs in (True, False):
+                with Engine(replace(engine_config, cuda_graphs=graphs)) as engine:
+                    sampled[graphs] = {k: [c.token_ids for c in engine.generate(prompts, p)] for k, p in SAMPLED.items()}
+            same = {k: sampled[True][k] == sampled[False][k] for k in SAMPLED}
+            print(f"{name:7s} {label:14s} sampled tokens with CUDA graphs as without: {same}", flush=True)
         diffs = [float(np.abs(c.prompt_logits - r).max()) for c, r in zip(got, refs, strict=True)]
         agree = np.concatenate([c.prompt_logits.argmax(-1) == r.argmax(-1) for c, r in zip(got, refs, strict=True)])
         report[label] = {
@@ -127,6 +141,8 @@ def check(work: Path, name: str, prompts: list[list[int]], devices: str, exports
             "argmax_agreement": float(agree.mean()),
             "greedy_tokens": [c.token_ids for c in greedy],
         }
+        if config.attention == "paged":
+            report[label]["sampled_same_with_graphs"] = all(same.values())
         print(f"{name:7s} {label:14s} max |diff| {max(diffs):.2e}  argmax agreement {agree.mean():.4f}", flush=True)
     return report
 
@@ -160,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             if mine != theirs:
                 bad.append(f"{name} greedy tokens with WiCore's kernels")
+    bad += [
+        f"{name} {label} sampled tokens under CUDA graphs"
+        for name, by_export in report.items()
+        for label, r in by_export.items()
+        if r.get("sampled_same_with_graphs") is False
+    ]
     if bad:
         print("failed: " + ", ".join(bad), file=sys.stderr)
     return 1 if bad else 0

@@ -12,7 +12,7 @@ import pytest
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
-from wicore.cli.load import LoadConfig, RequestTiming, Spread, random_prompts, summarize
+from wicore.cli.load import LoadConfig, RequestTiming, Spread, one_request, random_prompts, summarize
 from wicore.engine.engine import Engine, EngineConfig
 
 
@@ -37,6 +37,37 @@ def test_summarize_times_each_request_from_its_chunks():
     assert r.tpot == Spread(pytest.approx(125.0), pytest.approx(125.0), pytest.approx(149.5))
     # the gaps: 100, 200 (a) and 100, 100 (b)
     assert r.itl == Spread(pytest.approx(125.0), pytest.approx(100.0), pytest.approx(197.0))
+
+
+def test_a_request_whose_tokens_have_no_text_counts_at_its_end():
+    """A stream of chunks without text (a random model repeating a special token) is a completed
+    request whose first token arrives with the end, not a failure: a real loopback server streams
+    such a completion."""
+    import asyncio
+
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    events = [{"choices": [{"text": "", "finish_reason": None}]}, {"choices": [{"text": "", "finish_reason": "length"}]}]
+    events.append({"choices": [], "usage": {"completion_tokens": 2}})
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+
+    async def completions(request):
+        return StreamingResponse(iter([body]), media_type="text/event-stream")
+
+    server = ServerThread(Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])).start()
+
+    async def one() -> RequestTiming:
+        async with httpx.AsyncClient() as client:
+            return await one_request(client, LoadConfig(server.url, "m", 1, 1, 2), [1])
+
+    try:
+        timing = asyncio.run(one())
+    finally:
+        server.stop()
+    assert (timing.error, timing.num_tokens, len(timing.chunk_times)) == (None, 2, 1)
 
 
 def test_load_config_takes_a_base_url_with_or_without_v1():

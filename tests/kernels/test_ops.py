@@ -21,13 +21,21 @@ EPS = 1e-6
 
 @pytest.fixture(scope="module")
 def cpu_library(tmp_path_factory) -> str:
+    """The CPU build, kept under WICORE_TEST_CACHE between runs where set (keyed by the sources
+    and the compiler, so an edit rebuilds it)."""
     if find_compiler(cuda=False) is None:
         pytest.skip("no C++ compiler here")
-    os.environ["WICORE_CACHE"] = str(tmp_path_factory.mktemp("wicore-cache"))
+    base = os.environ.get("WICORE_TEST_CACHE")
+    cache = os.path.join(base, "wicore-cache") if base else str(tmp_path_factory.mktemp("wicore-cache"))
+    saved = os.environ.get("WICORE_CACHE")
+    os.environ["WICORE_CACHE"] = cache
     try:
         return str(library(cuda=False))
     finally:
-        del os.environ["WICORE_CACHE"]
+        if saved is None:
+            del os.environ["WICORE_CACHE"]
+        else:
+            os.environ["WICORE_CACHE"] = saved
 
 
 def session(path: str, nodes: list, inputs: list, outputs: list) -> ort.InferenceSession:
@@ -111,6 +119,7 @@ def test_halves_round_as_numpy_rounds_them(cpu_library):
     assert np.isinf(out[0, -1]) and out[0, 0] == 0 and 0 < out[0, 1] < 6.1e-5  # inf, zero, a subnormal
 
 
+@pytest.mark.slow  # a build of its own (~10 s on 2 cores)
 def test_the_library_is_built_once_and_has_no_cuda_kernels_without_nvcc(cpu_library, tmp_path, monkeypatch):
     monkeypatch.setenv("WICORE_CACHE", str(tmp_path))
     first = library(cuda=False)

@@ -7,7 +7,7 @@ Per request, from the moment it is sent:
     sent ── TTFT ──► first chunk ── ITL ──► chunk ── ITL ──► ... ──► last chunk
                      └──────────── TPOT = (latency - TTFT) / (output tokens - 1) ─┘
 
-ITL (inter-token latency) is each gap between two streamed chunks; TPOT (time per output token)
+ITL (inter-token latency) is each gap between two streamed chunks of text; TPOT (time per output token)
 is one number a request. Both say how fast tokens arrive once they flow; TTFT says how long a
 request waits for its first.
 """
@@ -185,7 +185,9 @@ async def one_request(client, config: LoadConfig, prompt: list[int]) -> RequestT
                 if event.get("usage"):
                     usage_tokens = event["usage"].get("completion_tokens")
                 choices = event.get("choices") or []
-                if choices and choices[0].get("text"):
+                if choices and (choices[0].get("text") or (choices[0].get("finish_reason") and not timing.chunk_times)):
+                    # a chunk of text; or the end of a request whose tokens all decoded to no text (a
+                    # model repeating a special token): its first "token" arrives with the end
                     timing.chunk_times.append(time.perf_counter())
     except httpx.ConnectError as exc:  # no server there: the whole benchmark stops
         raise RequestError(f"cannot reach {config.url}: {exc}") from exc
