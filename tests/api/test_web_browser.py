@@ -21,6 +21,8 @@ import pytest
 from devtools import Chromium, find_chromium
 from multimodal import png
 
+import wicore
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -218,6 +220,16 @@ def test_a_base_model_page_continues_text_and_the_key_lockout_shows_the_dialog(g
             assert reply(browser)[0] == expected["choices"][0]["text"] != ""
             save(browser, tmp_path, "web-continuation.png")
             assert browser.js("window.cspViolations") == []
+
+            # /docs: titled with the package's version; seed's 64-bit limits as written, not rounded to a double.
+            browser.open(f"{url}/docs")
+            browser.wait("document.querySelectorAll('#endpoints table').length > 0")
+            assert browser.js("document.getElementById('title').textContent") == f"WiCore API (WiCore {wicore.__version__})"
+            seed = browser.js(
+                "[...document.querySelectorAll('#endpoints tr')].find(r => r.cells[0].textContent === 'seed').cells[3].textContent"
+            )
+            assert seed == '{"minimum":-9223372036854775808,"maximum":18446744073709551615}'
+
     finally:
         proc.terminate()
         proc.wait(timeout=60)

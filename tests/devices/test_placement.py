@@ -86,7 +86,7 @@ def test_plan_reads_partition_sizes_without_loading_weights(tiny_export):
 def test_on_an_accelerator_each_session_holds_its_own_copy_of_the_tied_table(tiny_export, monkeypatch):
     folder, _ = tiny_export(2)
     gpu = device_with_free("cuda", 80 * GIB)
-    monkeypatch.setattr("wicore.devices.placement.device_list", lambda spec: [gpu])
+    monkeypatch.setattr("wicore.devices.placement.device_list", lambda spec, is_installed=True: [gpu])
     plan = plan_placement(folder, Manifest.read(folder), "cuda:0")
     assert [p.mapped_bytes for p in plan.placements] == [0, 0]
     assert all(p.weight_bytes > EMBED + 2 * PER_LAYER for p in plan.placements)

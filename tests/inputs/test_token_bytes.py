@@ -60,3 +60,22 @@ def _is_utf8(raw: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+@pytest.mark.slow
+def test_smollm2s_token_bytes_are_hfs_byte_level_pieces(smollm2, hf_tokenizer_smollm2):
+    """The real byte-level vocabulary (SmolLM2-135M-Instruct), each token's bytes against
+    transformers' own byte table, and an emoji reply's bytes joined."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from wicore.graph.manifest import Manifest
+
+    folder = smollm2()
+    tok = Tokenizer(folder, TokenizerInfo.from_dict(Manifest.read(folder).tokenizer))
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    text = "Pizza 🍕 and 😀, naïve"
+    ids = hf_tokenizer_smollm2.encode(text, add_special_tokens=False)
+    for token_id, piece in zip(ids, hf_tokenizer_smollm2.convert_ids_to_tokens(ids)):
+        assert tok.token_bytes(token_id) == bytes(byte_of[c] for c in piece), piece
+    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode("utf-8")
+    assert any(not _is_utf8(tok.token_bytes(i)) for i in ids)  # some token is part of an emoji

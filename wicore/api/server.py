@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hypercorn.asyncio.run import worker_serve
@@ -91,7 +92,10 @@ def _in_flight(engine: Engine) -> int:
     return stats.running + stats.waiting + stats.swapped
 
 
-async def _serve_until_signal(app: Any, config: Config, limits: ConnectionLimits, in_flight: Any = None) -> None:
+async def _serve_until_signal(
+    app: Any, config: Config, limits: ConnectionLimits, in_flight: Callable[[], int] | None = None
+) -> None:
+    """Serve until SIGTERM / SIGINT; `in_flight` counts what the shutdown waits for (the console says)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 

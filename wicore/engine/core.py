@@ -44,7 +44,7 @@ from wicore.executor.vision import NO_VISION, VisionEncoder
 from wicore.graph.manifest import Manifest
 from wicore.inputs.tokenizer import Tokenizer
 from wicore.kv.buffers import CacheConfig, KVBuffers
-from wicore.kv.layout import KVLayout, choose_block_size, pool_gb_flag
+from wicore.kv.layout import KVLayout, choose_block_size, context_advice
 from wicore.kv.stream import KVStreamer, num_stages
 from wicore.kv.tiers import HostStore
 from wicore.model.tokenizer_info import TokenizerInfo
@@ -220,11 +220,10 @@ class EngineCore:
                 f"{self.config.kv_stream_tokens} and the device and host tiers (prompt plus at least one generated "
                 "token): raise --kv-stream-tokens or --host-tier-gb"
             )
-        need = pool_gb_flag(self.layout.pool_bytes(sched.max_num_seqs, tokens, sched.prefill_chunk))
+        advice = context_advice(self.layout, tokens, sched.prefill_chunk, sched.max_num_seqs)
         return (
             f"the device KV cache holds {self.max_sequence_tokens} tokens (prompt plus at least one generated token); "
-            f"--kv-pool-gb {need} holds it with --max-num-seqs {sched.max_num_seqs} (wicore plan --context {tokens} "
-            "shows what else fits)"
+            f"{advice} (wicore plan --context {tokens} shows what else fits)"
         )
 
     def make_request(

@@ -56,6 +56,7 @@ export class Client {
     const form = document.getElementById("key-form");
     const input = document.getElementById("key-input");
     document.getElementById("key-error").textContent = this.key || always ? reason : "";
+    input.value = ""; // a refused key is not offered again
     return new Promise((resolve) => {
       form.onsubmit = (event) => {
         event.preventDefault();
