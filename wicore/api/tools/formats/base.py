@@ -1,0 +1,83 @@
+"""The contract of a tool-call format: what one family of models writes when it calls a tool.
+
+A format knows four things:
+
+    scan(text, final, names)   the model's text -> content and calls (wicore.api.tools.scan)
+    instructions(functions)    the system text that describes the tools, for a chat template
+                               that takes no `tools` (Gemma 3's, SmolLM2's): the format's prompt
+    render_calls / results     past calls and tool results, as text, for such a template
+    grammar(functions, ...)    a Lark grammar (llguidance's dialect) of one or more calls:
+                               tool_choice required / a named function is enforced with it
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from typing import Any
+
+from wicore.api.tools.request import Function
+from wicore.api.tools.scan import Call, Scan
+
+
+class ToolFormat(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def scan(self, text: str, final: bool, names: frozenset[str]) -> Scan:
+        """Split `text` (all generated so far) into content and calls of the declared `names`."""
+
+    @abstractmethod
+    def instructions(self, functions: tuple[Function, ...]) -> str:
+        """What the model is told about the tools when its chat template cannot say it."""
+
+    @abstractmethod
+    def render_calls(self, calls: list[Call]) -> str:
+        """Past calls as the model would have written them."""
+
+    def render_results(self, results: list[str]) -> str:
+        """Tool results (in order) as the text of one user turn."""
+        return "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
+
+    @abstractmethod
+    def grammar(self, functions: tuple[Function, ...], parallel: bool) -> str:
+        """A Lark grammar whose every sentence is one call (or, with `parallel`, several) of `functions`."""
+
+    def check(self, functions: tuple[Function, ...]) -> None:
+        """Raise ValueError (naming the tool) if a function cannot be written in this format."""
+        return None  # every format but pythonic writes any name and parameter
+
+    def parse(self, text: str, names: frozenset[str]) -> tuple[str, list[Call]]:
+        """The whole output's content and calls."""
+        scan = self.scan(text, True, names)
+        content = "".join(text[s.start : s.end] for s in scan.segments if not s.calls)
+        return content, [c for s in scan.segments for c in s.calls]
+
+
+def lark_string(text: str) -> str:
+    """A Lark string literal of `text`."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def json_rule(schema: dict[str, Any]) -> str:
+    """An inline JSON schema (llguidance's `%json {...}`)."""
+    return "%json " + json.dumps(schema, ensure_ascii=False)
+
+
+def call_object_schema(functions: tuple[Function, ...], arguments_key: str) -> dict[str, Any]:
+    """The schema of {"name": <one of functions>, <arguments_key>: <its parameters>}."""
+    options = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": f.name}, arguments_key: f.parameters},
+            "required": ["name", arguments_key],
+            "additionalProperties": False,
+        }
+        for f in functions
+    ]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def tool_list(functions: tuple[Function, ...]) -> str:
+    """The functions as the JSON list a tools prompt shows (one tool object a line)."""
+    return "\n".join(json.dumps(f.as_tool(), ensure_ascii=False) for f in functions)
