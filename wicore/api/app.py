@@ -36,6 +36,8 @@ from wicore.api.schemas import Options, parse_chat, parse_completion
 from wicore.api.serving import ServingEngine
 from wicore.api.settings import ServerSettings
 from wicore.api.streaming import EventStream, Streams, chunks, event_stream, merge
+from wicore.api.tools.plan import chat_prompt, tool_format, with_tool_grammar
+from wicore.api.tools.stream import message, tool_pieces
 from wicore.api.web import WebPage
 from wicore.errors import WiCoreError
 from wicore.runtime.images import ImageInput
@@ -170,12 +172,12 @@ class API:
         images = await self.images(chat.images)
         tok = self._tokenizer()
         try:
-            prompt = tok.apply_chat_template(chat.messages, add_generation_prompt=True)
+            prompt, tools = chat_prompt(tok, chat.messages, chat.tools, tool_format(self.settings.tool_call_parser, tok))
         except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
             raise from_wicore(exc, "messages") from exc
         if images:
             prompt = self.engine.expand_images(prompt)
-        return Job(True, [tok.encode(prompt, add_bos=False)], chat.options, images)
+        return Job(True, [tok.encode(prompt, add_bos=False)], with_tool_grammar(chat.options, tools), images, tools)
 
     async def images(self, parts: tuple[ImagePart, ...]) -> list[ImageInput]:
         """The request's images, loaded for the model; a 400 naming the part when there is something wrong."""
@@ -197,6 +199,8 @@ class API:
             self._observed(run_choice(self.engine, request_id, prompts[i // opts.n], opts.stop, s), s)
             for i, (request_id, s) in enumerate(zip(request_ids, stats))
         ]
+        if job.tools is not None:  # content and tool calls, read from each choice's text
+            choices = [tool_pieces(choice, job.tools) for choice in choices]
 
         def usage() -> dict[str, Any]:
             prompt = sum(len(ids) for ids in prompts)
@@ -227,12 +231,14 @@ class API:
         texts = [""] * len(choices)
         reasons: list[str | None] = [None] * len(choices)
         tokens: list[list[TokenLogprobs]] = [[] for _ in choices]
+        calls: list[list[dict[str, Any]]] = [[] for _ in choices]
 
         async def collect() -> None:
             async for index, piece in merge(choices):
                 texts[index] += piece.text
                 reasons[index] = piece.finish_reason or reasons[index]
                 tokens[index] += piece.logprobs
+                calls[index] += piece.tool_calls
 
         try:
             await until_disconnect(request, collect())
@@ -241,7 +247,7 @@ class API:
         body = []
         for i, (text, reason, toks) in enumerate(zip(texts, reasons, tokens)):
             shaped = None if formatter is None else (formatter.chat(toks) if is_chat else formatter.completion(toks))
-            content = {"message": {"role": "assistant", "content": text}} if is_chat else {"text": text}
+            content = {"message": message(text, calls[i])} if is_chat else {"text": text}
             body.append({"index": i, **content, "logprobs": shaped, "finish_reason": reason})
         obj = "chat.completion" if is_chat else "text_completion"
         return JSONResponse({**gen.base, "object": obj, "choices": body, "usage": gen.usage()})
@@ -285,6 +291,7 @@ class API:
                         logprobs=opts.logprobs,
                         speculative=opts.speculative,
                         ignore_eos=opts.ignore_eos,
+                        structured=opts.structured,
                     )
                     request_ids.append(
                         self.engine.add_request(

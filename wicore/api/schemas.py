@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI endpoints, parsed and checked: a 400 names the parameter.
 
 Unknown fields are ignored, as OpenAI does; `null` means "not given". Known fields whose
-feature WiCore lacks (echo, best_of, suffix, audio parts, tools, response_format) are refused
+feature WiCore lacks (echo, best_of, suffix, audio parts, functions, response_format) are refused
 with a 400 rather than silently ignored, so a client never gets an answer it did not ask for.
 
     image_url parts  {"type": "image_url", "image_url": {"url": ...}} (or "image_url": "<url>"):
@@ -19,9 +19,11 @@ from typing import Any
 
 from wicore.api.errors import APIError
 from wicore.api.images import ImagePart
+from wicore.api.tools.request import ToolRequest, parse_tools, tool_message_fields
+from wicore.structured.spec import StructuredOutput
 
 PRIORITIES = ("low", "normal", "high", "urgent")
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 16
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs
@@ -49,6 +51,7 @@ class Options:
     logprobs: int | None = None  # None: none; k: each token's logprob and the k most likely alternatives
     speculative: bool = True  # False: no draft tokens for this request, where the server speculates
     ignore_eos: bool = False  # vLLM's extension: generate through end-of-sequence tokens up to max_tokens
+    structured: StructuredOutput | None = None  # response_format / structured_outputs / guided_*: what the output matches
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     options: Options
     images: tuple[ImagePart, ...] = ()  # the image_url parts, in the order of the conversation
+    tools: ToolRequest | None = None  # tools / tool_choice / parallel_tool_calls (wicore.api.tools)
 
 
 @dataclass(frozen=True)
@@ -190,7 +194,8 @@ def parse_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Ima
         if role not in ROLES:
             raise _bad(f"{where}.role", f"{role!r}: choose one of {', '.join(ROLES)}")
         content = _content(message.get("content"), where, images)
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        fields = tool_message_fields(message, role, where)  # an assistant's tool_calls, a tool's tool_call_id
+        out.append({"role": "system" if role == "developer" else role, "content": content, **fields})
     return out, images
 
 
@@ -245,18 +250,17 @@ def parse_chat(body: Any) -> ChatRequest:
     refuse_structured_output(body)
     messages, images = parse_messages(body)
     options = parse_options(body, ("max_completion_tokens", "max_tokens"), parse_chat_logprobs(body))
-    return ChatRequest(messages, options, tuple(images))
+    return ChatRequest(messages, options, tuple(images), parse_tools(body))
 
 
 def refuse_structured_output(body: dict[str, Any]) -> None:
-    """Tool calls and constrained output are not implemented: a 400 rather than plain text that a
-    client would take for an answer in the format it asked for. Their "off" values pass."""
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise _unsupported(name, "tool calling")
-    for name in ("tool_choice", "function_call"):
-        if body.get(name) not in (None, "none"):
-            raise _unsupported(name, "tool calling")
+    """The legacy `functions` and constrained output are not implemented: a 400 rather than plain
+    text that a client would take for an answer in the format it asked for (`tools` is what works).
+    Their "off" values pass."""
+    if body.get("functions"):
+        raise _unsupported("functions", "the legacy functions field (send tools)")
+    if body.get("function_call") not in (None, "none"):
+        raise _unsupported("function_call", "the legacy function_call field (send tool_choice)")
     response_format = body.get("response_format")
     if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
         raise _unsupported("response_format", "a response_format other than text")

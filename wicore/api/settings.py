@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from wicore.api.images import ImageSettings
+from wicore.api.tools.formats import FORMATS
 
 
 @dataclass(frozen=True)
@@ -22,10 +23,13 @@ class ServerSettings:
     body_timeout_seconds: float = 30.0  # the whole request body must arrive within this (slow-drip uploads)
     images: ImageSettings = field(default_factory=ImageSettings)  # limits of image inputs (wicore.api.images)
     web: bool = True  # the page at / (wicore.api.web); /v1/ws stays either way
+    tool_call_parser: str | None = None  # the models' tool-call format (wicore.api.tools.formats); None: from the chat template
 
     def __post_init__(self) -> None:
         if self.rate_limit_rpm < 0 or (self.max_body_bytes is not None and self.max_body_bytes < 1):
             raise ValueError("rate_limit_rpm must be >= 0 and max_body_bytes >= 1")
+        if self.tool_call_parser is not None and self.tool_call_parser not in FORMATS:
+            raise ValueError(f"tool_call_parser {self.tool_call_parser!r}: choose one of {', '.join(FORMATS)}")
 
     def body_limit(self, takes_images: bool, max_tokens: int) -> int:
         """--max-body-bytes, or by default room for a prompt of `max_tokens` tokens at 16 bytes each

@@ -20,6 +20,7 @@ import numpy as np
 
 from wicore.errors import RequestError
 from wicore.graph.sampling import CDF_BLOCK  # one block size here and in the graph's draw: the same tokens
+from wicore.structured.spec import StructuredOutput
 
 MAX_LOGPROBS = 20  # most alternatives a request may ask for (OpenAI's top_logprobs limit)
 
@@ -40,6 +41,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the k most likely
     prompt_logits: bool = False  # also return the logits at every prompt position (no prefix-cache reuse)
     speculative: bool = True  # False: this request never runs draft tokens (where the engine speculates)
+    structured: StructuredOutput | None = None  # what the output must match (a JSON schema, regex, ...): masked
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):

@@ -18,6 +18,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -44,7 +45,7 @@ class Tokenizer:
             raise ManifestError(f"{path} cannot be loaded ({e}); export the model again") from e
         self.info = info
         self._template_vars = _special_token_strings(folder / "tokenizer_config.json", self._tokenizer, info)
-        self._template = _compile_template(info.chat_template)
+        self._template, self.takes_tools = _compile_template(info.chat_template)
 
     @property
     def vocab_size(self) -> int:
@@ -70,15 +71,20 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text of a conversation; contents are strings or lists of `{"type": "text", ...}` parts."""
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The prompt text of a conversation; contents are strings or lists of `{"type": "text", ...}` parts.
+
+        `tools` (OpenAI tool objects) go to the template as transformers passes them; a template
+        that never reads them (`takes_tools` False) renders as without."""
         if not messages:
             raise RequestError("the conversation is empty; send at least one message")
         cleaned = [{k: v for k, v in message.items() if v is not None} for message in messages]
         try:
             return self._template.render(
                 messages=cleaned,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **self._template_vars,
@@ -208,8 +214,9 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _compile_template(source: str) -> jinja2.Template:
-    """The environment transformers renders chat templates in (templates are untrusted: sandboxed)."""
+def _compile_template(source: str) -> tuple[jinja2.Template, bool]:
+    """The template, in the environment transformers renders chat templates in (templates are
+    untrusted: sandboxed), and whether it reads `tools`."""
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
@@ -218,6 +225,6 @@ def _compile_template(source: str) -> jinja2.Template:
     env.globals["strftime_now"] = _strftime_now
     env.globals["namespace"] = _Namespace
     try:
-        return env.from_string(source)
+        return env.from_string(source), "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
     except jinja2.TemplateSyntaxError as e:
         raise ManifestError(f"the chat template does not parse ({e}); export the model again") from e

@@ -45,9 +45,13 @@ def test_malformed_calls_stay_content(text):
 @pytest.mark.parametrize("step", [1, 4, 1000])
 def test_streamed_in_pieces_adds_up_to_the_whole(step):
     text = "Checking.\n" + ONE + '; {"name": "get_time", "parameters": {"zone": "UTC"}}'
-    assert joined(streamed("llama3_json", text, step)) == LLAMA.parse(text, NAMES) == (
-        "Checking.",
-        [PARIS, Call("get_time", {"zone": "UTC"})],
+    assert (
+        joined(streamed("llama3_json", text, step))
+        == LLAMA.parse(text, NAMES)
+        == (
+            "Checking.",
+            [PARIS, Call("get_time", {"zone": "UTC"})],
+        )
     )
 
 

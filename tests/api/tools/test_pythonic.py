@@ -56,9 +56,13 @@ def test_malformed_calls_stay_content(text):
 @pytest.mark.parametrize("step", [1, 5, 1000])
 def test_streamed_in_pieces_adds_up_to_the_whole(step):
     text = 'I will check both.\n```tool_code\n[get_weather(city="Paris"), get_time(zone="CET")]\n```'
-    assert joined(streamed("gemma", text, step)) == GEMMA.parse(text, NAMES) == (
-        "I will check both.",
-        [PARIS, Call("get_time", {"zone": "CET"})],
+    assert (
+        joined(streamed("gemma", text, step))
+        == GEMMA.parse(text, NAMES)
+        == (
+            "I will check both.",
+            [PARIS, Call("get_time", {"zone": "CET"})],
+        )
     )
 
 

@@ -66,16 +66,54 @@ def json_rule(schema: dict[str, Any]) -> str:
 
 def call_object_schema(functions: tuple[Function, ...], arguments_key: str) -> dict[str, Any]:
     """The schema of {"name": <one of functions>, <arguments_key>: <its parameters>}."""
-    options = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": f.name}, arguments_key: f.parameters},
-            "required": ["name", arguments_key],
-            "additionalProperties": False,
+    defs: dict[str, Any] = {}
+    options = []
+    for i, f in enumerate(functions):
+        parameters, defs[f"f{i}"] = embedded(f.parameters, f"f{i}")
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": f.name}, arguments_key: parameters},
+                "required": ["name", arguments_key],
+                "additionalProperties": False,
+            }
+        )
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    defs = {k: v for k, v in defs.items() if v is not None}
+    return {**schema, "$defs": defs} if defs else schema
+
+
+def embedded(schema: dict[str, Any], name: str, path: str = "") -> tuple[dict[str, Any], Any]:
+    """(the schema at `path` inside `schema`, the definition to put at $defs/`name` of the root it
+    is embedded in, or None). A schema whose `$ref`s point into itself ("#/$defs/...") keeps them
+    right by moving whole under $defs/`name`, its refs rebased there; others embed as they are."""
+    if not _has_ref(schema):
+        return (_at(schema, path), None)
+    base = f"#/$defs/{name}"
+    return ({"$ref": base + path}, _rebased(schema, base))
+
+
+def _at(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    for part in path.strip("/").split("/") if path else ():
+        schema = schema[part]
+    return schema if isinstance(schema, dict) else {}
+
+
+def _has_ref(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(k == "$ref" or _has_ref(v) for k, v in value.items())
+    return isinstance(value, list) and any(_has_ref(v) for v in value)
+
+
+def _rebased(value: Any, base: str) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rebased(v, base)
+            for k, v in value.items()
         }
-        for f in functions
-    ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    if isinstance(value, list):
+        return [_rebased(v, base) for v in value]
+    return value
 
 
 def tool_list(functions: tuple[Function, ...]) -> str:

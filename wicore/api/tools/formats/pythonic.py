@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from wicore.api.tools.formats.base import ToolFormat, json_rule, lark_string
+from wicore.api.tools.formats.base import ToolFormat, embedded, json_rule, lark_string
 from wicore.api.tools.request import Function
 from wicore.api.tools.scan import Call, Scan, python_end, scan_lines
 
@@ -193,11 +193,12 @@ def _call_rules(function: Function, rule: str) -> list[str]:
     properties: dict[str, Any] = parameters.get("properties") or {}
     required = [p for p in properties if p in (parameters.get("required") or [])]
     optional = [p for p in properties if p not in required]
-    defs = {k: parameters[k] for k in ("$defs", "definitions") if k in parameters}
     lines = []
     for n, p in enumerate(properties):
-        schema = properties[p] if isinstance(properties[p], dict) else {}
-        lines.append(f"{rule}_{n}: {lark_string(p + '=')} {json_rule({**schema, **defs})}")
+        schema, definition = embedded(parameters, "p", f"/properties/{p}")
+        if definition is not None:
+            schema = {**schema, "$defs": {"p": definition}}
+        lines.append(f"{rule}_{n}: {lark_string(p + '=')} {json_rule(schema)}")
     index = {p: n for n, p in enumerate(properties)}
     head = ' ", " '.join(f"{rule}_{index[p]}" for p in required)
     if required:
