@@ -64,4 +64,7 @@ def test_the_grammar_refuses_what_the_request_does_not_allow(lltok, name):
     assert not accepts(lltok, required, fmt.render_calls([Call("get_weather", {"city": "Paris", "unit": "k"})]))  # enum
     assert not accepts(lltok, required, "The weather is fine.")  # text is no call
     assert not accepts(lltok, required, "")  # at least one call
+    written = fmt.render_calls([PARIS])
+    if '": ' in written:  # JSON in the calls: written one way, as json.dumps writes it
+        assert not accepts(lltok, required, written.replace('": ', '":'))
     assert not accepts(lltok, fmt.grammar((NESTED,), True), fmt.render_calls([Call("book", {"who": {}, "seats": 0})]))

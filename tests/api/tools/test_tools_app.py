@@ -173,7 +173,7 @@ def test_the_prompt_describes_the_tools_and_renders_the_history(served, client):
         '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
         "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
         f"<|im_start|>assistant\n{CALL}<|im_end|>\n"
-        '<|im_start|>user\n<tool_response>\n{"temp_c": 22, "sky": "sunny"}\n</tool_response><|im_end|>\n'
+        '<|im_start|>user\nThe tool returned: {"temp_c": 22, "sky": "sunny"}<|im_end|>\n'
         "<|im_start|>assistant\n"
     )
 
@@ -224,4 +224,4 @@ def test_langchain_bind_tools(served):
         [HumanMessage("Weather in Paris?"), asked, ToolMessage("22 C, sunny", tool_call_id=asked.tool_calls[0]["id"])]
     )
     assert answer.content == "22 C and sunny." and answer.tool_calls == []
-    assert "<tool_response>\n22 C, sunny\n</tool_response>" in served[0].prompt_text()
+    assert "<|im_start|>user\nThe tool returned: 22 C, sunny<|im_end|>" in served[0].prompt_text()

@@ -99,7 +99,7 @@ def test_a_template_without_tools_and_no_tools_offered_keeps_the_history_readabl
     tok = byte_tokenizer(tmp_path, CHATML)
     messages, _ = template_inputs(HISTORY[1:], None, FORMATS["hermes"], tok.takes_tools)
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
-    assert messages[2]["content"] == "<tool_response>\n22 C\n</tool_response>\n<tool_response>\n12:00\n</tool_response>"
+    assert messages[2]["content"] == "The tool returned: 22 C\nThe tool returned: 12:00"
     assert messages[1]["content"].count("<tool_call>") == 2
 
 

@@ -9,7 +9,7 @@ A template that takes none (Gemma 3's, SmolLM2's) gets the format's prompt inste
     system     its own text, then the format's instructions and the function list
                (Gemma's template folds the system text into the first user turn: Google's way)
     assistant  past calls written as the model writes them (`<tool_call>...`, `[f(a=1)]`)
-    tool       results, consecutive ones in one user turn (`<tool_response>`, ```tool_output)
+    tool       results, consecutive ones in one user turn (`The tool returned: ...`, Gemma's ```tool_output)
 """
 
 from __future__ import annotations

@@ -35,9 +35,9 @@ class ToolFormat(ABC):
     def render_calls(self, calls: list[Call]) -> str:
         """Past calls as the model would have written them."""
 
+    @abstractmethod
     def render_results(self, results: list[str]) -> str:
-        """Tool results (in order) as the text of one user turn."""
-        return "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
+        """Tool results (in the order of the calls) as the text of one user turn."""
 
     @abstractmethod
     def grammar(self, functions: tuple[Function, ...], parallel: bool) -> str:
@@ -59,9 +59,14 @@ def lark_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+# JSON written as json.dumps writes it (and as the prompts show calls): no free whitespace for a
+# small model to run on in, one way to write each call
+CANONICAL_JSON = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+
+
 def json_rule(schema: dict[str, Any]) -> str:
-    """An inline JSON schema (llguidance's `%json {...}`)."""
-    return "%json " + json.dumps(schema, ensure_ascii=False)
+    """An inline JSON schema (llguidance's `%json {...}`), its JSON written canonically."""
+    return "%json " + json.dumps({**schema, "x-guidance": CANONICAL_JSON}, ensure_ascii=False)
 
 
 def call_object_schema(functions: tuple[Function, ...], arguments_key: str) -> dict[str, Any]:

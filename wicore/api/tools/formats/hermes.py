@@ -66,6 +66,11 @@ class Hermes(ToolFormat):
             f"{OPEN}\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n{CLOSE}" for c in calls
         )
 
+    def render_results(self, results: list[str]) -> str:
+        # Plain words rather than Qwen's <tool_response> tags: a template that takes no tools is a
+        # model never shown them (SmolLM2-135M copies the tags back instead of answering)
+        return "\n".join(f"The tool returned: {r}" for r in results)
+
     def grammar(self, functions: tuple[Function, ...], parallel: bool) -> str:
         more = ' ("\\n" call)*' if parallel else ""
         return (

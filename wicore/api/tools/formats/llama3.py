@@ -37,7 +37,7 @@ class Llama3Json(ToolFormat):
         return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False) for c in calls)
 
     def render_results(self, results: list[str]) -> str:
-        return "\n".join(results)
+        return "\n".join(f"The tool returned: {r}" for r in results)
 
     def grammar(self, functions: tuple[Function, ...], parallel: bool) -> str:
         more = ' ("; " body)*' if parallel else ""

@@ -47,6 +47,9 @@ class Pythonic(ToolFormat):
     def render_calls(self, calls: list[Call]) -> str:
         return "[" + ", ".join(f"{c.name}({', '.join(f'{k}={_python(v)}' for k, v in c.arguments.items())})" for c in calls) + "]"
 
+    def render_results(self, results: list[str]) -> str:
+        return "\n".join(f"The tool returned: {r}" for r in results)
+
     def check(self, functions: tuple[Function, ...]) -> None:
         for f in functions:
             if not IDENTIFIER.fullmatch(f.name):
