@@ -225,3 +225,22 @@ def test_langchain_bind_tools(served):
     )
     assert answer.content == "22 C and sunny." and answer.tool_calls == []
     assert "<|im_start|>user\nThe tool returned: 22 C, sunny<|im_end|>" in served[0].prompt_text()
+
+
+def test_a_websocket_chat_streams_the_same_tool_call_deltas(served):
+    from websockets.sync.client import connect
+
+    served[0].answer = "On it.\n" + CALL
+    with connect(served[1].replace("http", "ws", 1) + "/v1/ws", open_timeout=10) as ws:
+        ws.send(json.dumps({"type": "chat", "id": "a", "body": {"model": "m", "messages": ASK, "tools": [WEATHER]}}))
+        frames = []
+        while not frames or frames[-1]["type"] not in ("done", "error"):
+            frames.append(json.loads(ws.recv(timeout=30)))
+    chunks = [f["chunk"]["choices"][0] for f in frames if f["type"] == "chunk"]
+    assert frames[-1]["type"] == "done" and chunks[-1]["finish_reason"] == "tool_calls"
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == "On it."
+    calls = [c["delta"]["tool_calls"][0] for c in chunks if "tool_calls" in c["delta"]]
+    assert [(c["index"], c["function"]) for c in calls] == [
+        (0, {"name": "get_weather", "arguments": ""}),
+        (0, {"arguments": '{"city": "Paris"}'}),
+    ]
