@@ -65,38 +65,26 @@ class Scan:
             self.content(start, held_end(text, start, markers))
 
 
-def json_end(text: str, start: int) -> int | None:
+# Where a bracket scan stopped, so that a stream's next scan of the same (longer) text resumes
+# there instead of starting again: (start, quotes) -> (position, depth, open quote, escaped)
+BracketMemo = dict[tuple[int, str], tuple[int, int, str, bool]]
+
+
+def json_end(text: str, start: int, memo: BracketMemo | None = None) -> int | None:
     """Index just past the JSON object or array opening at text[start], or None if the text ends
     first (brackets are only counted, not matched: json.loads judges the span)."""
-    depth = 0
-    in_string = escaped = False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth <= 0:
-                return i + 1
-    return None
+    return _bracket_end(text, start, '"', memo)
 
 
-def python_end(text: str, start: int) -> int | None:
+def python_end(text: str, start: int, memo: BracketMemo | None = None) -> int | None:
     """Index just past the bracketed Python expression opening at text[start] (`[` or `(`), or
     None if the text ends first; strings in single or double quotes are skipped."""
-    depth = 0
-    quote = ""
-    escaped = False
-    for i in range(start, len(text)):
+    return _bracket_end(text, start, "'\"", memo)
+
+
+def _bracket_end(text: str, start: int, quotes: str, memo: BracketMemo | None) -> int | None:
+    i, depth, quote, escaped = (memo or {}).get((start, quotes), (start, 0, "", False))
+    for i in range(i, len(text)):  # noqa: B020  (resumes where the last scan stopped)
         c = text[i]
         if quote:
             if escaped:
@@ -105,7 +93,7 @@ def python_end(text: str, start: int) -> int | None:
                 escaped = True
             elif c == quote:
                 quote = ""
-        elif c in "'\"":
+        elif c in quotes:
             quote = c
         elif c in "([{":
             depth += 1
@@ -113,6 +101,8 @@ def python_end(text: str, start: int) -> int | None:
             depth -= 1
             if depth <= 0:
                 return i + 1
+    if memo is not None:
+        memo[(start, quotes)] = (len(text), depth, quote, escaped)
     return None
 
 

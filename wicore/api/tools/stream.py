@@ -21,7 +21,7 @@ from typing import Any
 from wicore.api.generation import Piece
 from wicore.api.logprobs import TokenLogprobs
 from wicore.api.tools.plan import ToolPlan
-from wicore.api.tools.scan import Call
+from wicore.api.tools.scan import BracketMemo, Call
 
 
 class ToolCallStream:
@@ -31,12 +31,13 @@ class ToolCallStream:
         self.plan = plan
         self._text = ""
         self._sent = 0  # characters of text accounted for (sent as content, or as calls)
+        self._memo: BracketMemo = {}  # where the scans of blocks still open stopped
         self.num_calls = 0
 
     def push(self, text: str, final: bool = False) -> tuple[str, list[Call]]:
         """Add generated text; return the content and the calls that became final."""
         self._text += text
-        scan = self.plan.format.scan(self._text, final, self.plan.tools.names)
+        scan = self.plan.format.scan(self._text, final, self.plan.tools.names, self._memo)
         content = ""
         calls: list[Call] = []
         for segment in scan.segments:
@@ -57,22 +58,25 @@ async def tool_pieces(pieces: AsyncIterator[Piece], plan: ToolPlan) -> AsyncIter
     """The pieces of a choice read for tool calls (see the module's diagram)."""
     stream = ToolCallStream(plan)
     logprobs: list[TokenLogprobs] = []
-    async for piece in pieces:
-        logprobs += piece.logprobs
-        final = piece.finish_reason is not None
-        content, calls = stream.push(piece.text, final)
-        if content:
-            yield Piece(content, None, logprobs)
-            logprobs = []
-        for n, call in enumerate(calls):
-            index = stream.num_calls - len(calls) + n
-            head = {"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function"}
-            yield Piece("", None, tool_calls=[{**head, "function": {"name": call.name, "arguments": ""}}])
-            yield Piece("", None, tool_calls=[{"index": index, "function": {"arguments": call.arguments_json}}])
-        if final:
-            reason = "tool_calls" if stream.num_calls and piece.finish_reason == "stop" else piece.finish_reason
-            yield Piece("", reason, logprobs)
-            return
+    try:
+        async for piece in pieces:
+            logprobs += piece.logprobs
+            final = piece.finish_reason is not None
+            content, calls = stream.push(piece.text, final)
+            if content:
+                yield Piece(content, None, logprobs)
+                logprobs = []
+            for n, call in enumerate(calls):
+                index = stream.num_calls - len(calls) + n
+                head = {"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function"}
+                yield Piece("", None, tool_calls=[{**head, "function": {"name": call.name, "arguments": ""}}])
+                yield Piece("", None, tool_calls=[{"index": index, "function": {"arguments": call.arguments_json}}])
+            if final:
+                reason = "tool_calls" if stream.num_calls and piece.finish_reason == "stop" else piece.finish_reason
+                yield Piece("", reason, logprobs)
+                return
+    finally:  # left early (a client gone): the choice's own generator ends now, aborting its request
+        await pieces.aclose()  # type: ignore[attr-defined]
 
 
 def message(content: str, deltas: list[dict[str, Any]]) -> dict[str, Any]:

@@ -17,15 +17,16 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from wicore.api.tools.request import Function
-from wicore.api.tools.scan import Call, Scan
+from wicore.api.tools.scan import BracketMemo, Call, Scan
 
 
 class ToolFormat(ABC):
     name: str = ""
 
     @abstractmethod
-    def scan(self, text: str, final: bool, names: frozenset[str]) -> Scan:
-        """Split `text` (all generated so far) into content and calls of the declared `names`."""
+    def scan(self, text: str, final: bool, names: frozenset[str], memo: BracketMemo | None = None) -> Scan:
+        """Split `text` (all generated so far) into content and calls of the declared `names`;
+        `memo` (kept by a stream across scans of its growing text) saves rescanning long blocks."""
 
     @abstractmethod
     def instructions(self, functions: tuple[Function, ...]) -> str:

@@ -19,7 +19,7 @@ import json
 
 from wicore.api.tools.formats.base import ToolFormat, call_object_schema, json_rule, lark_string, tool_list
 from wicore.api.tools.request import Function
-from wicore.api.tools.scan import Call, Scan, call_from_object, whitespace_before
+from wicore.api.tools.scan import BracketMemo, Call, Scan, call_from_object, whitespace_before
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -28,7 +28,7 @@ CLOSE = "</tool_call>"
 class Hermes(ToolFormat):
     name = "hermes"
 
-    def scan(self, text: str, final: bool, names: frozenset[str]) -> Scan:
+    def scan(self, text: str, final: bool, names: frozenset[str], memo: BracketMemo | None = None) -> Scan:
         scan = Scan()
         pos = 0
         while True:

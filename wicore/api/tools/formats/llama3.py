@@ -11,19 +11,22 @@ JSON) stays content.
 from __future__ import annotations
 
 import json
+import re
 
 from wicore.api.tools.formats.base import ToolFormat, call_object_schema, json_rule, tool_list
 from wicore.api.tools.request import Function
-from wicore.api.tools.scan import Call, Scan, call_from_object, json_end, scan_lines
+from wicore.api.tools.scan import BracketMemo, Call, Scan, call_from_object, json_end, scan_lines
 
 PYTHON_TAG = "<|python_tag|>"
+CALL_START = re.compile(r'\{\s*"name"\s*:\s*"([A-Za-z0-9_-]*)"?')  # up to the name (the closing quote once there)
+CALL_START_PREFIX = re.compile(r'\{\s*("(n(a(m(e("\s*(:\s*)?)?)?)?)?)?)?')  # text too short to tell
 
 
 class Llama3Json(ToolFormat):
     name = "llama3_json"
 
-    def scan(self, text: str, final: bool, names: frozenset[str]) -> Scan:
-        return scan_lines(text, final, _opens, lambda t, i, f: _block(t, i, f, names))
+    def scan(self, text: str, final: bool, names: frozenset[str], memo: BracketMemo | None = None) -> Scan:
+        return scan_lines(text, final, lambda t, i: _opens(t, i, names), lambda t, i, f: _block(t, i, f, names, memo))
 
     def instructions(self, functions: tuple[Function, ...]) -> str:
         return (
@@ -44,14 +47,26 @@ class Llama3Json(ToolFormat):
         return f"start: body{more}\nbody: {json_rule(call_object_schema(functions, 'parameters'))}\n"
 
 
-def _opens(text: str, i: int) -> bool | None:
+def _opens(text: str, i: int, names: frozenset[str]) -> bool | None:
+    """A line opens a call with the tag, or with `{"name": "<a declared name>"` (name first, as
+    Llama writes calls): other JSON is content as soon as it shows, not held to its end."""
     rest = text[i : i + len(PYTHON_TAG)]
-    if rest.startswith("{") or rest == PYTHON_TAG:
+    if rest == PYTHON_TAG:
         return True
-    return None if PYTHON_TAG.startswith(rest) else False
+    if not rest.startswith("{"):
+        return None if PYTHON_TAG.startswith(rest) else False
+    match = CALL_START.match(text, i)
+    if match is None:
+        return None if CALL_START_PREFIX.fullmatch(text, i) else False
+    name = match.group(1)
+    if match.end() == len(text):  # the name may go on
+        return None if any(n.startswith(name) for n in names) else False
+    return name in names
 
 
-def _block(text: str, i: int, final: bool, names: frozenset[str]) -> tuple[int, list[Call] | None] | None:
+def _block(
+    text: str, i: int, final: bool, names: frozenset[str], memo: BracketMemo | None
+) -> tuple[int, list[Call] | None] | None:
     if text.startswith(PYTHON_TAG, i):
         i += len(PYTHON_TAG)
         while i < len(text) and text[i].isspace():
@@ -62,7 +77,7 @@ def _block(text: str, i: int, final: bool, names: frozenset[str]) -> tuple[int, 
             return i, None
     calls: list[Call] = []
     while True:
-        end = json_end(text, i)
+        end = json_end(text, i, memo)
         if end is None:
             return None
         try:

@@ -21,7 +21,7 @@ from typing import Any
 
 from wicore.api.tools.formats.base import ToolFormat, embedded, json_rule, lark_string
 from wicore.api.tools.request import Function
-from wicore.api.tools.scan import Call, Scan, python_end, scan_lines
+from wicore.api.tools.scan import BracketMemo, Call, Scan, python_end, scan_lines
 
 FENCE = "```"
 FENCE_LANGUAGES = ("", "tool_code", "python", "py")
@@ -32,8 +32,8 @@ JSON_NAMES = {"true": True, "false": False, "null": None}
 class Pythonic(ToolFormat):
     name = "pythonic"
 
-    def scan(self, text: str, final: bool, names: frozenset[str]) -> Scan:
-        return scan_lines(text, final, lambda t, i: _opens(t, i, names), lambda t, i, f: _block(t, i, f, names))
+    def scan(self, text: str, final: bool, names: frozenset[str], memo: BracketMemo | None = None) -> Scan:
+        return scan_lines(text, final, lambda t, i: _opens(t, i, names), lambda t, i, f: _block(t, i, f, names, memo))
 
     def instructions(self, functions: tuple[Function, ...]) -> str:
         tools = json.dumps([f.as_tool()["function"] for f in functions], ensure_ascii=False, indent=2)
@@ -110,17 +110,19 @@ def _prefixes(words: tuple[str, ...]) -> set[str]:
     return {w[:n] for w in words for n in range(len(w) + 1)}
 
 
-def _block(text: str, i: int, final: bool, names: frozenset[str]) -> tuple[int, list[Call] | None] | None:
+def _block(
+    text: str, i: int, final: bool, names: frozenset[str], memo: BracketMemo | None
+) -> tuple[int, list[Call] | None] | None:
     fenced = text.startswith(FENCE, i)
     if fenced:
         i = text.index("\n", i) + 1
         while text[i].isspace():
             i += 1
     if text[i] == "[":
-        end = python_end(text, i)
+        end = python_end(text, i, memo)
     else:
         match = IDENTIFIER.match(text, i)
-        end = python_end(text, match.end()) if match is not None else None
+        end = python_end(text, match.end(), memo) if match is not None else None
     if end is None:
         return None
     calls = _calls(text[i:end], names)
