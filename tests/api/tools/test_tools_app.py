@@ -117,9 +117,14 @@ def test_the_openai_client_joins_streamed_calls(served, client):
     assert reasons == {0: "tool_calls", 1: "tool_calls"}
 
 
-def test_parallel_tool_calls_false_keeps_the_first(served, client):
+@pytest.mark.parametrize(
+    "request_fields",
+    [{"parallel_tool_calls": False}, {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}],
+    ids=["parallel_tool_calls-false", "named-function"],
+)
+def test_one_call_at_most_keeps_the_first(served, client, request_fields):
     served[0].answer = CALL + "\n" + CALL.replace("Paris", "Oslo")
-    choice = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], parallel_tool_calls=False).choices[0]
+    choice = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], **request_fields).choices[0]
     assert [json.loads(c.function.arguments)["city"] for c in choice.message.tool_calls] == ["Paris"]
 
 
@@ -136,10 +141,7 @@ def test_tool_choice_none_reads_no_calls_and_shows_no_tools(served, client):
 )
 def test_required_and_a_named_function_put_a_grammar_on_the_request(served, client, choice, grammar_start):
     served[0].answer = CALL
-    parallel = choice == "required"
-    reply = client.chat.completions.create(
-        model="m", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, parallel_tool_calls=parallel
-    )
+    reply = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice)
     structured = served[0].requests[reply.id + "-0"][1].structured
     assert structured is not None and structured.kind == StructuredKind.GRAMMAR and structured.field == "tool_choice"
     assert structured.value.startswith(grammar_start)

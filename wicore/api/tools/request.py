@@ -45,7 +45,7 @@ class ToolRequest:
     functions: tuple[Function, ...]
     choice: str = "auto"  # none, auto, required, or "function": the one named in `named`
     named: str | None = None
-    parallel: bool = True
+    parallel: bool = True  # several calls in one answer (parallel_tool_calls; never for a named function)
 
     @property
     def names(self) -> frozenset[str]:
@@ -83,7 +83,7 @@ def parse_tools(body: dict[str, Any]) -> ToolRequest | None:
     choice, named = _choice(body.get("tool_choice"), set(names))
     if not functions or choice == "none":
         return None
-    return ToolRequest(functions, choice, named, parallel is not False)
+    return ToolRequest(functions, choice, named, parallel is not False and named is None)  # a named function: one call
 
 
 def _function(tool: Any, where: str) -> Function:
