@@ -246,3 +246,27 @@ def test_a_websocket_chat_streams_the_same_tool_call_deltas(served):
         (0, {"name": "get_weather", "arguments": ""}),
         (0, {"arguments": '{"city": "Paris"}'}),
     ]
+
+
+def test_the_tool_call_parser_setting_overrides_the_templates_choice(served):
+    """`wicore serve --tool-call-parser pythonic` on a ChatML model: its prompt and its parser."""
+    engine = ScriptedEngine(served[0].tokenizer, 'Sure.\n[get_weather(city="Paris")]')
+    server = ServerThread(create_app(engine, ServerSettings(model_name="m", tool_call_parser="pythonic"))).start()  # type: ignore[arg-type]
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+        choice = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER]).choices[0]
+    finally:
+        server.stop()
+    assert choice.message.content == "Sure." and choice.message.tool_calls[0].function.arguments == '{"city": "Paris"}'
+    assert "[func_name1(params_name1=params_value1" in engine.prompt_text()
+
+
+def test_wicore_serve_checks_the_tool_call_parser_name(tiny_export):
+    from wicore.cli.main import parse_command_line, prepare_serve
+    from wicore.errors import RequestError
+
+    folder = str(tiny_export()[0])
+    _, settings = prepare_serve(parse_command_line(["serve", "--model", folder, "--tool-call-parser", "gemma"]))
+    assert settings.tool_call_parser == "gemma"
+    with pytest.raises(RequestError, match="^tool_call_parser 'nope': choose one of hermes, llama3_json, pythonic, gemma$"):
+        prepare_serve(parse_command_line(["serve", "--model", folder, "--tool-call-parser", "nope"]))
