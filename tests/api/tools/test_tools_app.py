@@ -196,6 +196,12 @@ def test_the_prompt_describes_the_tools_and_renders_the_history(served, client):
         ({"tool_choice": "required"}, "tool_choice", "required needs tools"),
         ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "expected a boolean"),
         ({"messages": [{"role": "tool", "content": "22"}]}, "messages[0].tool_call_id", "needs the id"),
+        ({"messages": [{"role": "user", "content": "hi", "tool_call_id": 5}]}, "messages[0].tool_call_id", "a string"),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [{"id": 1, "function": {"name": "f", "arguments": "{}"}}]}]},
+            "messages[0].tool_calls[0]",
+            '"id": "<string>"',
+        ),
         (
             {"messages": [{"role": "assistant", "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{bad"}}]}]},
             "messages[0].tool_calls[0].function.arguments",

@@ -124,18 +124,17 @@ def _choice(value: Any, names: set[str]) -> tuple[str, str | None]:
 
 def tool_message_fields(message: dict[str, Any], role: str, where: str) -> dict[str, Any]:
     """The tool fields of one history message, checked: an assistant's `tool_calls` (arguments
-    as objects), a tool result's `tool_call_id`."""
-    if role == "tool":
-        call_id = message.get("tool_call_id")
-        if not isinstance(call_id, str):
-            raise _bad(f"{where}.tool_call_id", "a tool message needs the id of the call it answers")
-        return {"tool_call_id": call_id}
+    as objects), a tool result's `tool_call_id` (on other roles they must still be well-typed)."""
+    call_id = message.get("tool_call_id")
+    if (call_id is not None or role == "tool") and not isinstance(call_id, str):
+        raise _bad(f"{where}.tool_call_id", "a tool message needs the id (a string) of the call it answers")
     calls = message.get("tool_calls")
-    if role != "assistant" or calls is None:
-        return {}
-    if not isinstance(calls, list):
+    if calls is not None and not isinstance(calls, list):
         raise _bad(f"{where}.tool_calls", "expected a list of tool calls")
-    return {"tool_calls": [_past_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)]}
+    checked = [_past_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls or [])]
+    if role == "tool":
+        return {"tool_call_id": call_id}
+    return {"tool_calls": checked} if role == "assistant" and calls is not None else {}
 
 
 def _past_call(call: Any, where: str) -> dict[str, Any]:
@@ -151,6 +150,8 @@ def _past_call(call: Any, where: str) -> dict[str, Any]:
     if not isinstance(arguments, dict):
         raise _bad(f"{where}.function.arguments", "expected a JSON object (as text)")
     call_id = call.get("id")
+    if (call_id is not None and not isinstance(call_id, str)) or call.get("type") not in (None, "function"):
+        raise _bad(where, 'expected {"id": "<string>", "type": "function", "function": {...}}')
     return {
         "id": call_id if isinstance(call_id, str) else "",
         "type": "function",
