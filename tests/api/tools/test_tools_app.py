@@ -276,3 +276,25 @@ def test_wicore_serve_checks_the_tool_call_parser_name(tiny_export):
     assert settings.tool_call_parser == "gemma"
     with pytest.raises(RequestError, match="^tool_call_parser 'nope': choose one of hermes, llama3_json, pythonic, gemma$"):
         prepare_serve(parse_command_line(["serve", "--model", folder, "--tool-call-parser", "nope"]))
+
+
+def test_enforced_calls_and_another_output_constraint_are_a_400():
+    from wicore.api.errors import APIError
+    from wicore.api.schemas import Options
+    from wicore.api.tools.formats import FORMATS
+    from wicore.api.tools.plan import ToolPlan, with_tool_grammar
+    from wicore.api.tools.request import parse_tools
+    from wicore.structured.spec import StructuredKind, StructuredOutput
+
+    tools = parse_tools({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    assert tools is not None
+    plan = ToolPlan(FORMATS["hermes"], tools)
+    assert with_tool_grammar(Options(), plan).structured == plan.structured()
+    schema = StructuredOutput(StructuredKind.JSON, "{}", "response_format")
+    with pytest.raises(APIError) as info:
+        with_tool_grammar(Options(structured=schema), plan)
+    assert info.value.status == 400 and info.value.param == "tool_choice"
+    assert (
+        str(info.value.message)
+        == "tool_choice: naming get_weather makes the output tool calls; it cannot also follow response_format"
+    )

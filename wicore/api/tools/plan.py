@@ -56,11 +56,11 @@ def with_tool_grammar(options: Options, plan: ToolPlan | None) -> Options:
     grammar = None if plan is None else plan.structured()
     if grammar is None:
         return options
-    if options.structured is not None:
+    if options.structured is not None and plan is not None:
+        asked = "required" if plan.tools.named is None else f"naming {plan.tools.named}"
         raise APIError(
             400,
-            f"tool_choice: {plan.tools.choice if plan else ''} makes the output tool calls; it cannot also follow "
-            f"{options.structured.field}",
+            f"tool_choice: {asked} makes the output tool calls; it cannot also follow {options.structured.field}",
             param="tool_choice",
             code="invalid_value",
         )
