@@ -233,14 +233,11 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"tools": [TOOL]}, "tools"),
-        ({"tool_choice": "auto"}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
         ({"functions": [TOOL["function"]]}, "functions"),
         ({"function_call": "auto"}, "function_call"),
     ],
 )
-def test_tool_calls_and_structured_output_are_refused_not_ignored(extra, param):
+def test_legacy_functions_and_structured_output_are_refused_not_ignored(extra, param):
     with pytest.raises(APIError) as err:
         parse_chat({"messages": USER, **extra})
     assert err.value.status == 400 and err.value.param == param and err.value.code == "unsupported"

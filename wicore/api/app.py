@@ -39,6 +39,9 @@ from wicore.api.serving import ServingEngine
 from wicore.api.settings import ServerSettings
 from wicore.api.streaming import EventStream, Streams, chunks, event_stream, merge
 from wicore.api.tokenize import parse_detokenize, parse_tokenize
+from wicore.api.tools.plan import ToolPlan, chat_prompt, tool_format, with_tool_grammar
+from wicore.api.tools.request import ToolRequest
+from wicore.api.tools.stream import message, tool_pieces
 from wicore.api.web import WebPage
 from wicore.errors import WiCoreError
 from wicore.executor.vision import NO_VISION
@@ -162,7 +165,7 @@ class API:
         self._check_model(req.model)
         tok = self._tokenizer()
         if req.messages is not None:
-            ids = tok.encode(self.render_chat(req.messages, req.add_generation_prompt), add_bos=req.add_special_tokens)
+            ids = tok.encode(self.render_chat(req.messages, req.add_generation_prompt)[0], add_bos=req.add_special_tokens)
         else:
             assert req.prompt is not None
             ids = tok.encode(req.prompt, add_bos=req.add_special_tokens and tok.info.add_bos)
@@ -225,22 +228,27 @@ class API:
             return Job(False, prompts, req.options)
         chat = parse_chat(body)
         self._check_model(chat.options.model)
-        await self.compile_constraint(chat.options)
         images = await self.images(chat.images)
         tok = self._tokenizer()
 
-        def render() -> list[int]:
+        def render() -> tuple[list[int], ToolPlan | None]:
             messages, literals = tok.guard_specials(chat.messages)  # message text never writes a control token
-            prompt = self.render_chat(messages)
+            prompt, plan = self.render_chat(messages, tools=chat.tools)
             if images:
                 prompt = self.engine.expand_images(prompt)
-            return tok.encode(prompt, add_bos=False, literals=literals)
+            return tok.encode(prompt, add_bos=False, literals=literals), plan
 
-        return Job(True, [await asyncio.to_thread(render)], chat.options, images)
+        ids, plan = await asyncio.to_thread(render)
+        options = with_tool_grammar(chat.options, plan)  # tool_choice required / named: the calls' grammar
+        await self.compile_constraint(options)
+        return Job(True, [ids], options, images, plan)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text of a conversation, through the server's or the model's chat template; a 400
-        where there is none (a base model) or the template refuses the messages."""
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: ToolRequest | None = None
+    ) -> tuple[str, ToolPlan | None]:
+        """The prompt text of a conversation, through the server's or the model's chat template, and
+        with `tools` the plan their calls follow (wicore.api.tools); a 400 where there is no template
+        (a base model) or the template refuses the messages."""
         if not self.can_chat:
             raise APIError(
                 400,
@@ -250,7 +258,11 @@ class API:
                 code="no_chat_template",
             )
         try:
-            return self._tokenizer().apply_chat_template(messages, add_generation_prompt, self.settings.chat_template)
+            tok = self._tokenizer()
+            if tools is None:
+                return tok.apply_chat_template(messages, add_generation_prompt, self.settings.chat_template), None
+            fmt = tool_format(self.settings.tool_call_parser, tok)
+            return chat_prompt(tok, messages, tools, fmt, self.settings.chat_template)
         except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
             raise from_wicore(exc, "messages") from exc
 
@@ -292,6 +304,8 @@ class API:
             self._observed(run_choice(self.engine, request_id, prompts[i // opts.n], opts.stop, s), s)
             for i, (request_id, s) in enumerate(zip(request_ids, stats))
         ]
+        if job.tools is not None:  # content and tool calls, read from each choice's text
+            choices = [tool_pieces(choice, job.tools) for choice in choices]
 
         def usage() -> dict[str, Any]:
             prompt = sum(len(ids) for ids in prompts)
@@ -323,12 +337,14 @@ class API:
         texts = [""] * len(choices)
         reasons: list[str | None] = [None] * len(choices)
         tokens: list[list[TokenLogprobs]] = [[] for _ in choices]
+        calls: list[list[dict[str, Any]]] = [[] for _ in choices]
 
         async def collect() -> None:  # cut by a shutdown as streams are: a 503 server_shutting_down
             async for index, piece in merge(choices, self.streams):
                 texts[index] += piece.text
                 reasons[index] = piece.finish_reason or reasons[index]
                 tokens[index] += piece.logprobs
+                calls[index] += piece.tool_calls
 
         try:
             await until_disconnect(request, collect())
@@ -337,7 +353,7 @@ class API:
         body = []
         for i, (text, reason, toks) in enumerate(zip(texts, reasons, tokens)):
             shaped = None if formatter is None else (formatter.chat(toks) if is_chat else formatter.completion(toks))
-            content = {"message": {"role": "assistant", "content": text}} if is_chat else {"text": text}
+            content = {"message": message(text, calls[i])} if is_chat else {"text": text}
             body.append({"index": i, **content, "logprobs": shaped, "finish_reason": reason})
         obj = "chat.completion" if is_chat else "text_completion"
         return JSONResponse({**gen.base, "object": obj, "choices": body, "usage": gen.usage()})

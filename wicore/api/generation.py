@@ -23,6 +23,7 @@ from wicore.api.errors import APIError
 from wicore.api.logprobs import LogprobFormatter, LogprobQueue, TokenLogprobs
 from wicore.api.schemas import Options
 from wicore.api.serving import ServingEngine
+from wicore.api.tools.plan import ToolPlan
 from wicore.inputs.tokenizer import IncrementalDecoder
 from wicore.types.images import ImageInput
 
@@ -66,6 +67,7 @@ class Piece:
     text: str
     finish_reason: str | None = None  # set on the last piece
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # the tokens whose text begins here
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's tool-call deltas (wicore.api.tools)
 
 
 @dataclass
@@ -140,6 +142,7 @@ class Job:
     prompts: list[list[int]]
     options: Options
     images: list[ImageInput] = field(default_factory=list)
+    tools: ToolPlan | None = None  # a chat request's tools: its output is read for calls (wicore.api.tools)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ def _object(required: list[str], properties: dict[str, Any], **extra: Any) -> di
 _STR: dict[str, Any] = {"type": "string"}
 _NULLABLE_STR = {**_STR, "nullable": True}
 _NUM = {"type": "number"}
+_SCHEMA = {"type": "object", "description": "a JSON schema"}
 _INT = {"type": "integer"}
 _MAX_TOKENS = {**_INT, "minimum": 1, "nullable": True}
 _TOKEN_ID = {**_INT, "minimum": 0}
@@ -86,13 +87,52 @@ _IMAGE_PART = _object(
     description="an image: a data: URL (base64 PNG, JPEG, WebP or GIF); http(s) URLs only "
     "where the server fetches them (--allow-image-urls)",
 )
+_FUNCTION_NAME = {**_STR, "pattern": "^[A-Za-z0-9_-]{1,64}$"}
+# An assistant's past call (its arguments JSON text, as the API answered them; an object is taken too)
+_TOOL_CALL = _object(
+    ["function"],
+    {
+        "id": _STR,
+        "type": {**_STR, "enum": ["function"]},
+        "function": _object(["name"], {"name": _STR, "arguments": {"oneOf": [_STR, {"type": "object"}]}}),
+    },
+)
 _MESSAGE = _object(
     ["role", "content"],
     {
-        "role": {**_STR, "enum": ["system", "developer", "user", "assistant"]},
-        "content": {"oneOf": [_STR, {"type": "array", "items": {"oneOf": [_TEXT_PART, _IMAGE_PART]}}]},
+        "role": {**_STR, "enum": ["system", "developer", "user", "assistant", "tool"]},
+        "content": {"oneOf": [_STR, {"type": "array", "items": {"oneOf": [_TEXT_PART, _IMAGE_PART]}}], "nullable": True},
+        "tool_calls": {"type": "array", "items": _TOOL_CALL, "nullable": True, "description": "an assistant's calls"},
+        "tool_call_id": {**_NULLABLE_STR, "description": "the call a tool message answers (required there)"},
     },
 )
+# OpenAI's tools (wicore.api.tools): names unique in a request; a named tool_choice names one of them
+_TOOLS: dict[str, Any] = {
+    "tools": {
+        "type": "array",
+        "nullable": True,
+        "maxItems": 128,
+        "items": _object(
+            ["type", "function"],
+            {
+                "type": {**_STR, "enum": ["function"]},
+                "function": _object(
+                    ["name"], {"name": _FUNCTION_NAME, "description": _NULLABLE_STR, "parameters": {**_SCHEMA, "nullable": True}}
+                ),
+            },
+        ),
+    },
+    "tool_choice": {
+        "oneOf": [
+            {**_STR, "enum": ["none", "auto", "required"]},
+            _object(
+                ["type", "function"], {"type": {**_STR, "enum": ["function"]}, "function": _object(["name"], {"name": _STR})}
+            ),
+        ],
+        "nullable": True,
+    },
+    "parallel_tool_calls": {"type": "boolean", "nullable": True},
+}
 _ERROR = _object(
     ["error"],
     {"error": _object(["message", "type"], {"message": _STR, "type": _STR, "param": _NULLABLE_STR, "code": _NULLABLE_STR})},
@@ -180,6 +220,7 @@ def openapi_schema() -> dict[str, Any]:
         {
             **_COMMON,
             "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
+            **_TOOLS,
             "max_tokens": _MAX_TOKENS,
             "max_completion_tokens": _MAX_TOKENS,
             "logprobs": {"type": "boolean", "nullable": True},

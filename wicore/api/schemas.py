@@ -1,9 +1,10 @@
 """Request bodies of the OpenAI endpoints, parsed and checked: a 400 names the parameter.
 
 Unknown fields are ignored, as OpenAI does; `null` means "not given". Known fields whose
-feature WiCore lacks (echo, best_of, suffix, audio parts, tools) are refused with a 400 rather
-than silently ignored, so a client never gets an answer it did not ask for. Output constraints
-(response_format, structured_outputs, guided_*) are parsed by wicore.api.structured.
+feature WiCore lacks (echo, best_of, suffix, audio parts, the legacy functions) are refused with a
+400 rather than silently ignored, so a client never gets an answer it did not ask for. Output
+constraints (response_format, structured_outputs, guided_*) are parsed by wicore.api.structured,
+tools by wicore.api.tools.
 
     image_url parts  {"type": "image_url", "image_url": {"url": ...}} (or "image_url": "<url>"):
                      the message keeps {"type": "image"} where the chat template places the
@@ -21,10 +22,11 @@ from typing import Any
 from wicore.api.errors import APIError
 from wicore.api.images import ImagePart
 from wicore.api.structured import parse_structured
+from wicore.api.tools.request import ToolRequest, parse_tools, tool_message_fields
 from wicore.structured.spec import StructuredOutput
 
 PRIORITIES = ("low", "normal", "high", "urgent")
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 16
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs
@@ -65,6 +67,7 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     options: Options
     images: tuple[ImagePart, ...] = ()  # the image_url parts, in the order of the conversation
+    tools: ToolRequest | None = None  # tools / tool_choice / parallel_tool_calls (wicore.api.tools)
 
 
 @dataclass(frozen=True)
@@ -222,7 +225,8 @@ def parse_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Ima
         if role not in ROLES:
             raise _bad(f"{where}.role", f"{role!r}: choose one of {', '.join(ROLES)}")
         content = _content(message.get("content"), where, images)
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        fields = tool_message_fields(message, role, where)  # an assistant's tool_calls, a tool's tool_call_id
+        out.append({"role": "system" if role == "developer" else role, "content": content, **fields})
     return out, images
 
 
@@ -274,21 +278,19 @@ def parse_prompts(body: dict[str, Any]) -> list[str | list[int]]:
 
 def parse_chat(body: Any) -> ChatRequest:
     body = _object(body)
-    refuse_structured_output(body)
+    refuse_legacy_functions(body)
     messages, images = parse_messages(body)
     options = parse_options(body, ("max_completion_tokens", "max_tokens"), parse_chat_logprobs(body))
-    return ChatRequest(messages, options, tuple(images))
+    return ChatRequest(messages, options, tuple(images), parse_tools(body))
 
 
-def refuse_structured_output(body: dict[str, Any]) -> None:
-    """Tool calls are not implemented: a 400 rather than plain text that a client would take for
-    a call. Their "off" values pass."""
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise _unsupported(name, "tool calling")
-    for name in ("tool_choice", "function_call"):
-        if body.get(name) not in (None, "none"):
-            raise _unsupported(name, "tool calling")
+def refuse_legacy_functions(body: dict[str, Any]) -> None:
+    """The legacy `functions` is not implemented: a 400 rather than plain text that a client would
+    take for a call (`tools` is what works). Its "off" values pass."""
+    if body.get("functions"):
+        raise _unsupported("functions", "the legacy functions field (send tools)")
+    if body.get("function_call") not in (None, "none"):
+        raise _unsupported("function_call", "the legacy function_call field (send tool_choice)")
 
 
 def parse_completion(body: Any) -> CompletionRequest:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from wicore.api.images import ImageSettings
+from wicore.api.tools.formats import FORMATS
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,13 @@ class ServerSettings:
     # A chat template (jinja source) that replaces the model's (--chat-template FILE); None: the
     # model's own, and chat requests are refused where the model has none (a base model).
     chat_template: str | None = None
+    tool_call_parser: str | None = None  # the models' tool-call format (wicore.api.tools.formats); None: from the chat template
 
     def __post_init__(self) -> None:
         if self.rate_limit_rpm < 0 or (self.max_body_bytes is not None and self.max_body_bytes < 1):
             raise ValueError("rate_limit_rpm must be >= 0 and max_body_bytes >= 1")
+        if self.tool_call_parser is not None and self.tool_call_parser not in FORMATS:
+            raise ValueError(f"tool_call_parser {self.tool_call_parser!r}: choose one of {', '.join(FORMATS)}")
         if self.max_requests_per_connection is not None and self.max_requests_per_connection < 0:
             raise ValueError("max_requests_per_connection must be >= 0 (0: no limit)")
 

@@ -128,7 +128,9 @@ async def chunks(
             yield {**chunk(base, True, [role]), **extra}
     async for index, piece in merge(choices, streams):
         if is_chat:
-            delta = {"content": piece.text} if piece.text or piece.finish_reason is None else {}
+            delta: dict[str, Any] = {"content": piece.text} if piece.text or piece.finish_reason is None else {}
+            if piece.tool_calls:
+                delta = {**({"content": piece.text} if piece.text else {}), "tool_calls": piece.tool_calls}
             shaped = None if logprobs is None else logprobs.chat(piece.logprobs)
             choice = {"index": index, "delta": delta, "logprobs": shaped, "finish_reason": piece.finish_reason}
         else:

@@ -71,6 +71,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin ('*' for any); repeat")
     p.add_argument("--no-web", action="store_true", help="no web page at / (the API and /v1/ws stay)")
     p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="how the model writes tool calls: hermes, llama3_json, pythonic or gemma (default: from its chat template)",
+    )
+    p.add_argument(
         "--grace-seconds",
         type=float,
         default=30.0,
@@ -186,6 +191,7 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
             max_body_bytes=args.max_body_bytes,
             cors_origins=tuple(args.cors_origin),
             web=not args.no_web,
+            tool_call_parser=args.tool_call_parser,
             allowed_hosts=() if keys else local_host_names(args.host),
             body_timeout_seconds=args.body_timeout,
             max_requests_per_connection=args.max_requests_per_connection,

@@ -20,6 +20,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -51,7 +52,7 @@ class Tokenizer:
             raise ManifestError(f"{path} cannot be loaded ({e}); export the model again") from e
         self.info = info
         self._template_vars = _special_token_strings(folder / "tokenizer_config.json", self._tokenizer, info)
-        self._template = _compile_template(info.chat_template)
+        self._template, self.takes_tools = _compile_template(info.chat_template)
         # The same vocabulary reading special tokens as plain text: what message text encodes with.
         self._plain = _FastTokenizer.from_file(str(path))
         self._plain.encode_special_tokens = True
@@ -147,10 +148,17 @@ class Tokenizer:
         return self.info.has_chat_template
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, chat_template: str | None = None
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The prompt text of a conversation; contents are strings or lists of `{"type": "text", ...}` parts.
-        `chat_template` (jinja source, a server's --chat-template) replaces the model's."""
+
+        `chat_template` (jinja source, a server's --chat-template) replaces the model's. `tools`
+        (OpenAI tool objects) go to the template as transformers passes them; a template that never
+        reads them (`takes_tools` False) renders as without."""
         if not messages:
             raise RequestError("the conversation is empty; send at least one message")
         cleaned = [{k: v for k, v in message.items() if v is not None} for message in messages]
@@ -158,7 +166,7 @@ class Tokenizer:
         try:
             return template.render(
                 messages=cleaned,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **self._template_vars,
@@ -320,11 +328,12 @@ def check_chat_template(source: str, origin: str) -> None:
 
 @functools.lru_cache(maxsize=4)
 def _compile_user_template(source: str) -> jinja2.Template:
-    return _compile_template(source)
+    return _compile_template(source)[0]
 
 
-def _compile_template(source: str) -> jinja2.Template:
-    """The environment transformers renders chat templates in (templates are untrusted: sandboxed)."""
+def _compile_template(source: str) -> tuple[jinja2.Template, bool]:
+    """The template, in the environment transformers renders chat templates in (templates are
+    untrusted: sandboxed), and whether it reads `tools`."""
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
@@ -333,6 +342,6 @@ def _compile_template(source: str) -> jinja2.Template:
     env.globals["strftime_now"] = _strftime_now
     env.globals["namespace"] = _Namespace
     try:
-        return env.from_string(source)
+        return env.from_string(source), "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
     except jinja2.TemplateSyntaxError as e:
         raise ManifestError(f"the chat template does not parse ({e}); export the model again") from e

@@ -1,0 +1,96 @@
+"""An engine whose model says what the test scripts, behind the real app and tokenizer.
+
+The app, the chat template, the tokenizer, the tool-call formats and the HTTP shapes are the
+real ones; only the model is replaced (as tests/api/test_app_270m.py's FailingEngine replaces
+its failures), so the text a tool call is read from is exact. The tokenizer is byte-level BPE
+without merges (one token a byte: the stream splits every call as finely as it can) with
+ChatML's special tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from wicore.inputs.tokenizer import Tokenizer
+from wicore.model.tokenizer_info import TokenizerInfo
+from wicore.types.outputs import RequestOutput
+from wicore.types.sampling import SamplingParams
+
+# SmolLM2-135M-Instruct's chat template (ChatML; it takes no tools)
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def byte_tokenizer(folder: Path, chat_template: str = CHATML) -> Tokenizer:
+    from tokenizers import Tokenizer as Fast
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    fast = Fast(models.BPE(vocab=vocab, merges=[]))
+    fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    fast.decoder = decoders.ByteLevel()
+    fast.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    folder.mkdir(parents=True, exist_ok=True)
+    fast.save(str(folder / "tokenizer.json"))
+    end = fast.token_to_id("<|im_end|>")
+    info = TokenizerInfo(("tokenizer.json",), None, (end,), None, False, chat_template)
+    return Tokenizer(folder, info)
+
+
+class ScriptedEngine:
+    """The ServingEngine interface; every request's output is `answer` (cut at max_tokens), then
+    the end-of-turn token. `requests` keeps each request's prompt ids and sampling params."""
+
+    vision = None
+    max_sequence_tokens = 4096
+    max_waiting = 64
+
+    def __init__(self, tokenizer: Tokenizer, answer: str = "") -> None:
+        self.tokenizer = tokenizer
+        self.answer = answer
+        self.requests: dict[str, tuple[list[int], SamplingParams]] = {}
+
+    def expand_images(self, text: str) -> str:
+        return text
+
+    def add_request(
+        self,
+        prompt: Any,
+        params: SamplingParams,
+        priority: Any = "normal",
+        deadline: Any = None,
+        request_id: str | None = None,
+        images: Any = (),
+    ) -> str:
+        assert request_id is not None
+        self.requests[request_id] = (list(prompt), params)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        pass
+
+    def cancel(self, request_id: str) -> None:
+        pass
+
+    async def outputs(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        params = self.requests[request_id][1]
+        ids = [*self.tokenizer.encode(self.answer, add_bos=False), *self.tokenizer.info.eos_token_ids]
+        limit = params.max_tokens or len(ids)
+        for i, token in enumerate(ids[:limit]):
+            last = i == min(limit, len(ids)) - 1
+            reason = None if not last else ("stop" if limit >= len(ids) else "length")
+            yield RequestOutput(request_id, [token], finished=last, finish_reason=reason)
+
+    def stats(self) -> dict[str, object]:
+        return {}
+
+    def prompt_text(self, request_id: str | None = None) -> str:
+        """The prompt of a request (the last one by default) as text, special tokens written."""
+        ids = self.requests[request_id or list(self.requests)[-1]][0]
+        return self.tokenizer.decode(ids, skip_special_tokens=False)

@@ -1,0 +1,70 @@
+"""The grammars that enforce tool_choice required / a named function, checked with llguidance
+itself: every call the format writes (and its parser reads back) is a sentence of the grammar;
+calls the request does not allow are not."""
+
+from __future__ import annotations
+
+import pytest
+from scripted import byte_tokenizer
+from streamed import NAMES, TIME, WEATHER
+
+from wicore.api.tools.formats import FORMATS
+from wicore.api.tools.request import Function
+from wicore.api.tools.scan import Call
+
+llguidance = pytest.importorskip("llguidance")
+
+PARIS = Call("get_weather", {"city": "Paris", "unit": "c"})
+NOON = Call("get_time", {"zone": "CET"})
+NESTED = Function(
+    "book",
+    {
+        "type": "object",
+        "properties": {"who": {"$ref": "#/$defs/person"}, "seats": {"type": "integer", "minimum": 1}},
+        "required": ["who", "seats"],
+        "$defs": {"person": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def lltok(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tok")
+    tok = byte_tokenizer(folder)
+    return llguidance.LLTokenizer((folder / "tokenizer.json").read_text(), eos_token=tok.info.eos_token_ids[0])
+
+
+def accepts(lltok, lark: str, text: str) -> bool:
+    grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+    assert llguidance.LLMatcher.validate_grammar(grammar, lltok) == ""
+    matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
+    return matcher.consume_tokens(lltok.tokenize_str(text)) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_the_calls_a_format_writes_are_its_grammars_sentences(lltok, name):
+    fmt = FORMATS[name]
+    functions = (WEATHER, TIME, NESTED)
+    booking = Call("book", {"who": {"name": "Ada"}, "seats": 2})
+    for calls in ([PARIS], [NOON, booking], [booking, PARIS, NOON]):
+        written = fmt.render_calls(calls)
+        assert fmt.parse(written, NAMES | {"book"}) == ("", calls)
+        assert accepts(lltok, fmt.grammar(functions, parallel=True), written)
+        assert accepts(lltok, fmt.grammar(functions, parallel=False), written) is (len(calls) == 1)
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_the_grammar_refuses_what_the_request_does_not_allow(lltok, name):
+    fmt = FORMATS[name]
+    named = fmt.grammar((TIME,), parallel=False)  # tool_choice naming get_time
+    assert accepts(lltok, named, fmt.render_calls([NOON]))
+    assert not accepts(lltok, named, fmt.render_calls([PARIS]))  # another function
+    required = fmt.grammar((WEATHER, TIME), parallel=True)
+    assert not accepts(lltok, required, fmt.render_calls([Call("get_weather", {"unit": "c"})]))  # city is required
+    assert not accepts(lltok, required, fmt.render_calls([Call("get_weather", {"city": "Paris", "unit": "k"})]))  # enum
+    assert not accepts(lltok, required, "The weather is fine.")  # text is no call
+    assert not accepts(lltok, required, "")  # at least one call
+    written = fmt.render_calls([PARIS])
+    if '": ' in written:  # JSON in the calls: written one way, as json.dumps writes it
+        assert not accepts(lltok, required, written.replace('": ', '":'))
+    assert not accepts(lltok, fmt.grammar((NESTED,), True), fmt.render_calls([Call("book", {"who": {}, "seats": 0})]))

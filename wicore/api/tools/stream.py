@@ -1,0 +1,92 @@
+"""A choice's text pieces -> content pieces and tool-call deltas, in OpenAI's shapes.
+
+    text pieces ──► ToolCallStream (the format's scan of all text so far) ──► pieces:
+        Piece("Let me check.")                                       content, as soon as it is final
+        Piece("", tool_calls=[{"index": 0, "id": "call_…", "type": "function",
+                               "function": {"name": "get_weather", "arguments": ""}}])
+        Piece("", tool_calls=[{"index": 0, "function": {"arguments": "{\\"city\\": \\"Paris\\"}"}}])
+        Piece("", "tool_calls")                                      the finish ("stop" -> "tool_calls")
+
+Text that may begin a call is held back until the call is complete and parses (then its two
+deltas go), or is known not to be one (then it goes as content). The non-streamed answer joins
+the same pieces (`message`), so both always agree.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from wicore.api.generation import Piece
+from wicore.api.logprobs import TokenLogprobs
+from wicore.api.tools.plan import ToolPlan
+from wicore.api.tools.scan import BracketMemo, Call
+
+
+class ToolCallStream:
+    """The content and calls of one choice's text, as it grows."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self._text = ""
+        self._sent = 0  # characters of text accounted for (sent as content, or as calls)
+        self._memo: BracketMemo = {}  # where the scans of blocks still open stopped
+        self.num_calls = 0
+
+    def push(self, text: str, final: bool = False) -> tuple[str, list[Call]]:
+        """Add generated text; return the content and the calls that became final."""
+        self._text += text
+        scan = self.plan.format.scan(self._text, final, self.plan.tools.names, self._memo)
+        content = ""
+        calls: list[Call] = []
+        for segment in scan.segments:
+            if segment.end <= self._sent:
+                continue
+            if segment.calls:
+                calls.extend(segment.calls)
+            else:
+                content += self._text[max(segment.start, self._sent) : segment.end]
+        self._sent = max(self._sent, scan.consumed)
+        if not self.plan.tools.parallel:  # parallel_tool_calls: false keeps the first call
+            calls = calls[: max(0, 1 - self.num_calls)]
+        self.num_calls += len(calls)
+        return content, calls
+
+
+async def tool_pieces(pieces: AsyncIterator[Piece], plan: ToolPlan) -> AsyncIterator[Piece]:
+    """The pieces of a choice read for tool calls (see the module's diagram)."""
+    stream = ToolCallStream(plan)
+    logprobs: list[TokenLogprobs] = []
+    try:
+        async for piece in pieces:
+            logprobs += piece.logprobs
+            final = piece.finish_reason is not None
+            content, calls = stream.push(piece.text, final)
+            if content:
+                yield Piece(content, None, logprobs)
+                logprobs = []
+            for n, call in enumerate(calls):
+                index = stream.num_calls - len(calls) + n
+                head = {"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function"}
+                yield Piece("", None, tool_calls=[{**head, "function": {"name": call.name, "arguments": ""}}])
+                yield Piece("", None, tool_calls=[{"index": index, "function": {"arguments": call.arguments_json}}])
+            if final:
+                reason = "tool_calls" if stream.num_calls and piece.finish_reason == "stop" else piece.finish_reason
+                yield Piece("", reason, logprobs)
+                return
+    finally:  # left early (a client gone): the choice's own generator ends now, aborting its request
+        await pieces.aclose()  # type: ignore[attr-defined]
+
+
+def message(content: str, deltas: list[dict[str, Any]]) -> dict[str, Any]:
+    """The non-streamed message of a choice whose pieces carried `content` and these tool-call deltas."""
+    calls: list[dict[str, Any]] = []
+    for delta in deltas:
+        if "id" in delta:
+            calls.append({"id": delta["id"], "type": "function", "function": dict(delta["function"])})
+        else:
+            calls[delta["index"]]["function"]["arguments"] += delta["function"]["arguments"]
+    if not calls:
+        return {"role": "assistant", "content": content}
+    return {"role": "assistant", "content": content or None, "tool_calls": calls}
