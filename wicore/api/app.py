@@ -8,12 +8,11 @@ request ─► guard (auth, rate limit) ─► read body (size limit) ─► sch
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Hashable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Hashable
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -26,13 +25,15 @@ from wicore.api import compat, websocket
 from wicore.api.auth import Authenticator, client_address
 from wicore.api.connections import InFlight
 from wicore.api.docs_page import docs_route
-from wicore.api.errors import APIError, CORSMiddleware, error_response, from_wicore
+from wicore.api.errors import APIError, CORSMiddleware, from_wicore
 from wicore.api.generation import ChoiceStats, Generation, Job, Piece, run_choice
+from wicore.api.http import client_error, connection_of, internal_error_response, parse_json, until_disconnect
 from wicore.api.images import ImagePart, load_images
 from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
 from wicore.api.metrics import Metrics, StatusCounter
-from wicore.api.middleware import HeaderLimit, InternalErrors, internal_error
+from wicore.api.middleware import HeaderLimit, InternalErrors
 from wicore.api.openapi import openapi_route
+from wicore.api.queueing import queue_choices
 from wicore.api.ratelimit import RateLimiter
 from wicore.api.schemas import Options, parse_chat, parse_completion
 from wicore.api.serving import ServingEngine
@@ -46,12 +47,10 @@ from wicore.api.web import WebPage
 from wicore.errors import WiCoreError
 from wicore.executor.vision import NO_VISION
 from wicore.types.images import ImageInput
-from wicore.types.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from wicore.inputs.tokenizer import Tokenizer
 
-T = TypeVar("T")
 log = logging.getLogger("wicore.api")
 FAILED_KEY_LOCKOUT = "failed_key_lockout"  # the code of the 429 after too many failed keys from one address
 
@@ -369,85 +368,8 @@ class API:
     def add_requests(
         self, rid: str, prompts: list[list[int]], opts: Options, param: str, images: list[ImageInput] | None = None
     ) -> list[str]:
-        """Queue every choice of every prompt (n per prompt) in the engine, or none: the engine's
-        admission errors become the 400 / 503 they stand for, naming `param` for the prompt.
-        `images` go with every prompt (the engine encodes each distinct image once)."""
-        self._check_placeholders(prompts, images or [], param)
-        self._check_logit_bias(opts)
-        num_choices = len(prompts) * opts.n
-        if num_choices > self.engine.max_waiting:  # never fits: a 400, not a 503 to retry
-            raise APIError(
-                400,
-                f"this request has {num_choices} choices ({len(prompts)} prompts x n={opts.n}); the server "
-                f"queues at most {self.engine.max_waiting}: send fewer prompts or a smaller n",
-                param="n" if opts.n > 1 else param,
-                code="too_many_choices",
-            )
-        request_ids: list[str] = []
-        try:
-            for ids in prompts:
-                for j in range(opts.n):
-                    seed = None if opts.seed is None else (opts.seed + j) % (1 << 64)
-                    params = SamplingParams(
-                        max_tokens=opts.max_tokens,
-                        temperature=opts.temperature,
-                        top_k=opts.top_k,
-                        top_p=opts.top_p,
-                        seed=seed,
-                        presence_penalty=opts.presence_penalty,
-                        frequency_penalty=opts.frequency_penalty,
-                        logprobs=opts.logprobs,
-                        speculative=opts.speculative,
-                        ignore_eos=opts.ignore_eos,
-                        logit_bias=opts.logit_bias,
-                        min_p=opts.min_p,
-                        repetition_penalty=opts.repetition_penalty,
-                        structured=opts.structured,
-                    )
-                    request_ids.append(
-                        self.engine.add_request(
-                            ids, params, opts.priority, request_id=f"{rid}-{len(request_ids)}", images=images or ()
-                        )
-                    )
-        except WiCoreError as exc:
-            for request_id in request_ids:
-                self.engine.cancel(request_id)
-            raise from_wicore(exc, param) from exc
-        return request_ids
-
-    def _check_placeholders(self, prompts: list[list[int]], images: list[ImageInput], param: str) -> None:
-        """A 400 unless every prompt holds one image placeholder (`<start_of_image>`) per image: one
-        without its image would reach the model as a bare control token."""
-        vision = self.engine.vision
-        if vision is None:
-            return
-        boi = vision.config.boi_token_id
-        for ids in prompts:
-            if ids.count(boi) != len(images):
-                raise APIError(
-                    400,
-                    f"{param}: the prompt has {ids.count(boi)} image placeholder(s) (<start_of_image>) and "
-                    f"{len(images)} image(s); write one placeholder per image",
-                    param=param,
-                    code="invalid_request",
-                )
-
-    def _check_logit_bias(self, opts: Options) -> None:
-        """A 400 for a logit_bias token id past the vocabulary (OpenAI's and vLLM's check)."""
-        if not opts.logit_bias:
-            return
-        try:
-            vocab_size = self.engine.tokenizer.vocab_size
-        except WiCoreError:  # a model exported without a tokenizer: the sampler skips ids past its logits
-            return
-        outside = [token_id for token_id, _ in opts.logit_bias if token_id >= vocab_size]
-        if outside:
-            raise APIError(
-                400,
-                f"logit_bias: token id {outside[0]} is out of the vocabulary (ids 0 to {vocab_size - 1})",
-                param="logit_bias",
-                code="invalid_value",
-            )
+        """Queue every choice of every prompt in the engine, or none (wicore.api.queueing)."""
+        return queue_choices(self.engine, rid, prompts, opts, param, images or [])
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.settings.model_name:
@@ -463,68 +385,6 @@ class API:
             return self.engine.tokenizer
         except WiCoreError as exc:
             raise from_wicore(exc) from exc
-
-
-def parse_json(body: bytes | str) -> Any:
-    """A request body (or a WebSocket message) as JSON, or the 400 that says what is wrong with it."""
-    try:
-        value = json.loads(body)
-    except ValueError as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-    except RecursionError:
-        raise APIError(400, "the request body's JSON is nested too deeply", code="invalid_json") from None
-    try:  # JSON's \ud800 escapes can make strings no tokenizer (or UTF-8) takes
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise APIError(
-            400, "the request body has a lone surrogate (an unpaired \\ud800-\\udfff escape)", code="invalid_json"
-        ) from None
-    return value
-
-
-def connection_of(conn: HTTPConnection) -> Hashable | None:
-    """What identifies the connection a request came on: its client's address and port (the
-    streams of one HTTP/2 connection share them)."""
-    client = conn.scope.get("client")
-    return None if client is None else tuple(client)
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """`work`'s result; if the client goes away first (a closed connection, an HTTP/2
-    RST_STREAM: both reach the app as http.disconnect), cancel it, which aborts its engine
-    requests, and raise the 499 that counts it."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        raise APIError(499, "the client closed the connection", code="client_closed")
-    return task.result()  # re-raises the work's error
-
-
-async def _client_error(request: Request, exc: Exception) -> Response:
-    """An APIError as it is; WiCore's errors and Starlette's own (404, 405) as the APIError they stand for."""
-    if isinstance(exc, WiCoreError):
-        exc = from_wicore(exc)
-    elif isinstance(exc, HTTPException):  # its headers too: a 405's Allow
-        exc = APIError(exc.status_code, str(exc.detail), code="http_error", headers=dict(exc.headers or {}))
-    assert isinstance(exc, APIError)
-    return error_response(exc)
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    """Starlette's last resort, for a bug in the middleware around InternalErrors (wicore.api.middleware)."""
-    return internal_error(request.scope, exc)
 
 
 def create_app(engine: ServingEngine, settings: ServerSettings) -> Starlette:
@@ -552,7 +412,12 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> Starlette:
             Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"], allow_headers=["*"])
         )
     middleware += [Middleware(HeaderLimit), Middleware(InternalErrors)]  # wicore.api.middleware
-    handlers = {APIError: _client_error, WiCoreError: _client_error, HTTPException: _client_error, Exception: _internal_error}
+    handlers = {
+        APIError: client_error,
+        WiCoreError: client_error,
+        HTTPException: client_error,
+        Exception: internal_error_response,
+    }
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)  # type: ignore[arg-type]
     app.state.api = api
     return app
