@@ -16,6 +16,7 @@ from conftest import start
 from pydantic import BaseModel, Field
 
 from wicore.api.app import ServerSettings
+from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +67,8 @@ MODES = [
 @pytest.fixture(scope="module", params=["smollm2-135m-instruct", "gemma3-270m"])
 def served(request, smollm2, gemma_270m):
     folder = smollm2() if request.param.startswith("smollm2") else gemma_270m(1)
-    s = start(folder, ServerSettings(model_name=request.param), num_device_blocks=512)
+    template = None if request.param.startswith("smollm2") else GEMMA3_CHAT_TEMPLATE  # the 270M is a base model
+    s = start(folder, ServerSettings(model_name=request.param, chat_template=template), num_device_blocks=512)
     yield request.param, s
     s.server.stop()
     s.engine.stop()

@@ -19,6 +19,7 @@ import pytest
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
 from wicore.engine.engine import Engine, EngineConfig
+from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE
 
 WEATHER = {
     "type": "function",
@@ -51,9 +52,9 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER,
 QUESTIONS = ["What is the weather like in Paris?", "Tell me a joke.", "What time is it in Tokyo?", "Bonjour !"]
 
 
-def served(model_dir, name: str) -> Iterator[str]:
+def served(model_dir, name: str, chat_template: str | None = None) -> Iterator[str]:
     engine = Engine(EngineConfig(model_dir=model_dir, num_threads=2, host_tier_gb=0)).start()
-    server = ServerThread(create_app(engine, ServerSettings(model_name=name))).start()
+    server = ServerThread(create_app(engine, ServerSettings(model_name=name, chat_template=chat_template))).start()
     yield f"{server.url}/v1"
     server.stop()
     engine.stop()
@@ -66,7 +67,7 @@ def smollm2_url(smollm2) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def gemma_url(gemma_270m) -> Iterator[str]:
-    yield from served(gemma_270m(1), "gemma")
+    yield from served(gemma_270m(1), "gemma", GEMMA3_CHAT_TEMPLATE)  # the packaged 270M is a base model
 
 
 def answer(url: str, model: str, stream: bool, **request) -> tuple[str | None, list[tuple[str, str]], str]:
