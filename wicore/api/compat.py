@@ -29,6 +29,7 @@ from wicore.api.schemas import Options, _bad, _int, _number, _object
 from wicore.api.streaming import merge
 from wicore.api.structured import parse_structured
 from wicore.errors import RequestError
+from wicore.types.limits import TEMPERATURE
 
 # Original config key -> flag destination.
 ORIGINAL_KEYS: dict[str, str] = {
@@ -82,7 +83,7 @@ async def inference(api: Any, body: Any, connection: Hashable | None = None) -> 
         raise _bad("prompt", "expected a non-empty string")
     opts = Options(
         max_tokens=_int(body, "max_tokens", 1),
-        temperature=_number(body, "temperature", 0.0, 2.0, default=0.0),
+        temperature=_number(body, "temperature", TEMPERATURE, default=0.0),
         structured=parse_structured(body),
     )
     await api.compile_constraint(opts)

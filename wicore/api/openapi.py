@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import wicore
+from wicore.types import limits
 
 
 def _object(required: list[str], properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -21,7 +22,7 @@ _SCHEMA = {"type": "object", "description": "a JSON schema"}
 _INT = {"type": "integer"}
 _MAX_TOKENS = {**_INT, "minimum": 1, "nullable": True}
 _TOKEN_ID = {**_INT, "minimum": 0}
-_TEMPERATURE = {**_NUM, "minimum": 0, "maximum": 2, "nullable": True}
+_TEMPERATURE = {**_NUM, **limits.TEMPERATURE.json_schema(), "nullable": True}
 _STOP = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}], "nullable": True}
 _SCHEMA = {"type": "object", "description": "a JSON schema"}
 _CHOICES = {"type": "array", "minItems": 1, "items": _STR}
@@ -56,15 +57,15 @@ _STRUCTURED: dict[str, Any] = {
 _COMMON: dict[str, Any] = {
     "model": _NULLABLE_STR,
     "temperature": _TEMPERATURE,
-    "top_p": {**_NUM, "exclusiveMinimum": True, "minimum": 0, "maximum": 1, "nullable": True},
+    "top_p": {**_NUM, **limits.TOP_P.json_schema(), "nullable": True},
     "top_k": {**_INT, "minimum": -1, "nullable": True},
     "seed": {**_INT, "minimum": -(2**63), "maximum": 2**64 - 1, "nullable": True},  # signed or unsigned 64-bit
     "stop": _STOP,
     "n": {**_INT, "minimum": 1, "maximum": 16, "nullable": True},
     "stream": {"type": "boolean", "nullable": True},
     "stream_options": {"type": "object", "nullable": True, "properties": {"include_usage": {"type": "boolean"}}},
-    "presence_penalty": {**_NUM, "minimum": -2, "maximum": 2, "nullable": True},
-    "frequency_penalty": {**_NUM, "minimum": -2, "maximum": 2, "nullable": True},
+    "presence_penalty": {**_NUM, **limits.PRESENCE_PENALTY.json_schema(), "nullable": True},
+    "frequency_penalty": {**_NUM, **limits.FREQUENCY_PENALTY.json_schema(), "nullable": True},
     "user": _NULLABLE_STR,
     "priority": {**_STR, "enum": ["low", "normal", "high", "urgent"], "nullable": True},
     "speculative": {"type": "boolean", "nullable": True},
@@ -73,11 +74,11 @@ _COMMON: dict[str, Any] = {
         "type": "object",
         "nullable": True,
         "maxProperties": 300,
-        "additionalProperties": {**_NUM, "minimum": -100, "maximum": 100},
+        "additionalProperties": {**_NUM, **limits.LOGIT_BIAS.json_schema()},
         "description": "token id (a string of digits) -> bias added to its logit; -100 bans it, +100 forces it",
     },
-    "min_p": {**_NUM, "minimum": 0, "maximum": 1, "nullable": True},
-    "repetition_penalty": {**_NUM, "exclusiveMinimum": True, "minimum": 0, "maximum": 1e6, "nullable": True},
+    "min_p": {**_NUM, **limits.MIN_P.json_schema(), "nullable": True},
+    "repetition_penalty": {**_NUM, **limits.REPETITION_PENALTY.json_schema(), "nullable": True},
     **_STRUCTURED,
 }
 _TEXT_PART = _object(["type", "text"], {"type": {**_STR, "enum": ["text"]}, "text": _STR})
@@ -227,7 +228,7 @@ def openapi_schema() -> dict[str, Any]:
             "top_logprobs": {
                 **_INT,
                 "minimum": 0,
-                "maximum": 20,
+                "maximum": limits.MAX_LOGPROBS,
                 "nullable": True,
                 "description": "alternatives per token; more than 0 needs logprobs: true",
             },

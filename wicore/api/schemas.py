@@ -24,15 +24,25 @@ from wicore.api.images import ImagePart
 from wicore.api.structured import parse_structured
 from wicore.api.tools.request import ToolRequest, parse_tools, tool_message_fields
 from wicore.structured.spec import StructuredOutput
+from wicore.types.limits import (
+    FREQUENCY_PENALTY,
+    LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MIN_P,
+    PRESENCE_PENALTY,
+    REPETITION_PENALTY,
+    TEMPERATURE,
+    TOP_P,
+    Range,
+)
 
 PRIORITIES = ("low", "normal", "high", "urgent")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 16
 MAX_STOPS = 16
-MAX_TOP_LOGPROBS = 20  # chat's top_logprobs
+MAX_TOP_LOGPROBS = MAX_LOGPROBS  # chat's top_logprobs
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs
 MAX_LOGIT_BIAS = 300  # tokens one logit_bias may name (OpenAI's limit)
-MAX_REPETITION_PENALTY = 1e6
 
 
 @dataclass(frozen=True)
@@ -91,14 +101,14 @@ def _int(body: dict[str, Any], name: str, lo: int | None = None, hi: int | None 
     return value
 
 
-def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: float, lo_open: bool = False) -> float:
+def _number(body: dict[str, Any], name: str, allowed: Range, default: float) -> float:
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(name, f"expected a number, got {type(value).__name__}")
-    if not lo <= value <= hi or (lo_open and value == lo):  # NaN (JSON's NaN literal) fails too
-        raise _bad(name, f"{value} is out of range {'(' if lo_open else '['}{lo}, {hi}]")
+    if value not in allowed:  # NaN (JSON's NaN literal) fails too
+        raise _bad(name, f"{value} is out of range {allowed}")
     return float(value)
 
 
@@ -170,10 +180,10 @@ def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...], logpr
         max_tokens=max_tokens,
         top_k=0 if top_k is None or top_k < 0 else top_k,  # -1 (vLLM) and 0 both mean "off"
         include_usage=bool(stream_options and _bool(stream_options, "include_usage")),
-        temperature=_number(body, "temperature", 0.0, 2.0, default=1.0),
-        top_p=_number(body, "top_p", 0.0, 1.0, lo_open=True, default=1.0),
-        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, default=0.0),
-        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, default=0.0),
+        temperature=_number(body, "temperature", TEMPERATURE, default=1.0),
+        top_p=_number(body, "top_p", TOP_P, default=1.0),
+        presence_penalty=_number(body, "presence_penalty", PRESENCE_PENALTY, default=0.0),
+        frequency_penalty=_number(body, "frequency_penalty", FREQUENCY_PENALTY, default=0.0),
         model=_str(body, "model"),
         seed=_int(body, "seed", -(2**63), 2**64 - 1),
         stop=parse_stop(body),
@@ -185,14 +195,14 @@ def parse_options(body: dict[str, Any], max_tokens_names: tuple[str, ...], logpr
         speculative=_bool(body, "speculative") is not False,
         ignore_eos=bool(_bool(body, "ignore_eos")),
         logit_bias=parse_logit_bias(body),
-        min_p=_number(body, "min_p", 0.0, 1.0, default=0.0),
-        repetition_penalty=_number(body, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY, lo_open=True, default=1.0),
+        min_p=_number(body, "min_p", MIN_P, default=0.0),
+        repetition_penalty=_number(body, "repetition_penalty", REPETITION_PENALTY, default=1.0),
         structured=parse_structured(body),
     )
 
 
 def parse_logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
-    """OpenAI's `logit_bias`: {"token id": bias in [-100, 100]}, at most MAX_LOGIT_BIAS entries."""
+    """OpenAI's `logit_bias`: {"token id": bias in LOGIT_BIAS}, at most MAX_LOGIT_BIAS entries."""
     value = body.get("logit_bias")
     if value is None:
         return ()
@@ -204,8 +214,8 @@ def parse_logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
     for key, bias in value.items():
         if not (key.isascii() and key.isdigit()):
             raise _bad("logit_bias", f"invalid key {key!r}: keys are token ids, non-negative integers")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
-            raise _bad("logit_bias", f"the bias of token {key} is {bias!r}; biases are numbers in [-100, 100]")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias not in LOGIT_BIAS:
+            raise _bad("logit_bias", f"the bias of token {key} is {bias!r}; biases are numbers in {LOGIT_BIAS}")
         out.append((int(key), float(bias)))
     return tuple(out)
 

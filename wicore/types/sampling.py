@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from wicore.errors import RequestError
 from wicore.structured.spec import StructuredOutput
-
-MAX_LOGPROBS = 20  # most alternatives a request may ask for (OpenAI's top_logprobs limit)
+from wicore.types.limits import LOGIT_BIAS, MAX_LOGPROBS, RANGES
 
 
 @dataclass(frozen=True)
@@ -38,31 +36,21 @@ class SamplingParams:
     structured: StructuredOutput | None = None  # what the output must match (a JSON schema, regex, ...): masked
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty"):
-            if not math.isfinite(getattr(self, name)):
-                raise RequestError(f"{name} must be a finite number, got {getattr(self, name)}")
+        for name, allowed in RANGES.items():  # the API checks requests against the same ranges
+            value = getattr(self, name)
+            if value not in allowed:
+                raise RequestError(f"{name} must be in {allowed}, got {value}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise RequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise RequestError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and self.seed < 0:
             raise RequestError(f"seed must be >= 0, got {self.seed}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2.0 <= getattr(self, name) <= 2.0:
-                raise RequestError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise RequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise RequestError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise RequestError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         for token_id, bias in self.logit_bias:
-            if token_id < 0 or not (math.isfinite(bias) and -100 <= bias <= 100):
-                raise RequestError(f"logit_bias: token {token_id} with bias {bias}: ids >= 0, biases in [-100, 100]")
+            if token_id < 0 or bias not in LOGIT_BIAS:
+                raise RequestError(f"logit_bias: token {token_id} with bias {bias}: ids >= 0, biases in {LOGIT_BIAS}")
 
     @property
     def is_greedy(self) -> bool:
