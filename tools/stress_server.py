@@ -91,12 +91,13 @@ class RssSampler:
 
 class StatsSampler:
     """`with StatsSampler(url, key) as stats:` ... `stats.samples`: (seconds from the start, running,
-    waiting, {tier: blocks in use}, {tier: blocks in all}) every `interval_s`. A server that stops
-    answering ends the sampling, quietly (the report says whether it went away)."""
+    waiting, {tier: blocks in use}, {tier: blocks in all}) every `interval_s`. A slow answer is
+    skipped (a busy server may take seconds); a server that no longer takes connections ends the
+    sampling, quietly (the report says whether it went away)."""
 
     def __init__(self, url: str, api_key: str | None, interval_s: float = 5.0) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=url, headers=headers, timeout=10)
+        self.http = httpx.Client(base_url=url, headers=headers, timeout=30)
         self.interval_s = interval_s
         self.samples: list[tuple[float, int, int, dict[str, int], dict[str, int]]] = []
         self._stop = threading.Event()
@@ -107,6 +108,8 @@ class StatsSampler:
         while not self._stop.is_set():
             try:
                 stats = self.http.get("/v1/stats").json()
+            except httpx.TimeoutException:
+                continue
             except (httpx.HTTPError, ValueError):
                 return
             used, free = stats["blocks_in_use"], stats["blocks_free"]
