@@ -11,8 +11,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Hashable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Hashable
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -23,11 +23,11 @@ from starlette.routing import Route, WebSocketRoute
 
 from wicore.api import compat, websocket
 from wicore.api.auth import Authenticator, client_address
-from wicore.api.connections import InFlight
+from wicore.api.connections import InFlight, connection_of, until_disconnect
 from wicore.api.docs_page import docs_route
 from wicore.api.errors import APIError, CORSMiddleware, error_response, from_wicore
 from wicore.api.generation import ChoiceStats, Generation, Job, Piece, run_choice
-from wicore.api.images import ImagePart, load_images
+from wicore.api.images import ImagePart, check_placeholders, load_images
 from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
 from wicore.api.metrics import Metrics, StatusCounter
 from wicore.api.middleware import HeaderLimit, InternalErrors, internal_error
@@ -45,8 +45,6 @@ from wicore.runtime.vision import NO_VISION
 
 if TYPE_CHECKING:
     from wicore.runtime.tokenizer import Tokenizer
-
-T = TypeVar("T")
 
 
 class API:
@@ -271,7 +269,8 @@ class API:
         """Queue every choice of every prompt (n per prompt) in the engine, or none: the engine's
         admission errors become the 400 / 503 they stand for, naming `param` for the prompt.
         `images` go with every prompt (the engine encodes each distinct image once)."""
-        self._check_placeholders(prompts, images or [], param)
+        if self.engine.vision is not None:
+            check_placeholders(prompts, len(images or ()), self.engine.vision.config.boi_token_id, param)
         num_choices = len(prompts) * opts.n
         if num_choices > self.engine.max_waiting:  # never fits: a 400, not a 503 to retry
             raise APIError(
@@ -309,23 +308,6 @@ class API:
             raise from_wicore(exc, param) from exc
         return request_ids
 
-    def _check_placeholders(self, prompts: list[list[int]], images: list[ImageInput], param: str) -> None:
-        """A 400 unless every prompt holds one image placeholder (`<start_of_image>`) per image: one
-        without its image would reach the model as a bare control token."""
-        vision = self.engine.vision
-        if vision is None:
-            return
-        boi = vision.config.boi_token_id
-        for ids in prompts:
-            if ids.count(boi) != len(images):
-                raise APIError(
-                    400,
-                    f"{param}: the prompt has {ids.count(boi)} image placeholder(s) (<start_of_image>) and "
-                    f"{len(images)} image(s); write one placeholder per image",
-                    param=param,
-                    code="invalid_request",
-                )
-
     def _check_model(self, opts: Options) -> None:
         if opts.model is not None and opts.model != self.settings.model_name:
             raise APIError(
@@ -357,36 +339,6 @@ def parse_json(body: bytes | str) -> Any:
             400, "the request body has a lone surrogate (an unpaired \\ud800-\\udfff escape)", code="invalid_json"
         ) from None
     return value
-
-
-def connection_of(conn: HTTPConnection) -> Hashable | None:
-    """What identifies the connection a request came on: its client's address and port (the
-    streams of one HTTP/2 connection share them)."""
-    client = conn.scope.get("client")
-    return None if client is None else tuple(client)
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """`work`'s result; if the client goes away first (a closed connection, an HTTP/2
-    RST_STREAM: both reach the app as http.disconnect), cancel it, which aborts its engine
-    requests, and raise the 499 that counts it."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        raise APIError(499, "the client closed the connection", code="client_closed")
-    return task.result()  # re-raises the work's error
 
 
 async def _client_error(request: Request, exc: Exception) -> Response:
