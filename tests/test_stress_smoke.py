@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -37,3 +38,46 @@ def test_stress_spawned_server_drains(gemma_270m: Callable[[int], Path], tmp_pat
     assert result["figures"]["errors"] == {}
     assert result["probe"][0] == result["probe"][1]
     assert result["server"]["exit_code"] == 0
+
+
+def test_stress_writes_its_record_when_the_server_goes_away(tiny_multimodal, tmp_path: Path) -> None:
+    """Issue 35: with --url, a server that died mid-run left no record. Here it is killed 4 s into
+    a 30 s run: the tool ends, exit code 1, and the record says what was measured and what failed.
+    (The tiny model's context is 256 tokens: the long prompts are 400s, the short ones run.)"""
+    import signal
+    import time
+
+    from wicore.api.server import free_port
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    serve = [sys.executable, "-m", "wicore.cli", "serve", "--model", str(tiny_multimodal.export()), "--port", str(port)]
+    server = subprocess.Popen([*serve, "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        record = tmp_path / "stress.json"
+        command = [sys.executable, str(REPO / "tools" / "stress.py"), "--url", f"http://127.0.0.1:{port}"]
+        command += ["--server-pid", str(server.pid), "--clients", "2", "--ramp", "0", "--duration", "30"]
+        command += ["--max-tokens", "8,16", "--no-probe", "--json", str(record)]
+        for _ in range(600):  # until it answers
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        tool = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert tool.stderr is not None
+        while not (line := tool.stderr.readline()).startswith("[stress] 2 clients against"):  # the load starts
+            assert line, "the tool ended before its clients started"
+        time.sleep(4)
+        server.send_signal(signal.SIGKILL)
+        out, err = tool.communicate(timeout=120)
+    finally:
+        server.kill()
+    assert tool.returncode == 1 and record.exists(), f"{out}\n{err}"
+    result = json.loads(record.read_text())
+    assert result["passed"] is False
+    assert result["checks"]["the server answered to the end"] is False
+    assert result["server"]["gone"].startswith("ConnectError")
+    assert result["stats_before"]["running"] == 0 and result["stats_final"] is None
+    assert result["figures"]["outcomes"].get("ok", 0) > 0  # what ran before the kill is recorded
+    assert "| server | WENT AWAY: ConnectError" in out

@@ -20,9 +20,18 @@ the server's own count (/v1/stats generated_tokens, tokens it computed for dropp
 is reported beside it.
 
 Around the clients: the server's RSS (/proc/PID/status VmRSS) every second, the process found
-by --server-pid or, on Linux, as the one listening on the URL's port; a greedy completion
-before and after (the same text is expected); after the clients, /v1/stats polled until
-running, waiting and every tier's blocks_referenced are 0 (--drain-timeout).
+by --server-pid or, on Linux, as the one listening on the URL's port; /v1/stats every 5 s (how
+full each KV tier is: the RSS when every tier is 90% full, and its growth after, are in the
+record); a greedy completion before and after (the same text is expected); after the clients,
+/v1/stats polled until running, waiting and every tier's blocks_referenced are 0 (--drain-timeout).
+
+--sigterm-under-load S (with --spawn): after those checks the same load starts again and the
+server gets SIGTERM S seconds later; every stream must then end, finished or with the 503
+server_shutting_down event of a stream cut at the end of the grace period (--grace-seconds,
+passed to the server), and the server must exit 0 within the grace (plus 10 s).
+
+A server that goes away (stops answering) ends the run: the record is written all the same,
+with what was measured and `server.gone` saying what failed, and the run fails.
 
 Exit code 0 only if no request failed unexpectedly, the server drained to 0 running and 0
 referenced blocks, the greedy text did not change and a spawned server exited 0; 1 otherwise,
@@ -35,6 +44,8 @@ The clients live in stress_clients.py, the server side (spawn, RSS, stats) in st
 Usage:
     python tools/stress.py --spawn --clients 8 --duration 40 --disconnect-fraction 0.2 --json stress.json
     python tools/stress.py --url http://127.0.0.1:8000 --server-pid 1234 --clients 64 --ramp 60 --duration 600
+    python tools/stress.py --spawn --clients 64 --ramp 300 --duration 3600 --disconnect-fraction 0.1 \
+        --serve-args='--kv-pool-gb 0.25 --host-tier-gb 0.25 --nvme-tier-gb 0.5' --sigterm-under-load 120 --json s.json
 """
 
 from __future__ import annotations
@@ -46,17 +57,29 @@ import ipaddress
 import math
 import os
 import shlex
+import signal
+import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 from benchlib import percentile, run_tool, write_record
-from stress_clients import Load, RequestResult, run_clients
-from stress_server import RssSampler, ServerApi, listening_pid, server_error_lines, spawn_server
+from stress_clients import CUT, Load, RequestResult, run_clients
+from stress_server import (
+    RssSampler,
+    ServerApi,
+    Spawned,
+    StatsSampler,
+    listening_pid,
+    server_error_lines,
+    spawn_server,
+    tiers_full_at,
+)
 
 PROBE_PROMPT = "The three primary colours are"
 PROBE_TOKENS = 32
@@ -78,10 +101,14 @@ class StressConfig:
     start_timeout_s: float
     is_probe: bool
     json_path: Path | None
+    sigterm_under_load_s: float | None = None  # --spawn: SIGTERM this long into a second run of the load
+    grace_s: float = 30.0  # the spawned server's --grace-seconds
 
     def __post_init__(self) -> None:
         if self.is_spawn == (self.url is not None):
             raise ValueError("give either --url (a running server) or --spawn, not both")
+        if self.sigterm_under_load_s is not None and (not self.is_spawn or self.sigterm_under_load_s <= 0):
+            raise ValueError("--sigterm-under-load takes seconds > 0, and --spawn (the tool stops the server itself)")
         if self.url is not None and not is_loopback_url(self.url):
             raise ValueError(f"--url {self.url!r} is not a loopback http URL (127.0.0.0/8, ::1 or localhost); refusing")
         if self.threads < 1:
@@ -105,16 +132,41 @@ def is_loopback_url(url: str) -> bool:
 
 
 @dataclass
+class Shutdown:
+    """The second run of the load, cut by SIGTERM (--sigterm-under-load)."""
+
+    results: list[RequestResult]
+    sigterm_s: float  # from the second run's start
+    exit_code: int | None
+    exit_s: float | None  # from SIGTERM to the process's exit
+    grace_s: float
+
+    def outcomes(self) -> dict[str, int]:
+        return dict(sorted(Counter(r.outcome for r in self.results).items()))
+
+    def checks(self) -> dict[str, bool]:
+        return {
+            "under SIGTERM every stream ended: finished, dropped on purpose, or cut with its 503 event": set(self.outcomes())
+            <= {"ok", "disconnected", CUT},
+            f"exit 0 within the grace ({self.grace_s:g} s + 10 s) after SIGTERM": self.exit_code == 0
+            and self.exit_s is not None
+            and self.exit_s <= self.grace_s + 10,
+        }
+
+
+@dataclass
 class Report:
     results: list[RequestResult]
     wall_s: float
     stats_before: dict  # after the first probe, before the clients
-    stats_drained: dict  # once the clients' requests drained
-    stats_final: dict  # after the second probe too: what the checks read
+    stats_drained: dict | None  # once the clients' requests drained (None: the server went away)
+    stats_final: dict | None  # after the second probe too: what the checks read
     drain_s: float
     rss: list[tuple[float, int]]
     probe: tuple[str, str] | None  # greedy text before and after
-    server: dict = field(default_factory=dict)  # pid, url, spawned, exit code, log, error lines
+    server: dict = field(default_factory=dict)  # pid, url, spawned, exit code, log, error lines, gone
+    stats_series: list = field(default_factory=list)  # StatsSampler.samples
+    shutdown: Shutdown | None = None
 
     def outcomes(self) -> Counter[str]:
         return Counter(r.outcome for r in self.results)
@@ -124,16 +176,22 @@ class Report:
 
     def checks(self) -> dict[str, bool]:
         final = self.stats_final
-        checks = {
-            "no unexpected errors": not self.errors(),
-            "drained: 0 running, 0 waiting": final["running"] == 0 and final["waiting"] == 0,
-            "0 referenced blocks in every tier": not any(final["blocks_referenced"].values()),
-        }
+        checks = {"the server answered to the end": not self.server.get("gone"), "no unexpected errors": not self.errors()}
+        checks["drained: 0 running, 0 waiting"] = final is not None and final["running"] == 0 and final["waiting"] == 0
+        checks["0 referenced blocks in every tier"] = final is not None and not any(final["blocks_referenced"].values())
         if self.probe is not None:
             checks["same greedy text before and after"] = self.probe[0] == self.probe[1]
-        if self.server.get("spawned"):
+        if self.shutdown is not None:
+            checks.update(self.shutdown.checks())
+        elif self.server.get("spawned"):
             checks["spawned server exited 0 on SIGTERM"] = self.server.get("exit_code") == 0
         return checks
+
+    def rss_at(self, t: float | None) -> int | None:
+        """The first RSS sample at or after `t` seconds (the samplers start together, near enough)."""
+        if t is None:
+            return None
+        return next((b for s, b in self.rss if s >= t), None)
 
     def figures(self) -> dict[str, object]:
         ok = [r for r in self.results if r.outcome == "ok"]
@@ -143,8 +201,11 @@ class Report:
         span = max((r.started_s + r.latency_s for r in self.results), default=0.0) - min(
             (r.started_s for r in self.results), default=0.0
         )
-        server_tokens = self.stats_drained["generated_tokens"] - self.stats_before["generated_tokens"]
+        drained = self.stats_drained
+        server_tokens = None if drained is None else drained["generated_tokens"] - self.stats_before["generated_tokens"]
         rss = [b for _, b in self.rss]
+        full_s = tiers_full_at(self.stats_series)
+        rss_full = self.rss_at(full_s)
         return {
             "num_requests": len(self.results),
             "outcomes": dict(sorted(self.outcomes().items())),
@@ -156,11 +217,14 @@ class Report:
             "num_client_tokens": num_tokens,
             "num_server_tokens": server_tokens,
             "client_tokens_per_s": num_tokens / span if span > 0 else 0.0,
-            "server_tokens_per_s": server_tokens / span if span > 0 else 0.0,
+            "server_tokens_per_s": (server_tokens or 0) / span if span > 0 else 0.0,
             "wall_s": self.wall_s,
             "rss_start_bytes": rss[0] if rss else None,
             "rss_peak_bytes": max(rss) if rss else None,
             "rss_end_bytes": rss[-1] if rss else None,
+            "tiers_90pct_full_s": full_s,  # every tier that has blocks at least 90% in use
+            "rss_at_tiers_full_bytes": rss_full,
+            "rss_growth_after_tiers_full_bytes": None if rss_full is None or not rss else rss[-1] - rss_full,
         }
 
 
@@ -175,7 +239,7 @@ def seconds(value: object) -> str:
 
 def table(report: Report) -> str:
     f = report.figures()
-    final = report.stats_final
+    final = report.stats_final or {"running": "?", "waiting": "?", "swapped": "?", "blocks_referenced": {}}
     outcomes = ", ".join(f"{k} {n}" for k, n in f["outcomes"].items())  # type: ignore[attr-defined]
     rss = (
         "n/a"
@@ -183,7 +247,12 @@ def table(report: Report) -> str:
         else f"start {f['rss_start_bytes'] / MIB:.0f}, peak {f['rss_peak_bytes'] / MIB:.0f}, end {f['rss_end_bytes'] / MIB:.0f} MiB "
         f"({len(report.rss)} samples)"
     )
-    referenced = ", ".join(f"{tier} {n}" for tier, n in final["blocks_referenced"].items())
+    referenced = ", ".join(f"{tier} {n}" for tier, n in final["blocks_referenced"].items()) or "?"
+    if f["tiers_90pct_full_s"] is not None and f["rss_at_tiers_full_bytes"] is not None:
+        rss += (
+            f"; every tier 90% full at {f['tiers_90pct_full_s']:.0f} s, RSS then {f['rss_at_tiers_full_bytes'] / MIB:.0f} MiB, "
+            f"{f['rss_growth_after_tiers_full_bytes'] / MIB:+.1f} MiB after"
+        )
     rows = [
         ("requests", f"{f['num_requests']} ({outcomes}); {f['num_planned_disconnects']} planned drops"),
         ("errors", ", ".join(f"{k}: {n}" for k, n in f["errors"].items()) or "none"),  # type: ignore[attr-defined]
@@ -204,6 +273,13 @@ def table(report: Report) -> str:
     ]
     if report.probe is not None:
         rows.append(("greedy probe", "same text" if report.probe[0] == report.probe[1] else f"CHANGED: {report.probe!r}"))
+    if report.server.get("gone"):
+        rows.append(("server", f"WENT AWAY: {report.server['gone']}"))
+    if report.shutdown is not None:
+        down = report.shutdown
+        ended = ", ".join(f"{k} {n}" for k, n in down.outcomes().items())
+        exited = "did not exit" if down.exit_s is None else f"exit {down.exit_code} {down.exit_s:.1f} s after SIGTERM"
+        rows.append(("SIGTERM under load", f"at {down.sigterm_s:.0f} s: {len(down.results)} requests ({ended}); {exited}"))
     for name, ok in report.checks().items():
         rows.append(("check", f"{'pass' if ok else 'FAIL'}: {name}"))
     return "\n".join(["| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
@@ -213,19 +289,28 @@ def table(report: Report) -> str:
 
 
 def stress(url: str, pid: int | None, config: StressConfig) -> Report:
+    """The load against a server, and the checks after it. A server that stops answering after the
+    load has started ends the run with what was measured (`server["gone"]`)."""
     api = ServerApi(url, config.api_key)
     model = api.model()
     if pid is None:
         print("warning: no server process found (give --server-pid): RSS not sampled", file=sys.stderr)
     sampler = RssSampler(pid) if pid is not None else None
-    with sampler or contextlib.nullcontext():
+    server: dict = {"url": url, "pid": pid, "spawned": config.is_spawn}
+    stats_drained = stats_final = None
+    drain_s, after = 0.0, None
+    with sampler or contextlib.nullcontext(), StatsSampler(url, config.api_key) as series:
         before = api.greedy(model, PROBE_PROMPT, PROBE_TOKENS) if config.is_probe else ""
         stats_before = api.stats()
         print(f"[stress] {config.load.num_clients} clients against {url} ({model}) ...", file=sys.stderr, flush=True)
         results, wall = asyncio.run(run_clients(url, model, config.load, config.api_key))
-        stats_drained, drain_s = api.drain(config.drain_timeout_s)
-        after = api.greedy(model, PROBE_PROMPT, PROBE_TOKENS) if config.is_probe else ""
-        stats_final = api.drain(config.drain_timeout_s)[0] if config.is_probe else stats_drained
+        try:
+            stats_drained, drain_s = api.drain(config.drain_timeout_s)
+            after = api.greedy(model, PROBE_PROMPT, PROBE_TOKENS) if config.is_probe else ""
+            stats_final = api.drain(config.drain_timeout_s)[0] if config.is_probe else stats_drained
+        except httpx.HTTPError as exc:
+            server["gone"] = f"{type(exc).__name__}: {exc}"
+            print(f"[stress] the server went away: {server['gone']}", file=sys.stderr, flush=True)
     return Report(
         results=results,
         wall_s=wall,
@@ -234,9 +319,38 @@ def stress(url: str, pid: int | None, config: StressConfig) -> Report:
         stats_final=stats_final,
         drain_s=drain_s,
         rss=sampler.samples if sampler else [],
-        probe=(before, after) if config.is_probe else None,
-        server={"url": url, "pid": pid, "spawned": config.is_spawn},
+        probe=(before, after or "") if config.is_probe else None,
+        server=server,
+        stats_series=series.samples,
     )
+
+
+def sigterm_under_load(spawned: Spawned, model: str, config: StressConfig) -> Shutdown:
+    """The load again; SIGTERM `sigterm_under_load_s` into it (no request starts after); every
+    stream's end, and how long the server took to exit."""
+    after_s = config.sigterm_under_load_s
+    assert after_s is not None
+    # No request starts in the last second before SIGTERM: one sent as the server stops listening
+    # would measure the race of its connection, not how the server ends the streams it has.
+    quiet_s = max(after_s - 1.0, 0.0)
+    load = replace(config.load, ramp_s=min(config.load.ramp_s, quiet_s), duration_s=quiet_s, max_requests=None)
+
+    async def run() -> tuple[list[RequestResult], float]:
+        clients = asyncio.ensure_future(run_clients(spawned.url, model, load, config.api_key))
+        await asyncio.sleep(after_s)
+        spawned.proc.send_signal(signal.SIGTERM)
+        sent = time.perf_counter()
+        print(f"[stress] SIGTERM to {spawned.pid} under load ...", file=sys.stderr, flush=True)
+        results, _ = await clients
+        return results, sent
+
+    results, sent = asyncio.run(run())
+    try:
+        exit_code = spawned.proc.wait(timeout=max(0.0, config.grace_s + 30 - (time.perf_counter() - sent)))
+        exit_s: float | None = time.perf_counter() - sent
+    except subprocess.TimeoutExpired:
+        exit_code, exit_s = None, None
+    return Shutdown(results, after_s, exit_code, exit_s, config.grace_s)
 
 
 def run(config: StressConfig, num_busy_before: float | None) -> int:
@@ -244,8 +358,11 @@ def run(config: StressConfig, num_busy_before: float | None) -> int:
         if config.is_spawn:
             api_key = ["--api-key", config.api_key] if config.api_key else []
             serve_args = ["--model", config.model, "--threads", str(config.threads), *api_key, *config.serve_args]
+            serve_args += ["--grace-seconds", f"{config.grace_s:g}"]
             with spawn_server(serve_args, config.server_log, config.start_timeout_s) as spawned:
                 report = stress(spawned.url, spawned.pid, config)
+                if config.sigterm_under_load_s is not None and not report.server.get("gone"):
+                    report.shutdown = sigterm_under_load(spawned, ServerApi(spawned.url, config.api_key).model(), config)
             report.server.update(exit_code=spawned.exit_code, log=str(spawned.log_path))
             report.server["error_lines"] = server_error_lines(spawned.log_path)
         else:
@@ -275,6 +392,21 @@ def run(config: StressConfig, num_busy_before: float | None) -> int:
             drain_s=report.drain_s,
             probe=report.probe,
             rss=report.rss,
+            stats_series=report.stats_series,
+            shutdown=None
+            if report.shutdown is None
+            else {
+                "sigterm_s": report.shutdown.sigterm_s,
+                "exit_code": report.shutdown.exit_code,
+                "exit_s": report.shutdown.exit_s,
+                "grace_s": report.shutdown.grace_s,
+                "outcomes": report.shutdown.outcomes(),
+                "error_samples": {r.outcome: r.error for r in report.shutdown.results if r.outcome not in ("ok", "disconnected")},
+                "requests": [
+                    {"outcome": r.outcome, "started_s": round(r.started_s, 4), "latency_s": round(r.latency_s, 4)}
+                    for r in report.shutdown.results
+                ],
+            },
             requests=[
                 {
                     **asdict(r.plan),
@@ -334,6 +466,13 @@ def parse_args(argv: Sequence[str] | None) -> StressConfig:
     check.add_argument("--drain-timeout", type=float, default=60, help="seconds to wait for /v1/stats to drain")
     check.add_argument("--no-probe", action="store_true", help="skip the greedy completion before and after")
     check.add_argument("--json", type=Path, help="also write a JSON record (every request's figures) here")
+    check.add_argument(
+        "--sigterm-under-load",
+        type=float,
+        metavar="SECONDS",
+        help="--spawn: after the checks, run the load again and send SIGTERM this many seconds into it",
+    )
+    check.add_argument("--grace-seconds", type=float, default=30.0, help="--spawn: the server's --grace-seconds")
     args = parser.parse_args(argv)
     return StressConfig(
         url=args.url,
@@ -360,6 +499,8 @@ def parse_args(argv: Sequence[str] | None) -> StressConfig:
         start_timeout_s=args.start_timeout,
         is_probe=not args.no_probe,
         json_path=args.json,
+        sigterm_under_load_s=args.sigterm_under_load,
+        grace_s=args.grace_seconds,
     )
 
 

@@ -4,7 +4,9 @@
 
 Each request: a prompt from PROMPTS (a few words .. ~800 tokens), chat or completions, stream=True
 with the usage chunk, temperature in TEMPERATURES, max_tokens uniform in Load.max_tokens; a
-Load.disconnect_fraction of them close the stream after Load.disconnect_chunks chunks.
+Load.disconnect_fraction of them close the stream after Load.disconnect_chunks chunks. A stream
+that ends with the server's shutdown error event (503 server_shutting_down) is the outcome CUT;
+after a connection error a client waits a second before its next request.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ LONG_PROMPTS = (
     "\n\n".join([PARAGRAPH] * 8) + "\n\nHow many times is the paragraph repeated above?",
 )
 PROMPTS = SHORT_PROMPTS + LONG_PROMPTS
+SHUTDOWN_CODE = "server_shutting_down"
+CUT = "cut by shutdown (503)"  # the outcome of a stream that ended with the shutdown's error event
+CONNECTION_ERRORS = ("APIConnectionError", "APITimeoutError", "ConnectError", "RemoteProtocolError", "ReadError")
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,11 @@ async def send(client: object, model: str, plan: RequestPlan, t0: float) -> Requ
                     return result("disconnected")  # leaving `async with` closes the connection
     except openai.APIStatusError as exc:
         return result(f"http {exc.status_code}", str(exc)[:300])
-    except (openai.APIError, httpx.HTTPError, OSError) as exc:
+    except openai.APIError as exc:
+        if getattr(exc, "code", None) == SHUTDOWN_CODE:  # the error event of a stream cut by a shutdown
+            return result(CUT, str(exc)[:300])
+        return result(type(exc).__name__, str(exc)[:300])
+    except (httpx.HTTPError, OSError) as exc:
         return result(type(exc).__name__, str(exc)[:300])
     if finish not in ("stop", "length"):
         return result("no finish reason" if finish is None else f"finish reason {finish}")
@@ -169,6 +178,8 @@ async def run_client(index: int, client: object, model: str, load: Load, budget:
     results: list[RequestResult] = []
     while (load.max_requests_per_client is None or len(results) < load.max_requests_per_client) and budget.take():
         results.append(await send(client, model, draw_plan(rng, load), t0))
+        if results[-1].outcome in CONNECTION_ERRORS:  # the server may be gone: no busy loop of failures
+            await asyncio.sleep(1.0)
     return results
 
 

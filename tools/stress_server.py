@@ -3,6 +3,7 @@
 spawn_server   `python -m wicore.cli serve` on a free loopback port, up once /health answers, SIGTERM at the end
 listening_pid  the process listening on a port, from /proc/net/tcp{,6} and /proc/*/fd (Linux)
 RssSampler     VmRSS from /proc/PID/status every second, in a thread
+StatsSampler   /v1/stats every few seconds, in a thread: how full each KV tier is over time
 ServerApi      /v1/models, /v1/stats, a greedy completion, and the drain: /v1/stats until nothing is referenced
 """
 
@@ -88,11 +89,59 @@ class RssSampler:
             self.samples.append((self.samples[-1][0] + 0.01 if self.samples else 0.0, value))
 
 
+class StatsSampler:
+    """`with StatsSampler(url, key) as stats:` ... `stats.samples`: (seconds from the start, running,
+    waiting, {tier: blocks in use}, {tier: blocks in all}) every `interval_s`. A slow answer is
+    skipped (a busy server may take seconds); a server that no longer takes connections ends the
+    sampling, quietly (the report says whether it went away)."""
+
+    def __init__(self, url: str, api_key: str | None, interval_s: float = 5.0) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=url, headers=headers, timeout=30)
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, int, int, dict[str, int], dict[str, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stats", daemon=True)
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        while not self._stop.is_set():
+            try:
+                stats = self.http.get("/v1/stats").json()
+            except httpx.TimeoutException:
+                continue
+            except (httpx.HTTPError, ValueError):
+                return
+            used, free = stats["blocks_in_use"], stats["blocks_free"]
+            total = {tier: used[tier] + free[tier] for tier in used}
+            self.samples.append((round(time.perf_counter() - start, 2), stats["running"], stats["waiting"], used, total))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> StatsSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.http.close()
+
+
+def tiers_full_at(samples: Sequence[tuple[float, int, int, dict[str, int], dict[str, int]]], share: float = 0.9) -> float | None:
+    """The first sample time at which every tier that has blocks is at least `share` in use."""
+    for t, _, _, used, total in samples:
+        tiers = [tier for tier, n in total.items() if n > 0]
+        if tiers and all(used[tier] >= share * total[tier] for tier in tiers):
+            return t
+    return None
+
+
 @dataclass
 class Spawned:
     url: str
     pid: int
     log_path: Path
+    proc: subprocess.Popen
     exit_code: int | None = None
 
 
@@ -112,7 +161,7 @@ def spawn_server(serve_args: Sequence[str], log_path: Path | None, start_timeout
     print(f"[spawn] {shlex.join(command)} (log: {log_path})", file=sys.stderr, flush=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    spawned = Spawned(f"http://127.0.0.1:{port}", proc.pid, log_path)
+    spawned = Spawned(f"http://127.0.0.1:{port}", proc.pid, log_path, proc)
     try:
         deadline = time.monotonic() + start_timeout_s
         while not is_healthy(spawned.url):
@@ -121,7 +170,8 @@ def spawn_server(serve_args: Sequence[str], log_path: Path | None, start_timeout
             time.sleep(0.5)
         yield spawned
     finally:
-        proc.send_signal(signal.SIGTERM)
+        if proc.poll() is None:  # not stopped already (stress.py's SIGTERM under load stops it itself)
+            proc.send_signal(signal.SIGTERM)
         try:
             spawned.exit_code = proc.wait(timeout=90)
         except subprocess.TimeoutExpired:

@@ -23,11 +23,11 @@ from starlette.routing import Route, WebSocketRoute
 
 from wicore.api import compat, websocket
 from wicore.api.auth import Authenticator, client_address
-from wicore.api.connections import InFlight
+from wicore.api.connections import InFlight, connection_of, until_disconnect
 from wicore.api.docs_page import docs_route
 from wicore.api.errors import APIError, CORSMiddleware, from_wicore
 from wicore.api.generation import ChoiceStats, Generation, Job, Piece, run_choice
-from wicore.api.http import client_error, connection_of, internal_error_response, parse_json, until_disconnect
+from wicore.api.http import client_error, internal_error_response, parse_json
 from wicore.api.images import ImagePart, load_images
 from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
 from wicore.api.metrics import Metrics, StatusCounter

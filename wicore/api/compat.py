@@ -106,7 +106,7 @@ async def inference(api: Any, body: Any, connection: Hashable | None = None) -> 
     try:
         async for _, piece in merge([run_choice(api.engine, engine_id, ids, (), stats)], api.streams):
             text += piece.text  # a shutdown cuts it with a 503, as the chat and completion answers
-    finally:  # cancelled (the client went away: wicore.api.http.until_disconnect) before it read, or while
+    finally:  # cancelled (the client went away: wicore.api.connections.until_disconnect) before it read, or while
         api.engine.cancel(engine_id)
         release()
     api.metrics.observe_choice(stats, time.monotonic())

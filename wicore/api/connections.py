@@ -1,5 +1,6 @@
 """Limits on connections: how many may be open and how long headers may take (below the app),
-and how many engine requests one may have in flight (`InFlight`, in the app).
+how many engine requests one may have in flight (`InFlight`, in the app), and the watch that
+cancels a request's work when its client goes away (`until_disconnect`).
 
 Hypercorn has no cap on open connections (pgjones/hypercorn#81), so the listening socket is
 wrapped: accepting one past `max_connections` writes a 503 in OpenAI's error shape and closes
@@ -20,13 +21,18 @@ get the 503. Raise max_connections, or lower the header timeout, for such client
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from starlette.requests import HTTPConnection, Request
 
 from wicore.api.errors import APIError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -132,3 +138,33 @@ class InFlight:
                 self.counts.pop(connection, None)
 
         return release
+
+
+def connection_of(conn: HTTPConnection) -> Hashable | None:
+    """What identifies the connection a request came on: its client's address and port (the
+    streams of one HTTP/2 connection share them)."""
+    client = conn.scope.get("client")
+    return None if client is None else tuple(client)
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result; if the client goes away first (a closed connection, an HTTP/2
+    RST_STREAM: both reach the app as http.disconnect), cancel it, which aborts its engine
+    requests, and raise the 499 that counts it."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise APIError(499, "the client closed the connection", code="client_closed")
+    return task.result()  # re-raises the work's error

@@ -1,15 +1,13 @@
-"""HTTP plumbing the app's routes share: JSON bodies, the connection a request came on, a
-disconnect watcher, and the error responses of the Starlette app."""
+"""HTTP plumbing the app's routes share: JSON bodies, and the error responses of the Starlette app
+(the connection a request came on and the disconnect watcher are wicore.api.connections)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Hashable
 from typing import Any, TypeVar
 
 from starlette.exceptions import HTTPException
-from starlette.requests import HTTPConnection, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from wicore.api.errors import APIError, error_response, from_wicore
@@ -34,36 +32,6 @@ def parse_json(body: bytes | str) -> Any:
             400, "the request body has a lone surrogate (an unpaired \\ud800-\\udfff escape)", code="invalid_json"
         ) from None
     return value
-
-
-def connection_of(conn: HTTPConnection) -> Hashable | None:
-    """What identifies the connection a request came on: its client's address and port (the
-    streams of one HTTP/2 connection share them)."""
-    client = conn.scope.get("client")
-    return None if client is None else tuple(client)
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """`work`'s result; if the client goes away first (a closed connection, an HTTP/2
-    RST_STREAM: both reach the app as http.disconnect), cancel it, which aborts its engine
-    requests, and raise the 499 that counts it."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        raise APIError(499, "the client closed the connection", code="client_closed")
-    return task.result()  # re-raises the work's error
 
 
 async def client_error(request: Request, exc: Exception) -> Response:

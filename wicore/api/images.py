@@ -106,3 +106,18 @@ def _data_url_bytes(url: str, max_bytes: int) -> bytes:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise ImageError("the data: URL is not valid base64") from None
+
+
+def check_placeholders(prompts: Sequence[Sequence[int]], num_images: int, boi_token_id: int, param: str) -> None:
+    """A 400 unless every prompt holds one image placeholder (`<start_of_image>`) per image: one
+    without its image would reach the model as a bare control token."""
+    for ids in prompts:
+        num_placeholders = list(ids).count(boi_token_id)
+        if num_placeholders != num_images:
+            raise APIError(
+                400,
+                f"{param}: the prompt has {num_placeholders} image placeholder(s) (<start_of_image>) and "
+                f"{num_images} image(s); write one placeholder per image",
+                param=param,
+                code="invalid_request",
+            )

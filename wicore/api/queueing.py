@@ -5,6 +5,7 @@ errors turned into the 400 / 503 they stand for."""
 from __future__ import annotations
 
 from wicore.api.errors import APIError, from_wicore
+from wicore.api.images import check_placeholders
 from wicore.api.schemas import Options
 from wicore.api.serving import ServingEngine
 from wicore.errors import WiCoreError
@@ -18,7 +19,8 @@ def queue_choices(
     """Queue every choice of every prompt (n per prompt) in the engine, or none: the engine's
     admission errors become the 400 / 503 they stand for, naming `param` for the prompt.
     `images` go with every prompt (the engine encodes each distinct image once)."""
-    check_placeholders(engine, prompts, images, param)
+    if engine.vision is not None:
+        check_placeholders(prompts, len(images), engine.vision.config.boi_token_id, param)
     check_logit_bias(engine, opts)
     num_choices = len(prompts) * opts.n
     if num_choices > engine.max_waiting:  # never fits: a 400, not a 503 to retry
@@ -58,24 +60,6 @@ def queue_choices(
             engine.cancel(request_id)
         raise from_wicore(exc, param) from exc
     return request_ids
-
-
-def check_placeholders(engine: ServingEngine, prompts: list[list[int]], images: list[ImageInput], param: str) -> None:
-    """A 400 unless every prompt holds one image placeholder (`<start_of_image>`) per image: one
-    without its image would reach the model as a bare control token."""
-    vision = engine.vision
-    if vision is None:
-        return
-    boi = vision.config.boi_token_id
-    for ids in prompts:
-        if ids.count(boi) != len(images):
-            raise APIError(
-                400,
-                f"{param}: the prompt has {ids.count(boi)} image placeholder(s) (<start_of_image>) and "
-                f"{len(images)} image(s); write one placeholder per image",
-                param=param,
-                code="invalid_request",
-            )
 
 
 def check_logit_bias(engine: ServingEngine, opts: Options) -> None:

@@ -53,9 +53,8 @@ class Tokenizer:
         self.info = info
         self._template_vars = _special_token_strings(folder / "tokenizer_config.json", self._tokenizer, info)
         self._template, self.takes_tools = _compile_template(info.chat_template)
-        # The same vocabulary reading special tokens as plain text: what message text encodes with.
-        self._plain = _FastTokenizer.from_file(str(path))
-        self._plain.encode_special_tokens = True
+        self._path = path
+        self._plain: _FastTokenizer | None = None  # `_plain_tokenizer()`, made when first needed
         specials = sorted({t.content for t in self._tokenizer.get_added_tokens_decoder().values() if t.special}, key=len)
         self._specials = re.compile("|".join(re.escape(t) for t in [*reversed(specials), _OPEN, _CLOSE]))
         self._special_ids = set(self._tokenizer.get_added_tokens_decoder())
@@ -100,7 +99,7 @@ class Tokenizer:
                 if i % 2 == 0:
                     ids += self._tokenizer.encode(part, add_special_tokens=False).ids if part else []
                 else:
-                    ids += self._plain.encode(literals[int(part)], add_special_tokens=False).ids
+                    ids += self._plain_tokenizer().encode(literals[int(part)], add_special_tokens=False).ids
         else:
             ids = self._tokenizer.encode(text, add_special_tokens=False).ids
         if self.info.add_bos if add_bos is None else add_bos:
@@ -108,6 +107,16 @@ class Tokenizer:
                 raise RequestError("this tokenizer has no bos token; encode with add_bos=False")
             ids.insert(0, self.info.bos_token_id)
         return ids
+
+    def _plain_tokenizer(self) -> _FastTokenizer:
+        """The same vocabulary reading special tokens as plain text: what special tokens written in
+        message text encode with. Loaded on first use (a second copy of tokenizer.json: a second or
+        so and tens of MiB for Gemma's 262K tokens), which only such a message needs."""
+        if self._plain is None:
+            plain = _FastTokenizer.from_file(str(self._path))
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
