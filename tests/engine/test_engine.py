@@ -231,7 +231,7 @@ def test_a_prompt_that_fills_the_device_kv_cache_is_refused_and_a_shorter_one_is
             eng.add_request(list(range(3, 19)), GREEDY, request_id="long")
         assert str(err.value) == (
             "the prompt has 16 tokens; the device KV cache holds 16 tokens (prompt plus at least one generated token); "
-            "--kv-pool-gb 0.01 holds one sequence of 17 tokens; 64 such sequences at once take --kv-pool-gb 0.01 "
+            "kv_pool_gb 0.01 holds one sequence of 17 tokens; 64 such sequences at once take kv_pool_gb 0.01 "
             "(wicore plan --context 17 shows what else fits)"
         )
         assert not eng.has_request("long")
@@ -253,7 +253,7 @@ def test_the_kv_pool_the_refusal_names_holds_the_prompt(tiny, reference_greedy):
     with engine(model_dir, **small) as eng:
         assert eng.max_sequence_tokens == 192
         assert eng.layout.pool_bytes(1, 201, 16) == 52 * 2048 + 8 * 6144
-        with pytest.raises(ContextLengthError, match="--kv-pool-gb 0.01 holds one sequence of 201 tokens "):
+        with pytest.raises(ContextLengthError, match="kv_pool_gb 0.01 holds one sequence of 201 tokens "):
             eng.add_request(prompt, GREEDY)
     with engine(model_dir, **{**small, "kv_pool_gb": 0.01}) as eng:
         [done] = eng.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True))
@@ -267,7 +267,7 @@ def test_a_request_the_sliding_layers_cache_cannot_hold_is_refused(model_dir):
         eng.add_request(list(range(3, 13)), GREEDY, request_id="wide")
     assert type(err.value) is RequestError and str(err.value) == (
         "the request needs up to 5 blocks in the sliding-window layers' KV cache, which holds 4 "
-        "(raise --kv-pool-gb or lower --prefill-chunk)"
+        "(raise kv_pool_gb or lower prefill_chunk)"
     )
     assert not eng.has_request("wide")
     eng.add_request(list(range(3, 13)), SamplingParams(max_tokens=6, ignore_eos=True), request_id="narrow")

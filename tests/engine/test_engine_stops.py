@@ -147,7 +147,7 @@ def test_a_prompt_that_fills_the_context_is_refused(tiny, prompt_len):
             eng.add_request(prompt, SamplingParams(max_tokens=1), request_id="long")
         assert not eng.has_request("long") and eng.num_queued == 0
     assert str(err.value) == (
-        f"the prompt has {prompt_len} tokens; --max-context holds 20 tokens (prompt plus at least one generated token); "
+        f"the prompt has {prompt_len} tokens; max_context holds 20 tokens (prompt plus at least one generated token); "
         "the model takes up to 256"
     )
 

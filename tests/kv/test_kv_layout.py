@@ -66,8 +66,8 @@ def test_one_sequence_of_the_270ms_context_and_what_max_num_seqs_costs():
     assert pool_gb_flag(LAYOUT.one_sequence_bytes(32768, 256, 64)) == "1.13"
     assert pool_gb_flag(LAYOUT.one_sequence_bytes(32768, 256, 1)) == "0.22"
     assert context_advice(LAYOUT, 32768, 256, 64) == (
-        "--kv-pool-gb 1.13 holds one sequence of 32768 tokens beside the sliding-window blocks --max-num-seqs 64 "
-        "reserves (--max-num-seqs 1: --kv-pool-gb 0.22); 64 such sequences at once take --kv-pool-gb 13.44"
+        "kv_pool_gb 1.13 holds one sequence of 32768 tokens beside the sliding-window blocks max_num_seqs 64 "
+        "reserves (max_num_seqs 1: kv_pool_gb 0.22); 64 such sequences at once take kv_pool_gb 13.44"
     )
     assert default_pool_gb(LAYOUT, 32768, 256, 64) == 1.13  # the 1 GiB default held 29,136 tokens
     assert default_pool_gb(LAYOUT, 2048, 256, 64) == 1.0  # at least 1 GiB

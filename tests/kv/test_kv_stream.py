@@ -203,10 +203,10 @@ def test_the_copy_graphs_stage_host_blocks_from_one_slice_or_gathered(tiny, host
                 np.testing.assert_array_equal(streamer.values(layer)[j].numpy()[: plan.num_frames], expected)
 
 
-def test_stages_that_leave_the_pool_no_room_are_refused_naming_the_flags(tiny):
+def test_stages_that_leave_the_pool_no_room_are_refused_naming_the_settings(tiny):
     from wicore.errors import WiCoreError
 
     model_dir, _ = tiny[2]
     config = EngineConfig(model_dir=model_dir, num_threads=1, block_size=4, kv_pool_gb=0.01, kv_stream_tokens=1_000_000)
-    with pytest.raises(WiCoreError, match="raise --kv-pool-gb or lower --kv-stream-tokens"):
+    with pytest.raises(WiCoreError, match="raise kv_pool_gb or lower kv_stream_tokens"):
         Engine(config)

@@ -10,6 +10,7 @@ import wicore
 from wicore.cli.bench import add_bench
 from wicore.cli.cluster import add_cluster_args, wants_cluster
 from wicore.cli.engine_args import add_engine_args, engine_config
+from wicore.cli.flags import as_flags
 from wicore.cli.generate import add_generate
 from wicore.cli.plan import add_plan
 from wicore.errors import RequestError, WiCoreError
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except WiCoreError as exc:
-        print(f"wicore: error: {exc}", file=sys.stderr)
+        print(f"wicore: error: {as_flags(str(exc), args)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from wicore.cli.flags import ENGINE_SETTINGS, as_flags
 from wicore.errors import RequestError
 
 
@@ -78,7 +79,8 @@ def run_plan(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a model the engine cannot run
         raise RequestError(str(exc)) from exc
     work = Workload(args.prefill_chunk, args.max_batched_tokens, paged)
-    print(plan_capacity(cfg, layout, kv_dtype, weights, budget_bytes(args, devices), context, work).describe())
+    plan = plan_capacity(cfg, layout, kv_dtype, weights, budget_bytes(args, devices), context, work)
+    print(as_flags(plan.describe(), ENGINE_SETTINGS))
     return 0
 
 
@@ -117,7 +119,7 @@ def exported_model(args: argparse.Namespace):
     model_dir = resolve_model(args.model, args.devices, is_installed=False)
     manifest = Manifest.read(model_dir)
     plan = plan_placement(model_dir, manifest, args.devices, int(args.kv_pool_gb * GIB), args.vision_device, is_installed=False)
-    print(plan.describe())
+    print(as_flags(plan.describe(), ENGINE_SETTINGS))
     weights = sum(p.weight_bytes for p in plan.placements) + (plan.vision.weight_bytes if plan.vision else 0)
     devices = list(dict.fromkeys([*plan.devices, *([plan.vision.device] if plan.vision else [])]))
     block_size = choose_block_size(manifest, args.block_size)

@@ -228,6 +228,6 @@ def _check_memory(sizes: list[int], owners: list[int], devices: list[Device], ma
             files = ", ".join(r.file for r, o in zip(manifest.partitions, owners) if o == index)
             raise DeviceError(
                 f"{device.label} would need {need / GIB:.2f} GiB for {files} but has "
-                f"{(device.free_bytes() or 0) / GIB:.2f} GiB free; add a device, lower --kv-pool-gb, "
+                f"{(device.free_bytes() or 0) / GIB:.2f} GiB free; add a device, lower kv_pool_gb, "
                 "or re-export with more --partitions"
             )

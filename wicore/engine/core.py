@@ -200,25 +200,25 @@ class EngineCore:
             if need > self._window_blocks:
                 raise RequestError(
                     f"the request needs up to {need} blocks in the sliding-window layers' KV cache, which holds "
-                    f"{self._window_blocks} (raise --kv-pool-gb or lower --prefill-chunk)"
+                    f"{self._window_blocks} (raise kv_pool_gb or lower prefill_chunk)"
                 )
         return Admission(max_tokens, spans)
 
     def _context_limit(self, tokens: int) -> str:
         """What holds fewer than `tokens` tokens (a prompt and one generated token), and what to change:
-        the context (the model's, or --max-context), else the device KV cache (by how much)."""
+        the context (the model's, or max_context), else the device KV cache (by how much)."""
         model_context = self.manifest.config.max_position_embeddings
         if tokens > self.max_context:
             holds = f"holds {self.max_context} tokens (prompt plus at least one generated token)"
             if self.max_context == model_context:
                 return f"the model's context {holds}"
-            return f"--max-context {holds}; the model takes up to {model_context}"
+            return f"max_context {holds}; the model takes up to {model_context}"
         sched = self.scheduler.config
         if sched.max_staged_blocks is not None:
             return (
-                f"a step stages {self.max_sequence_tokens} tokens of KV with --kv-stream-tokens "
+                f"a step stages {self.max_sequence_tokens} tokens of KV with kv_stream_tokens "
                 f"{self.config.kv_stream_tokens} and the device and host tiers (prompt plus at least one generated "
-                "token): raise --kv-stream-tokens or --host-tier-gb"
+                "token): raise kv_stream_tokens or host_tier_gb"
             )
         advice = context_advice(self.layout, tokens, sched.prefill_chunk, sched.max_num_seqs)
         return (

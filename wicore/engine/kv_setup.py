@@ -44,8 +44,8 @@ def plan_tiers(config: EngineConfig, layout: KVLayout, reserved_bytes: int = 0) 
         and budget < 2 * (layout.block_bytes(FULL) + layout.block_bytes(WINDOW))
     ):
         raise WiCoreError(
-            f"--kv-pool-gb {config.kv_pool_gb:g} leaves no room for KV blocks beside {reserved_bytes / GIB:.2f} GiB of KV "
-            "stages: raise --kv-pool-gb or lower --kv-stream-tokens"
+            f"kv_pool_gb {config.kv_pool_gb:g} leaves no room for KV blocks beside {reserved_bytes / GIB:.2f} GiB of KV "
+            "stages: raise kv_pool_gb or lower kv_stream_tokens"
         )
     full, window = layout.split(budget, need)
     device = TierBlocks(max(2, full), max(2, window) if layout.has_window else 0)

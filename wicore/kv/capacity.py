@@ -148,8 +148,8 @@ class Capacity:
         if self.num_sequences:
             lines.append(
                 f"sequences of {self.context} tokens: {self.num_sequences} at once; KV pool {self.kv_bytes / GIB:.2f}G, "
-                f"activations {self.activations / GIB:.2f}G (serve with --kv-pool-gb {pool_gb_flag(self.kv_bytes)} "
-                f"--max-num-seqs {self.num_sequences})"
+                f"activations {self.activations / GIB:.2f}G (serve with kv_pool_gb {pool_gb_flag(self.kv_bytes)} "
+                f"max_num_seqs {self.num_sequences})"
             )
         else:
             lines.append(f"sequences of {self.context} tokens: none fits")

@@ -138,15 +138,15 @@ def context_advice(layout: KVLayout, tokens: int, prefill_chunk: int, max_num_se
     window group's reservation for --max-num-seqs costs something), and --max-num-seqs of them."""
     one = layout.one_sequence_bytes(tokens, prefill_chunk, max_num_seqs)
     alone = layout.one_sequence_bytes(tokens, prefill_chunk, 1)
-    text = f"--kv-pool-gb {pool_gb_flag(one)} holds one sequence of {tokens} tokens"
+    text = f"kv_pool_gb {pool_gb_flag(one)} holds one sequence of {tokens} tokens"
     if pool_gb_flag(alone) != pool_gb_flag(one):
         text += (
-            f" beside the sliding-window blocks --max-num-seqs {max_num_seqs} reserves "
-            f"(--max-num-seqs 1: --kv-pool-gb {pool_gb_flag(alone)})"
+            f" beside the sliding-window blocks max_num_seqs {max_num_seqs} reserves "
+            f"(max_num_seqs 1: kv_pool_gb {pool_gb_flag(alone)})"
         )
     if max_num_seqs > 1:
         every = layout.pool_bytes(max_num_seqs, tokens, prefill_chunk)
-        text += f"; {max_num_seqs} such sequences at once take --kv-pool-gb {pool_gb_flag(every)}"
+        text += f"; {max_num_seqs} such sequences at once take kv_pool_gb {pool_gb_flag(every)}"
     return text
 
 
