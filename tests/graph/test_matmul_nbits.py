@@ -11,8 +11,8 @@ from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph.manifest import Manifest
 from wicore.graph.ops import DataFile, Graph
-from wicore.graph.quant import matmul_nbits, pack_codes
-from wicore.model.quant import BlockQuant, quantize_symmetric
+from wicore.graph.quant import FLOAT, HEAD_CANDIDATES, INT8, QuantLinear, matmul_nbits, pack_codes
+from wicore.model.quant import BlockQuant, QuantizedTensor, quantize_symmetric
 from wicore.runtime.engine import Engine, EngineConfig
 from wicore.runtime.providers import CAPABILITIES, Device, DeviceError, onnxruntime
 from wicore.runtime.sampler import SamplingParams
@@ -52,6 +52,49 @@ def test_matmul_nbits_computes_x_times_the_dequantized_weight(tmp_path, bits, bl
     np.testing.assert_allclose(exact, reference, rtol=1e-5, atol=1e-4)
     fast = run_matmul(tmp_path, w, x, accuracy_level=4)  # int8 activations, as on CPU in the graphs
     assert np.abs(fast - reference).max() < 2e-2 * np.abs(reference).max()
+
+
+def run_head(tmp_path, w: BlockQuant, x: np.ndarray, quant: QuantLinear) -> np.ndarray:
+    ort = onnxruntime()
+    data = DataFile(tmp_path / "head.data")
+    g = Graph("head", data)
+    g.input("x", TensorProto.FLOAT, ["n", w.shape[1]])
+    table = QuantizedTensor(w.dequantize(), lambda: w)
+    quant.head(g, "x", table, "/lm_head", np.float32, out="logits")
+    g.output("logits", TensorProto.FLOAT, ["n", w.shape[0]])
+    data.close()
+    onnx.save_model(g.to_model(17), tmp_path / "head.onnx")
+    sess = ort.InferenceSession(str(tmp_path / "head.onnx"), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("offsets", [False, True], ids=["symmetric", "offsets"])
+def test_an_8_bit_head_on_int8_activations_gives_its_top_candidates_float_logits(tmp_path, offsets):
+    """The head's int8 logits move the near-ties; its top HEAD_CANDIDATES come back as float x times
+    the weight's own rows, so the argmax is the float one and the other logits stay the int8 ones."""
+    rng = np.random.default_rng(1)
+    w = quantize_symmetric(rng.standard_normal((1000, 64)).astype(np.float32), 8, 32)
+    w = with_offsets(w) if offsets else w
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    x[:, 5] = 40.0  # an outlier channel, as in SmolLM2's hidden states: its block's other values lose precision
+    reference = x @ w.dequantize().T
+    fast = run_head(tmp_path, w, x, QuantLinear(accuracy_level=INT8))
+    int8 = run_matmul(tmp_path, w, x[None], accuracy_level=INT8)[0]  # the head before its refinement
+    top = np.argsort(-int8, axis=-1)[:, :HEAD_CANDIDATES]
+    assert (int8.argmax(-1) != reference.argmax(-1)).any()  # the outlier flips an argmax on int8 activations
+    np.testing.assert_allclose(np.take_along_axis(fast, top, -1), np.take_along_axis(reference, top, -1), rtol=1e-5, atol=1e-4)
+    assert (fast.argmax(-1) == reference.argmax(-1)).all()
+    rest = np.ones_like(fast, dtype=bool)
+    np.put_along_axis(rest, top, False, -1)
+    np.testing.assert_array_equal(fast[rest], int8[rest])
+
+
+def test_activations_are_float_for_4_bit_weights_and_int8_for_8_bit_ones():
+    w4, w8 = (quantize_symmetric(np.ones((4, 32), np.float32), bits) for bits in (4, 8))
+    assert (QuantLinear().level(w4), QuantLinear().level(w8)) == (FLOAT, INT8)
+    assert QuantLinear(accuracy_level=INT8).level(w4) == INT8 and QuantLinear(accuracy_level=FLOAT).level(w8) == FLOAT
+    with pytest.raises(ValueError, match="accuracy_level 2"):
+        QuantLinear(accuracy_level=2)
 
 
 def quantized_copy(model, bits: int):
@@ -124,7 +167,8 @@ def test_manifest_records_the_flavour_and_graphs_use_matmul_nbits(tiny_exports):
     graph = onnx.load(tiny_exports["quant"] / manifest.partitions[0].file, load_external_data=False).graph
     ops = [n.op_type for n in graph.node]
     assert ops.count("MatMulNBits") == 4 * 4 + 1  # qkv, o, gate|up, down per layer; LM head
-    assert "Gemm" not in ops and ops.count("MatMul") == 2 * 4  # attention's two per layer
+    # attention's two per layer, and the 8-bit head's top candidates again in float (QuantLinear.head)
+    assert "Gemm" not in ops and ops.count("MatMul") == 2 * 4 + 1 and ops.count("ScatterElements") == 1
     # the flavour's fused kernels: RoPE of q and k, GELU; the portable graph keeps standard ops
     assert ops.count("RotaryEmbedding") == 2 * 4 and ops.count("FastGelu") == 4 and "Tanh" not in ops
     portable = onnx.load(tiny_exports["fp32"] / manifest.partitions[0].file, load_external_data=False).graph
