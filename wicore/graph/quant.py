@@ -10,19 +10,23 @@ activations, as llama.cpp's Q8 dot products). Float zero points are refused
 for 8 bits and ~100x slower for 4 bits on CPU, hence the offset path below.
 The embedding's rows are gathered from 8- or 4-bit blocks with GatherBlockQuantized (QuantLinear.gather).
 
-Activations, per tensor (`QuantLinear.accuracy_level` None, the default; docs/PERFORMANCE.md, issue 37):
+Activations (`QuantLinear.accuracy_level` None, the default; docs/PERFORMANCE.md, issue 37):
 
-    weight      activations                  why
-    4-bit       float  (accuracy_level 0)    int8 activations flip SmolLM2-135M's greedy tokens (its first answer
-                                             token on 2 of 5 chats, as llama.cpp's Q8 dot products do); MLAS has
-                                             fp32 kernels for 4-bit blocks: 1.3x the int8 path's time at batch 1
-    8-bit       int8   (accuracy_level 4)    MLAS has no fp32 kernel for 8-bit blocks: ONNX Runtime dequantizes
-                                             the whole weight at every call (SmolLM2's Q8_0 head: 650 ms against
-                                             11 ms, the "4 tok/s" of float activations)
-    8-bit head  int8, then the top candidates' logits again in float (`QuantLinear.head`)
+    weight              activations                       why
+    4-bit layer         float (accuracy_level 0)          int8 activations flip SmolLM2-135M's greedy tokens
+                                                          (its first answer token on 2 of 5 chats, as llama.cpp's
+                                                          Q8 dot products do); MLAS has fp32 kernels for 4-bit
+                                                          blocks: ~1.3x the int8 path's time at batch 1
+    8-bit layer         float, as two 4-bit halves        MLAS has no fp32 kernel for 8-bit blocks: ONNX Runtime
+                        (split_nibbles)                   dequantizes the whole weight at every call (SmolLM2's
+                                                          Q8_0 head: ~650 ms against ~11 ms, the "4 tok/s" of float
+                                                          activations); int8 activations there lost a tiny Qwen2
+                                                          Q4_K_M's (Q6_K v/down) agreement with HF on 1 of 5 prompts
+    8-bit LM head       int8, its top HEAD_CANDIDATES     the largest tensor: int8 is 2x the split's speed, and the
+                        again in float (`head`)           argmax is the float one wherever it is among the top 64
 
-An 8-bit weight's int8 dot products equal llama.cpp's own (Q8_0 x Q8_0); the head's refinement makes the
-argmax the float one wherever it lies among the int8 logits' top HEAD_CANDIDATES.
+accuracy_level 4 everywhere is llama.cpp's arithmetic (int8 activations, Q8 dot products), 0 everywhere
+float with the nibble split for 8-bit layers and heads.
 """
 
 from __future__ import annotations
@@ -52,10 +56,8 @@ class QuantLinear:
             raise ValueError(f"accuracy_level {self.accuracy_level}: expected None (per tensor), 0 or 4")
 
     def level(self, w: BlockQuant) -> int:
-        """The MatMulNBits accuracy_level of a weight: the configured one, or per tensor (module doc)."""
-        if self.accuracy_level is not None:
-            return self.accuracy_level
-        return FLOAT if w.bits == 4 else INT8
+        """The MatMulNBits accuracy_level of a layer's weight: the configured one, or float (module doc)."""
+        return FLOAT if self.accuracy_level is None else self.accuracy_level
 
     def blocks(self, weights: list[np.ndarray]) -> BlockQuant:
         """The [out, in] weights stacked by rows, each part from its source blocks where it has them."""
@@ -100,7 +102,7 @@ class QuantLinear:
             │                                      └► Gather codes, scales, offsets ─► MatMul ◄─ x ┘ (float)
         """
         w = self.blocks([weight])
-        level = self.level(w)
+        level = INT8 if self.accuracy_level is None and w.bits == 8 else self.level(w)
         if level == FLOAT or w.bits != 8 or dtype != np.float32:
             return matmul_nbits(g, x, w, name, dtype, level, out, weight_name, data)
         logits = matmul_nbits(g, x, w, name, dtype, level, None, weight_name, data)
@@ -171,6 +173,16 @@ def refine_top(
     return g.op("ScatterElements", [logits, ids, exact], f"{name}/ScatterElements", out=out, axis=-1)
 
 
+def split_nibbles(w: BlockQuant) -> tuple[BlockQuant, BlockQuant]:
+    """An 8-bit weight as the sum of two 4-bit ones, exactly: each code c = 16 h + (l - 8) + 8 with
+    h = c >> 4 and l = c & 15, so w = 16 s h + s (l - 8) + (8 s + offset)."""
+    codes = w.codes.astype(np.int16)
+    high = BlockQuant((codes >> 4).astype(np.int8), (16 * w.scales).astype(np.float32), None, 4, w.block_size)
+    offsets = 8 * w.scales + (0 if w.offsets is None else w.offsets)
+    low = BlockQuant(((codes & 15) - 8).astype(np.int8), w.scales, offsets.astype(np.float32), 4, w.block_size)
+    return high, low
+
+
 def pack_codes(w: BlockQuant) -> np.ndarray:
     """MatMulNBits' B: uint8 [N, K / block, block * bits / 8], codes + 2**(bits-1), low nibble first."""
     rows, cols = w.shape
@@ -203,6 +215,11 @@ def matmul_nbits(
         x ──► MatMulNBits(codes, scales) ──────────────────────────────────► (+) ──► y
         └───► MatMul(block indicator [K, K/bs]) ─► MatMul(offsetsᵀ [K/bs, N]) ─┘
     """
+    if accuracy_level == FLOAT and w.bits == 8:  # MLAS has float kernels for 4-bit blocks only
+        high, low = split_nibbles(w)
+        y = matmul_nbits(g, x, high, f"{name}/high", dtype, FLOAT, None, f"{weight_name or name}.high", data)
+        y_low = matmul_nbits(g, x, low, f"{name}/low", dtype, FLOAT, None, f"{weight_name or name}.low", data)
+        return g.op("Add", [y, y_low], f"{name}/nibbles_Add", out=out)
     rows, cols = w.shape
     prefix = weight_name or name
     qweight = g.weight(f"{prefix}.qweight", lambda: pack_codes(w), data)
