@@ -215,7 +215,8 @@ def matmul_nbits(
         x ──► MatMulNBits(codes, scales) ──────────────────────────────────► (+) ──► y
         └───► MatMul(block indicator [K, K/bs]) ─► MatMul(offsetsᵀ [K/bs, N]) ─┘
     """
-    if accuracy_level == FLOAT and w.bits == 8:  # MLAS has float kernels for 4-bit blocks only
+    # MLAS has float kernels for 4-bit blocks only; fp16 graphs are the GPU's, whose 8-bit kernels need no split
+    if accuracy_level == FLOAT and w.bits == 8 and dtype == np.float32:
         high, low = split_nibbles(w)
         y = matmul_nbits(g, x, high, f"{name}/high", dtype, FLOAT, None, f"{weight_name or name}.high", data)
         y_low = matmul_nbits(g, x, low, f"{name}/low", dtype, FLOAT, None, f"{weight_name or name}.low", data)
