@@ -76,7 +76,9 @@ def test_graphs_keep_the_gguf_blocks(quant):
     folder = Path(quant.config.model_dir)
     part = quant.manifest.partitions[0].file
     ops = [n.op_type for n in onnx.load(folder / part, load_external_data=False).graph.node]
-    assert ops.count("MatMulNBits") == 18 * 4 + 1 and ops.count("GatherBlockQuantized") == 1
+    # 4 linear layers a layer and the head; a layer's 8-bit (Q6_K) ones run on float activations as two
+    # 4-bit halves (wicore/graph/quant.py split_nibbles): 45 of the 72 here (measured on this GGUF)
+    assert ops.count("MatMulNBits") == 18 * 4 + 45 + 1 and ops.count("GatherBlockQuantized") == 1
     assert (folder / f"{part}.data").stat().st_size < 350e6
 
 

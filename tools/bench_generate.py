@@ -2,8 +2,9 @@
 
 One run, one machine, one prompt: every engine gets the same prompt token ids
 (tokenized once with the HF tokenizer of the GGUF), the same thread count, and
-greedy decoding. Each engine is warmed up once, then measured `--repeats`
-times; the table reports the median of each rate.
+greedy decoding. Every engine is loaded, warmed up once, then measured `--repeats` times in
+rounds (one run of each engine a round, so a busy machine slows them alike); the table reports
+the median of each rate and its ratio to llama.cpp's.
 
     prompt ids (exactly --prompt-tokens, BOS first)      generated tokens (--new-tokens)
     [BOS p1 p2 ... p(N-1)]                               [t1 | t2 t3 ... tM]
@@ -15,8 +16,9 @@ times; the table reports the median of each rate.
 
 Tokenization is never timed; engines receive token ids. The shared helpers come from the sibling
 modules benchlib.py and workloads.py (run as a script, this folder is on sys.path). When the wicore
-engine is asked for and --model-dir holds no exported model, Gemma 3 270M is exported there first
-(--op-flavour).
+engine is asked for and --model-dir holds no exported model, the GGUF the other engines read
+(--gguf, default the packaged Gemma 3 270M) is exported there first (--op-flavour); an export of
+another GGUF is refused.
 
 Usage:
     python tools/bench_generate.py --engines llama.cpp,hf --show-tokens --json bench.json
@@ -27,11 +29,11 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import gc
+import contextlib
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -119,23 +121,34 @@ class BenchConfig:
 # --------------------------------------------------------------------------- shared
 
 
-def measure(
-    engine: str,
-    version: str,
-    threads: int,
-    run_once: Callable[[list[int], int], Timing],
-    prompt_ids: list[int],
-    num_new_tokens: int,
-    num_repeats: int,
-) -> Result:
-    """Warm up once on the full prompt with a couple of new tokens, then take the median of `num_repeats` runs."""
-    run_once(prompt_ids, WARMUP_NEW_TOKENS)
-    timings = [run_once(prompt_ids, num_new_tokens) for _ in range(num_repeats)]
-    warn_if_noisy(engine, "prefill", [t.prefill_seconds for t in timings])
-    warn_if_noisy(engine, "decode", [t.decode_seconds for t in timings])
+@dataclass(frozen=True)
+class Runner:
+    """One engine, loaded: `run_once(prompt ids, new tokens)` generates greedily and times it."""
+
+    engine: str
+    version: str
+    run_once: Callable[[list[int], int], Timing]
+
+
+def measure(runners: list[Runner], threads: int, prompt_ids: list[int], num_new_tokens: int, num_repeats: int) -> list[Result]:
+    """Warm every engine up once on the full prompt with a couple of new tokens, then run the repeats
+    in rounds, one run of each engine a round, and take each engine's medians. Interleaved, the
+    engines share whatever else the machine is doing, so their ratio holds better than their rates."""
+    for runner in runners:
+        runner.run_once(prompt_ids, WARMUP_NEW_TOKENS)
+    timings: dict[str, list[Timing]] = {r.engine: [] for r in runners}
+    for _ in range(num_repeats):
+        for runner in runners:
+            timings[runner.engine].append(runner.run_once(prompt_ids, num_new_tokens))
+    return [summarize(r, threads, timings[r.engine]) for r in runners]
+
+
+def summarize(runner: Runner, threads: int, timings: list[Timing]) -> Result:
+    warn_if_noisy(runner.engine, "prefill", [t.prefill_seconds for t in timings])
+    warn_if_noisy(runner.engine, "decode", [t.decode_seconds for t in timings])
     return Result(
-        engine=engine,
-        version=version,
+        engine=runner.engine,
+        version=runner.version,
         threads=threads,
         num_prompt_tokens=timings[0].num_prompt_tokens,
         num_decode_steps=timings[0].num_decode_steps,
@@ -157,7 +170,8 @@ def warn_if_noisy(engine: str, phase: str, seconds: list[float]) -> None:
 # --------------------------------------------------------------------------- engines
 
 
-def bench_llama_cpp(gguf: Path, prompt_ids: list[int], new_tokens: int, threads: int, repeats: int = 3) -> Result:
+@contextlib.contextmanager
+def open_llama_cpp(gguf: Path, num_tokens: int, threads: int) -> Iterator[Runner]:
     """llama.cpp through llama-cpp-python's low-level `eval`; greedy is argmax of the last logits row.
 
     Argmax in numpy rather than `llm.sample(temp=0)`, which builds a sampler chain per call: every
@@ -166,7 +180,7 @@ def bench_llama_cpp(gguf: Path, prompt_ids: list[int], new_tokens: int, threads:
     llama_cpp = import_llama_cpp()
     llm = llama_cpp.Llama(
         model_path=str(gguf),
-        n_ctx=len(prompt_ids) + new_tokens + 16,
+        n_ctx=num_tokens + 16,
         n_threads=threads,
         n_threads_batch=threads,
         logits_all=False,
@@ -192,14 +206,14 @@ def bench_llama_cpp(gguf: Path, prompt_ids: list[int], new_tokens: int, threads:
         decode_seconds = time.perf_counter() - start
         return Timing(prefill_seconds, len(ids), decode_seconds, num_new - 1, tuple(token_ids))
 
-    version = f"llama-cpp-python {llama_cpp.__version__}"
     try:
-        return measure("llama.cpp", version, threads, run_once, prompt_ids, new_tokens, repeats)
+        yield Runner("llama.cpp", f"llama-cpp-python {llama_cpp.__version__}", run_once)
     finally:
         llm.close()
 
 
-def bench_hf(gguf: Path, prompt_ids: list[int], new_tokens: int, threads: int, repeats: int = 3) -> Result:
+@contextlib.contextmanager
+def open_hf(gguf: Path, threads: int) -> Iterator[Runner]:
     """HF transformers on CPU: fp32 weights dequantized from the GGUF, eager attention, its own KV cache."""
     try:
         import torch
@@ -231,13 +245,13 @@ def bench_hf(gguf: Path, prompt_ids: list[int], new_tokens: int, threads: int, r
         decode_seconds = time.perf_counter() - start
         return Timing(prefill_seconds, len(ids), decode_seconds, num_new - 1, tuple(token_ids))
 
-    version = f"transformers {transformers.__version__}, torch {torch.__version__}"
-    return measure("hf", version, threads, run_once, prompt_ids, new_tokens, repeats)
+    yield Runner("hf", f"transformers {transformers.__version__}, torch {torch.__version__}", run_once)
 
 
-def bench_wicore(
-    model_dir: Path, op_flavour: str, prompt_ids: list[int], new_tokens: int, threads: int, repeats: int = 3
-) -> Result:
+@contextlib.contextmanager
+def open_wicore(
+    model_dir: Path, op_flavour: str, gguf: Path, num_prompt_tokens: int, num_tokens: int, threads: int
+) -> Iterator[Runner]:
     """WiCore's Engine on an exported model folder (exported first if missing), one request at a
     time, timed as its client sees the tokens arrive:
 
@@ -246,7 +260,8 @@ def bench_wicore(
 
     The whole prompt is one prefill chunk (the prefill pass the other engines run), the sliding
     layers release their blocks behind the window as in serving, and the prefix cache is off:
-    a repeat of the same prompt would otherwise find it cached and skip the prefill."""
+    a repeat of the same prompt would otherwise find it cached and skip the prefill. A missing
+    `model_dir` gets an export of `gguf`; one that holds another GGUF's export is refused."""
     try:
         import onnxruntime
 
@@ -257,15 +272,15 @@ def bench_wicore(
         from wicore.types.sampling import SamplingParams
     except ImportError as exc:
         raise EngineUnavailable(f"WiCore runtime cannot be imported ({exc}); pip install -e '.[cpu]'") from exc
-    model_dir = ensure_model(model_dir, op_flavour)
-    num_tokens = len(prompt_ids) + new_tokens
+    model_dir = ensure_model(model_dir, op_flavour, str(gguf))
+    check_same_model(model_dir, gguf)
     config = EngineConfig(
         model_dir=model_dir,
         num_threads=threads,
         host_tier_gb=0.0,
         enable_prefix_cache=False,
         scheduler=SchedulerConfig(
-            max_num_seqs=1, prefill_chunk=len(prompt_ids), max_num_batched_tokens=max(len(prompt_ids), 2048)
+            max_num_seqs=1, prefill_chunk=num_prompt_tokens, max_num_batched_tokens=max(num_prompt_tokens, 2048)
         ),
     )
     try:
@@ -288,19 +303,33 @@ def bench_wicore(
             token_ids += out.new_token_ids
         return Timing(times[0] - start, len(ids), times[-1] - times[0], len(token_ids) - 1, tuple(token_ids))
 
-    version = f"wicore {wicore.__version__}, onnxruntime {onnxruntime.__version__}"
     with engine.start():
-        return measure("wicore", version, threads, run_once, prompt_ids, new_tokens, repeats)
+        yield Runner("wicore", f"wicore {wicore.__version__}, onnxruntime {onnxruntime.__version__}", run_once)
 
 
-def run_engine(engine: str, config: BenchConfig, gguf: Path, prompt_ids: list[int]) -> Result:
-    args = (prompt_ids, config.num_new_tokens, config.threads, config.num_repeats)
-    benches: dict[str, Callable[[], Result]] = {
-        "wicore": lambda: bench_wicore(config.wicore_model, config.op_flavour, *args),
-        "llama.cpp": lambda: bench_llama_cpp(gguf, *args),
-        "hf": lambda: bench_hf(gguf, *args),
+def check_same_model(model_dir: Path, gguf: Path) -> None:
+    """Every engine must read the same weights: a WiCore export of another GGUF is refused."""
+    from wicore.graph.manifest import Manifest
+
+    source = Manifest.read(model_dir).source
+    exported = source.get("path") if source.get("kind") == "gguf" else None
+    if exported is not None and Path(exported).name != gguf.name:
+        raise EngineUnavailable(
+            f"{model_dir} is an export of {Path(exported).name}, the other engines read {gguf.name}: "
+            "pass the --model-dir of its export, or a new one to export it there"
+        )
+
+
+def open_engine(engine: str, config: BenchConfig, gguf: Path) -> contextlib.AbstractContextManager[Runner]:
+    num_tokens = config.num_prompt_tokens + config.num_new_tokens
+    openers: dict[str, Callable[[], contextlib.AbstractContextManager[Runner]]] = {
+        "wicore": lambda: open_wicore(
+            config.wicore_model, config.op_flavour, gguf, config.num_prompt_tokens, num_tokens, config.threads
+        ),
+        "llama.cpp": lambda: open_llama_cpp(gguf, num_tokens, config.threads),
+        "hf": lambda: open_hf(gguf, config.threads),
     }
-    return benches[engine]()
+    return openers[engine]()
 
 
 # --------------------------------------------------------------------------- report
@@ -309,12 +338,15 @@ def run_engine(engine: str, config: BenchConfig, gguf: Path, prompt_ids: list[in
 def markdown_table(results: list[Result]) -> str:
     reference = next((r for r in results if r.engine == REFERENCE_ENGINE), None)
     lines = [
-        f"| engine | threads | prompt tok/s | decode tok/s | decode vs {REFERENCE_ENGINE} |",
-        "|---|---:|---:|---:|---:|",
+        f"| engine | threads | prompt tok/s | decode tok/s | prompt vs {REFERENCE_ENGINE} | decode vs {REFERENCE_ENGINE} |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        ratio = f"{r.decode_tokens_per_s / reference.decode_tokens_per_s:.2f}x" if reference else "n/a"
-        lines.append(f"| {r.engine} | {r.threads} | {r.prompt_tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | {ratio} |")
+        prompt = f"{r.prompt_tokens_per_s / reference.prompt_tokens_per_s:.2f}x" if reference else "n/a"
+        decode = f"{r.decode_tokens_per_s / reference.decode_tokens_per_s:.2f}x" if reference else "n/a"
+        lines.append(
+            f"| {r.engine} | {r.threads} | {r.prompt_tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | {prompt} | {decode} |"
+        )
     return "\n".join(lines)
 
 
@@ -361,7 +393,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument(
         "--gguf",
         help="the GGUF every engine reads: a path, or a name wicore pull knows (default: the packaged Gemma 3 270M); "
-        "--model-dir must then hold its WiCore export",
+        "a missing --model-dir gets its WiCore export",
     )
     args = parser.parse_args(argv)
     return BenchConfig(
@@ -392,16 +424,18 @@ def run(config: BenchConfig, num_busy_before: float | None) -> int:
         gguf = pull(config.gguf) if config.gguf in PULLABLE else Path(config.gguf)
         title = config.gguf
     prompt_ids, detokenize = build_prompt_ids(gguf, config.num_prompt_tokens)
-    results: list[Result] = []
     skipped: dict[str, str] = {}
-    for engine in config.engines:
-        print(f"[{engine}] measuring ...", file=sys.stderr, flush=True)
-        try:
-            results.append(run_engine(engine, config, gguf, prompt_ids))
-        except EngineUnavailable as exc:
-            skipped[engine] = str(exc)
-            print(f"[{engine}] skipped: {exc}", file=sys.stderr, flush=True)
-        gc.collect()
+    with contextlib.ExitStack() as stack:
+        runners = []
+        for engine in config.engines:
+            print(f"[{engine}] loading ...", file=sys.stderr, flush=True)
+            try:
+                runners.append(stack.enter_context(open_engine(engine, config, gguf)))
+            except EngineUnavailable as exc:
+                skipped[engine] = str(exc)
+                print(f"[{engine}] skipped: {exc}", file=sys.stderr, flush=True)
+        print(f"measuring {', '.join(r.engine for r in runners)}, interleaved ...", file=sys.stderr, flush=True)
+        results = measure(runners, config.threads, prompt_ids, config.num_new_tokens, config.num_repeats)
 
     print(
         f"{title}, batch 1, {config.num_prompt_tokens} prompt tokens, {config.num_new_tokens} new tokens, "

@@ -66,8 +66,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def ensure_model(model_dir: Path, op_flavour: str) -> Path:
-    """`model_dir` if it holds an exported model; otherwise export Gemma 3 270M there with `op_flavour`.
+def ensure_model(model_dir: Path, op_flavour: str, source: str = PACKAGED_MODEL) -> Path:
+    """`model_dir` if it holds an exported model; otherwise export `source` (a named model, a .gguf or
+    a Hugging Face folder; default the packaged Gemma 3 270M) there with `op_flavour`.
 
     An existing model is never re-exported: a differing op flavour is only reported.
     """
@@ -88,10 +89,10 @@ def ensure_model(model_dir: Path, op_flavour: str) -> Path:
         from wicore.export.exporter import ExportConfig, export_model
         from wicore.export.sources import open_source
 
-        print(f"[export] {PACKAGED_MODEL} -> {model_dir} (op flavour {op_flavour}) ...", file=sys.stderr, flush=True)
-        export_model(open_source(PACKAGED_MODEL), model_dir, ExportConfig(op_flavour=op_flavour), progress=lambda _: None)
+        print(f"[export] {source} -> {model_dir} (op flavour {op_flavour}) ...", file=sys.stderr, flush=True)
+        export_model(open_source(source), model_dir, ExportConfig(op_flavour=op_flavour), progress=lambda _: None)
     except WiCoreError as exc:
-        raise EngineUnavailable(f"cannot export {PACKAGED_MODEL} to {model_dir}: {exc}") from exc
+        raise EngineUnavailable(f"cannot export {source} to {model_dir}: {exc}") from exc
     return model_dir
 
 
@@ -146,7 +147,8 @@ def machine_info() -> dict[str, object]:
         "num_physical_cores": len(physical_cores) or None,
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "llama_cpp_extra_buffers": not cpu_has_amx(),  # False: llama.cpp without AMX / repack (plain_weight_buffers)
+        "cpu_has_amx": cpu_has_amx(),
+        "llama_cpp": llama_cpp_info(),
     }
 
 
@@ -382,7 +384,7 @@ def import_llama_cpp():
     except ImportError as exc:
         raise EngineUnavailable("llama-cpp-python is not installed: pip install llama-cpp-python") from exc
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its log callback prints below this
-    if cpu_has_amx():
+    if llama_cpp_has_amx(llama_cpp):
         plain_weight_buffers(llama_cpp)
     return llama_cpp
 
@@ -395,11 +397,35 @@ def cpu_has_amx() -> bool:
         return False
 
 
+def llama_cpp_has_amx(llama_cpp) -> bool:
+    """Whether this llama.cpp build has ggml's AMX backend (its system info lists AMX_INT8). Built
+    natively on a CPU with AMX (Intel Xeon since Sapphire Rapids) it does, and llama-cpp-python
+    0.3.36's AMX kernels segfault (see plain_weight_buffers); a build without them keeps the
+    repacked layouts on. To get one on such a CPU:
+    `CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON" pip install llama-cpp-python`."""
+    return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+
+
+def llama_cpp_info() -> dict[str, object]:
+    """The llama.cpp build the benchmarks run: its version, system info and whether its extra
+    buffer types (the repacked CPU layouts, AMX) are on; {} without llama-cpp-python."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return {}
+    return {
+        "version": llama_cpp.__version__,
+        "system_info": llama_cpp.llama_print_system_info().decode().strip(),
+        "extra_buffers": not llama_cpp_has_amx(llama_cpp),  # False: plain weight buffers (plain_weight_buffers)
+    }
+
+
 def plain_weight_buffers(llama_cpp) -> None:
     """Make every Llama load its weights into plain CPU buffers, without llama.cpp's "extra buffer
     types" (its AMX kernels and the repacked Q4 layouts). llama-cpp-python 0.3.36 built natively on
     a CPU with AMX segfaults in ggml_backend_amx_mul_mat at the first eval of the Gemma 3 GGUF; the
-    price is a slower llama.cpp on such CPUs (results record `llama_cpp_extra_buffers`)."""
+    price is a slower llama.cpp (records say so in `llama_cpp.extra_buffers`): a build without
+    the AMX backend (llama_cpp_has_amx) keeps the peer at full strength."""
     params = llama_cpp.llama_cpp.llama_model_default_params
     if getattr(params, "plain_weight_buffers", False):
         return

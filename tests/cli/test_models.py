@@ -25,7 +25,7 @@ def test_auto_follows_the_installed_runtime():
     [
         ("cpu", "model.gguf", ("fp32", "ort-quant", "portable")),  # the GGUF's own blocks
         ("cpu", "hf-folder", ("fp32", "portable", "portable")),  # ort-quant would quantize float weights
-        ("cpu", "smollm2-135m-instruct", ("fp32", "portable", "portable")),  # its own CPU flavour
+        ("cpu", "smollm2-135m-instruct", ("fp32", "ort-quant", "portable")),  # its Q4_1 blocks, float activations
         ("cuda", "model.gguf", ("fp16", "portable", "paged")),
         ("cuda:0,cuda:1", "hf-folder", ("fp16", "portable", "paged")),
         ("migraphx", "hf-folder", ("fp16", "portable", "portable")),

@@ -44,7 +44,8 @@ class ExportConfig:
     attention_stats: bool = False  # graphs also output the attention mass of each KV block
     overwrite: bool = False
     weight_bits: int = 8  # ort-quant: bits for weights without a lossless GGUF encoding (float sources)
-    accuracy_level: int = 4  # ort-quant: MatMulNBits activations, 4 = int8 (fast on CPU), 0 = float (exact)
+    # ort-quant: MatMulNBits activations, 4 = int8 (fast on CPU), 0 = float; None: per tensor (wicore/graph/quant.py)
+    accuracy_level: int | None = None
     quantize_embedding: bool = False  # ort-quant: a float embedding table's rows in weight_bits as well
     attention: str = "portable"  # "paged": com.microsoft.PagedAttention over the fp16 KV (CUDA EP)
     vision_flavour: str = "auto"  # the vision partition's ops (resolved_vision_flavour)

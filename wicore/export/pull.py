@@ -39,7 +39,7 @@ class PulledModel:
     size: int
     description: str
     # The op flavour of its export where every device is a CPU (wicore.cli.models.packaged_export
-    # picks ort-quant, the GGUF's blocks with int8 activations, for the packaged Gemma 3).
+    # picks ort-quant, the GGUF's own blocks, for the packaged Gemma 3 too).
     cpu_op_flavour: str = "ort-quant"
 
 
@@ -51,10 +51,9 @@ PULLABLE: dict[str, PulledModel] = {
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         98_362_432,
         "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Llama architecture, Q4_1, 98 MB",
-        # ort-quant's int8 activations turn its answer to "What is the capital of France?" into noise
-        # (as llama.cpp's Q8_1 dot products do); fp32 graphs give HF's greedy answer, "The capital of
-        # France is Paris.", and decode 3x faster than MatMulNBits with float activations (2 cores).
-        cpu_op_flavour="portable",
+        # On a CPU, its Q4_1 blocks as MatMulNBits with float activations and a float-refined Q8_0 head
+        # (wicore/graph/quant.py): HF's greedy answers on five chats (int8 activations everywhere, as
+        # llama.cpp's Q8_1 dot products, turn "What is the capital of France?" into noise).
     ),
 }
 

@@ -469,12 +469,12 @@ class DecoderBuilder:
         fp32 = self.dtype == "fp32"
         logits_out = io.LOGITS if fp32 and not cap else None
         if head is not None and self.quant is not None:
-            logits = self.quant.linear(g, rows, [head], p, self.np_dtype, logits_out)
+            logits = self.quant.head(g, rows, head, p, self.np_dtype, logits_out)
         elif head is not None:
             w = g.weight(f"{p}.weight", np.ascontiguousarray(head.astype(self.np_dtype)))
             logits = g.op("Gemm", [rows, w], f"{p}/Gemm", out=logits_out, transB=1)
         elif self.quant is not None:  # ort-quant: the tied head from the embedding's own blocks
-            logits = self.quant.linear(g, rows, [table()], p, self.np_dtype, logits_out, weight_name=TABLE, data=data)
+            logits = self.quant.head(g, rows, table(), p, self.np_dtype, logits_out, weight_name=TABLE, data=data)
         else:
             w = self.embedding_weight(g, table, data)
             logits = g.op("Gemm", [rows, w], f"{p}/Gemm", out=logits_out, transB=1)

@@ -9,6 +9,24 @@ their parts. Measured on ONNX Runtime 1.32 CPU (AMD EPYC Zen 4, 2 threads),
 activations, as llama.cpp's Q8 dot products). Float zero points are refused
 for 8 bits and ~100x slower for 4 bits on CPU, hence the offset path below.
 The embedding's rows are gathered from 8- or 4-bit blocks with GatherBlockQuantized (QuantLinear.gather).
+
+Activations (`QuantLinear.accuracy_level` None, the default; docs/PERFORMANCE.md, issue 37):
+
+    weight              activations                       why
+    4-bit layer         float (accuracy_level 0)          int8 activations flip SmolLM2-135M's greedy tokens
+                                                          (its first answer token on 2 of 5 chats, as llama.cpp's
+                                                          Q8 dot products do); MLAS has fp32 kernels for 4-bit
+                                                          blocks: ~1.3x the int8 path's time at batch 1
+    8-bit layer         float, as two 4-bit halves        MLAS has no fp32 kernel for 8-bit blocks: ONNX Runtime
+                        (split_nibbles)                   dequantizes the whole weight at every call (SmolLM2's
+                                                          Q8_0 head: ~650 ms against ~11 ms, the "4 tok/s" of float
+                                                          activations); int8 activations there lost a tiny Qwen2
+                                                          Q4_K_M's (Q6_K v/down) agreement with HF on 1 of 5 prompts
+    8-bit LM head       int8, its top HEAD_CANDIDATES     the largest tensor: int8 is 2x the split's speed, and the
+                        again in float (`head`)           argmax is the float one wherever it is among the top 64
+
+accuracy_level 4 everywhere is llama.cpp's arithmetic (int8 activations, Q8 dot products), 0 everywhere
+float with the nibble split for 8-bit layers and heads.
 """
 
 from __future__ import annotations
@@ -27,12 +45,19 @@ class QuantLinear:
 
     weight_bits: int = 8  # for float weights and GGUF types without a lossless encoding
     block_size: int = 32
-    accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations on CPU; ignored by GPU kernels
+    # MatMulNBits: 4 = int8 activations on CPU, 0 = float; None: per tensor (module doc). GPU kernels ignore it.
+    accuracy_level: int | None = None
     quantize_embedding: bool = False  # a float embedding table's rows in weight_bits too (gather)
 
     def __post_init__(self) -> None:
         if self.weight_bits not in SUPPORTED_BITS:
             raise ValueError(f"weight_bits {self.weight_bits}: expected one of {SUPPORTED_BITS}")
+        if self.accuracy_level not in (None, 0, 4):
+            raise ValueError(f"accuracy_level {self.accuracy_level}: expected None (per tensor), 0 or 4")
+
+    def level(self, w: BlockQuant) -> int:
+        """The MatMulNBits accuracy_level of a layer's weight: the configured one, or float (module doc)."""
+        return FLOAT if self.accuracy_level is None else self.accuracy_level
 
     def blocks(self, weights: list[np.ndarray]) -> BlockQuant:
         """The [out, in] weights stacked by rows, each part from its source blocks where it has them."""
@@ -56,7 +81,32 @@ class QuantLinear:
         """x [..., in] @ concat(weights)ᵀ in `dtype` (the model's float type). Initializers are named
         after `weight_name` (default `name`) and written to `data` (default the graph's file)."""
         w = self.blocks(weights)
-        return matmul_nbits(g, x, w, name, dtype, self.accuracy_level, out, weight_name, data)
+        return matmul_nbits(g, x, w, name, dtype, self.level(w), out, weight_name, data)
+
+    def head(
+        self,
+        g: Graph,
+        x: str,
+        weight: np.ndarray,
+        name: str,
+        dtype: type,
+        out: str | None = None,
+        weight_name: str | None = None,
+        data: DataFile | None = None,
+    ) -> str:
+        """The LM head x [n, hidden] -> logits [n, vocab], as `linear`; where it runs on int8
+        activations (8-bit weights), the logits of its top HEAD_CANDIDATES are computed again from
+        the float x and the weight's own codes, so the argmax is the float one:
+
+            x ─► MatMulNBits (int8 x) ─► TopK ids ─┬──────────────────────────────► ScatterElements ─► logits
+            │                                      └► Gather codes, scales, offsets ─► MatMul ◄─ x ┘ (float)
+        """
+        w = self.blocks([weight])
+        level = INT8 if self.accuracy_level is None and w.bits == 8 else self.level(w)
+        if level == FLOAT or w.bits != 8 or dtype != np.float32:
+            return matmul_nbits(g, x, w, name, dtype, level, out, weight_name, data)
+        logits = matmul_nbits(g, x, w, name, dtype, level, None, weight_name, data)
+        return refine_top(g, x, logits, w, f"{name}/refine", weight_name or name, data, out)
 
     def gather(
         self, g: Graph, indices: str, table: np.ndarray, name: str, weight_name: str, dtype: type, data: DataFile | None
@@ -91,6 +141,48 @@ class QuantLinear:
         return g.op("Reshape", [rows, g.const([0, 0, -1])], f"{name}/Reshape")
 
 
+FLOAT, INT8 = 0, 4  # MatMulNBits accuracy_level: float activations; int8 activations (CPU)
+HEAD_CANDIDATES = 64  # logits the head computes again in float (QuantLinear.head)
+
+
+def refine_top(
+    g: Graph, x: str, logits: str, w: BlockQuant, name: str, prefix: str, data: DataFile | None, out: str | None
+) -> str:
+    """`logits` [n, vocab] with its HEAD_CANDIDATES largest entries per row replaced by x [n, K] times
+    their rows of the 8-bit `w` (codes, scales and offsets as matmul_nbits stored them), in float."""
+    rows, cols = w.shape
+    num_blocks = cols // w.block_size
+    k = min(HEAD_CANDIDATES, rows)
+    _, ids = g.op_multi("TopK", [logits, g.const([k])], f"{name}/TopK", 2, axis=-1)  # [n, k]
+    codes = g.op("Gather", [g.weight(f"{prefix}.qweight", lambda: pack_codes(w), data), ids], f"{name}/codes")
+    weights = g.op("Sub", [g.op("Cast", [codes], f"{name}/Cast", to=1), g.const(128.0, np.float32)], f"{name}/signed")
+    scales = g.weight(f"{prefix}.scales", lambda: w.scales.astype(np.float32), data)
+    scale = g.op("Unsqueeze", [g.op("Gather", [scales, ids], f"{name}/scales"), g.const([-1])], f"{name}/scale")
+    weights = g.op("Mul", [weights, scale], f"{name}/dequantize")  # [n, k, blocks, block_size]
+    if w.offsets is not None:
+        offsets = g.weight(f"{prefix}.offsets", lambda: np.ascontiguousarray(w.offsets.T.astype(np.float32)), data)
+        offset = g.op(
+            "Transpose", [g.op("Gather", [offsets, ids], f"{name}/offsets", axis=1)], f"{name}/offsets_T", perm=[1, 2, 0]
+        )
+        offset = g.op("Unsqueeze", [offset, g.const([-1])], f"{name}/offset")
+        weights = g.op("Add", [weights, offset], f"{name}/shift")
+    weights = g.op("Reshape", [weights, g.const([0, k, num_blocks * w.block_size])], f"{name}/rows")  # [n, k, K]
+    column = g.op("Unsqueeze", [x, g.const([-1])], f"{name}/x")  # [n, K, 1]
+    exact = g.op("MatMul", [weights, column], f"{name}/MatMul")  # [n, k, 1]
+    exact = g.op("Squeeze", [exact, g.const([-1])], f"{name}/exact")
+    return g.op("ScatterElements", [logits, ids, exact], f"{name}/ScatterElements", out=out, axis=-1)
+
+
+def split_nibbles(w: BlockQuant) -> tuple[BlockQuant, BlockQuant]:
+    """An 8-bit weight as the sum of two 4-bit ones, exactly: each code c = 16 h + (l - 8) + 8 with
+    h = c >> 4 and l = c & 15, so w = 16 s h + s (l - 8) + (8 s + offset)."""
+    codes = w.codes.astype(np.int16)
+    high = BlockQuant((codes >> 4).astype(np.int8), (16 * w.scales).astype(np.float32), None, 4, w.block_size)
+    offsets = 8 * w.scales + (0 if w.offsets is None else w.offsets)
+    low = BlockQuant(((codes & 15) - 8).astype(np.int8), w.scales, offsets.astype(np.float32), 4, w.block_size)
+    return high, low
+
+
 def pack_codes(w: BlockQuant) -> np.ndarray:
     """MatMulNBits' B: uint8 [N, K / block, block * bits / 8], codes + 2**(bits-1), low nibble first."""
     rows, cols = w.shape
@@ -112,7 +204,7 @@ def matmul_nbits(
     w: BlockQuant,
     name: str,
     dtype: type,
-    accuracy_level: int = 4,
+    accuracy_level: int = INT8,
     out: str | None = None,
     weight_name: str | None = None,
     data: DataFile | None = None,
@@ -123,6 +215,12 @@ def matmul_nbits(
         x ──► MatMulNBits(codes, scales) ──────────────────────────────────► (+) ──► y
         └───► MatMul(block indicator [K, K/bs]) ─► MatMul(offsetsᵀ [K/bs, N]) ─┘
     """
+    # MLAS has float kernels for 4-bit blocks only; fp16 graphs are the GPU's, whose 8-bit kernels need no split
+    if accuracy_level == FLOAT and w.bits == 8 and dtype == np.float32:
+        high, low = split_nibbles(w)
+        y = matmul_nbits(g, x, high, f"{name}/high", dtype, FLOAT, None, f"{weight_name or name}.high", data)
+        y_low = matmul_nbits(g, x, low, f"{name}/low", dtype, FLOAT, None, f"{weight_name or name}.low", data)
+        return g.op("Add", [y, y_low], f"{name}/nibbles_Add", out=out)
     rows, cols = w.shape
     prefix = weight_name or name
     qweight = g.weight(f"{prefix}.qweight", lambda: pack_codes(w), data)

@@ -1,0 +1,127 @@
+"""llama.cpp as the peer of the GGUF tests: its converter (convert_hf_to_gguf.py), its quantizer
+(llama-cpp-python's `llama_model_quantize`) and its greedy tokens.
+
+The converter is not in llama-cpp-python's wheel; it is in the sdist's vendor/llama.cpp, with the
+gguf-py it needs (newer than PyPI's `gguf`). `converter_source` finds it in $WICORE_LLAMA_CPP_SRC, or
+takes it out of the sdist of the installed llama-cpp-python (`pip download --no-binary`) into a cache.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+# A llama.cpp file type (llama_ftype) per quantization the tests make.
+FTYPES = {"Q8_0": 7, "Q4_K_M": 15}
+_NEEDED = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
+
+# The converter names a BPE tokenizer's pre-tokenizer by hashing its tokens on a test text, and
+# knows released tokenizers only; the tiny checkpoints carry SmolLM2's (rebuilt by transformers from
+# its GGUF, so its hash is new): say so.
+_CONVERT = """
+import sys
+source, pre = sys.argv[1], sys.argv[2]
+sys.path[:0] = [source, source + "/gguf-py"]
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+import convert_hf_to_gguf
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[3:]]
+convert_hf_to_gguf.main()
+"""
+
+
+def converter_source(cache: Path) -> Path | None:
+    """A folder holding llama.cpp's convert_hf_to_gguf.py, conversion/ and gguf-py/; None if none can be had."""
+    given = os.environ.get("WICORE_LLAMA_CPP_SRC")
+    if given:
+        return Path(given)
+    import llama_cpp
+
+    folder = cache / f"llama.cpp-src-{llama_cpp.__version__}"
+    if all((folder / name).exists() for name in _NEEDED):
+        return folder
+    with tempfile.TemporaryDirectory() as tmp:
+        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", tmp]
+        done = subprocess.run([*pip, f"llama-cpp-python=={llama_cpp.__version__}"], capture_output=True, check=False)
+        archives = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        if done.returncode != 0 or not archives:
+            return None
+        with tarfile.open(archives[0]) as tar:
+            root = tar.getnames()[0].split("/")[0]
+            members = [m for m in tar.getmembers() if any(m.name.startswith(f"{root}/vendor/llama.cpp/{n}") for n in _NEEDED)]
+            tar.extractall(tmp, members=members, filter="data")
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(Path(tmp) / root / "vendor" / "llama.cpp", folder)
+    return folder
+
+
+def convert(source: Path, hf_folder: Path, out: Path, pre_tokenizer: str = "smollm") -> Path:
+    """The HF folder as an f32 GGUF, by llama.cpp's converter."""
+    command = [
+        sys.executable,
+        "-c",
+        _CONVERT,
+        str(source),
+        pre_tokenizer,
+        str(hf_folder),
+        "--outfile",
+        str(out),
+        "--outtype",
+        "f32",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"convert_hf_to_gguf failed: {done.stderr[-2000:]}")
+    return out
+
+
+def quantize(f32: Path, out: Path, quant: str) -> Path:
+    """llama.cpp's quantizer (as `llama-quantize f32.gguf out.gguf QUANT`)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[quant]
+    params.nthread = 2
+    if llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama_model_quantize to {quant} failed")
+    return out
+
+
+def llama_cpp_greedy(gguf: Path, prompts: list[list[int]], num_tokens: int) -> list[list[int]]:
+    """llama.cpp's greedy continuation of each prompt (argmax of its last logits, EOS not stopping it)."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=512, n_threads=2, verbose=False)
+    num_vocab = llm.n_vocab()
+    outs = []
+    try:
+        for prompt in prompts:
+            llm.reset()
+            llm.eval(prompt)
+            ids: list[int] = []
+            for _ in range(num_tokens):
+                row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(num_vocab,))
+                ids.append(int(np.argmax(row)))
+                llm.eval([ids[-1]])
+            outs.append(ids)
+    finally:
+        llm.close()
+    return outs
+
+
+def num_agreeing(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two greedy continuations."""
+    count = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        count += 1
+    return count
