@@ -34,6 +34,7 @@ head); images are Gemma 3's only.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -55,7 +56,10 @@ from wicore.model.weights import LayerWeights, check_layer
 
 OPSET = 17
 ATTENTIONS = ("portable", "paged", "batch-invariant")
-DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
+DTYPES: dict[str, tuple[type[np.floating[Any]], int]] = {
+    "fp32": (np.float32, TensorProto.FLOAT),
+    "fp16": (np.float16, TensorProto.FLOAT16),
+}
 DTYPES_BY_ONNX = {onnx_type: np_type for np_type, onnx_type in DTYPES.values()}
 TABLE = "model.embed_tokens"  # the token embedding, also the tied LM head
 
@@ -154,6 +158,8 @@ class DecoderBuilder:
         g = Graph(f"gemma3_part{spec.index}", data)
         f32 = TensorProto.FLOAT
         if spec.has_embedding:
+            if embedding is None:
+                raise ValueError(f"partition {spec.index} embeds the tokens: it needs `embedding`")
             tokens = g.input(io.INPUT_IDS, TensorProto.INT64, ["batch", "seq"])
             x = self.embed(g, tokens, embedding, embedding_data)
             if self.image_inputs:
@@ -171,7 +177,7 @@ class DecoderBuilder:
             image_spans=self.image_inputs,
         )
         width = kv_row_width(cfg.head_dim, "int8" if self.kv_int8 else np.dtype(self.np_dtype).name)
-        pool_shapes = {
+        pool_shapes: dict[bool, list[int | str]] = {
             False: ["num_blocks", "block_size", cfg.num_kv_heads, width],
             True: ["num_window_blocks", "block_size", cfg.num_kv_heads, width],
         }
@@ -195,6 +201,8 @@ class DecoderBuilder:
             g.output(io.key_cache_out(i), self.kv_type, pool_shape)
             g.output(io.value_cache_out(i), self.kv_type, pool_shape)
         if spec.has_lm_head:
+            if final_norm is None:
+                raise ValueError(f"partition {spec.index} has the LM head: it needs `final_norm`")
             g.input(io.LOGITS_INDICES, TensorProto.INT64, ["num_logits"])
             head = None if lm_head is None else lm_head()
             logits = self.lm_head(g, x, final_norm, embedding, embedding_data, head)
@@ -204,7 +212,10 @@ class DecoderBuilder:
         else:
             g.output(io.HIDDEN_STATES_OUT, f32, ["batch", "seq", cfg.hidden_size])
         if masses is not None:
-            g.op("Sum", masses or [shared.zeros_mass], "/model/attention_mass/Sum", out=io.ATTENTION_MASS)
+            if not masses:  # no full layer here: shared_values gave this partition zeros_mass
+                assert shared.zeros_mass is not None
+                masses = [shared.zeros_mass]
+            g.op("Sum", masses, "/model/attention_mass/Sum", out=io.ATTENTION_MASS)
             g.output(io.ATTENTION_MASS, f32, ["batch", "max_blocks"])
         return g.to_model(OPSET, doc=f"Gemma 3 layers [{spec.start}, {spec.stop}), {self.dtype}")
 
@@ -232,9 +243,9 @@ class DecoderBuilder:
         others: the standard-op pattern ORT fuses into that kernel, on float32 x, then a Cast."""
         w = self.norm_weight(weight, scale)
         if self.paged:
-            w = g.const(w.astype(DTYPES_BY_ONNX[to]), DTYPES_BY_ONNX[to])
+            w_const = g.const(w.astype(DTYPES_BY_ONNX[to]), DTYPES_BY_ONNX[to])
             eps = self.cfg.rms_norm_eps
-            return g.op("SimplifiedLayerNormalization", [x, w], name, axis=-1, epsilon=eps, stash_type=1)
+            return g.op("SimplifiedLayerNormalization", [x, w_const], name, axis=-1, epsilon=eps, stash_type=1)
         y = rms_norm_f32(g, x, w, self.cfg.rms_norm_eps, name)
         return y if to == TensorProto.FLOAT else g.op("Cast", [y], f"{name}/Cast", to=to)
 
@@ -455,11 +466,12 @@ class DecoderBuilder:
         g: Graph,
         x: str,
         final_norm: np.ndarray,
-        table: Callable[[], np.ndarray],
+        table: Callable[[], np.ndarray] | None,
         data: DataFile | None,
         head: np.ndarray | None = None,
     ) -> str:
-        """Final norm and LM head (tied, or `head`) on the rows in logits_indices only: [num_logits, vocab]."""
+        """Final norm and LM head (tied, or `head`) on the rows in logits_indices only: [num_logits, vocab].
+        `table` (the embedding) is read by a tied head only."""
         p = "/model/lm_head"
         rows = g.op("Reshape", [x, g.const([-1, self.cfg.hidden_size])], f"{p}/flatten")
         rows = g.op("Gather", [rows, io.LOGITS_INDICES], f"{p}/select_rows", axis=0)
@@ -473,6 +485,8 @@ class DecoderBuilder:
         elif head is not None:
             w = g.weight(f"{p}.weight", np.ascontiguousarray(head.astype(self.np_dtype)))
             logits = g.op("Gemm", [rows, w], f"{p}/Gemm", out=logits_out, transB=1)
+        elif table is None:
+            raise ValueError("a tied LM head needs the embedding table")
         elif self.quant is not None:  # ort-quant: the tied head from the embedding's own blocks
             logits = self.quant.head(g, rows, table(), p, self.np_dtype, logits_out, weight_name=TABLE, data=data)
         else:

@@ -114,7 +114,7 @@ def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     def down(e: int) -> np.ndarray:
         return b.residual_scaled(layer[f"mlp.experts.{e}.down_proj"])
 
-    attrs = dict(
+    attrs: dict[str, Any] = dict(
         k=cfg.num_experts_per_tok,
         activation_type="swiglu",
         swiglu_fusion=1,

@@ -195,11 +195,15 @@ def block_mass(g: Graph, probs: str, block_shape: str, name: str) -> str:
     return g.op("ReduceSum", [per_slot, g.const([2])], f"{name}/ReduceSum", keepdims=0)
 
 
-def rotary(g: Graph, x: str, cos: str, sin: str, token_index: str, heads: int, head_dim: int, contrib: bool, name: str) -> str:
+def rotary(
+    g: Graph, x: str, cos: str, sin: str, token_index: str | None, heads: int, head_dim: int, contrib: bool, name: str
+) -> str:
     """Rotate-half RoPE on [b, s, heads, head_dim]: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). `contrib`:
     one com.microsoft.RotaryEmbedding kernel (its 4-D layout is [b, heads, s, hd], so it gets
     [b, s, heads * hd] and the positions as `token_index`); else standard ops on cos / sin rows."""
     if contrib:
+        if token_index is None:
+            raise ValueError("the contrib RotaryEmbedding needs the token index (shared_values with contrib)")
         flat = g.op("Reshape", [x, g.const([0, 0, -1])], f"{name}/flat")
         y = g.op("RotaryEmbedding", [flat, token_index, cos, sin], f"{name}/RotaryEmbedding", domain=MS_DOMAIN, num_heads=heads)
         return g.op("Reshape", [y, g.const([0, 0, heads, head_dim])], f"{name}/heads")

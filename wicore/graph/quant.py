@@ -32,6 +32,7 @@ float with the nibble split for 8-bit layers and heads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -160,7 +161,8 @@ def refine_top(
     scale = g.op("Unsqueeze", [g.op("Gather", [scales, ids], f"{name}/scales"), g.const([-1])], f"{name}/scale")
     weights = g.op("Mul", [weights, scale], f"{name}/dequantize")  # [n, k, blocks, block_size]
     if w.offsets is not None:
-        offsets = g.weight(f"{prefix}.offsets", lambda: np.ascontiguousarray(w.offsets.T.astype(np.float32)), data)
+        block_offsets = w.offsets  # a local, so that the lambda sees it narrowed
+        offsets = g.weight(f"{prefix}.offsets", lambda: np.ascontiguousarray(block_offsets.T.astype(np.float32)), data)
         offset = g.op(
             "Transpose", [g.op("Gather", [offsets, ids], f"{name}/offsets", axis=1)], f"{name}/offsets_T", perm=[1, 2, 0]
         )
@@ -225,12 +227,12 @@ def matmul_nbits(
     prefix = weight_name or name
     qweight = g.weight(f"{prefix}.qweight", lambda: pack_codes(w), data)
     scales = g.weight(f"{prefix}.scales", lambda: w.scales.astype(dtype), data)
-    attrs = {"K": cols, "N": rows, "bits": w.bits, "block_size": w.block_size, "accuracy_level": accuracy_level}
+    attrs: dict[str, Any] = {"K": cols, "N": rows, "bits": w.bits, "block_size": w.block_size, "accuracy_level": accuracy_level}
     if w.offsets is None:
         return g.op("MatMulNBits", [x, qweight, scales], f"{name}/MatMulNBits", out=out, domain=MS_DOMAIN, **attrs)
     y = g.op("MatMulNBits", [x, qweight, scales], f"{name}/MatMulNBits", domain=MS_DOMAIN, **attrs)
     num_blocks = cols // w.block_size
-    indicator = np.repeat(np.eye(num_blocks, dtype=dtype), w.block_size, axis=0)  # [K, K/bs]
+    indicator: np.ndarray = np.repeat(np.eye(num_blocks, dtype=dtype), w.block_size, axis=0)  # [K, K/bs]
     sums = g.op("MatMul", [x, g.weight(f"/model/quant/block_sum_{cols}x{w.block_size}", indicator)], f"{name}/block_sums")
     offsets = g.weight(f"{prefix}.offsets", np.ascontiguousarray(w.offsets.T.astype(dtype)), data)
     correction = g.op("MatMul", [sums, offsets], f"{name}/offset_MatMul")

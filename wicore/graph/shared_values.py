@@ -102,8 +102,9 @@ def shared_values(
         total = g.op("Mul", [num_blocks, block_size], f"{q}/total")
         keys = g.op("Range", [g.const(0), total, g.const(1)], f"{q}/key_index")  # [total]
         if is_sliding:  # -> positions [b, 1, total]
-            start = g.op("Mul", [first, block_size], f"{q}/first_position")
-            keys = g.op("Add", [keys, g.op("Unsqueeze", [start, g.const([1, 2])], f"{q}/first_u")], f"{q}/key_position")
+            first_position = g.op("Mul", [first, block_size], f"{q}/first_position")
+            first_u = g.op("Unsqueeze", [first_position, g.const([1, 2])], f"{q}/first_u")
+            keys = g.op("Add", [keys, first_u], f"{q}/key_position")
         if q_until is None:
             causal = g.op("LessOrEqual", [keys, q_pos], f"{q}/causal")
         else:  # causal, or within the query's image
