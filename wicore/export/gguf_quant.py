@@ -115,7 +115,8 @@ def transcode_gguf(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> Bloc
     layout = _layouts().get(qtype)
     if layout is None:
         raise ValueError(f"GGUF type {gguf.GGMLQuantizationType(qtype).name} has no lossless block encoding")
-    block_elems, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    gtype = gguf.GGMLQuantizationType(qtype)  # one of _layouts(): a known type
+    block_elems, type_size = gguf.GGML_QUANT_SIZES[gtype]
     rows, cols = shape
     blocks = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1, type_size)
     if blocks.shape[0] * block_elems != rows * cols:
@@ -125,7 +126,7 @@ def transcode_gguf(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> Bloc
     else:
         unit = blocks.copy()
         layout.unit(unit)
-        raw = gguf.quants.dequantize(unit, qtype).reshape(-1)  # small integers, exact in float32
+        raw = gguf.quants.dequantize(unit, gtype).reshape(-1)  # small integers, exact in float32
         codes = (raw.astype(np.int16) + layout.code_shift).astype(np.int8).reshape(rows, cols)
     scale, offset = layout.fields(blocks)
     per_row = cols // layout.sub_block

@@ -89,9 +89,10 @@ class HFSource:
             raise ModelSourceError(f"{config_path}: invalid JSON ({exc})") from exc
         self.config = Gemma3Config.from_hf(self._hf_config)
         self._index = SafetensorsIndex(self.folder)
-        self._prefix = next((p for p in _PREFIXES if f"{p}embed_tokens.weight" in self._index), None)
-        if self._prefix is None:
+        prefix = next((p for p in _PREFIXES if f"{p}embed_tokens.weight" in self._index), None)
+        if prefix is None:
             raise ModelSourceError(f"{self.folder}: no embed_tokens.weight under {', '.join(_PREFIXES)}")
+        self._prefix: str = prefix
 
     def _tensor(self, name: str) -> np.ndarray:
         return self._index.load(self._prefix + name)
@@ -174,13 +175,15 @@ class HFVision:
         self.config = config
         self._index = index
         anchor = "embeddings.patch_embedding.weight"
-        self._prefix = next((p for p in _VISION_PREFIXES if p + anchor in index), None)
-        self._projector = next((p for p in _PROJECTOR_PREFIXES if p + "mm_input_projection_weight" in index), None)
-        if self._prefix is None or self._projector is None:
+        prefix = next((p for p in _VISION_PREFIXES if p + anchor in index), None)
+        projector = next((p for p in _PROJECTOR_PREFIXES if p + "mm_input_projection_weight" in index), None)
+        if prefix is None or projector is None:
             raise ModelSourceError(
                 f"{folder}: config.json describes a vision tower but the safetensors lack its weights "
                 f"(vision_tower.*{anchor}, multi_modal_projector.mm_input_projection_weight)"
             )
+        self._prefix: str = prefix
+        self._projector: str = projector
 
     def tensor(self, name: str) -> np.ndarray:
         return self._index.load(self._projector + _PROJECTOR_NAMES[name] if name in _PROJECTOR_NAMES else self._prefix + name)

@@ -42,7 +42,7 @@ class RandomQuantSource:
     @classmethod
     def of_shape(cls, shape: str, bits: int = 4, layers: int | None = None, seed: int = 0) -> RandomQuantSource:
         """`shape` of tools/bench_shapes.py's SHAPES at its full depth (or its first `layers`)."""
-        depth = int(SHAPES[shape]["depth"]) if layers is None else layers  # type: ignore[call-overload]
+        depth = int(SHAPES[shape]["depth"]) if layers is None else layers
         return cls(DecoderConfig.from_hf({"model_type": "gemma3_text", **hf_config(shape, depth)}), bits, seed=seed)
 
     def _rng(self, name: str) -> np.random.Generator:
@@ -83,9 +83,9 @@ class RandomQuantSource:
         """The layer's weights, its matrices made in threads (NumPy's generators release the GIL: the
         27B's 0.4 G floats a layer are most of a float export's time on one core)."""
         shapes = expected_shapes(self.config)
-        matrices = [name for name, shape in shapes.items() if len(shape) == 2]
+        matrices = {name: (shape[0], shape[1]) for name, shape in shapes.items() if len(shape) == 2}
         with ThreadPoolExecutor(len(matrices)) as pool:
-            made = dict(zip(matrices, pool.map(lambda name: self.linear(f"layers.{index}.{name}", shapes[name]), matrices)))
+            made = dict(zip(matrices, pool.map(lambda name: self.linear(f"layers.{index}.{name}", matrices[name]), matrices)))
         tensors = {
             name: made[name]
             if name in made
