@@ -349,13 +349,13 @@ class API:
             await until_disconnect(request, collect())
         finally:
             abort_all()
-        body = []
+        results: list[dict[str, Any]] = []
         for i, (text, reason, toks) in enumerate(zip(texts, reasons, tokens)):
             shaped = None if formatter is None else (formatter.chat(toks) if is_chat else formatter.completion(toks))
             content = {"message": message(text, calls[i])} if is_chat else {"text": text}
-            body.append({"index": i, **content, "logprobs": shaped, "finish_reason": reason})
+            results.append({"index": i, **content, "logprobs": shaped, "finish_reason": reason})
         obj = "chat.completion" if is_chat else "text_completion"
-        return JSONResponse({**gen.base, "object": obj, "choices": body, "usage": gen.usage()})
+        return JSONResponse({**gen.base, "object": obj, "choices": results, "usage": gen.usage()})
 
     async def _observed(self, choice: AsyncIterator[Piece], stats: ChoiceStats) -> AsyncIterator[Piece]:
         try:
@@ -390,7 +390,7 @@ class API:
 def create_app(engine: ServingEngine, settings: ServerSettings) -> Starlette:
     """The app for a started engine; stopping the engine stays with the caller."""
     api = API(engine, settings)
-    routes = [
+    routes: list[Route | WebSocketRoute] = [
         Route("/health", api.health, methods=["GET"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
@@ -418,6 +418,6 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> Starlette:
         HTTPException: client_error,
         Exception: internal_error_response,
     }
-    app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)  # type: ignore[arg-type]
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.api = api
     return app

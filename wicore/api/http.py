@@ -17,7 +17,7 @@ from wicore.errors import WiCoreError
 T = TypeVar("T")
 
 
-def parse_json(body: bytes | str) -> Any:
+def parse_json(body: bytes | bytearray | str) -> Any:
     """A request body (or a WebSocket message) as JSON, or the 400 that says what is wrong with it."""
     try:
         value = json.loads(body)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import Literal, TypedDict, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -83,33 +84,43 @@ class Metrics:
                     gauge.labels(replica=report["replica"]).set(float(report["stats"][key]))
         spec = engine_stats.get("speculative")
         if isinstance(spec, dict):
-            self.spec.totals = spec
+            self.spec.totals = cast(SpecTotals, spec)  # engine.stats_json()'s JSON: SpeculativeStats.as_dict
             self.spec_rate.set(float(spec["acceptance_rate"]))
         return generate_latest(self.registry)
+
+
+class SpecTotals(TypedDict):
+    """What SpecDecodeCounters reads of engine.stats_json()["speculative"] (SpeculativeStats.as_dict)."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_rate: float
+    accepted_per_position: list[int]
 
 
 class SpecDecodeCounters(Collector):
     """vLLM's speculative-decoding counters (`vllm:spec_decode_num_drafts_total`, ...), their values
     the engine's running totals as of the last scrape (`totals`: engine.stats_json()["speculative"])."""
 
-    NAMES = (
+    NAMES: tuple[tuple[Literal["num_drafts", "num_draft_tokens", "num_accepted_tokens"], str], ...] = (
         ("num_drafts", "Verification rows run (decodes that carried draft tokens)"),
         ("num_draft_tokens", "Draft tokens proposed and verified"),
         ("num_accepted_tokens", "Draft tokens accepted"),
     )
 
     def __init__(self) -> None:
-        self.totals: dict[str, object] | None = None
+        self.totals: SpecTotals | None = None
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         if self.totals is None:
             return
         for key, help_text in self.NAMES:
-            yield CounterMetricFamily(f"vllm:spec_decode_{key}", help_text, value=float(self.totals[key]))  # type: ignore[arg-type]
+            yield CounterMetricFamily(f"vllm:spec_decode_{key}", help_text, value=float(self.totals[key]))
         per_position = CounterMetricFamily(
             "vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at each draft position", labels=["position"]
         )
-        for position, n in enumerate(self.totals["accepted_per_position"]):  # type: ignore[call-overload]
+        for position, n in enumerate(self.totals["accepted_per_position"]):
             per_position.add_metric([str(position)], float(n))
         yield per_position
 
