@@ -78,6 +78,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
         weights = [float(w) for w in str(args.a2cr_weights).split(",")]
         if len(weights) != 3:
             raise ValueError(f"--a2cr-weights {args.a2cr_weights!r}: give three numbers, attention,frequency,recency")
+        w_attention, w_frequency, w_recency = weights
         config = EngineConfig(
             model_dir=model_dir,
             num_threads=args.threads,
@@ -92,7 +93,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             devices=args.devices,
             vision_device=args.vision_device,
             cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
-            a2cr=A2CRConfig(*weights, decay=args.a2cr_decay),
+            a2cr=A2CRConfig(w_attention, w_frequency, w_recency, decay=args.a2cr_decay),
             speculative=speculative_config(args),
             scheduler=SchedulerConfig(
                 max_num_seqs=args.max_num_seqs,

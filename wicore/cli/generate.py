@@ -7,9 +7,14 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from wicore.cli.engine_args import add_engine_args, engine_config, read_text
 from wicore.errors import RequestError
+
+if TYPE_CHECKING:
+    from wicore.engine.engine import Engine
+    from wicore.types.outputs import RequestOutput
 
 
 def add_generate(sub: argparse._SubParsersAction) -> None:
@@ -93,7 +98,12 @@ def run_generate(args: argparse.Namespace) -> int:
             turns = [[*images_first, {"type": "text", "text": t}] if images else t for t in texts]
             texts = [tok.apply_chat_template([{"role": "user", "content": turn}]) for turn in turns]
         elif images:  # as /v1/inference: the images in front of the text
-            texts = [tok.id_to_token(engine.vision.config.boi_token_id) * len(images) + t for t in texts]
+            assert engine.vision is not None  # load_image_file took the images: the model has a vision tower
+            boi_id = engine.vision.config.boi_token_id
+            boi = tok.id_to_token(boi_id)
+            if boi is None:
+                raise RequestError(f"--image: the model's image token {boi_id} is not in its vocabulary")
+            texts = [boi * len(images) + t for t in texts]
         texts = [engine.expand_images(t) for t in texts] if images else texts
         prompts = [tok.encode(t, add_bos=False if args.chat else None) for t in texts]
         request_ids = [engine.add_request(p, params, images=images) for p in prompts]
@@ -129,15 +139,18 @@ def load_image_file(engine, path: Path):  # -> ImageInput
         raise RequestError(f"--image {path}: {exc}") from exc
 
 
-async def collect(engine, request_ids: list[str]) -> list[tuple[list[int], list[float], object]]:
+async def collect(engine: Engine, request_ids: list[str]) -> list[tuple[list[int], list[float], RequestOutput]]:
     """(token ids, the time each arrived, the final output) of every request, streamed concurrently."""
 
-    async def one(request_id: str) -> tuple[list[int], list[float], object]:
-        tokens, times, end = [], [], None
+    async def one(request_id: str) -> tuple[list[int], list[float], RequestOutput]:
+        tokens: list[int] = []
+        times: list[float] = []
+        end: RequestOutput | None = None
         async for out in engine.stream(request_id):
             tokens += out.new_token_ids
             times += [time.perf_counter()] * len(out.new_token_ids)
             end = out
+        assert end is not None  # a request's stream ends with its finished output
         return tokens, times, end
 
     return list(await asyncio.gather(*(one(r) for r in request_ids)))
