@@ -16,7 +16,7 @@ from wicore.errors import ModelSourceError, UnsupportedModelError, WiCoreError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.hf import HFSource
 from wicore.export.sources import open_source
-from wicore.model.config import FULL, SLIDING, Gemma3Config, RopeConfig
+from wicore.model.config import FULL, SLIDING, DecoderConfig, RopeConfig
 
 
 def run_cli(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -29,7 +29,7 @@ def leftovers(parent: Path) -> list[str]:
 
 # -- configs -----------------------------------------------------------------------------
 def test_hf_config_transformers4_style_with_linear_rope_scaling():
-    cfg = Gemma3Config.from_hf(
+    cfg = DecoderConfig.from_hf(
         {
             "model_type": "gemma3",
             "text_config": {
@@ -55,7 +55,7 @@ def test_hf_config_transformers4_style_with_linear_rope_scaling():
     assert cfg.layer_types[:6] == (SLIDING,) * 5 + (FULL,)
     assert cfg.layer_types.count(FULL) == 5
     assert cfg.eos_token_id == 1
-    assert Gemma3Config.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert DecoderConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
 ROPE_FORMS = {
@@ -101,14 +101,14 @@ def test_hf_config_rope_forms_read_as_transformers_reads_them(form):
         RopeConfig(hf[kind]["rope_theta"], hf[kind].get("factor", 1.0) if hf[kind]["rope_type"] == "linear" else 1.0)
         for kind in (FULL, SLIDING)
     ]
-    cfg = Gemma3Config.from_hf(raw)
+    cfg = DecoderConfig.from_hf(raw)
     assert [cfg.rope_global, cfg.rope_local] == expected
 
 
 def test_hf_config_legacy_type_key_reads_as_transformers_4_reads_it():
     """`rope_scaling: {"type": "linear"}` (the older key) is linear scaling, as transformers 4.x
     reads it; transformers 5.24 keeps the `rope_type: default` it fills in first and drops the factor."""
-    cfg = Gemma3Config.from_hf({**SMALL_TEXT_CONFIG, "rope_scaling": {"type": "linear", "factor": 8.0}})
+    cfg = DecoderConfig.from_hf({**SMALL_TEXT_CONFIG, "rope_scaling": {"type": "linear", "factor": 8.0}})
     assert (cfg.rope_global, cfg.rope_local) == (RopeConfig(1_000_000.0, 8.0), RopeConfig(10_000.0))
 
 
@@ -133,7 +133,7 @@ def test_hf_config_legacy_type_key_reads_as_transformers_4_reads_it():
 )
 def test_hf_config_refuses_rope_it_does_not_implement(rope, message):
     with pytest.raises(UnsupportedModelError, match=message):
-        Gemma3Config.from_hf({**SMALL_TEXT_CONFIG, **rope})
+        DecoderConfig.from_hf({**SMALL_TEXT_CONFIG, **rope})
 
 
 def write_gemma3_gguf_header(path: Path, scaling: str | None) -> None:
@@ -177,7 +177,7 @@ def test_gguf_config_with_linear_rope_scaling(tmp_path):
 
 def test_hf_config_rejects_other_architectures():
     with pytest.raises(UnsupportedModelError, match="'falcon' is not supported; WiCore compiles gemma3 .* llama .* qwen2"):
-        Gemma3Config.from_hf({"model_type": "falcon", "num_hidden_layers": 2})
+        DecoderConfig.from_hf({"model_type": "falcon", "num_hidden_layers": 2})
 
 
 def test_gguf_config_of_the_packaged_270m():

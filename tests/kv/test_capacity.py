@@ -12,12 +12,12 @@ from wicore.engine.scheduler import SchedulerConfig
 from wicore.graph.manifest import Manifest
 from wicore.kv.capacity import Workload, activation_bytes, estimate_vision_bytes, estimate_weight_bytes, plan_capacity
 from wicore.kv.layout import KVLayout
-from wicore.model.config import Gemma3Config
+from wicore.model.config import DecoderConfig
 from wicore.model.vision import VisionConfig
 from wicore.types.sampling import SamplingParams
 
 GIB = 1 << 30
-CFG = Gemma3Config.from_hf(GEMMA3_27B_TEXT)
+CFG = DecoderConfig.from_hf(GEMMA3_27B_TEXT)
 # Per layer: q and o 5376 x 4096 each, k and v 5376 x 2048 each, the MLP 3 x 5376 x 21504;
 # with the tied table (262208 x 5376, also the LM head) 27,007,991,808 linear weights, and
 # 62 x (4 x 5376 + 2 x 128) + 5376 = 1,354,496 norm weights.
@@ -36,7 +36,7 @@ def test_weights_of_qwen3_30b_a3b_count_every_expert():
     """48 layers of q, o (2048 x 4096 each), k, v (2048 x 512 each) and 128 experts of 3 x 2048 x 768
     with their router rows; the embedding and the untied head 151936 x 2048 each: 30.5B weights,
     the model's size."""
-    cfg = Gemma3Config.from_hf(QWEN3_30B_A3B)
+    cfg = DecoderConfig.from_hf(QWEN3_30B_A3B)
     per_layer = 2 * 2048 * 4096 + 2 * 2048 * 512 + 128 * (3 * 2048 * 768 + 2048)
     linear = 48 * per_layer + 2 * 151936 * 2048
     assert linear == 30_531_911_680

@@ -1,4 +1,4 @@
-"""GGUF model source: the header becomes a Gemma3Config, tensors are dequantized on demand.
+"""GGUF model source: the header becomes a DecoderConfig, tensors are dequantized on demand.
 
 wicore.export.gguf_file memory-maps the file, so only the layer being built is ever
 dequantized into float32 (every type in the packaged 270M: F32, Q8_0, Q6_K,
@@ -23,7 +23,7 @@ import numpy as np
 from wicore.errors import ModelSourceError, UnsupportedModelError
 from wicore.export.gguf_file import GGUFTensor, read_gguf
 from wicore.export.gguf_quant import can_transcode, transcode_gguf
-from wicore.model.config import FULL, SLIDING, Gemma3Config, RopeConfig, default_layer_types
+from wicore.model.config import FULL, SLIDING, DecoderConfig, RopeConfig, default_layer_types
 from wicore.model.families import family_of_gguf
 from wicore.model.quant import BlockQuant, QuantizedTensor
 from wicore.model.weights import LayerWeights
@@ -88,7 +88,7 @@ class GGUFSource(GGUFFile):
             raise UnsupportedModelError(f"{self.path.name}: {exc}") from exc
         self.config = self._read_config() if self.family.name == "gemma3" else self._read_family_config()
 
-    def _read_family_config(self) -> Gemma3Config:
+    def _read_family_config(self) -> DecoderConfig:
         """Llama and Qwen: every layer full attention, one RoPE, the head tied unless output.weight exists."""
         arch = self.family.gguf_architecture
         need = lambda key: self._need(f"{arch}.{key}")
@@ -101,7 +101,7 @@ class GGUFSource(GGUFFile):
         head_dim = int(self._field(f"{arch}.attention.key_length", hidden // num_heads))
         num_layers = int(need("block_count"))
         eos = int(self._field("tokenizer.ggml.eos_token_id", 2))
-        return Gemma3Config(
+        return DecoderConfig(
             vocab_size=int(self._need_tensor("token_embd.weight").shape[-1]),
             hidden_size=hidden,
             intermediate_size=int(need("feed_forward_length")),
@@ -123,7 +123,7 @@ class GGUFSource(GGUFFile):
             tie_word_embeddings="output.weight" not in self._tensors,
         )
 
-    def _read_config(self) -> Gemma3Config:
+    def _read_config(self) -> DecoderConfig:
         need = lambda key: self._need(f"gemma3.{key}")
         num_layers = int(need("block_count"))
         hidden, num_heads = int(need("embedding_length")), int(need("attention.head_count"))
@@ -139,7 +139,7 @@ class GGUFSource(GGUFFile):
             raise UnsupportedModelError(f"{self.path.name}: rope scaling {scaling!r} is not supported")
         # llama.cpp's rule: the 27B (62 layers) scales queries by (hidden / heads)^-0.5, the rest by head_dim.
         scalar = hidden / num_heads if num_layers == 62 else head_dim
-        return Gemma3Config(
+        return DecoderConfig(
             vocab_size=int(self._need_tensor("token_embd.weight").shape[-1]),
             hidden_size=hidden,
             intermediate_size=int(need("feed_forward_length")),

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from wicore.errors import ModelSourceError
-from wicore.model.config import Gemma3Config
+from wicore.model.config import DecoderConfig
 from wicore.model.vision import VisionConfig
 from wicore.model.weights import LayerWeights, expected_shapes
 
@@ -87,7 +87,7 @@ class HFSource:
             self._hf_config = json.loads(config_path.read_text())
         except ValueError as exc:
             raise ModelSourceError(f"{config_path}: invalid JSON ({exc})") from exc
-        self.config = Gemma3Config.from_hf(self._hf_config)
+        self.config = DecoderConfig.from_hf(self._hf_config)
         self._index = SafetensorsIndex(self.folder)
         prefix = next((p for p in _PREFIXES if f"{p}embed_tokens.weight" in self._index), None)
         if prefix is None:

@@ -50,7 +50,7 @@ from wicore.graph.paged_attention import paged_attention
 from wicore.graph.partition import PartitionSpec
 from wicore.graph.quant import QuantLinear
 from wicore.graph.shared_values import SharedValues, shared_values
-from wicore.model.config import Gemma3Config
+from wicore.model.config import DecoderConfig
 from wicore.model.families import ALL_HEADS, PER_HEAD
 from wicore.model.weights import LayerWeights, check_layer
 
@@ -69,7 +69,7 @@ class DecoderBuilder:
 
     def __init__(
         self,
-        cfg: Gemma3Config,
+        cfg: DecoderConfig,
         dtype: str,
         attention_stats: bool = False,
         quant: QuantLinear | None = None,

@@ -2,7 +2,7 @@
 
 {
   "format": "wicore", "export_version": 1,
-  "source": {...}, "config": {...Gemma3Config...},
+  "source": {...}, "config": {...DecoderConfig...},
   "dtype": "fp32", "op_flavour": "portable", "attention": "portable", "opset": 17,
   "kv": {"layout": [...], "dtype": "float32" | "float16" | "int8" (graph/kv_quant.py), "sink_block": 0},
   "partitions": [{"file": "part-00.onnx", "layers": [0, 6], "inputs": [...], "outputs": [...]}, ...],
@@ -24,7 +24,7 @@ from typing import Any
 
 from wicore.errors import ManifestError
 from wicore.graph.kv_quant import kv_row_width
-from wicore.model.config import Gemma3Config
+from wicore.model.config import DecoderConfig
 from wicore.model.vision import VisionConfig
 
 MANIFEST = "wicore.json"
@@ -93,7 +93,7 @@ class VisionRecord:
 @dataclass(frozen=True)
 class Manifest:
     source: dict[str, Any]
-    config: Gemma3Config
+    config: DecoderConfig
     dtype: str
     op_flavour: str
     opset: int
@@ -174,7 +174,7 @@ class Manifest:
                 )
             return cls(
                 source=d["source"],
-                config=Gemma3Config.from_dict(d["config"]),
+                config=DecoderConfig.from_dict(d["config"]),
                 dtype=d["dtype"],
                 op_flavour=d["op_flavour"],
                 opset=d["opset"],

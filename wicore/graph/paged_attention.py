@@ -41,7 +41,7 @@ from onnx import TensorProto
 
 from wicore.graph import io
 from wicore.graph.ops import MS_DOMAIN, Graph
-from wicore.model.config import Gemma3Config, RopeConfig
+from wicore.model.config import DecoderConfig, RopeConfig
 
 
 def flash_page_size(head_dim: int) -> int:
@@ -65,7 +65,7 @@ class PagedValues:
     hidden_shape: str  # [batch, seq, -1]: Reshape target of the packed output
 
 
-def paged_values(g: Graph, cfg: Gemma3Config, kinds: list[bool], positions: str) -> PagedValues:
+def paged_values(g: Graph, cfg: DecoderConfig, kinds: list[bool], positions: str) -> PagedValues:
     """Declare the paging inputs of the paged attention and convert them to the op's int32."""
     p = "/model/paged"
     i32, i64 = TensorProto.INT32, TensorProto.INT64
@@ -85,7 +85,7 @@ def paged_values(g: Graph, cfg: Gemma3Config, kinds: list[bool], positions: str)
     return PagedValues(cumulative, past, bounds, slots, tables, rope, shape)
 
 
-def rope_caches(g: Graph, cfg: Gemma3Config, rope: RopeConfig, name: str) -> tuple[str, str]:
+def rope_caches(g: Graph, cfg: DecoderConfig, rope: RopeConfig, name: str) -> tuple[str, str]:
     """cos and sin [max_position_embeddings, head_dim / 2] in float16 of position * inv_freq,
     computed in float32 as transformers computes them (the op's cos_cache and sin_cache)."""
 
@@ -98,7 +98,7 @@ def rope_caches(g: Graph, cfg: Gemma3Config, rope: RopeConfig, name: str) -> tup
 
 def paged_attention(
     g: Graph,
-    cfg: Gemma3Config,
+    cfg: DecoderConfig,
     layer: int,
     qkv: str,
     paged: PagedValues,

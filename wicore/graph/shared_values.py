@@ -16,7 +16,7 @@ from onnx import TensorProto
 from wicore.graph import io
 from wicore.graph.ops import Graph
 from wicore.graph.paged_attention import PagedValues, paged_values
-from wicore.model.config import Gemma3Config, RopeConfig
+from wicore.model.config import DecoderConfig, RopeConfig
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class SharedValues:
 
 def shared_values(
     g: Graph,
-    cfg: Gemma3Config,
+    cfg: DecoderConfig,
     start: int,
     stop: int,
     attention_stats: bool = False,
@@ -153,7 +153,7 @@ def _token_index(g: Graph, positions: str) -> str:
 
 
 def rope_tables(
-    g: Graph, cfg: Gemma3Config, positions: str, rope: RopeConfig, p: str, contrib: bool, to: int = TensorProto.FLOAT
+    g: Graph, cfg: DecoderConfig, positions: str, rope: RopeConfig, p: str, contrib: bool, to: int = TensorProto.FLOAT
 ) -> tuple[str, str]:
     """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (computed in float32, as in
     HF; of type `to`); with contrib ops one row per token, [batch * seq, head_dim / 2],
@@ -176,7 +176,7 @@ def rope_tables(
     return g.op("Cast", [tables[0]], f"{p}/cos_cast", to=to), g.op("Cast", [tables[1]], f"{p}/sin_cast", to=to)
 
 
-def longrope_inv_freq(g: Graph, cfg: Gemma3Config, positions: str, rope: RopeConfig, p: str, contrib: bool) -> str:
+def longrope_inv_freq(g: Graph, cfg: DecoderConfig, positions: str, rope: RopeConfig, p: str, contrib: bool) -> str:
     """LongRoPE's frequencies of each row: the long factors' where the row's last position this step
     reaches past original_max_position_embeddings (transformers: where the forward's positions do;
     a prompt prefilled in several chunks takes the short ones in the chunks that stay inside),
@@ -195,7 +195,7 @@ def longrope_inv_freq(g: Graph, cfg: Gemma3Config, positions: str, rope: RopeCon
     return g.op("Where", [is_long, long, short], f"{p}/inv_freq")
 
 
-def group_mask(g: Graph, cfg: Gemma3Config, mask: str, total: str, name: str) -> str:
+def group_mask(g: Graph, cfg: DecoderConfig, mask: str, total: str, name: str) -> str:
     """[b, s, total] -> [b, 1, s * groups, total]: one row per query head of a KV head's
     group, in the order DecoderBuilder.attention lays the queries out (position major)."""
     groups = cfg.num_groups

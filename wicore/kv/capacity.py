@@ -32,7 +32,7 @@ import numpy as np
 from wicore.blocks.block_groups import FULL
 from wicore.devices.placement import GIB
 from wicore.kv.layout import KVLayout, pool_gb_flag
-from wicore.model.config import Gemma3Config
+from wicore.model.config import DecoderConfig
 from wicore.model.vision import VisionConfig, vision_shapes
 
 F32 = 4
@@ -56,7 +56,7 @@ class Workload:
 
 
 def estimate_weight_bytes(
-    cfg: Gemma3Config, itemsize: int, weight_bits: int | None = None, quantize_embedding: bool = False
+    cfg: DecoderConfig, itemsize: int, weight_bits: int | None = None, quantize_embedding: bool = False
 ) -> int:
     """Bytes of the weights `wicore-export` writes from a float checkpoint: every linear layer and
     the tied embedding / LM head table in the float type (`itemsize` bytes), or with `weight_bits`
@@ -75,7 +75,7 @@ def estimate_weight_bytes(
     return linear * weight_bits // 8 + linear // QUANT_BLOCK * itemsize + (rows + norms) * itemsize
 
 
-def mlp_params(cfg: Gemma3Config) -> int:
+def mlp_params(cfg: DecoderConfig) -> int:
     """Weights of one layer's MLP: gate, up and down, or every expert's, the router and a shared expert."""
     if cfg.num_experts:
         shared = 3 * cfg.hidden_size * cfg.shared_expert_intermediate_size + (
@@ -91,7 +91,7 @@ def estimate_vision_bytes(cfg: VisionConfig, itemsize: int) -> int:
     return sum(math.prod(shape) for shape in vision_shapes(cfg).values()) * itemsize
 
 
-def activation_bytes(cfg: Gemma3Config, kv_itemsize: int, rows: int, queries: int, keys: int, paged: bool) -> int:
+def activation_bytes(cfg: DecoderConfig, kv_itemsize: int, rows: int, queries: int, keys: int, paged: bool) -> int:
     """One layer's intermediate tensors in a run of `rows` rows of `queries` tokens against `keys`
     keys each (see the module docstring): float32 hidden states (residual, normed, attention output;
     gate, up, their product), the rows' logits, and with the portable attention per row the gathered
@@ -158,7 +158,7 @@ class Capacity:
 
 
 def plan_capacity(
-    cfg: Gemma3Config, layout: KVLayout, kv_dtype: str, weight_bytes: int, budget: int, context: int, work: Workload
+    cfg: DecoderConfig, layout: KVLayout, kv_dtype: str, weight_bytes: int, budget: int, context: int, work: Workload
 ) -> Capacity:
     """The longest sequence and the number of `context`-token sequences that fit `budget` bytes
     beside `weight_bytes` of weights (each the largest count whose KV pool and activations fit)."""

@@ -24,7 +24,7 @@ from wicore.devices.placement import GIB
 from wicore.graph.kv_quant import kv_row_width
 from wicore.graph.manifest import Manifest
 from wicore.graph.paged_attention import flash_page_size
-from wicore.model.config import Gemma3Config
+from wicore.model.config import DecoderConfig
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def default_block_size(manifest: Manifest) -> int:
     return block_size_for(manifest.config, manifest.attention)
 
 
-def block_size_for(cfg: Gemma3Config, attention: str) -> int:
+def block_size_for(cfg: DecoderConfig, attention: str) -> int:
     """`default_block_size` of a model exported with `attention` (also for a config alone: `wicore plan`)."""
     return flash_page_size(cfg.head_dim) if attention == "paged" else 16
 
@@ -63,7 +63,7 @@ class KVLayout:
         return cls.of_config(manifest.config, manifest.kv_dtype, block_size)
 
     @classmethod
-    def of_config(cls, cfg: Gemma3Config, kv_dtype: str, block_size: int) -> KVLayout:
+    def of_config(cls, cfg: DecoderConfig, kv_dtype: str, block_size: int) -> KVLayout:
         """The layout of a model's KV in `kv_dtype` (an export's, or a config's alone: `wicore plan`)."""
         sliding = tuple(i for i in range(cfg.num_layers) if cfg.is_sliding(i))
         full = tuple(i for i in range(cfg.num_layers) if not cfg.is_sliding(i))

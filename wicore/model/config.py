@@ -1,6 +1,6 @@
 """The text-decoder configuration the graph builder needs, read from any source.
 
-One frozen dataclass, `DecoderConfig` (historically `Gemma3Config`, still its name in most
+One frozen dataclass, `DecoderConfig` (historically `DecoderConfig`, still its name in most
 modules), whatever the source: a GGUF header, a Hugging Face config.json (transformers 4.x
 `rope_theta`/`rope_local_base_freq` style or 5.x `rope_parameters` style, text-only or the
 multimodal wrapper), or a shape recipe for random weights. `family` names its row of
@@ -206,9 +206,6 @@ class DecoderConfig:
             eos_token_ids=tuple(eos) if isinstance(eos, list) else (),
             pad_token_id=first_id(cfg.get("pad_token_id"), 0),
         )
-
-
-Gemma3Config = DecoderConfig  # the name most of WiCore still uses
 
 
 def default_layer_types(num_layers: int, pattern: int = 6) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from wicore.errors import UnsupportedModelError
-from wicore.model.config import Gemma3Config
+from wicore.model.config import DecoderConfig
 from wicore.model.families import ALL_HEADS, PER_HEAD
 from wicore.model.vision import VisionWeights
 
@@ -34,7 +34,7 @@ class LayerWeights:
 class WeightSource(Protocol):
     """A model source. Weights come one layer at a time so a 27B export never holds it all."""
 
-    config: Gemma3Config
+    config: DecoderConfig
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description of where the weights came from (for the manifest)."""
@@ -61,7 +61,7 @@ class WeightSource(Protocol):
         """The vocabulary ids of those of `tokens` the model's vocabulary has (special tokens by name)."""
 
 
-def expected_shapes(cfg: Gemma3Config) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
     """Shape of every per-layer tensor, by Hugging Face's (Gemma 3's) short names: the family's
     norms, q/k norms and qkv biases (`*.bias`) where it has them (wicore.model.families); a mixture
     of experts has `mlp.router` [experts, hidden] and `mlp.experts.{e}.gate_proj` / `up_proj` / `down_proj`."""
@@ -96,7 +96,7 @@ def mlp_shapes(prefix: str, hidden: int, inter: int) -> dict[str, tuple[int, ...
     return {f"{prefix}gate_proj": (inter, hidden), f"{prefix}up_proj": (inter, hidden), f"{prefix}down_proj": (hidden, inter)}
 
 
-def check_layer(cfg: Gemma3Config, layer: LayerWeights) -> None:
+def check_layer(cfg: DecoderConfig, layer: LayerWeights) -> None:
     """Raise UnsupportedModelError unless `layer` has every tensor at the config's shape."""
     for name, shape in expected_shapes(cfg).items():
         tensor = layer.tensors.get(name)
