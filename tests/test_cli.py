@@ -98,7 +98,7 @@ def test_config_file_alone_fills_the_settings(tmp_path):
 
 def test_engine_flags_reach_the_engine_config_and_bad_ones_are_named(tmp_path):
     from wicore.cli.main import engine_config
-    from wicore.errors import RequestError
+    from wicore.errors import UsageError
 
     args = parse_command_line(
         [
@@ -133,7 +133,7 @@ def test_engine_flags_reach_the_engine_config_and_bad_ones_are_named(tmp_path):
         (["--prefill-with-decodes", "0"], "prefill_with_decodes"),
         (["--kv-stream-tokens", "-1"], "kv_stream_tokens must be >= 0"),
     ]:
-        with pytest.raises(RequestError, match=message):
+        with pytest.raises(UsageError, match=message):
             engine_config(parse_command_line(["serve", *flags]), tmp_path)
 
 

@@ -29,6 +29,10 @@ class RuntimeMissingError(WiCoreError):
     """No ONNX Runtime build is installed."""
 
 
+class UsageError(WiCoreError):
+    """A command-line flag or argument that cannot be used as given (the CLI's own errors)."""
+
+
 class RequestError(WiCoreError):
     """A generation request cannot be served as asked (e.g. prompt longer than the context)."""
 

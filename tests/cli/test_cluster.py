@@ -13,7 +13,7 @@ import pytest
 
 from wicore.cli.cluster import cluster_config
 from wicore.cli.main import main, parse_command_line, prepare_serve
-from wicore.errors import RequestError
+from wicore.errors import UsageError
 
 pytest.importorskip("ray.serve", reason="needs the wicore[ray] extra")
 REPO = Path(__file__).resolve().parents[2]
@@ -51,11 +51,11 @@ def test_autoscaling_bounds_become_rays_autoscaling_config(model_dir):
         "max_replicas": 4,
         "target_ongoing_requests": 32,
     }
-    with pytest.raises(RequestError, match="both --min-replicas and --max-replicas"):
+    with pytest.raises(UsageError, match="both --min-replicas and --max-replicas"):
         config(model_dir, "--max-replicas", "4", "--cpus-per-replica", "1", local=False)
-    with pytest.raises(RequestError, match="--replicas <= --max-replicas"):
+    with pytest.raises(UsageError, match="--replicas <= --max-replicas"):
         config(model_dir, "--replicas", "5", "--min-replicas", "1", "--max-replicas", "4", "--cpus-per-replica", "1", local=False)
-    with pytest.raises(RequestError, match="do not fit the"):
+    with pytest.raises(UsageError, match="do not fit the"):
         config(model_dir, "--replicas", str((os.cpu_count() or 1) + 1), "--cpus-per-replica", "1")
 
 

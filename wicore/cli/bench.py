@@ -20,7 +20,7 @@ from pathlib import Path
 
 from wicore.cli.engine_args import add_engine_args, engine_config
 from wicore.cli.load import LevelResult, LoadConfig, Spread, check_endpoint, model_name, random_prompts, run_level
-from wicore.errors import RequestError
+from wicore.errors import UsageError
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
@@ -94,7 +94,7 @@ def run_throughput(args: argparse.Namespace) -> int:
 
     for name in ("num_prompts", "input_len", "output_len"):
         if getattr(args, name) < 1:
-            raise RequestError(f"--{name.replace('_', '-')} must be at least 1")
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     onnxruntime()  # fail early, with the extras to install, before any export
     args.max_num_seqs = min(args.max_num_seqs, args.num_prompts)  # the sliding layers' pool is sized for these
     params = SamplingParams(max_tokens=args.output_len, temperature=args.temperature, ignore_eos=True, seed=args.seed)
@@ -125,9 +125,9 @@ def run_serve_bench(args: argparse.Namespace) -> int:
     try:
         levels = [int(c) for c in str(args.concurrency).split(",")]
     except ValueError as exc:
-        raise RequestError(f"--concurrency {args.concurrency!r}: give numbers separated by commas, e.g. 1,16,64") from exc
+        raise UsageError(f"--concurrency {args.concurrency!r}: give numbers separated by commas, e.g. 1,16,64") from exc
     if not levels or min(levels) < 1:
-        raise RequestError(f"--concurrency {args.concurrency!r}: every level must be at least 1")
+        raise UsageError(f"--concurrency {args.concurrency!r}: every level must be at least 1")
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     name = args.served_model_name or model_name(args.base_url, api_key)
     config = LoadConfig(

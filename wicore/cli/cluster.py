@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from wicore.cli.engine_args import engine_config
-from wicore.errors import RequestError
+from wicore.errors import UsageError
 
 INSTALL = "pip install 'wicore[ray]'"
 
@@ -61,7 +61,7 @@ def require_ray() -> None:
     try:
         import ray.serve  # noqa: F401
     except ImportError as exc:
-        raise RequestError(f"--replicas and --ray-address run on Ray Serve, which is not installed: {INSTALL}") from exc
+        raise UsageError(f"--replicas and --ray-address run on Ray Serve, which is not installed: {INSTALL}") from exc
 
 
 def cluster_config(args: argparse.Namespace, model_dir: Path, settings: Any, local: bool):  # -> ClusterConfig
@@ -74,7 +74,7 @@ def cluster_config(args: argparse.Namespace, model_dir: Path, settings: Any, loc
     cores = os.cpu_count() or 1
     cpus = args.cpus_per_replica if args.cpus_per_replica is not None else (max(1, cores // largest) if local else 1)
     if local and largest * cpus > cores:
-        raise RequestError(
+        raise UsageError(
             f"{largest} replicas x {cpus:g} CPUs do not fit the {cores} cores of this machine's Ray cluster: "
             "lower --replicas / --max-replicas or --cpus-per-replica"
         )
@@ -93,7 +93,7 @@ def cluster_config(args: argparse.Namespace, model_dir: Path, settings: Any, loc
             max_imbalance=args.max_imbalance,
         )
     except ValueError as exc:
-        raise RequestError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
 
 
 def run_cluster(args: argparse.Namespace, model_dir: Path, settings: Any) -> int:

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from wicore.cli.speculative_args import add_speculative_args, speculative_config
-from wicore.errors import RequestError
+from wicore.errors import UsageError
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -104,7 +104,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             ),
         )
     except (ValueError, TypeError) as exc:
-        raise RequestError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     if args.kv_pool_gb is None:  # the flags are valid: size the pool for the model
         return dataclasses.replace(config, kv_pool_gb=default_kv_pool_gb(args, model_dir))
     return config
@@ -125,4 +125,4 @@ def read_text(path: Path) -> str:
     try:
         return path.read_text()
     except OSError as exc:
-        raise RequestError(f"cannot read prompt file {path}: {exc.strerror}") from exc
+        raise UsageError(f"cannot read prompt file {path}: {exc.strerror}") from exc

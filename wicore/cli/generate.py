@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wicore.cli.engine_args import add_engine_args, engine_config, read_text
-from wicore.errors import RequestError
+from wicore.errors import RequestError, UsageError
 
 if TYPE_CHECKING:
     from wicore.engine.engine import Engine
@@ -75,7 +75,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     texts = args.prompt + [sys.stdin.read() if str(f) == "-" else read_text(f) for f in args.prompt_file]
     if not texts:
-        raise RequestError("give at least one --prompt or --prompt-file")
+        raise UsageError("give at least one --prompt or --prompt-file")
     onnxruntime()  # fail early, with the extras to install, before any export
     args.max_num_seqs = min(args.max_num_seqs, len(texts))  # the sliding layers' pool is sized for these
     params = SamplingParams(
@@ -102,7 +102,7 @@ def run_generate(args: argparse.Namespace) -> int:
             boi_id = engine.vision.config.boi_token_id
             boi = tok.id_to_token(boi_id)
             if boi is None:
-                raise RequestError(f"--image: the model's image token {boi_id} is not in its vocabulary")
+                raise UsageError(f"--image: the model's image token {boi_id} is not in its vocabulary")
             texts = [boi * len(images) + t for t in texts]
         texts = [engine.expand_images(t) for t in texts] if images else texts
         prompts = [tok.encode(t, add_bos=False if args.chat else None) for t in texts]
@@ -128,15 +128,15 @@ def load_image_file(engine, path: Path):  # -> ImageInput
     from wicore.inputs.image_loader import load_image
 
     if engine.vision is None:
-        raise RequestError(f"--image {path}: {NO_VISION}")
+        raise UsageError(f"--image {path}: {NO_VISION}")
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise RequestError(f"--image {path}: {exc.strerror}") from exc
+        raise UsageError(f"--image {path}: {exc.strerror}") from exc
     try:
         return load_image(data, engine.vision.config.preprocessing)
     except RequestError as exc:
-        raise RequestError(f"--image {path}: {exc}") from exc
+        raise UsageError(f"--image {path}: {exc}") from exc
 
 
 async def collect(engine: Engine, request_ids: list[str]) -> list[tuple[list[int], list[float], RequestOutput]]:

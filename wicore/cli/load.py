@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wicore.errors import RequestError
+from wicore.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,9 @@ class LoadConfig:
     def __post_init__(self) -> None:
         for name in ("num_prompts", "input_len", "output_len", "vocab_size"):
             if getattr(self, name) < 1:
-                raise RequestError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.min_token_id < self.vocab_size:
-            raise RequestError(f"min_token_id must be in [0, vocab_size), got {self.min_token_id}")
+            raise UsageError(f"min_token_id must be in [0, vocab_size), got {self.min_token_id}")
 
     @property
     def url(self) -> str:
@@ -190,7 +190,7 @@ async def one_request(client, config: LoadConfig, prompt: list[int]) -> RequestT
                     # model repeating a special token): its first "token" arrives with the end
                     timing.chunk_times.append(time.perf_counter())
     except httpx.ConnectError as exc:  # no server there: the whole benchmark stops
-        raise RequestError(f"cannot reach {config.url}: {exc}") from exc
+        raise UsageError(f"cannot reach {config.url}: {exc}") from exc
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         timing.error = f"{type(exc).__name__}: {exc}"
         return timing
@@ -208,7 +208,7 @@ def check_endpoint(config: LoadConfig) -> None:
 
     timing = asyncio.run(probe())
     if timing.error is not None:
-        raise RequestError(f"{config.url}: the first request failed: {timing.error}")
+        raise UsageError(f"{config.url}: the first request failed: {timing.error}")
 
 
 def model_name(base_url: str, api_key: str | None) -> str:
@@ -220,12 +220,12 @@ def model_name(base_url: str, api_key: str | None) -> str:
     try:
         response = httpx.get(url, headers=headers, timeout=30)
     except httpx.HTTPError as exc:
-        raise RequestError(f"cannot reach {url}: {exc}") from exc
+        raise UsageError(f"cannot reach {url}: {exc}") from exc
     if response.status_code != 200:
-        raise RequestError(f"{url}: HTTP {response.status_code}; give the model with --served-model-name")
+        raise UsageError(f"{url}: HTTP {response.status_code}; give the model with --served-model-name")
     data = response.json().get("data") or []
     if not data:
-        raise RequestError(f"{url} lists no model; give one with --served-model-name")
+        raise UsageError(f"{url} lists no model; give one with --served-model-name")
     return str(data[0]["id"])
 
 

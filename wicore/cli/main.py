@@ -13,7 +13,7 @@ from wicore.cli.engine_args import add_engine_args, engine_config
 from wicore.cli.flags import as_flags
 from wicore.cli.generate import add_generate
 from wicore.cli.plan import add_plan
-from wicore.errors import RequestError, WiCoreError
+from wicore.errors import UsageError, WiCoreError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"  # a chat model, so that the first question gets an answer
 
@@ -118,7 +118,7 @@ def apply_config_file(args: argparse.Namespace) -> None:
     given = given_flags(args.serve_parser, args.command_line[1:])  # after "serve"
     for name, value in load_config_file(args.config).items():
         if name in ("config", "func", "serve_parser", "command_line") or not hasattr(args, name):
-            raise RequestError(f"{args.config}: unknown setting {name!r}; use the names of wicore serve's flags")
+            raise UsageError(f"{args.config}: unknown setting {name!r}; use the names of wicore serve's flags")
         if name in given:
             continue
         if name == "api_key" and isinstance(value, str):
@@ -171,7 +171,7 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
         from wicore.api.images import ImageSettings
         from wicore.inputs.image_loader import ImageLimits
     except ImportError as exc:
-        raise RequestError(
+        raise UsageError(
             f"the HTTP server needs {exc.name}: pip install '.[cpu]' in the WiCore checkout (starlette, hypercorn)"
         ) from exc
     if getattr(args, "model_arg", None):  # `wicore serve x.gguf`
@@ -205,7 +205,7 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
             ),
         )
     except ValueError as exc:
-        raise RequestError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     return model_dir, settings
 
 
@@ -224,7 +224,7 @@ def read_chat_template(path: Path | None) -> str | None:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise RequestError(f"--chat-template {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from exc
+        raise UsageError(f"--chat-template {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from exc
     check_chat_template(text, f"--chat-template {path}")
     return text
 
@@ -233,12 +233,12 @@ def connection_limits(args: argparse.Namespace):  # -> ConnectionLimits
     try:
         from wicore.api.connections import ConnectionLimits
     except ImportError as exc:
-        raise RequestError(f"the HTTP server needs {exc.name}: pip install '.[cpu]' in the WiCore checkout") from exc
+        raise UsageError(f"the HTTP server needs {exc.name}: pip install '.[cpu]' in the WiCore checkout") from exc
 
     try:
         return ConnectionLimits(args.max_connections, args.header_timeout)
     except ValueError as exc:
-        raise RequestError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
 
 
 def local_host_names(host: str) -> tuple[str, ...]:
@@ -260,14 +260,12 @@ def api_keys(args: argparse.Namespace, read_key_file) -> list[str]:
     """The keys `serve` accepts. Asking for a key and getting none is an error, never "no auth":
     an empty --api-key (an unset shell variable) or a key file with no key in it."""
     if any(not key.strip() for key in args.api_key):
-        raise RequestError(
-            "--api-key is empty (an unset shell variable?); give a key, or leave the flag out to serve without auth"
-        )
+        raise UsageError("--api-key is empty (an unset shell variable?); give a key, or leave the flag out to serve without auth")
     keys = [key.strip() for key in args.api_key]
     if args.api_key_file is not None:
         from_file = read_key_file(args.api_key_file)
         if not from_file:
-            raise RequestError(f"the API key file {args.api_key_file} holds no key (blank and '#' lines are skipped)")
+            raise UsageError(f"the API key file {args.api_key_file} holds no key (blank and '#' lines are skipped)")
         keys += from_file
     return keys
 
@@ -279,14 +277,14 @@ def check_port_free(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise RequestError(f"--host {host!r}: {exc.strerror}") from exc
+        raise UsageError(f"--host {host!r}: {exc.strerror}") from exc
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(address)
         except OSError as exc:
-            raise RequestError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
 
 
 def add_pull(sub: argparse._SubParsersAction) -> None:

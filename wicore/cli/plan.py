@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from wicore.cli.flags import ENGINE_SETTINGS, as_flags
-from wicore.errors import RequestError
+from wicore.errors import UsageError
 
 
 def add_plan(sub: argparse._SubParsersAction) -> None:
@@ -61,7 +61,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     config_file = checkpoint_config(args.model)
     if config_file is None and not is_model_name_or_path(args.model):
-        raise RequestError(
+        raise UsageError(
             f"--model {args.model}: no such file or folder; wicore plan takes an exported model, a named one, a .gguf "
             "file, a checkpoint's config.json alone (the file, or the Hugging Face folder holding it) or a Hub id"
         )
@@ -71,13 +71,13 @@ def run_plan(args: argparse.Namespace) -> int:
         cfg, kv_dtype, weights, block_size, paged, devices = config_only(args, config_file)
     context = cfg.max_position_embeddings if args.context is None else args.context
     if not 0 < context <= cfg.max_position_embeddings:
-        raise RequestError(f"--context {context}: the model takes 1 to {cfg.max_position_embeddings} tokens")
+        raise UsageError(f"--context {context}: the model takes 1 to {cfg.max_position_embeddings} tokens")
     if min(args.prefill_chunk, args.max_batched_tokens, block_size) < 1:
-        raise RequestError("--prefill-chunk, --max-batched-tokens and --block-size must be positive")
+        raise UsageError("--prefill-chunk, --max-batched-tokens and --block-size must be positive")
     try:
         layout = KVLayout.of_config(cfg, kv_dtype, block_size)
     except ValueError as exc:  # a model the engine cannot run
-        raise RequestError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     work = Workload(args.prefill_chunk, args.max_batched_tokens, paged)
     plan = plan_capacity(cfg, layout, kv_dtype, weights, budget_bytes(args, devices), context, work)
     print(as_flags(plan.describe(), ENGINE_SETTINGS))
@@ -135,19 +135,19 @@ def config_only(args: argparse.Namespace, config_file: Path):
     from wicore.graph.decoder import DTYPES
     from wicore.kv.capacity import estimate_vision_bytes, estimate_weight_bytes
     from wicore.kv.layout import block_size_for
-    from wicore.model.config import Gemma3Config
+    from wicore.model.config import DecoderConfig
     from wicore.model.vision import VisionConfig
 
     try:
         raw = json.loads(config_file.read_text())
     except (OSError, ValueError) as exc:
-        raise RequestError(f"cannot read {config_file}: {exc}") from exc
+        raise UsageError(f"cannot read {config_file}: {exc}") from exc
     paged = args.attention == "paged"
     try:
-        cfg = Gemma3Config.from_hf(raw)
+        cfg = DecoderConfig.from_hf(raw)
         vision = None if paged else VisionConfig.from_hf(raw, {})  # a paged export leaves the vision tower out
     except KeyError as exc:
-        raise RequestError(f"{config_file} is not a model config WiCore reads: it has no {exc}") from exc
+        raise UsageError(f"{config_file} is not a model config WiCore reads: it has no {exc}") from exc
     flavour = "ort-quant" if args.weight_bits else "portable"
     ExportConfig(
         dtype=args.dtype,
@@ -189,10 +189,10 @@ def budget_bytes(args: argparse.Namespace, devices: list) -> int:
 
     if args.budget_gb is not None:
         if args.budget_gb <= 0:
-            raise RequestError(f"--budget-gb {args.budget_gb}: give a positive size")
+            raise UsageError(f"--budget-gb {args.budget_gb}: give a positive size")
         return int(args.budget_gb * GIB)
     free = [d.free_bytes() for d in devices]
     if not free or None in free:
         unknown = ", ".join(d.label for d, f in zip(devices, free) if f is None)
-        raise RequestError(f"the free memory of {unknown or 'the device'} is unknown: give --budget-gb")
+        raise UsageError(f"the free memory of {unknown or 'the device'} is unknown: give --budget-gb")
     return int(sum(free) * HEADROOM)
