@@ -104,10 +104,10 @@ def test_serve_refuses_an_nvme_dir_that_cannot_hold_the_tier_in_one_line(tiny_ex
     nvme_dir = tmp_path / "nvme"
     if kind == "a file":
         nvme_dir.write_bytes(b"x")
-        gb, expected = "0.01", f"cannot use the NVMe KV tier folder {nvme_dir} (nvme_dir): Not a directory"
+        gb, expected = "0.01", f"cannot use the NVMe KV tier folder {nvme_dir} (--nvme-dir): Not a directory"
     else:
         nvme_dir.mkdir()
-        gb, expected = f"{shutil.disk_usage(tmp_path).free / (1 << 30) + 100:.0f}", "GiB free: lower nvme_tier_gb"
+        gb, expected = f"{shutil.disk_usage(tmp_path).free / (1 << 30) + 100:.0f}", "GiB free: lower --nvme-tier-gb"
     res = subprocess.run(
         [sys.executable, "-m", "wicore.cli", "serve", "--model", str(folder), "--threads", "2"]
         + ["--port", str(free_port()), "--nvme-tier-gb", gb, "--nvme-dir", str(nvme_dir)],

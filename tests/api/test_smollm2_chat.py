@@ -41,7 +41,7 @@ def test_chat_answer_equals_hf_greedy_on_the_models_template(smollm2, hf_smollm2
 
 def test_wicore_serve_pulls_exports_and_answers(smollm2_gguf, tmp_path, launch):
     """`wicore serve --model smollm2-135m-instruct`: the name is pulled (here: already in the cache),
-    exported once in the flavour it gets on a CPU (portable fp32) and answers a chat."""
+    exported once in the flavour it gets on a CPU (ort-quant: the GGUF's 4-bit blocks) and answers a chat."""
     (tmp_path / "gguf").symlink_to(Path(smollm2_gguf).parent)
     os.environ["WICORE_CACHE"] = str(tmp_path)
     try:
@@ -56,4 +56,4 @@ def test_wicore_serve_pulls_exports_and_answers(smollm2_gguf, tmp_path, launch):
         proc.wait(30)
     assert reply.choices[0].finish_reason == "stop"
     assert reply.choices[0].message.content == "The capital of France is Paris."
-    assert (tmp_path / "models" / "smollm2-135m-instruct" / "wicore.json").is_file()
+    assert (tmp_path / "models" / "smollm2-135m-instruct-ort-quant" / "wicore.json").is_file()

@@ -27,7 +27,7 @@ import itertools
 import queue
 import threading
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from wicore.devices.providers import Device
 from wicore.engine.channel import Channel
@@ -193,7 +193,7 @@ class Engine:
     def num_queued(self) -> int:
         """Requests waiting for their first step: in the core's queue (as of its last news) or
         not yet handed to it."""
-        return self._stats.waiting + self._num_in_inbox
+        return self.stats().waiting
 
     def expand_images(self, text: str) -> str:
         """`text` with each `<start_of_image>` expanded into its image's tokens, as HF's Gemma3Processor
@@ -317,7 +317,9 @@ class Engine:
     def stats(self) -> EngineStats:
         """Queues, KV blocks and counters as of the engine thread's last step (or its last
         news): never waits for a step. Before start and after stop, read from the core."""
-        return self._stats if self._thread is not None else self.core.stats()
+        stats = self._stats if self._thread is not None else self.core.stats()
+        # Requests added and not yet handed to the core wait too (before start(), all of them do).
+        return replace(stats, waiting=stats.waiting + self._num_in_inbox) if self._num_in_inbox else stats
 
     def stats_json(self) -> dict[str, object]:
         """`stats()` in /v1/stats' JSON shape (the API's seam: wicore.api.serving)."""
