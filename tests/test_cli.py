@@ -188,6 +188,7 @@ def test_export_onto_an_existing_folder_is_refused_before_the_source_is_read(tmp
     assert res.stderr.strip() == f"wicore-export: error: {out} already exists; pass --force to replace it"
 
 
+@pytest.mark.slow  # 2 s on the 2-core VM, loaded
 def test_generate_with_an_image_prints_hf_greedy_text(tiny_multimodal, tmp_path, capsys):
     import torch
     from multimodal import png, user

@@ -46,6 +46,7 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
+@pytest.mark.slow  # 23 s on the 2-core VM, loaded
 def test_64_greedy_tokens_match_hf_on_three_chats(smollm2, hf_smollm2, prompts):
     """Up to 64 greedy tokens each, batched, equal to HF's (both stop at <|im_end|>)."""
     with Engine(EngineConfig(model_dir=smollm2(), num_threads=2, host_tier_gb=0)) as engine:
@@ -56,6 +57,7 @@ def test_64_greedy_tokens_match_hf_on_three_chats(smollm2, hf_smollm2, prompts):
     assert [len(c.token_ids) for c in completions] == [64, 8, 64]  # the capital question ends at <|im_end|>
 
 
+@pytest.mark.slow  # 5 s on the 2-core VM, loaded
 def test_the_chat_answer_ends_at_im_end(smollm2, prompts):
     """The instruction-tuned model answers the capital question and stops at its end-of-turn token."""
     folder = smollm2()

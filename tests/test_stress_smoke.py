@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).parents[1]
@@ -20,9 +22,12 @@ REPO = Path(__file__).parents[1]
 
 def test_stress_spawned_server_drains(gemma_270m: Callable[[int], Path], tmp_path: Path) -> None:
     record = tmp_path / "stress.json"
+    template = tmp_path / "gemma3-chat.jinja"  # the packaged 270M is a base model: its chats go through Gemma's template
+    template.write_text(GEMMA3_CHAT_TEMPLATE)
     load = "--clients 8 --ramp 5 --duration 30 --disconnect-fraction 0.2 --disconnect-chunks 1,2 --max-tokens 4,16"
     command = [sys.executable, str(REPO / "tools" / "stress.py"), "--spawn", "--model", str(gemma_270m(1)), "--threads", "2"]
     command += [*load.split(), "--server-log", str(tmp_path / "server.log"), "--json", str(record)]
+    command += [f"--serve-args=--chat-template {template}"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{(tmp_path / 'server.log').read_text()[-4000:]}"

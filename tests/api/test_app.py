@@ -212,6 +212,7 @@ def test_stats_and_metrics(open_server):
     assert 'wicore_requests_total{route="/health",status="200"}' in text
 
 
+@pytest.mark.slow  # 4 s on the 2-core VM, loaded
 def test_unknown_paths_share_one_metrics_series(open_server):
     """Random paths (no key needed to send them) must not add a series each to /metrics."""
     for i in range(50):

@@ -89,6 +89,7 @@ def test_half_sent_headers_are_dropped_after_the_header_timeout(limited):
         sock.close()
 
 
+@pytest.mark.slow  # 3 s on the 2-core VM, loaded
 def test_wicore_serve_takes_the_limits_from_its_flags(tiny_export, launch):
     """--max-connections 2: of three silent connections at least one is refused (launch's own
     health check may still hold a slot: Hypercorn keeps a connection its client closed while

@@ -130,6 +130,7 @@ def test_an_http2_stream_reset_aborts_its_request_and_the_connection_goes_on(eng
 
 
 @pytest.mark.parametrize("route", list(BODIES))
+@pytest.mark.slow  # 3 s on the 2-core VM, loaded
 def test_a_non_streamed_answer_cut_by_shutdown_is_a_503_with_a_body(engine, route):
     """Issue 35: it was an empty 500. A second server on the same engine, 2 s of grace."""
     server = ServerThread(create_app(engine, ServerSettings(model_name="long")), grace_seconds=2.0).start()
@@ -194,6 +195,7 @@ def test_one_websocket_cannot_take_more_than_its_share_of_the_queue(engine, shar
     assert shared_server.app.state.api.in_flight.counts == {}
 
 
+@pytest.mark.slow  # 5 s on the 2-core VM, loaded
 def test_the_streams_of_one_http2_connection_share_its_limit(engine, shared_server):
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     body = json.dumps(BODIES["/v1/inference"]).encode()

@@ -61,6 +61,7 @@ def served(multimodal_server):
     return multimodal_server(images=ImageSettings(max_images=2, limits=ImageLimits(max_bytes=64_000, max_pixels=100_000)))
 
 
+@pytest.mark.slow  # 2 s on the 2-core VM, loaded
 def test_greedy_chat_through_wicore_serve_equals_hf_generate(tiny_multimodal, launch):
     from openai import OpenAI
 

@@ -39,6 +39,7 @@ def test_serve_with_keys_from_flags_and_file_then_sigterm(tiny_export, tmp_path,
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow  # 6 s on the 2-core VM, loaded
 def test_shutdown_cuts_a_body_still_arriving_without_a_traceback(tiny_export, launch, sig):
     """The grace period ends with a request body half sent: Hypercorn cancels that connection,
     and the server exits 0 with nothing in its log but the access line (Python 3.11 used to log

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import openai
+import pytest
 from test_smollm2 import CHATS, hf_greedy
 
 from wicore.api.app import ServerSettings, create_app
@@ -13,6 +14,7 @@ from wicore.api.server import ServerThread
 from wicore.engine.engine import Engine, EngineConfig
 
 
+@pytest.mark.slow  # 50 s on the 2-core VM, loaded
 def test_chat_answer_equals_hf_greedy_on_the_models_template(smollm2, hf_smollm2, hf_tokenizer_smollm2):
     """fp32 export: the answer is HF's greedy continuation of the same rendered template, up to <|im_end|>."""
     engine = Engine(EngineConfig(model_dir=smollm2(), num_threads=2, host_tier_gb=0)).start()
@@ -39,6 +41,7 @@ def test_chat_answer_equals_hf_greedy_on_the_models_template(smollm2, hf_smollm2
     assert choice.message.content == "The capital of France is Paris."
 
 
+@pytest.mark.slow  # 24 s on the 2-core VM, loaded
 def test_wicore_serve_pulls_exports_and_answers(smollm2_gguf, tmp_path, launch):
     """`wicore serve --model smollm2-135m-instruct`: the name is pulled (here: already in the cache),
     exported once in the flavour it gets on a CPU (ort-quant: the GGUF's 4-bit blocks) and answers a chat."""

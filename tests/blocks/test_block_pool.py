@@ -672,3 +672,4 @@ class PoolMachine(RuleBasedStateMachine):
 
 TestPoolMachine = PoolMachine.TestCase
 TestPoolMachine.settings = settings(max_examples=200, deadline=None)
+TestPoolMachine.pytestmark = [pytest.mark.slow]  # 14 s on the 2-core VM, loaded

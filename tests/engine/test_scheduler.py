@@ -105,6 +105,7 @@ GRID = [
 ]
 
 
+@pytest.mark.slow  # 5 s on the 2-core VM, loaded
 def test_every_request_that_fits_the_device_tier_alone_ends():
     """All sizes where each request alone fits DEVICE (as Engine.add_request requires): every
     request ends with all its tokens, and the pool returns to empty."""

@@ -41,6 +41,7 @@ def tv(counts: np.ndarray, probs: np.ndarray) -> float:
     ],
 )
 @pytest.mark.parametrize("draft", [0, 5, 6])  # the likeliest token, a middling one, one top-k / top-p may cut
+@pytest.mark.slow  # 19 s on the 2-core VM, loaded
 def test_verified_tokens_follow_the_samplers_distribution(params, draft):
     sampler = Sampler(replace(params, seed=11))
     counts = np.zeros(len(LOGITS))
@@ -91,6 +92,7 @@ class FixedProposer:
         pass
 
 
+@pytest.mark.slow  # 9 s on the 2-core VM, loaded
 def test_the_engine_samples_the_models_distribution_with_speculation(tiny_export):
     """Tiny random Gemma 3, temperature 1, top-k 4: the pair (first token, second token) of 1,500
     seeded requests, whose second token always comes out of a verification row, against the exact

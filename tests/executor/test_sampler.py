@@ -181,6 +181,7 @@ def test_candidates_equal_a_full_sort(top_k, top_p, shape):
     np.testing.assert_allclose(probs, want_probs, rtol=1e-9)
 
 
+@pytest.mark.slow  # 2 s on the 2-core VM, loaded
 def test_temperature_sampling_over_many_blocks_follows_the_distribution():
     # 3000 tokens (six CDF blocks); the mass sits in tokens of different blocks, the last included.
     logits = np.full(3000, -40.0, np.float32)

@@ -56,6 +56,7 @@ def test_sampling_follows_the_masked_distribution(temperature):
     assert_follows(draws(SamplingParams(temperature=temperature, seed=11)), renormalised(LOGITS, ALLOWED, temperature))
 
 
+@pytest.mark.slow  # 2 s on the 2-core VM, loaded
 def test_top_k_and_top_p_cut_the_masked_distribution():
     p = renormalised(LOGITS, ALLOWED)
     order = np.lexsort((np.arange(VOCAB), -p))

@@ -265,6 +265,7 @@ def test_a_directory_is_refused(tmp_path):
         read_gguf(tmp_path)
 
 
+@pytest.mark.slow  # 2 s on the 2-core VM, loaded
 def test_every_truncation_is_refused(tmp_path):
     """Cut after any byte before the end of the last tensor, the file is refused as truncated."""
     data = write_gguf(tmp_path / "all.gguf").read_bytes()
@@ -276,6 +277,7 @@ def test_every_truncation_is_refused(tmp_path):
             read_gguf(cut)
 
 
+@pytest.mark.slow  # 6 s on the 2-core VM, loaded
 def test_any_byte_of_the_header_flipped_reads_or_is_refused(tmp_path):
     """No flipped byte lets an IndexError, struct.error, OverflowError... out: the file either reads
     (a changed value) or raises ModelSourceError."""

@@ -71,6 +71,7 @@ def test_a_gguf_repository_resolves_the_file_of_its_quant_tag(hub):
         hub_path(HubId("org/model-GGUF"))
 
 
+@pytest.mark.slow  # 2 s on the 2-core VM, loaded
 def test_pull_and_its_errors_through_the_cli(hub):
     folder = snapshot(hub, "org/model")
     (folder / "config.json").write_text("{}")

@@ -180,6 +180,7 @@ def test_hf_config_rejects_other_architectures():
         DecoderConfig.from_hf({"model_type": "falcon", "num_hidden_layers": 2})
 
 
+@pytest.mark.slow  # 4 s on the 2-core VM, loaded
 def test_gguf_config_of_the_packaged_270m():
     src = open_source("gemma3-270m")
     cfg = src.config
@@ -219,6 +220,7 @@ def test_missing_gguf_fails_with_exit_code_and_writes_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("fraction", [0.003, 0.5, 0.999])
+@pytest.mark.slow  # 6 s on the 2-core VM, loaded
 def test_truncated_gguf_is_refused(tmp_path, fraction):
     from wicore.export.sources import packaged_gguf
 

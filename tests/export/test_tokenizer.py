@@ -365,6 +365,7 @@ def test_incremental_decoder_skips_special_tokens_and_flushes_partial(tok: Token
     assert decoder.flush() == ""
 
 
+@pytest.mark.slow  # 9 s on the 2-core VM, loaded
 def test_a_vocabulary_converted_without_its_merges_is_refused(exported: tuple[Path, TokenizerInfo], tmp_path: Path) -> None:
     # What transformers 5.17 built from this GGUF: the pieces, none of the merges.
     from transformers import PreTrainedTokenizerFast

@@ -93,6 +93,7 @@ def decode_together_and_alone(graphs: ModelGraphs) -> tuple[np.ndarray, np.ndarr
 
 
 @pytest.mark.parametrize("num_threads", [1, 4])
+@pytest.mark.slow  # 2 s on the 2-core VM, loaded
 def test_a_decode_row_gets_the_same_logits_in_any_batch(exports, num_threads):
     together, alone = decode_together_and_alone(open_graphs(exports["batch-invariant"][0], num_threads))
     assert np.array_equal(together, alone)
@@ -108,6 +109,7 @@ def test_the_portable_attention_is_not_batch_invariant(exports):
 
 
 @pytest.mark.parametrize("num_threads", [1, 4])
+@pytest.mark.slow  # 4 s on the 2-core VM, loaded
 def test_prompt_logits_do_not_depend_on_the_chunking(exports, num_threads):
     graphs = open_graphs(exports["batch-invariant"][0], num_threads)
     tokens, blocks = prompts()[4], blocks_of(4)

@@ -113,6 +113,7 @@ def test_int8_blocks_swapped_to_the_host_and_back_lose_nothing(int8_export):
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.slow  # 52 s on the 2-core VM, loaded
 def test_the_real_270m_decodes_greedily_as_with_float32_kv(gemma_270m, export_cached):
     """Gemma 3 270M, int8 KV against float32 KV (which gives HF's greedy tokens, test_gemma3_270m.py),
     prompts prefilled in chunks of 32: the same first 16 greedy tokens of each (tools/check_kv_int8.py

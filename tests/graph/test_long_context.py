@@ -119,6 +119,7 @@ def quantized_export(tiny_model, tmp_path_factory):
 
 
 @pytest.mark.parametrize("flavour", ["portable", "ort-quant"])
+@pytest.mark.slow  # 4 s on the 2-core VM, loaded
 def test_logits_at_positions_past_100k_match_hf(tiny_export, quantized_export, flavour):
     """portable: RoPE from standard ops; ort-quant: com.microsoft RotaryEmbedding over per-token
     cos / sin rows."""

@@ -56,6 +56,7 @@ def value(name: str, elem: int, shape: list) -> object:
 
 @pytest.mark.parametrize("post_norm", [False, True], ids=["AddRMSNorm", "NormAddRMSNorm"])
 @pytest.mark.parametrize("shape", [(3, 37), (2, 5, 64), (0, 16)])
+@pytest.mark.slow  # 3 s on the 2-core VM, loaded
 def test_residual_norm_is_the_sum_and_its_norm(cpu_library, post_norm, shape):
     hidden = shape[-1]
     f32, f16 = TensorProto.FLOAT, TensorProto.FLOAT16
