@@ -269,12 +269,12 @@ def test_the_tool_call_parser_setting_overrides_the_templates_choice(served):
 
 def test_wicore_serve_checks_the_tool_call_parser_name(tiny_export):
     from wicore.cli.main import parse_command_line, prepare_serve
-    from wicore.errors import RequestError
+    from wicore.errors import UsageError
 
     folder = str(tiny_export()[0])
     _, settings = prepare_serve(parse_command_line(["serve", "--model", folder, "--tool-call-parser", "gemma"]))
     assert settings.tool_call_parser == "gemma"
-    with pytest.raises(RequestError, match="^tool_call_parser 'nope': choose one of hermes, llama3_json, pythonic, gemma$"):
+    with pytest.raises(UsageError, match="^tool_call_parser 'nope': choose one of hermes, llama3_json, pythonic, gemma$"):
         prepare_serve(parse_command_line(["serve", "--model", folder, "--tool-call-parser", "nope"]))
 
 
