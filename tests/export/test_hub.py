@@ -108,18 +108,26 @@ def test_generate_by_hub_id_exports_once_and_gives_hf_greedy_text(hub, tmp_path,
 
 
 @pytest.mark.slow
-def test_a_gguf_repository_by_quant_tag_generates_as_the_same_file_does(hub, tmp_path):
+def test_a_gguf_repository_by_quant_tag_generates_as_the_same_file_does(hub, tmp_path, export_cached):
     """The packaged Gemma 3 270M GGUF cached as a GGUF repository's Q4_K_M file: exported with its
-    quantized blocks (ort-quant, as a GGUF on a CPU is) and greedy text equal to the packaged name's."""
+    quantized blocks (ort-quant, as a GGUF on a CPU is) and greedy text equal to the packaged name's.
+    The packaged name's export is the session's (the one tests/test_gemma3_270m_quant.py checks),
+    put where `wicore generate --model gemma3-270m` looks for it, so only the Hub id is exported here."""
     from wicore.export.sources import packaged_gguf
 
+    models = tmp_path / "wicore" / "models"
+    models.mkdir(parents=True)
+    packaged_export = models / "gemma3-270m-ort-quant"
+    packaged_export.symlink_to(export_cached("gemma3-270m-ort-quant", "gemma3-270m", op_flavour="ort-quant"))
+    before = (packaged_export / "wicore.json").stat().st_mtime_ns
     folder = snapshot(hub, "google/gemma-3-270m-GGUF")
     (folder / "gemma-3-270m-Q4_K_M.gguf").symlink_to(packaged_gguf("gemma3-270m"))  # the Hub cache links blobs too
     (folder / "README.md").write_text("a GGUF repository")
     prompt = ("--prompt", "The capital of France is", "--max-tokens", "8")
     res = wicore("generate", "--model", "google/gemma-3-270m-GGUF:Q4_K_M", *prompt)
     assert res.returncode == 0, res.stderr
-    assert (tmp_path / "wicore" / "models" / "hub" / "google--gemma-3-270m-GGUF--Q4_K_M-ort-quant" / "wicore.json").is_file()
+    assert (models / "hub" / "google--gemma-3-270m-GGUF--Q4_K_M-ort-quant" / "wicore.json").is_file()
     packaged = wicore("generate", "--model", "gemma3-270m", *prompt)
     assert packaged.returncode == 0, packaged.stderr
+    assert packaged_export.is_symlink() and (packaged_export / "wicore.json").stat().st_mtime_ns == before  # not exported again
     assert res.stdout == packaged.stdout and res.stdout.strip()
