@@ -1,9 +1,12 @@
 """Tokenizer export (wicore.export.tokenizer) and serving (wicore.inputs.tokenizer) on the real Gemma 3 270M.
 
-The GGUF vocabulary is exported once per session. With WICORE_TEST_CACHE set,
-the export and the transformers reference (AutoTokenizer from the GGUF, saved
-by transformers itself) are kept there between runs, keyed by the GGUF and by
-the source of wicore/export/tokenizer.py; otherwise they go to a pytest tmp dir.
+The tokenizer under test is the one the session's export of the packaged 270M
+(conftest's gemma_270m(1), shared with every test that runs the model) wrote beside
+its graphs: export_tokenizer_from_gguf through the GGUF source, its TokenizerInfo
+from the manifest. Converting the 262k vocabulary a second time here bought nothing.
+With WICORE_TEST_CACHE set, the transformers reference (AutoTokenizer from the GGUF,
+saved by transformers itself) is kept there between runs, keyed by the GGUF and by
+the source of wicore/export/tokenizer.py; otherwise it goes to a pytest tmp dir.
 Tests that read the real vocabulary are marked slow.
 """
 
@@ -16,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +28,9 @@ import pytest
 import wicore.export.tokenizer as export_tokenizer
 from wicore.errors import ModelSourceError, RequestError, UnsupportedModelError
 from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE, check_whole_words, export_tokenizer_from_gguf, export_tokenizer_from_hf
+from wicore.graph.manifest import Manifest
 from wicore.inputs.tokenizer import IncrementalDecoder, Tokenizer
 from wicore.model.tokenizer_info import TokenizerInfo
-
-INFO_FILE = "wicore-tokenizer-info.json"  # test-side record of the TokenizerInfo of a cached export
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -72,17 +75,12 @@ def gguf_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def exported(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TokenizerInfo]:
-    folder = _cache_root(tmp_path_factory) / f"wicore-{_cache_key(gguf_path)}"
-
-    def build(out: Path) -> None:
-        start = time.perf_counter()
-        info = export_tokenizer_from_gguf(gguf_path, out)
-        print(f"\n[tokenizer] GGUF -> tokenizer.json conversion: {time.perf_counter() - start:.1f} s")
-        (out / INFO_FILE).write_text(json.dumps(info.to_dict()), encoding="utf-8")
-
-    _build_once(folder, build)
-    return folder, TokenizerInfo.from_dict(json.loads((folder / INFO_FILE).read_text(encoding="utf-8")))
+def exported(gemma_270m: Callable[[int], Path]) -> tuple[Path, TokenizerInfo]:
+    """(folder, info) of the tokenizer the packaged 270M's export wrote from its GGUF."""
+    folder = gemma_270m(1)
+    tokenizer = Manifest.read(folder).tokenizer
+    assert tokenizer is not None, f"{folder}: the export wrote no tokenizer"
+    return folder, TokenizerInfo.from_dict(tokenizer)
 
 
 @pytest.fixture(scope="session")
