@@ -41,11 +41,17 @@ def test_chat_answer_equals_hf_greedy_on_the_models_template(smollm2, hf_smollm2
     assert choice.message.content == "The capital of France is Paris."
 
 
-@pytest.mark.slow  # 24 s on the 2-core VM, loaded
-def test_wicore_serve_pulls_exports_and_answers(smollm2_gguf, tmp_path, launch):
-    """`wicore serve --model smollm2-135m-instruct`: the name is pulled (here: already in the cache),
-    exported once in the flavour it gets on a CPU (ort-quant: the GGUF's 4-bit blocks) and answers a chat."""
+@pytest.mark.slow
+def test_wicore_serve_by_name_runs_its_cpu_export_and_answers(smollm2_gguf, smollm2, tmp_path, launch):
+    """`wicore serve --model smollm2-135m-instruct` serves the flavour the name gets on a CPU
+    (ort-quant: the GGUF's 4-bit blocks) and answers a chat. The session's ort-quant export (the one
+    tests/test_smollm2.py checks against HF) is put where the name's export goes; the export on first
+    use is tests/cli/test_serve_args.py::test_plain_wicore_serve_answers_the_readme_questions's."""
     (tmp_path / "gguf").symlink_to(Path(smollm2_gguf).parent)
+    (tmp_path / "models").mkdir()
+    export = tmp_path / "models" / "smollm2-135m-instruct-ort-quant"
+    export.symlink_to(smollm2("ort-quant"))
+    before = (export / "wicore.json").stat().st_mtime_ns
     os.environ["WICORE_CACHE"] = str(tmp_path)
     try:
         proc, url = launch("smollm2-135m-instruct")
@@ -59,4 +65,4 @@ def test_wicore_serve_pulls_exports_and_answers(smollm2_gguf, tmp_path, launch):
         proc.wait(30)
     assert reply.choices[0].finish_reason == "stop"
     assert reply.choices[0].message.content == "The capital of France is Paris."
-    assert (tmp_path / "models" / "smollm2-135m-instruct-ort-quant" / "wicore.json").is_file()
+    assert export.is_symlink() and (export / "wicore.json").stat().st_mtime_ns == before  # the name found that export
