@@ -153,7 +153,7 @@ def test_an_export_is_planned_from_its_graphs(tiny_export, capsys):
         (
             [],
             {**GEMMA3_27B_IT["text_config"], "rope_scaling": {"rope_type": "yarn", "factor": 8.0}},
-            "rope scaling 'yarn' is not supported",
+            "yarn rope scaling needs original_max_position_embeddings",
         ),
     ],
     ids=["context", "context-0", "all-sliding", "paged-fp32", "paged-int8-kv", "budget", "falcon", "missing-key", "yarn"],
