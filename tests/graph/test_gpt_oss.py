@@ -176,3 +176,11 @@ def test_yarn_frequencies_and_attention_factor_match_transformers():
         ours = DecoderConfig.from_hf(cfg.to_dict()).rope_global
         np.testing.assert_allclose(ours.inv_freq(SHAPE["head_dim"]), hf.inv_freq.numpy(), rtol=1e-6, atol=0)
         assert ours.attention_factor == pytest.approx(hf.attention_scaling)
+
+
+def test_paged_attention_is_refused_naming_why(tmp_path):
+    """The paged graphs have neither the sinks nor YaRN's attention factor: refused, not exported wrong."""
+    from wicore.errors import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="has no paged attention \\(attention sinks and YaRN"):
+        build(tmp_path, ExportConfig(dtype="fp16", attention="paged"))
