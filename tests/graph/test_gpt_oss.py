@@ -63,22 +63,23 @@ def build(tmp: Path, export: ExportConfig | None = None, **shape: object) -> tup
     return tmp / "model", model
 
 
-def test_batched_logits_match_hf_with_every_expert_used(tmp_path, reference_logits):
+def test_batched_logits_match_hf_with_every_expert_used(tmp_path):
     import torch
 
     folder, model = build(tmp_path)
     used: list[set[int]] = [set() for _ in range(SHAPE["num_hidden_layers"])]
-    for prompt in PROMPTS:
+    refs = []
+    for prompt in PROMPTS:  # one HF forward a prompt: its logits and its routers' choices
         with torch.no_grad():
             out = model(torch.tensor([prompt]), output_router_logits=True)
+        refs.append(out.logits[0].float().numpy())
         for i, logits in enumerate(out.router_logits):
             used[i].update(logits.topk(TOP_K, dim=-1).indices.flatten().tolist())
     assert used == [set(range(NUM_EXPERTS))] * SHAPE["num_hidden_layers"]
     with engine(folder, prefill_chunk=16) as eng:
         completions = eng.generate(PROMPTS, SamplingParams(max_tokens=1, prompt_logits=True))
-    for prompt, completion in zip(PROMPTS, completions, strict=True):
+    for ref, completion in zip(refs, completions, strict=True):
         assert completion.error is None
-        ref = reference_logits(model, prompt)
         np.testing.assert_allclose(completion.prompt_logits, ref, atol=1e-4, rtol=0)
         assert (completion.prompt_logits.argmax(-1) == ref.argmax(-1)).all()
 
@@ -184,3 +185,17 @@ def test_paged_attention_is_refused_naming_why(tmp_path):
 
     with pytest.raises(UnsupportedModelError, match="has no paged attention \\(attention sinks and YaRN"):
         build(tmp_path, ExportConfig(dtype="fp16", attention="paged"))
+
+
+@pytest.mark.parametrize(
+    "export",
+    [ExportConfig(attention="batch-invariant"), ExportConfig(num_partitions=2)],
+    ids=["batch-invariant", "two-partitions"],
+)
+def test_other_portable_exports_match_hf(tmp_path, reference_logits, export):
+    """The sinks in the batch-invariant attention's score rows; layers split over two partitions."""
+    folder, model = build(tmp_path, export)
+    with engine(folder, prefill_chunk=16) as eng:
+        completions = eng.generate(PROMPTS, SamplingParams(max_tokens=1, prompt_logits=True))
+    for prompt, completion in zip(PROMPTS, completions, strict=True):
+        np.testing.assert_allclose(completion.prompt_logits, reference_logits(model, prompt), atol=1e-4, rtol=0)
