@@ -66,6 +66,17 @@ FAMILIES |= {
         {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128},
     ),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 8, "num_experts_per_tok": 2}),
+    # sinks, biases, clamped-SwiGLU experts, YaRN: the paged exports refuse it (tests/graph/test_gpt_oss.py)
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        {
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "sliding_window": 64,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        },
+    ),
 }
 EXPORTS = {"fp32-portable": ExportConfig(), "fp16-paged": ExportConfig(dtype="fp16", attention="paged")}
 EXPORTS = {

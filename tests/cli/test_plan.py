@@ -153,7 +153,7 @@ def test_an_export_is_planned_from_its_graphs(tiny_export, capsys):
         (
             [],
             {**GEMMA3_27B_IT["text_config"], "rope_scaling": {"rope_type": "yarn", "factor": 8.0}},
-            "rope scaling 'yarn' is not supported",
+            "yarn rope scaling needs original_max_position_embeddings",
         ),
     ],
     ids=["context", "context-0", "all-sliding", "paged-fp32", "paged-int8-kv", "budget", "falcon", "missing-key", "yarn"],
@@ -184,4 +184,45 @@ def test_a_missing_model_says_plan_also_takes_a_config_json(tmp_path, capsys):
     assert err == (
         f"wicore: error: --model {tmp_path / 'nowhere'}: no such file or folder; wicore plan takes an exported model, "
         "a named one, a .gguf file, a checkpoint's config.json alone (the file, or the Hugging Face folder holding it) or a Hub id\n"
+    )
+
+
+GPT_OSS_20B = {
+    "model_type": "gpt_oss",
+    "num_hidden_layers": 24,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "vocab_size": 201088,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "head_dim": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "attention_bias": True,
+    "tie_word_embeddings": False,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+}
+
+
+def test_gpt_oss_counts_every_expert(tmp_path, capsys):
+    """gpt-oss-20b's shape: 20.9B weights (its model card's count), 38.94 GiB in fp16; half its layers slide."""
+    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
+    code, lines, _ = plan(capsys, "--model", str(tmp_path), "--dtype", "fp16", "--budget-gb", "80", "--context", "32768")
+    assert code == 0
+    assert lines[0] == (
+        f"{tmp_path / 'config.json'}: 24 layers (12 full attention), 8 KV heads x 64, window 128, context 131072, "
+        "32 experts x 2880 a layer (4 a token); as exported with --dtype fp16 --attention portable: "
+        "weights 38.94G (estimated from the shape)"
     )

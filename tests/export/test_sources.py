@@ -115,7 +115,10 @@ def test_hf_config_legacy_type_key_reads_as_transformers_4_reads_it():
 @pytest.mark.parametrize(
     ("rope", "message"),
     [
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 8.0}}, "full_attention layers: rope scaling 'yarn' is not supported"),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 8.0}},
+            "full_attention layers: yarn rope scaling needs original_max_position_embeddings",
+        ),
         ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic' is not supported"),
         (
             {"rope_parameters": {FULL: {"rope_type": "llama3", "factor": 8.0}}},

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from wicore.errors import ModelSourceError
+from wicore.export.stacked_experts import unstack_experts
 from wicore.model.config import DecoderConfig
 from wicore.model.vision import VisionConfig
 from wicore.model.weights import LayerWeights, expected_shapes
@@ -117,6 +118,13 @@ class HFSource:
         row = self.config.family_row
         shapes = expected_shapes(self.config)
         tensors: dict[str, np.ndarray] = {}
+        if row.hf_stacked_experts:
+            layer = f"layers.{index}."
+            tensors.update(
+                unstack_experts(
+                    lambda n: self._tensor(layer + n), lambda n: self._prefix + layer + n in self._index, self.config.num_experts
+                )
+            )
         for fused, parts in row.hf_fused.items():
             if self._prefix + f"layers.{index}.{fused}.weight" in self._index:
                 data = self._tensor(f"layers.{index}.{fused}.weight")
@@ -125,7 +133,8 @@ class HFSource:
         for name in shapes:
             if name not in tensors:
                 stored = hf_name(row.hf_names, name)
-                tensors[name] = self._tensor(f"layers.{index}.{stored}" + ("" if stored.endswith(".bias") else ".weight"))
+                bare = stored.endswith((".bias", ".sinks"))  # a bias or gpt-oss's sinks: no `.weight`
+                tensors[name] = self._tensor(f"layers.{index}.{stored}" + ("" if bare else ".weight"))
         return LayerWeights(index, tensors)
 
     def vision(self) -> HFVision | None:

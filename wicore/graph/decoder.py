@@ -50,6 +50,7 @@ from wicore.graph.paged_attention import paged_attention
 from wicore.graph.partition import PartitionSpec
 from wicore.graph.quant import QuantLinear
 from wicore.graph.shared_values import SharedValues, shared_values
+from wicore.graph.sinks import softmax_with_sinks
 from wicore.model.config import DecoderConfig
 from wicore.model.families import ALL_HEADS, PER_HEAD
 from wicore.model.weights import LayerWeights, check_layer
@@ -110,6 +111,11 @@ class DecoderBuilder:
             raise UnsupportedModelError(
                 f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer, "
                 "whole-projection q/k norms and LongRoPE are not in the paged graphs): export it with the portable attention"
+            )
+        if attention == "paged" and (self.family.attention_sinks or cfg.rope_global.is_yarn or cfg.rope_local.is_yarn):
+            raise UnsupportedModelError(
+                f"this {self.family.name} model has no paged attention (attention sinks and YaRN's attention factor are not "
+                "in the paged graphs): export it with the portable attention (--op-flavour ort-quant runs its experts in QMoE)"
             )
         if self.wicore_kernels and not self.family.pre_norms:
             raise UnsupportedModelError(
@@ -335,7 +341,11 @@ class DecoderBuilder:
             scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, s * groups, total]
         if cfg.attn_logit_softcapping:  # Gemma 2: cap * tanh(scores / cap), before the mask
             scores = softcap(g, scores, cfg.attn_logit_softcapping, f"{p}/softcap")
-        probs = g.op("Softmax", [g.op("Add", [scores, shared.masks[is_sliding]], f"{p}/masked")], f"{p}/Softmax", axis=-1)
+        masked = g.op("Add", [scores, shared.masks[is_sliding]], f"{p}/masked")
+        if self.family.attention_sinks:  # gpt-oss: each head's sink in the denominator
+            probs = softmax_with_sinks(g, masked, layer["self_attn.sinks"], kvh, groups, f"{p}/sinks")
+        else:
+            probs = g.op("Softmax", [masked], f"{p}/Softmax", axis=-1)
         if masses is not None and not is_sliding:
             masses.append(block_mass(g, probs, shared.block_shape, f"{p}/block_mass"))
         if self.batch_invariant:
@@ -348,8 +358,14 @@ class DecoderBuilder:
         return self.o_proj(g, layer, out, p)
 
     def o_proj(self, g: Graph, layer: LayerWeights, out: str, p: str) -> str:
-        """The attention's output projection, Granite's residual multiplier folded into its weight."""
-        return self.linear(g, out, [self.residual_scaled(layer["self_attn.o_proj"])], f"{p}/o_proj")
+        """The attention's output projection (and its bias, where the family has one), Granite's residual
+        multiplier folded into its weight."""
+        y = self.linear(g, out, [self.residual_scaled(layer["self_attn.o_proj"])], f"{p}/o_proj")
+        if not self.family.o_bias:
+            return y
+        bias_type = DTYPES_BY_ONNX[self.act_type]
+        bias = g.const(self.residual_scaled(layer["self_attn.o_proj.bias"]).astype(bias_type), bias_type)
+        return g.op("Add", [y, bias], f"{p}/o_proj/bias")
 
     def residual_scaled(self, weight: np.ndarray) -> np.ndarray:
         """A block's last weight times the residual multiplier (Granite's; 1 elsewhere: unchanged)."""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from onnx import TensorProto
 
+from wicore.graph.clamped_swiglu import clamped_swiglu_expert
 from wicore.graph.ops import MS_DOMAIN, Graph
 from wicore.graph.quant import pack_codes
 from wicore.model.weights import LayerWeights
@@ -47,6 +48,8 @@ def moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     logits = b.linear(g, rows, [layer["mlp.router"]], f"{p}/router", float_weights=True)
     if b.act_type != f32:
         logits = g.op("Cast", [logits], f"{p}/router/Cast_f32", to=f32)
+    if b.family.moe_bias:
+        logits = g.op("Add", [logits, g.const(layer["mlp.router.bias"].astype(np.float32), np.float32)], f"{p}/router/bias")
     probs = g.op("Softmax", [logits], f"{p}/router/Softmax", axis=-1)
     top_p, top_e = g.op_multi("TopK", [probs, g.const([k])], f"{p}/router/TopK", 2, axis=-1, largest=1, sorted=1)
     if cfg.norm_topk_prob:
@@ -67,8 +70,11 @@ def moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
         mine = g.op("Reshape", [hits, g.const([-1])], f"{q}/assignments")  # [M]
         tokens = g.op("Gather", [token_of, mine], f"{q}/tokens", axis=0)
         xe = g.op("Gather", [rows, tokens], f"{q}/rows", axis=0)  # [M, H]
-        w = [layer[f"mlp.experts.{e}.{n}"] for n in ("gate_proj", "up_proj", "down_proj")]
-        outputs.append(b.gated_mlp(g, xe, w[0], w[1], b.residual_scaled(w[2]), q))
+        if b.family.clamped_swiglu:
+            outputs.append(clamped_swiglu_expert(b, g, xe, layer, f"mlp.experts.{e}.", q))
+        else:
+            w = [layer[f"mlp.experts.{e}.{n}"] for n in ("gate_proj", "up_proj", "down_proj")]
+            outputs.append(b.gated_mlp(g, xe, w[0], w[1], b.residual_scaled(w[2]), q))
         positions.append(mine)
     order = g.op("Concat", positions, f"{p}/expert_order", axis=0)  # [N * k]: assignment of each row of y
     y = g.op("Concat", outputs, f"{p}/expert_outputs", axis=0)  # [N * k, H]
@@ -107,6 +113,8 @@ def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     if b.act_type != b.onnx_dtype:
         rows = g.op("Cast", [rows], f"{p}/Cast_in", to=b.onnx_dtype)
     logits = g.op("MatMul", [rows, g.weight(f"{p}/router.weight", layer["mlp.router"].T.astype(b.np_dtype))], f"{p}/router")
+    if b.family.moe_bias:
+        logits = g.op("Add", [logits, g.const(layer["mlp.router.bias"].astype(b.np_dtype), b.np_dtype)], f"{p}/router/bias")
 
     def gate_up(e: int) -> np.ndarray:  # rows g0, u0, g1, u1, ...
         return np.stack([layer[f"mlp.experts.{e}.gate_proj"], layer[f"mlp.experts.{e}.up_proj"]], axis=1).reshape(2 * w, h)
@@ -122,13 +130,23 @@ def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
         activation_beta=0.0,
         normalize_routing_weights=int(cfg.norm_topk_prob),
     )
+    if b.family.clamped_swiglu:  # gpt-oss: (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
+        attrs.update(activation_alpha=cfg.swiglu_alpha, activation_beta=1.0, swiglu_limit=cfg.swiglu_limit)
     experts = range(cfg.num_experts)
+    biases = ["", ""]  # fc1 [E, 2W] interleaved as its rows, fc2 [E, H]
+    if b.family.moe_bias:
+        down_bias = [b.residual_scaled(layer[f"mlp.experts.{e}.down_proj.bias"]) for e in experts]
+        biases = [
+            g.weight(f"{p}/fc1.bias", np.stack([expert_biases(layer, e) for e in experts]).astype(b.np_dtype)),
+            g.weight(f"{p}/fc2.bias", np.stack(down_bias).astype(b.np_dtype)),
+        ]
     if b.quant is None:
         fc1 = g.weight(f"{p}/fc1.weight", lambda: np.stack([gate_up(e) for e in experts]).astype(b.np_dtype))
         fc2 = g.weight(f"{p}/fc2.weight", lambda: np.stack([down(e) for e in experts]).astype(b.np_dtype))
-        y = g.op("MoE", [rows, logits, fc1, "", fc2], f"{p}/MoE", domain=MS_DOMAIN, **attrs)
+        y = g.op("MoE", [rows, logits, fc1, biases[0], fc2, biases[1]], f"{p}/MoE", domain=MS_DOMAIN, **attrs)
     else:
-        y = qmoe(b, g, [rows, logits], [gate_up(e) for e in experts], [down(e) for e in experts], p, attrs)
+        fc1s, fc2s = [gate_up(e) for e in experts], [down(e) for e in experts]
+        y = qmoe(b, g, [rows, logits], fc1s, fc2s, p, attrs, biases)
     if b.act_type != b.onnx_dtype:
         y = g.op("Cast", [y], f"{p}/Cast_out", to=b.act_type)
         rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows_act")
@@ -136,12 +154,26 @@ def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     return g.op("Reshape", [y, g.op("Shape", [x], f"{p}/shape")], f"{p}/out")
 
 
+def expert_biases(layer: LayerWeights, e: int) -> np.ndarray:
+    """Expert e's fc1 bias [2W]: gate and up biases interleaved as fc1's rows."""
+    p = f"mlp.experts.{e}."
+    return np.stack([layer[p + "gate_proj.bias"], layer[p + "up_proj.bias"]], axis=1).reshape(-1)
+
+
 def qmoe(
-    b: DecoderBuilder, g: Graph, inputs: list[str], fc1: list[np.ndarray], fc2: list[np.ndarray], p: str, attrs: dict[str, Any]
+    b: DecoderBuilder,
+    g: Graph,
+    inputs: list[str],
+    fc1: list[np.ndarray],
+    fc2: list[np.ndarray],
+    p: str,
+    attrs: dict[str, Any],
+    biases: list[str] | None = None,
 ) -> str:
     """com.microsoft.QMoE over the experts' fc1 / fc2 [out, in] weights in the builder's quantized
     blocks: MatMulNBits' codes and scales, stacked by expert (weights_prepacked=0: codes
-    [E, N, K * bits / 8], scales [E, N, K / block], zero point 2 ** (bits - 1) as MatMulNBits')."""
+    [E, N, K * bits / 8], scales [E, N, K / block], zero point 2 ** (bits - 1) as MatMulNBits');
+    `biases`: fc1's and fc2's bias inputs ("" none)."""
     assert b.quant is not None
     blocks = {"fc1": [b.quant.blocks([w]) for w in fc1], "fc2": [b.quant.blocks([w]) for w in fc2]}
     every = blocks["fc1"] + blocks["fc2"]
@@ -149,13 +181,15 @@ def qmoe(
     if len(bits) != 1 or any(q.offsets is not None for q in every):
         raise ValueError("QMoE needs one bit width and symmetric blocks for every expert")
     inputs = list(inputs)
-    for fc, quantized in blocks.items():
+    for (fc, quantized), bias in zip(blocks.items(), biases or ["", ""], strict=True):
         codes = np.stack([pack_codes(q).reshape(q.shape[0], -1) for q in quantized])
         scales = np.stack([q.scales for q in quantized]).astype(b.np_dtype)
-        inputs += [g.weight(f"{p}/{fc}.qweight", codes), g.weight(f"{p}/{fc}.scales", scales), ""]
+        inputs += [g.weight(f"{p}/{fc}.qweight", codes), g.weight(f"{p}/{fc}.scales", scales), bias]
+    while inputs[-1] == "":  # no trailing empty inputs
+        inputs.pop()
     return g.op(
         "QMoE",
-        inputs[:-1],  # no fc2 bias
+        inputs,
         f"{p}/QMoE",
         domain=MS_DOMAIN,
         expert_weight_bits=bits.pop(),

@@ -168,7 +168,7 @@ def rope_tables(
         inv_freq = longrope_inv_freq(g, cfg, positions, rope, p, contrib)
     freqs = g.op("Mul", [pos, inv_freq], f"{p}/freqs")
     tables = g.op("Cos", [freqs], f"{p}/cos"), g.op("Sin", [freqs], f"{p}/sin")
-    if rope.is_longrope and rope.attention_factor != 1.0:
+    if rope.attention_factor != 1.0:  # LongRoPE's and YaRN's
         scale = g.const(np.float32(rope.attention_factor), np.float32)
         tables = g.op("Mul", [tables[0], scale], f"{p}/cos_scaled"), g.op("Mul", [tables[1], scale], f"{p}/sin_scaled")
     if to == TensorProto.FLOAT:

@@ -28,7 +28,9 @@ class RopeConfig:
     """Rotary embedding of one layer type: base theta and scaling factor, linear or (with
     `original_max_position_embeddings` set) Llama 3's frequency-dependent scaling, or (with
     `short_factor` set) Phi-3's LongRoPE: each channel pair's frequency divided by its short or
-    long factor, cos and sin times `attention_factor`. As transformers chooses them, a run whose
+    long factor, cos and sin times `attention_factor`, or (with `beta_fast` set) YaRN (gpt-oss):
+    the fast pairs kept, the slow ones divided by `factor`, a linear ramp between, cos and sin
+    times `attention_factor`. As transformers chooses them, a run whose
     positions reach past `original_max_position_embeddings` uses the long factors for all its
     tokens, any other the short ones (WiCore: per row and step, graph/shared_values.py)."""
 
@@ -39,7 +41,14 @@ class RopeConfig:
     original_max_position_embeddings: int = 0  # > 0: llama3 scaling, or LongRoPE's switch
     short_factor: tuple[float, ...] = ()  # LongRoPE only: one factor a channel pair
     long_factor: tuple[float, ...] = ()
-    attention_factor: float = 1.0  # LongRoPE only
+    attention_factor: float = 1.0  # LongRoPE and YaRN: cos and sin times this
+    beta_fast: float = 0.0  # > 0: YaRN, the ramp's ends in rotations over original_max_position_embeddings
+    beta_slow: float = 0.0
+    truncate: bool = True  # YaRN: the ramp's ends rounded to whole channel pairs
+
+    @property
+    def is_yarn(self) -> bool:
+        return self.beta_fast > 0
 
     @property
     def is_longrope(self) -> bool:
@@ -54,7 +63,9 @@ class RopeConfig:
             )
         if self.theta <= 0 or self.factor <= 0:
             raise UnsupportedModelError(f"invalid rope parameters: theta={self.theta}, factor={self.factor}")
-        if self.original_max_position_embeddings and self.high_freq_factor <= self.low_freq_factor:
+        if self.is_yarn and (self.beta_slow <= 0 or not self.original_max_position_embeddings):
+            raise UnsupportedModelError("yarn rope scaling needs beta_slow > 0 and original_max_position_embeddings")
+        if self.original_max_position_embeddings and not self.is_yarn and self.high_freq_factor <= self.low_freq_factor:
             raise UnsupportedModelError(
                 f"llama3 rope scaling: high_freq_factor {self.high_freq_factor} <= low_freq_factor {self.low_freq_factor}"
             )
@@ -69,6 +80,8 @@ class RopeConfig:
             ext = np.asarray(self.long_factor if long else self.short_factor, np.float32)
             shape = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
             return (np.float32(1.0) / (ext * np.float32(self.theta) ** shape)).astype(np.float32)
+        if self.is_yarn:
+            return yarn_inv_freq(self, head_dim)
         inv_freq = 1.0 / (self.theta ** (np.arange(0, half, dtype=np.int64).astype(np.float32) * 2 / head_dim))
         if not self.original_max_position_embeddings:
             return (inv_freq / self.factor).astype(np.float32)
@@ -118,6 +131,8 @@ class DecoderConfig:
     moe_intermediate_size: int = 0  # an expert's MLP width
     norm_topk_prob: bool = True  # the top k's probabilities renormalised to sum to 1
     shared_expert_intermediate_size: int = 0  # the shared expert's width (families with one: Qwen2-MoE)
+    swiglu_alpha: float = 1.0  # clamped-SwiGLU experts (gpt-oss): gate * sigmoid(alpha * gate)
+    swiglu_limit: float = 0.0  # ... gate clamped above, up on both sides, at this; > 0 exactly for those families
 
     def __post_init__(self) -> None:
         family(self.family)
@@ -135,6 +150,10 @@ class DecoderConfig:
         if self.family_row.shared_expert != (self.shared_expert_intermediate_size > 0):
             raise UnsupportedModelError(
                 f"the {self.family} family {'needs' if self.family_row.shared_expert else 'has no'} a shared expert"
+            )
+        if self.family_row.clamped_swiglu != (self.swiglu_limit > 0):
+            raise UnsupportedModelError(
+                f"the {self.family} family {'needs' if self.family_row.clamped_swiglu else 'has no'} swiglu_limit"
             )
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise UnsupportedModelError(f"num_experts_per_tok {self.num_experts_per_tok} of {self.num_experts} experts")
@@ -244,6 +263,28 @@ def rope_from_params(params: dict[str, Any], theta: float, layer_type: str) -> R
             high_freq_factor=float(params["high_freq_factor"]),
             original_max_position_embeddings=int(params["original_max_position_embeddings"]),
         )
+    if kind == "yarn":
+        if params.get("original_max_position_embeddings") is None:
+            raise UnsupportedModelError(f"{layer_type} layers: yarn rope scaling needs original_max_position_embeddings")
+        original = int(params["original_max_position_embeddings"])
+        factor = float(params.get("factor") or int(params["max_position_embeddings"]) / original)
+        attention_factor = params.get("attention_factor")
+        if attention_factor is None:  # transformers' get_mscale
+            mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+            attention_factor = (
+                yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+                if mscale and mscale_all_dim
+                else yarn_mscale(factor)
+            )
+        return RopeConfig(
+            theta,
+            factor,
+            original_max_position_embeddings=original,
+            attention_factor=float(attention_factor),
+            beta_fast=float(params.get("beta_fast") or 32.0),
+            beta_slow=float(params.get("beta_slow") or 1.0),
+            truncate=bool(params.get("truncate", True)),
+        )
     if kind in ("longrope", "su"):
         keys = ("short_factor", "long_factor", "original_max_position_embeddings", "max_position_embeddings")
         if any(params.get(key) is None for key in keys):
@@ -262,8 +303,35 @@ def rope_from_params(params: dict[str, Any], theta: float, layer_type: str) -> R
         )
     raise UnsupportedModelError(
         f"{layer_type} layers: rope scaling {kind!r} is not supported; WiCore implements 'default', 'linear' "
-        "(the scaling Gemma 3 checkpoints use), 'llama3' and 'longrope'"
+        "(the scaling Gemma 3 checkpoints use), 'llama3', 'longrope' and 'yarn'"
     )
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_inv_freq(rope: RopeConfig, head_dim: int) -> np.ndarray:
+    """transformers' _compute_yarn_parameters: per channel pair, the unscaled frequency (fast pairs,
+    many rotations over the original context) and the one divided by `factor` (slow pairs), blended
+    by a linear ramp between the pairs that make beta_fast and beta_slow rotations; float32."""
+    original = rope.original_max_position_embeddings
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    extrapolation = (1 - ramp).astype(np.float32)
+    pos_freqs = np.float32(rope.theta) ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim))
+    inv_extra = np.float32(1.0) / pos_freqs
+    inv_inter = np.float32(1.0) / (np.float32(rope.factor) * pos_freqs)
+    return (inv_inter * (1 - extrapolation) + inv_extra * extrapolation).astype(np.float32)
 
 
 def _hf_rope(cfg: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:

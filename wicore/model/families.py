@@ -18,6 +18,7 @@ live in the config (wicore.model.config); a row says which mechanisms the family
 | qwen3_moe | x * w       | silu      | no              | pre           | per head | no       |               | softmax, top-k (renorm: config) |
 | mixtral   | x * w       | silu      | no              | pre           | no       | no       |               | softmax, top-k, renormalised |
 | qwen2_moe | x * w       | silu      | no              | pre           | no       | yes      |               | softmax, top-k (renorm: config); a shared expert |
+| gpt_oss   | x * w       | clamped swiglu | no         | pre           | no       | yes, o too | stacked experts | top-k, softmax (= softmax, top-k, renormalised); biases |
 
 "pre" norms: one before attention and one before the MLP; "post": Gemma's after attention and after
 the MLP (Gemma has both, OLMo 2 only the post ones). The families with pre norms only name the one
@@ -27,6 +28,11 @@ head_dim channels; OLMo 2's normalises the whole projection (all heads together)
 checkpoint stores q/k/v (and gate/up) as one matrix, split by rows at load (`hf_fused`).
 Mixture-of-experts rows route each token to the top-k of the config's experts (wicore.graph.moe);
 Qwen2-MoE adds a shared expert every token runs, scaled by sigmoid of its own one-row gate.
+gpt-oss (wicore.graph.sinks, wicore.graph.clamped_swiglu, wicore.export.stacked_experts): a learned
+sink logit per head in each softmax's denominator, biases on q/k/v/o, on the router and on the
+experts, whose SwiGLU is clamped (`swiglu_limit`) and adds 1 to up; its checkpoints stack the
+experts ([E, H, 2W], gate and up columns interleaved). Its router takes the top k of the logits
+and a softmax over those: the same probabilities as a softmax over all, top k, renormalised.
 Families with `gguf_architecture` None are read from Hugging Face folders only.
 """
 
@@ -59,6 +65,13 @@ class Family:
     local_rope: bool = False  # sliding layers have a RoPE of their own (`rope_local`)
     router: str = ""  # "" dense MLP; SOFTMAX_TOPK: a mixture of experts (wicore.graph.moe)
     shared_expert: bool = False  # beside the routed experts, one every token runs, scaled by sigmoid(its gate)
+    o_bias: bool = False  # the attention's output projection has a bias
+    attention_sinks: bool = False  # a learned logit per head in each softmax's denominator (wicore.graph.sinks)
+    moe_bias: bool = False  # the router and the experts' projections have biases
+    clamped_swiglu: bool = (
+        False  # experts: (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit) (graph/clamped_swiglu.py)
+    )
+    hf_stacked_experts: bool = False  # checkpoints stack the experts (wicore.export.stacked_experts)
     hf_names: dict[str, str] = field(default_factory=dict)  # WiCore's per-layer name -> the checkpoint's
     # a checkpoint tensor -> the WiCore tensors stacked in its rows, in order (Phi-3's qkv_proj)
     hf_fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -119,6 +132,18 @@ FAMILIES: dict[str, Family] = {
             router=SOFTMAX_TOPK,
             shared_expert=True,
             hf_names={**_PRE_MLP_NORM, "mlp.router": "mlp.gate"},
+        ),
+        Family(
+            "gpt_oss",
+            ("gpt_oss",),
+            qkv_bias=True,
+            o_bias=True,
+            attention_sinks=True,
+            router=SOFTMAX_TOPK,
+            moe_bias=True,
+            clamped_swiglu=True,
+            hf_stacked_experts=True,
+            hf_names=_PRE_MLP_NORM,
         ),
     )
 }

@@ -100,7 +100,8 @@ def attention_scalar(cfg: dict[str, Any], head_dim: int) -> float:
 
 
 def experts(row: Family, cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """The mixture-of-experts fields of a row with a router (Qwen3-MoE's, Mixtral's, Qwen2-MoE's keys)."""
+    """The mixture-of-experts fields of a row with a router (Qwen3-MoE's, Mixtral's, Qwen2-MoE's, gpt-oss's keys;
+    gpt-oss's expert width is its intermediate_size, and it renormalises the top k with no key)."""
     if not row.is_moe:
         return {}
     model_type = cfg.get("model_type")
@@ -109,7 +110,9 @@ def experts(row: Family, cfg: dict[str, Any], num_layers: int) -> dict[str, Any]
     shared = int(cfg.get("shared_expert_intermediate_size") or 0)
     if bool(shared) != row.shared_expert:
         raise UnsupportedModelError(f"{model_type}: shared_expert_intermediate_size={shared} for the {row.name} family")
+    swiglu = {"swiglu_alpha": float(cfg.get("swiglu_alpha", 1.702)), "swiglu_limit": float(cfg.get("swiglu_limit", 7.0))}
     return {
+        **(swiglu if row.clamped_swiglu else {}),
         "shared_expert_intermediate_size": shared,
         "num_experts": int(cfg.get("num_experts") or cfg["num_local_experts"]),
         "num_experts_per_tok": int(cfg["num_experts_per_tok"]),

@@ -63,8 +63,9 @@ class WeightSource(Protocol):
 
 def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
     """Shape of every per-layer tensor, by Hugging Face's (Gemma 3's) short names: the family's
-    norms, q/k norms and qkv biases (`*.bias`) where it has them (wicore.model.families); a mixture
-    of experts has `mlp.router` [experts, hidden] and `mlp.experts.{e}.gate_proj` / `up_proj` / `down_proj`."""
+    norms, q/k norms, biases (`*.bias`) and attention sinks where it has them (wicore.model.families);
+    a mixture of experts has `mlp.router` [experts, hidden] and `mlp.experts.{e}.gate_proj` / `up_proj` /
+    `down_proj` (with `moe_bias`, each with its `.bias`)."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     row = cfg.family_row
     shapes: dict[str, tuple[int, ...]] = {
@@ -75,6 +76,10 @@ def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
     }
     if row.qkv_bias:
         shapes.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})
+    if row.o_bias:
+        shapes["self_attn.o_proj.bias"] = (h,)
+    if row.attention_sinks:
+        shapes["self_attn.sinks"] = (cfg.num_heads,)
     if row.qk_norm == PER_HEAD:
         shapes.update({"self_attn.q_norm": (cfg.head_dim,), "self_attn.k_norm": (cfg.head_dim,)})
     elif row.qk_norm == ALL_HEADS:
@@ -83,6 +88,12 @@ def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
         shapes["mlp.router"] = (cfg.num_experts, h)
         for e in range(cfg.num_experts):
             shapes.update(mlp_shapes(f"mlp.experts.{e}.", h, cfg.moe_intermediate_size))
+        if row.moe_bias:
+            shapes["mlp.router.bias"] = (cfg.num_experts,)
+            for e in range(cfg.num_experts):
+                shapes.update(
+                    {f"mlp.experts.{e}.{n}.bias": (w[0],) for n, w in mlp_shapes("", h, cfg.moe_intermediate_size).items()}
+                )
         if row.shared_expert:
             shapes.update(mlp_shapes("mlp.shared_expert.", h, cfg.shared_expert_intermediate_size))
             shapes["mlp.shared_expert_gate"] = (1, h)
