@@ -115,7 +115,7 @@ def test_engine_flags_reach_the_engine_config_and_bad_ones_are_named(tmp_path):
             "128",
             "--prefill-chunk",
             "64",
-            "--kv-stream-tokens",
+            "--kv-offload-tokens",
             "4096",
             "--kv-pool-gb",
             "2",
@@ -124,14 +124,14 @@ def test_engine_flags_reach_the_engine_config_and_bad_ones_are_named(tmp_path):
     config = engine_config(args, tmp_path)
     assert config.kv_pool_gb == 2
     assert (config.a2cr.w_attention, config.a2cr.w_frequency, config.a2cr.w_recency, config.a2cr.decay) == (0.2, 0.5, 0.3, 0.1)
-    assert config.kv_stream_tokens == 4096
+    assert config.kv_offload_tokens == 4096
     sched = config.scheduler
     assert (sched.max_num_batched_tokens, sched.prefill_with_decodes, sched.prefill_chunk) == (1024, 128, 64)
     for flags, message in [
         (["--a2cr-weights", "1,2"], "give three numbers"),
         (["--a2cr-decay", "-1"], "A2CR decay must be >= 0"),
         (["--prefill-with-decodes", "0"], "prefill_with_decodes"),
-        (["--kv-stream-tokens", "-1"], "kv_stream_tokens must be >= 0"),
+        (["--kv-offload-tokens", "-1"], "kv_offload_tokens must be >= 0"),
     ]:
         with pytest.raises(UsageError, match=message):
             engine_config(parse_command_line(["serve", *flags]), tmp_path)
@@ -206,3 +206,26 @@ def test_generate_with_an_image_prints_hf_greedy_text(tiny_multimodal, tmp_path,
     assert capsys.readouterr().out == tiny_multimodal.processor.tokenizer.decode(out, skip_special_tokens=True) + "\n"
     assert main(["plan", "--model", folder, "--devices", "cpu", "--vision-device", "cpu"]) == 0
     assert "vision.onnx   images    cpu" in capsys.readouterr().out
+
+
+def test_the_old_kv_stream_tokens_flag_still_sets_the_offload_and_says_it_is_deprecated(capsys):
+    args = parse_command_line(["serve", "--kv-stream-tokens", "2048"])
+    assert args.kv_offload_tokens == 2048
+    assert capsys.readouterr().err == "wicore: --kv-stream-tokens is deprecated, use --kv-offload-tokens\n"
+    assert parse_command_line(["serve"]).kv_offload_tokens == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_the_old_kv_stream_tokens_flag_is_hidden_from_help(capsys):
+    with pytest.raises(SystemExit):
+        parse_command_line(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "--kv-offload-tokens" in out and "--kv-stream-tokens" not in out
+
+
+def test_a_config_file_with_the_old_kv_stream_tokens_key_sets_the_offload(tmp_path):
+    config = tmp_path / "serve.json"
+    config.write_text(json.dumps({"kv_stream_tokens": 512}))
+    args = parse_command_line(["serve", "--config", str(config)])
+    apply_config_file(args)
+    assert args.kv_offload_tokens == 512

@@ -4,15 +4,15 @@ device budget: does it fit a smaller card, and what does it cost against the who
 tools/bench_long_shapes.py solves full-depth figures from three-layer models; this one runs the
 whole model. Its weights are random blocks made a layer at a time (wicore/export/random_weights.py: no
 checkpoint, which would not fit the device's disk beside the export), exported with one partition
-per full-attention layer (each partition's full layer then shares one stage when KV streams).
+per full-attention layer (each partition's full layer then shares one stage when KV is offloaded).
 
 Each run is one request of `--context` random prompt tokens, prefilled in `--prefill-chunk`
-chunks, then `--decode-steps` greedy steps (bench_long_shapes.wicore_long: the engine's own step
+chunks, then `--decode-steps` greedy steps (long_runs.wicore_long: the engine's own step
 loop, a warm-up request first), in a process of its own:
 
     all-device      every block on the device, the whole card (the peer: speed, and tokens, which
                     say little: a random tied-embedding model repeats its prompt's last token)
-    stream F @ B    a share F of the full layers' blocks on the device, the rest streamed from
+    offload F @ B    a share F of the full layers' blocks on the device, the rest offloaded to
                     the host tier at every step, with only B GiB of the card free to the process
 
 The budget is real: a helper process (torch) takes all the card's free memory but B GiB before
@@ -22,7 +22,7 @@ card (RTX 3090 / 4090: 24,564 MiB) has about 23.5 GiB free to a process without 
 an L4 (23,034 MiB) about 22. "Used" is B minus the least free memory seen after any step.
 
     PYTHONPATH=/tmp/site:. python3 tools/bench_full_depth.py --shape gemma3-27b --context 130944 \\
-        --stream-fraction 0.1 --budgets 23.5 --work /tmp/full --json full.json
+        --offload-fraction 0.1 --budgets 23.5 --work /tmp/full --json full.json
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_long_shapes import GIB, DeviceMemory, wicore_long
-from bench_long_shapes import Config as LongConfig
 from benchlib import cuda_memory, write_record
+from long_runs import GIB, DeviceMemory, wicore_long
+from long_runs import Config as LongConfig
 
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.random_weights import RandomFloatSource, RandomQuantSource
@@ -62,7 +62,7 @@ class Config:
     shape: str
     context: int
     bits: int
-    stream_fraction: float
+    offload_fraction: float
     budgets: tuple[float, ...]
     all_device: bool
     prefill_chunk: int
@@ -146,8 +146,8 @@ def run(config: Config) -> int:
     if config.all_device:
         runs["all-device"] = run_within(model_dir, config, None, None)
     for budget in config.budgets:
-        runs[f"stream {config.stream_fraction:g} @ {budget:g} GiB"] = run_within(
-            model_dir, config, config.stream_fraction, budget
+        runs[f"offload {config.offload_fraction:g} @ {budget:g} GiB"] = run_within(
+            model_dir, config, config.offload_fraction, budget
         )
     peer = runs.get("all-device", {}).get("tokens")
     print(f"\n{config.shape}, {config.context} tokens, {'fp16' if config.bits == 16 else f'int{config.bits}'} weights, batch 1")
@@ -176,9 +176,9 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--context", type=int, default=130944, help="prompt tokens")
     p.add_argument("--bits", type=int, default=4, choices=(4, 8, 16), help="weight bits: 4 / 8 (MatMulNBits) or 16 (fp16)")
     p.add_argument(
-        "--stream-fraction", type=float, default=0.1, help="share of the full layers' KV on the device in budgeted runs"
+        "--offload-fraction", type=float, default=0.1, help="share of the full layers' KV on the device in budgeted runs"
     )
-    p.add_argument("--budgets", default="23.5", help="GiB of the card free to each streamed run (comma-separated)")
+    p.add_argument("--budgets", default="23.5", help="GiB of the card free to each offloaded run (comma-separated)")
     p.add_argument("--no-all-device", dest="all_device", action="store_false", help="skip the all-device peer run")
     p.add_argument("--prefill-chunk", type=int, default=1024)
     p.add_argument("--decode-steps", type=int, default=8)
@@ -186,10 +186,10 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     budgets = tuple(float(b) for b in a.budgets.split(",") if b)
-    if not 0 < a.stream_fraction < 1 or any(b <= 0 for b in budgets) or a.context < 1:
-        raise SystemExit("error: --stream-fraction between 0 and 1, --budgets and --context positive")
+    if not 0 < a.offload_fraction < 1 or any(b <= 0 for b in budgets) or a.context < 1:
+        raise SystemExit("error: --offload-fraction between 0 and 1, --budgets and --context positive")
     return Config(
-        a.shape, a.context, a.bits, a.stream_fraction, budgets, a.all_device, a.prefill_chunk,
+        a.shape, a.context, a.bits, a.offload_fraction, budgets, a.all_device, a.prefill_chunk,
         a.decode_steps, a.work, a.json,
     )  # fmt: skip
 

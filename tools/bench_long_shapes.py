@@ -20,9 +20,9 @@ request's length, the sliding layers' window only), and the peak above that whil
 (activations, ONNX Runtime's arenas). Resident memory is solved per layer like the times; the
 activations are one layer's at a time, so the full depth takes the largest of the three.
 
-With `--stream-fractions`, the same exports (then one partition a layer) also run with only that
+With `--offload-fractions`, the same exports (then one partition a layer) also run with only that
 fraction of the full-attention layers' blocks in the device tier and the rest in the host tier,
-staged into the device at every step (`EngineConfig.kv_stream_tokens`, wicore.kv.stream):
+staged into the device at every step (`EngineConfig.kv_offload_tokens`, wicore.kv.offload):
 the cost of a context that does not fit the device, against the same run with all of it there.
 Their memory counts the stage (one layer's blocks of the whole sequence) apart from the KV.
 
@@ -43,40 +43,18 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
-from bench_shapes import VARIANTS, export, first_layers
 from benchlib import int_list, write_record
+from long_runs import GIB, Config, wicore_long
+from shape_exports import VARIANTS, export, first_layers
 
-from wicore.blocks.block_groups import FULL, WINDOW
-from wicore.engine.engine import Engine, EngineConfig
-from wicore.engine.scheduler import SchedulerConfig
-from wicore.graph.manifest import Manifest
-from wicore.kv.layout import KVLayout, choose_block_size
-from wicore.kv.stream import num_stages
 from wicore.model.shapes import SHAPES, hf_config
-from wicore.types.sampling import SamplingParams
 
 MODELS = {"s1f1": (1, 1), "s2f1": (2, 1), "s1f2": (1, 2)}  # name -> (sliding layers, full layers)
-GIB = 1 << 30
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Config:
-    shape: str
-    contexts: tuple[int, ...]
-    variants: tuple[str, ...]
-    prefill_chunk: int
-    decode_steps: int
-    devices: str
-    work: Path
-    hf: bool
-    json_path: Path | None
-    stream_fractions: tuple[float, ...] = ()  # device share of the full layers' blocks, streamed runs
 
 
 def make_checkpoints(config: Config) -> dict[str, Path]:
@@ -98,112 +76,6 @@ def make_checkpoints(config: Config) -> dict[str, Path]:
         name: first_layers(full, config.work / f"{config.shape}-hf-{name}", ["sliding_attention"] * s + ["full_attention"] * f)
         for name, (s, f) in MODELS.items()
     }
-
-
-class DeviceMemory:
-    """Used device memory above a baseline, its peak over every `sample()` (cudaMemGetInfo sees
-    ONNX Runtime's allocations as well as torch's)."""
-
-    def __init__(self) -> None:
-        import torch
-
-        self._torch = torch if torch.cuda.is_available() else None
-        self.base = self._used()
-        self.peak = 0
-
-    def _used(self) -> int:
-        if self._torch is None:
-            return 0
-        free, total = self._torch.cuda.mem_get_info()
-        return total - free
-
-    def sample(self) -> None:
-        self.peak = max(self.peak, self._used() - self.base)
-
-
-def wicore_long(
-    model_dir: Path, context: int, config: Config, fraction: float | None = None, memory: DeviceMemory | None = None
-) -> dict[str, float | bool]:
-    """Prefill seconds and median decode ms of one request of `context` tokens (after a warm-up
-    request), and device GiB: resident once the engine is up (weights, KV buffers, sessions) and
-    the peak above that (activations, ONNX Runtime's arenas). With `fraction`, the device tier holds
-    that share of the full layers' blocks, the host tier the rest, and every step stages them.
-    `memory` measures the device (default: DeviceMemory, above what was used before the engine)."""
-    memory = memory if memory is not None else DeviceMemory()
-    tokens = context + config.decode_steps + 4
-    chunk = config.prefill_chunk
-    manifest = Manifest.read(model_dir)
-    block_size = choose_block_size(manifest, None)  # the engine's default
-    layout = KVLayout.of(manifest, block_size)
-    window_blocks = layout.window_blocks_per_sequence(chunk) + 1
-    full_blocks = 1 + -(-tokens // block_size)
-    stream: dict[str, int] = {"num_host_blocks": 0}
-    stage_bytes = 0
-    if fraction is not None:
-        stream = dict(kv_stream_tokens=tokens, num_host_blocks=full_blocks)
-        stage_bytes = num_stages(manifest) * (full_blocks + 1) * layout.layer_block_bytes
-        full_blocks = max(2, round(fraction * full_blocks) + 1)
-    kv_bytes = full_blocks * layout.block_bytes(FULL) + (window_blocks * layout.block_bytes(WINDOW) if layout.has_window else 0)
-    weight_bytes = sum(f.stat().st_size for f in model_dir.iterdir() if f.suffix in (".onnx", ".data"))
-    scheduler = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=chunk, prefill_with_decodes=chunk, prefill_chunk=chunk)
-    engine_config = EngineConfig(
-        model_dir=model_dir, devices=config.devices, num_threads=2, block_size=block_size,
-        num_device_blocks=full_blocks, num_window_device_blocks=window_blocks, num_nvme_blocks=0,
-        enable_prefix_cache=False, scheduler=scheduler, **stream,  # type: ignore[arg-type]
-    )  # fmt: skip
-    with Engine(engine_config) as engine:
-        memory.sample()
-        resident = memory.peak  # sessions (weights, prepacked copies), KV pools, stage
-        rng = np.random.default_rng(context)
-        vocab = engine.manifest.config.vocab_size
-        run_request(engine, rng.integers(1000, vocab, min(2 * chunk, context)).tolist(), 4, memory)  # warm-up
-        warm = memory.peak  # + what a short request's steps (and CUDA graph captures) keep in the arenas
-        prefill, decode, tokens = run_request(
-            engine, rng.integers(1000, vocab, context).tolist(), config.decode_steps + 1, memory
-        )
-        captured = bool(engine.config.cuda_graphs)
-        streamer = engine.core.runner.streamer
-        staged = streamer.stats if streamer is not None else None
-    return {
-        "prefill_s": prefill,
-        "decode_ms": 1000 * statistics.median(decode),
-        "weights_gib": weight_bytes / GIB,
-        "kv_gib": kv_bytes / GIB,
-        "stage_gib": stage_bytes / GIB,
-        "resident_gib": resident / GIB,
-        "after_warm_up_gib": warm / GIB,
-        "peak_gib": memory.peak / GIB,
-        "overhead_gib": (memory.peak - weight_bytes - kv_bytes - stage_bytes) / GIB,
-        "cuda_graphs": captured,
-        "tokens": tokens,
-        **(
-            {} if staged is None else {"staged_from_host": staged.num_host_blocks, "staged_from_device": staged.num_device_blocks}
-        ),
-    }
-
-
-def run_request(engine: Engine, prompt: list[int], max_tokens: int, memory: DeviceMemory) -> tuple[float, list[float], list[int]]:
-    """One request stepped through the engine's core (its thread not started): seconds of the
-    runner in the steps that prefill, and in each decode step after them, and the greedy tokens."""
-    core = engine.core
-    request = core.make_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), f"long-{time.monotonic_ns()}")
-    core.add(request)
-    prefill, decode, tokens = 0.0, [], []
-    while core.has_work:
-        outputs = core.step()
-        trace = core.last_step
-        if trace.num_lost:
-            raise RuntimeError(f"{len(prompt)} tokens: the engine lost KV blocks (the pool is too small)")
-        memory.sample()
-        for o in outputs:
-            if o.finish_reason == "error":
-                raise RuntimeError(f"{len(prompt)} tokens: {o.error}")
-            tokens += o.new_token_ids
-        if any(len(r.token_ids) > 1 for r in trace.rows):
-            prefill += trace.seconds.run_s
-        elif trace.rows:
-            decode.append(trace.seconds.run_s)
-    return prefill, decode, tokens
 
 
 def hf_long(folder: Path, context: int, config: Config) -> dict[str, object]:
@@ -293,14 +165,14 @@ def run(config: Config) -> int:
             fine = all("oom" not in r for r in per_model.values())
             hf[context] = {"models": per_model, **({"full_depth": solve(per_model, depth - num_full, num_full)} if fine else {})}  # type: ignore[arg-type]
         results["hf-sdpa-bf16"] = hf
-    split = bool(config.stream_fractions)  # a partition a layer: the full layers share one stage
+    split = bool(config.offload_fractions)  # a partition a layer: the full layers share one stage
     for variant in config.variants:
         dirs = {
             name: export(folders[name], variant, config.work / f"{config.shape}-{name}-{variant}{'-split' if split else ''}", sum(MODELS[name]) if split else 1)
             for name in MODELS
         }  # fmt: skip
-        for fraction in (None, *config.stream_fractions):
-            label = variant if fraction is None else f"{variant}+stream{round(100 * fraction)}"
+        for fraction in (None, *config.offload_fractions):
+            label = variant if fraction is None else f"{variant}+offload{round(100 * fraction)}"
             runs: dict[int, object] = {}
             results[label] = runs
             for context in config.contexts:
@@ -343,16 +215,16 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--work", type=Path, default=Path("/tmp/wicore-long"), help="checkpoints and exports (kept, reused)")
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip the HF transformers peer")
     p.add_argument(
-        "--stream-fractions",
+        "--offload-fractions",
         default="",
-        help="also run with this share of the full layers' KV on the device and the rest streamed from the host "
+        help="also run with this share of the full layers' KV on the device and the rest offloaded from the host "
         "tier (comma-separated, e.g. 0.5,0.25; exports one partition a layer)",
     )
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
-    fractions = tuple(float(f) for f in a.stream_fractions.split(",") if f)
+    fractions = tuple(float(f) for f in a.offload_fractions.split(",") if f)
     if any(not 0 < f < 1 for f in fractions):
-        raise SystemExit("error: --stream-fractions between 0 and 1")
+        raise SystemExit("error: --offload-fractions between 0 and 1")
     variants = tuple(a.variants.split(","))
     if any(v not in VARIANTS for v in variants) or a.prefill_chunk < 1 or a.decode_steps < 1:
         raise SystemExit(f"error: --variants of {', '.join(VARIANTS)}; --prefill-chunk and --decode-steps positive")

@@ -38,28 +38,14 @@ from pathlib import Path
 import numpy as np
 from benchlib import int_list, write_record
 from hf_peers import hf_compiled_steps, hf_steps
-from profile_step import Config as StepConfig
-from profile_step import decode_steps, engine_config
+from shape_exports import VARIANTS, export, first_layers
+from step_timing import Config as StepConfig
+from step_timing import decode_steps, engine_config
 
 from wicore.engine.engine import Engine
-from wicore.export.exporter import ExportConfig, export_model
-from wicore.export.sources import open_source
 from wicore.model.shapes import SHAPES, hf_config
 from wicore.types.sampling import SamplingParams
 
-# variant -> export settings: fp16 graphs; "int4" / "int8" are ort-quant with 4- / 8-bit weights (fp16 activations on GPU)
-VARIANTS: dict[str, dict[str, object]] = {
-    "portable": dict(dtype="fp16", attention="portable"),
-    "paged": dict(dtype="fp16", attention="paged"),
-    "paged-nohead": dict(dtype="fp16", attention="paged", sampling_head="off"),  # sampled rows' logits to the host
-    "paged-wicore": dict(dtype="fp16", attention="paged", kernels="wicore"),  # residual norms, GeGLU on WiCore's kernels
-    "int4-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0),
-    "int8-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=8, accuracy_level=0),
-    # the embedding's rows from the head's 4-bit codes (wicore-export --quantize-embedding)
-    "int4e-paged": dict(
-        dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0, quantize_embedding=True
-    ),
-}
 # Run-time flags after a variant's name ("int4-paged+graphs+nofpa"): the same export, run with these.
 FLAGS = {
     "graphs": "CUDA graphs (EngineConfig.cuda_graphs)",
@@ -124,28 +110,6 @@ def make_checkpoints(config: Config) -> dict[int, Path]:
             types[-1] = "full_attention"
         folders[n] = first_layers(full, config.work / f"{config.shape}-hf-{n}", types)
     return folders
-
-
-def first_layers(full: Path, folder: Path, layer_types: list[str]) -> Path:
-    """`folder`: the checkpoint in `full` cut to its first len(layer_types) layers, of those types
-    (its config; the weight files linked, not copied)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = json.loads((full / "config.json").read_text())
-    cfg.update(num_hidden_layers=len(layer_types), layer_types=layer_types)
-    (folder / "config.json").write_text(json.dumps(cfg))
-    for f in full.glob("*.safetensors*"):
-        if not (folder / f.name).exists():
-            (folder / f.name).symlink_to(f)
-    return folder
-
-
-def export(folder: Path, variant: str, out: Path, partitions: int = 1) -> Path:
-    if not (out / "wicore.json").is_file():
-        t = time.perf_counter()
-        settings = dict(VARIANTS[variant], num_partitions=partitions)
-        export_model(open_source(str(folder)), out, ExportConfig(overwrite=True, **settings), progress=lambda _: None)  # type: ignore[arg-type]
-        print(f"exported {out.name} in {time.perf_counter() - t:.0f} s", flush=True)
-    return out
 
 
 def wicore_steps(model_dir: Path, config: Config, flags: set[str]) -> dict[int, float]:

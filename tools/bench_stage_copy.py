@@ -1,6 +1,6 @@
-"""What a streamed step's copies cost at an exported model's real shapes, per full-attention layer.
+"""What an offloaded step's copies cost at an exported model's real shapes, per full-attention layer.
 
-A streamed step (wicore.kv.stream) fills each full layer's stage from the device tier (a
+An offloaded step (wicore.kv.offload) fills each full layer's stage from the device tier (a
 gather on the device) and the host tier (a copy in), then sends the block it wrote home. This
 times one decode step's stage and unstage (each per full layer) of a sequence of N tokens with `--device-fraction` of its
 blocks on the device and the rest in the host tier, four ways:
@@ -40,7 +40,7 @@ from wicore.graph.manifest import Manifest
 from wicore.kv.buffers import CacheConfig, KVBuffers
 from wicore.kv.device_store import OrtPoolStore
 from wicore.kv.layout import choose_block_size
-from wicore.kv.stream import KVStreamer
+from wicore.kv.offload import KVOffloader
 from wicore.kv.tiers import HostStore
 from wicore.types.sampling import SamplingParams
 from wicore.types.step import ScheduledRow
@@ -83,20 +83,20 @@ def stage_step(config: Config, manifest: Manifest, context: int, pinned: bool, s
     host_frames = 2 * in_host if scattered else in_host
     host = HostStore(host_frames, (len(full), 2, *buffers.block_shape), buffers.dtype, pinned_zeros if pinned else np.zeros)
     host.data[...] = 1  # every page touched, as a tier in use would be
-    streamer = KVStreamer(manifest, buffers, host, blocks + 2)
+    offloader = KVOffloader(manifest, buffers, host, blocks + 2)
     rng = np.random.default_rng(context)
     frames = np.sort(rng.choice(host_frames, in_host, replace=False)) if scattered else np.arange(in_host)
     locations = tuple((Tier.HOST, int(f)) for f in frames) + tuple((Tier.DEVICE, 1 + i) for i in range(on_device))
     row = ScheduledRow("r", [1], context - 1, [], [], [], 0, 1, True, SamplingParams(), full_locations=locations)
-    plan = streamer.run([row], block_size).plan
+    plan = offloader.run([row], block_size).plan
 
     def stage() -> None:
         for p in range(len(manifest.partitions)):
-            streamer.stage(p, plan)
+            offloader.stage(p, plan)
 
     def unstage() -> None:
         for p in range(len(manifest.partitions)):
-            streamer.unstage(p, plan)
+            offloader.unstage(p, plan)
 
     stage_s, unstage_s = (timed(fn, config.repeat) / len(full) for fn in (stage, unstage))
     host_bytes = in_host * 2 * int(np.prod(buffers.block_shape)) * buffers.dtype.itemsize

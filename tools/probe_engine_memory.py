@@ -7,7 +7,7 @@ shared arena). Each way in a process of its own, one after the other, on an expo
 
 Memory is the card's used memory (cudaMemGetInfo) above what it was when the process first asked,
 which made its CUDA context: the context is not in the numbers. The request is
-bench_long_shapes.wicore_long's (a warm-up, then `--context` random tokens in chunks of 1,024 and
+long_runs.wicore_long's (a warm-up, then `--context` random tokens in chunks of 1,024 and
 4 greedy steps, the whole pool on the device); the last stage is read once the engine has closed.
 """
 
@@ -34,7 +34,7 @@ def used_gib() -> float:
 
 
 def probe(way: str, model_dir: Path, context: int) -> dict[str, Any]:
-    from bench_long_shapes import Config, DeviceMemory, wicore_long
+    from long_runs import Config, DeviceMemory, wicore_long
 
     from wicore.devices import device_alloc
     from wicore.devices.providers import onnxruntime

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 from benchlib import write_record
-from probe_graphs import BLOCK, SHAPE_27B, attention_model, linear_model
+from kernel_graphs import BLOCK, SHAPE_27B, attention_model, linear_model
 
 MAX_CONTEXT = 131072
 RUNS = 20  # profiled runs a case

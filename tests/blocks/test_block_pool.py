@@ -440,13 +440,13 @@ class PoolMachine(RuleBasedStateMachine):
         cache=st.sampled_from([True, True, False]),
         lru=st.booleans(),
         warm=st.lists(TOKENS, max_size=6),
-        stream=st.booleans(),
+        offload=st.booleans(),
     )
-    def build(self, device: int, host: int, nvme: int, cache: bool, lru: bool, warm: list[list[int]], stream: bool) -> None:
-        """A pool, warmed by prompts that ran to the end (their full blocks cached); with `stream`,
+    def build(self, device: int, host: int, nvme: int, cache: bool, lru: bool, warm: list[list[int]], offload: bool) -> None:
+        """A pool, warmed by prompts that ran to the end (their full blocks cached); with `offload`,
         running sequences may keep blocks on HOST."""
         policy = LRUPolicy() if lru else A2CRPolicy()
-        self.pool = BlockPool(device, host, nvme, BS, policy, cache, clock=self.clock, stream=stream)
+        self.pool = BlockPool(device, host, nvme, BS, policy, cache, clock=self.clock, offload=offload)
         for prompt in warm:
             seq_id = self._add(prompt)
             if seq_id is not None:
@@ -518,7 +518,7 @@ class PoolMachine(RuleBasedStateMachine):
         live = {b.block_id: b for b in self.pool.blocks()}
         for block_id in self.pool.block_ids(seq_id):  # only shared blocks stay on DEVICE
             assert live[block_id].tier is not D or live[block_id].ref_count > 1
-            assert self.pool.stream or (live[block_id].tier is D) == (live[block_id].ref_count > 1)
+            assert self.pool.offload or (live[block_id].tier is D) == (live[block_id].ref_count > 1)
         self.swapped.add(seq_id)
 
     @rule(data=st.data())
@@ -587,9 +587,9 @@ class PoolMachine(RuleBasedStateMachine):
                 places = dict(zip((b.block_id for b in blocks), ((b.tier, b.frame) for b in blocks)))
                 assert pool.block_locations(seq_id) == [places[b] for b in block_ids]
                 assert all(places[b][0] is not N for b in block_ids)  # a running sequence reads D or H only
-                assert pool.is_streamed(seq_id) == any(places[b][0] is not D for b in block_ids)
-                assert pool.stream or not pool.is_streamed(seq_id)
-                if not pool.is_streamed(seq_id):
+                assert pool.is_offloaded(seq_id) == any(places[b][0] is not D for b in block_ids)
+                assert pool.offload or not pool.is_offloaded(seq_id)
+                if not pool.is_offloaded(seq_id):
                     assert pool.block_table(seq_id) == [frames[b] for b in block_ids]
 
     def teardown(self) -> None:

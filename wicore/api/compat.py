@@ -40,6 +40,7 @@ ORIGINAL_KEYS: dict[str, str] = {
     "max_context_length": "max_context",
     "gpu_memory_gb": "kv_pool_gb",
     "cpu_memory_gb": "host_tier_gb",
+    "kv_stream_tokens": "kv_offload_tokens",  # its name until issue 30 (also `--kv-stream-tokens`, hidden)
 }
 
 

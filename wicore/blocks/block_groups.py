@@ -138,23 +138,23 @@ class BlockGroups:
 
     def window_table(self, seq_id: int) -> tuple[list[int], int]:
         """The window group's DEVICE frames and the logical block of the first; without a
-        window group, the full table from block 0 (empty while the sequence streams: the
+        window group, the full table from block 0 (empty while the sequence is offloaded: the
         runner gives it the staged table)."""
-        if self.window is None and self.full.pool.is_streamed(seq_id):
+        if self.window is None and self.full.pool.is_offloaded(seq_id):
             return [], 0
         group = self.window or self.full
         return group.pool.block_table(seq_id), group.pool.first_block(seq_id)
 
     def block_locations(self, seq_id: int) -> list[tuple[Tier, int]]:
-        """(tier, frame) of each of the full group's blocks of the sequence (a streaming pool's)."""
+        """(tier, frame) of each of the full group's blocks of the sequence (an offloading pool's)."""
         return self.full.pool.block_locations(seq_id)
 
-    def is_streamed(self, seq_id: int) -> bool:
+    def is_offloaded(self, seq_id: int) -> bool:
         """Whether the sequence's full-attention blocks are partly off the device (staged each step)."""
-        return self.full.pool.is_streamed(seq_id)
+        return self.full.pool.is_offloaded(seq_id)
 
     def num_full_blocks(self, seq_id: int) -> int:
-        """The sequence's full-attention blocks: what a step stages for it when it streams."""
+        """The sequence's full-attention blocks: what a step stages for it when it is offloaded."""
         return len(self.full.pool.block_ids(seq_id))
 
     def block_ids(self, seq_id: int) -> list[int]:

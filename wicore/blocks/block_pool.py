@@ -23,8 +23,8 @@ A pool may serve sliding-window layers (wicore.kv.cache): a sequence then
 releases its leading blocks as they fall out of the window (`release`), and its
 live blocks start at logical block `first_block` (the window table).
 
-A pool may *stream* (the full-attention group, when the engine stages KV per step:
-wicore.kv.stream): a running sequence then keeps blocks on DEVICE or HOST. New blocks
+A pool may *offload* (the full-attention group, when the engine stages KV per step:
+wicore.kv.offload): a running sequence then keeps blocks on DEVICE or HOST. New blocks
 take DEVICE room first and HOST room after it; when a sequence grows and DEVICE is full of
 referenced blocks, the policy's worst of its own DEVICE blocks (never its last, the one being
 written) spill to HOST so that the new tail lies on DEVICE. Nothing of a running sequence
@@ -89,14 +89,14 @@ class BlockPool(BlockSpace):
         enable_prefix_cache: bool = True,
         clock: Callable[[], float] = time.monotonic,
         group: int = 0,
-        stream: bool = False,
+        offload: bool = False,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         super().__init__(num_device_blocks, num_host_blocks, num_nvme_blocks, policy, clock, group)
         self.block_size = block_size
         self.enable_prefix_cache = enable_prefix_cache
-        self.stream = stream  # running sequences may keep blocks on HOST (module docstring)
+        self.offload = offload  # running sequences may keep blocks on HOST (module docstring)
         self._seqs: dict[int, _Sequence] = {}
 
     # -- queries ---------------------------------------------------------------------------
@@ -131,12 +131,12 @@ class BlockPool(BlockSpace):
         return frames
 
     def block_locations(self, seq_id: int) -> list[tuple[Tier, int]]:
-        """(tier, frame) of the sequence's live blocks, in token order (a streaming pool's tables)."""
+        """(tier, frame) of the sequence's live blocks, in token order (an offloading pool's tables)."""
         return [(self._blocks[b].tier, self._blocks[b].frame) for b in self._seq(seq_id).block_ids]
 
-    def is_streamed(self, seq_id: int) -> bool:
+    def is_offloaded(self, seq_id: int) -> bool:
         """Whether the (running) sequence has blocks off DEVICE: its step must stage them."""
-        if not self.stream:  # asked for every row of every step: a pool that does not stream answers at once
+        if not self.offload:  # asked for every row of every step: a pool that does not offload answers at once
             return False
         seq = self._seq(seq_id)
         return not seq.is_swapped and any(self._blocks[b].tier is not Tier.DEVICE for b in seq.block_ids)
@@ -187,9 +187,9 @@ class BlockPool(BlockSpace):
         now = self._clock()
         for block_id in hit_ids:
             self._acquire(block_id, now)
-        if self.stream:
+        if self.offload:
             moves = self._lift([b for b in hit_ids if self._blocks[b].tier is Tier.NVME], now)
-            new_ids = self._stream_blocks(num_hits, num_new, now, moves)
+            new_ids = self._offload_blocks(num_hits, num_new, now, moves)
         else:
             away_ids = [b for b in hit_ids if self._blocks[b].tier is not Tier.DEVICE]
             moves = self._to_device(away_ids, num_new, now)
@@ -242,9 +242,9 @@ class BlockPool(BlockSpace):
         if not self.can_append(seq_id, num_tokens_total):
             return None
         now = self._clock()
-        if self.stream:
+        if self.offload:
             moves = self._spill(seq, num_new - self._room(Tier.DEVICE), now)
-            seq.block_ids += self._stream_blocks(seq.num_blocks, num_new, now, moves)
+            seq.block_ids += self._offload_blocks(seq.num_blocks, num_new, now, moves)
             return moves
         moves = self._make_room(Tier.DEVICE, num_new, now)
         seq.block_ids += [self._new_block(now, seq.num_blocks + i) for i in range(num_new)]
@@ -252,7 +252,7 @@ class BlockPool(BlockSpace):
 
     def can_append(self, seq_id: int, num_tokens_total: int) -> bool:
         """Whether `append(seq_id, num_tokens_total)` would succeed now."""
-        room = self._room(Tier.DEVICE) + (self._room(Tier.HOST) if self.stream else 0)
+        room = self._room(Tier.DEVICE) + (self._room(Tier.HOST) if self.offload else 0)
         return self._num_blocks(num_tokens_total) - self._running(seq_id).num_blocks <= room
 
     def truncate(self, seq_id: int, num_tokens_total: int) -> None:
@@ -334,23 +334,23 @@ class BlockPool(BlockSpace):
         return private <= self._room(Tier.HOST) + self._room(Tier.NVME)
 
     def can_swap_in(self, seq_id: int) -> bool:
-        """Whether DEVICE can take back all the (swapped) sequence's blocks (a streaming pool: its
+        """Whether DEVICE can take back all the (swapped) sequence's blocks (an offloading pool: its
         NVME ones, DEVICE and HOST together)."""
         seq = self._seq(seq_id)
-        if self.stream:
+        if self.offload:
             return self._num_in(seq, Tier.NVME) <= self._room(Tier.DEVICE) + self._room(Tier.HOST)
         return len(seq.block_ids) - self._num_in(seq, Tier.DEVICE) <= self._room(Tier.DEVICE)
 
     def swap_in(self, seq_id: int) -> list[Move] | None:
         """Bring all the sequence's blocks back to DEVICE; None (nothing changed) if it cannot hold
-        them. A streaming pool lifts its NVME blocks and brings HOST ones up into free DEVICE frames."""
+        them. An offloading pool lifts its NVME blocks and brings HOST ones up into free DEVICE frames."""
         seq = self._seq(seq_id)
         if not seq.is_swapped:
             raise ValueError(f"sequence {seq_id} is not swapped out")
         if not self.can_swap_in(seq_id):
             return None
         now = self._clock()
-        if self.stream:
+        if self.offload:
             moves = self._lift([b for b in seq.block_ids if self._blocks[b].tier is Tier.NVME], now)
             for block_id in seq.block_ids:
                 if self._blocks[block_id].tier is Tier.HOST and self.num_free(Tier.DEVICE):
@@ -395,16 +395,16 @@ class BlockPool(BlockSpace):
         return [b for b in seq.block_ids if self._blocks[b].ref_count == 1 and self._blocks[b].tier is Tier.DEVICE]
 
     def _can_hold(self, hit_ids: list[int], num_new: int) -> bool:
-        """Whether `num_new` fresh blocks and the reused `hit_ids` fit: on DEVICE, or (streaming) on
+        """Whether `num_new` fresh blocks and the reused `hit_ids` fit: on DEVICE, or (offloading) on
         DEVICE and HOST together, less the cached blocks the hits pin and the NVME hits to lift."""
-        if not self.stream:
+        if not self.offload:
             return self._fits(hit_ids, num_new)
         pinned = sum(b in self._evictable[t] for b in hit_ids for t in (Tier.DEVICE, Tier.HOST))
         num_nvme = sum(self._blocks[b].tier is Tier.NVME for b in hit_ids)
         return num_new + num_nvme <= self._room(Tier.DEVICE) + self._room(Tier.HOST) - pinned
 
-    def _stream_blocks(self, first: int, num_new: int, now: float, moves: list[Move]) -> list[int]:
-        """`num_new` fresh blocks for logical blocks first.. of a streaming sequence: the last ones
+    def _offload_blocks(self, first: int, num_new: int, now: float, moves: list[Move]) -> list[int]:
+        """`num_new` fresh blocks for logical blocks first.. of an offloaded sequence: the last ones
         (the tail, written next) on DEVICE as far as it has room, the first ones on HOST. HOST's
         room is made first, so DEVICE's victims then demote into what HOST has left."""
         num_host = max(0, num_new - self._room(Tier.DEVICE))
@@ -414,7 +414,7 @@ class BlockPool(BlockSpace):
         return host_ids + [self._new_block(now, first + i, Tier.DEVICE) for i in range(num_host, num_new)]
 
     def _spill(self, seq: _Sequence, num_frames: int, now: float) -> list[Move]:
-        """Free up to `num_frames` DEVICE frames for a streaming sequence's new tail: its own DEVICE
+        """Free up to `num_frames` DEVICE frames for an offloaded sequence's new tail: its own DEVICE
         blocks but the last, the policy's worst first, move to HOST (which makes room first)."""
         if num_frames <= 0:
             return []
@@ -426,7 +426,7 @@ class BlockPool(BlockSpace):
         return moves
 
     def _lift(self, block_ids: list[int], now: float) -> list[Move]:
-        """Bring NVME blocks a running streaming sequence holds up to HOST, or to DEVICE when HOST is full."""
+        """Bring NVME blocks a running offloaded sequence holds up to HOST, or to DEVICE when HOST is full."""
         moves: list[Move] = []
         for block_id in block_ids:
             if self._room(Tier.HOST):

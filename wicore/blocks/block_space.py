@@ -13,8 +13,8 @@ Every frame of a tier is in one of these states (`usage` = owned + cached):
 Invariants: a block is in exactly one (tier, frame) and a frame holds at most one
 block; ref_count = number of sequences holding the block; a block with ref_count 0
 is cached (otherwise it is retired at once: frame freed, id recyclable); a running
-(not swapped) sequence has all its blocks on DEVICE, unless its pool streams (BlockPool's
-`stream`: then on DEVICE or HOST, and staged to the device each step).
+(not swapped) sequence has all its blocks on DEVICE, unless its pool offloads (BlockPool's
+`offload`: then on DEVICE or HOST, and staged to the device each step).
 
 Eviction is a cascade down the tiers: to free DEVICE frames, the policy's worst
 unreferenced cached DEVICE blocks are demoted to HOST as far as HOST has room

@@ -4,10 +4,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from wicore.cli.speculative_args import add_speculative_args, speculative_config
 from wicore.errors import UsageError
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old flag name kept working: it stores into the new flag's dest and prints a one-line notice."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new_flag: str, **kwargs: Any) -> None:
+        self.new_flag = new_flag
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        print(f"wicore: {option} is deprecated, use {self.new_flag}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -31,12 +48,20 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nvme-tier-gb", type=float, default=0.0, help="tier 2 (NVMe file) KV blocks")
     p.add_argument("--nvme-dir", type=Path, default=None)
     p.add_argument(
-        "--kv-stream-tokens",
+        "--kv-offload-tokens",
         type=int,
         default=0,
         help="let a long sequence's full-attention KV lie partly in the host tier: each step that runs one copies "
         "up to this many tokens of its batch's blocks into stage buffers (taken from --kv-pool-gb); exact, slower "
         "(0: off; export with --partitions so each partition holds one full-attention layer)",
+    )
+    p.add_argument(  # the flag's name until issue 30 ("stream" now means SSE outputs alone)
+        "--kv-stream-tokens",
+        dest="kv_offload_tokens",
+        type=int,
+        action=DeprecatedAlias,
+        new_flag="--kv-offload-tokens",
+        help=argparse.SUPPRESS,
     )
     p.add_argument(
         "--max-num-seqs",
@@ -87,7 +112,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             host_tier_gb=args.host_tier_gb,
             nvme_tier_gb=args.nvme_tier_gb,
             nvme_dir=args.nvme_dir,
-            kv_stream_tokens=args.kv_stream_tokens,
+            kv_offload_tokens=args.kv_offload_tokens,
             policy=args.policy,
             enable_prefix_cache=not args.no_prefix_cache,
             devices=args.devices,

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 _SETTING = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
 # The engine settings `wicore serve` and `wicore generate` take as flags: what `wicore plan`'s
 # advice names (it advises the serving command, whose options are not plan's own).
-ENGINE_SETTINGS = ("kv_pool_gb", "max_num_seqs", "prefill_chunk", "max_context", "kv_stream_tokens", "host_tier_gb")
+ENGINE_SETTINGS = ("kv_pool_gb", "max_num_seqs", "prefill_chunk", "max_context", "kv_offload_tokens", "host_tier_gb")
 
 
 def as_flags(message: str, options: argparse.Namespace | Iterable[str]) -> str:

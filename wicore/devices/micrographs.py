@@ -71,7 +71,7 @@ def put_graph(num_pools: int, elem: int, block_shape: tuple[int, ...]) -> onnx.M
 
 def take_graph(elem: int, block_shape: tuple[int, ...]) -> onnx.ModelProto:
     """k_out, v_out = Gather(k, frames), Gather(v, frames): the caller binds the outputs at n consecutive
-    frames of other buffers (a streamed step's stage: wicore.kv.stream)."""
+    frames of other buffers (an offloaded step's stage: wicore.kv.offload)."""
     g = Graph("wicore_take")
     frames = g.input(FRAMES, TensorProto.INT64, ["n"])
     for kv in "kv":

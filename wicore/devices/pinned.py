@@ -2,8 +2,8 @@
 
 ONNX Runtime copies a host input to a CUDA device with cudaMemcpy. From pageable memory the driver
 stages the bytes through buffers of its own, a few GB/s; from memory registered with
-cudaHostRegister it is one DMA at the bus's speed. The host KV tier, which a streamed step copies
-in at every step (wicore.kv.stream), is such an array when its pools are on CUDA.
+cudaHostRegister it is one DMA at the bus's speed. The host KV tier, which an offloaded step copies
+in at every step (wicore.kv.offload), is such an array when its pools are on CUDA.
 
 No CUDA Python package is needed: the CUDA runtime library is the one ONNX Runtime's CUDA EP has
 already loaded into the process (found in /proc/self/maps), else the one the loader finds by name.

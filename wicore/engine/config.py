@@ -38,15 +38,15 @@ class EngineConfig:
     vision_device: str | None = None  # where the vision partition runs; None: the first partition's device
     image_cache_size: int = 64  # images whose features are kept (each distinct image is encoded once)
     speculative: SpeculativeConfig | None = None  # speculative decoding (wicore.engine.speculative); None: off
-    # Long sequences whose full-attention KV does not fit the device (wicore.kv.stream): 0, off;
+    # Long sequences whose full-attention KV does not fit the device (wicore.kv.offload): 0, off;
     # else their blocks may lie in the host tier too, and each step that runs one stages up to this
     # many tokens of its batch's blocks into stage buffers (taken from kv_pool_gb) for the graphs to read.
-    kv_stream_tokens: int = 0
+    kv_offload_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.policy not in ("a2cr", "lru"):
             raise ValueError(f"policy {self.policy!r}: choose a2cr or lru")
         if min(self.kv_pool_gb, self.host_tier_gb, self.nvme_tier_gb) < 0:
             raise ValueError("tier sizes must be >= 0")
-        if self.kv_stream_tokens < 0:
-            raise ValueError(f"kv_stream_tokens must be >= 0 (0: off), got {self.kv_stream_tokens}")
+        if self.kv_offload_tokens < 0:
+            raise ValueError(f"kv_offload_tokens must be >= 0 (0: off), got {self.kv_offload_tokens}")

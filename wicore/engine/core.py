@@ -45,7 +45,7 @@ from wicore.graph.manifest import Manifest
 from wicore.inputs.tokenizer import Tokenizer
 from wicore.kv.buffers import CacheConfig, KVBuffers
 from wicore.kv.layout import KVLayout, choose_block_size, context_advice
-from wicore.kv.stream import KVStreamer, num_stages
+from wicore.kv.offload import KVOffloader, num_stages
 from wicore.kv.tiers import HostStore
 from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.types.images import ImageInput, ImageSpan
@@ -107,7 +107,7 @@ class EngineCore:
             config = replace(config, scheduler=config.scheduler.at_least(vision.config.mm_tokens_per_image))
         bs = choose_block_size(self.manifest, config.block_size)
         layout = KVLayout.of(self.manifest, bs)
-        stage_frames = -(-config.kv_stream_tokens // bs) + 1 if config.kv_stream_tokens else 0  # + the sink
+        stage_frames = -(-config.kv_offload_tokens // bs) + 1 if config.kv_offload_tokens else 0  # + the sink
         tiers = plan_tiers(config, layout, num_stages(self.manifest) * stage_frames * layout.layer_block_bytes)
         device = tiers[Tier.DEVICE]
         device_bytes = device.full * layout.block_bytes(FULL) + device.window * layout.block_bytes(WINDOW)
@@ -132,18 +132,18 @@ class EngineCore:
             self.vision = VisionEncoder(
                 model_dir, placement.vision.record, placement.vision.device, config.num_threads, config.image_cache_size
             )
-        streamer = None
+        offloader = None
         if stage_frames:
             host = self.kv.store(FULL, Tier.HOST)
             assert isinstance(host, HostStore), "the host tier is a HostStore (build_kv_cache)"
-            streamer = KVStreamer(self.manifest, buffers, host, stage_frames, config.num_threads)
-        self.runner = ModelRunner(graphs, bs, self.vision, streamer)
+            offloader = KVOffloader(self.manifest, buffers, host, stage_frames, config.num_threads)
+        self.runner = ModelRunner(graphs, bs, self.vision, offloader)
         sched = replace(config.scheduler, max_staged_blocks=stage_frames - 1 if stage_frames else None)
         model_context = self.manifest.config.max_position_embeddings
         self.max_context = model_context if sched.max_context is None else min(sched.max_context, model_context)
         self.scheduler = Scheduler(replace(sched, eos_token_ids=self.eos_token_ids, max_context=self.max_context), self.kv)
         # Room one sequence can have on the device (one block of each group is the padding sink), or,
-        # streamed, on the device and in the host tier, within what a step stages.
+        # offloaded, on the device and in the host tier, within what a step stages.
         full_blocks = device.full - 1
         if stage_frames:
             full_blocks = min(full_blocks + tiers[Tier.HOST].full, stage_frames - 1)
@@ -216,9 +216,9 @@ class EngineCore:
         sched = self.scheduler.config
         if sched.max_staged_blocks is not None:
             return (
-                f"a step stages {self.max_sequence_tokens} tokens of KV with kv_stream_tokens "
-                f"{self.config.kv_stream_tokens} and the device and host tiers (prompt plus at least one generated "
-                "token): raise kv_stream_tokens or host_tier_gb"
+                f"a step stages {self.max_sequence_tokens} tokens of KV with kv_offload_tokens "
+                f"{self.config.kv_offload_tokens} and the device and host tiers (prompt plus at least one generated "
+                "token): raise kv_offload_tokens or host_tier_gb"
             )
         advice = context_advice(self.layout, tokens, sched.prefill_chunk, sched.max_num_seqs)
         return (

@@ -33,7 +33,7 @@ class TierBlocks:
 
 def plan_tiers(config: EngineConfig, layout: KVLayout, reserved_bytes: int = 0) -> dict[Tier, TierBlocks]:
     """Blocks per group and tier from an EngineConfig; `reserved_bytes` of the device pool go to
-    something else (the stages of streamed steps). Explicit block counts (num_*_blocks) apply to
+    something else (the stages of offloaded steps). Explicit block counts (num_*_blocks) apply to
     both groups alike."""
     sched = config.scheduler
     need = sched.max_num_seqs * layout.window_blocks_per_sequence(sched.prefill_chunk) + 1
@@ -45,7 +45,7 @@ def plan_tiers(config: EngineConfig, layout: KVLayout, reserved_bytes: int = 0) 
     ):
         raise WiCoreError(
             f"kv_pool_gb {config.kv_pool_gb:g} leaves no room for KV blocks beside {reserved_bytes / GIB:.2f} GiB of KV "
-            "stages: raise kv_pool_gb or lower kv_stream_tokens"
+            "stages: raise kv_pool_gb or lower kv_offload_tokens"
         )
     full, window = layout.split(budget, need)
     device = TierBlocks(max(2, full), max(2, window) if layout.has_window else 0)
@@ -96,8 +96,8 @@ def build_kv_cache(config: EngineConfig, layout: KVLayout, tiers: dict[Tier, Tie
         pagers.append(Pager(stores))
         policy = A2CRPolicy(config.a2cr) if config.policy == "a2cr" else LRUPolicy()
         device, host, nvme = counts
-        stream = group == FULL and config.kv_stream_tokens > 0  # wicore.kv.stream
+        offload = group == FULL and config.kv_offload_tokens > 0  # wicore.kv.offload
         pools.append(
-            BlockPool(device, host, nvme, layout.block_size, policy, config.enable_prefix_cache, group=group, stream=stream)
+            BlockPool(device, host, nvme, layout.block_size, policy, config.enable_prefix_cache, group=group, offload=offload)
         )
     return KVCache(pools, pagers, layout.window if len(pools) > 1 else None)

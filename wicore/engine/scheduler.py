@@ -150,26 +150,26 @@ class Scheduler:
         return tuple(draft)
 
     def _stage(self, stage: StageBudget, req: Request) -> bool:
-        """Whether `req`'s row fits what the step may stage (always, when nothing streams); taken if so."""
+        """Whether `req`'s row fits what the step may stage (always, when nothing is offloaded); taken if so."""
         if stage.capacity is None:
             return True
-        num_blocks, streams = self.kv.num_full_blocks(req.seq_id), self.kv.is_streamed(req.seq_id)
-        if not stage.admits(num_blocks, streams):
+        num_blocks, offloaded = self.kv.num_full_blocks(req.seq_id), self.kv.is_offloaded(req.seq_id)
+        if not stage.admits(num_blocks, offloaded):
             return False
-        stage.take(num_blocks, streams)
+        stage.take(num_blocks, offloaded)
         return True
 
     def _row(self, req: Request, n: int, draft: tuple[int, ...] = ()) -> ScheduledRow:
         start = req.num_computed
         window_table, window_first = self.kv.window_table(req.seq_id)
         needs_sample = start + n == req.num_tokens
-        streams = self.kv.is_streamed(req.seq_id)
+        offloaded = self.kv.is_offloaded(req.seq_id)
         return ScheduledRow(
             request_id=req.request_id,
             token_ids=req.token_ids[start : start + n] + list(draft),
             start=start,
-            block_table=[] if streams else self.kv.block_table(req.seq_id),
-            full_locations=tuple(self.kv.block_locations(req.seq_id)) if streams else (),
+            block_table=[] if offloaded else self.kv.block_table(req.seq_id),
+            full_locations=tuple(self.kv.block_locations(req.seq_id)) if offloaded else (),
             block_ids=self.kv.block_ids(req.seq_id),
             window_table=window_table,
             window_first=window_first,

@@ -24,8 +24,8 @@ class SchedulerConfig:
     preemption: str = "swap"  # or "recompute"
     max_context: int | None = None  # tokens per sequence; None: the model's (the engine sets it)
     eos_token_ids: tuple[int, ...] = ()  # the engine sets the model's
-    # Full-attention blocks a step with a streamed row may stage (wicore.kv.stream); None:
-    # nothing streams (the engine sets it from EngineConfig.kv_stream_tokens).
+    # Full-attention blocks a step with an offloaded row may stage (wicore.kv.offload); None:
+    # nothing is offloaded (the engine sets it from EngineConfig.kv_offload_tokens).
     max_staged_blocks: int | None = None
 
     def __post_init__(self) -> None:
@@ -72,22 +72,22 @@ class StepBudget:
 
 @dataclass
 class StageBudget:
-    """What a step may still stage. When any row of a step streams, the runner stages every row's
+    """What a step may still stage. When any row of a step is offloaded, the runner stages every row's
     full-attention blocks (the graph reads one buffer per layer), so their sum must fit."""
 
     capacity: int | None  # SchedulerConfig.max_staged_blocks
     num_blocks: int = 0  # the full-attention blocks of the step's rows so far
-    streams: bool = False  # whether one of them streams
+    offloaded: bool = False  # whether one of them is offloaded
 
-    def admits(self, num_blocks: int, streams: bool) -> bool:
-        """Whether a row with `num_blocks` full blocks (streamed or not) still fits the step."""
-        if self.capacity is None or not (self.streams or streams):
+    def admits(self, num_blocks: int, offloaded: bool) -> bool:
+        """Whether a row with `num_blocks` full blocks (offloaded or not) still fits the step."""
+        if self.capacity is None or not (self.offloaded or offloaded):
             return True
         return self.num_blocks + num_blocks <= self.capacity
 
-    def take(self, num_blocks: int, streams: bool) -> None:
+    def take(self, num_blocks: int, offloaded: bool) -> None:
         self.num_blocks += num_blocks
-        self.streams = self.streams or streams
+        self.offloaded = self.offloaded or offloaded
 
 
 @dataclass

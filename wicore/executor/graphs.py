@@ -27,7 +27,7 @@ from wicore.graph.manifest import Manifest
 from wicore.graph.paged_attention import flash_page_size
 from wicore.kernels.library import KernelBuildError, has_cuda_kernels, library
 from wicore.kv.buffers import KVBuffers
-from wicore.kv.stream import StagedRun
+from wicore.kv.offload import StagedRun
 
 
 def kernel_library(devices: Sequence[Device]) -> Path:
@@ -103,7 +103,7 @@ class ModelGraphs:
 
     def bind_kv(self, binding, record, staged: StagedRun | None = None) -> None:
         """Bind the partition's KV buffers as its cache inputs and, in place, its cache outputs
-        (in a staged run, each full-attention layer's stage: wicore.kv.stream)."""
+        (in a staged run, each full-attention layer's stage: wicore.kv.offload)."""
         for layer in range(record.start, record.stop):
             key, value = (staged.values(layer) if staged is not None else None) or self.buffers.values(layer)
             binding.bind_ortvalue_input(io.key_cache(layer), key)
@@ -129,7 +129,7 @@ class ModelGraphs:
         tokens, only those come back to the host (the logits stay on the device, unread). `images`:
         the image inputs of a multimodal export (wicore.executor.vision.VisionEncoder.decoder_inputs).
         `sampling` (exports with the sampling head): the rows' draws come back too. `staged`: the
-        rows stream, their full-attention blocks staged around each partition (uncaptured)."""
+        rows are offloaded, their full-attention blocks staged around each partition (uncaptured)."""
         want_logits = logits or not self.has_greedy_tokens
         if sampling is not None and not self.has_sampling_head:
             raise ValueError("this export has no sampling head (wicore-export --sampling-head on)")

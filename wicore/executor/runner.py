@@ -42,7 +42,7 @@ from wicore.executor.graphs import ModelGraphs
 from wicore.executor.sampler import MIN_TEMPERATURE, Sampler, verify_row
 from wicore.executor.vision import VisionEncoder
 from wicore.graph.sampling import TOP_CANDIDATES
-from wicore.kv.stream import KVStreamer
+from wicore.kv.offload import KVOffloader
 from wicore.types.sampling import Sample, SamplingParams
 from wicore.types.step import RunResult, ScheduledRow
 
@@ -51,12 +51,12 @@ class ModelRunner:
     """Rows in, sampled tokens out, over the model's graphs (see the module docstring)."""
 
     def __init__(
-        self, graphs: ModelGraphs, block_size: int, vision: VisionEncoder | None = None, streamer: KVStreamer | None = None
+        self, graphs: ModelGraphs, block_size: int, vision: VisionEncoder | None = None, offloader: KVOffloader | None = None
     ) -> None:
         self.graphs = graphs
         self.block_size = block_size
         self.vision = vision
-        self.streamer = streamer  # stages the blocks of streamed rows (wicore.kv.stream)
+        self.offloader = offloader  # stages the blocks of offloaded rows (wicore.kv.offload)
         self._samplers: dict[str, Sampler] = {}
         self.masks = MaskWorker()
 
@@ -86,10 +86,10 @@ class ModelRunner:
             sampling = self._sampling_inputs(group, drawn) if drawn else None
             logits = any(_needs_logits(row) and row.request_id not in drawn for row in group)
             batch_rows, staged = group, None
-            if any(row.full_locations for row in group):  # a row streams: every row's blocks are staged
-                if self.streamer is None:
-                    raise ValueError("a streamed row, but the engine has no KV stages (kv_stream_tokens)")
-                staged = self.streamer.run(group, self.block_size)
+            if any(row.full_locations for row in group):  # a row is offloaded: every row's blocks are staged
+                if self.offloader is None:
+                    raise ValueError("an offloaded row, but the engine has no KV stages (kv_offload_tokens)")
+                staged = self.offloader.run(group, self.block_size)
                 batch_rows = staged.plan.rows
             batch = build_batch(batch_rows, self.block_size)
             out = self.graphs.run(batch, logits=logits, images=images, sampling=sampling, staged=staged)

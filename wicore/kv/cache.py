@@ -58,7 +58,7 @@ class KVCache(BlockGroups):
             self.full.pool.add_attention(block_id, value, now)
 
     def store(self, group: int, tier: Tier) -> TierStore:
-        """The store that holds one group's blocks in one tier (the staging of streamed steps reads it)."""
+        """The store that holds one group's blocks in one tier (the staging of offloaded steps reads it)."""
         return self.pagers[group].stores[tier]
 
     @property

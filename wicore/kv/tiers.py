@@ -7,7 +7,7 @@ A block's bytes are the K and V of `block_size` tokens in every layer:
     tier 0  DeviceStore  the pools bound to the graphs (NumPy on the CPU EP: copies are slices);
                          pools in device memory: OrtPoolStore (device_store.py), gather/put graphs
     tier 1  HostStore    one NumPy array [num_layers, 2, num_frames, *token shape]: layer-major, as
-                         a streamed step reads it (one layer at a time)
+                         an offloaded step reads it (one layer at a time)
     tier 2  NvmeStore    a file [num_frames, *block shape], reserved at start: block-major, each
                          block one range with a checksum that is checked on every read (a corrupt
                          block, or one whose write failed, raises CorruptBlockError: never returned)
@@ -79,8 +79,8 @@ class DeviceStore:
 
 class HostStore:
     """Tier 1, layer-major: data [num_layers, 2 (k, v), num_frames, *token shape], so that one layer's
-    keys (or values) of consecutive frames are one contiguous slice, which a streamed step copies to
-    the device as it lies (wicore.kv.stream). `allocate(shape, dtype)` makes the zeroed array:
+    keys (or values) of consecutive frames are one contiguous slice, which an offloaded step copies to
+    the device as it lies (wicore.kv.offload). `allocate(shape, dtype)` makes the zeroed array:
     page-locked memory when the pools are on a CUDA device (wicore.devices.pinned)."""
 
     def __init__(

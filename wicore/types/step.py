@@ -33,7 +33,7 @@ class ScheduledRow:
     request_id: str
     token_ids: list[int]
     start: int
-    block_table: list[int]  # DEVICE frames of the request's blocks, in order (empty when streamed)
+    block_table: list[int]  # DEVICE frames of the request's blocks, in order (empty when offloaded)
     block_ids: list[int]  # the same blocks' ids (what per-block statistics refer to)
     window_table: list[int]  # DEVICE frames of its sliding-window blocks, from logical block window_first
     window_first: int
@@ -46,8 +46,8 @@ class ScheduledRow:
     # draft, and every one of its tokens has logits (wicore.engine.speculative)
     prompt_ids: Sequence[int] = ()  # the request's prompt (the same list, not a copy) where its sampler
     # penalizes repetition: the prompt's tokens count as seen
-    full_locations: tuple[tuple[Tier, int], ...] = ()  # a streamed row (some full-attention blocks off the
-    # device): (tier, frame) of each of them, in order; the runner stages them (wicore.kv.stream)
+    full_locations: tuple[tuple[Tier, int], ...] = ()  # an offloaded row (some full-attention blocks off the
+    # device): (tier, frame) of each of them, in order; the runner stages them (wicore.kv.offload)
     grammar: GrammarState | None = None  # a constrained request's grammar (the request's own): the runner
     # reads its masks; only the scheduler advances it
 

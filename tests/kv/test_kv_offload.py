@@ -1,4 +1,4 @@
-"""Streamed steps (wicore.kv.stream): sequences whose full-attention KV does not fit the
+"""Offloaded steps (wicore.kv.offload): sequences whose full-attention KV does not fit the
 device tier run from the device and host tiers, their blocks staged around each partition. On a
 tiny random Gemma 3 with two full-attention layers: the tokens are HF transformers' (exact
 attention), with one stage shared by two partitions or one stage a layer."""
@@ -13,7 +13,7 @@ from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.scheduler import SchedulerConfig
 from wicore.engine.stats import TierCounts
 from wicore.errors import ContextLengthError
-from wicore.kv.stream import plan_stage
+from wicore.kv.offload import plan_stage
 from wicore.types.sampling import SamplingParams
 from wicore.types.step import ScheduledRow
 
@@ -29,7 +29,7 @@ def row(request_id: str, start: int, n: int, table: list[int], locations: tuple 
 
 
 def test_plan_stage_gathers_device_blocks_after_the_sink_then_copies_host_blocks_and_sends_written_blocks_home():
-    """Row a (streamed: HOST 5, DEVICE 2, DEVICE 9) decodes its token 9, in its third block; row b
+    """Row a (offloaded: HOST 5, DEVICE 2, DEVICE 9) decodes its token 9, in its third block; row b
     (on DEVICE: 4, 6) prefills tokens 3..6, its blocks 0 and 1. Stage frames: the sink 0, the DEVICE
     blocks 1-4 in row order (2, 9, 4, 6), the HOST block 5."""
     rows = [row("a", 9, 1, [], ((H, 5), (D, 2), (D, 9))), row("b", 3, 4, [4, 6])]
@@ -65,7 +65,7 @@ def tiny(tiny_export):
     return {parts: tiny_export(parts, layer_types=TWO_FULL) for parts in (1, 2)}
 
 
-def streamed_engine(model_dir, **overrides) -> Engine:
+def offloaded_engine(model_dir, **overrides) -> Engine:
     """Full-attention layers' device tier: 6 blocks (the sink and 5, 20 tokens); the host tier
     64; steps stage up to 128 tokens."""
     settings = dict(
@@ -75,23 +75,23 @@ def streamed_engine(model_dir, **overrides) -> Engine:
         num_window_device_blocks=32,
         num_host_blocks=64,
         num_nvme_blocks=0,
-        kv_stream_tokens=128,
+        kv_offload_tokens=128,
         scheduler=SchedulerConfig(max_num_batched_tokens=48, prefill_chunk=16),
     )
     return Engine(EngineConfig(model_dir=model_dir, **{**settings, **overrides}))
 
 
 @pytest.mark.parametrize("parts", [2, 1])
-def test_a_sequence_past_the_device_tier_streams_and_gives_hfs_greedy_tokens(tiny, parts, reference_greedy):
+def test_a_sequence_past_the_device_tier_is_offloaded_and_gives_hfs_greedy_tokens(tiny, parts, reference_greedy):
     """70 prompt tokens and 12 generated need 21 blocks; the device tier holds 5. Two partitions
     with a full layer each share one stage; one partition has a stage a layer. Both give HF's
     tokens; the host blocks were staged at every step."""
     model_dir, model = tiny[parts]
-    with streamed_engine(model_dir) as engine:
+    with offloaded_engine(model_dir) as engine:
         assert engine.max_sequence_tokens == 128  # the stage, less the sink: 32 blocks of 4
-        assert engine.core.runner.streamer is not None and engine.core.runner.streamer.num_stages == 3 - parts
+        assert engine.core.runner.offloader is not None and engine.core.runner.offloader.num_stages == 3 - parts
         got = engine.generate([LONG], GREEDY)[0]
-        stats = engine.core.runner.streamer.stats
+        stats = engine.core.runner.offloader.stats
         full = engine.stats().kv_groups["full"].blocks_in_use
     assert got.token_ids == reference_greedy(model, LONG, 12)
     # and those tokens hang on the prompt's first 60, whose KV lay in the host tier: other first
@@ -104,12 +104,12 @@ def test_a_sequence_past_the_device_tier_streams_and_gives_hfs_greedy_tokens(tin
     assert full == TierCounts(device=4, host=16, nvme=0)
 
 
-def test_streamed_sequences_share_a_prefix_from_host_and_run_beside_short_ones(tiny, reference_greedy):
+def test_offloaded_sequences_share_a_prefix_from_host_and_run_beside_short_ones(tiny, reference_greedy):
     """Two requests with the same long prompt (the second reuses its 17 cached blocks, most of them
     on HOST) and a short one, together: each gives its tokens alone."""
     model_dir, model = tiny[2]
     short = RNG.integers(3, 512, 9).tolist()
-    with streamed_engine(model_dir) as engine:
+    with offloaded_engine(model_dir) as engine:
         first = engine.generate([LONG], GREEDY)[0]
         both = engine.generate([LONG, short], GREEDY)
         cached = engine.stats().cached_prompt_tokens
@@ -122,15 +122,15 @@ def test_a_prompt_past_what_a_step_stages_is_refused(tiny):
     """128 tokens and one to generate are 33 blocks; a step stages 32: refused, naming the flags."""
     model_dir, _ = tiny[2]
     with (
-        streamed_engine(model_dir) as engine,
+        offloaded_engine(model_dir) as engine,
         pytest.raises(ContextLengthError, match="the prompt has 128 tokens; a step stages 128"),
     ):
         engine.add_request(RNG.integers(3, 512, 128).tolist(), GREEDY)
 
 
-def test_a_model_without_sliding_layers_streams_its_table_as_the_window_table_too(tmp_path, reference_greedy):
+def test_a_model_without_sliding_layers_offloads_its_table_as_the_window_table_too(tmp_path, reference_greedy):
     """A tiny Llama (three full-attention layers, one partition: a stage a layer) gives HF's tokens
-    streamed; its graphs read the staged table for their (unused) window inputs as well."""
+    offloaded; its graphs read the staged table for their (unused) window inputs as well."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -145,10 +145,10 @@ def test_a_model_without_sliding_layers_streams_its_table_as_the_window_table_to
     model = LlamaForCausalLM(cfg).eval()
     model.save_pretrained(tmp_path / "hf")
     export_model(open_source(str(tmp_path / "hf")), tmp_path / "model", ExportConfig(), progress=lambda _: None)
-    with streamed_engine(tmp_path / "model", num_window_device_blocks=None) as engine:
-        assert engine.core.runner.streamer is not None and engine.core.runner.streamer.num_stages == 3
+    with offloaded_engine(tmp_path / "model", num_window_device_blocks=None) as engine:
+        assert engine.core.runner.offloader is not None and engine.core.runner.offloader.num_stages == 3
         got = engine.generate([LONG], GREEDY)[0]
-        assert engine.core.runner.streamer.stats.num_host_blocks > 0
+        assert engine.core.runner.offloader.stats.num_host_blocks > 0
     assert got.token_ids == reference_greedy(model, LONG, 12)
 
 
@@ -157,19 +157,21 @@ def test_the_copy_graphs_of_accelerators_stage_the_same_blocks(tiny, reference_g
     addresses bring the host blocks in, two blocks a piece, and block copies write back), run here
     on the CPU EP: HF's tokens, host blocks written back too."""
     from wicore.kv import device_store
-    from wicore.kv.stream import KVStreamer
+    from wicore.kv.offload import KVOffloader
 
     monkeypatch.setattr(device_store, "HOST_PIECE_BYTES", 2 * 4 * 2 * 32 * 4)  # two blocks: 4 tokens, 2 heads of 32, fp32
 
     model_dir, model = tiny[2]
-    with streamed_engine(model_dir) as engine:
-        numpy_path = engine.core.runner.streamer
+    with offloaded_engine(model_dir) as engine:
+        numpy_path = engine.core.runner.offloader
         assert numpy_path is not None
-        streamer = KVStreamer(engine.manifest, engine.core.runner.graphs.buffers, numpy_path.host, numpy_path.num_frames, 1, True)
-        engine.core.runner.streamer = streamer
+        offloader = KVOffloader(
+            engine.manifest, engine.core.runner.graphs.buffers, numpy_path.host, numpy_path.num_frames, 1, True
+        )
+        engine.core.runner.offloader = offloader
         got = engine.generate([LONG], GREEDY)[0]
     assert got.token_ids == reference_greedy(model, LONG, 12)
-    assert streamer.stats.num_host_blocks > 0 and streamer.stats.num_written_back > 0
+    assert offloader.stats.num_host_blocks > 0 and offloader.stats.num_written_back > 0
 
 
 @pytest.mark.parametrize(
@@ -182,31 +184,31 @@ def test_the_copy_graphs_stage_host_blocks_from_one_slice_or_gathered(tiny, host
     (a large gather in parts, by threads), then copied in (a large copy in pieces): either way each
     full layer's stage holds the sink, the device blocks, then the host blocks by frame."""
     from wicore.kv import device_store
-    from wicore.kv import stream as kv_stream
-    from wicore.kv.stream import KVStreamer
+    from wicore.kv import offload as kv_offload
+    from wicore.kv.offload import KVOffloader
 
-    monkeypatch.setattr(kv_stream, "GATHER_PART_BYTES", part_bytes)
+    monkeypatch.setattr(kv_offload, "GATHER_PART_BYTES", part_bytes)
     monkeypatch.setattr(device_store, "HOST_PIECE_BYTES", 2 * part_bytes)  # the third case: a block a piece
     model_dir, _ = tiny[1]
-    with streamed_engine(model_dir) as engine:
-        buffers, host = engine.core.runner.graphs.buffers, engine.core.runner.streamer.host
-        streamer = KVStreamer(engine.manifest, buffers, host, engine.core.runner.streamer.num_frames, 1, True)
+    with offloaded_engine(model_dir) as engine:
+        buffers, host = engine.core.runner.graphs.buffers, engine.core.runner.offloader.host
+        offloader = KVOffloader(engine.manifest, buffers, host, engine.core.runner.offloader.num_frames, 1, True)
         host.data[...] = RNG.standard_normal(host.data.shape).astype(host.data.dtype)
         for layer in (0, 2):  # TWO_FULL's full-attention layers
             for pool in buffers.arrays(layer):
                 pool[...] = RNG.standard_normal(pool.shape).astype(pool.dtype)
-        plan = streamer.run([row("a", 13, 1, [], tuple((H, f) for f in host_frames) + ((D, 4),))], 4).plan
-        streamer.stage(0, plan)
+        plan = offloader.run([row("a", 13, 1, [], tuple((H, f) for f in host_frames) + ((D, 4),))], 4).plan
+        offloader.stage(0, plan)
         for k, layer in enumerate((0, 2)):
             for j in range(2):
                 expected = np.concatenate([buffers.arrays(layer)[j][[0, 4]], host.layer(k)[j][sorted(host_frames)]])
-                np.testing.assert_array_equal(streamer.values(layer)[j].numpy()[: plan.num_frames], expected)
+                np.testing.assert_array_equal(offloader.values(layer)[j].numpy()[: plan.num_frames], expected)
 
 
 def test_stages_that_leave_the_pool_no_room_are_refused_naming_the_settings(tiny):
     from wicore.errors import WiCoreError
 
     model_dir, _ = tiny[2]
-    config = EngineConfig(model_dir=model_dir, num_threads=1, block_size=4, kv_pool_gb=0.01, kv_stream_tokens=1_000_000)
-    with pytest.raises(WiCoreError, match="raise kv_pool_gb or lower kv_stream_tokens"):
+    config = EngineConfig(model_dir=model_dir, num_threads=1, block_size=4, kv_pool_gb=0.01, kv_offload_tokens=1_000_000)
+    with pytest.raises(WiCoreError, match="raise kv_pool_gb or lower kv_offload_tokens"):
         Engine(config)

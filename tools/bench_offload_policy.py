@@ -1,8 +1,8 @@
-"""Questions over long documents that do not all fit the device tier: A2CR against LRU, streamed.
+"""Questions over long documents that do not all fit the device tier: A2CR against LRU, offloaded.
 
 --documents documents of --document-tokens each; the full-attention layers' device tier holds
 --device-documents of them (the sliding layers keep their window), the host tier all of them,
-and sequences stream (EngineConfig.kv_stream_tokens: a request whose blocks lie partly in host
+and sequences are offloaded (EngineConfig.kv_offload_tokens: a request whose blocks lie partly in host
 memory runs with them staged to the device each step, every token attended). --questions
 questions, one after another, each over a document drawn by a seeded Zipf law (document 0 the
 most asked), each prompt the document then its question:
@@ -21,7 +21,7 @@ by step here, and every full-attention block a step reads is counted where it ca
 
 with time to first token and answer tokens a second. Both policies must give the same tokens.
 
-    PYTHONPATH=. python tools/bench_stream_policy.py --model-dir models/gemma3-270m --json out.json
+    PYTHONPATH=. python tools/bench_offload_policy.py --model-dir models/gemma3-270m --json out.json
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Config:
         if min(self.threads, self.num_documents, self.num_document_tokens, self.num_questions, self.num_new_tokens) < 1:
             raise ValueError("--threads, --documents, --document-tokens, --questions and --new-tokens must be positive")
         if not 0 < self.device_documents < self.num_documents:
-            raise ValueError("--device-documents must be between 0 and --documents (else nothing streams)")
+            raise ValueError("--device-documents must be between 0 and --documents (else nothing is offloaded)")
         if not set(self.policies) <= {"a2cr", "lru"}:
             raise ValueError("--policies: a2cr, lru")
 
@@ -74,7 +74,7 @@ class PolicyRun:
     policy: str
     device_blocks_read: int = 0  # full-attention blocks steps read in place on the device
     host_blocks_read: int = 0  # ... copied in from host memory
-    num_streamed_questions: int = 0  # questions with at least one staged step
+    num_offloaded_questions: int = 0  # questions with at least one staged step
     ttft_seconds: list[float] = field(default_factory=list)
     seconds: float = 0.0  # all questions, end to end
     num_cached_tokens: int = 0
@@ -107,7 +107,7 @@ def ask(config: Config, policy: str, prompts: list[list[int]]) -> tuple[PolicyRu
         num_window_device_blocks=layout.window_blocks_per_sequence(sched.prefill_chunk) + 2,
         num_host_blocks=(config.num_documents + 1) * -(-longest // bs),
         num_nvme_blocks=0,
-        kv_stream_tokens=longest,
+        kv_offload_tokens=longest,
         policy=policy,
         scheduler=sched,
     )
@@ -119,7 +119,7 @@ def ask(config: Config, policy: str, prompts: list[list[int]]) -> tuple[PolicyRu
             core = engine.core
             request_id = f"q{len(run.token_ids)}"
             core.add(core.make_request(prompt, params, request_id))
-            start, first, streamed, tokens = time.perf_counter(), None, False, []
+            start, first, offloaded, tokens = time.perf_counter(), None, False, []
             while core.has_work:
                 outputs = core.step()
                 for row in core.last_step.rows:
@@ -127,7 +127,7 @@ def ask(config: Config, policy: str, prompts: list[list[int]]) -> tuple[PolicyRu
                     on_device = sum(t is Tier.DEVICE for t in tiers)
                     run.device_blocks_read += on_device
                     run.host_blocks_read += len(tiers) - on_device
-                    streamed = streamed or bool(row.full_locations)
+                    offloaded = offloaded or bool(row.full_locations)
                 for o in outputs:
                     if o.request_id == request_id and o.new_token_ids:
                         first = first or time.perf_counter()
@@ -135,7 +135,7 @@ def ask(config: Config, policy: str, prompts: list[list[int]]) -> tuple[PolicyRu
                         run.num_cached_tokens += o.num_cached_tokens if len(tokens) == len(o.new_token_ids) else 0
             assert first is not None and len(tokens) == config.num_new_tokens
             run.ttft_seconds.append(first - start)
-            run.num_streamed_questions += streamed
+            run.num_offloaded_questions += offloaded
             run.token_ids.append(tokens)
         run.seconds = time.perf_counter() - start_all
     return run, watch.num_other_busy_cores
@@ -180,12 +180,12 @@ def run(config: Config, num_busy_before: float | None) -> int:
         f"{config.num_questions} questions (documents asked: {[asked.count(d) for d in range(config.num_documents)]})\n"
     )
     print(
-        "| policy | device hit rate | blocks from host | streamed questions | mean TTFT s | answer tok/s | cached prompt tokens |"
+        "| policy | device hit rate | blocks from host | offloaded questions | mean TTFT s | answer tok/s | cached prompt tokens |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         print(
-            f"| {r.policy} | {100 * r.device_hit_rate:.1f}% | {r.host_blocks_read:,} | {r.num_streamed_questions} | "
+            f"| {r.policy} | {100 * r.device_hit_rate:.1f}% | {r.host_blocks_read:,} | {r.num_offloaded_questions} | "
             f"{statistics.mean(r.ttft_seconds):.2f} | {config.num_questions * config.num_new_tokens / r.seconds:.1f} | "
             f"{r.num_cached_tokens:,} |"
         )

@@ -1,7 +1,7 @@
-"""Streamed steps: full-attention KV larger than the device tier, staged for each step.
+"""Offloaded steps: full-attention KV larger than the device tier, staged for each step.
 
-With `EngineConfig.kv_stream_tokens`, a sequence may keep some of its full-attention blocks in
-host memory while it runs (wicore.blocks.block_pool, `stream`). A graph reads one buffer per layer,
+With `EngineConfig.kv_offload_tokens`, a sequence may keep some of its full-attention blocks in
+host memory while it runs (wicore.blocks.block_pool, `offload`). A graph reads one buffer per layer,
 so a graph run over such rows gives each full-attention layer a *stage*: a buffer on the layer's
 device that the run fills with its rows' blocks, row after row, just before the partition runs,
 and whose newly written tokens go back to their blocks' homes right after:
@@ -71,7 +71,7 @@ class StagePlan:
 
 def plan_stage(rows: Sequence[ScheduledRow], block_size: int, num_frames: int, has_window: bool) -> StagePlan:
     """Lay `rows` out in a stage of `num_frames` frames (frame 0 is the sink, as in a pool). A row
-    with `full_locations` is streamed; the others' blocks are all on DEVICE (`block_table`). A model
+    with `full_locations` is offloaded; the others' blocks are all on DEVICE (`block_table`). A model
     without sliding layers reads its full table as the window table too: that one becomes the
     stage frames as well."""
     located = [row.full_locations or tuple((Tier.DEVICE, f) for f in row.block_table) for row in rows]
@@ -111,13 +111,13 @@ def plan_stage(rows: Sequence[ScheduledRow], block_size: int, num_frames: int, h
 
 
 def num_stages(manifest: Manifest) -> int:
-    """Stages a model streams with: the most full-attention layers one partition holds (one device)."""
+    """Stages a model offloads with: the most full-attention layers one partition holds (one device)."""
     cfg = manifest.config
     return max(sum(not cfg.is_sliding(i) for i in range(p.start, p.stop)) for p in manifest.partitions)
 
 
 @dataclass
-class StreamStats:
+class OffloadStats:
     """Blocks staged and written back, counted per full-attention layer."""
 
     num_runs: int = 0  # graph runs that staged
@@ -134,7 +134,7 @@ class _Buffers:
     arrays: tuple[np.ndarray, np.ndarray] | None
 
 
-class KVStreamer:
+class KVOffloader:
     """The stages of one model and the copies in and out of them (see the module docstring)."""
 
     def __init__(
@@ -150,7 +150,7 @@ class KVStreamer:
         self.num_frames = num_frames
         self.buffers = buffers
         self.host = host
-        self.stats = StreamStats()
+        self.stats = OffloadStats()
         full = [i for i in range(cfg.num_layers) if not cfg.is_sliding(i)]
         self.has_window = len(full) < cfg.num_layers
         self._group_index = {layer: k for k, layer in enumerate(full)}  # the layer in the host store's blocks
@@ -186,7 +186,7 @@ class KVStreamer:
         return session, BlockCopier(device, self.buffers.dtype, self.buffers.block_shape, num_threads)
 
     def run(self, rows: Sequence[ScheduledRow], block_size: int) -> StagedRun:
-        """A graph run over `rows` (one of them streamed), staged: its plan's rows are what to batch."""
+        """A graph run over `rows` (one of them offloaded), staged: its plan's rows are what to batch."""
         self.stats.num_runs += 1
         return StagedRun(self, plan_stage(rows, block_size, self.num_frames, self.has_window))
 
@@ -282,15 +282,15 @@ class StagedRun:
     """One graph run over staged rows: ModelGraphs.run calls `before` and `after` around each
     partition and binds `values(layer)`, where not None, as the layer's KV buffers."""
 
-    def __init__(self, streamer: KVStreamer, plan: StagePlan) -> None:
-        self.streamer = streamer
+    def __init__(self, offloader: KVOffloader, plan: StagePlan) -> None:
+        self.offloader = offloader
         self.plan = plan
 
     def before(self, partition: int) -> None:
-        self.streamer.stage(partition, self.plan)
+        self.offloader.stage(partition, self.plan)
 
     def after(self, partition: int) -> None:
-        self.streamer.unstage(partition, self.plan)
+        self.offloader.unstage(partition, self.plan)
 
     def values(self, layer: int) -> tuple[Any, Any] | None:
-        return self.streamer.values(layer)
+        return self.offloader.values(layer)

@@ -1,4 +1,4 @@
-"""A streaming BlockPool (the full-attention group when the engine stages KV per step): running
+"""An offloading BlockPool (the full-attention group when the engine stages KV per step): running
 sequences keep blocks on DEVICE or HOST. Tiny pools (block_size 4), exact ids, frames and plans."""
 
 from __future__ import annotations
@@ -13,22 +13,22 @@ BS = 4
 D, H, N = Tier.DEVICE, Tier.HOST, Tier.NVME
 
 
-def make_pool(device: int, host: int, nvme: int = 0, stream: bool = True, policy: EvictionPolicy | None = None) -> BlockPool:
-    return BlockPool(device, host, nvme, BS, policy or LRUPolicy(), clock=lambda: 0.0, stream=stream)
+def make_pool(device: int, host: int, nvme: int = 0, offload: bool = True, policy: EvictionPolicy | None = None) -> BlockPool:
+    return BlockPool(device, host, nvme, BS, policy or LRUPolicy(), clock=lambda: 0.0, offload=offload)
 
 
 def test_a_prompt_longer_than_the_device_tier_keeps_its_first_blocks_on_host_and_its_tail_on_device():
     """17 tokens are 5 blocks; DEVICE has 3 frames (and the sink): the first 2 blocks go to HOST.
-    A pool that does not stream cannot take the prompt at all."""
+    A pool that does not offload cannot take the prompt at all."""
     pool = make_pool(device=4, host=4)
     alloc = pool.allocate(0, list(range(17)))
     assert alloc is not None and alloc.moves == []
     assert pool.block_ids(0) == [0, 1, 2, 3, 4]
     assert pool.block_locations(0) == [(H, 0), (H, 1), (D, 1), (D, 2), (D, 3)]
-    assert pool.is_streamed(0)
+    assert pool.is_offloaded(0)
     with pytest.raises(ValueError, match="is in HOST"):
         pool.block_table(0)
-    assert make_pool(device=4, host=4, stream=False).allocate(0, list(range(17))) is None
+    assert make_pool(device=4, host=4, offload=False).allocate(0, list(range(17))) is None
     assert not pool.can_allocate_prefix(list(range(100, 117)), 0)  # 5 more blocks: 0 DEVICE + 2 HOST frames left
 
 
@@ -68,16 +68,16 @@ def test_swap_out_moves_only_device_blocks_and_swap_in_lifts_nvme_and_fills_free
     assert pool.allocate(0, list(range(8))) is not None
     assert pool.block_locations(0) == [(D, 1), (D, 2)]
     assert pool.swap_out(0) == [Move(1, (D, 2), (N, 0)), Move(0, (D, 1), (H, 0))]
-    assert not pool.is_streamed(0)  # swapped: not running
+    assert not pool.is_offloaded(0)  # swapped: not running
     assert pool.swap_in(0) == [Move(1, (N, 0), (D, 1)), Move(0, (H, 0), (D, 2))]  # HOST full: NVME goes to DEVICE
-    assert pool.block_locations(0) == [(D, 2), (D, 1)] and not pool.is_streamed(0)
+    assert pool.block_locations(0) == [(D, 2), (D, 1)] and not pool.is_offloaded(0)
 
-    streamed = make_pool(device=3, host=4, nvme=2)
-    assert streamed.allocate(0, list(range(17))) is not None
-    assert streamed.block_locations(0) == [(H, 0), (H, 1), (H, 2), (D, 1), (D, 2)]
-    assert streamed.swap_out(0) == [Move(4, (D, 2), (N, 0)), Move(3, (D, 1), (H, 3))]  # HOST blocks stay
-    assert streamed.block_locations(0) == [(H, 0), (H, 1), (H, 2), (H, 3), (N, 0)]
+    offloaded = make_pool(device=3, host=4, nvme=2)
+    assert offloaded.allocate(0, list(range(17))) is not None
+    assert offloaded.block_locations(0) == [(H, 0), (H, 1), (H, 2), (D, 1), (D, 2)]
+    assert offloaded.swap_out(0) == [Move(4, (D, 2), (N, 0)), Move(3, (D, 1), (H, 3))]  # HOST blocks stay
+    assert offloaded.block_locations(0) == [(H, 0), (H, 1), (H, 2), (H, 3), (N, 0)]
     # back in: the NVME block is lifted (HOST is full: to DEVICE), then the first HOST block takes
     # the DEVICE frame left; the others are staged from HOST
-    assert streamed.swap_in(0) == [Move(4, (N, 0), (D, 1)), Move(0, (H, 0), (D, 2))]
-    assert streamed.block_locations(0) == [(D, 2), (H, 1), (H, 2), (H, 3), (D, 1)] and streamed.is_streamed(0)
+    assert offloaded.swap_in(0) == [Move(4, (N, 0), (D, 1)), Move(0, (H, 0), (D, 2))]
+    assert offloaded.block_locations(0) == [(D, 2), (H, 1), (H, 2), (H, 3), (D, 1)] and offloaded.is_offloaded(0)

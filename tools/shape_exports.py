@@ -1,0 +1,47 @@
+"""Random checkpoints cut to their first layers, exported as one of the shape benchmarks' variants
+(bench_shapes.py, bench_long_shapes.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.sources import open_source
+
+# variant -> export settings: fp16 graphs; "int4" / "int8" are ort-quant with 4- / 8-bit weights (fp16 activations on GPU)
+VARIANTS: dict[str, dict[str, object]] = {
+    "portable": dict(dtype="fp16", attention="portable"),
+    "paged": dict(dtype="fp16", attention="paged"),
+    "paged-nohead": dict(dtype="fp16", attention="paged", sampling_head="off"),  # sampled rows' logits to the host
+    "paged-wicore": dict(dtype="fp16", attention="paged", kernels="wicore"),  # residual norms, GeGLU on WiCore's kernels
+    "int4-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0),
+    "int8-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=8, accuracy_level=0),
+    # the embedding's rows from the head's 4-bit codes (wicore-export --quantize-embedding)
+    "int4e-paged": dict(
+        dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0, quantize_embedding=True
+    ),
+}
+
+
+def first_layers(full: Path, folder: Path, layer_types: list[str]) -> Path:
+    """`folder`: the checkpoint in `full` cut to its first len(layer_types) layers, of those types
+    (its config; the weight files linked, not copied)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((full / "config.json").read_text())
+    cfg.update(num_hidden_layers=len(layer_types), layer_types=layer_types)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for f in full.glob("*.safetensors*"):
+        if not (folder / f.name).exists():
+            (folder / f.name).symlink_to(f)
+    return folder
+
+
+def export(folder: Path, variant: str, out: Path, partitions: int = 1) -> Path:
+    if not (out / "wicore.json").is_file():
+        t = time.perf_counter()
+        settings = dict(VARIANTS[variant], num_partitions=partitions)
+        export_model(open_source(str(folder)), out, ExportConfig(overwrite=True, **settings), progress=lambda _: None)  # type: ignore[arg-type]
+        print(f"exported {out.name} in {time.perf_counter() - t:.0f} s", flush=True)
+    return out
