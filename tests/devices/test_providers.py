@@ -76,3 +76,9 @@ def test_webgpu_is_one_device_whose_buffers_live_on_the_adapter() -> None:
     webgpu.check_can_run("fp16", "ort-quant")
     with pytest.raises(providers.DeviceError, match="re-export with --attention portable"):
         webgpu.check_can_run("fp16", "portable", "paged")
+
+
+def test_webgpu_without_an_adapter_is_refused_saying_what_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(providers, "installed_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(providers.DeviceError, match="ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1"):
+        providers.parse_device("webgpu")

@@ -203,6 +203,7 @@ class Capability:
     vision_flavours: tuple[str, ...] = ("portable",)
     options: tuple[tuple[str, str], ...] = ()  # provider options it always gets
     shares_cuda_arena: bool = False  # its sessions on one device may allocate from one arena (shared_cuda_arena)
+    absent_hint: str = ""  # what else, beyond its package, it needs to be offered (said when it is not)
 
     def provider_options(self, index: str) -> dict[str, str]:
         return {**dict(self.options), **({self.option_key: index} if self.option_key else {})}
@@ -291,6 +292,11 @@ CAPABILITIES: dict[str, Capability] = {
             "webgpu",
             unknown_free_bytes,
             None,
+            absent_hint=(
+                "the WebGPU plugin offers a device only where it finds an adapter: a GPU's Vulkan, Metal or D3D12 "
+                "driver (on Linux with the system's libvulkan.so.1), or with ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 "
+                "a CPU one such as Mesa >= 25's lavapipe"
+            ),
         ),
     )
 }
@@ -396,5 +402,6 @@ def parse_device(spec: str, is_installed: bool = True) -> Device:
         raise DeviceError(f"unknown device {spec!r}; known: {', '.join(CAPABILITIES)}")
     if is_installed and cap.provider not in installed_providers():
         have = ", ".join(d.label for d in available_devices()) or "none"
-        raise DeviceError(f"{spec}: {cap.provider} is not in this ONNX Runtime build (available: {have}); {EXTRAS}")
+        hint = f"; {cap.absent_hint}" if cap.absent_hint else ""
+        raise DeviceError(f"{spec}: {cap.provider} is not in this ONNX Runtime build (available: {have}); {EXTRAS}{hint}")
     return Device(cap, index or cap.default_index)
