@@ -85,8 +85,9 @@ def greedy(folder: Path, devices: str, ids: list[int], num_tokens: int) -> list[
     return result.token_ids
 
 
-def test_a_tiny_model_decodes_the_cpu_eps_tokens(tiny_export):
-    folder, _ = tiny_export()
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_a_tiny_model_decodes_the_cpu_eps_tokens(tiny_export, dtype):
+    folder, _ = tiny_export(dtype=dtype)
     assert greedy(folder, "webgpu:0", TINY_IDS, NUM_TOKENS_TINY) == greedy(folder, "cpu", TINY_IDS, NUM_TOKENS_TINY)
 
 
