@@ -65,3 +65,20 @@ def test_cuda_sessions_allocate_each_initializer_on_its_own_and_others_keep_onnx
     for devices in ([], [cpu]):
         with pytest.raises(RuntimeError, match=OWN_INITIALIZERS):
             session_options(1, devices=devices).get_session_config_entry(OWN_INITIALIZERS)  # type: ignore[attr-defined]
+
+
+def test_webgpu_is_one_device_whose_buffers_live_on_the_adapter() -> None:
+    # The plugin picks its adapter itself: no provider option, and OrtValues in "webgpu" memory.
+    webgpu = providers.parse_device("webgpu", is_installed=False)
+    assert webgpu.label == "webgpu:0"
+    assert webgpu.ort_device == ("webgpu", 0)
+    assert webgpu.providers() == [("WebGpuExecutionProvider", {}), "CPUExecutionProvider"]
+    webgpu.check_can_run("fp16", "ort-quant")
+    with pytest.raises(providers.DeviceError, match="re-export with --attention portable"):
+        webgpu.check_can_run("fp16", "portable", "paged")
+
+
+def test_webgpu_without_an_adapter_is_refused_saying_what_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(providers, "installed_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(providers.DeviceError, match="ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1"):
+        providers.parse_device("webgpu")

@@ -13,6 +13,13 @@ a `Device` what it can do and never tests an EP's name.
     migraphx:N       MIGraphXExecutionProvider      cpu (bound through host memory)
     cann:N           CANNExecutionProvider          cpu (bound through host memory)
     dml:N            DmlExecutionProvider           cpu (bound through host memory)
+    webgpu:0         WebGpuExecutionProvider        webgpu (a plugin EP: onnxruntime-ep-webgpu)
+
+A plugin EP ships as a library of its own, outside the `onnxruntime` wheel; ONNX Runtime offers it
+once the library is registered with its environment (register_plugin_eps, which the first look at
+the installed providers does). The WebGPU plugin picks its adapter itself (Dawn over Vulkan, Metal
+or D3D12); ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 in the environment before that first look lets it
+take a CPU one (Mesa's lavapipe: how CI runs it, docs/HARDWARE.md).
 """
 
 from __future__ import annotations
@@ -33,7 +40,10 @@ from wicore.errors import RuntimeMissingError, WiCoreError
 log = logging.getLogger(__name__)
 
 # WiCore installs from its checkout (it is not on a package index): the extra picks the runtime.
-EXTRAS = "in the WiCore checkout, pip install '.[cpu]' (or '.[cuda]' for NVIDIA, '.[openvino]' for Intel)"
+EXTRAS = (
+    "in the WiCore checkout, pip install '.[cpu]' (or '.[cuda]' for NVIDIA, '.[openvino]' for Intel, "
+    "'.[webgpu]' for any GPU through WebGPU)"
+)
 
 
 class DeviceError(WiCoreError):
@@ -193,6 +203,7 @@ class Capability:
     vision_flavours: tuple[str, ...] = ("portable",)
     options: tuple[tuple[str, str], ...] = ()  # provider options it always gets
     shares_cuda_arena: bool = False  # its sessions on one device may allocate from one arena (shared_cuda_arena)
+    absent_hint: str = ""  # what else, beyond its package, it needs to be offered (said when it is not)
 
     def provider_options(self, index: str) -> dict[str, str]:
         return {**dict(self.options), **({self.option_key: index} if self.option_key else {})}
@@ -269,6 +280,24 @@ CAPABILITIES: dict[str, Capability] = {
         Capability(
             "dml", "DmlExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cpu", unknown_free_bytes, "device_id"
         ),
+        # The plugin selects its adapter itself (no option picks a device): one device, index 0.
+        # OrtValues live on the adapter ("webgpu" memory), so the KV pools stay there.
+        Capability(
+            "webgpu",
+            "WebGpuExecutionProvider",
+            "gpu",
+            ("fp32", "fp16"),
+            ("portable", "ort-quant"),
+            "0",
+            "webgpu",
+            unknown_free_bytes,
+            None,
+            absent_hint=(
+                "the WebGPU plugin offers a device only where it finds an adapter: a GPU's Vulkan, Metal or D3D12 "
+                "driver (on Linux with the system's libvulkan.so.1), or with ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 "
+                "a CPU one such as Mesa >= 25's lavapipe"
+            ),
+        ),
     )
 }
 
@@ -325,7 +354,36 @@ class Device:
             )
 
 
+# plugin EPs WiCore knows: (Python package, the name its library is registered under)
+PLUGIN_EPS = (("onnxruntime_ep_webgpu", "webgpu"),)
+
+
+@cache
+def register_plugin_eps() -> tuple[str, ...]:
+    """Register the library of every plugin EP package installed with ONNX Runtime's environment
+    (once a process): their EPs then count as available providers and sessions name them as the
+    built-in ones. Returns the registration names; a library ONNX Runtime refuses (a plugin built
+    for a newer ONNX Runtime, say) is left out with a warning."""
+    import importlib
+
+    ort = onnxruntime()
+    registered = []
+    for package, name in PLUGIN_EPS:
+        try:
+            plugin = importlib.import_module(package)
+        except ImportError:
+            continue
+        try:
+            ort.register_execution_provider_library(name, plugin.get_library_path())
+        except Exception as exc:
+            log.warning("the %s plugin EP (%s) was not registered with ONNX Runtime: %s", name, package, exc)
+            continue
+        registered.append(name)
+    return tuple(registered)
+
+
 def installed_providers() -> list[str]:
+    register_plugin_eps()
     return list(onnxruntime().get_available_providers())
 
 
@@ -344,5 +402,6 @@ def parse_device(spec: str, is_installed: bool = True) -> Device:
         raise DeviceError(f"unknown device {spec!r}; known: {', '.join(CAPABILITIES)}")
     if is_installed and cap.provider not in installed_providers():
         have = ", ".join(d.label for d in available_devices()) or "none"
-        raise DeviceError(f"{spec}: {cap.provider} is not in this ONNX Runtime build (available: {have}); {EXTRAS}")
+        hint = f"; {cap.absent_hint}" if cap.absent_hint else ""
+        raise DeviceError(f"{spec}: {cap.provider} is not in this ONNX Runtime build (available: {have}); {EXTRAS}{hint}")
     return Device(cap, index or cap.default_index)
