@@ -185,9 +185,10 @@ def with_sampling_head(tiny_chat, tmp_path_factory):
     return out
 
 
-def test_constrained_rows_never_take_the_sampling_heads_unmasked_pick(tiny_chat, with_sampling_head):
-    """With the head, free tempered rows draw in the graph and constrained rows on the host from
-    masked logits: every output is what the export without the head gives, token for token."""
+def test_constrained_rows_draw_in_the_sampling_head_with_their_masks(tiny_chat, with_sampling_head):
+    """With the head, free and constrained rows draw in the graph (a constrained row's mask bound
+    beside its draw; penalties and logprobs still on the host): every output is what the export
+    without the head gives, token for token."""
     reqs = requests()
     outputs = []
     for folder in (tiny_chat[0], with_sampling_head):
@@ -195,3 +196,24 @@ def test_constrained_rows_never_take_the_sampling_heads_unmasked_pick(tiny_chat,
             assert e.core.runner.graphs.has_sampling_head == (folder == with_sampling_head)
             outputs.append([(c.token_ids, c.finish_reason) for c in e.generate([p for p, _ in reqs], [sp for _, sp in reqs])])
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.slow  # ~3 s on the 2-core VM
+def test_a_head_without_the_mask_input_leaves_constrained_rows_to_the_host(tiny_chat, with_sampling_head):
+    """Greedy constrained requests draw in a head that takes masks (one run a step) and on the
+    host with an older head (none): the same tokens either way."""
+    from wicore.executor.sampling_head import SamplingHead
+
+    params = [SamplingParams(max_tokens=24, structured=spec) for spec in (JSON, REGEX, CHOICE)]
+    outputs, runs = [], []
+    for token_bitmask in (True, False):
+        with engine(with_sampling_head) as e:
+            graphs = e.core.runner.graphs
+            assert graphs.head is not None
+            if not token_bitmask:
+                graphs.head = SamplingHead(graphs.manifest.config.vocab_size, graphs.devices[-1], 1, token_bitmask=False)
+            assert graphs.can_mask_in_head == token_bitmask
+            outputs.append([c.token_ids for c in e.generate(PROMPTS[:3], params)])
+            runs.append(graphs.head.num_runs)
+    assert outputs[0] == outputs[1]
+    assert runs[0] >= max(len(t) for t in outputs[0]) and runs[1] == 0

@@ -15,6 +15,7 @@ from wicore.export.sources import open_source
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
 from wicore.graph.sampling import TOP_CANDIDATES, head_model
+from wicore.structured.bitmask import num_words
 from wicore.types.sampling import SamplingParams
 
 
@@ -30,7 +31,13 @@ def test_the_head_draws_the_host_samplers_token_and_candidates(vocab, tmp_path):
     logits[0, 7] = logits[0, 9] = logits[0].max() + 1  # a tie for the top: the lower id first, as on the host
     temperature = rng.uniform(0.2, 2.0, rows).astype(np.float32)
     uniform = rng.random(rows).astype(np.float32)
-    feeds = {io.LOGITS: logits, io.SAMPLING_TEMPERATURE: temperature, io.SAMPLING_UNIFORM: uniform}
+    free = np.full((rows, num_words(vocab)), -1, np.int32)  # no row has a grammar
+    feeds = {
+        io.LOGITS: logits,
+        io.SAMPLING_TEMPERATURE: temperature,
+        io.SAMPLING_UNIFORM: uniform,
+        io.SAMPLING_TOKEN_BITMASK: free,
+    }
     tokens, probs, ids = head_session(vocab).run([io.SAMPLED_TOKENS, io.TOP_PROBS, io.TOP_IDS], feeds)
     k = min(TOP_CANDIDATES, vocab)
     assert probs.shape == ids.shape == (rows, k)

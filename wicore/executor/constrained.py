@@ -8,7 +8,10 @@
     update      ──► GrammarState.accept(token) for each new token; finished grammar -> "stop"
 
 A verification row gets one mask per position: the current one, then one after each draft prefix.
-Constrained rows sample on the host: the graph's sampling head draws from unmasked logits.
+A constrained row draws in the sampling head where the head takes masks (wicore.graph.sampling,
+`StepMasks.bitmask` packs the step's masks for it once the model has run), else on the host, from
+its logits and mask; a verification row and one that needs the logits (penalties, logprobs) always
+on the host.
 """
 
 from __future__ import annotations
@@ -114,6 +117,17 @@ class StepMasks:
                 stats.num_waits += 1
                 stats.wait_seconds += time.perf_counter() - started
         return self._future.result().get(request_id)
+
+    def bitmask(self, rows: Sequence[tuple[int, str]], num_rows: int, num_words: int) -> np.ndarray:
+        """The sampling head's masks: [num_rows, num_words] int32, all ones but at each (logits row,
+        request id) of `rows`, that request's current mask (waited for)."""
+        out = np.full((num_rows, num_words), -1, np.int32)
+        for index, request_id in rows:
+            mask = self.get(request_id)
+            if mask is None:
+                raise ValueError(f"request {request_id} has no mask this step")
+            out[index] = mask[0]
+        return out
 
     def wait(self) -> None:
         if self._future is not None:

@@ -8,7 +8,7 @@ row the candidates cannot decide.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +28,17 @@ class Draws:
 
 @dataclass(frozen=True)
 class SamplingInputs:
-    """The sampling head's inputs: each logits row's temperature (> 0) and uniform draw."""
+    """The sampling head's inputs: each logits row's temperature (> 0) and uniform draw, and the
+    constrained rows' grammar masks.
+
+    `token_bitmask(num_rows)`: the [num_rows, ceil(vocab / 32)] int32 masks (all ones for a free
+    row; num_rows >= the step's rows, a CUDA graph bucket's), called by the head only once the
+    model has run, so the masks are computed meanwhile (wicore.executor.constrained). None: no
+    row of the step has a grammar."""
 
     temperature: np.ndarray  # [num_logits] float32
     uniform: np.ndarray  # [num_logits] float32
+    token_bitmask: Callable[[int], np.ndarray] | None = None
 
     @classmethod
     def unused(cls, num_logits: int) -> SamplingInputs:

@@ -92,6 +92,12 @@ class ModelGraphs:
             self._run_options = ort.RunOptions()
             self._run_options.add_run_config_entry("gpu_graph_id", "-1")
 
+    @property
+    def can_mask_in_head(self) -> bool:
+        """Whether constrained rows draw in the sampling head: it takes their masks (an older
+        export's inline head does not; its constrained rows sample on the host)."""
+        return self.head is not None and self.head.has_token_bitmask
+
     def enable_decode_graphs(
         self, block_size: int, max_rows: int, max_blocks: int, max_window_blocks: int, max_context: int
     ) -> None:

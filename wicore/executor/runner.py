@@ -17,9 +17,12 @@ once, or taken from the encoder's cache.
 A verification row (a decode with draft tokens, wicore.engine.speculative) gets logits at each of
 its positions and keeps the drafts its request's sampler agrees with.
 
-A constrained row (a request with a grammar, wicore.executor.constrained) samples on the host from
-its logits and its grammar's mask, which a thread computes while the graphs run; the sampling head
-and the graph's argmax never pick its token (they see the unmasked logits).
+A constrained row (a request with a grammar, wicore.executor.constrained) has its grammar's mask
+computed on a thread while the graphs run. Where the sampling head takes masks it draws there like
+a free row (a greedy one takes the head's best candidate: the masked argmax), its mask bound beside
+the draws, so a batch with constrained rows reads back no logits; else (an older head, penalties,
+logprobs, a verification row) it samples on the host from its logits and mask. The graph's argmax
+never picks its token (it sees the unmasked logits).
 
 Rows of the same length run as one batch, so nothing is padded: the decode rows (one token
 each) together, prefill chunks of equal length (prompts of one size, or chunks cut at the
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Sequence
+from enum import Enum
 
 import numpy as np
 
@@ -43,6 +47,7 @@ from wicore.executor.sampler import MIN_TEMPERATURE, Sampler, verify_row
 from wicore.executor.vision import VisionEncoder
 from wicore.graph.sampling import TOP_CANDIDATES
 from wicore.kv.offload import KVOffloader
+from wicore.structured.bitmask import is_allowed, num_words
 from wicore.types.sampling import Sample, SamplingParams
 from wicore.types.step import RunResult, ScheduledRow
 
@@ -83,7 +88,7 @@ class ModelRunner:
         for length, group in by_length.items():
             images = vision.decoder_inputs(group, length, features) if vision is not None else None
             drawn = self._drawn_rows(group)
-            sampling = self._sampling_inputs(group, drawn) if drawn else None
+            sampling = self._sampling_inputs(group, drawn, masks) if drawn else None
             logits = any(_needs_logits(row) and row.request_id not in drawn for row in group)
             batch_rows, staged = group, None
             if any(row.full_locations for row in group):  # a row is offloaded: every row's blocks are staged
@@ -104,7 +109,7 @@ class ModelRunner:
                     continue
                 if row.request_id in drawn:
                     assert out.draws is not None
-                    if self._from_draws(row, out.draws, offset - 1, drawn[row.request_id], result):
+                    if self._from_draws(row, out.draws, offset - 1, drawn[row.request_id], result, masks):
                         continue
                     if host_logits is None:  # the candidates did not hold the nucleus: the logits decide
                         host_logits = out.read_logits()
@@ -120,40 +125,55 @@ class ModelRunner:
                         self._sample(row, row_logits[-1], result, masks)
         return result
 
-    def _drawn_rows(self, group: Sequence[ScheduledRow]) -> dict[str, bool]:
-        """The rows whose token the graph's sampling head draws (request id -> whether the row
-        keeps the whole distribution, so the head's own inverse-CDF token is it)."""
+    def _drawn_rows(self, group: Sequence[ScheduledRow]) -> dict[str, Draw]:
+        """The rows whose token the graph's sampling head draws (request id -> how)."""
         if not self.graphs.has_sampling_head:
             return {}
-        return {
-            row.request_id: row.params.top_k == 0 and row.params.top_p == 1.0
-            for row in group
-            if row.needs_sample and not row.draft_ids and _drawn_in_graph(row.params)
-        }
+        drawn = {}
+        for row in group:
+            if row.needs_sample and not row.draft_ids:
+                draw = _head_draw(row.params, row.grammar is not None, self.graphs.can_mask_in_head)
+                if draw is not None:
+                    drawn[row.request_id] = draw
+        return drawn
 
-    def _sampling_inputs(self, group: Sequence[ScheduledRow], drawn: dict[str, bool]) -> SamplingInputs:
+    def _sampling_inputs(self, group: Sequence[ScheduledRow], drawn: dict[str, Draw], masks: StepMasks) -> SamplingInputs:
         num_logits = sum(row.num_logits for row in group)
         temperature = np.ones(num_logits, np.float32)
         uniform = np.zeros(num_logits, np.float32)
+        constrained = []  # (logits row, request id) of the rows drawn under a grammar
         offset = 0
         for row in group:
             offset += row.num_logits
-            whole = drawn.get(row.request_id)
-            if whole is not None:
+            draw = drawn.get(row.request_id)
+            if draw is None:
+                continue
+            if row.grammar is not None:
+                constrained.append((offset - 1, row.request_id))
+            if draw is not Draw.BEST:
                 temperature[offset - 1] = max(row.params.temperature, MIN_TEMPERATURE)
-                if whole:
-                    uniform[offset - 1] = self._sampler(row).uniform()
-        return SamplingInputs(temperature, uniform)
+            if draw is Draw.WHOLE:
+                uniform[offset - 1] = self._sampler(row).uniform()
+        if not constrained:
+            return SamplingInputs(temperature, uniform)
+        words = num_words(self.graphs.manifest.config.vocab_size)
+        return SamplingInputs(temperature, uniform, lambda num_rows: masks.bitmask(constrained, num_rows, words))
 
-    def _from_draws(self, row: ScheduledRow, draws: Draws, index: int, whole: bool, result: RunResult) -> bool:
-        """The row's token from the sampling head's draws, into `result`; False when its
-        candidates cannot decide it."""
+    def _from_draws(self, row: ScheduledRow, draws: Draws, index: int, draw: Draw, result: RunResult, masks: StepMasks) -> bool:
+        """The row's token from the sampling head's draws, into `result`; False when they cannot
+        decide it (the candidates do not hold the nucleus, or a rounding at the edge of a block
+        landed a constrained row on a token its mask refuses: then the host samples it)."""
         try:
-            token = (
-                int(draws.tokens[index])
-                if whole
-                else self._sampler(row).from_candidates(draws.top_probs[index], draws.top_ids[index])
-            )
+            if draw is Draw.WHOLE:
+                token: int | None = int(draws.tokens[index])
+            elif draw is Draw.BEST:
+                token = int(draws.top_ids[index, 0])
+            else:
+                token = self._sampler(row).from_candidates(draws.top_probs[index], draws.top_ids[index])
+            if token is not None and row.grammar is not None:
+                mask = masks.get(row.request_id)
+                assert mask is not None
+                token = token if is_allowed(mask[0], token) else None
         except Exception:  # this request's sampling failed: it fails alone
             result.failed[row.request_id] = traceback.format_exc()
             return True
@@ -198,12 +218,25 @@ class ModelRunner:
             result.failed[row.request_id] = traceback.format_exc()
 
 
-def _drawn_in_graph(p: SamplingParams) -> bool:
-    """Whether a sampling head can draw the row: a tempered draw, top-k within the head's
-    candidates, nothing that needs the logits on the host (penalties, logit bias, min-p, logprobs,
-    prompt logits, a grammar's mask: the host sampler applies those)."""
-    host_only = p.is_greedy or p.changes_logits or p.min_p > 0.0 or p.prompt_logits or p.structured is not None
-    return not host_only and p.logprobs is None and p.top_k <= TOP_CANDIDATES
+class Draw(Enum):
+    """How the sampling head decides a row's token."""
+
+    WHOLE = "whole"  # the whole tempered distribution: the head's inverse-CDF token
+    CANDIDATES = "candidates"  # top-k / top-p: the host picks from the head's K candidates
+    BEST = "best"  # greedy under a grammar: the head's first candidate, the masked argmax
+
+
+def _head_draw(p: SamplingParams, constrained: bool, can_mask: bool) -> Draw | None:
+    """How the sampling head draws a row, or None where it cannot: a tempered draw, top-k within
+    the head's candidates, a greedy one only under a grammar (a free greedy row is the graph's
+    argmax), a grammar only where the head takes masks (`can_mask`); nothing that needs the logits
+    on the host (penalties, logit bias, min-p, logprobs, prompt logits: the host sampler applies those)."""
+    host_only = p.changes_logits or p.min_p > 0.0 or p.prompt_logits or p.logprobs is not None
+    if host_only or p.top_k > TOP_CANDIDATES or (constrained and not can_mask):
+        return None
+    if p.is_greedy:
+        return Draw.BEST if constrained else None
+    return Draw.WHOLE if p.top_k == 0 and p.top_p == 1.0 else Draw.CANDIDATES
 
 
 def _needs_logits(row: ScheduledRow) -> bool:

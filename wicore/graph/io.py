@@ -40,6 +40,8 @@ draw sampled rows there (graph/sampling.py), so those read back a token and K ca
 
     sampling_temperature [num_logits]      float32  the row's temperature (> 0)
     sampling_uniform     [num_logits]      float32  the row's uniform draw in [0, 1)
+    sampling_token_bitmask [num_logits, ceil(vocab / 32)]  int32  (the head built at load) the tokens
+                                                 each row may take, 32 a word (wicore.structured.bitmask)
     sampled_tokens       [num_logits]      int64    inverse CDF of the tempered distribution at it
     top_probs / top_ids  [num_logits, K]   float32 / int64  the K most likely tokens (tempered)
 
@@ -111,6 +113,7 @@ WINDOW_FIRST_BLOCK = "window_first_block"
 GREEDY_TOKENS = "greedy_tokens"
 SAMPLING_TEMPERATURE = "sampling_temperature"
 SAMPLING_UNIFORM = "sampling_uniform"
+SAMPLING_TOKEN_BITMASK = "sampling_token_bitmask"
 SAMPLED_TOKENS = "sampled_tokens"
 TOP_PROBS = "top_probs"
 TOP_IDS = "top_ids"

@@ -5,6 +5,9 @@ Inputs and outputs (wicore.graph.io, "Sampling head"), one entry per logits row:
 
     sampling_temperature [num_logits]      float32  > 0 (greedy rows: any positive value)
     sampling_uniform     [num_logits]      float32  in [0, 1): the row's draw, from its seeded generator
+    sampling_token_bitmask [num_logits, W]  int32    W = ceil(vocab / 32): word i, bit j allows token
+                                                    32 i + j (llguidance's layout, wicore.structured.bitmask);
+                                                    all ones (-1) for a row without a grammar
     sampled_tokens       [num_logits]      int64    the token at `uniform` of the tempered
                                                     distribution's CDF, in token order
     top_probs            [num_logits, K]   float32  the K most likely tokens' tempered probabilities,
@@ -16,6 +19,11 @@ here gives the token the host would give for the same u (but for float32 roundin
 boundary between two tokens). The running sum is two-level, as on the host: 512-token block
 sums, then one block's own sum. ONNX Runtime's CUDA CumSum adds every element's whole prefix
 again (quadratic in the axis), so no CumSum here runs over more than 513 elements.
+
+A refused token's logit is -inf before anything else (the masked distribution, as the host sampler
+draws it), so a constrained row draws here beside the free ones:
+
+    bitmask ─► uint32 ─► << (31 - j) ─► >> 31 ─► [n, W * 32] ─► first vocab ─► Where(allowed, logits, -inf) ─► logits
 
     logits ─► TopK(K) ─► max, candidates ─────────────────────────────────────────► top_probs, top_ids
        └─► exp((l - max) / T) ─► total, block sums ─► CumSum ─► block of u*total ─► its CumSum ─► sampled_tokens
@@ -44,12 +52,34 @@ CDF_BLOCK = 512  # tokens a block of the two-level running sum, here and in wico
 OPSET = 17
 
 
-def head_model(vocab_size: int) -> onnx.ModelProto:
-    """The head alone: `logits` [num_logits, vocab] float32 and the head's inputs in, its outputs out."""
+def head_model(vocab_size: int, token_bitmask: bool = True) -> onnx.ModelProto:
+    """The head alone: `logits` [num_logits, vocab] float32 and the head's inputs in, its outputs out.
+    `token_bitmask`: the head takes the rows' grammar masks (a head without is an older build's)."""
     g = Graph("wicore_sampling_head")
     logits = g.input(io.LOGITS, TensorProto.FLOAT, ["num_logits", vocab_size])
+    if token_bitmask:
+        logits = masked_logits(g, logits, vocab_size)
     sampling_head(g, logits, vocab_size)
     return g.to_model(OPSET, doc="the sampling head (wicore.graph.sampling)")
+
+
+def masked_logits(g: Graph, logits: str, vocab_size: int) -> str:
+    """`logits` with every token the `sampling_token_bitmask` row refuses at -inf.
+
+    Bit j of a word is moved to the top (<< 31 - j) and back down alone (>> 31): BitShift takes
+    unsigned words only, and the cast from int32 keeps the bits."""
+    p = "/model/sampling/bitmask"
+    num_words = -(-vocab_size // 32)
+    words = g.input(io.SAMPLING_TOKEN_BITMASK, TensorProto.INT32, ["num_logits", num_words])
+    words = g.op("Cast", [words], f"{p}/unsigned", to=TensorProto.UINT32)
+    words = g.op("Unsqueeze", [words, g.const([-1])], f"{p}/words")  # [n, W, 1]
+    to_top = g.const(31 - np.arange(32), np.uint32)  # [32]
+    top = g.op("BitShift", [words, to_top], f"{p}/to_top", direction="LEFT")  # [n, W, 32]
+    bits = g.op("BitShift", [top, g.const(31, np.uint32)], f"{p}/bit", direction="RIGHT")
+    bits = g.op("Reshape", [bits, g.const([0, num_words * 32])], f"{p}/flat")
+    bits = g.op("Slice", [bits, g.const([0]), g.const([vocab_size]), g.const([1])], f"{p}/in_vocab")
+    allowed = g.op("Cast", [bits], f"{p}/allowed", to=TensorProto.BOOL)
+    return g.op("Where", [allowed, logits, g.const(-np.inf, np.float32)], f"{p}/masked")
 
 
 def sampling_head(g: Graph, logits: str, vocab_size: int) -> None:

@@ -20,6 +20,11 @@ def allowed(mask: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.unpackbits(mask.view(np.uint8), count=vocab_size, bitorder="little").view(np.bool_)
 
 
+def is_allowed(mask: np.ndarray, token_id: int) -> bool:
+    """Whether one mask row allows `token_id`."""
+    return bool((int(mask[token_id >> 5]) >> (token_id & 31)) & 1)
+
+
 def allowed_ids(mask: np.ndarray, vocab_size: int) -> np.ndarray:
     """The token ids one mask row allows, ascending."""
     return np.flatnonzero(allowed(mask, vocab_size))
