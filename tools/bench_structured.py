@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from workloads import SERVING_SCHEMA
 
 from wicore.graph.manifest import Manifest
 from wicore.inputs.tokenizer import Tokenizer
@@ -76,16 +77,6 @@ PERSON_ANSWER = {
     "email": "ada@analytical.org",
     "tags": ["mathematics", "poetry of science", "the first program"],
     "address": {"city": "London", "zip": "12345"},
-}
-SERVING_SCHEMA = {
-    "type": "array",
-    "minItems": 100,
-    "items": {
-        "type": "object",
-        "properties": {"id": {"type": "integer"}, "name": {"type": "string", "maxLength": 12}, "ok": {"type": "boolean"}},
-        "required": ["id", "name", "ok"],
-        "additionalProperties": False,
-    },
 }
 
 

@@ -15,7 +15,7 @@ constrained to a JSON schema, at a named Gemma 3's real shapes with random weigh
              a step is timed around EngineCore.step() (schedule, graphs, head, masks' waits,
              update), only where every row decodes one token; tok/s = batch / median step
 
-SCHEMA (tools/bench_structured.SERVING_SCHEMA) cannot be complete before max_tokens, so constrained
+SCHEMA (tools/workloads.SERVING_SCHEMA) cannot be complete before max_tokens, so constrained
 streams decode as long as free ones (which set ignore_eos).
 
 Usage (GPU machine, onnxruntime-gpu under /tmp/site, docs/HARDWARE.md):
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_structured import SERVING_SCHEMA
+from workloads import SERVING_SCHEMA
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.scheduler import SchedulerConfig

@@ -6,6 +6,7 @@ build_workload     bench_prefix_cache: users chatting in Gemma's chat format und
 unbounded_cache    the hit rate of a cache that never evicts on a chat workload: any policy's ceiling
 INPUT_GROUNDED, ORDINARY   bench_speculative: texts to edit / rewrite / summarize, and open-ended
                    prompts (text; from workloads_speculative)
+SERVING_SCHEMA     bench_structured, bench_structured_gpu: a JSON schema no reply completes before max_tokens
 """
 
 from __future__ import annotations
@@ -258,3 +259,17 @@ def unbounded_cache(workload: Workload, block_size: int) -> tuple[float, int]:
         written = prompt + list(answers[user, turn][:-1])  # the last answer token's KV is never computed
         cached.update(tuple(written[: (b + 1) * block_size]) for b in range(len(written) // block_size))
     return num_hits / num_tokens, len(cached)
+
+
+# An array of at least 100 small objects: no reply completes it before max_tokens, so a constrained
+# request runs as long as a free one and the two batches generate the same number of tokens.
+SERVING_SCHEMA = {
+    "type": "array",
+    "minItems": 100,
+    "items": {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "name": {"type": "string", "maxLength": 12}, "ok": {"type": "boolean"}},
+        "required": ["id", "name", "ok"],
+        "additionalProperties": False,
+    },
+}
