@@ -200,7 +200,7 @@ class API(Gate):
         """Compile the request's output constraint on a worker thread, not the event loop (a big
         schema, or the vocabulary still being indexed after startup, takes seconds): queuing then
         finds it in the engine's cache. One that does not compile is its 400 here."""
-        grammars = getattr(self.engine, "grammars", None)  # an engine elsewhere (Ray) compiles when it queues
+        grammars = self.engine.grammars  # None: an engine elsewhere (Ray) compiles when it queues
         if opts.structured is None or grammars is None:
             return
         try:

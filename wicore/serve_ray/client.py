@@ -9,6 +9,8 @@ What differs from an Engine in the same process:
 - `add_request` only starts the call, so a refusal by the replica's engine (context too long,
   queue full) comes out of `outputs`: for a streamed request, as the stream's error event.
 - A replica that dies ends its requests with a 503 `replica_died` error at once; Ray replaces it.
+- No output-constraint compiler here (`grammars` is None): the replica compiles on arrival, so a
+  bad schema comes out of `outputs` like the other refusals.
 - No images yet: the image encoder would have to run in the ingress or travel with the call.
 - `stats_json()` is the board's last reading (wicore.serve_ray.board), refreshed every second.
 """
@@ -61,6 +63,12 @@ class RemoteEngine:
 
     @property
     def vision(self) -> None:
+        return None
+
+    @property
+    def grammars(self) -> None:
+        """None: a constraint is compiled by the replica's engine, whose compiler (and its index of
+        the vocabulary) lives in that process; a schema that does not compile is its refusal there."""
         return None
 
     @property
