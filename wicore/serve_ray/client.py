@@ -92,6 +92,8 @@ class RemoteEngine:
         request_id: str | None = None,
         images: Sequence[ImageInput] = (),
     ) -> str:
+        """ServingEngine.add_request, less what a replica cannot take yet (images, deadlines: a
+        RequestError now); the replica's own refusals come out of `outputs` (module docstring)."""
         if images:
             raise RequestError(NO_IMAGES)
         if deadline is not None:
