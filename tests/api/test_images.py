@@ -17,6 +17,8 @@ import httpx
 import pytest
 from multimodal import png, user
 
+from wicore.api.compat import image_marker
+from wicore.api.errors import APIError
 from wicore.api.images import ImageSettings
 from wicore.inputs.image_loader import ImageLimits
 
@@ -102,6 +104,15 @@ def test_inference_takes_base64_images_in_front_of_the_prompt(served, tiny_multi
         out = tiny_multimodal.model.generate(**inputs, max_new_tokens=r.json()["token_count"], do_sample=False)
     expected = tiny_multimodal.processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert r.json()["content"] == expected
+
+
+def test_inference_image_marker_is_the_boi_token_or_a_400(served):
+    tok = served.engine.tokenizer
+    assert image_marker(tok, served.engine.vision.config.boi_token_id) == "<start_of_image>"
+    with pytest.raises(APIError) as err:  # a vision config whose token the tokenizer lacks: no prompt of "None"s
+        image_marker(tok, 10**7)
+    assert (err.value.status, err.value.code, err.value.param) == (400, "images_not_supported", "images")
+    assert "image-start token (id 10000000) is not in its tokenizer's vocabulary" in err.value.message
 
 
 def _pil(data: bytes):

@@ -7,8 +7,9 @@ import time
 
 import numpy as np
 import pytest
+from tiny_engine import tiny_config
 
-from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.engine import Engine
 from wicore.engine.scheduler import SchedulerConfig
 from wicore.engine.stats import TierCounts
 from wicore.errors import ContextLengthError, OverloadedError, RequestError
@@ -36,15 +37,9 @@ def alone(tiny, reference_greedy):
 
 
 def engine(model_dir, **overrides) -> Engine:
-    settings = dict(
-        num_threads=1,
-        block_size=4,
-        num_device_blocks=256,
-        num_host_blocks=0,
-        num_nvme_blocks=0,
-        scheduler=SchedulerConfig(max_num_batched_tokens=48, prefill_chunk=16),
+    return Engine(
+        tiny_config(model_dir, **{"scheduler": SchedulerConfig(max_num_batched_tokens=48, prefill_chunk=16), **overrides})
     )
-    return Engine(EngineConfig(model_dir=model_dir, **{**settings, **overrides}))
 
 
 def run_all(eng: Engine, prompts, params=GREEDY, stagger: float = 0.0) -> list[list[int]]:

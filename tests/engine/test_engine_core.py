@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiny_engine import tiny_config
 
 from wicore.engine.core import EngineCore
-from wicore.engine.engine import EngineConfig
 from wicore.engine.scheduler import SchedulerConfig
 from wicore.engine.stats import TierCounts
 from wicore.errors import ContextLengthError
@@ -25,15 +25,8 @@ def tiny(tiny_export):
 
 
 def core(model_dir, **overrides) -> EngineCore:
-    settings = dict(
-        num_threads=1,
-        block_size=4,
-        num_device_blocks=128,
-        num_host_blocks=0,
-        num_nvme_blocks=0,
-        scheduler=SchedulerConfig(max_num_batched_tokens=32, prefill_chunk=16),
-    )
-    return EngineCore(EngineConfig(model_dir=model_dir, **{**settings, **overrides}))
+    scheduler = SchedulerConfig(max_num_batched_tokens=32, prefill_chunk=16)
+    return EngineCore(tiny_config(model_dir, **{"num_device_blocks": 128, "scheduler": scheduler, **overrides}))
 
 
 def test_stepping_by_hand_generates_what_hf_generates(tiny, reference_greedy):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from multimodal import png, user
+from tiny_engine import tiny_config
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.scheduler import SchedulerConfig
@@ -34,15 +35,7 @@ CASES = {  # name: (conversation, its images in order)
 
 @pytest.fixture(scope="module")
 def engine(tiny_multimodal):
-    config = EngineConfig(
-        model_dir=tiny_multimodal.export(),
-        num_threads=1,
-        block_size=4,
-        num_device_blocks=256,
-        num_host_blocks=0,
-        num_nvme_blocks=0,
-        scheduler=SchedulerConfig(prefill_chunk=7),  # raised to one image's 16 tokens
-    )
+    config = tiny_config(tiny_multimodal.export(), scheduler=SchedulerConfig(prefill_chunk=7))  # raised to one image's 16 tokens
     with Engine(config) as eng:
         yield eng
 

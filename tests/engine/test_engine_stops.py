@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiny_engine import tiny_config
 
-from wicore.engine.engine import Completion, Engine, EngineConfig
+from wicore.engine.engine import Completion, Engine
 from wicore.engine.scheduler import SchedulerConfig
 from wicore.errors import ContextLengthError
 from wicore.types.sampling import SamplingParams
@@ -29,17 +30,7 @@ def hf_generate(model, prompt: list[int], num_tokens: int, stop_at_eos: bool = F
 
 
 def engine(model_dir, **scheduler) -> Engine:
-    return Engine(
-        EngineConfig(
-            model_dir=model_dir,
-            num_threads=1,
-            block_size=4,
-            num_device_blocks=128,
-            num_host_blocks=0,
-            num_nvme_blocks=0,
-            scheduler=SchedulerConfig(prefill_chunk=16, **scheduler),
-        )
-    )
+    return Engine(tiny_config(model_dir, num_device_blocks=128, scheduler=SchedulerConfig(prefill_chunk=16, **scheduler)))
 
 
 def generate(model_dir, params: SamplingParams, prompt: list[int] = PROMPT, **scheduler) -> Completion:

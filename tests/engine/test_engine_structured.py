@@ -10,8 +10,9 @@ import re
 
 import numpy as np
 import pytest
+from tiny_engine import tiny_config
 
-from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.engine import Engine
 from wicore.engine.scheduler import SchedulerConfig
 from wicore.engine.speculative import SpeculativeConfig
 from wicore.errors import StructuredOutputError
@@ -37,8 +38,7 @@ PROMPTS = ['{"name": "Alice", "age": 31, "tags": ["red"]} and', "What is the wea
 
 
 def engine(folder, **overrides) -> Engine:
-    settings = dict(num_threads=1, block_size=4, num_device_blocks=256, num_host_blocks=0, num_nvme_blocks=0, verify_files=False)
-    return Engine(EngineConfig(model_dir=folder, **{**settings, **overrides}))
+    return Engine(tiny_config(folder, **{"verify_files": False, **overrides}))
 
 
 def valid(spec: StructuredOutput, text: str) -> bool:

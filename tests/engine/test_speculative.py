@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiny_engine import tiny_config
 
 from wicore.blocks.tier import Tier
-from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.engine import Engine
 from wicore.engine.proposers import ngram_lookup
 from wicore.engine.scheduler import SchedulerConfig
 from wicore.engine.speculative import SpeculativeConfig
@@ -45,17 +46,9 @@ def model_dir(tiny_export):
 
 
 def engine(model_dir, spec: SpeculativeConfig | None, **overrides) -> Engine:
-    settings = dict(
-        num_threads=1,
-        block_size=4,
-        num_device_blocks=256,
-        num_host_blocks=0,
-        num_nvme_blocks=0,
-        verify_files=False,
-        scheduler=SchedulerConfig(max_num_batched_tokens=64, prefill_chunk=16),
-        speculative=spec,
-    )
-    return Engine(EngineConfig(model_dir=model_dir, **{**settings, **overrides}))
+    scheduler = SchedulerConfig(max_num_batched_tokens=64, prefill_chunk=16)
+    settings = dict(verify_files=False, scheduler=scheduler, speculative=spec)
+    return Engine(tiny_config(model_dir, **{**settings, **overrides}))
 
 
 def generate(model_dir, spec, prompts=PROMPTS, params=GREEDY, **overrides):

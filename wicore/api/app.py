@@ -17,24 +17,23 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import ClientDisconnect, HTTPConnection, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
 from wicore.api import compat, websocket
-from wicore.api.auth import Authenticator, client_address
 from wicore.api.connections import InFlight, connection_of, until_disconnect
 from wicore.api.docs_page import docs_route
 from wicore.api.errors import APIError, CORSMiddleware, from_wicore
+from wicore.api.gate import Gate
 from wicore.api.generation import ChoiceStats, Generation, Job, Piece, run_choice
-from wicore.api.http import client_error, internal_error_response, parse_json
+from wicore.api.http import client_error, internal_error_response
 from wicore.api.images import ImagePart, load_images
 from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
 from wicore.api.metrics import Metrics, StatusCounter
 from wicore.api.middleware import HeaderLimit, InternalErrors
 from wicore.api.openapi import openapi_route
 from wicore.api.queueing import queue_choices
-from wicore.api.ratelimit import RateLimiter
 from wicore.api.schemas import Options, parse_chat, parse_completion
 from wicore.api.serving import ServingEngine
 from wicore.api.settings import ServerSettings
@@ -52,87 +51,19 @@ if TYPE_CHECKING:
     from wicore.inputs.tokenizer import Tokenizer
 
 log = logging.getLogger("wicore.api")
-FAILED_KEY_LOCKOUT = "failed_key_lockout"  # the code of the 429 after too many failed keys from one address
 
 
-class API:
+class API(Gate):
+    """The routes over one engine; the Gate (wicore.api.gate) checks who asks and reads what they send."""
+
     def __init__(self, engine: ServingEngine, settings: ServerSettings) -> None:
+        super().__init__(settings, settings.body_limit(engine.vision is not None, engine.max_sequence_tokens))
         self.engine = engine
-        self.settings = settings
-        self.auth = Authenticator(settings.api_keys)
-        self.limiter = RateLimiter(settings.rate_limit_rpm, settings.rate_limit_burst) if settings.rate_limit_rpm else None
-        self.failed_auth = RateLimiter(
-            settings.failed_auth_per_minute,
-            burst=10,
-            reason="failed-key lockout: too many wrong or missing API keys from this address",
-            code=FAILED_KEY_LOCKOUT,
-        )
         self.metrics = Metrics()
         self.streams = Streams()  # open event streams, cut by a shutdown (wicore/api/server.py)
         self.sockets = websocket.OpenSockets()  # open /v1/ws sockets, closed when idle by a shutdown
         self.created = int(time.time())
-        self.body_limit = settings.body_limit(engine.vision is not None, engine.max_sequence_tokens)
         self.in_flight = InFlight(settings.requests_per_connection(engine.max_waiting))  # one client's share
-
-    # -- guards ----------------------------------------------------------------------
-    def guard(self, request: Request) -> None:
-        client = client_address(request)
-        self.check_host(request)
-        key = self.authenticate(client, request.headers.get("authorization"))
-        self.check_rate(key or client)
-
-    def authenticate(self, client: str, authorization: str | None) -> str | None:
-        """The key an Authorization header carries (None when auth is off), or a 401."""
-        try:
-            return self.auth.check(authorization)
-        except APIError:
-            self.failed_auth.check(client)  # past 10 quick failures from one address: 429s
-            raise
-
-    def check_rate(self, key: str) -> None:
-        """A 429 when `key` (the API key, or the client address without keys) is over its rate."""
-        if self.limiter is not None:
-            self.limiter.check(key)
-
-    def check_host(self, conn: HTTPConnection) -> None:
-        allowed = self.settings.allowed_hosts
-        if allowed:
-            host = conn.headers.get("host", "")
-            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-            if name.strip("[]") not in allowed:
-                raise APIError(400, f"Host {host!r} is not served here (set an API key to serve other names)", code="bad_host")
-
-    async def read_json(self, request: Request) -> Any:
-        limit = self.body_limit
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise APIError(413, f"the request body has {declared} bytes; the limit is {limit}", code="body_too_large")
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if not self.settings.api_keys and kind != "application/json":  # a cross-site form cannot send JSON
-            raise APIError(415, f"Content-Type must be application/json, not {kind or 'none'!r}", code="unsupported_media_type")
-        body = bytearray()
-
-        async def receive() -> None:
-            async for chunk in request.stream():
-                body.extend(chunk)
-                if len(body) > limit:
-                    raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
-
-        timeout = self.settings.body_timeout_seconds
-        try:
-            await asyncio.wait_for(receive(), timeout)
-        except ClientDisconnect:  # gone mid-body: nobody to answer, nothing to log
-            raise APIError(499, "the client closed the connection", code="client_closed") from None
-        except asyncio.TimeoutError:
-            raise APIError(408, f"the request body did not arrive within {timeout:g} s", code="request_timeout") from None
-        return parse_json(body)
-
-    def read_message(self, text: str) -> Any:
-        """A WebSocket message (wicore.api.websocket) as JSON, held to the body limit."""
-        limit = self.body_limit
-        if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
-            raise APIError(413, f"the message is over the limit of {limit} bytes", code="body_too_large")
-        return parse_json(text)
 
     # -- routes ----------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -269,7 +200,7 @@ class API:
         """Compile the request's output constraint on a worker thread, not the event loop (a big
         schema, or the vocabulary still being indexed after startup, takes seconds): queuing then
         finds it in the engine's cache. One that does not compile is its 400 here."""
-        grammars = getattr(self.engine, "grammars", None)  # an engine elsewhere (Ray) compiles when it queues
+        grammars = self.engine.grammars  # None: an engine elsewhere (Ray) compiles when it queues
         if opts.structured is None or grammars is None:
             return
         try:

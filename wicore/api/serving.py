@@ -11,6 +11,7 @@ from collections.abc import AsyncIterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from wicore.executor.constrained import Grammars
     from wicore.executor.vision import VisionEncoder
     from wicore.inputs.tokenizer import Tokenizer
     from wicore.types.images import ImageInput
@@ -25,6 +26,12 @@ class ServingEngine(Protocol):
     @property
     def vision(self) -> VisionEncoder | None:
         """The image encoder, or None for a model (or a server) that takes no images."""
+
+    @property
+    def grammars(self) -> Grammars | None:
+        """The output constraints' compiler, which the app runs on a worker thread before queuing (so a
+        big schema neither stalls the event loop nor the engine, and one that does not compile is a 400
+        at once); None for an engine elsewhere (Ray replicas compile when the request reaches them)."""
 
     @property
     def max_sequence_tokens(self) -> int:

@@ -30,50 +30,21 @@ referenced blocks, the policy's worst of its own DEVICE blocks (never its last, 
 written) spill to HOST so that the new tail lies on DEVICE. Nothing of a running sequence
 stays on NVME: a reused or swapped-in NVME block is lifted to HOST (or DEVICE).
 
-Where blocks lie, eviction and the tier states: wicore.blocks.block_space.
+Where blocks lie, eviction and the tier states: wicore.blocks.block_space; a sequence's record and
+the chain hash: wicore.blocks.sequence_blocks.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import time
-from array import array
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from wicore.blocks.block_space import BlockInfo, BlockSpace, Move
 from wicore.blocks.policy import EvictionPolicy
+from wicore.blocks.sequence_blocks import Allocation, SequenceBlocks, block_tokens, chain_hash, prefix_hashes
 from wicore.blocks.tier import Tier
 
 __all__ = ["Allocation", "BlockInfo", "BlockPool", "Move"]
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """A new sequence's blocks: its first `num_cached_tokens` prompt tokens need no compute.
-
-    `moves` (promotions of reused blocks to DEVICE, and the demotions/drops that made
-    room) must be executed, in order, before the step runs.
-    """
-
-    num_cached_tokens: int
-    moves: list[Move]
-
-
-@dataclass
-class _Sequence:
-    block_ids: list[int]  # live blocks; the first holds logical block `first_block`
-    num_hashed: int  # leading blocks whose chain hash is known (cached here or held by another block)
-    last_hash: bytes  # chain hash of block num_hashed - 1 (b"" before the first block)
-    is_swapped: bool = False
-    first_block: int = 0  # leading logical blocks released (out of the window) or never held
-    extra_keys: Mapping[int, bytes] = dataclasses.field(default_factory=dict)  # hashed with the blocks' tokens
-
-    @property
-    def num_blocks(self) -> int:
-        """Logical blocks, released ones included."""
-        return self.first_block + len(self.block_ids)
 
 
 class BlockPool(BlockSpace):
@@ -97,7 +68,7 @@ class BlockPool(BlockSpace):
         self.block_size = block_size
         self.enable_prefix_cache = enable_prefix_cache
         self.offload = offload  # running sequences may keep blocks on HOST (module docstring)
-        self._seqs: dict[int, _Sequence] = {}
+        self._seqs: dict[int, SequenceBlocks] = {}
 
     # -- queries ---------------------------------------------------------------------------
     def seq_ids(self) -> list[int]:
@@ -195,7 +166,9 @@ class BlockPool(BlockSpace):
             moves = self._to_device(away_ids, num_new, now)
             new_ids = [self._new_block(now, num_hits + i) for i in range(num_new)]
         last_hash = hashes[num_hits - 1] if num_hits else b""
-        self._seqs[seq_id] = _Sequence(hit_ids + new_ids, num_hits, last_hash, first_block=first_block, extra_keys=extra_keys)
+        self._seqs[seq_id] = SequenceBlocks(
+            hit_ids + new_ids, num_hits, last_hash, first_block=first_block, extra_keys=extra_keys
+        )
         return Allocation(num_hits * self.block_size, moves)
 
     def can_allocate_prefix(
@@ -214,14 +187,7 @@ class BlockPool(BlockSpace):
     def prefix_hashes(self, token_ids: Sequence[int], extra_keys: Mapping[int, bytes] | None = None) -> list[bytes]:
         """Chain hashes of the prompt's leading full blocks that could be reused: all but the
         block of the last token, which is always computed (empty with the cache off)."""
-        hashes: list[bytes] = []
-        if not self.enable_prefix_cache:
-            return hashes
-        parent = b""
-        for i in range((len(token_ids) - 1) // self.block_size):
-            parent = self._chain_hash(parent, token_ids, i, (extra_keys or {}).get(i, b""))
-            hashes.append(parent)
-        return hashes
+        return prefix_hashes(token_ids, self.block_size, extra_keys) if self.enable_prefix_cache else []
 
     def is_cached(self, block_hash: bytes) -> bool:
         return block_hash in self._cache
@@ -290,7 +256,7 @@ class BlockPool(BlockSpace):
         if not self.enable_prefix_cache:
             return
         for i in range(seq.num_hashed, num_full):
-            seq.last_hash = self._chain_hash(seq.last_hash, token_ids, i, seq.extra_keys.get(i, b""))
+            seq.last_hash = chain_hash(seq.last_hash, block_tokens(token_ids, self.block_size, i), seq.extra_keys.get(i, b""))
             seq.num_hashed = i + 1
             if i >= seq.first_block and seq.last_hash not in self._cache:
                 block_id = seq.block_ids[i - seq.first_block]
@@ -373,13 +339,13 @@ class BlockPool(BlockSpace):
             self._retire(block)
 
     # -- helpers ---------------------------------------------------------------------------
-    def _seq(self, seq_id: int) -> _Sequence:
+    def _seq(self, seq_id: int) -> SequenceBlocks:
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise KeyError(f"unknown sequence {seq_id}")
         return seq
 
-    def _running(self, seq_id: int) -> _Sequence:
+    def _running(self, seq_id: int) -> SequenceBlocks:
         seq = self._seq(seq_id)
         if seq.is_swapped:
             raise ValueError(f"sequence {seq_id} is swapped out; swap_in first")
@@ -388,10 +354,10 @@ class BlockPool(BlockSpace):
     def _num_blocks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _num_in(self, seq: _Sequence, tier: Tier) -> int:
+    def _num_in(self, seq: SequenceBlocks, tier: Tier) -> int:
         return sum(self._blocks[b].tier is tier for b in seq.block_ids)
 
-    def _private_device_blocks(self, seq: _Sequence) -> list[int]:
+    def _private_device_blocks(self, seq: SequenceBlocks) -> list[int]:
         return [b for b in seq.block_ids if self._blocks[b].ref_count == 1 and self._blocks[b].tier is Tier.DEVICE]
 
     def _can_hold(self, hit_ids: list[int], num_new: int) -> bool:
@@ -413,7 +379,7 @@ class BlockPool(BlockSpace):
         moves += self._make_room(Tier.DEVICE, num_new - num_host, now)
         return host_ids + [self._new_block(now, first + i, Tier.DEVICE) for i in range(num_host, num_new)]
 
-    def _spill(self, seq: _Sequence, num_frames: int, now: float) -> list[Move]:
+    def _spill(self, seq: SequenceBlocks, num_frames: int, now: float) -> list[Move]:
         """Free up to `num_frames` DEVICE frames for an offloaded sequence's new tail: its own DEVICE
         blocks but the last, the policy's worst first, move to HOST (which makes room first)."""
         if num_frames <= 0:
@@ -435,13 +401,3 @@ class BlockPool(BlockSpace):
             else:
                 moves += self._to_device([block_id], 0, now)
         return moves
-
-    def _chain_hash(self, parent: bytes, token_ids: Sequence[int], index: int, extra_key: bytes = b"") -> bytes:
-        """sha256 of the parent block's chain hash, the token ids (int64) of block `index` and
-        its extra key (a fixed number of token bytes precede it, so the parts cannot run together).
-
-        A cryptographic hash, not Python's 64-bit hash(): a collision would serve one
-        prompt another prompt's KV.
-        """
-        block_tokens = token_ids[index * self.block_size : (index + 1) * self.block_size]
-        return hashlib.sha256(parent + array("q", block_tokens).tobytes() + extra_key).digest()

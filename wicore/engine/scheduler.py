@@ -26,12 +26,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
-import numpy as np
-
 from wicore.blocks.block_groups import BlockGroups
 from wicore.blocks.block_pool import Move
 from wicore.blocks.tier import Tier
 from wicore.engine.request import Request, Status
+from wicore.engine.samples import take_samples
 from wicore.engine.scheduler_config import SchedulerConfig, SchedulerStats, StageBudget, StepBudget
 from wicore.types.outputs import Priority, RequestOutput
 from wicore.types.sampling import Sample
@@ -365,42 +364,18 @@ class Scheduler:
 
     def _append(self, req: Request, samples: list[Sample]) -> RequestOutput:
         """The request's new tokens, up to its end if it stops at one of them (the rest are dropped)."""
-        tokens: list[int] = []
-        logprobs = []
-        prompt_logits = None
-        reason = None
-        for sample in samples:
-            if req.grammar is not None and not req.grammar.accept(sample.token_id):  # a mask bug, never the model
-                return self._fail(req, f"token {sample.token_id} was sampled, but the request's grammar refuses it")
-            req.token_ids.append(sample.token_id)
-            tokens.append(sample.token_id)
-            if sample.logprobs is not None:
-                logprobs.append(sample.logprobs)
-            self.stats.num_generated_tokens += 1
-            if req.prompt_logits and len(req.output_ids) == 1:  # the first output carries them
-                prompt_logits, req.prompt_logits = np.concatenate(req.prompt_logits), []
-            reason = self._stop_reason(req, sample.token_id)
-            if reason is not None:
-                self._finish(req, reason)
-                break
+        taken = take_samples(req, samples, self.config, self.stats)
+        if taken.refused_token is not None:  # a mask bug, never the model
+            return self._fail(req, f"token {taken.refused_token} was sampled, but the request's grammar refuses it")
+        if taken.stop_reason is not None:
+            self._finish(req, taken.stop_reason)
         return RequestOutput(
             req.request_id,
-            tokens,
-            reason is not None,
-            reason,
+            taken.token_ids,
+            taken.stop_reason is not None,
+            taken.stop_reason,
             len(req.prompt_ids),
             req.num_cached_prompt_tokens,
-            logprobs=logprobs or None,
-            prompt_logits=prompt_logits,
+            logprobs=taken.logprobs or None,
+            prompt_logits=taken.prompt_logits,
         )
-
-    def _stop_reason(self, req: Request, token: int) -> str | None:
-        p = req.params
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.config.eos_token_ids):
-            return "stop"
-        if req.grammar is not None and req.grammar.is_finished:  # the output is complete: nothing but EOS can follow
-            return "stop"
-        context = self.config.max_context
-        if len(req.output_ids) >= req.max_tokens or (context is not None and req.num_tokens >= context):
-            return "length"
-        return None

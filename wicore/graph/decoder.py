@@ -28,7 +28,7 @@ Gemma's RMSNorm scales by (1 + w): the 1 is folded into the stored weight,
 and the attention scale query_pre_attn_scalar^-0.5 into the q-norm weight.
 What the other families do differently is one row of wicore.model.families each, read
 here (norm offset, activation, embedding scale, sandwich norms, q/k norm, qkv bias, tied
-head); images are Gemma 3's only.
+head); images are Gemma 3's only. The attention block is graph/attention.py, the mixture-of-experts MLP graph/moe.py.
 """
 
 from __future__ import annotations
@@ -41,18 +41,17 @@ import onnx
 from onnx import TensorProto
 
 from wicore.errors import UnsupportedModelError
-from wicore.graph import invariant_attention, io
+from wicore.graph import io
+from wicore.graph.attention import layer_attention, softcap
 from wicore.graph.fused_residual import Pending, add_rms_norm, gated_activation
-from wicore.graph.kv_quant import dequantize_kv, kv_row_width, quantize_kv
+from wicore.graph.kv_quant import kv_row_width
 from wicore.graph.moe import moe
-from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, block_mass, gelu_tanh, place_images, rms_norm_f32, rotary, silu
-from wicore.graph.paged_attention import paged_attention
+from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, gelu_tanh, place_images, rms_norm_f32, silu
 from wicore.graph.partition import PartitionSpec
 from wicore.graph.quant import QuantLinear
 from wicore.graph.shared_values import SharedValues, shared_values
-from wicore.graph.sinks import softmax_with_sinks
 from wicore.model.config import DecoderConfig
-from wicore.model.families import ALL_HEADS, PER_HEAD
+from wicore.model.families import ALL_HEADS
 from wicore.model.weights import LayerWeights, check_layer
 
 OPSET = 17
@@ -144,6 +143,7 @@ class DecoderBuilder:
         self.contrib = quant is not None or self.paged
         # The activations' type between the residual's norms (module docstring).
         self.act_type = self.onnx_dtype if self.paged else TensorProto.FLOAT
+        self.act_np_dtype = DTYPES_BY_ONNX[self.act_type]
 
     # -- entry point -----------------------------------------------------------------
     def build(
@@ -276,119 +276,10 @@ class DecoderBuilder:
     def to_f32(self, g: Graph, x: str, name: str) -> str:
         return x if self.dtype == "fp32" else g.op("Cast", [x], f"{name}/Cast_out", to=TensorProto.FLOAT)
 
-    def rope(self, g: Graph, x: str, shared: SharedValues, is_sliding: bool, heads: int, name: str) -> str:
-        """Rotate-half RoPE on [b, s, heads, head_dim] at the rows' positions (graph/ops.py rotary)."""
-        cos, sin = shared.cos_sin[is_sliding]
-        return rotary(g, x, cos, sin, shared.token_index, heads, self.cfg.head_dim, self.contrib, name)
-
-    def attention(self, g: Graph, layer: LayerWeights, x: str, shared: SharedValues, masses: list[str] | None) -> str:
-        """Paged grouped-query attention of one layer; returns [b, s, hidden] before the post-norm.
-        With `masses`, a full-attention layer appends its attention mass per block [b, max_blocks]."""
-        cfg, i = self.cfg, layer.index
-        p = f"/model/layers.{i}/attn"
-        nh, kvh, hd, groups = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_groups
-        is_sliding = cfg.is_sliding(i)
-
-        qkv = self.linear(
-            g, x, [layer["self_attn.q_proj"], layer["self_attn.k_proj"], layer["self_attn.v_proj"]], f"{p}/qkv_proj"
-        )
-        if self.family.qkv_bias:
-            biases = [layer[f"self_attn.{n}_proj.bias"] for n in "qkv"]
-            bias_type = DTYPES_BY_ONNX[self.act_type]
-            bias = g.const(np.concatenate(biases).astype(bias_type), bias_type)
-            qkv = g.op("Add", [qkv, bias], f"{p}/qkv_bias")
-        scale = cfg.query_pre_attn_scalar**-0.5
-        if shared.paged is not None:  # one op: q/k norms, RoPE, the K/V write and the attention
-            norms = None
-            if self.family.qk_norm == PER_HEAD:  # Gemma's attention scale folded into the q-norm weight
-                norms = (self.norm_weight(layer["self_attn.q_norm"], scale), self.norm_weight(layer["self_attn.k_norm"]))
-            out = paged_attention(g, cfg, i, qkv, shared.paged, p, norms, scale=1.0 if norms else scale)
-            return self.o_proj(g, layer, out, p)
-
-        q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
-        if self.family.qk_norm == ALL_HEADS:  # OLMo 2: over every head's channels together, before the split into heads
-            q = self.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
-            k = self.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
-        q = g.op("Reshape", [q, g.const([0, 0, nh, hd])], f"{p}/q_heads")
-        k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])], f"{p}/k_heads")
-        v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])], f"{p}/v_heads")
-        if self.family.qk_norm == PER_HEAD:
-            q = self.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
-            k = self.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
-        elif self.family.qk_norm != ALL_HEADS:  # (the whole-projection q norm above took the scale)
-            q = g.op("Mul", [q, g.const(np.float32(scale), np.float32)], f"{p}/q_scale")
-        q = self.rope(g, q, shared, is_sliding, nh, f"{p}/q_rope")
-        k = self.rope(g, k, shared, is_sliding, kvh, f"{p}/k_rope")
-
-        # Write the new tokens' K/V into the KV buffers, then read the rows' blocks back.
-        indices = shared.scatter_indices[is_sliding]
-        k_pool = self.scatter(g, io.key_cache(i), k, indices, f"{p}/k_cache", io.key_cache_out(i))
-        v_pool = self.scatter(g, io.value_cache(i), v, indices, f"{p}/v_cache", io.value_cache_out(i))
-        tables = shared.block_tables[is_sliding]
-        k_all = self.read_kv(g, g.op("Gather", [k_pool, tables], f"{p}/k_gather", axis=0), f"{p}/k_gather")
-        v_all = self.read_kv(g, g.op("Gather", [v_pool, tables], f"{p}/v_gather", axis=0), f"{p}/v_gather")
-
-        # Queries of one KV head in rows (position, group member), keys and values in rows of
-        # positions: [b, kvh, s * groups, hd] and [b, kvh, total, hd].
-        q = g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])], f"{p}/q_groups")
-        q = g.op("Reshape", [self.kv_major(g, q, [0, 2, 1, 3, 4], f"{p}/q_T"), g.const([0, kvh, -1, hd])], f"{p}/q_rows")
-        k_rows = g.op("Reshape", [self.kv_major(g, k_all, [0, 3, 1, 2, 4], f"{p}/k_T"), g.const([0, kvh, -1, hd])], f"{p}/k_rows")
-        v_rows = g.op("Reshape", [self.kv_major(g, v_all, [0, 3, 1, 2, 4], f"{p}/v_T"), g.const([0, kvh, -1, hd])], f"{p}/v_rows")
-        if self.batch_invariant:
-            scores = invariant_attention.scores(g, q, k_rows, groups, hd, f"{p}/scores")
-        else:
-            k_t = g.op("Transpose", [k_rows], f"{p}/k_rows_T", perm=[0, 1, 3, 2])  # fused into the MatMul by ORT
-            scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, s * groups, total]
-        if cfg.attn_logit_softcapping:  # Gemma 2: cap * tanh(scores / cap), before the mask
-            scores = softcap(g, scores, cfg.attn_logit_softcapping, f"{p}/softcap")
-        masked = g.op("Add", [scores, shared.masks[is_sliding]], f"{p}/masked")
-        if self.family.attention_sinks:  # gpt-oss: each head's sink in the denominator
-            probs = softmax_with_sinks(g, masked, layer["self_attn.sinks"], kvh, groups, f"{p}/sinks")
-        else:
-            probs = g.op("Softmax", [masked], f"{p}/Softmax", axis=-1)
-        if masses is not None and not is_sliding:
-            masses.append(block_mass(g, probs, shared.block_shape, f"{p}/block_mass"))
-        if self.batch_invariant:
-            out = invariant_attention.context(g, probs, v_rows, groups, hd, f"{p}/context")
-        else:
-            out = g.op("MatMul", [probs, v_rows], f"{p}/context")  # [b, kvh, s * groups, hd]
-        out = g.op("Reshape", [out, g.const([0, kvh, -1, groups, hd])], f"{p}/context_groups")
-        out = self.kv_major(g, out, [0, 2, 1, 3, 4], f"{p}/context_T")  # [b, s, kvh, groups, hd]
-        out = g.op("Reshape", [out, g.const([0, -1, nh * hd])], f"{p}/context_flat")
-        return self.o_proj(g, layer, out, p)
-
-    def o_proj(self, g: Graph, layer: LayerWeights, out: str, p: str) -> str:
-        """The attention's output projection (and its bias, where the family has one), Granite's residual
-        multiplier folded into its weight."""
-        y = self.linear(g, out, [self.residual_scaled(layer["self_attn.o_proj"])], f"{p}/o_proj")
-        if not self.family.o_bias:
-            return y
-        bias_type = DTYPES_BY_ONNX[self.act_type]
-        bias = g.const(self.residual_scaled(layer["self_attn.o_proj.bias"]).astype(bias_type), bias_type)
-        return g.op("Add", [y, bias], f"{p}/o_proj/bias")
-
     def residual_scaled(self, weight: np.ndarray) -> np.ndarray:
         """A block's last weight times the residual multiplier (Granite's; 1 elsewhere: unchanged)."""
         m = self.cfg.residual_multiplier
         return weight if m == 1.0 else weight * np.float32(m)
-
-    def kv_major(self, g: Graph, x: str, perm: list[int], name: str) -> str:
-        """Transpose that brings the KV-head axis forward. With one KV head (MQA, as Gemma 3 270M
-        and 1B) the order of the elements is already right and the Reshapes around it suffice:
-        no node, where ONNX Runtime would copy the tensor."""
-        return x if self.cfg.num_kv_heads == 1 else g.op("Transpose", [x], name, perm=perm)
-
-    def scatter(self, g: Graph, pool: str, update: str, indices: str, name: str, out: str) -> str:
-        """ScatterND of the new tokens' K or V into the KV buffer; its output is the graph output `out`."""
-        if self.kv_int8:
-            update = quantize_kv(g, update, self.cfg.head_dim, f"{name}/quantize")
-        elif self.dtype != "fp32":
-            update = g.op("Cast", [update], f"{name}/Cast", to=self.onnx_dtype)
-        return g.op("ScatterND", [pool, indices, update], f"{name}/ScatterND", out=out)
-
-    def read_kv(self, g: Graph, blocks: str, name: str) -> str:
-        """Gathered KV blocks in float32 (int8 ones dequantized)."""
-        return dequantize_kv(g, blocks, self.cfg.head_dim, name) if self.kv_int8 else self.to_f32(g, blocks, name)
 
     def mlp(self, g: Graph, layer: LayerWeights, x: str) -> str:
         """The layer's MLP: the family's gated MLP, or its mixture of experts (graph/moe.py)."""
@@ -420,7 +311,7 @@ class DecoderBuilder:
         p = f"/model/layers.{layer.index}"
         pre, post = self.family.pre_norms, self.family.post_norms
         h = self.rms_norm(g, x, layer["input_layernorm"], f"{p}/input_layernorm", to=self.act_type) if pre else self.act(g, x, p)
-        h = self.attention(g, layer, h, shared, masses)
+        h = layer_attention(self, g, layer, h, shared, masses)
         if post:
             h = self.rms_norm(g, h, layer["post_attention_layernorm"], f"{p}/post_attention_layernorm")
         else:
@@ -454,7 +345,7 @@ class DecoderBuilder:
             h, x = add_rms_norm(
                 g, x, pending, self.norm_weight(layer["input_layernorm"]), self.cfg.rms_norm_eps, f"{p}/input_layernorm"
             )
-        h = self.attention(g, layer, h, shared, masses)
+        h = layer_attention(self, g, layer, h, shared, masses)
         attn = Pending(h, self.norm_weight(layer["post_attention_layernorm"]) if sandwich else None, f"{p}/attn")
         norm = self.norm_weight(layer["pre_feedforward_layernorm"])
         h, x = add_rms_norm(g, x, attn, norm, self.cfg.rms_norm_eps, f"{p}/pre_feedforward_layernorm")
@@ -513,10 +404,3 @@ class DecoderBuilder:
         if cap:
             logits = softcap(g, logits, cap, f"{p}/softcap", out=io.LOGITS)
         return logits
-
-
-def softcap(g: Graph, x: str, cap: float, name: str, out: str | None = None) -> str:
-    """cap * tanh(x / cap) in float32 (Gemma's logit and attention soft-capping)."""
-    x = g.op("Div", [x, g.const(np.float32(cap), np.float32)], f"{name}_div")
-    x = g.op("Tanh", [x], f"{name}_tanh")
-    return g.op("Mul", [x, g.const(np.float32(cap), np.float32)], name, out=out)

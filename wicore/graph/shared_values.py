@@ -197,7 +197,7 @@ def longrope_inv_freq(g: Graph, cfg: DecoderConfig, positions: str, rope: RopeCo
 
 def group_mask(g: Graph, cfg: DecoderConfig, mask: str, total: str, name: str) -> str:
     """[b, s, total] -> [b, 1, s * groups, total]: one row per query head of a KV head's
-    group, in the order DecoderBuilder.attention lays the queries out (position major)."""
+    group, in the order graph/attention.py (layer_attention) lays the queries out (position major)."""
     groups = cfg.num_groups
     mask = g.op("Unsqueeze", [mask, g.const([1, 3])], f"{name}_u")  # [b, 1, s, 1, total]
     if groups > 1:

@@ -9,6 +9,8 @@ What differs from an Engine in the same process:
 - `add_request` only starts the call, so a refusal by the replica's engine (context too long,
   queue full) comes out of `outputs`: for a streamed request, as the stream's error event.
 - A replica that dies ends its requests with a 503 `replica_died` error at once; Ray replaces it.
+- No output-constraint compiler here (`grammars` is None): the replica compiles on arrival, so a
+  bad schema comes out of `outputs` like the other refusals.
 - No images yet: the image encoder would have to run in the ingress or travel with the call.
 - `stats_json()` is the board's last reading (wicore.serve_ray.board), refreshed every second.
 """
@@ -64,6 +66,12 @@ class RemoteEngine:
         return None
 
     @property
+    def grammars(self) -> None:
+        """None: a constraint is compiled by the replica's engine, whose compiler (and its index of
+        the vocabulary) lives in that process; a schema that does not compile is its refusal there."""
+        return None
+
+    @property
     def max_sequence_tokens(self) -> int:
         return self._info.max_sequence_tokens
 
@@ -84,6 +92,8 @@ class RemoteEngine:
         request_id: str | None = None,
         images: Sequence[ImageInput] = (),
     ) -> str:
+        """ServingEngine.add_request, less what a replica cannot take yet (images, deadlines: a
+        RequestError now); the replica's own refusals come out of `outputs` (module docstring)."""
         if images:
             raise RequestError(NO_IMAGES)
         if deadline is not None:

@@ -48,6 +48,7 @@ class ScriptedEngine:
     the end-of-turn token. `requests` keeps each request's prompt ids and sampling params."""
 
     vision = None
+    grammars = None  # scripted answers follow no constraint
     max_sequence_tokens = 4096
     max_waiting = 64
 

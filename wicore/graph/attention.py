@@ -1,0 +1,154 @@
+"""The decoder's attention: one layer's grouped-query attention over the paged KV pool.
+
+Functions of the builder (wicore.graph.decoder.DecoderBuilder: its config, family row, dtypes and
+`linear` / `rms_norm`), as graph/moe.py is for the MLP. In the portable and batch-invariant graphs:
+
+    x ─► qkv_proj (+ bias) ─► split ─► q/k RMSNorm ─► RoPE ─┬─► q  [b, kvh, s * groups, hd]
+                                                          └─► k, v ─► ScatterND into the pools (in place)
+    Gather(pool, block_tables) ─► (dequantize int8) ─► k, v rows [b, kvh, total, hd]
+    softmax(q·kᵀ (softcapped) + mask, gpt-oss: + sinks) · v ─► [b, s, nh * hd] ─► o_proj (+ bias)
+
+In the paged graphs one com.microsoft.PagedAttention node (graph/paged_attention.py) does the norms,
+RoPE, the K/V write and the attention; the batch-invariant graphs take their two MatMuls from
+graph/invariant_attention.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from wicore.graph import invariant_attention, io
+from wicore.graph.kv_quant import dequantize_kv, quantize_kv
+from wicore.graph.ops import Graph, block_mass, rotary
+from wicore.graph.paged_attention import paged_attention
+from wicore.graph.shared_values import SharedValues
+from wicore.graph.sinks import softmax_with_sinks
+from wicore.model.families import ALL_HEADS, PER_HEAD
+from wicore.model.weights import LayerWeights
+
+if TYPE_CHECKING:
+    from wicore.graph.decoder import DecoderBuilder
+
+
+def rope(b: DecoderBuilder, g: Graph, x: str, shared: SharedValues, is_sliding: bool, heads: int, name: str) -> str:
+    """Rotate-half RoPE on [b, s, heads, head_dim] at the rows' positions (graph/ops.py rotary)."""
+    cos, sin = shared.cos_sin[is_sliding]
+    return rotary(g, x, cos, sin, shared.token_index, heads, b.cfg.head_dim, b.contrib, name)
+
+
+def layer_attention(
+    b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str, shared: SharedValues, masses: list[str] | None
+) -> str:
+    """Paged grouped-query attention of one layer; returns [b, s, hidden] before the post-norm.
+    With `masses`, a full-attention layer appends its attention mass per block [b, max_blocks]."""
+    cfg, i = b.cfg, layer.index
+    p = f"/model/layers.{i}/attn"
+    nh, kvh, hd, groups = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_groups
+    is_sliding = cfg.is_sliding(i)
+
+    qkv = b.linear(g, x, [layer["self_attn.q_proj"], layer["self_attn.k_proj"], layer["self_attn.v_proj"]], f"{p}/qkv_proj")
+    if b.family.qkv_bias:
+        biases = [layer[f"self_attn.{n}_proj.bias"] for n in "qkv"]
+        bias_type = b.act_np_dtype
+        bias = g.const(np.concatenate(biases).astype(bias_type), bias_type)
+        qkv = g.op("Add", [qkv, bias], f"{p}/qkv_bias")
+    scale = cfg.query_pre_attn_scalar**-0.5
+    if shared.paged is not None:  # one op: q/k norms, RoPE, the K/V write and the attention
+        norms = None
+        if b.family.qk_norm == PER_HEAD:  # Gemma's attention scale folded into the q-norm weight
+            norms = (b.norm_weight(layer["self_attn.q_norm"], scale), b.norm_weight(layer["self_attn.k_norm"]))
+        out = paged_attention(g, cfg, i, qkv, shared.paged, p, norms, scale=1.0 if norms else scale)
+        return o_proj(b, g, layer, out, p)
+
+    q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
+    if b.family.qk_norm == ALL_HEADS:  # OLMo 2: over every head's channels together, before the split into heads
+        q = b.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
+        k = b.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
+    q = g.op("Reshape", [q, g.const([0, 0, nh, hd])], f"{p}/q_heads")
+    k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])], f"{p}/k_heads")
+    v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])], f"{p}/v_heads")
+    if b.family.qk_norm == PER_HEAD:
+        q = b.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
+        k = b.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
+    elif b.family.qk_norm != ALL_HEADS:  # (the whole-projection q norm above took the scale)
+        q = g.op("Mul", [q, g.const(np.float32(scale), np.float32)], f"{p}/q_scale")
+    q = rope(b, g, q, shared, is_sliding, nh, f"{p}/q_rope")
+    k = rope(b, g, k, shared, is_sliding, kvh, f"{p}/k_rope")
+
+    # Write the new tokens' K/V into the KV buffers, then read the rows' blocks back.
+    indices = shared.scatter_indices[is_sliding]
+    k_pool = scatter(b, g, io.key_cache(i), k, indices, f"{p}/k_cache", io.key_cache_out(i))
+    v_pool = scatter(b, g, io.value_cache(i), v, indices, f"{p}/v_cache", io.value_cache_out(i))
+    tables = shared.block_tables[is_sliding]
+    k_all = read_kv(b, g, g.op("Gather", [k_pool, tables], f"{p}/k_gather", axis=0), f"{p}/k_gather")
+    v_all = read_kv(b, g, g.op("Gather", [v_pool, tables], f"{p}/v_gather", axis=0), f"{p}/v_gather")
+
+    # Queries of one KV head in rows (position, group member), keys and values in rows of
+    # positions: [b, kvh, s * groups, hd] and [b, kvh, total, hd].
+    q = g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])], f"{p}/q_groups")
+    q = g.op("Reshape", [kv_major(b, g, q, [0, 2, 1, 3, 4], f"{p}/q_T"), g.const([0, kvh, -1, hd])], f"{p}/q_rows")
+    k_rows = g.op("Reshape", [kv_major(b, g, k_all, [0, 3, 1, 2, 4], f"{p}/k_T"), g.const([0, kvh, -1, hd])], f"{p}/k_rows")
+    v_rows = g.op("Reshape", [kv_major(b, g, v_all, [0, 3, 1, 2, 4], f"{p}/v_T"), g.const([0, kvh, -1, hd])], f"{p}/v_rows")
+    if b.batch_invariant:
+        scores = invariant_attention.scores(g, q, k_rows, groups, hd, f"{p}/scores")
+    else:
+        k_t = g.op("Transpose", [k_rows], f"{p}/k_rows_T", perm=[0, 1, 3, 2])  # fused into the MatMul by ORT
+        scores = g.op("MatMul", [q, k_t], f"{p}/scores")  # [b, kvh, s * groups, total]
+    if cfg.attn_logit_softcapping:  # Gemma 2: cap * tanh(scores / cap), before the mask
+        scores = softcap(g, scores, cfg.attn_logit_softcapping, f"{p}/softcap")
+    masked = g.op("Add", [scores, shared.masks[is_sliding]], f"{p}/masked")
+    if b.family.attention_sinks:  # gpt-oss: each head's sink in the denominator
+        probs = softmax_with_sinks(g, masked, layer["self_attn.sinks"], kvh, groups, f"{p}/sinks")
+    else:
+        probs = g.op("Softmax", [masked], f"{p}/Softmax", axis=-1)
+    if masses is not None and not is_sliding:
+        masses.append(block_mass(g, probs, shared.block_shape, f"{p}/block_mass"))
+    if b.batch_invariant:
+        out = invariant_attention.context(g, probs, v_rows, groups, hd, f"{p}/context")
+    else:
+        out = g.op("MatMul", [probs, v_rows], f"{p}/context")  # [b, kvh, s * groups, hd]
+    out = g.op("Reshape", [out, g.const([0, kvh, -1, groups, hd])], f"{p}/context_groups")
+    out = kv_major(b, g, out, [0, 2, 1, 3, 4], f"{p}/context_T")  # [b, s, kvh, groups, hd]
+    out = g.op("Reshape", [out, g.const([0, -1, nh * hd])], f"{p}/context_flat")
+    return o_proj(b, g, layer, out, p)
+
+
+def o_proj(b: DecoderBuilder, g: Graph, layer: LayerWeights, out: str, p: str) -> str:
+    """The attention's output projection (and its bias, where the family has one), Granite's residual
+    multiplier folded into its weight."""
+    y = b.linear(g, out, [b.residual_scaled(layer["self_attn.o_proj"])], f"{p}/o_proj")
+    if not b.family.o_bias:
+        return y
+    bias_type = b.act_np_dtype
+    bias = g.const(b.residual_scaled(layer["self_attn.o_proj.bias"]).astype(bias_type), bias_type)
+    return g.op("Add", [y, bias], f"{p}/o_proj/bias")
+
+
+def kv_major(b: DecoderBuilder, g: Graph, x: str, perm: list[int], name: str) -> str:
+    """Transpose that brings the KV-head axis forward. With one KV head (MQA, as Gemma 3 270M
+    and 1B) the order of the elements is already right and the Reshapes around it suffice:
+    no node, where ONNX Runtime would copy the tensor."""
+    return x if b.cfg.num_kv_heads == 1 else g.op("Transpose", [x], name, perm=perm)
+
+
+def scatter(b: DecoderBuilder, g: Graph, pool: str, update: str, indices: str, name: str, out: str) -> str:
+    """ScatterND of the new tokens' K or V into the KV buffer; its output is the graph output `out`."""
+    if b.kv_int8:
+        update = quantize_kv(g, update, b.cfg.head_dim, f"{name}/quantize")
+    elif b.dtype != "fp32":
+        update = g.op("Cast", [update], f"{name}/Cast", to=b.onnx_dtype)
+    return g.op("ScatterND", [pool, indices, update], f"{name}/ScatterND", out=out)
+
+
+def read_kv(b: DecoderBuilder, g: Graph, blocks: str, name: str) -> str:
+    """Gathered KV blocks in float32 (int8 ones dequantized)."""
+    return dequantize_kv(g, blocks, b.cfg.head_dim, name) if b.kv_int8 else b.to_f32(g, blocks, name)
+
+
+def softcap(g: Graph, x: str, cap: float, name: str, out: str | None = None) -> str:
+    """cap * tanh(x / cap) in float32 (Gemma's logit and attention soft-capping)."""
+    x = g.op("Div", [x, g.const(np.float32(cap), np.float32)], f"{name}_div")
+    x = g.op("Tanh", [x], f"{name}_tanh")
+    return g.op("Mul", [x, g.const(np.float32(cap), np.float32)], name, out=out)
