@@ -293,6 +293,7 @@ def stress(url: str, pid: int | None, config: StressConfig) -> Report:
     load has started ends the run with what was measured (`server["gone"]`)."""
     api = ServerApi(url, config.api_key)
     model = api.model()
+    api.check_chat(model)
     if pid is None:
         print("warning: no server process found (give --server-pid): RSS not sampled", file=sys.stderr)
     sampler = RssSampler(pid) if pid is not None else None
