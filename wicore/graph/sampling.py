@@ -66,16 +66,25 @@ def head_model(vocab_size: int, token_bitmask: bool = True) -> onnx.ModelProto:
 def masked_logits(g: Graph, logits: str, vocab_size: int) -> str:
     """`logits` with every token the `sampling_token_bitmask` row refuses at -inf.
 
-    Bit j of a word is moved to the top (<< 31 - j) and back down alone (>> 31): BitShift takes
-    unsigned words only, and the cast from int32 keeps the bits."""
+    Integer Div and Mod, not BitShift: ONNX Runtime's CUDA EP has no BitShift kernel, and a head
+    node on the CPU would copy [rows, vocab] words each way every sampling step. A word, read as
+    unsigned (int64, modulo 2**32: an integer Mod takes the divisor's sign), splits into two 16-bit
+    halves [low, high] that int32 holds; bit j of a half is (half // 2**j) % 2, so the flat order
+    is the word's bit order."""
     p = "/model/sampling/bitmask"
     num_words = -(-vocab_size // 32)
     words = g.input(io.SAMPLING_TOKEN_BITMASK, TensorProto.INT32, ["num_logits", num_words])
-    words = g.op("Cast", [words], f"{p}/unsigned", to=TensorProto.UINT32)
-    words = g.op("Unsqueeze", [words, g.const([-1])], f"{p}/words")  # [n, W, 1]
-    to_top = g.const(31 - np.arange(32), np.uint32)  # [32]
-    top = g.op("BitShift", [words, to_top], f"{p}/to_top", direction="LEFT")  # [n, W, 32]
-    bits = g.op("BitShift", [top, g.const(31, np.uint32)], f"{p}/bit", direction="RIGHT")
+    wide = g.op("Cast", [words], f"{p}/wide", to=TensorProto.INT64)
+    unsigned = g.op("Mod", [wide, g.const(np.int64(2**32), np.int64)], f"{p}/unsigned", fmod=0)
+    halves = [
+        g.op("Mod", [unsigned, g.const(np.int64(2**16), np.int64)], f"{p}/low", fmod=0),
+        g.op("Div", [unsigned, g.const(np.int64(2**16), np.int64)], f"{p}/high"),
+    ]
+    halves = [g.op("Unsqueeze", [h, g.const([-1])], f"{name}/axis") for h, name in zip(halves, (f"{p}/low", f"{p}/high"))]
+    halves32 = g.op("Cast", [g.op("Concat", halves, f"{p}/halves", axis=-1)], f"{p}/halves32", to=TensorProto.INT32)
+    halves32 = g.op("Unsqueeze", [halves32, g.const([-1])], f"{p}/per_bit")  # [n, W, 2, 1]
+    shifted = g.op("Div", [halves32, g.const(2 ** np.arange(16, dtype=np.int32), np.int32)], f"{p}/shifted")
+    bits = g.op("Mod", [shifted, g.const(np.int32(2), np.int32)], f"{p}/bits", fmod=0)  # [n, W, 2, 16]
     bits = g.op("Reshape", [bits, g.const([0, num_words * 32])], f"{p}/flat")
     bits = g.op("Slice", [bits, g.const([0]), g.const([vocab_size]), g.const([1])], f"{p}/in_vocab")
     allowed = g.op("Cast", [bits], f"{p}/allowed", to=TensorProto.BOOL)
