@@ -41,18 +41,6 @@ def test_the_27b_at_128k_on_an_80_gib_card_in_fp16(gemma3_27b, capsys):
     ]
 
 
-def test_a_mixture_of_experts_counts_every_expert(tmp_path, capsys):
-    """Qwen3-30B-A3B: 30.5B weights (tests/runtime/test_capacity.py), 56.87 GiB in fp16; 4 KV heads."""
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
-    code, lines, _ = plan(capsys, "--model", str(tmp_path), "--dtype", "fp16", "--budget-gb", "80", "--context", "32768")
-    assert code == 0
-    assert lines[0] == (
-        f"{tmp_path / 'config.json'}: 48 layers (48 full attention), 4 KV heads x 128, window 4096, context 40960, "
-        "128 experts x 768 a layer (8 a token); as exported with --dtype fp16 --attention portable: "
-        "weights 56.87G (estimated from the shape)"
-    )
-
-
 def test_a_hub_id_is_planned_from_its_config_alone(tmp_path, capsys, monkeypatch):
     from hub_cache import snapshot
 
@@ -216,13 +204,28 @@ GPT_OSS_20B = {
 }
 
 
-def test_gpt_oss_counts_every_expert(tmp_path, capsys):
-    """gpt-oss-20b's shape: 20.9B weights (its model card's count), 38.94 GiB in fp16; half its layers slide."""
-    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
+@pytest.mark.parametrize(
+    ("config", "summary"),
+    [
+        # Qwen3-30B-A3B: 30.5B weights (tests/runtime/test_capacity.py), 56.87 GiB in fp16; 4 KV heads.
+        (
+            QWEN3_30B_A3B,
+            "48 layers (48 full attention), 4 KV heads x 128, window 4096, context 40960, "
+            "128 experts x 768 a layer (8 a token); as exported with --dtype fp16 --attention portable: "
+            "weights 56.87G (estimated from the shape)",
+        ),
+        # gpt-oss-20b: 20.9B weights (its model card's count), 38.94 GiB in fp16; half its layers slide.
+        (
+            GPT_OSS_20B,
+            "24 layers (12 full attention), 8 KV heads x 64, window 128, context 131072, "
+            "32 experts x 2880 a layer (4 a token); as exported with --dtype fp16 --attention portable: "
+            "weights 38.94G (estimated from the shape)",
+        ),
+    ],
+    ids=["qwen3-moe", "gpt-oss"],
+)
+def test_a_mixture_of_experts_counts_every_expert(tmp_path, capsys, config, summary):
+    (tmp_path / "config.json").write_text(json.dumps(config))
     code, lines, _ = plan(capsys, "--model", str(tmp_path), "--dtype", "fp16", "--budget-gb", "80", "--context", "32768")
     assert code == 0
-    assert lines[0] == (
-        f"{tmp_path / 'config.json'}: 24 layers (12 full attention), 8 KV heads x 64, window 128, context 131072, "
-        "32 experts x 2880 a layer (4 a token); as exported with --dtype fp16 --attention portable: "
-        "weights 38.94G (estimated from the shape)"
-    )
+    assert lines[0] == f"{tmp_path / 'config.json'}: {summary}"
