@@ -35,6 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from wicore.devices.plugins import plugin_refusals, register_plugin_eps
 from wicore.errors import RuntimeMissingError, WiCoreError
 
 log = logging.getLogger(__name__)
@@ -354,36 +355,8 @@ class Device:
             )
 
 
-# plugin EPs WiCore knows: (Python package, the name its library is registered under)
-PLUGIN_EPS = (("onnxruntime_ep_webgpu", "webgpu"),)
-
-
-@cache
-def register_plugin_eps() -> tuple[str, ...]:
-    """Register the library of every plugin EP package installed with ONNX Runtime's environment
-    (once a process): their EPs then count as available providers and sessions name them as the
-    built-in ones. Returns the registration names; a library ONNX Runtime refuses (a plugin built
-    for a newer ONNX Runtime, say) is left out with a warning."""
-    import importlib
-
-    ort = onnxruntime()
-    registered = []
-    for package, name in PLUGIN_EPS:
-        try:
-            plugin = importlib.import_module(package)
-        except ImportError:
-            continue
-        try:
-            ort.register_execution_provider_library(name, plugin.get_library_path())
-        except Exception as exc:
-            log.warning("the %s plugin EP (%s) was not registered with ONNX Runtime: %s", name, package, exc)
-            continue
-        registered.append(name)
-    return tuple(registered)
-
-
 def installed_providers() -> list[str]:
-    register_plugin_eps()
+    register_plugin_eps(onnxruntime())
     return list(onnxruntime().get_available_providers())
 
 
@@ -402,6 +375,7 @@ def parse_device(spec: str, is_installed: bool = True) -> Device:
         raise DeviceError(f"unknown device {spec!r}; known: {', '.join(CAPABILITIES)}")
     if is_installed and cap.provider not in installed_providers():
         have = ", ".join(d.label for d in available_devices()) or "none"
-        hint = f"; {cap.absent_hint}" if cap.absent_hint else ""
+        refused = plugin_refusals.get(cap.name)
+        hint = f"; {refused}" if refused else (f"; {cap.absent_hint}" if cap.absent_hint else "")
         raise DeviceError(f"{spec}: {cap.provider} is not in this ONNX Runtime build (available: {have}); {EXTRAS}{hint}")
     return Device(cap, index or cap.default_index)
