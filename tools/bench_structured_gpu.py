@@ -130,6 +130,8 @@ def run_mode(engine: Engine, mode: str, config: Config) -> dict[str, Any]:
         max_tokens = 2 + NUM_WARMUP_STEPS + config.steps + STAGGER_SLACK
         vocab = graphs.manifest.config.vocab_size
         core = engine.core  # driven here, step by step (the engine's loop thread is not started)
+        mask_stats = core.runner.masks.stats
+        waits_before, wait_s_before = mask_stats.num_waits, mask_stats.wait_seconds
         ids = []
         for i, p in enumerate(params_of(mode, config, max_tokens)):
             ids.append(f"{mode}-{i}")
@@ -164,6 +166,9 @@ def run_mode(engine: Engine, mode: str, config: Config) -> dict[str, Any]:
         "decode_tok_s": config.batch / step,
         "tokens": num_tokens,
         "wall_tok_s": num_tokens / wall,  # prefill and the grammar compiles included
+        # steps whose sampling waited for the grammar masks after the graphs had run, and how long
+        "mask_waits": mask_stats.num_waits - waits_before,
+        "mask_wait_ms": 1000 * (mask_stats.wait_seconds - wait_s_before),
     }
 
 
