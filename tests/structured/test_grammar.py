@@ -15,7 +15,6 @@ from wicore.errors import StructuredOutputError
 from wicore.structured.bitmask import allowed_ids, apply_bitmask, num_words
 from wicore.structured.compiler import GrammarCompiler, GrammarLimits, vocabulary
 from wicore.structured.spec import StructuredKind, StructuredOutput
-from wicore.structured.state import MaskPool
 
 EOS = 1
 
@@ -99,29 +98,6 @@ def test_draft_masks_are_the_masks_after_each_draft_prefix_and_leave_the_state_a
     cut = state.num_valid(refused)
     assert not masks[cut + 1 :].any()  # past the refused token: nothing
     assert state.num_tokens == 0 and ids_of(state.masks()[0], bpe) == ids_of(masks[0], bpe)
-
-
-def test_the_pool_fills_each_states_masks_as_one_by_one_and_leaves_the_states_alone(compiler, bpe):
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}}, "required": ["n", "s"]}
-    json_state = compiler.start(StructuredOutput(StructuredKind.JSON, json.dumps(schema), "response_format"))
-    for token in bpe.encode('{"n": 12, "s": "ab', add_special_tokens=False).ids:  # inside a free string
-        assert json_state.accept(token)
-    pairs = [
-        (compiler.start(regex("(ab|cd)+x")), bpe.encode("abcdab", add_special_tokens=False).ids),
-        (json_state, []),
-        (compiler.start(regex("(ab|cd)+x")), bpe.encode("abzz", add_special_tokens=False).ids),  # refused inside
-        (compiler.start(regex("[0-9]+")), []),
-    ]
-    before = [state.num_tokens for state, _ in pairs]
-    out = np.zeros((sum(len(d) + 1 for _, d in pairs), num_words(bpe.get_vocab_size())), np.int32)
-    firsts = MaskPool().fill(pairs, out)
-    d1, d3 = len(pairs[0][1]), len(pairs[2][1])
-    assert firsts == [0, d1 + 1, d1 + 2, d1 + 2 + d3 + 1]  # consecutive: a state's rows, then the next's
-    for (state, drafts), first in zip(pairs, firsts):
-        np.testing.assert_array_equal(out[first : first + len(drafts) + 1], state.masks(drafts))
-    assert [state.num_tokens for state, _ in pairs] == before
-    cut = pairs[2][0].num_valid(pairs[2][1])
-    assert 0 < cut < d3 and not out[firsts[2] + cut + 1 : firsts[3]].any()  # past the refused draft token
 
 
 def test_rollback_returns_to_the_earlier_mask(compiler, bpe):

@@ -2,7 +2,7 @@
 
     add_request ──► Grammars.start(params) ──► Request.grammar (GrammarState, or None)
     schedule    ──► rows carry it; a draft is cut at the first token it refuses
-    execute     ──► MaskWorker.start(rows) ─┐ (its own thread; llguidance's pool, without the GIL)
+    execute     ──► MaskWorker.start(rows) ─┐ (its own thread: llguidance drops the GIL)
                     graphs.run(...)         │ the model runs meanwhile
                     sampler(logits, mask) ◄─┘ waits only if the masks are not done yet
     update      ──► GrammarState.accept(token) for each new token; finished grammar -> "stop"
@@ -28,7 +28,7 @@ from wicore.errors import RequestError, StructuredOutputError
 from wicore.inputs.tokenizer import Tokenizer
 from wicore.structured.compiler import GrammarCompiler, GrammarLimits, vocabulary
 from wicore.structured.spec import StructuredOutput
-from wicore.structured.state import GrammarState, MaskPool
+from wicore.structured.state import GrammarState
 from wicore.types.sampling import SamplingParams
 from wicore.types.step import ScheduledRow
 
@@ -138,12 +138,10 @@ NO_MASKS = StepMasks(None)
 
 
 class MaskWorker:
-    """Computes a step's masks on one thread of its own, started before the step's graphs run; that
-    thread hands all the step's masks to llguidance's pool at once (`fill_masks_par`)."""
+    """Computes a step's masks on one thread of its own, started before the step's graphs run."""
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
-        self._masks: MaskPool | None = None
         self.stats = MaskStats()
 
     def start(self, rows: Sequence[ScheduledRow]) -> StepMasks:
@@ -152,10 +150,8 @@ class MaskWorker:
             return NO_MASKS
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="wicore-masks")
-            self._masks = MaskPool()
-        assert self._masks is not None
         self.stats.num_steps += 1
-        return StepMasks(self._pool.submit(_masks, self._masks, wanted), self.stats)
+        return StepMasks(self._pool.submit(_masks, wanted), self.stats)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -163,13 +159,9 @@ class MaskWorker:
             self._pool = None
 
 
-def _masks(pool: MaskPool, rows: list[ScheduledRow]) -> dict[str, np.ndarray]:
-    """Each row's masks ([len(drafts) + 1, words] views of one array), computed in one call."""
-    states = []
+def _masks(rows: list[ScheduledRow]) -> dict[str, np.ndarray]:
+    out = {}
     for row in rows:
         assert row.grammar is not None
-        states.append((row.grammar, row.draft_ids))
-    sizes = [len(drafts) + 1 for _, drafts in states]
-    out = np.zeros((sum(sizes), states[0][0].num_words), np.int32)
-    firsts = pool.fill(states, out)
-    return {row.request_id: out[first : first + size] for row, first, size in zip(rows, firsts, sizes)}
+        out[row.request_id] = row.grammar.masks(row.draft_ids)
+    return out

@@ -2,7 +2,6 @@
 
     fill_masks(out, drafts)   out[0]: the mask at the current position; out[i]: after drafts[:i]
                               (a draft the grammar refuses leaves the rows after it all zero)
-    MaskPool.fill(...)        the same for many states at once, on llguidance's thread pool
     accept(token)             the token was generated: advance
     rollback(n)               forget the last n accepted tokens
     num_valid(tokens)         how many of `tokens`, in order, the grammar allows from here
@@ -16,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from llguidance import LLExecutor, LLMatcher
-from llguidance.numpy import fill_next_token_bitmask_par, fill_next_token_bitmask_par_with_draft_tokens
+from llguidance import LLMatcher
 
 from wicore.structured.bitmask import num_words
 
@@ -84,34 +82,3 @@ class GrammarState:
     def is_accepting(self) -> bool:
         """The output so far is complete (more may still follow)."""
         return self._matcher.is_accepting()
-
-
-class MaskPool:
-    """llguidance's thread pool (threads: 80% of the cores, up to 32, its default), for the masks of
-    many states at once."""
-
-    def __init__(self) -> None:
-        self._executor = LLExecutor()
-
-    def fill(self, states: Sequence[tuple[GrammarState, Sequence[int]]], out: np.ndarray) -> list[int]:
-        """`fill_masks` of every (state, draft ids) into consecutive rows of `out` (all zeros on entry,
-        [sum(len(drafts) + 1), num_words] int32), computed outside the GIL; the states are left where
-        they were. Returns each state's first row.
-
-        One call instead of one mask after another: a mask inside a free JSON string costs ~0.1-1 ms
-        (most of the vocabulary to check), and a step of 32 constrained rows would otherwise compute
-        them one by one while the graphs run."""
-        rows, firsts, plain, drafted = 0, [], [], []
-        for state, drafts in states:
-            firsts.append(rows)
-            if drafts:
-                drafted.append((state._matcher, rows, list(drafts)))
-            else:
-                plain.append((state._matcher, rows))
-            rows += len(drafts) + 1
-        assert out.dtype == np.int32 and out.flags.c_contiguous and out.shape[0] == rows
-        if plain:
-            fill_next_token_bitmask_par(self._executor, plain, out)
-        if drafted:  # llguidance takes no empty draft here
-            fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, out)
-        return firsts
