@@ -92,3 +92,31 @@ def test_a_graph_onnx_runtime_cannot_load_is_reported_not_raised():
     report = session_placement("mixed.onnx", mixed_graph(), None, "CPUExecutionProvider", None)
     assert report.error is not None and "Frobnicate" in report.error
     assert report.verdict() == f"no placement: {report.error}"
+
+
+def quantized_graph() -> object:
+    """GatherBlockQuantized (com.microsoft, which ONNX's inference does not type) feeding standard ops."""
+    inputs = [
+        helper.make_tensor_value_info("data", TensorProto.UINT8, [16, 4]),
+        helper.make_tensor_value_info("ids", TensorProto.INT64, [3]),
+        helper.make_tensor_value_info("scales", TensorProto.FLOAT, [16, 1]),
+        helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 2]),
+    ]
+    nodes = [
+        helper.make_node("GatherBlockQuantized", ["data", "ids", "scales"], ["rows"], name="embed", domain="com.microsoft"),
+        helper.make_node("MatMul", ["rows", "w"], ["y"], name="proj"),
+        helper.make_node("Shape", ["y"], ["shape"], name="shape"),
+        helper.make_node("ReduceProd", ["shape"], ["count"], name="count", keepdims=0),
+    ]
+    outputs = [helper.make_tensor_value_info("count", TensorProto.INT64, [])]
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(helper.make_graph(nodes, "quantized", inputs, outputs), opset_imports=opsets, ir_version=9)
+
+
+def test_types_carry_past_an_op_onnx_cannot_type():
+    typed = [(n.op_type, n.dtype) for n in graph_nodes(quantized_graph())]
+    # the dequantized rows are float (its scales' type), so is the MatMul; Shape's output is int64
+    assert typed == [("GatherBlockQuantized", "uint8"), ("MatMul", "float"), ("Shape", "float"), ("ReduceProd", "int64")]
+    report = listed_placement("quantized.onnx", quantized_graph(), "CUDAExecutionProvider")
+    # docs/OperatorKernels.md: the CUDA EP's ReduceProd 18+ takes double, float, float16, int32
+    assert report.verdict() == "1 of 4 nodes fall back to the CPU: ReduceProd (int64) x1"

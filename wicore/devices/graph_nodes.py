@@ -2,9 +2,11 @@
 matches against an EP's published operator list (op_tables) and labels ONNX Runtime's placement with.
 
 ONNX's shape inference types the standard ops; it does not know ONNX Runtime's contrib ops
-(com.microsoft) or WiCore's own, so their outputs are typed here as their first input (true of
-MatMulNBits, RotaryEmbedding, FastGelu, PagedAttention, MultiHeadAttention, SimplifiedLayerNormalization),
-and a node whose deciding input is still untyped keeps dtype None: "any type" to the lists.
+(com.microsoft) or WiCore's own, and stops typing past them. The gaps are filled here in one pass
+(output_types): a contrib op's outputs as its first input (true of MatMulNBits, RotaryEmbedding,
+FastGelu, PagedAttention, MultiHeadAttention) or the input that OUTPUT_OF_INPUT names, a standard
+op's by its rule (Shape: int64, Less: bool, Cast: its `to`, ...). A node whose deciding input stays
+untyped keeps dtype None: "any type" to the lists.
 Weights are not read (external data stays on disk).
 """
 
@@ -19,6 +21,13 @@ from onnx import helper
 from wicore.devices.op_tables import TYPED_INPUT
 
 DEFAULT_DOMAIN = "ai.onnx"
+INT64_OUTPUTS = frozenset({"Shape", "Size", "ArgMax", "ArgMin", "NonZero"})
+BOOL_OUTPUTS = frozenset(
+    {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Not", "IsNaN", "IsInf"}
+)
+# ops whose outputs take the type of an input other than the first: Where's values, the dequantized
+# rows of GatherBlockQuantized (its scales' type)
+OUTPUT_OF_INPUT = {("ai.onnx", "Where"): 1, ("com.microsoft", "GatherBlockQuantized"): 2}
 
 
 @dataclass(frozen=True)
@@ -50,14 +59,34 @@ def graph_nodes(model: onnx.ModelProto) -> list[GraphNode]:
         domain = node.domain or DEFAULT_DOMAIN
         if node.op_type == "Constant":
             types.setdefault(node.output[0], _constant_type(node))
-        inputs = [types.get(name) for name in node.input if name]
-        for output in node.output:  # typed as the first input where inference could not
-            if output and output not in types and inputs and inputs[0]:
-                types[output] = inputs[0]
+        for output, element in zip(node.output, output_types(node, [types.get(name) for name in node.input])):
+            if output and output not in types and element:
+                types[output] = element
         index = TYPED_INPUT.get((domain, node.op_type), 0)
         element = types.get(node.input[index]) if len(node.input) > index and node.input[index] else None
         nodes.append(GraphNode(node.name, domain, node.op_type, type_name(element) if element else None))
     return nodes
+
+
+def output_types(node: onnx.NodeProto, inputs: list[int | None]) -> list[int | None]:
+    """The element types of `node`'s outputs from its inputs': what the graph's own inference leaves
+    out downstream of an op it does not know (graph order is topological, so one pass types all)."""
+    first = inputs[0] if inputs else None
+    key = (node.domain or DEFAULT_DOMAIN, node.op_type)
+    if key in OUTPUT_OF_INPUT:
+        index = OUTPUT_OF_INPUT[key]
+        return [inputs[index] if len(inputs) > index else None] * len(node.output)
+    if node.op_type in INT64_OUTPUTS:
+        return [onnx.TensorProto.INT64] * len(node.output)
+    if node.op_type in BOOL_OUTPUTS:
+        return [onnx.TensorProto.BOOL] * len(node.output)
+    if node.op_type == "Cast":
+        return [next((a.i for a in node.attribute if a.name == "to"), None)]
+    if node.op_type == "ConstantOfShape":
+        return [next((a.t.data_type for a in node.attribute if a.name == "value"), onnx.TensorProto.FLOAT)]
+    if node.op_type == "TopK":
+        return [first, onnx.TensorProto.INT64]
+    return [first] * len(node.output)
 
 
 def type_name(element_type: int) -> str:
