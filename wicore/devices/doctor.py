@@ -35,10 +35,10 @@ OTHER_PROVIDERS = {"coreml": "CoreMLExecutionProvider", "qnn": "QNNExecutionProv
 NAMES_SHOWN = 3  # node names a row shows
 _FORCED = re.compile(r"Force fallback to CPU execution for node (.+?) because")
 
-SHAPE_MATH = "taken, then moved to the CPU by ORT as cheaper there"
-NO_KERNEL = "not taken by the EP (no kernel for this op or type)"
-NOT_LISTED = "not in the EP's list for this type"
-UNLISTED = "the list does not cover it"
+SHAPE_MATH = "taken, then moved to the CPU by ORT (cheaper there)"
+NO_KERNEL = "not taken by the EP"
+NOT_LISTED = "not in its list for this type"
+UNLISTED = "not covered by its list"
 
 
 def known_providers() -> dict[str, str]:
