@@ -60,7 +60,17 @@ def test_the_cuda_list_answers_taken_not_taken_and_unknown():
     assert table.support("com.microsoft", "PagedAttention", "float") is Support.NOT_TAKEN  # bfloat16, float16 only
     assert table.support("com.microsoft", "PagedAttention", "float16") is Support.TAKEN
     assert table.support("example.custom", "Frobnicate", "float") is Support.UNKNOWN
-    assert op_table("DmlExecutionProvider") is None  # no list kept: unknown, never guessed
+    assert op_table("CANNExecutionProvider") is None  # no list kept: unknown, never guessed
+
+
+def test_the_directml_list_has_no_int64_mod_and_no_gather_block_quantized():
+    table = op_table("DmlExecutionProvider")
+    assert table is not None
+    # docs/OperatorKernels.md: DirectML's Mod 13+ takes float, float16, int16, int32, int8, uint16, uint32, uint8
+    assert table.support("ai.onnx", "Mod", "int64") is Support.NOT_TAKEN
+    assert table.support("ai.onnx", "Mod", "int32") is Support.TAKEN
+    assert table.support("com.microsoft", "GatherBlockQuantized", "uint8") is Support.NOT_TAKEN  # absent from the list
+    assert table.support("com.microsoft", "MatMulNBits", "float16") is Support.TAKEN
 
 
 def test_a_published_list_names_what_the_ep_does_not_take_and_what_it_does_not_know():
@@ -77,9 +87,9 @@ def test_a_published_list_names_what_the_ep_does_not_take_and_what_it_does_not_k
 
 
 def test_an_ep_without_a_list_is_unknown_for_every_node():
-    report = listed_placement("mixed.onnx", mixed_graph(), "DmlExecutionProvider")
-    assert report == GraphReport("mixed.onnx", "DmlExecutionProvider", "published list: none", 5, (), has_list=False)
-    assert report.verdict() == "unknown for all 5 nodes: no published operator list of DmlExecutionProvider is kept in WiCore"
+    report = listed_placement("mixed.onnx", mixed_graph(), "CANNExecutionProvider")
+    assert report == GraphReport("mixed.onnx", "CANNExecutionProvider", "published list: none", 5, (), has_list=False)
+    assert report.verdict() == "unknown for all 5 nodes: no published operator list of CANNExecutionProvider is kept in WiCore"
 
 
 def test_onnx_runtime_places_every_node_on_the_cpu_ep():

@@ -37,7 +37,7 @@ _FORCED = re.compile(r"Force fallback to CPU execution for node (.+?) because")
 
 SHAPE_MATH = "taken, then moved to the CPU by ORT (cheaper there)"
 NO_KERNEL = "not taken by the EP"
-NOT_LISTED = "not in its list for this type"
+NOT_LISTED = "not in its list (this op, or this type)"
 UNLISTED = "not covered by its list"
 
 
