@@ -60,7 +60,7 @@ def test_the_cuda_list_answers_taken_not_taken_and_unknown():
     assert table.support("com.microsoft", "PagedAttention", "float") is Support.NOT_TAKEN  # bfloat16, float16 only
     assert table.support("com.microsoft", "PagedAttention", "float16") is Support.TAKEN
     assert table.support("example.custom", "Frobnicate", "float") is Support.UNKNOWN
-    assert op_table("CANNExecutionProvider") is None  # no list kept: unknown, never guessed
+    assert op_table("TensorrtExecutionProvider") is None  # no list kept: unknown, never guessed
 
 
 def test_the_directml_list_has_no_int64_mod_and_no_gather_block_quantized():
@@ -87,9 +87,18 @@ def test_a_published_list_names_what_the_ep_does_not_take_and_what_it_does_not_k
 
 
 def test_an_ep_without_a_list_is_unknown_for_every_node():
-    report = listed_placement("mixed.onnx", mixed_graph(), "CANNExecutionProvider")
-    assert report == GraphReport("mixed.onnx", "CANNExecutionProvider", "published list: none", 5, (), has_list=False)
-    assert report.verdict() == "unknown for all 5 nodes: no published operator list of CANNExecutionProvider is kept in WiCore"
+    report = listed_placement("mixed.onnx", mixed_graph(), "TensorrtExecutionProvider")
+    assert report == GraphReport("mixed.onnx", "TensorrtExecutionProvider", "published list: none", 5, (), has_list=False)
+    assert report.verdict() == "unknown for all 5 nodes: no published operator list of TensorrtExecutionProvider is kept in WiCore"
+
+
+def test_the_cann_graph_modes_list_names_ops_not_types_and_takes_no_contrib_op():
+    report = listed_placement("quantized.onnx", quantized_graph(), "CANNExecutionProvider")
+    # cann_graph.cc: MatMul, Shape and ReduceProd are in cann_supported_ops (any type); com.microsoft never
+    assert report.verdict() == "1 of 4 nodes fall back to the CPU: com.microsoft.GatherBlockQuantized (uint8) x1"
+    assert listed_placement("standard.onnx", standard_graph(), "CANNExecutionProvider").verdict() == (
+        "all 4 nodes on CANNExecutionProvider, by its list"
+    )
 
 
 def test_onnx_runtime_places_every_node_on_the_cpu_ep():

@@ -83,7 +83,8 @@ class GraphReport:
         if not self.has_list:
             return f"unknown for all {self.num_nodes} nodes: no published operator list of {self.provider} is kept in WiCore"
         if not self.fallbacks and not self.unknown:
-            return f"all {self.num_nodes} nodes on {self.provider}"
+            by_list = "" if self.source.startswith("ORT placement") else ", by its list"
+            return f"all {self.num_nodes} nodes on {self.provider}{by_list}"
         parts = []
         if self.fallbacks:
             ops = ", ".join(f"{g.label} x{len(g.names)}" for g in self.fallbacks)

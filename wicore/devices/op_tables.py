@@ -9,7 +9,7 @@ ops WiCore's exports use, the element types the EP's kernel takes. Three answers
     op not in the file, or no file for the EP -> unknown
 
 A file: {"ep": ONNX Runtime's name, "source": address, "version", "taken": day, "absent": ["domain::Op",
-...] looked for and not listed, "ops": {domain: {op: [element types]}}}.
+...] looked for and not listed, "ops": {domain: {op: [element types, or "*" where the list names none]}}}.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 
 TABLES = Path(__file__).parent / "op_support"
 
+ANY_TYPE = "*"  # a list that names ops without their types (CANN's graph mode)
 # The input whose element type picks the kernel, where it is not the first (Where's is its condition).
 TYPED_INPUT = {("ai.onnx", "Where"): 1}
 
@@ -50,7 +51,7 @@ class OpTable:
         types = self.ops.get(key)
         if types is None:
             return Support.UNKNOWN
-        return Support.TAKEN if dtype is None or dtype in types else Support.NOT_TAKEN
+        return Support.TAKEN if dtype is None or ANY_TYPE in types or dtype in types else Support.NOT_TAKEN
 
     @property
     def citation(self) -> str:
