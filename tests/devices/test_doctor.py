@@ -89,7 +89,9 @@ def test_a_published_list_names_what_the_ep_does_not_take_and_what_it_does_not_k
 def test_an_ep_without_a_list_is_unknown_for_every_node():
     report = listed_placement("mixed.onnx", mixed_graph(), "TensorrtExecutionProvider")
     assert report == GraphReport("mixed.onnx", "TensorrtExecutionProvider", "published list: none", 5, (), has_list=False)
-    assert report.verdict() == "unknown for all 5 nodes: no published operator list of TensorrtExecutionProvider is kept in WiCore"
+    assert (
+        report.verdict() == "unknown for all 5 nodes: no published operator list of TensorrtExecutionProvider is kept in WiCore"
+    )
 
 
 def test_the_cann_graph_modes_list_names_ops_not_types_and_takes_no_contrib_op():
