@@ -100,3 +100,24 @@ def test_an_unknown_ep_is_one_line_and_exit_2(tmp_path, capsys):
         "wicore: error: --ep tpu: unknown execution provider; known: cpu, cuda, tensorrt, openvino, migraphx, cann, dml, "
         "webgpu, coreml, qnn, rocm (or 'all')\n"
     )
+
+
+@pytest.mark.slow  # the tiny export
+def test_the_sampling_head_built_at_load_is_a_graph_of_its_own(tiny_export, tmp_path, capsys):
+    import json
+
+    from wicore.graph.sampling import head_model
+
+    folder, _ = tiny_export()
+    copy = tmp_path / "with-head"
+    copy.mkdir()
+    for path in folder.iterdir():
+        (copy / path.name).symlink_to(path)
+    (copy / "wicore.json").unlink()
+    manifest = json.loads((folder / "wicore.json").read_text())
+    (copy / "wicore.json").write_text(json.dumps({**manifest, "sampling_head": True}))
+    head = head_model(manifest["config"]["vocab_size"]).graph
+    code, lines, _ = doctor(capsys, str(copy), "--ep", "cuda")
+    assert code == 0
+    assert lines[0] == f"{copy}: 2 graphs (part-00.onnx, sampling head (built at load))"
+    assert lines[-1] == f"  sampling head (built at load): all {len(head.node)} nodes on CUDAExecutionProvider, by its list"
