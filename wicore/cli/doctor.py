@@ -19,7 +19,11 @@ def add_doctor(sub: argparse._SubParsersAction) -> None:
         help="list the nodes of an export each execution provider would leave to the CPU (ORT's placement where "
         "the EP is installed, its published operator list where not)",
     )
-    p.add_argument("model", help="an exported model folder, or a packaged name (exported on first use, as serve does)")
+    p.add_argument(
+        "model",
+        help="an exported model folder, or what serve takes (a packaged name, a .gguf file, a Hugging Face folder or "
+        "Hub id: exported on first use, as serve does)",
+    )
     p.add_argument(
         "--ep",
         action="append",
@@ -29,7 +33,12 @@ def add_doctor(sub: argparse._SubParsersAction) -> None:
         "dml, webgpu, coreml, qnn (or ONNX Runtime's name); repeat or separate by commas; 'all' for every one "
         "(default: those installed here)",
     )
-    p.add_argument("--devices", default="cpu", help="the devices a packaged name is exported for, as serve's (default: cpu)")
+    p.add_argument(
+        "--devices",
+        default="cpu",
+        help="the devices a model that is not yet exported is exported for, as serve's --devices, installed here or not "
+        "(default: cpu)",
+    )
     p.set_defaults(func=run_doctor)
 
 
@@ -83,13 +92,14 @@ def kernels_for(model_dir: Path, provider: str) -> Path | None:
 
 def run_doctor(args: argparse.Namespace) -> int:
     from wicore.cli.models import resolve_model
+    from wicore.cli.plan import is_model_name_or_path
     from wicore.devices.doctor import placement
 
     providers = chosen_providers(args.ep)
-    path = Path(args.model)
-    if not path.exists() and not is_model_name(args.model):
+    if not is_model_name_or_path(args.model):
         raise UsageError(f"{args.model}: no such model folder; give an exported model's folder or a packaged name")
-    model_dir = resolve_model(args.model, args.devices)
+    # the flavour serve would export for --devices, whether or not they are installed here
+    model_dir = resolve_model(args.model, args.devices, is_installed=False)
     graphs = list(export_graphs(model_dir))
     print(f"{model_dir}: {len(graphs)} graph{'s' if len(graphs) > 1 else ''} ({', '.join(label for label, _, _ in graphs)})")
     for provider in providers:
@@ -102,10 +112,3 @@ def run_doctor(args: argparse.Namespace) -> int:
                 shown = ", ".join(group.names[:3]) + (", ..." if len(group.names) > 3 else "")
                 print(f"    {group.label:<32} x{len(group.names):<5} {group.reason}: {shown}")
     return 0
-
-
-def is_model_name(spec: str) -> bool:
-    from wicore.export.pull import PULLABLE
-    from wicore.export.sources import PACKAGED
-
-    return spec in PACKAGED or spec in PULLABLE
