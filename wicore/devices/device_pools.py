@@ -10,8 +10,8 @@ allocator for that device), bound in place by the step graphs, and paged by the 
 (wicore.kv.device_store) as on CUDA. How ONNX Runtime's Python API (1.32) names each EP's memory:
 
     EP         ort_device   OrtDevice it makes                     allocator the binding uses
-    dml:N      ("dml", N)   GPU, default memory, vendor 0x1414      GetDmlAllocator (a DirectML build)
-    cann:N     ("cann", N)  NPU, default memory, vendor 0x19E5      GetCannAllocator (a CANN build)
+    dml:N      ("dml", N)   GPU, default memory, vendor 0x1414      GetDmlAllocator (a DirectML build), "DML"
+    cann:N     ("cann", N)  NPU, default memory, vendor 0x19E5      GetCannAllocator (a CANN build), "Cann"
     migraphx:N ("gpu", N)   GPU, default memory, no vendor; the     GetMIGraphXAllocator (a MIGraphX
                             pools' zeros ask for vendor 0x1002      build); IOBinding's bind_input /
                             (AMD, OrtValue.ortvalue_from_numpy's    bind_output take no vendor, so the
