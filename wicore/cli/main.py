@@ -1,4 +1,5 @@
-"""`wicore`: run an exported model (`generate`, `serve`), or plan where it runs and what fits (`plan`, wicore.cli.plan)."""
+"""`wicore`: run an exported model (`generate`, `serve`), plan where it runs and what fits (`plan`, wicore.cli.plan),
+or list what each execution provider would leave to the CPU (`doctor`, wicore.cli.doctor)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import wicore
 from wicore.cli.bench import add_bench
 from wicore.cli.cluster import add_cluster_args, wants_cluster
+from wicore.cli.doctor import add_doctor
 from wicore.cli.engine_args import add_engine_args, engine_config
 from wicore.cli.flags import as_flags
 from wicore.cli.generate import add_generate
@@ -323,6 +325,7 @@ def parse_command_line(argv: list[str] | None = None) -> argparse.Namespace:
     add_plan(sub)
     add_pull(sub)
     add_bench(sub)
+    add_doctor(sub)
     args = ap.parse_args(argv)
     args.command_line = argv
     return args

@@ -34,8 +34,9 @@ LARGEST_FILL = 2**31 - 1
 def by_graph(device: Device, shape: Sequence[int]) -> bool:
     """Whether zeros() makes this buffer by a graph run: where the output lands in the memory the
     sessions allocate from (the CPU, the CUDA EP) and the fill kernel reaches every element.
-    Otherwise (TensorRT, a tensor of more than LARGEST_FILL elements) it is made as before: zeros
-    copied from the host through the binding's own allocator."""
+    Otherwise (TensorRT, MIGraphX, CANN and DirectML with WICORE_DEVICE_POOLS, a tensor of more than
+    LARGEST_FILL elements) it is made as before: zeros copied from the host through the binding's own
+    allocator."""
     if math.prod(shape) > LARGEST_FILL:
         return False
     return device.ort_device[0] == "cpu" or device.capability.shares_cuda_arena
@@ -45,7 +46,9 @@ def zeros(device: Device, shape: Sequence[int], dtype: Any) -> Any:
     """A new OrtValue of `shape` and `dtype`, all zeros, in `device`'s memory (its ort_device)."""
     kind, index = device.ort_device
     if not by_graph(device, shape):
-        return onnxruntime().OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), kind, index)
+        vendor = device.capability.device_vendor  # MIGraphX's "gpu" names none (device_pools.py)
+        extra = {} if vendor is None or kind == "cpu" else {"vendor_id": vendor}
+        return onnxruntime().OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), kind, index, **extra)
     session = _session(device, np.dtype(dtype).str, len(shape))
     binding = session.io_binding()
     binding.bind_cpu_input("shape", np.array(shape, np.int64))

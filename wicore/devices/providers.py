@@ -10,9 +10,9 @@ a `Device` what it can do and never tests an EP's name.
     cuda:N           CUDAExecutionProvider          cuda, N
     tensorrt:N       TensorrtExecutionProvider      cuda, N
     openvino:TYPE    OpenVINOExecutionProvider      cpu (OpenVINO copies in and out)
-    migraphx:N       MIGraphXExecutionProvider      cpu (bound through host memory)
-    cann:N           CANNExecutionProvider          cpu (bound through host memory)
-    dml:N            DmlExecutionProvider           cpu (bound through host memory)
+    migraphx:N       MIGraphXExecutionProvider      cpu (host memory); gpu, N with WICORE_DEVICE_POOLS
+    cann:N           CANNExecutionProvider          cpu (host memory); cann, N with WICORE_DEVICE_POOLS
+    dml:N            DmlExecutionProvider           cpu (host memory); dml, N with WICORE_DEVICE_POOLS
     webgpu:0         WebGpuExecutionProvider        webgpu (a plugin EP: onnxruntime-ep-webgpu)
 
 A plugin EP ships as a library of its own, outside the `onnxruntime` wheel; ONNX Runtime offers it
@@ -20,21 +20,25 @@ once the library is registered with its environment (register_plugin_eps, which 
 the installed providers does). The WebGPU plugin picks its adapter itself (Dawn over Vulkan, Metal
 or D3D12); ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 in the environment before that first look lets it
 take a CPU one (Mesa's lavapipe: how CI runs it, docs/HARDWARE.md).
+
+MIGraphX, CANN and DirectML can keep their OrtValues in their own memory too (`device_memory`), by
+the CUDA pools' mechanism; no run has shown it yet, so it stays off unless WICORE_DEVICE_POOLS names
+the EP (wicore.devices.device_pools says what each name means to ONNX Runtime).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import shutil
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from wicore.devices.device_pools import requested
+from wicore.devices.free_memory import host_free_bytes, nvidia_free_bytes, unknown_free_bytes
 from wicore.devices.plugins import plugin_refusals, register_plugin_eps
 from wicore.errors import RuntimeMissingError, WiCoreError
 
@@ -121,70 +125,6 @@ def shared_cuda_arena(index: int) -> bool:
     return True
 
 
-# -- free memory readers -----------------------------------------------------------------
-def host_free_bytes(_: str, proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """Memory the host can give without swapping: MemAvailable, within the cgroup's limit.
-
-    Not MemFree: page cache (the exported model just written, say) is reclaimable, and a
-    machine that has written a few GB holds most of its memory as cache.
-    """
-    available = _meminfo_kib(proc / "meminfo", "MemAvailable")
-    if available is None:
-        try:
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError):
-            return None
-    free = available << 10
-    v1 = ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")
-    for limit, usage in (("memory.max", "memory.current"), v1):
-        room = _cgroup_room(cgroup / limit, cgroup / usage)
-        if room is not None:
-            return min(free, room)
-    return free
-
-
-def _meminfo_kib(path: Path, field: str) -> int | None:
-    try:
-        for line in path.read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name == field:
-                return int(value.split()[0])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _cgroup_room(limit_file: Path, usage_file: Path) -> int | None:
-    """limit - usage of a memory cgroup, None without a limit ("max", or v1's huge sentinel)."""
-    try:
-        limit, usage = limit_file.read_text().strip(), int(usage_file.read_text())
-    except (OSError, ValueError):
-        return None
-    if not limit.isdigit() or int(limit) >= 1 << 60:
-        return None
-    return max(0, int(limit) - usage)
-
-
-def nvidia_free_bytes(index: str) -> int | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", index],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-        return int(out.strip().splitlines()[0]) << 20
-    except (subprocess.SubprocessError, ValueError, IndexError, OSError):
-        return None
-
-
-def unknown_free_bytes(_: str) -> int | None:
-    return None
-
-
 @dataclass(frozen=True)
 class Capability:
     """What one execution provider is and can do."""
@@ -205,9 +145,18 @@ class Capability:
     options: tuple[tuple[str, str], ...] = ()  # provider options it always gets
     shares_cuda_arena: bool = False  # its sessions on one device may allocate from one arena (shared_cuda_arena)
     absent_hint: str = ""  # what else, beyond its package, it needs to be offered (said when it is not)
+    # Its own memory as ONNX Runtime's Python API names it, where ort_device is "cpu" only until a run
+    # shows the pools work there (WICORE_DEVICE_POOLS switches it on: wicore.devices.device_pools);
+    # `device_vendor`: the PCI vendor an allocation there asks for, where the name carries none.
+    device_memory: str | None = None
+    device_vendor: int | None = None
 
     def provider_options(self, index: str) -> dict[str, str]:
         return {**dict(self.options), **({self.option_key: index} if self.option_key else {})}
+
+    def with_device_pools(self) -> Capability:
+        """This EP with its OrtValues (the KV pools first) in its own memory."""
+        return dataclasses.replace(self, ort_device=self.device_memory or self.ort_device)
 
 
 CAPABILITIES: dict[str, Capability] = {
@@ -274,12 +223,32 @@ CAPABILITIES: dict[str, Capability] = {
             "cpu",
             unknown_free_bytes,
             "device_id",
+            device_memory="gpu",
+            device_vendor=0x1002,  # AMD: "gpu" alone names no vendor (ONNX Runtime has no "migraphx" alias)
         ),
         Capability(
-            "cann", "CANNExecutionProvider", "npu", ("fp16", "fp32"), ("portable",), "0", "cpu", unknown_free_bytes, "device_id"
+            "cann",
+            "CANNExecutionProvider",
+            "npu",
+            ("fp16", "fp32"),
+            ("portable",),
+            "0",
+            "cpu",
+            unknown_free_bytes,
+            "device_id",
+            device_memory="cann",
         ),
         Capability(
-            "dml", "DmlExecutionProvider", "gpu", ("fp16", "fp32"), ("portable",), "0", "cpu", unknown_free_bytes, "device_id"
+            "dml",
+            "DmlExecutionProvider",
+            "gpu",
+            ("fp16", "fp32"),
+            ("portable",),
+            "0",
+            "cpu",
+            unknown_free_bytes,
+            "device_id",
+            device_memory="dml",
         ),
         # The plugin selects its adapter itself (no option picks a device): one device, index 0.
         # OrtValues live on the adapter ("webgpu" memory), so the KV pools stay there.
@@ -363,7 +332,13 @@ def installed_providers() -> list[str]:
 def available_devices() -> list[Device]:
     """One Device per installed provider WiCore knows (index 0 / the default device type)."""
     installed = set(installed_providers())
-    return [Device(c, c.default_index) for c in CAPABILITIES.values() if c.provider in installed]
+    return [device_of(c, c.default_index) for c in CAPABILITIES.values() if c.provider in installed]
+
+
+def device_of(capability: Capability, index: str) -> Device:
+    """The Device of `capability` at `index`, its OrtValues in its own memory where WICORE_DEVICE_POOLS says."""
+    on_device = requested({name: cap.device_memory for name, cap in CAPABILITIES.items()})
+    return Device(capability.with_device_pools() if capability.name in on_device else capability, index)
 
 
 def parse_device(spec: str, is_installed: bool = True) -> Device:
@@ -378,4 +353,4 @@ def parse_device(spec: str, is_installed: bool = True) -> Device:
         refused = plugin_refusals.get(cap.name)
         hint = f"; {refused}" if refused else (f"; {cap.absent_hint}" if cap.absent_hint else "")
         raise DeviceError(f"{spec}: {cap.provider} is not in this ONNX Runtime build (available: {have}); {EXTRAS}{hint}")
-    return Device(cap, index or cap.default_index)
+    return device_of(cap, index or cap.default_index)
