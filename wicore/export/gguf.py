@@ -11,10 +11,24 @@ family's `norm_offset`, 0 for Llama and Qwen). For the `llama` architecture
 it also interleaved the rows of each Q and K head (its RoPE rotates adjacent
 pairs, HF's rotates halves); they are put back in HF's order here, blocks and
 all, as transformers' GGUF loader does (`reverse_permute_weights`).
+
+Mixtures of experts (Qwen3-MoE as `qwen3moe`, Mixtral as `llama` with `expert_count` in the
+header) stack a layer's experts in one tensor a projection, split here into WiCore's
+per-expert [out, in] matrices (wicore.model.weights.expected_shapes), blocks and all (a row's
+blocks never cross experts):
+
+    blk.N.ffn_gate_inp.weight   [E, H]      mlp.router
+    blk.N.ffn_gate_exps.weight  [E, W, H]   mlp.experts.{e}.gate_proj
+    blk.N.ffn_up_exps.weight    [E, W, H]   mlp.experts.{e}.up_proj
+    blk.N.ffn_down_exps.weight  [E, H, W]   mlp.experts.{e}.down_proj
+
+llama.cpp renormalises the top k of every `qwen3moe` (its header has no norm_topk_prob) and of
+Mixtral, as the released models do; a header's `expert_weights_norm` is honoured where present.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +42,8 @@ from wicore.model.families import family_of_gguf
 from wicore.model.quant import BlockQuant, QuantizedTensor
 from wicore.model.weights import LayerWeights
 
+# A layer's stacked experts: GGUF tensor suffix -> the projection of each expert (module doc).
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 # GGUF tensor suffix -> Hugging Face name, and whether it is an RMSNorm weight.
 _LAYER_NAMES: dict[str, tuple[str, bool]] = {
     "attn_q": ("self_attn.q_proj", False),
@@ -42,6 +58,7 @@ _LAYER_NAMES: dict[str, tuple[str, bool]] = {
     "ffn_gate": ("mlp.gate_proj", False),
     "ffn_up": ("mlp.up_proj", False),
     "ffn_down": ("mlp.down_proj", False),
+    "ffn_gate_inp": ("mlp.router", False),
     "attn_norm": ("input_layernorm", True),
     "post_attention_norm": ("post_attention_layernorm", True),
     "ffn_norm": ("pre_feedforward_layernorm", True),
@@ -78,12 +95,14 @@ class GGUFFile:
 
 
 class GGUFSource(GGUFFile):
-    """A GGUF file of a family in wicore.model.families (llama.cpp's `gemma3`, `llama`, `qwen2`, `qwen3`)."""
+    """A GGUF file of a family in wicore.model.families (llama.cpp's `gemma3`, `llama`, `qwen2`, `qwen3`,
+    `qwen3moe`; Mixtral as `llama` with experts)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
+        arch = self._field("general.architecture")
         try:
-            self.family = family_of_gguf(self._field("general.architecture"))
+            self.family = family_of_gguf(arch, int(self._field(f"{arch}.expert_count", 0) or 0))
         except UnsupportedModelError as exc:
             raise UnsupportedModelError(f"{self.path.name}: {exc}") from exc
         self.config = self._read_config() if self.family.name == "gemma3" else self._read_family_config()
@@ -121,7 +140,22 @@ class GGUFSource(GGUFFile):
             pad_token_id=int(self._field("tokenizer.ggml.padding_token_id", eos)),
             family=self.family.name,
             tie_word_embeddings="output.weight" not in self._tensors,
+            **self._experts_config(),
         )
+
+    def _experts_config(self) -> dict[str, Any]:
+        """The mixture-of-experts fields of the config (none for a dense model)."""
+        arch = self.family.gguf_architecture
+        num_experts = int(self._field(f"{arch}.expert_count", 0) or 0)
+        if not num_experts:
+            return {}
+        width = self._field(f"{arch}.expert_feed_forward_length") or self._need(f"{arch}.feed_forward_length")
+        return {
+            "num_experts": num_experts,
+            "num_experts_per_tok": int(self._need(f"{arch}.expert_used_count")),
+            "moe_intermediate_size": int(width),
+            "norm_topk_prob": bool(self._field(f"{arch}.expert_weights_norm", True)),
+        }
 
     def _read_config(self) -> DecoderConfig:
         need = lambda key: self._need(f"gemma3.{key}")
@@ -181,6 +215,19 @@ class GGUFSource(GGUFFile):
             return QuantizedTensor(data, blocks)
         return data
 
+    def _experts(self, name: str) -> list[np.ndarray]:
+        """A stacked experts tensor [E, rows, cols] as one [rows, cols] weight an expert, each
+        carrying its own blocks where the type transcodes (module doc)."""
+        t = self._need_tensor(name)
+        data = read_tensor(t)
+        num_experts = self.config.num_experts
+        if data.ndim != 3 or data.shape[0] != num_experts:
+            raise ModelSourceError(f"{self.path.name}: {name} has shape {data.shape}, not [{num_experts}, rows, cols]")
+        if not can_transcode(t.tensor_type):
+            return list(data)
+        shape = (data.shape[1], data.shape[2])
+        return [QuantizedTensor(data[e], partial(transcode_gguf, t.data[e], t.tensor_type, shape)) for e in range(num_experts)]
+
     def describe(self) -> dict[str, Any]:
         return {
             "kind": "gguf",
@@ -210,6 +257,10 @@ class GGUFSource(GGUFFile):
             if hf in wanted:
                 name = f"blk.{index}.{suffix}" if suffix.endswith(".bias") else f"blk.{index}.{suffix}.weight"
                 tensors[hf] = self._tensor(name, is_norm, permuted.get(suffix, 0))
+        if self.family.is_moe:
+            for suffix, projection in _EXPERT_NAMES.items():
+                for e, weight in enumerate(self._experts(f"blk.{index}.{suffix}.weight")):
+                    tensors[f"mlp.experts.{e}.{projection}"] = weight
         return LayerWeights(index, tensors)
 
     def vision(self) -> None:

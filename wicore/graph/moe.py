@@ -27,7 +27,7 @@ from onnx import TensorProto
 
 from wicore.graph.clamped_swiglu import clamped_swiglu_expert
 from wicore.graph.ops import MS_DOMAIN, Graph
-from wicore.graph.quant import pack_codes
+from wicore.graph.quant import QuantLinear, pack_codes
 from wicore.model.weights import LayerWeights
 
 if TYPE_CHECKING:
@@ -36,10 +36,11 @@ if TYPE_CHECKING:
 
 def moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     """The layer's experts on x [batch, seq, hidden] (of the activation type); the same shape back:
-    one com.microsoft.MoE node where the builder's `expert_kernel` is "ort-moe", else the routed graph."""
-    if b.expert_kernel == "ort-moe":
-        return ort_moe(b, g, layer, x)
+    one com.microsoft.MoE node where the builder's `expert_kernel` is "ort-moe" (QMoE where the
+    experts' blocks fit it, `qmoe_fits`), else the routed graph."""
     cfg = b.cfg
+    if b.expert_kernel == "ort-moe" and (b.quant is None or qmoe_fits(b.quant, expert_weights(layer, cfg.num_experts))):
+        return ort_moe(b, g, layer, x)
     p = f"/model/layers.{layer.index}/moe"
     k, h = cfg.num_experts_per_tok, cfg.hidden_size
     f32 = TensorProto.FLOAT
@@ -152,6 +153,23 @@ def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
         rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows_act")
     y = with_shared_expert(b, g, layer, rows, y, p)
     return g.op("Reshape", [y, g.op("Shape", [x], f"{p}/shape")], f"{p}/out")
+
+
+def expert_weights(layer: LayerWeights, num_experts: int) -> list[np.ndarray]:
+    """Every expert's gate, up and down weights."""
+    return [layer[f"mlp.experts.{e}.{n}"] for e in range(num_experts) for n in ("gate_proj", "up_proj", "down_proj")]
+
+
+def qmoe_fits(quant: QuantLinear, weights: list[np.ndarray]) -> bool:
+    """Whether QMoE runs these expert weights without loss: float weights (the builder quantizes them
+    alike), or source blocks (a GGUF's) of one bit width, symmetric, in blocks of the builder's size.
+    A GGUF's Q4_K (an offset a block) or Q4_K_M's mix of Q4_K and Q6_K does not: such experts run
+    in the routed graph, each projection a MatMulNBits on its own blocks (graph/quant.py)."""
+    blocks = [getattr(w, "blocks", None) for w in weights]
+    if all(q is None for q in blocks):
+        return True
+    widths = {quant.weight_bits if q is None else q.bits for q in blocks}
+    return len(widths) == 1 and all(q is None or (q.offsets is None and q.block_size == quant.block_size) for q in blocks)
 
 
 def expert_biases(layer: LayerWeights, e: int) -> np.ndarray:

@@ -33,7 +33,10 @@ sink logit per head in each softmax's denominator, biases on q/k/v/o, on the rou
 experts, whose SwiGLU is clamped (`swiglu_limit`) and adds 1 to up; its checkpoints stack the
 experts ([E, H, 2W], gate and up columns interleaved). Its router takes the top k of the logits
 and a softmax over those: the same probabilities as a softmax over all, top k, renormalised.
-Families with `gguf_architecture` None are read from Hugging Face folders only.
+Families with `gguf_architecture` None are read from Hugging Face folders only; llama.cpp's GGUFs of
+Qwen3-MoE (`qwen3moe`) and Mixtral (`llama` with an expert count) stack each layer's experts in one
+tensor a projection (`ffn_gate_exps` ...), split per expert by wicore.export.gguf. gpt-oss's
+GGUF (`gpt-oss`, MXFP4 experts) is not read.
 """
 
 from __future__ import annotations
@@ -120,11 +123,13 @@ FAMILIES: dict[str, Family] = {
         Family(
             "qwen3_moe",
             ("qwen3_moe",),
+            "qwen3moe",
             qk_norm=PER_HEAD,
             router=SOFTMAX_TOPK,
             hf_names={**_PRE_MLP_NORM, "mlp.router": "mlp.gate"},
         ),
-        Family("mixtral", ("mixtral",), router=SOFTMAX_TOPK, hf_names=_MIXTRAL_NAMES),
+        # llama.cpp writes Mixtral as a `llama` GGUF whose header has an expert count (family_of_gguf)
+        Family("mixtral", ("mixtral",), "llama", gguf_permuted_qk=True, router=SOFTMAX_TOPK, hf_names=_MIXTRAL_NAMES),
         Family(
             "qwen2_moe",
             ("qwen2_moe",),
@@ -172,9 +177,13 @@ def family_of_model_type(model_type: str) -> Family:
     raise UnsupportedModelError(f"model_type {model_type!r} is not supported; WiCore compiles {supported()}")
 
 
-def family_of_gguf(architecture: str | None) -> Family:
-    """The family of a GGUF `general.architecture`; UnsupportedModelError naming the supported ones."""
-    for f in FAMILIES.values():
-        if f.gguf_architecture is not None and architecture == f.gguf_architecture:
+def family_of_gguf(architecture: str | None, num_experts: int = 0) -> Family:
+    """The family of a GGUF `general.architecture` and its header's expert count (llama.cpp writes Llama
+    and Mixtral both as `llama`); UnsupportedModelError naming the supported ones."""
+    rows = [f for f in FAMILIES.values() if f.gguf_architecture is not None and architecture == f.gguf_architecture]
+    for f in rows:
+        if f.is_moe == (num_experts > 0):
             return f
+    if rows:  # the config says what the row lacks (experts, or a dense MLP)
+        return rows[0]
     raise UnsupportedModelError(f"GGUF architecture {architecture!r} is not supported; WiCore compiles {supported()}")
