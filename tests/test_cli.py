@@ -223,6 +223,15 @@ def test_the_old_kv_stream_tokens_flag_is_hidden_from_help(capsys):
     assert "--kv-offload-tokens" in out and "--kv-stream-tokens" not in out
 
 
+def test_the_deprecated_flag_beside_a_config_file_is_noticed_once(tmp_path, capsys):
+    config = tmp_path / "serve.json"
+    config.write_text(json.dumps({"kv_offload_tokens": 512}))
+    args = parse_command_line(["serve", "--config", str(config), "--kv-stream-tokens", "2048"])
+    apply_config_file(args)
+    assert args.kv_offload_tokens == 2048  # the flag wins over the file
+    assert capsys.readouterr().err == "wicore: --kv-stream-tokens is deprecated, use --kv-offload-tokens\n"
+
+
 def test_a_config_file_with_the_old_kv_stream_tokens_key_sets_the_offload(tmp_path):
     config = tmp_path / "serve.json"
     config.write_text(json.dumps({"kv_stream_tokens": 512}))

@@ -4,6 +4,8 @@ or list what each execution provider would leave to the CPU (`doctor`, wicore.cl
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 from pathlib import Path
 
@@ -109,7 +111,8 @@ def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
     """
     dests = {a.dest for a in parser._actions if a.dest != argparse.SUPPRESS}
     blank = argparse.Namespace(**dict.fromkeys(dests))
-    parser.parse_args(argv, namespace=blank)
+    with contextlib.redirect_stderr(io.StringIO()):  # the first parse said it all (a deprecated flag's notice)
+        parser.parse_args(argv, namespace=blank)
     return {name for name in dests if getattr(blank, name) is not None}
 
 
