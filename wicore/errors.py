@@ -41,6 +41,10 @@ class ContextLengthError(RequestError):
     """A prompt leaves no room for a generated token in the context or the device KV cache."""
 
 
+class ImageTokenError(RequestError):
+    """A request has images, but the model's tokenizer lacks its vision config's image tokens."""
+
+
 class OverloadedError(WiCoreError):
     """The engine's waiting queue is full; retry later."""
 

@@ -8,6 +8,7 @@ app in-process (wicore.api.server.ServerThread).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import http.server
 import json
 import threading
@@ -20,7 +21,9 @@ from multimodal import png, user
 from wicore.api.compat import image_marker
 from wicore.api.errors import APIError
 from wicore.api.images import ImageSettings
+from wicore.errors import ImageTokenError
 from wicore.inputs.image_loader import ImageLimits
+from wicore.types.images import image_token_texts
 
 IMAGE = png(5, (64, 48))
 
@@ -108,11 +111,17 @@ def test_inference_takes_base64_images_in_front_of_the_prompt(served, tiny_multi
 
 def test_inference_image_marker_is_the_boi_token_or_a_400(served):
     tok = served.engine.tokenizer
-    assert image_marker(tok, served.engine.vision.config.boi_token_id) == "<start_of_image>"
+    cfg = served.engine.vision.config
+    assert image_marker(tok, cfg) == "<start_of_image>"
     with pytest.raises(APIError) as err:  # a vision config whose token the tokenizer lacks: no prompt of "None"s
-        image_marker(tok, 10**7)
+        image_marker(tok, dataclasses.replace(cfg, boi_token_id=10**7))
     assert (err.value.status, err.value.code, err.value.param) == (400, "images_not_supported", "images")
-    assert "image-start token (id 10000000) is not in its tokenizer's vocabulary" in err.value.message
+    assert err.value.message == (
+        "this model's image token (id 10000000) is not in its tokenizer's vocabulary, so images have no place in a "
+        "prompt: export the model with the tokenizer of its vision tower"
+    )
+    with pytest.raises(ImageTokenError, match=r"image tokens \(id 10000000, 10000001\) are not"):  # the engine's own expansion
+        image_token_texts(tok.id_to_token, dataclasses.replace(cfg, image_token_id=10**7, eoi_token_id=10**7 + 1))
 
 
 def _pil(data: bytes):

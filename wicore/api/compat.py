@@ -29,8 +29,10 @@ from wicore.api.images import ImagePart
 from wicore.api.schemas import Options, _bad, _int, _number, _object
 from wicore.api.streaming import merge
 from wicore.api.structured import parse_structured
-from wicore.errors import RequestError
+from wicore.errors import ImageTokenError, RequestError
 from wicore.inputs.tokenizer import Tokenizer
+from wicore.model.vision import VisionConfig
+from wicore.types.images import image_token_texts
 from wicore.types.limits import TEMPERATURE
 
 # Original config key -> flag destination.
@@ -93,7 +95,7 @@ async def inference(api: Any, body: Any, connection: Hashable | None = None) -> 
     images = await api.images(_image_parts(body.get("images")))
     tok = api._tokenizer()
     if images:
-        boi = image_marker(tok, api.engine.vision.config.boi_token_id)
+        boi = image_marker(tok, api.engine.vision.config)
         prompt = await asyncio.to_thread(api.engine.expand_images, prompt if boi in prompt else boi * len(images) + prompt)
     ids = await asyncio.to_thread(tok.encode, prompt)  # off the event loop: a long prompt takes a while
     started = time.monotonic()
@@ -121,20 +123,13 @@ async def inference(api: Any, body: Any, connection: Hashable | None = None) -> 
     }
 
 
-def image_marker(tok: Tokenizer, boi_token_id: int) -> str:
+def image_marker(tok: Tokenizer, vision: VisionConfig) -> str:
     """The text of the image-start token (`<start_of_image>`) that places a prompt's images; a 400
-    where the tokenizer has no such id (a vision config and tokenizer that disagree), rather than a
-    prompt of `None`s."""
-    marker = tok.id_to_token(boi_token_id)
-    if marker is None:
-        raise APIError(
-            400,
-            f"this model's image-start token (id {boi_token_id}) is not in its tokenizer's vocabulary, so its images "
-            "have no place in a prompt: export the model with the tokenizer of its vision tower",
-            param="images",
-            code="images_not_supported",
-        )
-    return marker
+    where the tokenizer lacks the vision config's image tokens (wicore.types.images.image_token_texts)."""
+    try:
+        return image_token_texts(tok.id_to_token, vision)[0]
+    except ImageTokenError as exc:
+        raise APIError(400, str(exc), param="images", code="images_not_supported") from exc
 
 
 def _image_parts(images: Any) -> tuple[ImagePart, ...]:

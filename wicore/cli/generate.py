@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wicore.cli.engine_args import add_engine_args, engine_config, read_text
-from wicore.errors import RequestError, UsageError
+from wicore.errors import ImageTokenError, RequestError, UsageError
+from wicore.types.images import image_token_texts
 
 if TYPE_CHECKING:
     from wicore.engine.engine import Engine
@@ -99,10 +100,10 @@ def run_generate(args: argparse.Namespace) -> int:
             texts = [tok.apply_chat_template([{"role": "user", "content": turn}]) for turn in turns]
         elif images:  # as /v1/inference: the images in front of the text
             assert engine.vision is not None  # load_image_file took the images: the model has a vision tower
-            boi_id = engine.vision.config.boi_token_id
-            boi = tok.id_to_token(boi_id)
-            if boi is None:
-                raise UsageError(f"--image: the model's image token {boi_id} is not in its vocabulary")
+            try:
+                boi = image_token_texts(tok.id_to_token, engine.vision.config)[0]
+            except ImageTokenError as exc:
+                raise UsageError(f"--image: {exc}") from exc
             texts = [boi * len(images) + t for t in texts]
         texts = [engine.expand_images(t) for t in texts] if images else texts
         prompts = [tok.encode(t, add_bos=False if args.chat else None) for t in texts]

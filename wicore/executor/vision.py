@@ -21,7 +21,7 @@ from wicore.devices.providers import Device, onnxruntime, session_options
 from wicore.graph import io
 from wicore.graph.manifest import VisionRecord
 from wicore.inputs.tokenizer import Tokenizer
-from wicore.types.images import ImageInput, ImageSpan, expand_images, image_spans
+from wicore.types.images import ImageInput, ImageSpan, expand_images, image_spans, image_token_texts
 from wicore.types.step import ScheduledRow
 
 NO_VISION = (
@@ -55,10 +55,10 @@ class VisionEncoder:
         self.num_encoded = 0  # images run through the tower (cache misses)
 
     def expand(self, text: str, tokenizer: Tokenizer) -> str:
-        """`text` with each `<start_of_image>` as the image's tokens (wicore.types.images.expand_images)."""
-        cfg = self.config
-        boi, image, eoi = (tokenizer.id_to_token(i) or "" for i in (cfg.boi_token_id, cfg.image_token_id, cfg.eoi_token_id))
-        return expand_images(text, boi, image, eoi, cfg.mm_tokens_per_image)
+        """`text` with each `<start_of_image>` as the image's tokens (wicore.types.images.expand_images);
+        ImageTokenError where the tokenizer lacks them."""
+        boi, image, eoi = image_token_texts(tokenizer.id_to_token, self.config)
+        return expand_images(text, boi, image, eoi, self.config.mm_tokens_per_image)
 
     def spans(self, token_ids: Sequence[int], images: Sequence[ImageInput]) -> tuple[ImageSpan, ...]:
         """Where `images` go in a prompt (wicore.types.images.image_spans)."""

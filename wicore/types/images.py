@@ -18,12 +18,12 @@ vision tower sees.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from wicore.errors import RequestError
+from wicore.errors import ImageTokenError, RequestError
 from wicore.model.vision import VisionConfig
 
 
@@ -54,6 +54,24 @@ class ImageSpan:
 def expand_images(text: str, boi: str, image_token: str, eoi: str, num_tokens: int) -> str:
     """Each `boi` of the text as HF's Gemma3Processor expands it (module docstring)."""
     return text.replace(boi, f"\n\n{boi}{image_token * num_tokens}{eoi}\n\n")
+
+
+def image_token_texts(id_to_token: Callable[[int], str | None], cfg: VisionConfig) -> tuple[str, str, str]:
+    """The texts of the vision config's image-start, image and image-end tokens in a vocabulary
+    (`id_to_token`, a tokenizer's); ImageTokenError naming the ids it lacks (a vision config and a
+    tokenizer that disagree), rather than a prompt of "None"s or of nothing where images go."""
+    ids = (cfg.boi_token_id, cfg.image_token_id, cfg.eoi_token_id)
+    texts = [id_to_token(i) for i in ids]
+    missing = [str(i) for i, text in zip(ids, texts) if text is None]
+    if missing:
+        raise ImageTokenError(
+            f"this model's image token{'s' if len(missing) > 1 else ''} (id {', '.join(missing)}) "
+            f"{'are' if len(missing) > 1 else 'is'} not in its tokenizer's vocabulary, so images have no place in a "
+            "prompt: export the model with the tokenizer of its vision tower"
+        )
+    boi, image, eoi = texts
+    assert boi is not None and image is not None and eoi is not None
+    return boi, image, eoi
 
 
 def image_spans(token_ids: Sequence[int], images: Sequence[ImageInput], cfg: VisionConfig) -> tuple[ImageSpan, ...]:
