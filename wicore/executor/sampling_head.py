@@ -4,7 +4,9 @@
                                  └─ only when a row samples ─► SamplingHead.run ─► draws ──► host
 
 A constrained row's grammar mask goes in with its draw (io.SAMPLING_TOKEN_BITMASK), so it draws here
-beside the free rows; a step without one binds all-ones masks kept on the device (no copy).
+beside the free rows. A step without one runs a second session of the head, built without that
+input: no masks to copy, and no buffer made on the device after the CUDA graphs were captured (all
+of an engine's device buffers come before capture: wicore.devices.providers.shared_cuda_arena).
 
 A greedy step never runs it, so its TopK over the vocabulary costs nothing there; a sampling step
 runs it on the logits where the partition (or a replayed CUDA graph) wrote them, uncaptured: its
@@ -27,19 +29,25 @@ HEAD_OUTPUTS = (io.SAMPLED_TOKENS, io.TOP_PROBS, io.TOP_IDS)
 
 
 class SamplingHead:
-    """One session of the head graph on the last partition's device."""
+    """The head graph on the last partition's device: a session with the grammar-mask input, one without."""
 
     def __init__(self, vocab_size: int, device: Device, num_threads: int | None = None, token_bitmask: bool = True) -> None:
         """`token_bitmask` False: a head without the mask input, as built before it (tests)."""
-        ort = onnxruntime()
-        model = head_model(vocab_size, token_bitmask).SerializeToString()
-        opts = session_options(num_threads, None, [device])
-        self.session = ort.InferenceSession(model, sess_options=opts, providers=device.providers(False))
         self.device = device
         self.num_words = num_words(vocab_size)
-        self.has_token_bitmask = io.SAMPLING_TOKEN_BITMASK in {i.name for i in self.session.get_inputs()}
-        self._all_allowed: dict[int, Any] = {}  # rows -> an all-ones mask OrtValue on the device
+        self._free = self._session(vocab_size, False, num_threads)  # steps without grammars
+        self._masked = self._session(vocab_size, True, num_threads) if token_bitmask else None
         self.num_runs = 0  # steps that drew here (a greedy step runs none)
+
+    @property
+    def has_token_bitmask(self) -> bool:
+        return self._masked is not None
+
+    def _session(self, vocab_size: int, token_bitmask: bool, num_threads: int | None) -> Any:
+        ort = onnxruntime()
+        model = head_model(vocab_size, token_bitmask).SerializeToString()
+        opts = session_options(num_threads, None, [self.device])
+        return ort.InferenceSession(model, sess_options=opts, providers=self.device.providers(False))
 
     def run(self, logits: Any, sampling: SamplingInputs) -> dict[str, Any]:
         """The draws for `logits` (an OrtValue [n, vocab] on the device, n >= the sampling rows:
@@ -49,27 +57,19 @@ class SamplingHead:
         uniform = np.zeros(rows, np.float32)
         temperature[: len(sampling.temperature)] = sampling.temperature
         uniform[: len(sampling.uniform)] = sampling.uniform
-        binding = self.session.io_binding()
+        session = self._free
+        if sampling.token_bitmask is not None:
+            if self._masked is None:
+                raise ValueError("this sampling head takes no grammar masks: constrained rows sample on the host")
+            session = self._masked
+        binding = session.io_binding()
         binding.bind_ortvalue_input(io.LOGITS, logits)
         binding.bind_cpu_input(io.SAMPLING_TEMPERATURE, temperature)
         binding.bind_cpu_input(io.SAMPLING_UNIFORM, uniform)
-        if self.has_token_bitmask:
-            if sampling.token_bitmask is None:
-                binding.bind_ortvalue_input(io.SAMPLING_TOKEN_BITMASK, self._free_rows(rows))
-            else:
-                binding.bind_cpu_input(io.SAMPLING_TOKEN_BITMASK, sampling.token_bitmask(rows))
-        elif sampling.token_bitmask is not None:
-            raise ValueError("this sampling head takes no grammar masks: constrained rows sample on the host")
+        if sampling.token_bitmask is not None:
+            binding.bind_cpu_input(io.SAMPLING_TOKEN_BITMASK, sampling.token_bitmask(rows))
         for name in HEAD_OUTPUTS:
             binding.bind_output(name, "cpu")
-        self.session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding)
         self.num_runs += 1
         return dict(zip(HEAD_OUTPUTS, binding.get_outputs()))
-
-    def _free_rows(self, rows: int) -> Any:
-        """All-ones masks for `rows` rows, made on the device once per row count."""
-        value = self._all_allowed.get(rows)
-        if value is None:
-            ones = np.full((rows, self.num_words), -1, np.int32)
-            value = self._all_allowed[rows] = onnxruntime().OrtValue.ortvalue_from_numpy(ones, *self.device.ort_device)
-        return value
