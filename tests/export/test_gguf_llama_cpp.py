@@ -35,6 +35,10 @@ SHAPE = dict(
     max_position_embeddings=512,
     rms_norm_eps=1e-5,
 )
+# Measured 2026-11-27: HF's first token on "The history of the printing press" leads the next by 0.17
+# (logits' std 1.67); WiCore's Q5_K_M export flips it, llama.cpp keeps it: [0, 1, 1, 0, 1] against
+# [1, 0, 1, 0, 1] tokens equal to HF's, the same before issue 37's node cuts.
+SHORT_OF_LLAMA_CPP = {("qwen2", "Q5_K_M"): "a near-tie on the first prompt's first token (0 against llama.cpp's 1)"}
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": False}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
@@ -96,11 +100,13 @@ def hf_greedy(model, prompts: list[list[int]]) -> list[list[int]]:
         ]
 
 
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("quant", ["Q4_0", "Q8_0", "Q4_K_M", "Q5_K_M"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_ort_quant_agrees_with_hf_at_least_as_long_as_llama_cpp(
-    source, checkpoint, cache_dir, hf_tokenizer_smollm2, family, quant
+    source, checkpoint, cache_dir, hf_tokenizer_smollm2, family, quant, request
 ):
+    if (family, quant) in SHORT_OF_LLAMA_CPP:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=SHORT_OF_LLAMA_CPP[family, quant]))
     folder, model = checkpoint(family)
     f32 = cache_dir / f"tiny-{family}-f32.gguf"
     if not f32.is_file():

@@ -15,17 +15,19 @@ graph/invariant_attention.py.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from wicore.graph import invariant_attention, io
 from wicore.graph.kv_quant import dequantize_kv, quantize_kv
-from wicore.graph.ops import Graph, block_mass, rotary
+from wicore.graph.ops import MS_DOMAIN, Graph, block_mass, rotary
 from wicore.graph.paged_attention import paged_attention
 from wicore.graph.shared_values import SharedValues
 from wicore.graph.sinks import softmax_with_sinks
 from wicore.model.families import ALL_HEADS, PER_HEAD
+from wicore.model.quant import BlockQuant, QuantizedTensor
 from wicore.model.weights import LayerWeights
 
 if TYPE_CHECKING:
@@ -48,13 +50,20 @@ def layer_attention(
     nh, kvh, hd, groups = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_groups
     is_sliding = cfg.is_sliding(i)
 
-    qkv = b.linear(g, x, [layer["self_attn.q_proj"], layer["self_attn.k_proj"], layer["self_attn.v_proj"]], f"{p}/qkv_proj")
+    q_proj = layer["self_attn.q_proj"]
+    scale = cfg.query_pre_attn_scalar**-0.5
+    # The contrib path without q/k norms folds the attention scale into q_proj where that is exact.
+    q_scaled = b.contrib and not b.paged and not b.family.qk_norm and is_power_of_two(scale)
+    if q_scaled:
+        q_proj = scaled_weight(q_proj, scale)
+    qkv = b.linear(g, x, [q_proj, layer["self_attn.k_proj"], layer["self_attn.v_proj"]], f"{p}/qkv_proj")
     if b.family.qkv_bias:
         biases = [layer[f"self_attn.{n}_proj.bias"] for n in "qkv"]
+        if q_scaled:
+            biases[0] = biases[0] * np.float32(scale)
         bias_type = b.act_np_dtype
         bias = g.const(np.concatenate(biases).astype(bias_type), bias_type)
         qkv = g.op("Add", [qkv, bias], f"{p}/qkv_bias")
-    scale = cfg.query_pre_attn_scalar**-0.5
     if shared.paged is not None:  # one op: q/k norms, RoPE, the K/V write and the attention
         norms = None
         if b.family.qk_norm == PER_HEAD:  # Gemma's attention scale folded into the q-norm weight
@@ -66,16 +75,19 @@ def layer_attention(
     if b.family.qk_norm == ALL_HEADS:  # OLMo 2: over every head's channels together, before the split into heads
         q = b.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
         k = b.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
-    q = g.op("Reshape", [q, g.const([0, 0, nh, hd])], f"{p}/q_heads")
-    k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])], f"{p}/k_heads")
+    if b.contrib and b.family.qk_norm != PER_HEAD:  # RotaryEmbedding on the projections as they come
+        q, k = flat_rope(b, g, q, k, shared, is_sliding, scale if not b.family.qk_norm and not q_scaled else None, p)
+    else:
+        q = g.op("Reshape", [q, g.const([0, 0, nh, hd])], f"{p}/q_heads")
+        k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])], f"{p}/k_heads")
+        if b.family.qk_norm == PER_HEAD:
+            q = b.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
+            k = b.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
+        elif b.family.qk_norm != ALL_HEADS:  # (the whole-projection q norm above took the scale)
+            q = g.op("Mul", [q, g.const(np.float32(scale), np.float32)], f"{p}/q_scale")
+        q = rope(b, g, q, shared, is_sliding, nh, f"{p}/q_rope")
+        k = rope(b, g, k, shared, is_sliding, kvh, f"{p}/k_rope")
     v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])], f"{p}/v_heads")
-    if b.family.qk_norm == PER_HEAD:
-        q = b.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale)
-        k = b.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm")
-    elif b.family.qk_norm != ALL_HEADS:  # (the whole-projection q norm above took the scale)
-        q = g.op("Mul", [q, g.const(np.float32(scale), np.float32)], f"{p}/q_scale")
-    q = rope(b, g, q, shared, is_sliding, nh, f"{p}/q_rope")
-    k = rope(b, g, k, shared, is_sliding, kvh, f"{p}/k_rope")
 
     # Write the new tokens' K/V into the KV buffers, then read the rows' blocks back.
     indices = shared.scatter_indices[is_sliding]
@@ -113,6 +125,42 @@ def layer_attention(
     out = kv_major(b, g, out, [0, 2, 1, 3, 4], f"{p}/context_T")  # [b, s, kvh, groups, hd]
     out = g.op("Reshape", [out, g.const([0, -1, nh * hd])], f"{p}/context_flat")
     return o_proj(b, g, layer, out, p)
+
+
+def flat_rope(
+    b: DecoderBuilder, g: Graph, q: str, k: str, shared: SharedValues, is_sliding: bool, scale: float | None, p: str
+) -> tuple[str, str]:
+    """RoPE on q [b, s, nh * hd] and k [b, s, kvh * hd] as the qkv split gives them (com.microsoft
+    RotaryEmbedding takes that layout): q comes back flat (the query grouping reshapes it), k in
+    heads [b, s, kvh, hd] for the pool. `scale`: q's attention scale, where q_proj has not taken it."""
+    cfg = b.cfg
+    cos, sin = shared.cos_sin[is_sliding]
+    if shared.token_index is None:
+        raise ValueError("the contrib RotaryEmbedding needs the token index (shared_values with contrib)")
+    if scale is not None:
+        q = g.op("Mul", [q, g.const(np.float32(scale), np.float32)], f"{p}/q_scale")
+    rotary_inputs = (shared.token_index, cos, sin)
+    q = g.op("RotaryEmbedding", [q, *rotary_inputs], f"{p}/q_rope/RotaryEmbedding", domain=MS_DOMAIN, num_heads=cfg.num_heads)
+    k = g.op("RotaryEmbedding", [k, *rotary_inputs], f"{p}/k_rope/RotaryEmbedding", domain=MS_DOMAIN, num_heads=cfg.num_kv_heads)
+    return q, g.op("Reshape", [k, g.const([0, 0, cfg.num_kv_heads, cfg.head_dim])], f"{p}/k_heads")
+
+
+def is_power_of_two(x: float) -> bool:
+    """Whether multiplying by x is exact in floating point (barring overflow and subnormals)."""
+    mantissa, _ = math.frexp(x)
+    return x > 0 and mantissa == 0.5
+
+
+def scaled_weight(weight: np.ndarray, factor: float) -> np.ndarray:
+    """weight * factor, a power of two: a GGUF source's blocks keep their codes, their scales and offsets
+    scaled (exactly), so the ort-quant flavour still transcodes them without loss."""
+    blocks = getattr(weight, "blocks", None)
+    values = (weight * np.float32(factor)).astype(weight.dtype, copy=False)
+    if blocks is None:
+        return values
+    offsets = None if blocks.offsets is None else blocks.offsets * np.float32(factor)
+    scaled = BlockQuant(blocks.codes, blocks.scales * np.float32(factor), offsets, blocks.bits, blocks.block_size)
+    return QuantizedTensor(values, lambda: scaled)
 
 
 def o_proj(b: DecoderBuilder, g: Graph, layer: LayerWeights, out: str, p: str) -> str:

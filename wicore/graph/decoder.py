@@ -50,6 +50,7 @@ from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, gelu_tanh, place_images
 from wicore.graph.partition import PartitionSpec
 from wicore.graph.quant import QuantLinear
 from wicore.graph.shared_values import SharedValues, shared_values
+from wicore.graph.skip_norm import skip_norm_layer
 from wicore.model.config import DecoderConfig
 from wicore.model.families import ALL_HEADS
 from wicore.model.weights import LayerWeights, check_layer
@@ -144,6 +145,8 @@ class DecoderBuilder:
         # The activations' type between the residual's norms (module docstring).
         self.act_type = self.onnx_dtype if self.paged else TensorProto.FLOAT
         self.act_np_dtype = DTYPES_BY_ONNX[self.act_type]
+        # ort-quant: each residual add in the next norm's kernel (graph/skip_norm.py)
+        self.skip_norms = quant is not None and not self.paged and self.family.pre_norms
 
     # -- entry point -----------------------------------------------------------------
     def build(
@@ -189,6 +192,7 @@ class DecoderBuilder:
         }
         masses: list[str] | None = [] if self.attention_stats else None
         pending: Pending | None = None  # WiCore's kernels: the last block's output, not yet added to x
+        skip_pending: str | None = None  # skip norms: the last MLP output, not yet added to x
         for layer in layers:
             if not spec.start <= layer.index < spec.stop:
                 raise ValueError(f"layer {layer.index} is outside partition {spec}")
@@ -202,6 +206,11 @@ class DecoderBuilder:
                 x, pending = self.fused_layer(g, layer, x, pending, shared, masses)
                 if layer.index == spec.stop - 1:
                     x = self.settle(g, x, pending, out=io.HIDDEN_STATES_OUT if is_last else None)
+            elif self.skip_norms:
+                x, skip_pending = skip_norm_layer(self, g, layer, x, skip_pending, shared, masses)
+                if layer.index == spec.stop - 1:
+                    out = io.HIDDEN_STATES_OUT if is_last else None
+                    x = g.op("Add", [x, skip_pending], f"/model/layers.{i}/mlp_residual", out=out)
             else:
                 x = self.decoder_layer(g, layer, x, shared, masses, out=io.HIDDEN_STATES_OUT if is_last else None)
             g.output(io.key_cache_out(i), self.kv_type, pool_shape)
