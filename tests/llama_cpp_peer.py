@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +126,44 @@ def num_agreeing(a: list[int], b: list[int]) -> int:
             break
         count += 1
     return count
+
+
+def random_checkpoint(
+    spec: tuple[str, str, dict],
+    shape: dict,
+    tokenizer,
+    folder: Path,
+    init: Callable[[str], tuple[float, float]],
+    attn_implementation: str | None = None,
+):
+    """A random HF model of `spec` ((config class, model class, overrides), as the tests' FAMILIES
+    tables name them) at `shape` with `tokenizer`'s vocabulary, each parameter drawn from
+    normal(*init(its name)) after seeding torch with 0; saved with the tokenizer to `folder`."""
+    import torch
+    import transformers
+
+    config_class, model_class, overrides = spec
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config_class)(
+        vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **shape, **overrides
+    )
+    model = getattr(transformers, model_class)(cfg).eval()
+    if attn_implementation is not None:
+        model.set_attn_implementation(attn_implementation)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.normal_(*init(name))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model
+
+
+def converter_or_skip(cache: Path) -> Path:
+    """llama.cpp's converter source for the tests that need it (skipping them where it is not at hand)."""
+    import pytest
+
+    pytest.importorskip("llama_cpp")
+    found = converter_source(cache)
+    if found is None:
+        pytest.skip("llama.cpp's converter is not at hand: set WICORE_LLAMA_CPP_SRC to a llama.cpp checkout")
+    return found

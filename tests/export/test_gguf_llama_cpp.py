@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from llama_cpp_peer import convert, converter_source, llama_cpp_greedy, num_agreeing, quantize
+from llama_cpp_peer import convert, converter_or_skip, llama_cpp_greedy, num_agreeing, quantize, random_checkpoint
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.export.exporter import ExportConfig, export_model
@@ -47,41 +47,24 @@ FAMILIES = {
 
 @pytest.fixture(scope="module")
 def source(cache_dir: Path) -> Path:
-    pytest.importorskip("llama_cpp")
-    found = converter_source(cache_dir.parent)
-    if found is None:
-        pytest.skip("llama.cpp's converter is not at hand: set WICORE_LLAMA_CPP_SRC to a llama.cpp checkout")
-    return found
+    return converter_or_skip(cache_dir.parent)
+
+
+def _init(name: str) -> tuple[float, float]:
+    """Norms and biases away from their initial values, so a wrong convention shows."""
+    return (1.0, 0.2) if "norm" in name else (0.0, 0.5 if name.endswith(".bias") else 0.1)
 
 
 @pytest.fixture(scope="module")
 def checkpoint(cache_dir: Path, hf_tokenizer_smollm2):
-    """family -> (HF folder, HF model): random weights (norms and biases away from their init) with
-    SmolLM2's tokenizer, so the prompts are real text."""
-    import torch
-    import transformers
-
+    """family -> (HF folder, HF model): random weights with SmolLM2's tokenizer, so the prompts are
+    real text."""
     made = {}
 
     def make(family: str):
         if family not in made:
-            config_class, model_class, overrides = FAMILIES[family]
-            tok = hf_tokenizer_smollm2
-            torch.manual_seed(0)
-            cfg = getattr(transformers, config_class)(
-                vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **SHAPE, **overrides
-            )
-            model = getattr(transformers, model_class)(cfg).eval()
-            with torch.no_grad():
-                for name, param in model.named_parameters():
-                    if "norm" in name:
-                        param.normal_(1.0, 0.2)
-                    else:
-                        param.normal_(0.0, 0.5 if name.endswith(".bias") else 0.1)
             folder = cache_dir / f"tiny-{family}-hf"
-            model.save_pretrained(folder)
-            tok.save_pretrained(folder)
-            made[family] = (folder, model)
+            made[family] = (folder, random_checkpoint(FAMILIES[family], SHAPE, hf_tokenizer_smollm2, folder, _init))
         return made[family]
 
     return make

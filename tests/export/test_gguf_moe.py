@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_cpp_peer import convert, converter_source, llama_cpp_greedy, num_agreeing, quantize
+from llama_cpp_peer import convert, converter_or_skip, llama_cpp_greedy, num_agreeing, quantize, random_checkpoint
+from moe_routing import experts_used
 from test_gguf_llama_cpp import NUM_TOKENS, TEXTS, hf_greedy
 
 from wicore.engine.engine import Engine, EngineConfig
@@ -74,43 +75,25 @@ PROMPT_TEXTS = (
 
 @pytest.fixture(scope="module")
 def source(cache_dir: Path) -> Path:
-    pytest.importorskip("llama_cpp")
-    found = converter_source(cache_dir.parent)
-    if found is None:
-        pytest.skip("llama.cpp's converter is not at hand: set WICORE_LLAMA_CPP_SRC to a llama.cpp checkout")
-    return found
+    return converter_or_skip(cache_dir.parent)
+
+
+def _init(name: str) -> tuple[float, float]:
+    """Norms away from their init, routers scaled up so the routing is far from uniform."""
+    if "norm" in name:
+        return 1.0, 0.2
+    return 0.0, 0.3 if name.endswith("gate.weight") else 0.1
 
 
 @pytest.fixture(scope="module")
 def checkpoint(source: Path, cache_dir: Path, hf_tokenizer_smollm2):
-    """family -> (f32 GGUF by llama.cpp's converter, HF model): random weights with SmolLM2's
-    tokenizer; norms away from their init, routers scaled up so the routing is far from uniform."""
-    import torch
-    import transformers
-
+    """family -> (f32 GGUF by llama.cpp's converter, HF model): random weights with SmolLM2's tokenizer."""
     made = {}
 
     def make(family: str):
         if family not in made:
-            config_class, model_class, overrides = FAMILIES[family]
-            tok = hf_tokenizer_smollm2
-            torch.manual_seed(0)
-            cfg = getattr(transformers, config_class)(
-                vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **SHAPE, **overrides
-            )
-            model = getattr(transformers, model_class)(cfg).eval()
-            model.set_attn_implementation("eager")
-            with torch.no_grad():
-                for name, param in model.named_parameters():
-                    if "norm" in name:
-                        param.normal_(1.0, 0.2)
-                    elif name.endswith("gate.weight"):  # the router
-                        param.normal_(0.0, 0.3)
-                    else:
-                        param.normal_(0.0, 0.1)
             folder = cache_dir / f"tiny-{family}-hf"
-            model.save_pretrained(folder)
-            tok.save_pretrained(folder)
+            model = random_checkpoint(FAMILIES[family], SHAPE, hf_tokenizer_smollm2, folder, _init, "eager")
             f32 = cache_dir / f"tiny-{family}-f32.gguf"
             if not f32.is_file():
                 convert(source, folder, f32)
@@ -150,21 +133,6 @@ def hf_on_gguf_weights(model: object, gguf: Path, family: str) -> object:
     return ours
 
 
-def experts_used(model: object, prompts: list[list[int]]) -> list[set[int]]:
-    """Per layer, the experts HF routes some token of `prompts` to."""
-    import torch
-
-    used: list[set[int]] = []
-    for prompt in prompts:
-        with torch.no_grad():
-            out = model(torch.tensor([prompt]), output_router_logits=True)  # type: ignore[operator]
-        for i, logits in enumerate(out.router_logits):
-            if i == len(used):
-                used.append(set())
-            used[i].update(logits.topk(TOP_K, dim=-1).indices.flatten().tolist())
-    return used
-
-
 def export(gguf: Path, out: Path, op_flavour: str) -> Path:
     export_model(open_source(str(gguf)), out, ExportConfig(op_flavour=op_flavour, overwrite=True), progress=lambda _: None)
     return out
@@ -184,7 +152,7 @@ def test_f32_gguf_logits_match_hf_with_every_expert_used(checkpoint, cache_dir, 
     assert (gguf.family.name, gguf.config.num_experts, gguf.config.num_experts_per_tok) == (family, NUM_EXPERTS, TOP_K)
     assert gguf.config.norm_topk_prob and gguf.config.moe_intermediate_size == 256
     prompts = [hf_tokenizer_smollm2(text)["input_ids"] for text in PROMPT_TEXTS]
-    assert experts_used(model, prompts) == [set(range(NUM_EXPERTS))] * SHAPE["num_hidden_layers"]
+    assert experts_used(model, prompts, TOP_K) == [set(range(NUM_EXPERTS))] * SHAPE["num_hidden_layers"]
     ours = prompt_logits(export(f32, cache_dir / f"tiny-{family}-f32-portable", "portable"), prompts)
     for prompt, logits in zip(prompts, ours, strict=True):
         ref = reference_logits(model, prompt)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from moe_routing import experts_used
 from test_families import PROMPTS, SHAPE
 from test_gemma3 import engine
 
@@ -79,26 +80,10 @@ def build(
     return tmp / "model", model
 
 
-def experts_used(model: object, prompts: list[list[int]]) -> list[set[int]]:
-    """Per layer, the experts HF routes some token of `prompts` to."""
-    import torch
-
-    used: list[set[int]] = []
-    for prompt in prompts:
-        with torch.no_grad():
-            out = model(torch.tensor([prompt]), output_router_logits=True)  # type: ignore[operator]
-        for i, logits in enumerate(out.router_logits):
-            top = logits.topk(TOP_K, dim=-1).indices.flatten().tolist()
-            if i == len(used):
-                used.append(set())
-            used[i].update(top)
-    return used
-
-
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_batched_logits_match_hf_with_every_expert_used(tmp_path, reference_logits, name):
     folder, model = build(tmp_path, name)
-    assert experts_used(model, PROMPTS) == [set(range(NUM_EXPERTS))] * SHAPE["num_hidden_layers"]
+    assert experts_used(model, PROMPTS, TOP_K) == [set(range(NUM_EXPERTS))] * SHAPE["num_hidden_layers"]
     with engine(folder, prefill_chunk=16) as eng:
         completions = eng.generate(PROMPTS, SamplingParams(max_tokens=1, prompt_logits=True))
     for prompt, completion in zip(PROMPTS, completions, strict=True):
