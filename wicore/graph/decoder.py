@@ -1,4 +1,4 @@
-"""Decoder of every family in wicore.model.families (Gemma 3, Llama, Qwen2, Qwen3) as ONNX graphs over a paged KV pool (the `portable` flavour, opset 17;
+"""Decoder of every family in wicore.model.families as ONNX graphs over a paged KV pool (the `portable` flavour, opset 17;
 with a QuantLinear, the `ort-quant` flavour: linear layers, LM head and embedding in graph/quant.py).
 
 One partition holds layers [start, stop). The first also embeds the tokens,
@@ -43,7 +43,7 @@ from onnx import TensorProto
 from wicore.errors import UnsupportedModelError
 from wicore.graph import io
 from wicore.graph.attention import layer_attention, softcap
-from wicore.graph.fused_residual import Pending, add_rms_norm, gated_activation
+from wicore.graph.fused_residual import Pending, fused_layer, gated_activation, settle
 from wicore.graph.kv_quant import kv_row_width
 from wicore.graph.moe import moe
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph, gelu_tanh, place_images, rms_norm_f32, silu
@@ -203,9 +203,9 @@ class DecoderBuilder:
             g.input(io.value_cache(i), self.kv_type, pool_shape)
             is_last = layer.index == spec.stop - 1 and not spec.has_lm_head
             if self.wicore_kernels:
-                x, pending = self.fused_layer(g, layer, x, pending, shared, masses)
+                x, pending = fused_layer(self, g, layer, x, pending, shared, masses)
                 if layer.index == spec.stop - 1:
-                    x = self.settle(g, x, pending, out=io.HIDDEN_STATES_OUT if is_last else None)
+                    x = settle(self, g, x, pending, out=io.HIDDEN_STATES_OUT if is_last else None)
             elif self.skip_norms:
                 x, skip_pending = skip_norm_layer(self, g, layer, x, skip_pending, shared, masses)
                 if layer.index == spec.stop - 1:
@@ -340,38 +340,6 @@ class DecoderBuilder:
     def act(self, g: Graph, x: str, name: str) -> str:
         """The residual stream in the activation type, where no norm comes before a block (OLMo 2)."""
         return x if self.act_type == TensorProto.FLOAT else g.op("Cast", [x], f"{name}/Cast_act", to=self.act_type)
-
-    def fused_layer(
-        self, g: Graph, layer: LayerWeights, x: str, pending: Pending | None, shared: SharedValues, masses: list[str] | None
-    ) -> tuple[str, Pending]:
-        """decoder_layer on WiCore's kernels (graph/fused_residual.py): `pending` (the previous
-        layer's MLP output) is added to x by this layer's first norm; its own MLP output is returned pending."""
-        p = f"/model/layers.{layer.index}"
-        sandwich = self.family.sandwich_norms
-        if pending is None:
-            h = self.rms_norm(g, x, layer["input_layernorm"], f"{p}/input_layernorm", to=self.act_type)
-        else:
-            h, x = add_rms_norm(
-                g, x, pending, self.norm_weight(layer["input_layernorm"]), self.cfg.rms_norm_eps, f"{p}/input_layernorm"
-            )
-        h = layer_attention(self, g, layer, h, shared, masses)
-        attn = Pending(h, self.norm_weight(layer["post_attention_layernorm"]) if sandwich else None, f"{p}/attn")
-        norm = self.norm_weight(layer["pre_feedforward_layernorm"])
-        h, x = add_rms_norm(g, x, attn, norm, self.cfg.rms_norm_eps, f"{p}/pre_feedforward_layernorm")
-        h = self.mlp(g, layer, h)
-        return x, Pending(h, self.norm_weight(layer["post_feedforward_layernorm"]) if sandwich else None, f"{p}/mlp")
-
-    def settle(self, g: Graph, x: str, pending: Pending, out: str | None = None) -> str:
-        """x + the pending block's output (through its post-norm), on ONNX Runtime's ops: a partition's end."""
-        if pending.post_norm is None:
-            h = self.residual_type(g, pending.h, pending.name)
-        else:
-            w = g.const(pending.post_norm.astype(np.float32), np.float32)
-            eps = self.cfg.rms_norm_eps
-            h = g.op(
-                "SimplifiedLayerNormalization", [pending.h, w], f"{pending.name}/post_norm", axis=-1, epsilon=eps, stash_type=1
-            )
-        return g.op("Add", [x, h], f"{pending.name}/residual", out=out)
 
     def residual_type(self, g: Graph, h: str, name: str) -> str:
         """A block's output in the residual stream's float32 (Gemma's post-norms cast it themselves)."""
