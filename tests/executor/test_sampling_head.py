@@ -70,6 +70,21 @@ def test_a_top_k_top_p_draw_from_the_candidates_is_the_hosts(top_k, top_p):
         assert token == host.sample(logits).token_id
 
 
+def test_tied_candidates_in_any_order_draw_what_the_host_draws():
+    # An EP's TopK may give tied logits in any order (the CUDA EP's differs with the row count):
+    # the draw must not turn on it. Every logit here ties with three others.
+    logits = np.repeat(np.arange(40, dtype=np.float32) / 4, 4)
+    params = SamplingParams(temperature=1.0, top_k=40, seed=3)
+    weights = temperature_weights(logits, params.temperature)
+    order = np.lexsort((np.arange(len(weights)), -weights))
+    probs = (weights[order] / weights.sum(dtype=np.float64)).astype(np.float32)
+    shuffled = np.concatenate([tied[::-1] for tied in np.split(order, len(order) // 4)])
+    assert shuffled.tolist() != order.tolist() and np.array_equal(weights[shuffled], weights[order])
+    host, head = Sampler(params), Sampler(params)
+    drawn = [head.from_candidates(probs, shuffled) for _ in range(200)]
+    assert drawn == [host.sample(logits).token_id for _ in range(200)]
+
+
 @pytest.fixture(scope="module")
 def exports(tiny_model, tmp_path_factory):
     """The same tiny random Gemma 3 exported without and with the sampling head (2 partitions)."""

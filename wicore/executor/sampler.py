@@ -128,9 +128,13 @@ class Sampler:
         """A top-k / top-p draw from the K most likely tokens (sampling head's `top_probs`,
         `top_ids`: tempered probabilities, most likely first): what `_draw` picks from the full
         logits, or None when the candidates do not hold the top-p nucleus (no top-k, and their
-        mass is below top_p): then the logits decide."""
+        mass is below top_p): then the logits decide. Tied candidates are put in token order first,
+        as the host orders them: ONNX's TopK promises that, but an EP's kernel need not keep it (the
+        CUDA EP's orders ties differently at different row counts, so a CUDA graph's padded bucket
+        drew other tokens than the uncaptured step on near-flat distributions)."""
         p = self.params
-        kept = probs.astype(np.float64)
+        order = np.lexsort((ids, -probs))
+        kept, ids = probs[order].astype(np.float64), ids[order]
         if p.top_k:  # top-p then cuts the top-k distribution
             kept, ids = kept[: p.top_k], ids[: p.top_k]
             kept /= kept.sum()
