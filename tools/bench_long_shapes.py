@@ -73,7 +73,9 @@ def make_checkpoints(config: Config) -> dict[str, Path]:
         model.save_pretrained(full)
         del model
     return {
-        name: first_layers(full, config.work / f"{config.shape}-hf-{name}", ["sliding_attention"] * s + ["full_attention"] * f)
+        name: first_layers(
+            full, config.work / f"{config.shape}-hf-{name}", s + f, ["sliding_attention"] * s + ["full_attention"] * f
+        )
         for name, (s, f) in MODELS.items()
     }
 

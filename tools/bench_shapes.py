@@ -1,4 +1,4 @@
-"""Decode speed at a named Gemma 3's real shapes on one GPU, WiCore against HF transformers, same run.
+"""Decode speed at a named model's real shapes on one GPU, WiCore against HF transformers, same run.
 
 Builds a random-weight Hugging Face checkpoint with the model's shapes (hidden size, heads, MLP,
 vocabulary, sliding pattern) and `max(--layers)` layers, exports it with WiCore's exporter once per
@@ -9,7 +9,8 @@ same run. Per-layer cost is fitted over the layer counts and extrapolated to the
 
     step ms (L layers) = fixed + per_layer * L        (least squares; residuals in the JSON)
 
-The first L layers of the model's pattern are exported (the last made a full-attention layer),
+Shapes: Gemma 3's (wicore.model.shapes) and mixtures of experts (tools/moe_shapes.py: Qwen3-30B-A3B,
+its floor then the weights one token reads, batch 1's). The first L layers of the model's pattern are exported (the last made a full-attention layer),
 so the fit holds where a sliding and a full layer cost alike: short contexts, where both read
 the same tokens. At long context a full layer reads the whole sequence and a sliding one its
 window: tools/bench_long_shapes.py solves the two kinds apart instead.
@@ -38,6 +39,9 @@ from pathlib import Path
 import numpy as np
 from benchlib import int_list, write_record
 from hf_peers import hf_compiled_steps, hf_steps
+from moe_shapes import MOE_SHAPES, active_weight_bytes
+from moe_shapes import depth as moe_depth
+from moe_shapes import hf_config as moe_hf_config
 from shape_exports import VARIANTS, export, first_layers
 from step_timing import Config as StepConfig
 from step_timing import decode_steps, engine_config
@@ -91,24 +95,30 @@ class Config:
 def make_checkpoints(config: Config) -> dict[int, Path]:
     """One random bf16 checkpoint with max(layers) layers; a folder per layer count sharing its files."""
     import torch
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    import transformers
 
     full = config.work / f"{config.shape}-hf"
     if not (full / "config.json").is_file():
+        if config.shape in MOE_SHAPES:
+            cls, kwargs = moe_hf_config(config.shape, max(config.layers))
+        else:
+            cls, kwargs = "Gemma3TextConfig", hf_config(config.shape, max(config.layers))
         torch.manual_seed(0)
         torch.set_default_dtype(torch.bfloat16)
         with torch.device("cuda"):
-            model = Gemma3ForCausalLM(Gemma3TextConfig(**hf_config(config.shape, max(config.layers))))
+            model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**kwargs))
         torch.set_default_dtype(torch.float32)
         model.save_pretrained(full)
         del model
         torch.cuda.empty_cache()
     folders = {}
     for n in config.layers:
-        types = json.loads((full / "config.json").read_text())["layer_types"][:n]
-        if "full_attention" not in types:  # the engine needs one; the fit needs the same mix at every depth
-            types[-1] = "full_attention"
-        folders[n] = first_layers(full, config.work / f"{config.shape}-hf-{n}", types)
+        types = json.loads((full / "config.json").read_text()).get("layer_types")
+        if types is not None:
+            types = types[:n]
+            if "full_attention" not in types:  # the engine needs one; the fit needs the same mix at every depth
+                types[-1] = "full_attention"
+        folders[n] = first_layers(full, config.work / f"{config.shape}-hf-{n}", n, types)
     return folders
 
 
@@ -147,10 +157,12 @@ def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size
     24 tokens of four prompts decoded together (DECODES), which a "+graphs" variant must repeat
     (and "paged" those of "paged-nohead", when both run)."""
     import torch
-    from transformers import Gemma3ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     rng = np.random.default_rng(7)
-    model = Gemma3ForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager", device_map="cuda").eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager", device_map="cuda"
+    ).eval()
     vocab = model.config.vocab_size
     prompt = rng.integers(1000, vocab, num_tokens).tolist()
     with torch.no_grad():
@@ -218,11 +230,18 @@ def fit(times: dict[int, dict[int, float]], depth: int) -> dict[int, dict[str, f
 
 
 def weight_bytes(shape: str, bytes_per_weight: float) -> float:
+    """The weights a decode step reads (a mixture of experts: one token's, batch 1's floor)."""
+    if shape in MOE_SHAPES:
+        return active_weight_bytes(shape, bytes_per_weight)
     s = SHAPES[shape]
     h, inter, hd = s["hidden_size"], s["intermediate_size"], s["head_dim"]
     attn = h * hd * (2 * s["num_attention_heads"] + 2 * s["num_key_value_heads"])  # type: ignore[operator]
     per_layer = attn + 3 * h * inter  # type: ignore[operator]
     return (per_layer * s["depth"] + h * s["vocab_size"]) * bytes_per_weight  # type: ignore[operator]
+
+
+def shape_depth(shape: str) -> int:
+    return moe_depth(shape) if shape in MOE_SHAPES else int(SHAPES[shape]["depth"])
 
 
 def run(config: Config) -> int:
@@ -237,7 +256,7 @@ def run(config: Config) -> int:
     if config.check:
         n = config.layers[0]
         report["check"] = check(folders[n], {v: exports[n, v] for v in config.variants}, config.check_tokens, config.block_size)
-    depth = int(SHAPES[config.shape]["depth"])  # type: ignore[call-overload]
+    depth = shape_depth(config.shape)
     results: dict[str, dict[str, object]] = {}
     if config.hf:  # first: ONNX Runtime's CUDA arenas are not handed back to torch when a session closes
         times = {n: hf_steps(folders[n], config) for n in config.layers}
@@ -268,7 +287,7 @@ def run(config: Config) -> int:
 
 def parse_args(argv: list[str] | None) -> Config:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", default="gemma3-27b", choices=sorted(SHAPES))
+    p.add_argument("--shape", default="gemma3-27b", choices=sorted([*SHAPES, *MOE_SHAPES]))
     p.add_argument("--layers", default="2,8", help="layer counts to export and time (at least two, for the fit)")
     p.add_argument(
         "--variants",

@@ -21,9 +21,11 @@ class StepConfig(Protocol):
 def hf_steps(folder: Path, config: StepConfig) -> dict[int, float]:
     """Median decode step ms of HF transformers (bf16, sdpa) per batch size, argmax on the GPU."""
     import torch
-    from transformers import Gemma3ForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model = Gemma3ForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="sdpa", device_map="cuda").eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.bfloat16, attn_implementation="sdpa", device_map="cuda"
+    ).eval()
     # torch 2.11 picks cuDNN's SDPA on an H100, which builds a new cuDNN plan on the host for every
     # new KV length: 5.7 ms a call, once per layer per decode step (profiled, 2026-11-24). Flash and
     # memory-efficient SDPA keep HF on the GPU's clock.
@@ -60,9 +62,11 @@ def hf_compiled_steps(folder: Path, config: StepConfig) -> dict[int, float]:
     gets a plain static cache instead: exact while prompt and decoded tokens stay inside the window.
     Compiled once per batch size (about a minute each at 8 layers)."""
     import torch
-    from transformers import Gemma3ForCausalLM, StaticCache
+    from transformers import AutoModelForCausalLM, StaticCache
 
-    model = Gemma3ForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="sdpa", device_map="cuda").eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.bfloat16, attn_implementation="sdpa", device_map="cuda"
+    ).eval()
     torch.backends.cuda.enable_cudnn_sdp(False)  # see hf_steps
     length = config.context + 3 + config.steps + 1
     if length > model.config.sliding_window:

@@ -25,12 +25,14 @@ VARIANTS: dict[str, dict[str, object]] = {
 }
 
 
-def first_layers(full: Path, folder: Path, layer_types: list[str]) -> Path:
-    """`folder`: the checkpoint in `full` cut to its first len(layer_types) layers, of those types
-    (its config; the weight files linked, not copied)."""
+def first_layers(full: Path, folder: Path, layers: int, layer_types: list[str] | None = None) -> Path:
+    """`folder`: the checkpoint in `full` cut to its first `layers` layers, of `layer_types` where the
+    config lists them (its config; the weight files linked, not copied)."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((full / "config.json").read_text())
-    cfg.update(num_hidden_layers=len(layer_types), layer_types=layer_types)
+    cfg.update(num_hidden_layers=layers)
+    if layer_types is not None:
+        cfg.update(layer_types=layer_types)
     (folder / "config.json").write_text(json.dumps(cfg))
     for f in full.glob("*.safetensors*"):
         if not (folder / f.name).exists():
