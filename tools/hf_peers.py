@@ -69,8 +69,9 @@ def hf_compiled_steps(folder: Path, config: StepConfig) -> dict[int, float]:
     ).eval()
     torch.backends.cuda.enable_cudnn_sdp(False)  # see hf_steps
     length = config.context + 3 + config.steps + 1
-    if length > model.config.sliding_window:
-        raise SystemExit(f"the compiled HF peer needs context + steps <= the sliding window ({model.config.sliding_window})")
+    window = getattr(model.config, "sliding_window", None)
+    if window and length > window:
+        raise SystemExit(f"the compiled HF peer needs context + steps <= the sliding window ({window})")
     plain = copy.deepcopy(model.config)
     plain.layer_types = ["full_attention"] * plain.num_hidden_layers
     eager = model.forward
