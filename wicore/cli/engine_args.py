@@ -55,6 +55,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "up to this many tokens of its batch's blocks into stage buffers (taken from --kv-pool-gb); exact, slower "
         "(0: off; export with --partitions so each partition holds one full-attention layer)",
     )
+    p.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=None,
+        help="partitions on several devices: a step of at least twice this many tokens runs as micro-batches of rows "
+        "that keep every device busy at once (default: 512 where the partitions span several devices; 0: off)",
+    )
     p.add_argument(  # the flag's name until issue 30 ("stream" now means SSE outputs alone)
         "--kv-stream-tokens",
         dest="kv_offload_tokens",
@@ -113,6 +120,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             nvme_tier_gb=args.nvme_tier_gb,
             nvme_dir=args.nvme_dir,
             kv_offload_tokens=args.kv_offload_tokens,
+            micro_batch_tokens=args.micro_batch_tokens,
             policy=args.policy,
             enable_prefix_cache=not args.no_prefix_cache,
             devices=args.devices,

@@ -42,11 +42,17 @@ class EngineConfig:
     # else their blocks may lie in the host tier too, and each step that runs one stages up to this
     # many tokens of its batch's blocks into stage buffers (taken from kv_pool_gb) for the graphs to read.
     kv_offload_tokens: int = 0
+    # Partitions on several devices (wicore.executor.pipeline): a step of at least twice this many
+    # tokens runs as micro-batches of rows that keep every device busy. None: 512 where the partitions
+    # span several devices, else off; 0: off.
+    micro_batch_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in ("a2cr", "lru"):
             raise ValueError(f"policy {self.policy!r}: choose a2cr or lru")
         if min(self.kv_pool_gb, self.host_tier_gb, self.nvme_tier_gb) < 0:
             raise ValueError("tier sizes must be >= 0")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 0:
+            raise ValueError(f"micro_batch_tokens must be >= 0 (0: off), got {self.micro_batch_tokens}")
         if self.kv_offload_tokens < 0:
             raise ValueError(f"kv_offload_tokens must be >= 0 (0: off), got {self.kv_offload_tokens}")

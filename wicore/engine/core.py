@@ -122,6 +122,7 @@ class EngineCore:
             config.profile_prefix,
             config.cuda_graphs,
             bs,
+            config.micro_batch_tokens,
         )
         self.config = config = replace(config, cuda_graphs=graphs.cuda_graphs)
         self.layout = layout
@@ -329,4 +330,5 @@ class EngineCore:
     def close(self) -> None:
         if self.speculator is not None:
             self.speculator.close()
+        self.runner.graphs.close()
         self.kv.close()

@@ -40,6 +40,30 @@ class BatchInputs:
     window_attention_bounds: np.ndarray  # [2] int32
     window_logical_tables: np.ndarray  # [batch, max_blocks] int64, window blocks at their logical index
 
+    def rows(self, lo: int, hi: int) -> BatchInputs:
+        """Rows lo .. hi - 1 as a batch of their own (a micro-batch, wicore.executor.pipeline): the
+        same paging arrays and table widths, the logits' rows renumbered from the first row's."""
+        seq = self.input_ids.shape[1]
+        keep = (self.logits_indices >= lo * seq) & (self.logits_indices < hi * seq)
+        past, window_past = self.past_seqlens[lo:hi], self.window_past_seqlens[lo:hi]
+        return BatchInputs(
+            self.input_ids[lo:hi],
+            self.positions[lo:hi],
+            self.slot_mapping[lo:hi],
+            self.block_tables[lo:hi],
+            self.context_lens[lo:hi],
+            self.logits_indices[keep] - lo * seq,
+            self.window_slot_mapping[lo:hi],
+            self.window_block_tables[lo:hi],
+            self.window_first_block[lo:hi],
+            np.arange(hi - lo + 1, dtype=np.int32) * seq,
+            past,
+            np.asarray([seq, past.max() + seq], np.int32),
+            window_past,
+            np.asarray([seq, window_past.max() + seq], np.int32),
+            self.window_logical_tables[lo:hi],
+        )
+
     def paging_inputs(self) -> dict[str, np.ndarray]:
         """Every array but the token ids and the logits' rows, by graph input name: each field is
         named as the input it feeds."""

@@ -8,7 +8,7 @@ row the candidates cannot decide.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,3 +72,28 @@ def graph_outputs(out: Mapping[str, Any], logits: bool, draws: bool, mass: np.nd
         return GraphOutputs(host_logits, greedy, mass)
     found = Draws(*(out[name].numpy() for name in (io.SAMPLED_TOKENS, io.TOP_PROBS, io.TOP_IDS)))
     return GraphOutputs(host_logits, greedy, mass, found, None if logits else out[io.LOGITS])
+
+
+def join_outputs(parts: Sequence[GraphOutputs]) -> GraphOutputs:
+    """The outputs of consecutive micro-batches of one batch (wicore.executor.pipeline) as the
+    batch's: every array joined along its rows, logits left on a device read on demand."""
+    first = parts[0]
+
+    def cat(get: Callable[[GraphOutputs], Any]) -> Any:
+        return None if get(first) is None else np.concatenate([get(p) for p in parts])
+
+    draws = None
+    if first.draws is not None:
+        draws = Draws(*(np.concatenate([getattr(p.draws, f) for p in parts]) for f in ("tokens", "top_probs", "top_ids")))
+    unread = None if first.unread_logits is None else _Joined([p.unread_logits for p in parts])
+    return GraphOutputs(cat(lambda p: p.logits), cat(lambda p: p.greedy_tokens), cat(lambda p: p.attention_mass), draws, unread)
+
+
+@dataclass(frozen=True)
+class _Joined:
+    """Logits of several micro-batches, each where its graph wrote them: read (`numpy`) as one array."""
+
+    parts: list[Any]
+
+    def numpy(self) -> np.ndarray:
+        return np.concatenate([p.numpy() for p in self.parts])

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from wicore.devices.providers import Device, DeviceError, onnxruntime, session_options
+from wicore.executor import pipeline
 from wicore.executor.batch import BatchInputs
 from wicore.executor.cuda_graphs import DecodeGraphs
 from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
@@ -59,6 +60,7 @@ class ModelGraphs:
         profile_prefix: str | None = None,  # ONNX Runtime's profiler on (tools/profile_step.py)
         cuda_graphs: bool | None = False,  # decode steps captured and replayed (runtime/cuda_graphs.py)
         block_size: int | None = None,  # cuda_graphs None: on where they can be and blocks are FlashAttention's
+        micro_batch_tokens: int | None = None,  # wicore.executor.pipeline; None: its default over several devices; 0: off
     ) -> None:
         ort = onnxruntime()
         self.manifest = manifest
@@ -87,6 +89,10 @@ class ModelGraphs:
         self.inline_head = manifest.partitions[-1].has_sampling_head  # an older export's head, in its last partition
         self.head = SamplingHead(manifest.config.vocab_size, self.devices[-1], num_threads) if manifest.sampling_head else None
         self.decode_graphs: DecodeGraphs | None = None
+        if micro_batch_tokens is None:  # on where the partitions span devices that can work at once
+            several = len({d.ort_device for d in self.devices}) > 1
+            micro_batch_tokens = pipeline.DEFAULT_TOKENS if several else 0
+        self.pipeline = pipeline.Pipeline(self, micro_batch_tokens) if micro_batch_tokens and len(self.sessions) > 1 else None
         self._run_options = None
         if cuda_graphs:  # a session that captures runs uncaptured only when told so
             self._run_options = ort.RunOptions()
@@ -141,50 +147,73 @@ class ModelGraphs:
             raise ValueError("this export has no sampling head (wicore-export --sampling-head on)")
         if staged is None and not images and self.decode_graphs is not None and self.decode_graphs.can_run(batch):
             return self.decode_graphs.run(batch, want_logits, sampling)
+        if staged is None and not images and self.pipeline is not None:
+            spans = self.pipeline.spans(batch)
+            if len(spans) > 1:
+                return self.pipeline.run(batch, spans, want_logits, sampling)
         hidden = None
         out: dict[str, Any] = {}
         mass = None
-        parts = list(zip(self.manifest.partitions, self.sessions))
-        for i, (record, session) in enumerate(parts):
-            binding = session.io_binding()
-            # Hidden states go straight to the next partition's device when this session can
-            # write there (its own device, or host memory); between two accelerators they pass
-            # through the host, since a session has no allocator for another card.
-            results = self._result_devices(i, record, want_logits, sampling is not None)
-            for name, device in results.items():
-                binding.bind_output(name, *device)
-            if record.has_embedding:
-                binding.bind_cpu_input(io.INPUT_IDS, batch.input_ids)
-            elif hidden is None:
-                raise ValueError(f"partition {i} takes hidden states, but no partition before it made any")
-            elif self._handoff_device(i - 1) == self.devices[i].ort_device:
-                binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
-            else:
-                binding.bind_cpu_input(io.HIDDEN_STATES, hidden.numpy())
-            step_inputs = {**batch.paging_inputs(), **(images or {})}
-            if record.has_lm_head:
-                step_inputs[io.LOGITS_INDICES] = batch.logits_indices
-                if self.inline_head:
-                    head = sampling or SamplingInputs.unused(len(batch.logits_indices))
-                    step_inputs[io.SAMPLING_TEMPERATURE] = head.temperature
-                    step_inputs[io.SAMPLING_UNIFORM] = head.uniform
-            for name, array in step_inputs.items():
-                if name in self._input_names[i]:
-                    binding.bind_cpu_input(name, array)
-            self.bind_kv(binding, record, staged)
-            if staged is not None:
-                staged.before(i)
-            session.run_with_iobinding(binding, self._run_options)
-            if staged is not None:
-                staged.after(i)
-            out = dict(zip(results, binding.get_outputs()))
+        for i in range(len(self.sessions)):
+            out = self.run_partition(i, batch, hidden, want_logits, sampling, images, staged)
             hidden = out.get(io.HIDDEN_STATES_OUT)
-            if record.has_attention_stats:
+            if io.ATTENTION_MASS in out:
                 part = out[io.ATTENTION_MASS].numpy()
                 mass = part if mass is None else mass + part
         if sampling is not None and self.head is not None:
             out |= self.head.run(out[io.LOGITS], sampling)
         return graph_outputs(out, want_logits, sampling is not None, mass)
+
+    def run_partition(
+        self,
+        i: int,
+        batch: BatchInputs,
+        hidden: Any,
+        want_logits: bool,
+        sampling: SamplingInputs | None,
+        images: dict[str, np.ndarray] | None = None,
+        staged: StagedRun | None = None,
+    ) -> dict[str, Any]:
+        """Partition `i` on `batch`, after the one before it left `hidden` (an OrtValue; None for
+        the first): its outputs by name, where `_result_devices` put them."""
+        record, session = self.manifest.partitions[i], self.sessions[i]
+        binding = session.io_binding()
+        # Hidden states go straight to the next partition's device when this session can
+        # write there (its own device, or host memory); between two accelerators they pass
+        # through the host, since a session has no allocator for another card.
+        results = self._result_devices(i, record, want_logits, sampling is not None)
+        for name, device in results.items():
+            binding.bind_output(name, *device)
+        if record.has_embedding:
+            binding.bind_cpu_input(io.INPUT_IDS, batch.input_ids)
+        elif hidden is None:
+            raise ValueError(f"partition {i} takes hidden states, but no partition before it made any")
+        elif self._handoff_device(i - 1) == self.devices[i].ort_device:
+            binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
+        else:
+            binding.bind_cpu_input(io.HIDDEN_STATES, hidden.numpy())
+        step_inputs = {**batch.paging_inputs(), **(images or {})}
+        if record.has_lm_head:
+            step_inputs[io.LOGITS_INDICES] = batch.logits_indices
+            if self.inline_head:
+                head = sampling or SamplingInputs.unused(len(batch.logits_indices))
+                step_inputs[io.SAMPLING_TEMPERATURE] = head.temperature
+                step_inputs[io.SAMPLING_UNIFORM] = head.uniform
+        for name, array in step_inputs.items():
+            if name in self._input_names[i]:
+                binding.bind_cpu_input(name, array)
+        self.bind_kv(binding, record, staged)
+        if staged is not None:
+            staged.before(i)
+        session.run_with_iobinding(binding, self._run_options)
+        if staged is not None:
+            staged.after(i)
+        return dict(zip(results, binding.get_outputs()))
+
+    def close(self) -> None:
+        """Stop the pipeline's worker threads (the sessions go with the object)."""
+        if self.pipeline is not None:
+            self.pipeline.close()
 
     def _result_devices(self, partition: int, record, want_logits: bool, draws: bool) -> dict[str, tuple[str, int]]:
         """The partition's outputs this step reads, and where each is written."""

@@ -1,0 +1,117 @@
+"""Micro-batched steps over partitions on several devices: every card busy at once (pipeline parallelism).
+
+Run whole, a step's batch goes through the partitions one after the other, and each device waits
+while the others compute. Cut into micro-batches of rows, partition i works on micro-batch m while
+partition i + 1 works on micro-batch m - 1, each partition on a worker thread of its own (ONNX
+Runtime releases the GIL while it runs):
+
+    cuda:0  │ mb 0 │ mb 1 │ mb 2 │ mb 3 │
+    cuda:1         │ mb 0 │ mb 1 │ mb 2 │ mb 3 │       (M + S - 1 slots of a 1/M step, S devices)
+
+This pays where a step's time grows with its rows: prefill chunks, whose matmuls are compute
+bound. A decode step reads every weight once whatever its rows, so cutting it would read them M
+times: only steps of at least `tokens` tokens a micro-batch are cut (a decode step of 256 rows is
+not, at the default of 512). Rows are independent in every graph (their KV blocks are their own;
+padding writes only to the sink block), so the micro-batches' outputs, joined, are the batch's.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from wicore.executor.batch import BatchInputs
+from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs, join_outputs
+from wicore.graph import io
+
+if TYPE_CHECKING:
+    from wicore.executor.graphs import ModelGraphs
+
+DEFAULT_TOKENS = 512  # the fewest tokens a micro-batch; decode steps (a token a row) stay whole below it
+
+
+class Pipeline:
+    """A worker thread per partition, fed micro-batches in order."""
+
+    def __init__(self, graphs: ModelGraphs, tokens: int = DEFAULT_TOKENS) -> None:
+        if tokens < 1:
+            raise ValueError(f"a micro-batch needs at least 1 token, got {tokens}")
+        self.graphs = graphs
+        self.tokens = tokens
+        self.num_steps = 0  # steps run as micro-batches
+        self.workers = [ThreadPoolExecutor(1, thread_name_prefix=f"wicore-part{i}") for i in range(len(graphs.sessions))]
+
+    def spans(self, batch: BatchInputs) -> list[tuple[int, int]]:
+        """The micro-batches' row ranges: as many as hold `tokens` tokens each, at most one a row."""
+        rows = batch.input_ids.shape[0]
+        count = min(rows, batch.input_ids.size // self.tokens)
+        bounds = np.linspace(0, rows, max(count, 1) + 1).round().astype(int)
+        return [(int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds.tolist())]
+
+    def run(
+        self, batch: BatchInputs, spans: list[tuple[int, int]], want_logits: bool, sampling: SamplingInputs | None
+    ) -> GraphOutputs:
+        self.num_steps += 1
+        done = []
+        first_logit = 0
+        step_masks = None
+        if sampling is not None and sampling.token_bitmask is not None:  # made once, for every logits row
+            step_masks = functools.cache(functools.partial(sampling.token_bitmask, len(batch.logits_indices)))
+        for lo, hi in spans:
+            part = batch.rows(lo, hi)
+            n = len(part.logits_indices)
+            draws = None if sampling is None else _rows(sampling, first_logit, n, step_masks)
+            first_logit += n
+            stage: Future[tuple[dict[str, Any], np.ndarray | None]] | None = None
+            for i, worker in enumerate(self.workers):
+                stage = worker.submit(self._stage, i, part, stage, want_logits, draws)
+            assert stage is not None
+            done.append((stage, draws))
+        return join_outputs([self._outputs(stage.result(), want_logits, draws) for stage, draws in done])
+
+    def _stage(
+        self,
+        i: int,
+        part: BatchInputs,
+        before: Future[tuple[dict[str, Any], np.ndarray | None]] | None,
+        want_logits: bool,
+        sampling: SamplingInputs | None,
+    ) -> tuple[dict[str, Any], np.ndarray | None]:
+        """Partition i on one micro-batch, once partition i - 1 has run it: its outputs and the
+        attention mass summed over the partitions so far."""
+        out, mass = before.result() if before is not None else ({}, None)
+        out = self.graphs.run_partition(i, part, out.get(io.HIDDEN_STATES_OUT), want_logits, sampling)
+        if io.ATTENTION_MASS in out:
+            here = out[io.ATTENTION_MASS].numpy()
+            mass = here if mass is None else mass + here
+        head = self.graphs.head
+        if i == len(self.workers) - 1 and sampling is not None and head is not None:
+            out |= head.run(out[io.LOGITS], sampling)
+        return out, mass
+
+    @staticmethod
+    def _outputs(
+        result: tuple[dict[str, Any], np.ndarray | None], want_logits: bool, sampling: SamplingInputs | None
+    ) -> GraphOutputs:
+        out, mass = result
+        return graph_outputs(out, want_logits, sampling is not None, mass)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.shutdown(wait=True)
+
+
+def _rows(sampling: SamplingInputs, first: int, count: int, step_masks: Callable[[], np.ndarray] | None) -> SamplingInputs:
+    """The sampling inputs of logits rows first .. first + count - 1; `step_masks`: the step's masks, all rows."""
+    sub = None
+    if step_masks is not None:
+
+        def sub(rows: int) -> np.ndarray:
+            return step_masks()[first : first + rows]
+
+    return SamplingInputs(sampling.temperature[first : first + count], sampling.uniform[first : first + count], sub)
