@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from wicore.executor.batch import build_batch
 from wicore.graph import io
 
@@ -53,3 +55,23 @@ def test_padded_rows_reach_only_the_sink_past_their_blocks():
     assert b.window_block_tables.tolist() == [[3, 4, sink], [7, 8, sink]]
     assert b.window_logical_tables.tolist() == [[3, 4, sink], [7, 8, sink]]
     assert b.slot_mapping[1].tolist() == [6 * BS + 2, 6 * BS + 3] + [sink * BS] * 4
+
+
+MIXED_ROWS = [
+    Row([5, 6, 7], 5, [7, 2], [7, 2], 0, 3),
+    Row([9], 0, [3], [3], 0, 1),
+    Row([1, 2], 9, [4, 5, 6], [5, 6], 1, 2),
+    Row([8, 8, 8], 0, [1], [1], 0, 1),
+]
+
+
+def test_a_micro_batch_of_rows_is_the_batch_those_rows_make_alone():
+    whole = build_batch(MIXED_ROWS, block_size=BS)
+    part = whole.rows(2, 4)
+    alone = build_batch(MIXED_ROWS[2:4], block_size=BS)  # as long as the batch's longest row: the same padding
+    for name, array in vars(alone).items():
+        got = getattr(part, name)
+        if name in ("block_tables", "window_block_tables", "window_logical_tables"):
+            got = got[:, : array.shape[1]]  # the micro-batch keeps the batch's width: sink blocks past its own
+            assert (getattr(part, name)[:, array.shape[1] :] == io.SINK_BLOCK).all()
+        np.testing.assert_array_equal(got, array, err_msg=name)

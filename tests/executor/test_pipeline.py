@@ -4,6 +4,7 @@ as the whole batch run partition after partition, and only steps long enough are
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,38 +12,7 @@ import pytest
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.executor.batch import build_batch
 from wicore.executor.pipeline import Pipeline
-from wicore.graph import io
 from wicore.types.sampling import SamplingParams
-
-
-@dataclass(frozen=True)
-class Row:
-    token_ids: list[int]
-    start: int
-    block_table: list[int]
-    window_table: list[int]
-    window_first: int = 0
-    num_logits: int = 1
-
-
-ROWS = [
-    Row([5, 6, 7], 5, [7, 2], [7, 2], num_logits=3),
-    Row([9], 0, [3], [3]),
-    Row([1, 2], 9, [4, 5, 6], [5, 6], window_first=1, num_logits=2),
-    Row([8, 8, 8], 0, [1], [1]),
-]
-
-
-def test_a_micro_batch_of_rows_is_the_batch_those_rows_make_alone():
-    whole = build_batch(ROWS, block_size=4)
-    part = whole.rows(2, 4)
-    alone = build_batch(ROWS[2:4], block_size=4)  # as long as the batch's longest row: the same padding
-    for name, array in vars(alone).items():
-        got = getattr(part, name)
-        if name in ("block_tables", "window_block_tables", "window_logical_tables"):
-            got = got[:, : array.shape[1]]  # the micro-batch keeps the batch's width: sink blocks past its own
-            assert (getattr(part, name)[:, array.shape[1] :] == io.SINK_BLOCK).all()
-        np.testing.assert_array_equal(got, array, err_msg=name)
 
 
 def test_only_steps_with_enough_tokens_a_micro_batch_are_cut():
@@ -52,7 +22,8 @@ def test_only_steps_with_enough_tokens_a_micro_batch_are_cut():
 
     pipeline = Pipeline(FakeGraphs(), tokens=512)  # type: ignore[arg-type]
     try:
-        decode = replace(build_batch(ROWS, 4), input_ids=np.zeros((256, 1), np.int64))
+        row = SimpleNamespace(token_ids=[5], start=0, block_table=[1], window_table=[1], window_first=0, num_logits=1)
+        decode = replace(build_batch([row], 4), input_ids=np.zeros((256, 1), np.int64))
         assert pipeline.spans(decode) == [(0, 256)]
         prefill = replace(decode, input_ids=np.zeros((8, 300), np.int64))
         assert pipeline.spans(prefill) == [(0, 2), (2, 4), (4, 6), (6, 8)]
