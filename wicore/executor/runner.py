@@ -33,6 +33,7 @@ ended; rows carry only plain data.
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Sequence
 from enum import Enum
@@ -97,7 +98,9 @@ class ModelRunner:
                 staged = self.offloader.run(group, self.block_size)
                 batch_rows = staged.plan.rows
             batch = build_batch(batch_rows, self.block_size)
+            started = time.perf_counter()
             out = self.graphs.run(batch, logits=logits, images=images, sampling=sampling, staged=staged)
+            result.graphs_seconds += time.perf_counter() - started
             host_logits = out.logits
             offset = 0
             for i, row in enumerate(group):
