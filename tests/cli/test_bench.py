@@ -12,7 +12,9 @@ import pytest
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
+from wicore.cli.bench import step_breakdown
 from wicore.cli.load import LoadConfig, RequestTiming, Spread, one_request, random_prompts, summarize
+from wicore.engine.core import PhaseSeconds
 from wicore.engine.engine import Engine, EngineConfig
 
 
@@ -95,6 +97,28 @@ def test_bench_throughput_runs_every_request_to_its_length(tiny_export, tmp_path
         30,
     )
     assert record["output_tokens_per_second"] == pytest.approx(30 / record["elapsed"])
+    # 6 prompts of 9 tokens prefill in one step (the step's token budget holds them), then 4 decode steps
+    assert record["num_steps"] == 5 and "A step: " in res.stdout and "; 5 steps" in res.stdout
+    ms = record["step_ms"]
+    parts = ms["schedule"] + ms["moves"] + ms["graphs"] + ms["run_host"] + ms["update"] + ms["loop"]
+    assert ms["step"] == pytest.approx(parts) and min(ms.values()) >= 0 and ms["graphs"] > 0
+
+
+def test_step_breakdown_is_each_phase_a_step_in_ms():
+    before = PhaseSeconds(1.0, 0.5, 2.0, 1.0, 1.5)
+    after = PhaseSeconds(1.2, 0.5, 2.8, 1.2, 2.1)  # 4 steps: 0.2 s scheduling, 0.8 s running (0.6 s graphs) ...
+    ms = step_breakdown(after, before, 1.4, 4)
+    assert ms is not None
+    assert {k: round(v, 6) for k, v in ms.items()} == {
+        "step": 350.0,
+        "schedule": 50.0,
+        "moves": 0.0,
+        "graphs": 150.0,
+        "run_host": 50.0,
+        "update": 50.0,
+        "loop": 50.0,
+    }
+    assert step_breakdown(after, before, 1.4, 0) is None
 
 
 @pytest.fixture(scope="module")

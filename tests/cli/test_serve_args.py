@@ -169,3 +169,11 @@ def test_the_default_pool_holds_the_models_whole_context(gemma_270m):
     assert config.kv_pool_gb == 1.13
     with Engine(config) as engine:
         assert engine.max_sequence_tokens == 32768 == engine.manifest.config.max_position_embeddings
+
+
+def test_gil_switch_ms_is_taken_in_ms_and_must_be_positive(capsys):
+    assert parse_command_line(["serve", "--gil-switch-ms", "0.5"]).gil_switch_ms == 0.5
+    assert parse_command_line(["serve"]).gil_switch_ms is None  # Python's own 5 ms
+    assert main(["serve", "--gil-switch-ms", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "wicore: error: --gil-switch-ms 0: give a positive number of milliseconds (Python's is 5)"

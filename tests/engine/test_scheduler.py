@@ -256,3 +256,23 @@ def test_a_prefill_chunk_never_cuts_an_image():
     d.step()  # B's prompt; it decodes from now on
     d.add("A", list(range(20)), 1, Priority.NORMAL, (span,))
     assert [d.step() for _ in range(4)] == [[("B", 1), ("A", 5)], [("B", 1)], [("A", 8)], [("A", 7)]]
+
+
+def test_deadlines_end_running_and_waiting_requests_at_the_next_step():
+    """Only requests with a deadline are checked for one; a waiting and a running request past
+    theirs end with "deadline" at the next step, one without a deadline runs on."""
+    d = Driver(num_device_blocks=64, max_num_seqs=2)
+    params = SamplingParams(max_tokens=50, ignore_eos=True)
+    for request_id, deadline in (("running", 3.0), ("plain", None), ("waiting", 2.0)):
+        d.sched.add(Request(request_id, [1, 2, 3], params, 50, Priority.NORMAL, 0.0, deadline=deadline))
+        d.generated[request_id] = 0
+    assert sorted(r for r, _ in d.step()) == ["plain", "running"]  # "waiting" waits: max_num_seqs is 2
+    d.now = 2.5
+    out = d.sched.schedule()
+    assert [(o.request_id, o.finish_reason) for o in out.finished] == [("waiting", "deadline")]
+    assert sorted(r.request_id for r in out.rows) == ["plain", "running"]
+    d.sched.update(out.rows, RunResult(sampled={r.request_id: Sample(7) for r in out.rows}))
+    d.now = 3.5
+    out = d.sched.schedule()
+    assert [(o.request_id, o.finish_reason) for o in out.finished] == [("running", "deadline")]
+    assert [r.request_id for r in out.rows] == ["plain"] and list(d.sched.requests) == ["plain"]

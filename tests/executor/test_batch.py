@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 from wicore.executor.batch import build_batch
 from wicore.graph import io
@@ -75,3 +76,35 @@ def test_a_micro_batch_of_rows_is_the_batch_those_rows_make_alone():
             got = got[:, : array.shape[1]]  # the micro-batch keeps the batch's width: sink blocks past its own
             assert (getattr(part, name)[:, array.shape[1] :] == io.SINK_BLOCK).all()
         np.testing.assert_array_equal(got, array, err_msg=name)
+
+
+def test_token_ids_positions_and_logits_of_padded_rows():
+    """Each row's tokens from the left, zeros after; the logits' rows are each row's last
+    `num_logits` tokens, flat into batch * seq (a prompt chunk wanting every position's, a row
+    wanting none, a decode wanting one)."""
+    rows = [
+        Row([1, 2, 3], 0, [3], [3], 0, 3),
+        Row([4, 5], 8, [5, 6, 7], [6, 7], 1, 0),
+        Row([6], 2, [8], [8], 0, 1),
+    ]
+    b = build_batch(rows, BS)
+    assert b.input_ids.tolist() == [[1, 2, 3], [4, 5, 0], [6, 0, 0]]
+    assert b.positions.tolist() == [[0, 1, 2], [8, 9, 0], [2, 0, 0]]
+    assert b.logits_indices.tolist() == [0, 1, 2, 6]
+    assert b.context_lens.tolist() == [3, 10, 3]
+    sink = io.SINK_BLOCK * BS
+    assert b.slot_mapping.tolist() == [[3 * BS, 3 * BS + 1, 3 * BS + 2], [7 * BS, 7 * BS + 1, sink], [8 * BS + 2, sink, sink]]
+    assert b.window_slot_mapping.tolist() == [
+        [3 * BS, 3 * BS + 1, 3 * BS + 2],
+        [7 * BS, 7 * BS + 1, sink],
+        [8 * BS + 2, sink, sink],
+    ]
+
+
+def test_a_row_past_its_blocks_is_refused_with_the_first_such_row():
+    """Row 1's window table starts at logical block 1 but holds one block; positions 8..9 are in
+    logical block 2: the error names that row (row 2 lacks a block too, of its full table)."""
+    rows = [Row([1], 0, [3], [3], 0, 1), Row([4, 5], 8, [5, 6, 7], [6], 1, 1), Row([6], 4, [8], [8], 1, 1)]
+    with pytest.raises(ValueError) as err:
+        build_batch(rows, BS)
+    assert str(err.value) == "positions 8..9 need logical blocks 2..2; the row has blocks 1..1 of 4"

@@ -56,9 +56,15 @@ def serve(
     port: int,
     grace_seconds: float = 30.0,
     limits: ConnectionLimits = DEFAULT_LIMITS,
+    switch_interval: float | None = None,
 ) -> int:
-    """Run until SIGTERM / SIGINT; returns the process exit code."""
+    """Run until SIGTERM / SIGINT; returns the process exit code. `switch_interval`: seconds a
+    thread may hold the GIL while another waits (sys.setswitchinterval, for this process; None keeps
+    Python's 5 ms). The engine thread gives the GIL up for every step's graphs and, back, waits up to
+    that long for the event loop's thread, busy writing the streams (docs/PERFORMANCE.md, issue 32)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
     engine = Engine(engine_config).start()
     engine.grammars.warm_up()  # the first constrained request need not wait for the vocabulary
     try:

@@ -15,12 +15,16 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from wicore.cli.engine_args import add_engine_args, engine_config
 from wicore.cli.load import LevelResult, LoadConfig, Spread, check_endpoint, model_name, random_prompts, run_level
 from wicore.errors import UsageError
+
+if TYPE_CHECKING:
+    from wicore.engine.core import PhaseSeconds
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
@@ -58,6 +62,8 @@ class ThroughputResult:
     num_prompt_tokens: int
     num_output_tokens: int
     elapsed: float  # seconds, the first request queued to the last one's end
+    num_steps: int = 0  # engine steps that ran rows
+    step_ms: dict[str, float] | None = None  # a step's mean milliseconds by phase (step_breakdown)
 
     @property
     def requests_per_second(self) -> float:
@@ -74,15 +80,47 @@ class ThroughputResult:
 
 def measure_throughput(engine, prompts: list[list[int]], params) -> ThroughputResult:  # engine: Engine, params: SamplingParams
     """Queue every prompt at once and run them to their ends through Engine.generate."""
+    steps, seconds = engine.num_steps, engine.core.seconds
     start = time.perf_counter()
     completions = engine.generate(prompts, params)
     elapsed = time.perf_counter() - start
+    num_steps = engine.num_steps - steps
     return ThroughputResult(
         num_requests=len(prompts),
         num_failed=sum(c.finish_reason == "error" for c in completions),
         num_prompt_tokens=sum(map(len, prompts)),
         num_output_tokens=sum(len(c.token_ids) for c in completions),
         elapsed=elapsed,
+        num_steps=num_steps,
+        step_ms=step_breakdown(engine.core.seconds, seconds, elapsed, num_steps),
+    )
+
+
+def step_breakdown(after: PhaseSeconds, before: PhaseSeconds, elapsed: float, num_steps: int) -> dict[str, float] | None:
+    """A step's mean milliseconds: the wall time over the steps, each phase of EngineCore.step (the
+    graphs' runs apart from the host's part of `run`), and the rest (`loop`: the engine thread's
+    handing out of outputs and taking in of requests, and steps that ran no rows)."""
+    if num_steps == 0:
+        return None
+    s = type(after)(*(a - b for a, b in zip(astuple(after), astuple(before))))
+    ms = {
+        "step": elapsed,
+        "schedule": s.schedule_s,
+        "moves": s.moves_s,
+        "graphs": s.graphs_s,
+        "run_host": s.run_s - s.graphs_s,
+        "update": s.update_s,
+        "loop": elapsed - s.total_s,
+    }
+    return {name: 1000 * seconds / num_steps for name, seconds in ms.items()}
+
+
+def format_breakdown(ms: dict[str, float]) -> str:
+    host = ms["step"] - ms["graphs"]
+    return (
+        f"A step: {ms['step']:.2f} ms, of which graphs {ms['graphs']:.2f} and host {host:.2f} "
+        f"(schedule {ms['schedule']:.2f}, KV moves {ms['moves']:.2f}, run outside the graphs {ms['run_host']:.2f}, "
+        f"update {ms['update']:.2f}, engine loop {ms['loop']:.2f})"
     )
 
 
@@ -107,6 +145,8 @@ def run_throughput(args: argparse.Namespace) -> int:
         f"{result.output_tokens_per_second:.2f} output tokens/s ({result.num_requests} requests of "
         f"{args.input_len} + {args.output_len} tokens in {result.elapsed:.2f} s)"
     )
+    if result.step_ms is not None:
+        print(f"{format_breakdown(result.step_ms)}; {result.num_steps} steps")
     rates = {
         "requests_per_second": result.requests_per_second,
         "output_tokens_per_second": result.output_tokens_per_second,

@@ -95,6 +95,13 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         help="requests (choices) one connection or WebSocket may have queued or running; more get a 429 "
         "(default: a quarter of the waiting queue, 256; 0: no limit)",
     )
+    p.add_argument(
+        "--gil-switch-ms",
+        type=float,
+        default=None,
+        help="milliseconds a Python thread may hold the GIL while another waits for it (sys.setswitchinterval): "
+        "how long the engine's thread, back from a step, may wait for the HTTP thread's (default: Python's, 5)",
+    )
     p.add_argument("--header-timeout", type=float, default=20.0, help="seconds to send a request's headers, or to idle")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request's whole body (then a 408)")
     add_engine_args(p)
@@ -136,6 +143,8 @@ def apply_config_file(args: argparse.Namespace) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     if args.config is not None:
         apply_config_file(args)
+    if args.gil_switch_ms is not None and not args.gil_switch_ms > 0:
+        raise UsageError(f"--gil-switch-ms {args.gil_switch_ms:g}: give a positive number of milliseconds (Python's is 5)")
     cluster = wants_cluster(args)
     if cluster:
         from wicore.cli.cluster import require_ray
@@ -160,7 +169,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from wicore.cli.models import cached_export_errors
 
     with cached_export_errors(args.model, model_dir):
-        return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds, limits)
+        switch = None if args.gil_switch_ms is None else args.gil_switch_ms / 1000
+        return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds, limits, switch)
 
 
 def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]

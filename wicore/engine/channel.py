@@ -1,11 +1,17 @@
-"""Per-request output channel from the engine thread to a sync or asyncio consumer."""
+"""Per-request output channel from the engine thread to a sync or asyncio consumer.
+
+A step's outputs go out together (`put_all`): every channel gets its output first, then each event
+loop with consumers waiting is woken once, not once a channel. At 256 streams that is one
+`call_soon_threadsafe` (a write to the loop's self-pipe, and a GIL hand-over the engine thread then
+waits for) a step instead of 256.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 
 from wicore.types.outputs import RequestOutput
 
@@ -26,16 +32,16 @@ class Channel:
         self.is_finished = False  # the final output has been put
 
     def put(self, output: RequestOutput) -> None:
+        put_all([(self, output)])
+
+    def _append(self, output: RequestOutput) -> tuple[asyncio.AbstractEventLoop, asyncio.Event] | None:
+        """Keep `output`, wake a blocking consumer; the asyncio consumer's loop and event to set, if any."""
         with self._cond:
             self.is_finished = self.is_finished or output.finished
             self._items.append(output)
             self._cond.notify_all()
             loop, event = self._loop, self._event
-        if loop is not None and event is not None:
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # the consumer's loop is closed: nobody is listening
-                pass
+        return None if loop is None or event is None else (loop, event)
 
     def _pop(self) -> RequestOutput | None:
         with self._cond:
@@ -63,3 +69,22 @@ class Channel:
             yield item
             if item.finished:
                 return
+
+
+def put_all(outputs: Iterable[tuple[Channel, RequestOutput]]) -> None:
+    """Put each output in its channel, in order, then wake each event loop that has consumers once."""
+    wake: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
+    for channel, output in outputs:
+        waiter = channel._append(output)
+        if waiter is not None:
+            wake.setdefault(waiter[0], []).append(waiter[1])
+    for loop, events in wake.items():
+        try:
+            loop.call_soon_threadsafe(_set_all, events)
+        except RuntimeError:  # the consumers' loop is closed: nobody is listening
+            pass
+
+
+def _set_all(events: list[asyncio.Event]) -> None:
+    for event in events:
+        event.set()

@@ -71,10 +71,16 @@ class PhaseSeconds:
     moves_s: float = 0.0  # KV blocks moved between tiers
     run_s: float = 0.0  # the graphs and sampling (runner.execute)
     update_s: float = 0.0  # the scheduler's accounting of the result
+    graphs_s: float = 0.0  # of run_s, inside the graphs' runs (ModelGraphs.run); the rest of a step is host work
 
     @property
     def total_s(self) -> float:
         return self.schedule_s + self.moves_s + self.run_s + self.update_s
+
+    @property
+    def host_s(self) -> float:
+        """The step's time outside the graphs' runs: scheduling, batch building, sampling on the host, accounting."""
+        return self.total_s - self.graphs_s
 
     def __add__(self, other: PhaseSeconds) -> PhaseSeconds:
         return PhaseSeconds(
@@ -82,6 +88,7 @@ class PhaseSeconds:
             self.moves_s + other.moves_s,
             self.run_s + other.run_s,
             self.update_s + other.update_s,
+            self.graphs_s + other.graphs_s,
         )
 
 
@@ -305,7 +312,9 @@ class EngineCore:
             if mass is not None:
                 self.kv.record_attention(row.block_ids, mass.tolist())
         outputs = self.scheduler.update(rows, result)
-        seconds = PhaseSeconds(scheduled - start, moved - scheduled, ran - moved, time.perf_counter() - ran)
+        seconds = PhaseSeconds(
+            scheduled - start, moved - scheduled, ran - moved, time.perf_counter() - ran, result.graphs_seconds
+        )
         self._trace(StepTrace(tuple(rows), len(out.moves), len(lost), seconds))
         if rows:
             self.num_steps += 1

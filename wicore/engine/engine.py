@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 
 from wicore.devices.providers import Device
-from wicore.engine.channel import Channel
+from wicore.engine.channel import Channel, put_all
 from wicore.engine.config import EngineConfig
 from wicore.engine.core import EngineCore
 from wicore.engine.request import Request
@@ -300,14 +300,18 @@ class Engine:
                 return True
 
     def _emit(self, outputs: list[RequestOutput]) -> None:
+        """Hand a step's outputs to their channels, waking each consumer's event loop once (channel.put_all)."""
+        delivered = []
         with self._lock:
             for output in outputs:
                 channel = self._channels.get(output.request_id)
                 if channel is None or channel.is_finished:
                     continue
-                channel.put(output)
+                delivered.append((channel, output))
+                channel.is_finished = channel.is_finished or output.finished  # a second final output is dropped
                 if output.finished and channel.claimed:
                     del self._channels[output.request_id]
+        put_all(delivered)
 
     # -- stats -----------------------------------------------------------------------
     @property

@@ -58,6 +58,11 @@ class Request:
     def output_ids(self) -> list[int]:
         return self.token_ids[len(self.prompt_ids) :]
 
+    @property
+    def num_output_tokens(self) -> int:
+        """len(output_ids), without copying them (asked for every token of every request)."""
+        return len(self.token_ids) - len(self.prompt_ids)
+
     def chunk(self, limit: int) -> int:
         """Tokens to run from num_computed when at most `limit` may: never an image in part
         (wicore.graph.io: its tokens attend to each other), so possibly fewer, or none."""
@@ -75,4 +80,4 @@ class Request:
     def wants_prompt_logits(self) -> bool:
         """Still prefilling a prompt whose every position's logits were asked for (a recompute
         after the first token needs none: they were sent with it)."""
-        return self.params.prompt_logits and not self.output_ids
+        return self.params.prompt_logits and self.num_output_tokens == 0

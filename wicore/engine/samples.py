@@ -41,7 +41,7 @@ def take_samples(req: Request, samples: list[Sample], config: SchedulerConfig, s
         if sample.logprobs is not None:
             taken.logprobs.append(sample.logprobs)
         stats.num_generated_tokens += 1
-        if req.prompt_logits and len(req.output_ids) == 1:  # the first output carries them
+        if req.prompt_logits and req.num_output_tokens == 1:  # the first output carries them
             taken.prompt_logits, req.prompt_logits = np.concatenate(req.prompt_logits), []
         taken.stop_reason = stop_reason(req, sample.token_id, config)
         if taken.stop_reason is not None:
@@ -57,6 +57,6 @@ def stop_reason(req: Request, token: int, config: SchedulerConfig) -> str | None
     if req.grammar is not None and req.grammar.is_finished:  # the output is complete: nothing but EOS can follow
         return "stop"
     context = config.max_context
-    if len(req.output_ids) >= req.max_tokens or (context is not None and req.num_tokens >= context):
+    if req.num_output_tokens >= req.max_tokens or (context is not None and req.num_tokens >= context):
         return "length"
     return None

@@ -48,6 +48,7 @@ class Scheduler:
         self.swapped: list[Request] = []
         self.stats = SchedulerStats()
         self._aborted: deque[str] = deque()
+        self._with_deadline: dict[str, Request] = {}  # what _drop_expired reads: not every request, every step
         self._ended: list[str] = []  # finished since the last schedule (the runner drops their state)
         self._seq_ids = itertools.count(1)
 
@@ -59,6 +60,8 @@ class Scheduler:
         request.status = Status.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        if request.deadline is not None:
+            self._with_deadline[request.request_id] = request
 
     def abort(self, request_id: str) -> None:
         """Cancel a request at any point; it ends at the next step with reason "abort"."""
@@ -94,10 +97,10 @@ class Scheduler:
         budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk)
         stage = StageBudget(cfg.max_staged_blocks)
 
-        queue = sorted(self.running, key=self._rank)
+        queue = deque(sorted(self.running, key=self._rank))
         preempted_this_step = False
         while queue and budget.tokens > 0:
-            req = queue.pop(0)
+            req = queue.popleft()
             n = budget.fits(req)
             if n == 0:  # a prefill chunk, and the step's prefill tokens are spent
                 continue
@@ -244,6 +247,8 @@ class Scheduler:
             rows.append(self._row(req, n))
 
     def _admit(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, stage: StageBudget, now: float) -> None:
+        if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
+            return  # the batch is full: the waiting queue is not even ranked (a step's cost is its rows')
         for req in sorted(self.waiting, key=lambda r: self._rank(r, now)):
             if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
                 break
@@ -295,14 +300,15 @@ class Scheduler:
     # -- endings ---------------------------------------------------------------------
     def _finish(self, req: Request, reason: str) -> RequestOutput:
         if req.status is not Status.FINISHED:
-            for queue in (self.waiting, self.running, self.swapped):
-                if req in queue:
-                    queue.remove(req)
+            queue = {Status.WAITING: self.waiting, Status.RUNNING: self.running, Status.SWAPPED: self.swapped}[req.status]
+            if req in queue:  # its status names its queue: one list searched, not three
+                queue.remove(req)
             if req.status is not Status.WAITING:
                 self.kv.free(req.seq_id)
             req.status = Status.FINISHED
             self._ended.append(req.request_id)
         self.requests.pop(req.request_id, None)
+        self._with_deadline.pop(req.request_id, None)
         return RequestOutput(req.request_id, [], True, reason, len(req.prompt_ids), req.num_cached_prompt_tokens)
 
     def _drop_aborted(self) -> list[RequestOutput]:
@@ -314,7 +320,7 @@ class Scheduler:
         return out
 
     def _drop_expired(self, now: float) -> list[RequestOutput]:
-        expired = [r for r in self.requests.values() if r.deadline is not None and now > r.deadline]
+        expired = [r for r in self._with_deadline.values() if r.deadline is not None and now > r.deadline]
         return [self._finish(r, "deadline") for r in expired]
 
     def drop_lost(self, seq_ids: set[int], rows: list[ScheduledRow]) -> list[ScheduledRow]:
@@ -349,7 +355,7 @@ class Scheduler:
             req.num_computed += num_run
             if req.num_computed <= len(req.prompt_ids):
                 self.stats.num_computed_prompt_tokens += num_run
-            self.kv.commit(req.seq_id, req.token_ids + kept, req.num_computed)
+            self.kv.commit(req.seq_id, req.token_ids + kept if kept else req.token_ids, req.num_computed)  # no copy a row
             if row.draft_ids:
                 self.kv.truncate(req.seq_id, req.num_computed + 1)
             if wants_prompt_logits:

@@ -109,7 +109,7 @@ class Speculator:
         wanted: dict[str, int] = {}
         sequences: dict[str, Sequence[int]] = {}
         for req in decoding:
-            room = min(self.config.num_speculative_tokens, req.max_tokens - len(req.output_ids) - 1)
+            room = min(self.config.num_speculative_tokens, req.max_tokens - req.num_output_tokens - 1)
             state = self._requests.get(req.request_id)
             if not req.params.speculative or room < 1 or (state is not None and state.paused_until > self._step):
                 continue

@@ -9,7 +9,7 @@ each array holds). Block size 4, a row of 3 tokens from position 5, blocks [7, 2
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,71 +93,97 @@ class BatchRow(Protocol):
 def build_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs:
     """Graph inputs for `rows`. Rows shorter than the longest are padded: their extra slots
     write to the sink block at position 0 and are never read. The logits come out row by
-    row, each row's last `num_logits` tokens in order."""
-    seq_len = max(len(r.token_ids) for r in rows)
+    row, each row's last `num_logits` tokens in order.
+
+    Built with whole-array operations over the batch: the Python work per row is reading its
+    fields, so a step of hundreds of decode rows costs little more on the host than their arrays."""
     batch = len(rows)
+    lengths = _ints(len(r.token_ids) for r in rows)
+    starts = _ints(r.start for r in rows)
+    first = _ints(r.window_first for r in rows)
+    num_logits = _ints(r.num_logits for r in rows)
+    seq_len = int(lengths.max())
+    filled = np.arange(seq_len) < lengths[:, None]  # [batch, seq]: a row's own tokens, not its padding
     input_ids = np.zeros((batch, seq_len), np.int64)
-    positions = np.zeros((batch, seq_len), np.int64)
-    lens = np.zeros(batch, np.int64)
-    first = np.zeros(batch, np.int64)
+    input_ids[filled] = _ints(t for r in rows for t in r.token_ids)
+    positions = np.where(filled, starts[:, None] + np.arange(seq_len), 0)
     # A padded row's padding reaches block (start + seq_len - 1) // block_size: the paged attention
     # reads that far (for the padding's own queries), so the tables list the sink block up to there.
-    reach = [-(-(r.start + seq_len) // block_size) for r in rows]
-    slots, tables = _paging_arrays(batch, seq_len, max(*reach, *(len(r.block_table) for r in rows)), block_size)
-    window_width = max(*(n - r.window_first for n, r in zip(reach, rows)), *(len(r.window_table) for r in rows))
-    window_slots, window_tables = _paging_arrays(batch, seq_len, window_width, block_size)
-    logical_width = max(tables.shape[1], *(r.window_first + len(r.window_table) for r in rows))
+    reach = -(-(starts + seq_len) // block_size)
+    full_tables = [r.block_table for r in rows]
+    window_tables = [r.window_table for r in rows]
+    num_full, num_window = _ints(map(len, full_tables)), _ints(map(len, window_tables))
+    tables = _table(full_tables, num_full, max(int(reach.max()), int(num_full.max())))
+    windows = _table(window_tables, num_window, max(int((reach - first).max()), int(num_window.max())))
+    no_first = np.zeros(batch, np.int64)
+    _check_reach(positions, filled, ((no_first, num_full), (first, num_window)), block_size)
+    slots = _slots(tables, positions, filled, no_first, block_size)
+    window_slots = _slots(windows, positions, filled, first, block_size)
+    logical_width = max(tables.shape[1], int((first + num_window).max()))
+    columns = np.arange(logical_width)
     logical_tables = np.full((batch, logical_width), io.SINK_BLOCK, np.int64)
-    logits_indices: list[int] = []
-    for r, row in enumerate(rows):
-        n = len(row.token_ids)
-        end = row.start + n
-        pos = np.arange(row.start, end)
-        input_ids[r, :n] = row.token_ids
-        positions[r, :n] = pos
-        _place(row.block_table, 0, pos, slots[r], tables[r], block_size)
-        _place(row.window_table, row.window_first, pos, window_slots[r], window_tables[r], block_size)
-        lens[r] = end
-        first[r] = row.window_first
-        logical_tables[r, row.window_first : row.window_first + len(row.window_table)] = row.window_table
-        logits_indices.extend(range(r * seq_len + n - row.num_logits, r * seq_len + n))
-    past = np.asarray([r.start for r in rows], np.int64)
-    window_past = past - first * block_size
+    logical_tables[(columns >= first[:, None]) & (columns < (first + num_window)[:, None])] = windows[
+        np.arange(windows.shape[1]) < num_window[:, None]
+    ]
+    # each row's last num_logits tokens, flat into batch * seq
+    row_ends = np.arange(batch, dtype=np.int64) * seq_len + lengths
+    offsets = np.arange(int(num_logits.sum()), dtype=np.int64) - np.repeat(np.cumsum(num_logits) - num_logits, num_logits)
+    logits_indices = np.repeat(row_ends - num_logits, num_logits) + offsets
+    window_past = starts - first * block_size
     return BatchInputs(
         input_ids,
         positions,
         slots,
         tables,
-        lens,
-        np.asarray(logits_indices, np.int64),
+        lengths + starts,
+        logits_indices,
         window_slots,
-        window_tables,
+        windows,
         first,
         np.arange(batch + 1, dtype=np.int32) * seq_len,
-        past.astype(np.int32),
-        np.asarray([seq_len, past.max() + seq_len], np.int32),
+        starts.astype(np.int32),
+        np.asarray([seq_len, starts.max() + seq_len], np.int32),
         window_past.astype(np.int32),
         np.asarray([seq_len, window_past.max() + seq_len], np.int32),
         logical_tables,
     )
 
 
-def _paging_arrays(batch: int, seq_len: int, max_blocks: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Slot mapping and block tables filled with the sink block (where padding goes)."""
-    slots = np.full((batch, seq_len), io.SINK_BLOCK * block_size, np.int64)
-    tables = np.full((batch, max(max_blocks, 1)), io.SINK_BLOCK, np.int64)
-    return slots, tables
+def _ints(values: Iterable[int]) -> np.ndarray:
+    return np.fromiter(values, np.int64)
 
 
-def _place(table: Sequence[int], first: int, pos: np.ndarray, slots: np.ndarray, tables: np.ndarray, block_size: int) -> None:
-    """Fill one row's slots (for positions `pos`) and table from its blocks, the first of
-    which holds logical block `first`."""
-    blocks = np.asarray(table, np.int64)
-    index = pos // block_size - first
-    if len(pos) and (index[0] < 0 or index[-1] >= len(blocks)):
-        raise ValueError(
-            f"positions {pos[0]}..{pos[-1]} need logical blocks {pos[0] // block_size}..{pos[-1] // block_size}; "
-            f"the row has blocks {first}..{first + len(blocks) - 1} of {block_size}"
-        )
-    slots[: len(pos)] = blocks[index] * block_size + pos % block_size
-    tables[: len(blocks)] = blocks
+def _table(tables: Sequence[Sequence[int]], lengths: np.ndarray, width: int) -> np.ndarray:
+    """[rows, width] block tables: each row's blocks from the left, then the sink block."""
+    out = np.full((len(tables), max(width, 1)), io.SINK_BLOCK, np.int64)
+    out[np.arange(out.shape[1]) < lengths[:, None]] = _ints(b for table in tables for b in table)
+    return out
+
+
+def _check_reach(
+    positions: np.ndarray, filled: np.ndarray, groups: tuple[tuple[np.ndarray, np.ndarray], ...], block_size: int
+) -> None:
+    """ValueError for the first row whose positions need a block one of its tables does not hold
+    (`groups`: each table's first logical block and length, per row; the first table checked first)."""
+    outside = [
+        filled & ((index < 0) | (index >= num[:, None]))
+        for index, num in ((positions // block_size - first[:, None], num) for first, num in groups)
+    ]
+    bad = np.any([o.any(axis=1) for o in outside], axis=0)
+    if not bad.any():
+        return
+    r = int(np.argmax(bad))
+    first, num_blocks = next(g for g, o in zip(groups, outside) if o[r].any())
+    pos = positions[r, filled[r]]
+    raise ValueError(
+        f"positions {pos[0]}..{pos[-1]} need logical blocks {pos[0] // block_size}..{pos[-1] // block_size}; "
+        f"the row has blocks {first[r]}..{first[r] + num_blocks[r] - 1} of {block_size}"
+    )
+
+
+def _slots(tables: np.ndarray, positions: np.ndarray, filled: np.ndarray, first: np.ndarray, block_size: int) -> np.ndarray:
+    """Each token's slot in the KV pool (its block's frame * block_size + its offset), the sink's
+    first slot for padding; the tables hold every filled position's block (_check_reach)."""
+    index = np.where(filled, positions // block_size - first[:, None], 0)
+    frames = np.take_along_axis(tables, index, axis=1)
+    return np.where(filled, frames * block_size + positions % block_size, io.SINK_BLOCK * block_size)

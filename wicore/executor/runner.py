@@ -33,6 +33,7 @@ ended; rows carry only plain data.
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Sequence
 from enum import Enum
@@ -97,8 +98,11 @@ class ModelRunner:
                 staged = self.offloader.run(group, self.block_size)
                 batch_rows = staged.plan.rows
             batch = build_batch(batch_rows, self.block_size)
+            started = time.perf_counter()
             out = self.graphs.run(batch, logits=logits, images=images, sampling=sampling, staged=staged)
+            result.graphs_seconds += time.perf_counter() - started
             host_logits = out.logits
+            greedy = out.greedy_tokens.tolist() if out.greedy_tokens is not None else None  # one conversion, not one a row
             offset = 0
             for i, row in enumerate(group):
                 offset += row.num_logits
@@ -115,8 +119,8 @@ class ModelRunner:
                         host_logits = out.read_logits()
                 if host_logits is None:  # every row samples greedily: the graph's argmax is the token
                     if row.needs_sample:
-                        assert out.greedy_tokens is not None
-                        result.sampled[row.request_id] = Sample(int(out.greedy_tokens[offset - 1]))
+                        assert greedy is not None
+                        result.sampled[row.request_id] = Sample(greedy[offset - 1])
                 else:
                     row_logits = host_logits[offset - row.num_logits : offset]
                     if row.num_logits and out.logits is not None:

@@ -69,3 +69,4 @@ class RunResult:
     failed: dict[str, str] = field(default_factory=dict)  # rows whose sampling raised: the traceback
     logits: dict[str, np.ndarray] = field(default_factory=dict)  # rows with num_logits > 0: [num_logits, vocab]
     attention: dict[str, np.ndarray] = field(default_factory=dict)  # attention mass per block of the row (A2CR)
+    graphs_seconds: float = 0.0  # inside ModelGraphs.run: binding, ONNX Runtime's runs, reading outputs back

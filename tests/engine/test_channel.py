@@ -1,0 +1,87 @@
+"""Output channels: a step's outputs reach every consumer in order, and an event loop is woken
+once a step however many of its streams got a token (wicore.engine.channel.put_all)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from wicore.engine.channel import Channel, put_all
+from wicore.types.outputs import RequestOutput
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    """A real event loop that counts the wakeups other threads ask of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_wakeups = 0
+
+    def call_soon_threadsafe(self, callback, *args, context=None):  # type: ignore[override]
+        self.num_wakeups += 1
+        return super().call_soon_threadsafe(callback, *args, context=context)
+
+
+def out(request_id: str, token: int, finished: bool = False) -> RequestOutput:
+    return RequestOutput(request_id, [token], finished, "length" if finished else None)
+
+
+def test_a_step_for_many_streams_wakes_their_loop_once():
+    channels = {f"r{i}": Channel() for i in range(5)}
+    loop = CountingLoop()
+    received: dict[str, list[int]] = {name: [] for name in channels}
+
+    async def consume(name: str) -> None:
+        async for output in channels[name]:
+            received[name] += output.new_token_ids
+
+    async def main() -> int:
+        tasks = [asyncio.create_task(consume(name)) for name in channels]
+        await asyncio.sleep(0)  # every consumer attached and waiting
+        steps = [[(c, out(name, 10 * step + int(name[1:]), step == 2)) for name, c in channels.items()] for step in range(3)]
+        for step in steps:  # the engine thread's three steps, each waiting for the loop to drain
+            sender = threading.Thread(target=put_all, args=(step,))
+            sender.start()
+            sender.join()
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*tasks)
+        return loop.num_wakeups
+
+    try:
+        assert loop.run_until_complete(main()) == 3  # one a step, not one a stream a step (15)
+    finally:
+        loop.close()
+    assert received == {f"r{i}": [i, 10 + i, 20 + i] for i in range(5)}
+
+
+def test_outputs_put_before_the_consumer_attaches_are_kept_and_a_blocking_reader_gets_them():
+    early, blocking = Channel(), Channel()
+    put_all([(early, out("a", 1)), (blocking, out("b", 7))])
+    put_all([(early, out("a", 2, finished=True))])
+
+    async def read() -> list[list[int]]:
+        return [o.new_token_ids async for o in early]
+
+    assert asyncio.run(read()) == [[1], [2]] and early.is_finished
+    reader_got: list[list[int]] = []
+    reader = threading.Thread(target=lambda: reader_got.extend(o.new_token_ids for o in blocking))
+    reader.start()
+    put_all([(blocking, out("b", 8, finished=True))])
+    reader.join(timeout=5)
+    assert reader_got == [[7], [8]]
+
+
+def test_a_consumer_whose_loop_closed_does_not_stop_the_others():
+    gone, alive = Channel(), Channel()
+    closed = asyncio.new_event_loop()
+
+    async def attach() -> None:
+        iterator = gone.__aiter__()
+        task = asyncio.ensure_future(iterator.__anext__())
+        await asyncio.sleep(0)  # waiting on its event
+        task.cancel()
+
+    closed.run_until_complete(attach())
+    closed.close()
+    put_all([(gone, out("g", 1)), (alive, out("a", 2, finished=True))])  # no RuntimeError from the closed loop
+    assert [o.new_token_ids for o in alive] == [[2]]
