@@ -5,7 +5,7 @@ calls the request does not allow are not."""
 from __future__ import annotations
 
 import pytest
-from scripted import byte_tokenizer
+from scripted import HARMONY_SPECIALS, byte_tokenizer
 from streamed import NAMES, TIME, WEATHER
 
 from wicore.api.tools.formats import FORMATS
@@ -30,7 +30,7 @@ NESTED = Function(
 @pytest.fixture(scope="module")
 def lltok(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tok")
-    tok = byte_tokenizer(folder)
+    tok = byte_tokenizer(folder, specials=("<|im_start|>", "<|im_end|>", *HARMONY_SPECIALS))  # harmony's markers are specials
     return llguidance.LLTokenizer((folder / "tokenizer.json").read_text(), eos_token=tok.info.eos_token_ids[0])
 
 
