@@ -89,7 +89,7 @@ def test_a_named_function_is_enforced_with_the_harmony_grammar(served):
     assert choice["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
     structured = served[0].requests[list(served[0].requests)[-1]][1].structured
     assert structured is not None and structured.kind is StructuredKind.GRAMMAR
-    assert structured.value.startswith('start: call\ncall: call0\ncall0: <|channel|> "commentary to=functions.get_weather " ')
+    assert structured.value.startswith('start: call0\ncall0: <|channel|> "commentary to=functions.get_weather " ')
 
 
 def test_a_past_call_and_its_result_render_through_the_template(served):

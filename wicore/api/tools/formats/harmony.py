@@ -103,15 +103,15 @@ class Harmony(ToolFormat):
         return "\n".join(f"The tool returned: {r}" for r in results)
 
     def grammar(self, functions: tuple[Function, ...], parallel: bool) -> str:
-        """Calls on the commentary channel, the recipient after it as gpt-oss writes it. The grammar
-        is the calls alone, as in every format (llama.cpp lets analysis messages come first). Its
-        `<|call|>` is one of the model's end tokens, so the engine stops after the first call: a
-        turn holds one call whatever `parallel` says (the template renders one per turn too)."""
-        more = f' ({START} "assistant" call)*' if parallel else ""
-        rules = [f"start: call{more}", "call: " + " | ".join(f"call{i}" for i in range(len(functions)))]
+        """One call on the commentary channel, the recipient after it as gpt-oss writes it, up to its
+        arguments: `<|call|>` is one of the model's end tokens, which llguidance takes only where the
+        grammar is complete (and the engine stops there), so it is no symbol of the grammar, and a
+        turn holds one call whatever `parallel` says (the template renders one a turn too). The
+        grammar is the call alone, as in every format (llama.cpp lets analysis messages come first)."""
+        rules = ["start: " + " | ".join(f"call{i}" for i in range(len(functions)))]
         for i, f in enumerate(functions):
             head = lark_string(f"commentary to={FUNCTIONS}{f.name} ")
-            rules.append(f'call{i}: {CHANNEL} {head} {CONSTRAIN} "json" {MESSAGE} args{i} {CALL}')
+            rules.append(f'call{i}: {CHANNEL} {head} {CONSTRAIN} "json" {MESSAGE} args{i}')
             rules.append(f"args{i}: {json_rule(f.parameters)}")  # its own root: its $refs hold
         return "\n".join(rules) + "\n"
 
