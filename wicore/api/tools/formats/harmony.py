@@ -66,7 +66,7 @@ class Harmony(ToolFormat):
             end, marker = _first_end(text, start)
             if end is None and not final:
                 if header is not None and not _recipient(header):  # content or reasoning: stream it
-                    self._body(scan, header, pos, start, _held(text, start))
+                    _body(scan, header, start, _held(text, start))
                 return scan
             stop = len(text) if end is None else end
             if header is None:  # a malformed header: the whole message is content as written
@@ -74,18 +74,10 @@ class Harmony(ToolFormat):
             elif (recipient := _recipient(header)) is not None and (call := _call(recipient, text[start:stop], names)):
                 scan.calls(pos, stop, [call])
             else:
-                self._body(scan, header, pos, start, stop)
+                _body(scan, header, start, stop)
             scan.skip(stop + len(marker))
             pos = stop + len(marker)
         return scan
-
-    @staticmethod
-    def _body(scan: Scan, header: re.Match[str], pos: int, start: int, stop: int) -> None:
-        scan.skip(start)
-        if header["channel"] == "analysis" and not _recipient(header):
-            scan.reasoning(start, stop)
-        else:
-            scan.content(start, stop)
 
     def instructions(self, functions: tuple[Function, ...]) -> str:
         return (
@@ -114,6 +106,15 @@ class Harmony(ToolFormat):
             rules.append(f'call{i}: {CHANNEL} {head} {CONSTRAIN} "json" {MESSAGE} args{i}')
             rules.append(f"args{i}: {json_rule(f.parameters)}")  # its own root: its $refs hold
         return "\n".join(rules) + "\n"
+
+
+def _body(scan: Scan, header: re.Match[str], start: int, stop: int) -> None:
+    """text[start:stop], a body whose header is `header`: reasoning on the analysis channel, else content."""
+    scan.skip(start)
+    if header["channel"] == "analysis" and not _recipient(header):
+        scan.reasoning(start, stop)
+    else:
+        scan.content(start, stop)
 
 
 def _call_message(name: str, arguments_json: str) -> str:
