@@ -151,6 +151,7 @@ def test_quantized_export_agrees_with_hf_float32(tmp_path, reference_logits):
     assert agree >= 0.94, agree
 
 
+@pytest.mark.slow
 def test_mxfp4_experts_are_read_exactly(tmp_path):
     """The released checkpoints' MXFP4 experts (`*_blocks`, `*_scales`, uint8): random codes and
     exponents written in their place; the export's prompt logits meet HF's, run on the experts as
