@@ -113,3 +113,12 @@ def test_a_past_call_and_its_result_render_through_the_template(served):
             '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"sunny"<|end|><|start|>assistant'
         )
     )
+
+
+def test_a_tool_the_template_cannot_render_is_a_400(served):
+    # gpt-oss's own template writes every tool's description: one without is refused there, as in transformers
+    bare = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+    response = httpx.post(f"{served[1]}/v1/chat/completions", json={"model": "m", "messages": ASK, "tools": [bare]}, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith("the chat template rejected the messages: ")
+    assert response.json()["error"]["param"] == "messages"
