@@ -18,10 +18,12 @@ import pytest
 from gpt_oss_chat import build
 
 from wicore.api.app import ServerSettings, create_app
+from wicore.api.tools.formats import format_for_template
 from wicore.api.server import ServerThread
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
+from wicore.export.tokenizer import export_tokenizer_from_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -118,3 +120,15 @@ def test_greedy_text_without_channels_equals_hf(gpt_oss):
     assert "<|" not in expected  # (were there a channel, this test would say so)
     choice = chat(url, max_tokens=16, temperature=0)
     assert choice["message"] == {"role": "assistant", "content": expected}
+
+
+def test_its_gguf_reads_as_harmony_and_ends_a_turn_at_a_call(gpt_oss, cache_dir, tmp_path):
+    """llama.cpp's converter keeps the chat template in the GGUF and names <|return|> its eos token
+    only: the export stops at <|call|> too (as generation_config.json says), and reads harmony."""
+    from llama_cpp_peer import convert, converter_or_skip
+
+    gguf = convert(converter_or_skip(cache_dir.parent), gpt_oss[2], tmp_path / "gpt-oss.gguf")
+    info = export_tokenizer_from_gguf(gguf, tmp_path / "tokenizer")
+    added = {t["content"]: t["id"] for t in json.loads((gpt_oss[2] / "tokenizer.json").read_text())["added_tokens"]}
+    assert info.eos_token_ids == (added["<|return|>"], added["<|call|>"])
+    assert info.has_chat_template and format_for_template(info.chat_template).name == "harmony"
