@@ -18,8 +18,8 @@ import pytest
 from gpt_oss_chat import build
 
 from wicore.api.app import ServerSettings, create_app
-from wicore.api.tools.formats import format_for_template
 from wicore.api.server import ServerThread
+from wicore.api.tools.formats import format_for_template
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
