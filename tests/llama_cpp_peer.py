@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 # A llama.cpp file type (llama_ftype) per quantization the tests make.
-FTYPES = {"Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17}  # llama_ftype values
+FTYPES = {"Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "MXFP4_MOE": 38}  # llama_ftype values
 _NEEDED = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
 
 # The converter names a BPE tokenizer's pre-tokenizer by hashing its tokens on a test text, and

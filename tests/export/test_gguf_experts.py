@@ -23,8 +23,9 @@ def test_the_family_follows_the_architecture_and_the_expert_count():
     assert family_of_gguf("llama", 8).name == "mixtral"
     assert family_of_gguf("qwen3moe", 128).name == "qwen3_moe"
     assert family_of_gguf("qwen3", 0).name == "qwen3"
-    with pytest.raises(UnsupportedModelError, match=r"GGUF architecture 'gpt-oss' is not supported; .*GGUF qwen3moe"):
-        family_of_gguf("gpt-oss", 32)
+    assert family_of_gguf("gpt-oss", 32).name == "gpt_oss"
+    with pytest.raises(UnsupportedModelError, match=r"GGUF architecture 'deepseek2' is not supported; .*GGUF gpt-oss"):
+        family_of_gguf("deepseek2", 64)
 
 
 def write_moe_gguf(path: Path, arch: str, experts_type: gguf.GGMLQuantizationType, **header: object) -> dict[str, np.ndarray]:

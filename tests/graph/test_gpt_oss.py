@@ -151,18 +151,38 @@ def test_quantized_export_agrees_with_hf_float32(tmp_path, reference_logits):
     assert agree >= 0.94, agree
 
 
-def test_mxfp4_experts_are_refused_naming_the_format(tmp_path):
-    """The released checkpoints' MXFP4 experts (`*_blocks`, `*_scales`): a clear error, not a missing tensor."""
+@pytest.mark.slow
+def test_mxfp4_experts_are_read_exactly(tmp_path):
+    """The released checkpoints' MXFP4 experts (`*_blocks`, `*_scales`, uint8): random codes and
+    exponents written in their place; the export's prompt logits meet HF's, run on the experts as
+    transformers itself dequantizes them (`convert_moe_packed_tensors`), within 1e-4."""
+    import torch
     from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    from wicore.errors import ModelSourceError
-
-    build(tmp_path)
+    _, model = build(tmp_path)
+    h, w = SHAPE["hidden_size"], OVERRIDES["intermediate_size"]
+    rng = np.random.default_rng(4)
     path = tmp_path / "hf" / "model.safetensors"
-    tensors = {k.replace("experts.gate_up_proj", "experts.gate_up_proj_blocks"): v for k, v in load_file(path).items()}
+    tensors = load_file(path)
+    for i, layer in enumerate(model.model.layers):  # type: ignore[attr-defined]
+        for name, (rows, cols) in {"gate_up_proj": (2 * w, h), "down_proj": (h, w)}.items():
+            key = f"model.layers.{i}.mlp.experts.{name}"
+            blocks = rng.integers(0, 256, (NUM_EXPERTS, rows, cols // 32, 16), dtype=np.uint8)
+            scales = rng.integers(122, 127, (NUM_EXPERTS, rows, cols // 32), dtype=np.uint8)  # 2^-5 .. 2^-1
+            del tensors[key]
+            tensors[key + "_blocks"], tensors[key + "_scales"] = blocks, scales
+            exact = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
+            with torch.no_grad():
+                getattr(layer.mlp.experts, name).copy_(exact)
     save_file(tensors, path)
-    with pytest.raises(ModelSourceError, match="the experts are MXFP4"):
-        export_model(open_source(str(tmp_path / "hf")), tmp_path / "again", ExportConfig(), progress=lambda _: None)
+    export_model(open_source(str(tmp_path / "hf")), tmp_path / "mxfp4", ExportConfig(), progress=lambda _: None)
+    with engine(tmp_path / "mxfp4", prefill_chunk=16) as eng:
+        completions = eng.generate(PROMPTS, SamplingParams(max_tokens=1, prompt_logits=True))
+    for prompt, completion in zip(PROMPTS, completions, strict=True):
+        with torch.no_grad():
+            ref = model(torch.tensor([prompt])).logits[0].numpy()  # type: ignore[operator]
+        np.testing.assert_allclose(completion.prompt_logits, ref, atol=1e-4, rtol=0)
 
 
 def test_yarn_frequencies_and_attention_factor_match_transformers():

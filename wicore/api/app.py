@@ -189,10 +189,10 @@ class API(Gate):
             )
         try:
             tok = self._tokenizer()
-            if tools is None:
-                return tok.apply_chat_template(messages, add_generation_prompt, self.settings.chat_template), None
             fmt = tool_format(self.settings.tool_call_parser, tok)
-            return chat_prompt(tok, messages, tools, fmt, self.settings.chat_template)
+            if tools is None and not fmt.reads_special_tokens:  # harmony reads every answer, tools or not
+                return tok.apply_chat_template(messages, add_generation_prompt, self.settings.chat_template), None
+            return chat_prompt(tok, messages, tools, fmt, self.settings.chat_template, add_generation_prompt)
         except WiCoreError as exc:  # the template refused these messages (roles out of order, say)
             raise from_wicore(exc, "messages") from exc
 
@@ -229,9 +229,10 @@ class API(Gate):
         except BaseException:
             release()
             raise
+        keep_specials = job.tools is not None and job.tools.format.reads_special_tokens
         stats = [ChoiceStats(num_prompt_tokens=len(prompts[i // opts.n])) for i in range(len(request_ids))]
         choices = [
-            self._observed(run_choice(self.engine, request_id, prompts[i // opts.n], opts.stop, s), s)
+            self._observed(run_choice(self.engine, request_id, prompts[i // opts.n], opts.stop, s, keep_specials), s)
             for i, (request_id, s) in enumerate(zip(request_ids, stats))
         ]
         if job.tools is not None:  # content and tool calls, read from each choice's text
@@ -268,6 +269,7 @@ class API(Gate):
         reasons: list[str | None] = [None] * len(choices)
         tokens: list[list[TokenLogprobs]] = [[] for _ in choices]
         calls: list[list[dict[str, Any]]] = [[] for _ in choices]
+        thoughts = [""] * len(choices)
 
         async def collect() -> None:  # cut by a shutdown as streams are: a 503 server_shutting_down
             async for index, piece in merge(choices, self.streams):
@@ -275,6 +277,7 @@ class API(Gate):
                 reasons[index] = piece.finish_reason or reasons[index]
                 tokens[index] += piece.logprobs
                 calls[index] += piece.tool_calls
+                thoughts[index] += piece.reasoning
 
         try:
             await until_disconnect(request, collect())
@@ -283,7 +286,7 @@ class API(Gate):
         results: list[dict[str, Any]] = []
         for i, (text, reason, toks) in enumerate(zip(texts, reasons, tokens)):
             shaped = None if formatter is None else (formatter.chat(toks) if is_chat else formatter.completion(toks))
-            content = {"message": message(text, calls[i])} if is_chat else {"text": text}
+            content = {"message": message(text, calls[i], thoughts[i])} if is_chat else {"text": text}
             results.append({"index": i, **content, "logprobs": shaped, "finish_reason": reason})
         obj = "chat.completion" if is_chat else "text_completion"
         return JSONResponse({**gen.base, "object": obj, "choices": results, "usage": gen.usage()})

@@ -68,6 +68,7 @@ class Piece:
     finish_reason: str | None = None  # set on the last piece
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # the tokens whose text begins here
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's tool-call deltas (wicore.api.tools)
+    reasoning: str = ""  # the model's reasoning, apart from its content (`reasoning_content`; wicore.api.tools)
 
 
 @dataclass
@@ -85,14 +86,20 @@ _REASONS = {"stop": "stop", "length": "length", "deadline": "length", "abort": "
 
 
 async def run_choice(
-    engine: ServingEngine, request_id: str, prompt_ids: list[int], stops: tuple[str, ...], stats: ChoiceStats
+    engine: ServingEngine,
+    request_id: str,
+    prompt_ids: list[int],
+    stops: tuple[str, ...],
+    stats: ChoiceStats,
+    keep_special_tokens: bool = False,
 ) -> AsyncIterator[Piece]:
     """Yield the text pieces of request `request_id` (queued in `engine`, prompt `prompt_ids`);
-    the last one carries the finish reason.
+    the last one carries the finish reason. `keep_special_tokens`: the text has them written (for
+    a format whose markers they are: harmony's channels).
 
     Closing the generator early (a client that went away) aborts the request in the engine.
     """
-    decoder = IncrementalDecoder(engine.tokenizer, prompt_ids=prompt_ids)
+    decoder = IncrementalDecoder(engine.tokenizer, not keep_special_tokens, prompt_ids)
     matcher = StopMatcher(stops)
     queue = LogprobQueue()
     num_decoded = 0  # characters of text decoded so far

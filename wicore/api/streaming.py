@@ -128,7 +128,10 @@ async def chunks(
             yield {**chunk(base, True, [role]), **extra}
     async for index, piece in merge(choices, streams):
         if is_chat:
-            delta: dict[str, Any] = {"content": piece.text} if piece.text or piece.finish_reason is None else {}
+            said = piece.text or (piece.finish_reason is None and not piece.reasoning)
+            delta: dict[str, Any] = {"content": piece.text} if said else {}
+            if piece.reasoning:  # vLLM's field for a reasoning model's thinking
+                delta["reasoning_content"] = piece.reasoning
             if piece.tool_calls:
                 delta = {**({"content": piece.text} if piece.text else {}), "tool_calls": piece.tool_calls}
             shaped = None if logprobs is None else logprobs.chat(piece.logprobs)

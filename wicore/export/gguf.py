@@ -36,6 +36,8 @@ import numpy as np
 
 from wicore.errors import ModelSourceError, UnsupportedModelError
 from wicore.export.gguf_file import GGUFTensor, read_gguf
+from wicore.export.gguf_gpt_oss import LAYER_NAMES as GPT_OSS_LAYER_NAMES
+from wicore.export.gguf_gpt_oss import gpt_oss_config
 from wicore.export.gguf_quant import can_transcode, transcode_gguf
 from wicore.model.config import FULL, SLIDING, DecoderConfig, RopeConfig, default_layer_types
 from wicore.model.families import family_of_gguf
@@ -64,6 +66,9 @@ _LAYER_NAMES: dict[str, tuple[str, bool]] = {
     "ffn_norm": ("pre_feedforward_layernorm", True),
     "post_ffw_norm": ("post_feedforward_layernorm", True),
 }
+
+# A family's own names, over the shared ones
+_FAMILY_LAYER_NAMES = {"gpt_oss": GPT_OSS_LAYER_NAMES}
 
 
 class GGUFFile:
@@ -105,7 +110,15 @@ class GGUFSource(GGUFFile):
             self.family = family_of_gguf(arch, int(self._field(f"{arch}.expert_count", 0) or 0))
         except UnsupportedModelError as exc:
             raise UnsupportedModelError(f"{self.path.name}: {exc}") from exc
-        self.config = self._read_config() if self.family.name == "gemma3" else self._read_family_config()
+        readers = {"gemma3": self._read_config, "gpt_oss": self._read_gpt_oss_config}
+        self.config = readers.get(self.family.name, self._read_family_config)()
+        own = _FAMILY_LAYER_NAMES.get(self.family.name, {})  # a family's names win over shared ones of the same tensor
+        taken = {hf for hf, _ in own.values()}
+        self._layer_names = {**{k: v for k, v in _LAYER_NAMES.items() if v[0] not in taken}, **own}
+
+    def _read_gpt_oss_config(self) -> DecoderConfig:
+        vocab_size = int(self._need_tensor("token_embd.weight").shape[-1])
+        return gpt_oss_config(self.family, self._field, self._need, vocab_size, "output.weight" not in self._tensors)
 
     def _read_family_config(self) -> DecoderConfig:
         """Llama and Qwen: every layer full attention, one RoPE, the head tied unless output.weight exists."""
@@ -215,15 +228,16 @@ class GGUFSource(GGUFFile):
             return QuantizedTensor(data, blocks)
         return data
 
-    def _experts(self, name: str) -> list[np.ndarray]:
+    def _experts(self, name: str, ndim: int = 3) -> list[np.ndarray]:
         """A stacked experts tensor [E, rows, cols] as one [rows, cols] weight an expert, each
-        carrying its own blocks where the type transcodes (module doc)."""
+        carrying its own blocks where the type transcodes (module doc); `ndim` 2: biases [E, rows]."""
         t = self._need_tensor(name)
         data = read_tensor(t)
         num_experts = self.config.num_experts
-        if data.ndim != 3 or data.shape[0] != num_experts:
-            raise ModelSourceError(f"{self.path.name}: {name} has shape {data.shape}, not [{num_experts}, rows, cols]")
-        if not can_transcode(t.tensor_type):
+        if data.ndim != ndim or data.shape[0] != num_experts:
+            dims = ", rows, cols" if ndim == 3 else ", rows"
+            raise ModelSourceError(f"{self.path.name}: {name} has shape {data.shape}, not [{num_experts}{dims}]")
+        if ndim != 3 or not can_transcode(t.tensor_type):
             return list(data)
         shape = (data.shape[1], data.shape[2])
         return [QuantizedTensor(data[e], partial(transcode_gguf, t.data[e], t.tensor_type, shape)) for e in range(num_experts)]
@@ -253,7 +267,7 @@ class GGUFSource(GGUFFile):
         wanted = expected_shapes(cfg)
         permuted = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads} if self.family.gguf_permuted_qk else {}
         tensors = {}
-        for suffix, (hf, is_norm) in _LAYER_NAMES.items():
+        for suffix, (hf, is_norm) in self._layer_names.items():
             if hf in wanted:
                 name = f"blk.{index}.{suffix}" if suffix.endswith(".bias") else f"blk.{index}.{suffix}.weight"
                 tensors[hf] = self._tensor(name, is_norm, permuted.get(suffix, 0))
@@ -261,6 +275,9 @@ class GGUFSource(GGUFFile):
             for suffix, projection in _EXPERT_NAMES.items():
                 for e, weight in enumerate(self._experts(f"blk.{index}.{suffix}.weight")):
                     tensors[f"mlp.experts.{e}.{projection}"] = weight
+                if self.family.moe_bias:  # [E, width]: one bias an expert
+                    for e, bias in enumerate(self._experts(f"blk.{index}.{suffix}.bias", ndim=2)):
+                        tensors[f"mlp.experts.{e}.{projection}.bias"] = bias
         return LayerWeights(index, tensors)
 
     def vision(self) -> None:

@@ -22,7 +22,7 @@ from wicore.model.config import DecoderConfig
 from wicore.model.vision import VisionConfig
 from wicore.model.weights import LayerWeights, expected_shapes
 
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U8": np.uint8}  # U8: MXFP4 blocks and scales
 # Where the text decoder lives in the checkpoints of the text-only and multimodal Gemma 3 classes.
 _PREFIXES = ("model.", "model.language_model.", "language_model.model.")
 # ... and the vision tower (SigLIP's `vision_model.` level is gone from transformers 5's own saves).
@@ -69,7 +69,7 @@ class SafetensorsIndex:
             raise ModelSourceError(f"{self.folder}: tensor {name} is missing")
         path, base, dtype, shape, (begin, _end) = self._entries[name]
         if dtype not in _DTYPES:
-            raise ModelSourceError(f"{path.name}: tensor {name} has dtype {dtype}; F32, F16 and BF16 are supported")
+            raise ModelSourceError(f"{path.name}: tensor {name} has dtype {dtype}; F32, F16, BF16 and U8 are supported")
         raw = np.memmap(path, dtype=_DTYPES[dtype], mode="r", offset=base + begin, shape=shape)
         if dtype == "BF16":
             return (raw.astype(np.uint32) << 16).view(np.float32)

@@ -33,8 +33,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 # Tokens that end a chat turn; a model stops at these as well as at its eos token (those its
-# vocabulary has): Gemma's, ChatML's (SmolLM2, Qwen) and Llama 3's.
-END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
+# vocabulary has): Gemma's, ChatML's (SmolLM2, Qwen), Llama 3's and gpt-oss's (harmony: a GGUF's
+# header names <|return|> only; its turn also ends at a call, and <|end|> only ends a message).
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|return|>", "<|call|>")
 
 # Gemma 3's chat template, as in the tokenizer_config.json of google/gemma-3-*-it.
 # The system prompt has no turn of its own: it is folded into the first user turn.

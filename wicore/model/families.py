@@ -35,8 +35,8 @@ experts ([E, H, 2W], gate and up columns interleaved). Its router takes the top 
 and a softmax over those: the same probabilities as a softmax over all, top k, renormalised.
 Families with `gguf_architecture` None are read from Hugging Face folders only; llama.cpp's GGUFs of
 Qwen3-MoE (`qwen3moe`) and Mixtral (`llama` with an expert count) stack each layer's experts in one
-tensor a projection (`ffn_gate_exps` ...), split per expert by wicore.export.gguf. gpt-oss's
-GGUF (`gpt-oss`, MXFP4 experts) is not read.
+tensor a projection (`ffn_gate_exps` ...), split per expert by wicore.export.gguf; so do gpt-oss's
+(`gpt-oss`, MXFP4 experts, its header read by wicore.export.gguf_gpt_oss).
 """
 
 from __future__ import annotations
@@ -141,6 +141,7 @@ FAMILIES: dict[str, Family] = {
         Family(
             "gpt_oss",
             ("gpt_oss",),
+            "gpt-oss",
             qkv_bias=True,
             o_bias=True,
             attention_sinks=True,

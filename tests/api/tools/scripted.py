@@ -27,7 +27,22 @@ CHATML = (
 )
 
 
-def byte_tokenizer(folder: Path, chat_template: str = CHATML) -> Tokenizer:
+# gpt-oss's special tokens (o200k_harmony), and its chat template as openai/gpt-oss-120b ships it
+HARMONY_SPECIALS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
+GPT_OSS_TEMPLATE = (Path(__file__).parent / "gpt_oss_chat_template.jinja").read_text()
+
+
+def harmony_tokenizer(folder: Path) -> Tokenizer:
+    """The byte tokenizer with gpt-oss's special tokens and chat template; its turn ends at <|return|> or <|call|>."""
+    return byte_tokenizer(folder, GPT_OSS_TEMPLATE, HARMONY_SPECIALS, ("<|return|>", "<|call|>"))
+
+
+def byte_tokenizer(
+    folder: Path,
+    chat_template: str = CHATML,
+    specials: tuple[str, ...] = ("<|im_start|>", "<|im_end|>"),
+    eos: tuple[str, ...] = ("<|im_end|>",),
+) -> Tokenizer:
     from tokenizers import Tokenizer as Fast
     from tokenizers import decoders, models, pre_tokenizers
 
@@ -35,11 +50,10 @@ def byte_tokenizer(folder: Path, chat_template: str = CHATML) -> Tokenizer:
     fast = Fast(models.BPE(vocab=vocab, merges=[]))
     fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     fast.decoder = decoders.ByteLevel()
-    fast.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    fast.add_special_tokens(list(specials))
     folder.mkdir(parents=True, exist_ok=True)
     fast.save(str(folder / "tokenizer.json"))
-    end = fast.token_to_id("<|im_end|>")
-    info = TokenizerInfo(("tokenizer.json",), None, (end,), None, False, chat_template)
+    info = TokenizerInfo(("tokenizer.json",), None, tuple(fast.token_to_id(t) for t in eos), None, False, chat_template)
     return Tokenizer(folder, info)
 
 

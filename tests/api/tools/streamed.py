@@ -6,7 +6,7 @@ from wicore.api.tools.formats import FORMATS
 from wicore.api.tools.plan import ToolPlan
 from wicore.api.tools.request import Function, ToolRequest
 from wicore.api.tools.scan import Call
-from wicore.api.tools.stream import ToolCallStream
+from wicore.api.tools.stream import Released, ToolCallStream
 
 WEATHER = Function(
     "get_weather",
@@ -19,15 +19,20 @@ NAMES = frozenset({"get_weather", "get_time"})
 
 def streamed(format_name: str, text: str, step: int = 1, parallel: bool = True) -> list[tuple[int, str, list[Call]]]:
     """(characters pushed, content, calls) of every push that released something, `step` characters a push."""
+    return [(n, r.content, r.calls) for n, r in releases(format_name, text, step, parallel) if r.content or r.calls]
+
+
+def releases(format_name: str, text: str, step: int = 1, parallel: bool = True) -> list[tuple[int, Released]]:
+    """(characters pushed, what the push released) of every push that released something."""
     stream = ToolCallStream(ToolPlan(FORMATS[format_name], ToolRequest((WEATHER, TIME), parallel=parallel)))
     out = []
     for i in range(0, len(text), step):
-        content, calls = stream.push(text[i : i + step])
-        if content or calls:
-            out.append((min(i + step, len(text)), content, calls))
-    content, calls = stream.push("", final=True)
-    if content or calls:
-        out.append((len(text), content, calls))
+        released = stream.push(text[i : i + step])
+        if released != Released():
+            out.append((min(i + step, len(text)), released))
+    released = stream.push("", final=True)
+    if released != Released():
+        out.append((len(text), released))
     return out
 
 

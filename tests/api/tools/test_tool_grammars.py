@@ -5,7 +5,7 @@ calls the request does not allow are not."""
 from __future__ import annotations
 
 import pytest
-from scripted import byte_tokenizer
+from scripted import HARMONY_SPECIALS, byte_tokenizer
 from streamed import NAMES, TIME, WEATHER
 
 from wicore.api.tools.formats import FORMATS
@@ -30,8 +30,9 @@ NESTED = Function(
 @pytest.fixture(scope="module")
 def lltok(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tok")
-    tok = byte_tokenizer(folder)
-    return llguidance.LLTokenizer((folder / "tokenizer.json").read_text(), eos_token=tok.info.eos_token_ids[0])
+    # harmony's markers are special tokens too, its <|call|> an end token (as gpt-oss's own vocabulary has them)
+    tok = byte_tokenizer(folder, specials=("<|im_start|>", "<|im_end|>", *HARMONY_SPECIALS), eos=("<|im_end|>", "<|call|>"))
+    return llguidance.LLTokenizer((folder / "tokenizer.json").read_text(), eos_token=list(tok.info.eos_token_ids))
 
 
 def accepts(lltok, lark: str, text: str) -> bool:
@@ -49,7 +50,8 @@ def test_the_calls_a_format_writes_are_its_grammars_sentences(lltok, name):
     for calls in ([PARIS], [NOON, booking], [booking, PARIS, NOON]):
         written = fmt.render_calls(calls)
         assert fmt.parse(written, NAMES | {"book"}) == ("", calls)
-        assert accepts(lltok, fmt.grammar(functions, parallel=True), written)
+        one_a_turn = name == "harmony"  # its <|call|> ends the model's turn
+        assert accepts(lltok, fmt.grammar(functions, parallel=True), written) is (len(calls) == 1 or not one_a_turn)
         assert accepts(lltok, fmt.grammar(functions, parallel=False), written) is (len(calls) == 1)
 
 

@@ -43,17 +43,22 @@ def chat_prompt(
     tools: ToolRequest | None,
     fmt: ToolFormat,
     chat_template: str | None = None,
+    add_generation_prompt: bool = True,
 ) -> tuple[str, ToolPlan | None]:
     """The prompt text of a conversation with its tools (a 400 if the format cannot write one);
-    `chat_template` replaces the model's (a server's --chat-template)."""
+    `chat_template` replaces the model's (a server's --chat-template). The plan reads the answer:
+    None without tools, unless the format reads every answer (harmony: its channels), which then
+    gets the plan of no tools."""
     if tools is not None:
         try:
             fmt.check(tools.functions)
         except ValueError as exc:
             raise APIError(400, f"tools: {exc}", param="tools", code="invalid_value") from None
     rendered, template_tools = template_inputs(messages, tools, fmt, tokenizer.takes_tools)
-    prompt = tokenizer.apply_chat_template(rendered, True, chat_template, tools=template_tools)
-    return prompt, None if tools is None else ToolPlan(fmt, tools)
+    prompt = tokenizer.apply_chat_template(rendered, add_generation_prompt, chat_template, tools=template_tools)
+    if tools is None:
+        return prompt, ToolPlan(fmt, ToolRequest(())) if fmt.reads_special_tokens else None
+    return prompt, ToolPlan(fmt, tools)
 
 
 def with_tool_grammar(options: Options, plan: ToolPlan | None) -> Options:

@@ -31,11 +31,13 @@ class Call:
 
 @dataclass(frozen=True)
 class Segment:
-    """text[start:end]: content when `calls` is empty, else those calls (a malformed call is content)."""
+    """text[start:end]: content when `calls` is empty, else those calls (a malformed call is content);
+    reasoning (`is_reasoning`, a model's thinking: OpenAI's `reasoning_content`) is neither."""
 
     start: int
     end: int
     calls: tuple[Call, ...] = ()
+    is_reasoning: bool = False
 
 
 @dataclass
@@ -51,6 +53,15 @@ class Scan:
     def calls(self, start: int, end: int, calls: list[Call]) -> None:
         self.segments.append(Segment(start, end, tuple(calls)))
         self.consumed = end
+
+    def reasoning(self, start: int, end: int) -> None:
+        if end > start:
+            self.segments.append(Segment(start, end, is_reasoning=True))
+        self.consumed = max(self.consumed, end)
+
+    def skip(self, end: int) -> None:
+        """text up to `end` is markup of the format (neither content nor calls): consumed, never sent."""
+        self.consumed = max(self.consumed, end)
 
     def tail(self, text: str, start: int, final: bool, markers: tuple[str, ...]) -> None:
         """text[start:] holds no call: content, less what may begin a marker (unless `final`);

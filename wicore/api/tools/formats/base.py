@@ -22,6 +22,9 @@ from wicore.api.tools.scan import BracketMemo, Call, Scan
 
 class ToolFormat(ABC):
     name: str = ""
+    # The format's markers are special tokens (harmony's <|channel|>): the text it reads is decoded
+    # with them, and every chat answer is read through it (its reasoning is never content)
+    reads_special_tokens: bool = False
 
     @abstractmethod
     def scan(self, text: str, final: bool, names: frozenset[str], memo: BracketMemo | None = None) -> Scan:
@@ -49,9 +52,9 @@ class ToolFormat(ABC):
         return None  # every format but pythonic writes any name and parameter
 
     def parse(self, text: str, names: frozenset[str]) -> tuple[str, list[Call]]:
-        """The whole output's content and calls."""
+        """The whole output's content and calls (its reasoning left out)."""
         scan = self.scan(text, True, names)
-        content = "".join(text[s.start : s.end] for s in scan.segments if not s.calls)
+        content = "".join(text[s.start : s.end] for s in scan.segments if not s.calls and not s.is_reasoning)
         return content, [c for s in scan.segments for c in s.calls]
 
 
