@@ -241,6 +241,23 @@ def gemma_270m(export_cached: Callable[..., Path]) -> Callable[[int], Path]:
     return lambda partitions=1: export_cached(f"gemma3-270m-p{partitions}", "gemma3-270m", partitions)
 
 
+@contextmanager
+def gguf_read_once() -> Iterator[None]:
+    """While transformers loads a GGUF: each GGUF file parsed once, each gguf-py tensor-name map built
+    once. transformers parses the file for the config and again for the weights (gguf-py reads every
+    string of the vocabulary one by one), and builds the same name map anew for each of the model's
+    submodules: most of the minutes a cold load took. Both are read-only, so the weights are the same
+    bit for bit (checked against a load without this: tests/test_smollm2.py's reference)."""
+    import functools
+
+    import gguf
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=None)(gguf.GGUFReader))
+        patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
+        yield
+
+
 def hf_reference(name: str, source: str, cache_dir: Path) -> object:
     """wicore.cli.verify.load_hf_model(source): transformers' model on a GGUF's weights (fp32, eager).
 
@@ -257,7 +274,8 @@ def hf_reference(name: str, source: str, cache_dir: Path) -> object:
     saved = cache_dir / f"hf-{name}-transformers-{transformers.__version__}"
     with build_lock(saved):
         if not (saved / "state_dict.pt").is_file():
-            model = load_hf_model(source)
+            with gguf_read_once():
+                model = load_hf_model(source)
             saved.mkdir(parents=True, exist_ok=True)
             model.config.save_pretrained(saved)
             torch.save(model.state_dict(), saved / "state_dict.pt.partial")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from wicore.cli.main import apply_config_file, parse_command_line
+from wicore.cli.main import apply_config_file, main, parse_command_line
 
 BLOCK_ORT = "import sys; sys.modules['onnxruntime'] = None; from wicore.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
@@ -26,26 +26,26 @@ def test_without_onnxruntime_wicore_names_the_extras(tmp_path):
     assert "'.[cuda]' for NVIDIA" in res.stderr and "'.[openvino]' for Intel" in res.stderr
 
 
-def test_generate_on_a_folder_that_is_not_an_export(tmp_path):
-    res = subprocess.run(
-        [sys.executable, "-m", "wicore.cli", "generate", "--model", str(tmp_path), "--prompt", "hi"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert res.returncode == 2
-    assert f"{tmp_path}: no exported model here (no wicore.json)" in res.stderr
+def wicore(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """(exit code, stderr) of `wicore ARGV`, in this process: the entry point's exit code is main's
+    return (tests/cli/test_serve_args.py::test_version runs the entry point as a process)."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err
 
 
-def test_generate_needs_a_prompt(tmp_path):
-    res = subprocess.run(
-        [sys.executable, "-m", "wicore.cli", "generate", "--model", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert res.returncode == 2
-    assert "give at least one --prompt or --prompt-file" in res.stderr
+def test_generate_on_a_folder_that_is_not_an_export(tmp_path, capsys):
+    code, err = wicore(capsys, "generate", "--model", str(tmp_path), "--prompt", "hi")
+    assert code == 2
+    assert f"{tmp_path}: no exported model here (no wicore.json)" in err
+
+
+def test_generate_needs_a_prompt(tmp_path, capsys):
+    code, err = wicore(capsys, "generate", "--model", str(tmp_path))
+    assert code == 2
+    assert "give at least one --prompt or --prompt-file" in err
 
 
 def test_flags_on_the_command_line_win_over_the_config_file_even_at_their_default(tmp_path):
@@ -137,9 +137,9 @@ def test_engine_flags_reach_the_engine_config_and_bad_ones_are_named(tmp_path):
             engine_config(parse_command_line(["serve", *flags]), tmp_path)
 
 
-def serve(*args: str) -> subprocess.CompletedProcess:
+def serve(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """`wicore serve` on an empty folder: whatever it refuses first, it refuses before loading one."""
-    return subprocess.run([sys.executable, "-m", "wicore.cli", "serve", *args], capture_output=True, text=True, timeout=120)
+    return wicore(capsys, "serve", *args)
 
 
 @pytest.mark.parametrize(
@@ -151,22 +151,22 @@ def serve(*args: str) -> subprocess.CompletedProcess:
         (lambda tmp: ["--api-key-file", str(write(tmp / "k.txt", ""))], "holds no key"),
     ],
 )
-def test_asking_for_auth_and_giving_no_key_refuses_to_start(tmp_path, make_args, message):
-    res = serve("--model", str(tmp_path), *make_args(tmp_path))
-    assert res.returncode == 2 and message in res.stderr
-    assert "no exported model" not in res.stderr  # refused before the model was looked at
+def test_asking_for_auth_and_giving_no_key_refuses_to_start(tmp_path, make_args, message, capsys):
+    code, err = serve(capsys, "--model", str(tmp_path), *make_args(tmp_path))
+    assert code == 2 and message in err
+    assert "no exported model" not in err  # refused before the model was looked at
 
 
-def test_a_port_in_use_is_refused_in_one_line_before_the_model_loads(tmp_path):
+def test_a_port_in_use_is_refused_in_one_line_before_the_model_loads(tmp_path, capsys):
     import socket
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        res = serve("--model", str(tmp_path), "--port", str(port))
-    assert res.returncode == 2
-    assert res.stderr.strip() == f"wicore: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+        code, err = serve(capsys, "--model", str(tmp_path), "--port", str(port))
+    assert code == 2
+    assert err.strip() == f"wicore: error: cannot listen on 127.0.0.1:{port}: Address already in use"
 
 
 def write(path: Path, text: str) -> Path:

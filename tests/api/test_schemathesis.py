@@ -31,12 +31,21 @@ def gemma_schema(small_gemma_server):
     return schema_at(small_gemma_server.url)
 
 
-def operations() -> list[tuple[str, schemathesis.GenerationMode]]:
+# Over ~2 s each on the 2-core VM (the chat body's schema is the largest to draw from): the slow layer.
+SLOW_OPERATIONS = {
+    ("POST /v1/chat/completions", schemathesis.GenerationMode.POSITIVE),
+    ("POST /v1/chat/completions", schemathesis.GenerationMode.NEGATIVE),
+    ("POST /tokenize", schemathesis.GenerationMode.NEGATIVE),
+}
+
+
+def operations() -> list[object]:
     """Every operation with schema-valid data; those with a body with schema-invalid data too."""
     schema = schemathesis.openapi.from_dict(openapi_schema())
     labels = [result.ok().label for result in schema.get_all_operations()]
     modes = [(label, schemathesis.GenerationMode.POSITIVE) for label in labels]
-    return modes + [(label, schemathesis.GenerationMode.NEGATIVE) for label in labels if label.startswith("POST")]
+    modes += [(label, schemathesis.GenerationMode.NEGATIVE) for label in labels if label.startswith("POST")]
+    return [pytest.param(*mode, marks=[pytest.mark.slow] if mode in SLOW_OPERATIONS else []) for mode in modes]
 
 
 @pytest.mark.parametrize("label, mode", operations())
