@@ -17,14 +17,13 @@ integers, and the EP takes none of Div, Mul, Sub, Less, Range, Concat, Unsqueeze
 portable graphs that arithmetic runs on the CPU and its results cross to the adapter in ~10 copies a
 step (6.1 ms on the H100). What stays int64, and where ONNX Runtime runs it (docs/HARDWARE.md, WebGPU):
 
-- the paging inputs themselves (wicore/graph/io.py: the executor feeds int64): one Cast to int32
-  each, on the CPU (the EP has no int64 Cast), reading the fed host array; its int32 result is
-  what crosses to the adapter, in place of the input;
-- the block tables and token ids, read as Gather indices on the adapter as they come (int64 indices
-  are taken there);
-- shapes (Shape's output is int64 by definition) and their arithmetic (a block size, a count of
-  blocks or tokens): scalars on the CPU, read by ops that take shapes in host memory (Reshape,
-  Range) or cast to int32 there;
+- the paging inputs themselves (wicore/graph/io.py: the executor feeds int64) and the block size:
+  packed into one vector and cast to int32 on the CPU (the EP has no int64 Concat or Cast), reading
+  the fed host arrays; that one vector is all that crosses to the adapter (`IndexMath.indices`),
+  where the portable graphs copied ~10 values (6.1 ms a step on the H100);
+- the token ids and the rows whose logits are read, Gather indices on the adapter as they come;
+- shapes (Shape's output is int64 by definition) and their arithmetic (a count of blocks or
+  tokens): scalars on the CPU, read by ops that take them in host memory (Reshape, Range, Split);
 - ScatterND's and RotaryEmbedding's indices, int64 by their definitions: cast back from int32 on
   the adapter.
 
@@ -47,6 +46,29 @@ class IndexMath:
         self.g = g
         self.int32 = int32
         self.np_type: type[np.integer] = np.int32 if int32 else np.int64
+
+    def indices(self, values: dict[str, str], name: str) -> dict[str, str]:
+        """int64 values (graph inputs, shape scalars) in the index type, in their shapes. In int32 they
+        are packed on the CPU into one vector (int64 Reshape, Concat and Cast: the EP takes none), so one
+        copy crosses to the adapter a run, split there into int32 values:
+
+            positions [b, s] ┐                            ┌► positions [b, s]
+            slots [b, s]     ├► flatten, Concat, Cast ──► Split ┼► slots [b, s]       (adapter)
+            ... block_size   ┘     (CPU, int64)   one copy      └► ... block_size []
+        """
+        if not self.int32:
+            return values
+        g = self.g
+        names = list(values)
+        flat = [g.op("Reshape", [values[n], g.const([-1])], f"{name}/{n}/flat") for n in names]
+        sizes = g.op("Concat", [g.op("Shape", [f], f"{name}/{n}/size") for n, f in zip(names, flat)], f"{name}/sizes", axis=0)
+        packed = g.op("Concat", flat, f"{name}/packed", axis=0)
+        packed = g.op("Cast", [packed], f"{name}/packed/Cast_int32", to=TensorProto.INT32)
+        parts = g.op_multi("Split", [packed, sizes], f"{name}/Split", len(names), axis=0)
+        return {
+            n: g.op("Reshape", [part, g.op("Shape", [values[n]], f"{name}/{n}/shape")], f"{name}/{n}")
+            for n, part in zip(names, parts)
+        }
 
     def index(self, x: str, name: str) -> str:
         """An int64 value (a graph input, a shape scalar) in the index type."""

@@ -72,22 +72,31 @@ def shared_values(
     p = "/model/shared"
     if paged:  # the op takes the paging inputs itself, and applies RoPE from its own caches
         return SharedValues(positions, {}, {}, {}, {}, "", paged=paged_values(g, cfg, kinds, positions))
-    slots = {False: ix.index(g.input(io.SLOT_MAPPING, i64, ["batch", "seq"]), f"{p}/slots")}
-    tables = {False: g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"])}  # Gather indices: int64 taken
-    lens = ix.index(g.input(io.CONTEXT_LENS, i64, ["batch"]), f"{p}/context_lens")
-    if True in kinds:
-        slots[True] = ix.index(g.input(io.WINDOW_SLOT_MAPPING, i64, ["batch", "seq"]), f"{p}/window_slots")
-        tables[True] = g.input(io.WINDOW_BLOCK_TABLES, i64, ["batch", "max_window_blocks"])
-        first = ix.index(g.input(io.WINDOW_FIRST_BLOCK, i64, ["batch"]), f"{p}/window_first_block")
     pool = io.key_cache(start)  # any pool of this partition gives the block size
     block_size_shape = g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/block_size")
-    block_size = ix.index(block_size_shape, f"{p}/block_size")
-    index_positions = ix.index(positions, f"{p}/positions")
+    inputs = {  # int64, as fed (shapes of the block tables read from these)
+        "positions": positions,
+        "slots": g.input(io.SLOT_MAPPING, i64, ["batch", "seq"]),
+        "tables": g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"]),
+        "lens": g.input(io.CONTEXT_LENS, i64, ["batch"]),
+        "block_size": block_size_shape,
+    }
+    if True in kinds:
+        inputs["window_slots"] = g.input(io.WINDOW_SLOT_MAPPING, i64, ["batch", "seq"])
+        inputs["window_tables"] = g.input(io.WINDOW_BLOCK_TABLES, i64, ["batch", "max_window_blocks"])
+        inputs["window_first"] = g.input(io.WINDOW_FIRST_BLOCK, i64, ["batch"])
+    if image_spans:
+        inputs["until"] = g.input(io.ATTEND_UNTIL, i64, ["batch", "seq"])
+    index = ix.indices(inputs, f"{p}/index")  # in the index type
+    slots = {False: index["slots"]}
+    tables = {False: index["tables"]}
+    if True in kinds:
+        slots[True], tables[True], first = index["window_slots"], index["window_tables"], index["window_first"]
+    lens, block_size, index_positions = index["lens"], index["block_size"], index["positions"]
     q_pos = g.op("Unsqueeze", [index_positions, g.const([-1])], f"{p}/q_pos")  # [b, s, 1]
     q_until = None  # [b, s, 1]: attend_until
     if image_spans:
-        until = ix.index(g.input(io.ATTEND_UNTIL, i64, ["batch", "seq"]), f"{p}/attend_until")
-        q_until = g.op("Unsqueeze", [until, g.const([-1])], f"{p}/q_until")
+        q_until = g.op("Unsqueeze", [index["until"], g.const([-1])], f"{p}/q_until")
     ctx = g.op("Unsqueeze", [lens, g.const([1, 2])], f"{p}/ctx")  # [b, 1, 1]
 
     scatter, masks, cos_sin = {}, {}, {}
@@ -106,7 +115,8 @@ def shared_values(
             axis=-1,
         )
         scatter[is_sliding] = ix.int64(block_offset, f"{q}/scatter_indices")  # ScatterND's indices
-        num_blocks = g.op("Gather", [g.op("Shape", [tables[is_sliding]], f"{q}/tables_shape"), g.const(1)], f"{q}/num_blocks")
+        table_input = inputs["window_tables" if is_sliding else "tables"]
+        num_blocks = g.op("Gather", [g.op("Shape", [table_input], f"{q}/tables_shape"), g.const(1)], f"{q}/num_blocks")
         total = g.op("Mul", [num_blocks, block_size_shape], f"{q}/total")
         keys = g.op("Range", [ix.const(0), ix.index(total, f"{q}/total"), ix.const(1)], f"{q}/key_index")  # [total]
         if is_sliding:  # -> positions [b, 1, total]
@@ -138,7 +148,7 @@ def shared_values(
     )
     zeros_mass = None
     if attention_stats and False not in kinds:
-        shape = g.op("Shape", [tables[False]], f"{p}/mass_shape")
+        shape = g.op("Shape", [inputs["tables"]], f"{p}/mass_shape")
         zeros_mass = g.op(
             "ConstantOfShape", [shape], f"{p}/zero_mass", value=onnx.helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0])
         )
