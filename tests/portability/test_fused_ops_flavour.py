@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from wicore.devices.graph_nodes import graph_nodes, load_graph
@@ -79,3 +80,27 @@ def test_smollm2_writes_the_portable_exports_tokens(smollm2):
     with Engine(EngineConfig(model_dir=folder, num_threads=2, host_tier_gb=0)) as engine:
         ids = engine.tokenizer.encode(PROMPT)
     assert greedy(folder, ids, 16) == greedy(smollm2(), ids, 16)
+
+
+@pytest.mark.slow
+def test_an_image_prompt_gives_hf_logits(tiny_multimodal, tmp_path):
+    """Image spans (attend_until, packed with the other paging inputs) in the webgpu flavour."""
+    from multimodal import png, user
+    from tiny_engine import tiny_config
+
+    from wicore.engine.scheduler import SchedulerConfig
+    from wicore.inputs.image_loader import load_image
+
+    folder = tmp_path / "webgpu"
+    export_model(open_source(str(tiny_multimodal.folder)), folder, ExportConfig(op_flavour="webgpu"), progress=lambda _: None)
+    images = [png(0), png(1)]
+    messages = user("Compare", images[0], "and", images[1], "which one is brighter?")
+    inputs = tiny_multimodal.inputs(messages, images)
+    with Engine(tiny_config(folder, scheduler=SchedulerConfig(prefill_chunk=7))) as engine:
+        ids = inputs["input_ids"][0].tolist()
+        loaded = [load_image(b, engine.vision.config.preprocessing) for b in images]
+        (done,) = engine.generate([ids], SamplingParams(max_tokens=1, prompt_logits=True), images=[loaded])
+    assert done.error is None
+    reference = tiny_multimodal.logits(inputs)
+    assert done.prompt_logits.shape == reference.shape
+    assert np.abs(done.prompt_logits - reference).max() <= 1e-4
