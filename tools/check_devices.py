@@ -8,6 +8,12 @@ one, the tokens equal before the first difference, per prompt.
 Usage (the H100 run of docs/PERFORMANCE.md, "WebGPU against CUDA"):
     PYTHONPATH=.:tools python tools/check_devices.py --model-dir M --devices 'cuda:0;webgpu' --json ids.json
 (`;` separates devices; one device may be a placement such as `cuda:0,cpu`.)
+
+Where the devices need different ONNX Runtime installs (onnxruntime-gpu for CUDA, onnxruntime >= 1.32
+with the WebGPU plugin), run each in its own environment and compare with the first run's record;
+the exports may differ in op flavour when they hold the same weights (random weights of one seed):
+    python tools/check_devices.py --model-dir M-portable --devices cuda:0 --json cuda.json
+    python tools/check_devices.py --model-dir M-webgpu --devices webgpu --compare-with cuda.json
 """
 
 from __future__ import annotations
@@ -55,14 +61,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--compare-with", type=Path, default=None, help="a record of another run (--json): its first device is the reference"
+    )
     a = ap.parse_args(argv)
     placements = [d.strip() for d in a.devices.split(";") if d.strip()]
-    if len(placements) < 2:
-        ap.error("--devices needs two placements or more, e.g. 'cpu;webgpu'")
+    if len(placements) < (1 if a.compare_with else 2):
+        ap.error("--devices needs two placements or more, e.g. 'cpu;webgpu', or one with --compare-with")
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1000, 200_000, int(n)).tolist() for n in a.prompt_lengths.split(",")]
     ids = {}
-    for devices in placements:
+    if a.compare_with is not None:
+        earlier = json.loads(a.compare_with.read_text())
+        if earlier["prompt_lengths"] != a.prompt_lengths:
+            ap.error(f"--compare-with {a.compare_with} ran prompts of lengths {earlier['prompt_lengths']}: pass those")
+        first = next(iter(earlier["ids"]))
+        reference_label = f"{first} ({a.compare_with.name})"
+        ids[reference_label] = [row[: a.new_tokens] for row in earlier["ids"][first]]
+        placements = [reference_label, *placements]
+    for devices in placements[1 if a.compare_with else 0 :]:
         start = time.perf_counter()
         ids[devices] = greedy_ids(a.model_dir, devices, prompts, a.new_tokens, a.threads)
         print(f"{devices}: {time.perf_counter() - start:.1f} s", flush=True)

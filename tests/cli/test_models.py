@@ -16,7 +16,9 @@ def test_auto_follows_the_installed_runtime():
     accelerators = [d for d in available_devices() if d.capability.device_kind != "cpu"]
     expected = ("fp32", "ort-quant", "portable")
     if accelerators and "fp16" in accelerators[0].capability.dtypes:
-        expected = ("fp16", "portable", "paged" if "paged" in accelerators[0].capability.attentions else "portable")
+        capability = accelerators[0].capability
+        paged = "paged" in capability.attentions
+        expected = ("fp16", "portable" if paged else capability.op_flavours[0], "paged" if paged else "portable")
     assert packaged_export("gemma3-270m", "auto") == expected
 
 
@@ -29,6 +31,8 @@ def test_auto_follows_the_installed_runtime():
         ("cuda", "model.gguf", ("fp16", "portable", "paged")),
         ("cuda:0,cuda:1", "hf-folder", ("fp16", "portable", "paged")),
         ("migraphx", "hf-folder", ("fp16", "portable", "portable")),
+        ("webgpu", "model.gguf", ("fp16", "webgpu", "portable")),  # its fused kernels (graph/fused_ops.py)
+        ("webgpu,migraphx", "hf-folder", ("fp16", "portable", "portable")),
         ("cuda,cpu", "model.gguf", ("fp32", "portable", "portable")),  # one graph for both: the portable one
         ("openvino", "model.gguf", ("fp32", "portable", "portable")),
     ],

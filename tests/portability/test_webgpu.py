@@ -14,7 +14,7 @@ every test here is skipped and says which.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +94,72 @@ def test_a_tiny_model_decodes_the_cpu_eps_tokens(tiny_export, dtype):
 def test_gemma_270m_writes_the_cpu_eps_text(gemma_270m):
     folder = gemma_270m(1)
     with engine(folder, "cpu") as cpu:
+        ids = cpu.tokenizer.encode(PROMPT)
+        (reference,) = cpu.generate([ids], SamplingParams(max_tokens=NUM_TOKENS_270M, ignore_eos=True))
+        tokens = greedy(folder, "webgpu:0", ids, NUM_TOKENS_270M)
+        assert cpu.tokenizer.decode(tokens) == cpu.tokenizer.decode(reference.token_ids)
+    assert tokens == reference.token_ids
+
+
+# -- the webgpu op flavour (wicore/graph/fused_ops.py) -----------------------------------------
+@pytest.fixture(scope="module")
+def tiny_webgpu_flavour(tiny_model, tmp_path_factory) -> Callable[[str], Path]:
+    """tiny_webgpu_flavour(dtype) -> the tiny Gemma 3 exported in the webgpu flavour."""
+    from wicore.export.exporter import ExportConfig, export_model
+    from wicore.export.sources import open_source
+
+    made: dict[str, Path] = {}
+
+    def export(dtype: str) -> Path:
+        if dtype not in made:
+            folder, _ = tiny_model()
+            made[dtype] = tmp_path_factory.mktemp("webgpu_flavour") / "model"
+            config = ExportConfig(dtype=dtype, op_flavour="webgpu")
+            export_model(open_source(str(folder)), made[dtype], config, progress=lambda _: None)
+        return made[dtype]
+
+    return export
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_the_webgpu_flavour_decodes_the_cpu_eps_tokens(tiny_webgpu_flavour, tiny_export, dtype):
+    portable, _ = tiny_export(dtype=dtype)
+    expected = greedy(portable, "cpu", TINY_IDS, NUM_TOKENS_TINY)
+    assert greedy(tiny_webgpu_flavour(dtype), "webgpu:0", TINY_IDS, NUM_TOKENS_TINY) == expected
+    assert greedy(tiny_webgpu_flavour(dtype), "cpu", TINY_IDS, NUM_TOKENS_TINY) == expected
+
+
+def test_the_webgpu_flavour_leaves_the_cpu_only_int64_shape_math_and_one_copy(tiny_webgpu_flavour, tmp_path):
+    """ONNX Runtime's placement and its optimized graph: every node left to the CPU computes on int64
+    shapes or the fed int64 paging inputs (the EP takes no int64 op), and one copy a run crosses to the
+    adapter (the packed int32 index values; the portable graphs copy 10)."""
+    import onnx
+
+    from wicore.devices.graph_nodes import graph_nodes
+    from wicore.devices.providers import session_options
+
+    device = parse_device("webgpu")
+    options = session_options(1, devices=[device])
+    options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    model = tiny_webgpu_flavour("fp32") / "part-00.onnx"
+    session = onnxruntime().InferenceSession(str(model), sess_options=options, providers=device.providers())
+    on_cpu = {
+        n.name
+        for sub in session.get_provider_graph_assignment_info()
+        if sub.ep_name != device.capability.provider
+        for n in sub.get_nodes()
+    }
+    types = {n.name: n.dtype for n in graph_nodes(onnx.load(str(model), load_external_data=False))}
+    assert on_cpu and all(name.startswith("/model/shared/") and types[name] == "int64" for name in on_cpu), on_cpu
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
+    copies = [n.input[0] for n in optimized.graph.node if n.op_type.startswith("Memcpy")]
+    assert copies == ["/model/shared/index/packed/Cast_int32/output_0"]
+
+
+def test_gemma_270m_in_the_webgpu_flavour_writes_the_cpu_eps_text(export_cached, gemma_270m):
+    folder = export_cached("gemma3-270m-webgpu", "gemma3-270m", op_flavour="webgpu")
+    with engine(gemma_270m(1), "cpu") as cpu:
         ids = cpu.tokenizer.encode(PROMPT)
         (reference,) = cpu.generate([ids], SamplingParams(max_tokens=NUM_TOKENS_270M, ignore_eos=True))
         tokens = greedy(folder, "webgpu:0", ids, NUM_TOKENS_270M)

@@ -35,9 +35,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--op-flavour",
         default=None,
-        choices=["portable", "ort-quant"],
+        choices=["portable", "ort-quant", "webgpu"],
         help="portable: standard ONNX ops, any EP; ort-quant: MatMulNBits linear layers (CPU, CUDA), "
-        "GGUF blocks transcoded without loss (default portable, or what --for suits)",
+        "GGUF blocks transcoded without loss; webgpu: float weights, norms, RoPE and GELU in ONNX Runtime's fused "
+        "kernels and int32 index arithmetic, for the WebGPU EP (CPU too) (default portable, or what --for suits)",
     )
     ap.add_argument(
         "--attention",

@@ -133,7 +133,9 @@ class Capability:
     provider: str  # ONNX Runtime's name
     device_kind: str  # "cpu", "gpu" or "npu"
     dtypes: tuple[str, ...]  # export dtypes it runs
-    op_flavours: tuple[str, ...]  # graph flavours it runs (ort-quant: com.microsoft MatMulNBits kernels, 4/8 bits)
+    # graph flavours it runs, the first the one a refusal suggests (ort-quant: com.microsoft MatMulNBits kernels, 4/8 bits;
+    # webgpu: fused norms, RoPE and GELU, int32 index arithmetic, wicore/graph/fused_ops.py)
+    op_flavours: tuple[str, ...]
     default_index: str  # "0", or OpenVINO's device type "CPU"
     ort_device: str  # where OrtValues for this EP are allocated ("cpu" or "cuda")
     free_bytes: Callable[[str], int | None]  # free memory of a device, None if unknown
@@ -167,7 +169,7 @@ CAPABILITIES: dict[str, Capability] = {
             "CPUExecutionProvider",
             "cpu",
             ("fp32", "fp16"),
-            ("portable", "ort-quant"),
+            ("portable", "ort-quant", "webgpu"),
             "0",
             "cpu",
             host_free_bytes,
@@ -179,7 +181,7 @@ CAPABILITIES: dict[str, Capability] = {
             "CUDAExecutionProvider",
             "gpu",
             ("fp16", "fp32"),
-            ("portable", "ort-quant"),
+            ("portable", "ort-quant", "webgpu"),
             "0",
             "cuda",
             nvidia_free_bytes,
@@ -257,7 +259,7 @@ CAPABILITIES: dict[str, Capability] = {
             "WebGpuExecutionProvider",
             "gpu",
             ("fp32", "fp16"),
-            ("portable", "ort-quant"),
+            ("webgpu", "portable", "ort-quant"),  # webgpu: its fused kernels (graph/fused_ops.py)
             "0",
             "webgpu",
             unknown_free_bytes,

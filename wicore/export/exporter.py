@@ -32,8 +32,20 @@ from wicore.model.weights import WeightSource
 
 Progress = Callable[[str], None]
 
-# op flavour -> whether its linear layers are MatMulNBits (com.microsoft, wicore/graph/quant.py)
-OP_FLAVOURS: dict[str, bool] = {"portable": False, "ort-quant": True}
+
+@dataclass(frozen=True)
+class OpFlavour:
+    """What an op flavour writes beyond standard ONNX ops."""
+
+    quantized: bool  # linear layers as MatMulNBits (com.microsoft, wicore/graph/quant.py)
+    fused_ops: bool  # float MatMuls, fused norms, RoPE and GELU, int32 index arithmetic (wicore/graph/fused_ops.py)
+
+
+OP_FLAVOURS: dict[str, OpFlavour] = {
+    "portable": OpFlavour(quantized=False, fused_ops=False),
+    "ort-quant": OpFlavour(quantized=True, fused_ops=False),
+    "webgpu": OpFlavour(quantized=False, fused_ops=True),  # ONNX Runtime's WebGPU EP kernels (CPU and CUDA run it too)
+}
 
 
 @dataclass(frozen=True)
@@ -77,18 +89,20 @@ class ExportConfig:
                 "--kv-cache-dtype int8 needs the portable attention: ONNX Runtime's PagedAttention takes int8 caches "
                 "only with scales fixed at export"
             )
+        if OP_FLAVOURS[self.op_flavour].fused_ops and self.attention == "paged":
+            raise WiCoreError("--op-flavour webgpu writes the portable attention's graphs: drop --attention paged")
         if self.kernels not in ("ort", "wicore"):
             raise WiCoreError(f"--kernels {self.kernels!r}: choose ort or wicore")
         if self.kernels == "wicore" and self.attention != "paged":
             raise WiCoreError("--kernels wicore needs --attention paged (its kernels take the float16 activations)")
         if self.num_partitions < 1:
             raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
-        if self.quantize_embedding and not OP_FLAVOURS[self.op_flavour]:
+        if self.quantize_embedding and not OP_FLAVOURS[self.op_flavour].quantized:
             raise WiCoreError("--quantize-embedding needs quantized weights: add --weight-bits 4 or 8")
 
     def quant(self) -> QuantLinear | None:
         """How linear layers are encoded: None for float MatMuls (portable)."""
-        if not OP_FLAVOURS[self.op_flavour]:
+        if not OP_FLAVOURS[self.op_flavour].quantized:
             return None
         return QuantLinear(self.weight_bits, accuracy_level=self.accuracy_level, quantize_embedding=self.quantize_embedding)
 
@@ -98,7 +112,7 @@ class ExportConfig:
         ops (ort-quant: CPU and CUDA EPs), `portable` (standard ops, every EP) otherwise."""
         if self.vision_flavour != "auto":
             return self.vision_flavour
-        return "fused" if OP_FLAVOURS[self.op_flavour] else "portable"
+        return "fused" if OP_FLAVOURS[self.op_flavour].quantized else "portable"
 
     def has_sampling_head(self) -> bool:
         """Whether the export draws sampled rows on the device (Manifest.sampling_head): `auto` where its logits live on an
@@ -141,6 +155,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         config.dtype,
         attention_stats=config.attention_stats,
         quant=config.quant(),
+        fused_ops=OP_FLAVOURS[config.op_flavour].fused_ops,
         attention=config.attention,
         image_inputs=vision is not None,
         kernels=config.kernels,

@@ -43,6 +43,7 @@ from onnx import TensorProto
 from wicore.errors import UnsupportedModelError
 from wicore.graph import io
 from wicore.graph.attention import layer_attention, softcap
+from wicore.graph.fused_ops import fused_rms_norm
 from wicore.graph.fused_residual import Pending, fused_layer, gated_activation, settle
 from wicore.graph.kv_quant import kv_row_width
 from wicore.graph.moe import moe
@@ -79,6 +80,7 @@ class DecoderBuilder:
         kv_cache_dtype: str = "auto",
         expert_kernel: str = "auto",
         kernels: str = "ort",
+        fused_ops: bool = False,
     ) -> None:
         """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py).
         `attention`: "portable" (standard ops), "paged" (com.microsoft.PagedAttention, fp16, CUDA) or
@@ -90,7 +92,8 @@ class DecoderBuilder:
         MatMulNBits with `quant`), "ort-moe" (com.microsoft.MoE; QMoE with `quant`) or "auto": ort-moe
         in the flavours that use contrib ops (ort-quant, paged), graph in the portable one.
         `kernels`: "ort" (ONNX Runtime's ops) or "wicore" (paged graphs: the residual adds, norms and
-        gated activation on WiCore's own kernels, graph/fused_residual.py)."""
+        gated activation on WiCore's own kernels, graph/fused_residual.py).
+        `fused_ops`: the webgpu flavour's fused norms, RoPE and GELU and int32 index arithmetic (graph/fused_ops.py)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         if attention not in ATTENTIONS:
@@ -141,12 +144,13 @@ class DecoderBuilder:
         self.kv_type = TensorProto.INT8 if self.kv_int8 else self.onnx_dtype  # the pools' element type
         # ort-quant and paged may use com.microsoft contrib ops (RotaryEmbedding, FastGelu): the EPs
         # that run those flavours (CPU and CUDA; CUDA) implement them; portable stays on standard ONNX.
-        self.contrib = quant is not None or self.paged
+        self.contrib = quant is not None or self.paged or fused_ops
+        self.fused_ops = fused_ops and not self.paged
         # The activations' type between the residual's norms (module docstring).
         self.act_type = self.onnx_dtype if self.paged else TensorProto.FLOAT
         self.act_np_dtype = DTYPES_BY_ONNX[self.act_type]
         # ort-quant: each residual add in the next norm's kernel (graph/skip_norm.py)
-        self.skip_norms = quant is not None and not self.paged and self.family.pre_norms
+        self.skip_norms = (quant is not None or fused_ops) and not self.paged and self.family.pre_norms
 
     # -- entry point -----------------------------------------------------------------
     def build(
@@ -184,6 +188,7 @@ class DecoderBuilder:
             contrib=self.contrib,
             paged=self.paged,
             image_spans=self.image_inputs,
+            index_int32=self.fused_ops,
         )
         width = kv_row_width(cfg.head_dim, "int8" if self.kv_int8 else np.dtype(self.np_dtype).name)
         pool_shapes: dict[bool, list[int | str]] = {
@@ -261,6 +266,8 @@ class DecoderBuilder:
             w_const = g.const(w.astype(DTYPES_BY_ONNX[to]), DTYPES_BY_ONNX[to])
             eps = self.cfg.rms_norm_eps
             return g.op("SimplifiedLayerNormalization", [x, w_const], name, axis=-1, epsilon=eps, stash_type=1)
+        if self.fused_ops:
+            return fused_rms_norm(g, x, w, self.cfg.rms_norm_eps, name, to)
         y = rms_norm_f32(g, x, w, self.cfg.rms_norm_eps, name)
         return y if to == TensorProto.FLOAT else g.op("Cast", [y], f"{name}/Cast", to=to)
 

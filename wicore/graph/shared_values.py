@@ -2,7 +2,9 @@
 
 Scatter indices of the new tokens' K/V, the additive attention masks of the full-attention and the
 sliding layers (their block groups differ), and RoPE's cos / sin. With `contrib` (the ort-quant
-flavour) cos / sin come one row per token for com.microsoft RotaryEmbedding.
+and webgpu flavours) cos / sin come one row per token for com.microsoft RotaryEmbedding. With
+`index_int32` (the webgpu flavour) the arithmetic on positions and slots is int32 (graph/fused_ops.py
+says why and what stays int64).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import onnx
 from onnx import TensorProto
 
 from wicore.graph import io
+from wicore.graph.fused_ops import IndexMath
 from wicore.graph.ops import Graph
 from wicore.graph.paged_attention import PagedValues, paged_values
 from wicore.model.config import DecoderConfig, RopeConfig
@@ -44,6 +47,7 @@ def shared_values(
     contrib: bool = False,
     paged: bool = False,
     image_spans: bool = False,
+    index_int32: bool = False,
 ) -> SharedValues:
     """Inputs every partition takes and what the layers share: scatter indices, RoPE, masks.
 
@@ -60,6 +64,7 @@ def shared_values(
     within one image, and (sliding layers) in the window.
     """
     i64 = TensorProto.INT64
+    ix = IndexMath(g, index_int32)
     if start == stop:
         raise ValueError("a partition needs at least one layer")
     kinds = sorted({cfg.is_sliding(i) for i in range(start, stop)})
@@ -67,20 +72,31 @@ def shared_values(
     p = "/model/shared"
     if paged:  # the op takes the paging inputs itself, and applies RoPE from its own caches
         return SharedValues(positions, {}, {}, {}, {}, "", paged=paged_values(g, cfg, kinds, positions))
-    slots = {False: g.input(io.SLOT_MAPPING, i64, ["batch", "seq"])}
-    tables = {False: g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"])}
-    lens = g.input(io.CONTEXT_LENS, i64, ["batch"])
-    if True in kinds:
-        slots[True] = g.input(io.WINDOW_SLOT_MAPPING, i64, ["batch", "seq"])
-        tables[True] = g.input(io.WINDOW_BLOCK_TABLES, i64, ["batch", "max_window_blocks"])
-        first = g.input(io.WINDOW_FIRST_BLOCK, i64, ["batch"])
     pool = io.key_cache(start)  # any pool of this partition gives the block size
-    block_size = g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/block_size")
-    q_pos = g.op("Unsqueeze", [positions, g.const([-1])], f"{p}/q_pos")  # [b, s, 1]
+    block_size_shape = g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/block_size")
+    inputs = {  # int64, as fed (shapes of the block tables read from these)
+        "positions": positions,
+        "slots": g.input(io.SLOT_MAPPING, i64, ["batch", "seq"]),
+        "tables": g.input(io.BLOCK_TABLES, i64, ["batch", "max_blocks"]),
+        "lens": g.input(io.CONTEXT_LENS, i64, ["batch"]),
+        "block_size": block_size_shape,
+    }
+    if True in kinds:
+        inputs["window_slots"] = g.input(io.WINDOW_SLOT_MAPPING, i64, ["batch", "seq"])
+        inputs["window_tables"] = g.input(io.WINDOW_BLOCK_TABLES, i64, ["batch", "max_window_blocks"])
+        inputs["window_first"] = g.input(io.WINDOW_FIRST_BLOCK, i64, ["batch"])
+    if image_spans:
+        inputs["until"] = g.input(io.ATTEND_UNTIL, i64, ["batch", "seq"])
+    index = ix.indices(inputs, f"{p}/index")  # in the index type
+    slots = {False: index["slots"]}
+    tables = {False: index["tables"]}
+    if True in kinds:
+        slots[True], tables[True], first = index["window_slots"], index["window_tables"], index["window_first"]
+    lens, block_size, index_positions = index["lens"], index["block_size"], index["positions"]
+    q_pos = g.op("Unsqueeze", [index_positions, g.const([-1])], f"{p}/q_pos")  # [b, s, 1]
     q_until = None  # [b, s, 1]: attend_until
     if image_spans:
-        until = g.input(io.ATTEND_UNTIL, i64, ["batch", "seq"])
-        q_until = g.op("Unsqueeze", [until, g.const([-1])], f"{p}/q_until")
+        q_until = g.op("Unsqueeze", [index["until"], g.const([-1])], f"{p}/q_until")
     ctx = g.op("Unsqueeze", [lens, g.const([1, 2])], f"{p}/ctx")  # [b, 1, 1]
 
     scatter, masks, cos_sin = {}, {}, {}
@@ -88,8 +104,8 @@ def shared_values(
         name = "sliding" if is_sliding else "global"
         q = f"{p}/{name}"
         block = g.op("Div", [slots[is_sliding], block_size], f"{q}/slot_block")
-        offset = g.op("Mod", [slots[is_sliding], block_size], f"{q}/slot_offset")
-        scatter[is_sliding] = g.op(
+        offset = ix.remainder(slots[is_sliding], block, block_size, f"{q}/slot_offset")
+        block_offset = g.op(
             "Concat",
             [
                 g.op("Unsqueeze", [block, g.const([-1])], f"{q}/block_u"),
@@ -98,9 +114,11 @@ def shared_values(
             f"{q}/scatter_indices",
             axis=-1,
         )
-        num_blocks = g.op("Gather", [g.op("Shape", [tables[is_sliding]], f"{q}/tables_shape"), g.const(1)], f"{q}/num_blocks")
-        total = g.op("Mul", [num_blocks, block_size], f"{q}/total")
-        keys = g.op("Range", [g.const(0), total, g.const(1)], f"{q}/key_index")  # [total]
+        scatter[is_sliding] = ix.int64(block_offset, f"{q}/scatter_indices")  # ScatterND's indices
+        table_input = inputs["window_tables" if is_sliding else "tables"]
+        num_blocks = g.op("Gather", [g.op("Shape", [table_input], f"{q}/tables_shape"), g.const(1)], f"{q}/num_blocks")
+        total = g.op("Mul", [num_blocks, block_size_shape], f"{q}/total")
+        keys = g.op("Range", [ix.const(0), ix.index(total, f"{q}/total"), ix.const(1)], f"{q}/key_index")  # [total]
         if is_sliding:  # -> positions [b, 1, total]
             first_position = g.op("Mul", [first, block_size], f"{q}/first_position")
             first_u = g.op("Unsqueeze", [first_position, g.const([1, 2])], f"{q}/first_u")
@@ -112,7 +130,7 @@ def shared_values(
         visible = g.op("And", [causal, g.op("Less", [keys, ctx], f"{q}/in_context")], f"{q}/visible")
         window = cfg.sliding_window if is_sliding else cfg.window_all_layers
         if window:
-            window_start = g.op("Sub", [q_pos, g.const(window)], f"{q}/window_start")
+            window_start = g.op("Sub", [q_pos, ix.const(window)], f"{q}/window_start")
             visible = g.op("And", [visible, g.op("Greater", [keys, window_start], f"{q}/in_window")], f"{q}/visible_window")
         mask = g.op(
             "Where",
@@ -121,20 +139,20 @@ def shared_values(
         )
         masks[is_sliding] = group_mask(g, cfg, mask, total, f"{q}/mask")
         rope = cfg.rope_local if is_sliding else cfg.rope_global
-        cos_sin[is_sliding] = rope_tables(g, cfg, positions, rope, _rope_name(is_sliding), contrib)
+        cos_sin[is_sliding] = rope_tables(g, cfg, index_positions, rope, _rope_name(is_sliding), contrib, index_type=ix.np_type)
     block_shape = g.op(
         "Concat",
-        [g.const([0, -1]), g.op("Unsqueeze", [block_size, g.const([0])], f"{p}/block_size_1d")],
+        [g.const([0, -1]), g.op("Unsqueeze", [block_size_shape, g.const([0])], f"{p}/block_size_1d")],
         f"{p}/block_shape",
         axis=0,
     )
     zeros_mass = None
     if attention_stats and False not in kinds:
-        shape = g.op("Shape", [tables[False]], f"{p}/mass_shape")
+        shape = g.op("Shape", [inputs["tables"]], f"{p}/mass_shape")
         zeros_mass = g.op(
             "ConstantOfShape", [shape], f"{p}/zero_mass", value=onnx.helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0])
         )
-    token_index = _token_index(g, positions) if contrib else None
+    token_index = _token_index(g, positions, ix) if contrib else None
     return SharedValues(positions, tables, scatter, cos_sin, masks, block_shape, zeros_mass, token_index)
 
 
@@ -142,21 +160,29 @@ def _rope_name(is_sliding: bool) -> str:
     return f"/model/shared/rope_{'sliding' if is_sliding else 'global'}"
 
 
-def _token_index(g: Graph, positions: str) -> str:
-    """The flat index of each token (RotaryEmbedding's position_ids into one-row-a-token caches),
+def _token_index(g: Graph, positions: str, ix: IndexMath) -> str:
+    """The flat index of each token (RotaryEmbedding's position_ids into one-row-a-token caches, int64),
     in the shape of `positions` [batch, seq]."""
     p = "/model/shared"
     positions_shape = g.op("Shape", [positions], f"{p}/positions_shape")
     count = g.op("ReduceProd", [positions_shape], f"{p}/num_tokens", keepdims=0)
-    flat = g.op("Range", [g.const(0), count, g.const(1)], f"{p}/token_range")
-    return g.op("Reshape", [flat, positions_shape], f"{p}/token_index")
+    flat = g.op("Range", [ix.const(0), ix.index(count, f"{p}/num_tokens"), ix.const(1)], f"{p}/token_range")
+    index = g.op("Reshape", [flat, positions_shape], f"{p}/token_index")
+    return ix.int64(index, f"{p}/token_index")
 
 
 def rope_tables(
-    g: Graph, cfg: DecoderConfig, positions: str, rope: RopeConfig, p: str, contrib: bool, to: int = TensorProto.FLOAT
+    g: Graph,
+    cfg: DecoderConfig,
+    positions: str,
+    rope: RopeConfig,
+    p: str,
+    contrib: bool,
+    to: int = TensorProto.FLOAT,
+    index_type: type[np.integer] = np.int64,
 ) -> tuple[str, str]:
     """cos and sin [batch, seq, 1, head_dim / 2] of position * inv_freq (computed in float32, as in
-    HF; of type `to`); with contrib ops one row per token, [batch * seq, head_dim / 2],
+    HF; of type `to`; `positions` of `index_type`); with contrib ops one row per token, [batch * seq, head_dim / 2],
     RotaryEmbedding's caches."""
     inv_freq = g.const(rope.inv_freq(cfg.head_dim), np.float32)
     pos = g.op("Cast", [positions], f"{p}/pos_f", to=TensorProto.FLOAT)
@@ -165,7 +191,7 @@ def rope_tables(
     else:
         pos = g.op("Unsqueeze", [pos, g.const([-1, -2])], f"{p}/pos_u")  # [b, s, 1, 1]
     if rope.is_longrope:
-        inv_freq = longrope_inv_freq(g, cfg, positions, rope, p, contrib)
+        inv_freq = longrope_inv_freq(g, cfg, positions, rope, p, contrib, index_type)
     freqs = g.op("Mul", [pos, inv_freq], f"{p}/freqs")
     tables = g.op("Cos", [freqs], f"{p}/cos"), g.op("Sin", [freqs], f"{p}/sin")
     if rope.attention_factor != 1.0:  # LongRoPE's and YaRN's
@@ -176,13 +202,16 @@ def rope_tables(
     return g.op("Cast", [tables[0]], f"{p}/cos_cast", to=to), g.op("Cast", [tables[1]], f"{p}/sin_cast", to=to)
 
 
-def longrope_inv_freq(g: Graph, cfg: DecoderConfig, positions: str, rope: RopeConfig, p: str, contrib: bool) -> str:
+def longrope_inv_freq(
+    g: Graph, cfg: DecoderConfig, positions: str, rope: RopeConfig, p: str, contrib: bool, index_type: type[np.integer] = np.int64
+) -> str:
     """LongRoPE's frequencies of each row: the long factors' where the row's last position this step
     reaches past original_max_position_embeddings (transformers: where the forward's positions do;
     a prompt prefilled in several chunks takes the short ones in the chunks that stay inside),
     else the short ones. [b, 1, 1, half]; with contrib ops [b * s, half]. Padding positions are 0."""
     last = g.op("ReduceMax", [positions], f"{p}/last_position", axes=[1], keepdims=1)  # [b, 1]
-    is_long = g.op("Greater", [last, g.const(rope.original_max_position_embeddings - 1)], f"{p}/is_long")
+    limit = rope.original_max_position_embeddings - 1
+    is_long = g.op("Greater", [last, g.const(limit, index_type)], f"{p}/is_long")
     if contrib:
         is_long = g.op(
             "Reshape",
