@@ -8,10 +8,15 @@
 //   GeGLU / SwiGLU  (gate_up f16 [rows, 2I])                                 -> f16 [rows, I]
 //                   out = act(gate_up[:, :I]) * gate_up[:, I:]   (gelu_tanh / silu, in float32)
 //
+//   MatMulQ         (x f32 [M, K], codes u8 [N, K * bits / 8], scales f32 [N, K / bs], offsets f32 | null)
+//                   -> y f32 [M, N]: llama.cpp's arithmetic (matmul_q_cpu.cc): x in int8 blocks of 32,
+//                   w[n, c] = scales[n, c / bs] * (code - zero point) + offsets[n, c / bs]; bits 4 or 8, bs 16 or 32
+//
 // rms(v) = v / sqrt(mean(v^2) + epsilon), in float32. A half is passed as its 16 bits.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace wicore {
 
@@ -21,6 +26,30 @@ enum class Activation { kGeluTanh, kSilu };
 void ResidualRMSNormCpu(const float* x, const uint16_t* h, const float* w_post, const uint16_t* w, float epsilon,
                         int64_t rows, int64_t hidden, uint16_t* y, float* sum);
 void GatedActivationCpu(const uint16_t* gate_up, Activation act, int64_t rows, int64_t inter, uint16_t* out);
+
+struct MatMulQArgs {
+  const float* x;           // [m, k]
+  const uint8_t* weight;    // [n, k * bits / 8]: 4 bits: per 32 columns 16 bytes, column j low nibble, j + 16 high
+  const float* scales;      // [n, k / block_size]
+  const float* offsets;     // [n, k / block_size] or null
+  float* y;                 // [m, n]
+  int64_t m, n, k, block_size;
+  int bits;
+};
+
+// One row of activations in int8 blocks of 32.
+struct QuantRow {
+  std::vector<int8_t> q;       // [k]
+  std::vector<float> d;        // [k / 32]: the blocks' scales
+  std::vector<int32_t> lanes;  // [k / 4]: -zero_point * (sum of each 4 q), the dot products' starting values
+  std::vector<float> sums;     // [k / block_size]: d * (sum of q over each weight block), for the offsets
+};
+
+bool MatMulQHasVnni();  // AVX-512 VNNI (with VL) here: MatMulQCpu's fast path
+std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args);
+// Rows [row_begin, row_end) of y's columns (weight rows), from the quantized x (any split gives the same bits).
+void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t row_begin, int64_t row_end,
+                bool vnni);
 
 #ifdef WICORE_CUDA
 // Launched on `stream` (ORT's compute stream for the node); no allocation, no synchronization.

@@ -1,0 +1,214 @@
+// MatMulQ on the CPU: float activations x block-quantized weights, with llama.cpp's arithmetic
+// (activations rounded to int8 per block of 32, integer dot products, one float scale a block).
+//
+//   x [M, K] ──► per 32 columns: d = max|x| / 127, q = rint(x / d)  (int8, and the sums below)
+//   y[m, n] = Σ_lanes ( Σ_blocks fma(float(p_lane), s[n, b] * d[b], .) ) + Σ_b fma(o[n, b], d * Σ_b q, .)
+//
+// p_lane is the exact integer dot product of 4 consecutive columns (a vpdpbusd lane: 8 lanes cover a
+// block of 32); the lanes are summed in a fixed order at the end. The AVX-512 VNNI path and the
+// portable scalar one follow exactly that order (the offsets too: OffsetScalar), so both give the same bits (tests/kernels/test_matmul_q.py).
+// The weight codes are unsigned, code + zero point (8 for 4 bits, 128 for 8): vpdpbusd takes them
+// as its u8 operand, and the accumulator starts at -zero_point * (the lane's sum of q), so p_lane is
+// the signed codes' dot product with no further correction.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <immintrin.h>
+
+#include "kernels.h"
+
+namespace wicore {
+namespace {
+
+constexpr int64_t kBlock = 32;  // activation block (columns), and the packing unit of the codes
+constexpr int kLanes = 8;       // 4 columns a lane
+
+float Reduce(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+void Quantize(const float* x, int64_t k, int zero_point, int64_t block_size, QuantRow* row) {
+  row->q.resize(k);
+  row->d.resize(k / kBlock);
+  row->lanes.resize(k / 4);
+  row->sums.resize(k / block_size);
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    float amax = 0.f;
+    for (int64_t j = 0; j < kBlock; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    const float d = amax / 127.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    row->d[b] = d;
+    int8_t* qb = row->q.data() + b * kBlock;
+    for (int64_t j = 0; j < kBlock; ++j) qb[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
+  }
+  for (int64_t l = 0; l < k / 4; ++l) {
+    const int8_t* ql = row->q.data() + 4 * l;
+    row->lanes[l] = -zero_point * (ql[0] + ql[1] + ql[2] + ql[3]);
+  }
+  for (int64_t b = 0; b < k / block_size; ++b) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < block_size; ++j) s += row->q[b * block_size + j];
+    row->sums[b] = row->d[b * block_size / kBlock] * static_cast<float>(s);
+  }
+}
+
+// The 32 unsigned codes of activation block b of a weight row (4 bits: byte j holds column j low, j + 16 high).
+void Unpack(const uint8_t* w, int bits, int64_t b, uint8_t* out) {
+  if (bits == 8) {
+    std::memcpy(out, w + b * kBlock, kBlock);
+    return;
+  }
+  const uint8_t* wb = w + b * (kBlock / 2);
+  for (int j = 0; j < 16; ++j) {
+    out[j] = wb[j] & 0x0F;
+    out[j + 16] = wb[j] >> 4;
+  }
+}
+
+// The offsets' term: 8 lanes, block b in lane b % 8 (blocks past the last: zeros), summed as Reduce does.
+float OffsetScalar(const QuantRow& a, const float* offsets, int64_t num_blocks) {
+  float acc[kLanes] = {0.f};
+  for (int64_t c = 0; c < num_blocks; c += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const bool in = c + l < num_blocks;
+      acc[l] = std::fma(in ? offsets[c + l] : 0.f, in ? a.sums[c + l] : 0.f, acc[l]);
+    }
+  }
+  return Reduce(acc);
+}
+
+float DotScalar(const QuantRow& a, const uint8_t* w, const float* scales, const float* offsets, int bits,
+                int64_t block_size, int64_t k) {
+  float acc[kLanes] = {0.f};
+  uint8_t u[kBlock];
+  const int64_t per_block = kBlock / block_size;  // weight blocks in an activation block: 1 or 2
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    Unpack(w, bits, b, u);
+    const int8_t* q = a.q.data() + b * kBlock;
+    for (int l = 0; l < kLanes; ++l) {
+      int32_t p = a.lanes[b * kLanes + l];
+      for (int j = 4 * l; j < 4 * l + 4; ++j) p += static_cast<int32_t>(u[j]) * q[j];
+      const float scale = scales[b * per_block + l * per_block / kLanes] * a.d[b];
+      acc[l] = std::fma(static_cast<float>(p), scale, acc[l]);
+    }
+  }
+  const float dot = Reduce(acc);
+  return offsets == nullptr ? dot : dot + OffsetScalar(a, offsets, k / block_size);
+}
+
+#define WICORE_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+
+WICORE_VNNI inline float ReduceVec(__m256 v) {
+  float lanes[kLanes];
+  _mm256_storeu_ps(lanes, v);
+  return Reduce(lanes);
+}
+
+// kRows weight rows (row_bytes apart) against one quantized activation row: independent chains, one load of x.
+template <int kRows, int kBits, int kPerBlock>
+WICORE_VNNI void DotVnni(const QuantRow& a, const uint8_t* w, int64_t row_bytes, const float* scales,
+                         const float* offsets, int64_t num_blocks, int64_t k, float* out, int64_t out_stride) {
+  __m256 acc[kRows];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i shifts = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);  // the high half: high nibbles
+  const int8_t* qp = a.q.data();
+  const int32_t* lp = a.lanes.data();
+  const float* dp = a.d.data();
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + b * kBlock));
+    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lp + b * kLanes));
+    // Broadcasts from memory (load ports), not shuffles: the loop's shuffle port stays free.
+    const __m256 d = _mm256_broadcast_ss(dp + b);
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const uint8_t* wr = w + r * row_bytes;
+      __m256i u;
+      if (kBits == 8) {
+        u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + b * kBlock));
+      } else {  // 16 bytes in both halves, the high half shifted: columns 0-15 then 16-31
+        const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + b * (kBlock / 2))));
+        u = _mm256_and_si256(_mm256_srlv_epi16(v, shifts), low);
+      }
+      const __m256i p = _mm256_dpbusd_epi32(start, u, q);
+      const float* sr = scales + r * num_blocks + b * kPerBlock;
+      __m256 s;
+      if (kPerBlock == 1) {
+        s = _mm256_broadcast_ss(sr);
+      } else {
+        s = _mm256_setr_m128(_mm_broadcast_ss(sr), _mm_broadcast_ss(sr + 1));
+      }
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, d), acc[r]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    float y = ReduceVec(acc[r]);
+    if (offsets != nullptr) {
+      const float* orow = offsets + r * num_blocks;
+      __m256 off = _mm256_setzero_ps();
+      for (int64_t c = 0; c < num_blocks; c += kLanes) {
+        const int64_t left = num_blocks - c;
+        const __mmask8 mask = left >= kLanes ? 0xFF : static_cast<__mmask8>((1u << left) - 1);
+        off = _mm256_fmadd_ps(_mm256_maskz_loadu_ps(mask, orow + c), _mm256_maskz_loadu_ps(mask, a.sums.data() + c), off);
+      }
+      y += ReduceVec(off);
+    }
+    out[r * out_stride] = y;
+  }
+}
+
+template <int kBits, int kPerBlock>
+WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t begin, int64_t end) {
+  constexpr int kGroup = 4;
+  const int64_t k = args.k, num_blocks = k / args.block_size, row_bytes = k * kBits / 8;
+  for (int64_t i = 0; i < args.m; ++i) {
+    int64_t n = begin;
+    for (; n + kGroup <= end; n += kGroup) {
+      const float* o = args.offsets != nullptr ? args.offsets + n * num_blocks : nullptr;
+      DotVnni<kGroup, kBits, kPerBlock>(rows[i], args.weight + n * row_bytes, row_bytes, args.scales + n * num_blocks, o,
+                                        num_blocks, k, args.y + i * args.n + n, 1);
+    }
+    for (; n < end; ++n) {
+      const float* o = args.offsets != nullptr ? args.offsets + n * num_blocks : nullptr;
+      DotVnni<1, kBits, kPerBlock>(rows[i], args.weight + n * row_bytes, row_bytes, args.scales + n * num_blocks, o,
+                                   num_blocks, k, args.y + i * args.n + n, 1);
+    }
+  }
+}
+
+}  // namespace
+
+bool MatMulQHasVnni() { return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"); }
+
+std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args) {
+  std::vector<QuantRow> rows(args.m);
+  for (int64_t i = 0; i < args.m; ++i) {
+    Quantize(args.x + i * args.k, args.k, args.bits == 8 ? 128 : 8, args.block_size, &rows[i]);
+  }
+  return rows;
+}
+
+void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t row_begin, int64_t row_end,
+                bool vnni) {
+  if (vnni) {
+    const bool pairs = args.block_size == 16;
+    if (args.bits == 4) {
+      (pairs ? RowsVnni<4, 2> : RowsVnni<4, 1>)(args, rows, row_begin, row_end);
+    } else {
+      (pairs ? RowsVnni<8, 2> : RowsVnni<8, 1>)(args, rows, row_begin, row_end);
+    }
+    return;
+  }
+  const int64_t k = args.k, blocks = k / args.block_size, row_bytes = k * args.bits / 8;
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    const uint8_t* w = args.weight + n * row_bytes;
+    const float* s = args.scales + n * blocks;
+    const float* o = args.offsets != nullptr ? args.offsets + n * blocks : nullptr;
+    for (int64_t i = 0; i < args.m; ++i) {
+      args.y[i * args.n + n] = DotScalar(rows[i], w, s, o, args.bits, args.block_size, k);
+    }
+  }
+}
+
+}  // namespace wicore
