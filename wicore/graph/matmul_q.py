@@ -11,7 +11,8 @@ Q5_K ...) times the block's sum of the quantized activations. The GGUF's blocks 
     scales     float32 [N, K / bs]      bs = 16 (Q6_K) or 32
     offsets    float32 [N, K / bs]      only where the weight has them (an optional input)
 
-8-bit codes are MatMulNBits' own B (`pack_codes`), so a head's float refinement shares them.
+8-bit codes are MatMulNBits' own B (graph/quant.py `pack_codes`, [N, K / bs, bs]), so a head's float
+refinement and a tied embedding's GatherBlockQuantized share them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import numpy as np
 
 from wicore.graph.ops import DataFile, Graph
-from wicore.graph.quant import pack_codes
 from wicore.kernels.library import DOMAIN
 from wicore.model.quant import BlockQuant
 
@@ -33,10 +33,10 @@ def can_run(w: BlockQuant) -> bool:
 
 
 def pack(w: BlockQuant) -> np.ndarray:
-    """MatMulQ's codes, uint8 [N, K * bits / 8] (the module doc's layout)."""
+    """MatMulQ's codes (the module doc's layout): 8 bits uint8 [N, K / bs, bs], 4 bits [N, K / 2]."""
     rows, cols = w.shape
-    if w.bits == 8:
-        return pack_codes(w).reshape(rows, cols)
+    if w.bits == 8:  # code + 128 is the code's bits with the top one flipped (two's complement)
+        return (np.asarray(w.codes, np.int8).view(np.uint8) ^ 0x80).reshape(rows, cols // w.block_size, w.block_size)
     unsigned = (np.asarray(w.codes, np.int8).view(np.uint8) ^ 0x08) & 0x0F  # code + 8: two's complement, top bit flipped
     blocks = unsigned.reshape(rows, cols // BLOCK, 2, BLOCK // 2)
     return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(rows, cols // 2)
@@ -60,7 +60,7 @@ def matmul_q(
     prefix = weight_name or name
     # 8 bits: MatMulNBits' own B (pack_codes), shared with a head's refinement; 4 bits: this layout
     codes_name = f"{prefix}.qweight" if w.bits == 8 else f"{prefix}.qweight_q"
-    codes = g.weight(codes_name, lambda: pack_codes(w) if w.bits == 8 else pack(w), data)
+    codes = g.weight(codes_name, lambda: pack(w), data)
     scales = g.weight(f"{prefix}.scales", lambda: w.scales.astype(np.float32), data)
     inputs = [x, codes, scales]
     if w.offsets is not None:

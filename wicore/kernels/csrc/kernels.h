@@ -46,7 +46,7 @@ struct QuantRow {
 };
 
 bool MatMulQHasVnni();  // AVX-512 VNNI (with VL) here: MatMulQCpu's fast path
-std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args);
+std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, bool vnni);
 // Rows [row_begin, row_end) of y's columns (weight rows), from the quantized x (any split gives the same bits).
 void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t row_begin, int64_t row_end,
                 bool vnni);

@@ -26,11 +26,28 @@ constexpr int kLanes = 8;       // 4 columns a lane
 
 float Reduce(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
 
-void Quantize(const float* x, int64_t k, int zero_point, int64_t block_size, QuantRow* row) {
+// The lanes' starting values and the weight blocks' sums, from q and d.
+void Sums(int64_t k, int zero_point, int64_t block_size, QuantRow* row) {
+  for (int64_t l = 0; l < k / 4; ++l) {
+    const int8_t* ql = row->q.data() + 4 * l;
+    row->lanes[l] = -zero_point * (ql[0] + ql[1] + ql[2] + ql[3]);
+  }
+  for (int64_t b = 0; b < k / block_size; ++b) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < block_size; ++j) s += row->q[b * block_size + j];
+    row->sums[b] = row->d[b * block_size / kBlock] * static_cast<float>(s);
+  }
+}
+
+void Resize(int64_t k, int64_t block_size, QuantRow* row) {
   row->q.resize(k);
   row->d.resize(k / kBlock);
   row->lanes.resize(k / 4);
   row->sums.resize(k / block_size);
+}
+
+// d = max|x| / 127, q = x * (1 / d) rounded to nearest even (0 where d is 0).
+void QuantizeScalar(const float* x, int64_t k, QuantRow* row) {
   for (int64_t b = 0; b < k / kBlock; ++b) {
     const float* xb = x + b * kBlock;
     float amax = 0.f;
@@ -40,15 +57,6 @@ void Quantize(const float* x, int64_t k, int zero_point, int64_t block_size, Qua
     row->d[b] = d;
     int8_t* qb = row->q.data() + b * kBlock;
     for (int64_t j = 0; j < kBlock; ++j) qb[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
-  }
-  for (int64_t l = 0; l < k / 4; ++l) {
-    const int8_t* ql = row->q.data() + 4 * l;
-    row->lanes[l] = -zero_point * (ql[0] + ql[1] + ql[2] + ql[3]);
-  }
-  for (int64_t b = 0; b < k / block_size; ++b) {
-    int32_t s = 0;
-    for (int64_t j = 0; j < block_size; ++j) s += row->q[b * block_size + j];
-    row->sums[b] = row->d[b * block_size / kBlock] * static_cast<float>(s);
   }
 }
 
@@ -98,10 +106,36 @@ float DotScalar(const QuantRow& a, const uint8_t* w, const float* scales, const 
 
 #define WICORE_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
 
+// QuantizeScalar's arithmetic, 8 columns at a time (max, one division, products and rounding are exact
+// IEEE operations in any order).
+WICORE_VNNI void QuantizeVnni(const float* x, int64_t k, QuantRow* row) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.f;
+    const __m256 id = _mm256_set1_ps(d != 0.f ? 1.f / d : 0.f);
+    row->d[b] = d;
+    for (int i = 0; i < 4; ++i) {
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(row->q.data() + b * kBlock + 8 * i), _mm256_cvtepi32_epi8(_mm256_cvtps_epi32(r)));
+    }
+  }
+}
+
+// Reduce's order in registers: (a0+a4, a1+a5, a2+a6, a3+a7), then (.0+.2, .1+.3), then their sum.
 WICORE_VNNI inline float ReduceVec(__m256 v) {
-  float lanes[kLanes];
-  _mm256_storeu_ps(lanes, v);
-  return Reduce(lanes);
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
 
 // kRows weight rows (row_bytes apart) against one quantized activation row: independent chains, one load of x.
@@ -160,7 +194,7 @@ WICORE_VNNI void DotVnni(const QuantRow& a, const uint8_t* w, int64_t row_bytes,
 
 template <int kBits, int kPerBlock>
 WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t begin, int64_t end) {
-  constexpr int kGroup = 4;
+  constexpr int kGroup = 8;
   const int64_t k = args.k, num_blocks = k / args.block_size, row_bytes = k * kBits / 8;
   for (int64_t i = 0; i < args.m; ++i) {
     int64_t n = begin;
@@ -181,10 +215,16 @@ WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& 
 
 bool MatMulQHasVnni() { return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"); }
 
-std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args) {
+std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, bool vnni) {
   std::vector<QuantRow> rows(args.m);
   for (int64_t i = 0; i < args.m; ++i) {
-    Quantize(args.x + i * args.k, args.k, args.bits == 8 ? 128 : 8, args.block_size, &rows[i]);
+    Resize(args.k, args.block_size, &rows[i]);
+    if (vnni) {
+      QuantizeVnni(args.x + i * args.k, args.k, &rows[i]);
+    } else {
+      QuantizeScalar(args.x + i * args.k, args.k, &rows[i]);
+    }
+    Sums(args.k, args.bits == 8 ? 128 : 8, args.block_size, &rows[i]);
   }
   return rows;
 }

@@ -187,7 +187,7 @@ struct MatMulQKernel {
     if (m == 0 || n == 0) return;
     const wicore::MatMulQArgs args{x.GetTensorData<float>(), codes.GetTensorData<uint8_t>(), scales.GetTensorData<float>(),
                                    op, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_)};
-    const auto rows = wicore::MatMulQQuantize(args);
+    const auto rows = wicore::MatMulQQuantize(args, vnni_);
     constexpr int64_t kChunk = 64;  // weight rows a task
     Work work{&args, &rows, kChunk, vnni_};
     const int64_t tasks = (n + kChunk - 1) / kChunk;
