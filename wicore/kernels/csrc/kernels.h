@@ -8,7 +8,7 @@
 //   GeGLU / SwiGLU  (gate_up f16 [rows, 2I])                                 -> f16 [rows, I]
 //                   out = act(gate_up[:, :I]) * gate_up[:, I:]   (gelu_tanh / silu, in float32)
 //
-//   MatMulQ         (x f32 [M, K], codes u8 [N, K * bits / 8], scales f32 [N, K / bs], offsets f32 | null)
+//   MatMulQ         (x f32 [M, K], codes u8, scales f32, offsets f32 | null; MatMulQArgs gives the layouts)
 //                   -> y f32 [M, N]: llama.cpp's arithmetic (matmul_q_cpu.cc): x in int8 blocks of 32,
 //                   w[n, c] = scales[n, c / bs] * (code - zero point) + offsets[n, c / bs]; bits 4 or 8, bs 16 or 32
 //
@@ -29,9 +29,13 @@ void GatedActivationCpu(const uint16_t* gate_up, Activation act, int64_t rows, i
 
 struct MatMulQArgs {
   const float* x;           // [m, k]
-  const uint8_t* weight;    // [n, k * bits / 8]: 4 bits: per 32 columns 16 bytes, column j low nibble, j + 16 high
-  const float* scales;      // [n, k / block_size]
-  const float* offsets;     // [n, k / block_size] or null
+  // 8 bits: [n, k] code + 128, scales and offsets [n, k / block_size].
+  // 4 bits: rows in groups of 8 (n padded to a multiple of 8), interleaved a block at a time:
+  //   codes [n / 8, k / 32, 8, 16]: per row and 32 columns, column j in the low nibble, j + 16 in the high one (code + 8)
+  //   scales and offsets [n / 8, k / block_size, 8]
+  const uint8_t* weight;
+  const float* scales;
+  const float* offsets;     // or null
   float* y;                 // [m, n]
   int64_t m, n, k, block_size;
   int bits;

@@ -10,6 +10,7 @@
 // The weight codes are unsigned, code + zero point (8 for 4 bits, 128 for 8): vpdpbusd takes them
 // as its u8 operand, and the accumulator starts at -zero_point * (the lane's sum of q), so p_lane is
 // the signed codes' dot product with no further correction.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -23,6 +24,7 @@ namespace {
 
 constexpr int64_t kBlock = 32;  // activation block (columns), and the packing unit of the codes
 constexpr int kLanes = 8;       // 4 columns a lane
+constexpr int kGroup = 8;       // 4-bit weight rows interleaved (kernels.h), and rows a pass
 
 float Reduce(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
 
@@ -60,48 +62,51 @@ void QuantizeScalar(const float* x, int64_t k, QuantRow* row) {
   }
 }
 
-// The 32 unsigned codes of activation block b of a weight row (4 bits: byte j holds column j low, j + 16 high).
-void Unpack(const uint8_t* w, int bits, int64_t b, uint8_t* out) {
-  if (bits == 8) {
-    std::memcpy(out, w + b * kBlock, kBlock);
-    return;
+// Where one weight row's data lies (the layouts of kernels.h): consecutive 32-column blocks of its
+// codes `block_bytes` apart, consecutive weight blocks' scales and offsets `scale_stride` floats apart.
+struct RowView {
+  const uint8_t* codes;
+  const float* scales;
+  const float* offsets;  // or null
+  int64_t block_bytes, scale_stride;
+};
+
+RowView View(const MatMulQArgs& args, int64_t n) {
+  const int64_t num_blocks = args.k / args.block_size;
+  if (args.bits == 8) {
+    const float* o = args.offsets != nullptr ? args.offsets + n * num_blocks : nullptr;
+    return {args.weight + n * args.k, args.scales + n * num_blocks, o, kBlock, 1};
   }
-  const uint8_t* wb = w + b * (kBlock / 2);
-  for (int j = 0; j < 16; ++j) {
-    out[j] = wb[j] & 0x0F;
-    out[j + 16] = wb[j] >> 4;
-  }
+  const int64_t g = n / kGroup, r = n % kGroup;
+  const int64_t first = g * num_blocks * kGroup + r;
+  const float* o = args.offsets != nullptr ? args.offsets + first : nullptr;
+  return {args.weight + g * (args.k / kBlock) * kGroup * 16 + r * 16, args.scales + first, o, kGroup * 16, kGroup};
 }
 
-// The offsets' term: 8 lanes, block b in lane b % 8 (blocks past the last: zeros), summed as Reduce does.
-float OffsetScalar(const QuantRow& a, const float* offsets, int64_t num_blocks) {
-  float acc[kLanes] = {0.f};
-  for (int64_t c = 0; c < num_blocks; c += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
-      const bool in = c + l < num_blocks;
-      acc[l] = std::fma(in ? offsets[c + l] : 0.f, in ? a.sums[c + l] : 0.f, acc[l]);
-    }
-  }
-  return Reduce(acc);
+// The offsets' term: fma over the weight blocks in order.
+float OffsetScalar(const QuantRow& a, const RowView& w, int64_t num_blocks) {
+  float off = 0.f;
+  for (int64_t b = 0; b < num_blocks; ++b) off = std::fma(w.offsets[b * w.scale_stride], a.sums[b], off);
+  return off;
 }
 
-float DotScalar(const QuantRow& a, const uint8_t* w, const float* scales, const float* offsets, int bits,
-                int64_t block_size, int64_t k) {
+float DotScalar(const QuantRow& a, const RowView& w, int bits, int64_t block_size, int64_t k) {
   float acc[kLanes] = {0.f};
   uint8_t u[kBlock];
   const int64_t per_block = kBlock / block_size;  // weight blocks in an activation block: 1 or 2
   for (int64_t b = 0; b < k / kBlock; ++b) {
-    Unpack(w, bits, b, u);
+    const uint8_t* wb = w.codes + b * w.block_bytes;  // 4 bits: byte j holds column j low, j + 16 high
+    for (int j = 0; j < kBlock; ++j) u[j] = bits == 8 ? wb[j] : j < 16 ? wb[j] & 0x0F : wb[j - 16] >> 4;
     const int8_t* q = a.q.data() + b * kBlock;
     for (int l = 0; l < kLanes; ++l) {
       int32_t p = a.lanes[b * kLanes + l];
       for (int j = 4 * l; j < 4 * l + 4; ++j) p += static_cast<int32_t>(u[j]) * q[j];
-      const float scale = scales[b * per_block + l * per_block / kLanes] * a.d[b];
+      const float scale = w.scales[(b * per_block + l * per_block / kLanes) * w.scale_stride] * a.d[b];
       acc[l] = std::fma(static_cast<float>(p), scale, acc[l]);
     }
   }
   const float dot = Reduce(acc);
-  return offsets == nullptr ? dot : dot + OffsetScalar(a, offsets, k / block_size);
+  return w.offsets == nullptr ? dot : dot + OffsetScalar(a, w, k / block_size);
 }
 
 #define WICORE_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
@@ -138,75 +143,102 @@ WICORE_VNNI inline float ReduceVec(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
 
-// kRows weight rows (row_bytes apart) against one quantized activation row: independent chains, one load of x.
-template <int kRows, int kBits, int kPerBlock>
-WICORE_VNNI void DotVnni(const QuantRow& a, const uint8_t* w, int64_t row_bytes, const float* scales,
-                         const float* offsets, int64_t num_blocks, int64_t k, float* out, int64_t out_stride) {
+// 8-bit codes: kRows rows (row_bytes apart) against one quantized activation row, independent chains.
+template <int kRows, int kPerBlock>
+WICORE_VNNI void Dot8(const QuantRow& a, const uint8_t* w, int64_t row_bytes, const float* scales, int64_t num_blocks,
+                      int64_t k, float* out) {
   __m256 acc[kRows];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  const __m256i shifts = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);  // the high half: high nibbles
-  const int8_t* qp = a.q.data();
-  const int32_t* lp = a.lanes.data();
-  const float* dp = a.d.data();
   for (int64_t b = 0; b < k / kBlock; ++b) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + b * kBlock));
-    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lp + b * kLanes));
-    // Broadcasts from memory (load ports), not shuffles: the loop's shuffle port stays free.
-    const __m256 d = _mm256_broadcast_ss(dp + b);
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + b * kBlock));
+    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes.data() + b * kLanes));
+    const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
-      const uint8_t* wr = w + r * row_bytes;
-      __m256i u;
-      if (kBits == 8) {
-        u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + b * kBlock));
-      } else {  // 16 bytes in both halves, the high half shifted: columns 0-15 then 16-31
-        const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + b * (kBlock / 2))));
-        u = _mm256_and_si256(_mm256_srlv_epi16(v, shifts), low);
-      }
+      const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + b * kBlock));
       const __m256i p = _mm256_dpbusd_epi32(start, u, q);
       const float* sr = scales + r * num_blocks + b * kPerBlock;
-      __m256 s;
-      if (kPerBlock == 1) {
-        s = _mm256_broadcast_ss(sr);
-      } else {
-        s = _mm256_setr_m128(_mm_broadcast_ss(sr), _mm_broadcast_ss(sr + 1));
-      }
+      const __m256 s = kPerBlock == 1 ? _mm256_broadcast_ss(sr) : _mm256_setr_m128(_mm_broadcast_ss(sr), _mm_broadcast_ss(sr + 1));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, d), acc[r]);
     }
   }
-  for (int r = 0; r < kRows; ++r) {
-    float y = ReduceVec(acc[r]);
-    if (offsets != nullptr) {
-      const float* orow = offsets + r * num_blocks;
-      __m256 off = _mm256_setzero_ps();
-      for (int64_t c = 0; c < num_blocks; c += kLanes) {
-        const int64_t left = num_blocks - c;
-        const __mmask8 mask = left >= kLanes ? 0xFF : static_cast<__mmask8>((1u << left) - 1);
-        off = _mm256_fmadd_ps(_mm256_maskz_loadu_ps(mask, orow + c), _mm256_maskz_loadu_ps(mask, a.sums.data() + c), off);
-      }
-      y += ReduceVec(off);
-    }
-    out[r * out_stride] = y;
-  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) out[r] = ReduceVec(acc[r]);
 }
 
-template <int kBits, int kPerBlock>
-WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t begin, int64_t end) {
-  constexpr int kGroup = 8;
-  const int64_t k = args.k, num_blocks = k / args.block_size, row_bytes = k * kBits / 8;
-  for (int64_t i = 0; i < args.m; ++i) {
-    int64_t n = begin;
-    for (; n + kGroup <= end; n += kGroup) {
-      const float* o = args.offsets != nullptr ? args.offsets + n * num_blocks : nullptr;
-      DotVnni<kGroup, kBits, kPerBlock>(rows[i], args.weight + n * row_bytes, row_bytes, args.scales + n * num_blocks, o,
-                                        num_blocks, k, args.y + i * args.n + n, 1);
+// 4-bit codes: one group of kGroup rows (kernels.h's interleaved layout) against one activation row.
+// The group's codes for a block are 128 consecutive bytes and its scales 8 consecutive floats, so
+// every address is one pointer and a constant; the offsets' term of all 8 rows is one vector chain.
+template <int kPerBlock>
+WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const float* scales, const float* offsets,
+                           int64_t num_blocks, int64_t k, float* out) {
+  __m256 acc[kGroup];
+#pragma GCC unroll 8
+  for (int r = 0; r < kGroup; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i shifts = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);  // the high half: high nibbles
+  alignas(32) float sd[kPerBlock][kGroup];
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + b * kBlock));
+    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes.data() + b * kLanes));
+    const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
+    for (int h = 0; h < kPerBlock; ++h) {
+      _mm256_store_ps(sd[h], _mm256_mul_ps(_mm256_loadu_ps(scales + (b * kPerBlock + h) * kGroup), d));
     }
-    for (; n < end; ++n) {
-      const float* o = args.offsets != nullptr ? args.offsets + n * num_blocks : nullptr;
-      DotVnni<1, kBits, kPerBlock>(rows[i], args.weight + n * row_bytes, row_bytes, args.scales + n * num_blocks, o,
-                                   num_blocks, k, args.y + i * args.n + n, 1);
+    const uint8_t* wb = w + b * kGroup * 16;
+#pragma GCC unroll 8
+    for (int r = 0; r < kGroup; ++r) {
+      // 16 bytes in both halves, the high half shifted: columns 0-15 then 16-31 (no shuffle port)
+      const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + r * 16)));
+      const __m256i p = _mm256_dpbusd_epi32(start, _mm256_and_si256(_mm256_srlv_epi16(v, shifts), low), q);
+      const __m256 s = kPerBlock == 1 ? _mm256_broadcast_ss(&sd[0][r])
+                                      : _mm256_setr_m128(_mm_broadcast_ss(&sd[0][r]), _mm_broadcast_ss(&sd[kPerBlock - 1][r]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r]);
+    }
+  }
+  alignas(32) float off[kGroup] = {0.f};
+  if (offsets != nullptr) {
+    __m256 o = _mm256_setzero_ps();
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      o = _mm256_fmadd_ps(_mm256_loadu_ps(offsets + b * kGroup), _mm256_broadcast_ss(a.sums.data() + b), o);
+    }
+    _mm256_store_ps(off, o);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kGroup; ++r) out[r] = ReduceVec(acc[r]) + off[r];
+}
+
+template <int kPerBlock>
+WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t begin, int64_t end) {
+  const int64_t k = args.k, num_blocks = k / args.block_size;
+  float out[kGroup];
+  for (int64_t i = 0; i < args.m; ++i) {
+    float* y = args.y + i * args.n;
+    if (args.bits == 4) {  // begin is a multiple of kGroup (MatMulQCpu)
+      for (int64_t n = begin; n < end; n += kGroup) {
+        const int64_t first = n * num_blocks;
+        Dot4Group<kPerBlock>(rows[i], args.weight + n * (k / 2), args.scales + first,
+                             args.offsets != nullptr ? args.offsets + first : nullptr, num_blocks, k, out);
+        for (int r = 0; r < kGroup && n + r < end; ++r) y[n + r] = out[r];
+      }
+      continue;
+    }
+    int64_t n = begin;
+    for (; n < end; n += kGroup) {
+      const int64_t rows_here = std::min<int64_t>(kGroup, end - n);
+      if (rows_here == kGroup) {
+        Dot8<kGroup, kPerBlock>(rows[i], args.weight + n * k, k, args.scales + n * num_blocks, num_blocks, k, out);
+      } else {
+        for (int64_t r = 0; r < rows_here; ++r) {
+          Dot8<1, kPerBlock>(rows[i], args.weight + (n + r) * k, k, args.scales + (n + r) * num_blocks, num_blocks, k,
+                             out + r);
+        }
+      }
+      for (int64_t r = 0; r < rows_here; ++r) {
+        const RowView w = View(args, n + r);
+        y[n + r] = w.offsets == nullptr ? out[r] : out[r] + OffsetScalar(rows[i], w, num_blocks);
+      }
     }
   }
 }
@@ -232,22 +264,12 @@ std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, bool vnni) {
 void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t row_begin, int64_t row_end,
                 bool vnni) {
   if (vnni) {
-    const bool pairs = args.block_size == 16;
-    if (args.bits == 4) {
-      (pairs ? RowsVnni<4, 2> : RowsVnni<4, 1>)(args, rows, row_begin, row_end);
-    } else {
-      (pairs ? RowsVnni<8, 2> : RowsVnni<8, 1>)(args, rows, row_begin, row_end);
-    }
+    (args.block_size == 16 ? RowsVnni<2> : RowsVnni<1>)(args, rows, row_begin, row_end);
     return;
   }
-  const int64_t k = args.k, blocks = k / args.block_size, row_bytes = k * args.bits / 8;
   for (int64_t n = row_begin; n < row_end; ++n) {
-    const uint8_t* w = args.weight + n * row_bytes;
-    const float* s = args.scales + n * blocks;
-    const float* o = args.offsets != nullptr ? args.offsets + n * blocks : nullptr;
-    for (int64_t i = 0; i < args.m; ++i) {
-      args.y[i * args.n + n] = DotScalar(rows[i], w, s, o, args.bits, args.block_size, k);
-    }
+    const RowView w = View(args, n);
+    for (int64_t i = 0; i < args.m; ++i) args.y[i * args.n + n] = DotScalar(rows[i], w, args.bits, args.block_size, args.k);
   }
 }
 

@@ -146,6 +146,7 @@ struct MatMulQKernel {
   explicit MatMulQKernel(const OrtKernelInfo* info)
       : bits_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("bits")),
         block_size_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("block_size")),
+        n_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("N")),
         vnni_(wicore::MatMulQHasVnni() && std::getenv("WICORE_MATMULQ_SCALAR") == nullptr) {
     Check(bits_ == 4 || bits_ == 8, "wicore MatMulQ: bits must be 4 or 8");
     Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
@@ -170,12 +171,13 @@ struct MatMulQKernel {
     auto offsets = ctx.GetInput(3);  // optional: null where the graph gives none
     auto shape = x.GetTensorTypeAndShapeInfo().GetShape();
     const auto cshape = codes.GetTensorTypeAndShapeInfo().GetShape();
-    Check(!shape.empty() && cshape.size() >= 2, "wicore MatMulQ: x is [..., K] and the codes [N, ...]");
-    const int64_t k = shape.back(), n = cshape[0], m = Rows(shape);
+    Check(!shape.empty(), "wicore MatMulQ: x is [..., K]");
+    const int64_t k = shape.back(), n = n_, m = Rows(shape);
     Check(k % 32 == 0, "wicore MatMulQ: K must be a multiple of 32");
-    Check(codes.GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(n * k * bits_ / 8),
-          "wicore MatMulQ: the codes are not [N, K * bits / 8]");
-    const size_t num_blocks = static_cast<size_t>(n * (k / block_size_));
+    const int64_t stored = bits_ == 4 ? (n + 7) / 8 * 8 : n;  // 4 bits: rows in groups of 8 (kernels.h)
+    Check(codes.GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(stored * k * bits_ / 8),
+          "wicore MatMulQ: the codes are not N rows of K * bits / 8 bytes");
+    const size_t num_blocks = static_cast<size_t>(stored * (k / block_size_));
     Check(scales.GetTensorTypeAndShapeInfo().GetElementCount() == num_blocks, "wicore MatMulQ: the scales are not [N, K / block_size]");
     const float* op = nullptr;
     if (offsets != nullptr) {
@@ -188,13 +190,13 @@ struct MatMulQKernel {
     const wicore::MatMulQArgs args{x.GetTensorData<float>(), codes.GetTensorData<uint8_t>(), scales.GetTensorData<float>(),
                                    op, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_)};
     const auto rows = wicore::MatMulQQuantize(args, vnni_);
-    constexpr int64_t kChunk = 64;  // weight rows a task
+    constexpr int64_t kChunk = 64;  // weight rows a task (a multiple of the 4-bit groups of 8)
     Work work{&args, &rows, kChunk, vnni_};
     const int64_t tasks = (n + kChunk - 1) / kChunk;
     ctx.ParallelFor(&Run, static_cast<size_t>(tasks), 0, &work);
   }
 
-  int64_t bits_, block_size_;
+  int64_t bits_, block_size_, n_;
   bool vnni_;
 };
 
