@@ -15,15 +15,23 @@ from wicore.kernels.library import DOMAIN
 from wicore.model.quant import BlockQuant
 
 LANES = 8  # 4 columns a lane (matmul_q_cpu.cc)
+RESIDUAL = 128  # the residual's steps: d / 128
 
 
-def quantize_rows(x: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x [M, K] -> q int [M, K], d float32 [M, K / 32], sums float32 [M, K / block_size] (d * Σ q a weight block)."""
+def quantize_rows(x: np.ndarray, block_size: int, residual: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x [M, K] -> q int [M, K], d float32 [M, K / 32], sums float32 [M, K / block_size] (d * Σ q a weight
+    block). With the residual, q is 128 q1 + q2 (q2 the first rounding's error in steps of d / 128) and d is d / 128."""
     m, k = x.shape
     blocks = x.reshape(m, k // BLOCK, BLOCK)
     d = np.abs(blocks).max(-1) / np.float32(127)
     inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-    q = np.rint(blocks * inv[..., None]).astype(np.int64).reshape(m, k)
+    r = np.rint(blocks * inv[..., None])
+    q = r.astype(np.int64)
+    if residual:  # fma(-r, d, x): r * d is exact in float64, one rounding to float32 (as the kernel's fma)
+        left = (blocks.astype(np.float64) - r.astype(np.float64) * d[..., None].astype(np.float64)).astype(np.float32)
+        q2 = np.clip(np.rint(left * (inv * np.float32(RESIDUAL))[..., None]), -127, 127).astype(np.int64)
+        q, d = RESIDUAL * q + q2, d / np.float32(RESIDUAL)
+    q = q.reshape(m, k)
     per = BLOCK // block_size
     sums = np.repeat(d, per, axis=1) * q.reshape(m, k // block_size, block_size).sum(-1).astype(np.float32)
     return q, d, sums.astype(np.float32)
@@ -41,13 +49,13 @@ def lane_sum(acc: np.ndarray) -> np.ndarray:
     )
 
 
-def reference(x: np.ndarray, w: BlockQuant) -> np.ndarray:
+def reference(x: np.ndarray, w: BlockQuant, residual: bool = False) -> np.ndarray:
     """The kernel's arithmetic: per 32 columns 8 lanes of exact 4-column integer dot products, each
     scaled by s * d and fma-accumulated in float32; the lanes summed in a fixed order; plus the offsets'
     term, fma-accumulated over the blocks."""
     m, k = x.shape
     n = w.shape[0]
-    q, d, sums = quantize_rows(x, w.block_size)
+    q, d, sums = quantize_rows(x, w.block_size, residual)
     codes = w.codes.astype(np.int64)
     acc = np.zeros((m, n, LANES), np.float32)
     lane_block = np.arange(LANES) * (BLOCK // w.block_size) // LANES  # weight block of each lane in its 32
@@ -73,9 +81,11 @@ def random_weight(rng: np.random.Generator, n: int, k: int, bits: int, block_siz
     return BlockQuant(codes, scales, off, bits, block_size)
 
 
-def session(path: str, w: BlockQuant, scalar: bool) -> ort.InferenceSession:
+def session(path: str, w: BlockQuant, scalar: bool, residual: bool = False) -> ort.InferenceSession:
     names = ["x", "codes", "scales"] + (["offsets"] if w.offsets is not None else [])
-    node = helper.make_node("MatMulQ", names, ["y"], domain=DOMAIN, N=w.shape[0], bits=w.bits, block_size=w.block_size)
+    node = helper.make_node(
+        "MatMulQ", names, ["y"], domain=DOMAIN, N=w.shape[0], bits=w.bits, block_size=w.block_size, residual=int(residual)
+    )
     arrays = [a for a in pack(w) if a is not None]
     inits = [
         helper.make_tensor(name, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape), a.tobytes(), raw=True)
@@ -105,33 +115,35 @@ def session(path: str, w: BlockQuant, scalar: bool) -> ort.InferenceSession:
     ids=["Q4_0", "Q4_1-Q4_K", "Q8_0", "Q5_K", "Q6_K", "4bit-16"],
 )
 @pytest.mark.parametrize("scalar", [False, True], ids=["fast", "scalar"])
-def test_matmul_q_is_its_arithmetic_bit_for_bit(cpu_library, bits, block_size, offsets, scalar):
+@pytest.mark.parametrize("residual", [False, True], ids=["int8", "residual"])
+def test_matmul_q_is_its_arithmetic_bit_for_bit(cpu_library, bits, block_size, offsets, scalar, residual):
     rng = np.random.default_rng(bits * 100 + block_size + offsets)
     n, k = 203, 192  # rows over several tasks of 64, a ragged last one and a part group of 8
     w = random_weight(rng, n, k, bits, block_size, offsets)
     x = rng.normal(0, 1, (2, 3, k)).astype(np.float32)
     x[0, 1, :BLOCK] = 0  # an all-zero block: scale 0, no division
-    (y,) = session(cpu_library, w, scalar).run(None, {"x": x})
+    (y,) = session(cpu_library, w, scalar, residual).run(None, {"x": x})
     assert y.shape == (2, 3, n) and y.dtype == np.float32
-    np.testing.assert_array_equal(y.reshape(6, n), reference(x.reshape(6, k), w))
+    np.testing.assert_array_equal(y.reshape(6, n), reference(x.reshape(6, k), w, residual))
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["int8", "residual"])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_matmul_q_is_the_float_matmul_within_int8_rounding(cpu_library, bits):
-    """Against x @ dequantize(w)ᵀ in float64: the only error is x's rounding to int8 (at most half a
-    step, d / 2, a column), so |error| <= Σ_c |w[n, c]| d(c) / 2."""
+def test_matmul_q_is_the_float_matmul_within_int8_rounding(cpu_library, bits, residual):
+    """Against x @ dequantize(w)ᵀ in float64: the only error is x's rounding (at most half a step a
+    column: d / 2, or d / 256 with the residual), so |error| <= Σ_c |w[n, c]| step(c) / 2."""
     rng = np.random.default_rng(bits)
     n, k = 64, 576
     w = random_weight(rng, n, k, bits, 32, offsets=True)
     x = rng.normal(0, 1, (4, k)).astype(np.float32)
-    (y,) = session(cpu_library, w, scalar=False).run(None, {"x": x[None]})
+    (y,) = session(cpu_library, w, False, residual).run(None, {"x": x[None]})
     y = y[0]
     dense = w.dequantize().astype(np.float64)
     want = x.astype(np.float64) @ dense.T
-    _, d, _ = quantize_rows(x, 32)
-    bound = np.abs(dense) @ np.repeat(d, BLOCK, axis=1).T.astype(np.float64) / 2 + 1e-4
+    _, step, _ = quantize_rows(x, 32, residual)
+    bound = np.abs(dense) @ np.repeat(step, BLOCK, axis=1).T.astype(np.float64) / 2 + 1e-4
     assert np.all(np.abs(y - want) <= bound.T)
-    assert np.abs(y - want).max() < 0.05 * np.abs(want).max()  # and small against the outputs
+    assert np.abs(y - want).max() < (0.001 if residual else 0.05) * np.abs(want).max()  # and small against the outputs
 
 
 def test_matmul_q_says_what_it_takes(cpu_library):

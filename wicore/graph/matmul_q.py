@@ -2,7 +2,9 @@
 
 llama.cpp's arithmetic: the activations in int8 blocks of 32 (one float scale each), integer dot
 products against the weight's codes, one float scale a weight block, and a block offset (Q4_1, Q4_K,
-Q5_K ...) times the block's sum of the quantized activations. The GGUF's blocks go in as
+Q5_K ...) times the block's sum of the quantized activations. By default (`residual`) the activations'
+rounding error is rounded to int8 again in steps of d / 128 and dotted too: ~15-bit activations, which
+keep SmolLM2's greedy near-ties where llama.cpp's int8 flips them, for ~10% of the step. The GGUF's blocks go in as
 `BlockQuant` keeps them (wicore/model/quant.py), repacked:
 
     input      8 bits                        4 bits (rows in groups of GROUP, N padded with zeros)
@@ -66,8 +68,10 @@ def matmul_q(
     out: str | None = None,
     weight_name: str | None = None,
     data: DataFile | None = None,
+    residual: bool = True,
 ) -> str:
-    """x [..., K] float32 @ wᵀ for w [N, K] on wicore.MatMulQ."""
+    """x [..., K] float32 @ wᵀ for w [N, K] on wicore.MatMulQ; `residual`: x's rounding error rounded again
+    (~15-bit activations, HF's greedy tokens on SmolLM2), else llama.cpp's int8 activations alone."""
     if not can_run(w):
         raise ValueError(
             f"MatMulQ takes 4- or 8-bit codes in blocks of 16 or 32 over whole 32 columns, not {w.bits} bits / "
@@ -83,5 +87,5 @@ def matmul_q(
     ]
     if w.offsets is not None:
         inputs.append(g.weight(f"{prefix}.block_offsets{suffix}", lambda: pack(w)[2], data))  # type: ignore[arg-type,return-value]
-    attrs = {"N": w.shape[0], "bits": w.bits, "block_size": w.block_size}
+    attrs = {"N": w.shape[0], "bits": w.bits, "block_size": w.block_size, "residual": int(residual)}
     return g.op("MatMulQ", inputs, f"{name}/MatMulQ", out=out, domain=DOMAIN, **attrs)

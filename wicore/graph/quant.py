@@ -50,8 +50,8 @@ class QuantLinear:
     # MatMulNBits: 4 = int8 activations on CPU, 0 = float; None: per tensor (module doc). GPU kernels ignore it.
     accuracy_level: int | None = None
     quantize_embedding: bool = False  # a float embedding table's rows in weight_bits too (gather)
-    # "wicore": float32 graphs' linear layers on wicore.MatMulQ (graph/matmul_q.py: llama.cpp's int8
-    # activations, WiCore's CPU kernel) instead of MatMulNBits; accuracy_level then does not apply
+    # "wicore": float32 graphs' linear layers on wicore.MatMulQ (graph/matmul_q.py, WiCore's CPU kernel)
+    # instead of MatMulNBits: accuracy_level 4 llama.cpp's int8 activations, else int8 plus a residual
     kernels: str = "ort"
 
     def __post_init__(self) -> None:
@@ -89,7 +89,7 @@ class QuantLinear:
         after `weight_name` (default `name`) and written to `data` (default the graph's file)."""
         w = self.blocks(weights)
         if self.runs_matmul_q(w, dtype):
-            return matmul_q(g, x, w, name, out, weight_name, data)
+            return matmul_q(g, x, w, name, out, weight_name, data, self.accuracy_level != INT8)
         return matmul_nbits(g, x, w, name, dtype, self.level(w), out, weight_name, data)
 
     def runs_matmul_q(self, w: BlockQuant, dtype: type) -> bool:
@@ -116,9 +116,10 @@ class QuantLinear:
         """
         w = self.blocks([weight])
         if self.runs_matmul_q(w, dtype):
+            residual = self.accuracy_level != INT8
             if w.bits != 8:
-                return matmul_q(g, x, w, name, out, weight_name, data)
-            logits = matmul_q(g, x, w, name, None, weight_name, data)
+                return matmul_q(g, x, w, name, out, weight_name, data, residual)
+            logits = matmul_q(g, x, w, name, None, weight_name, data, residual)
             return refine_top(g, x, logits, w, f"{name}/refine", weight_name or name, data, out)
         level = INT8 if self.accuracy_level is None and w.bits == 8 else self.level(w)
         if level == FLOAT or w.bits != 8 or dtype != np.float32:

@@ -39,14 +39,20 @@ struct MatMulQArgs {
   float* y;                 // [m, n]
   int64_t m, n, k, block_size;
   int bits;
+  // With the residual, x is also rounded a second time: what the int8 codes left, in int8 steps of
+  // d / 128 (~15-bit activations, two integer dot products a block): llama.cpp's int8 rounding flips
+  // SmolLM2's greedy near-ties, this does not (docs/PERFORMANCE.md).
+  bool residual;
 };
 
 // One row of activations in int8 blocks of 32.
 struct QuantRow {
   std::vector<int8_t> q;       // [k]
-  std::vector<float> d;        // [k / 32]: the blocks' scales
+  std::vector<int8_t> q2;      // [k] with the residual, else empty: round((x - q d) * 128 / d)
+  std::vector<int32_t> lanes2; // [k / 4] as lanes, for q2
+  std::vector<float> d;        // [k / 32]: the blocks' scales (with the residual: d / 128, q2's step)
   std::vector<int32_t> lanes;  // [k / 4]: -zero_point * (sum of each 4 q), the dot products' starting values
-  std::vector<float> sums;     // [k / block_size]: d * (sum of q over each weight block), for the offsets
+  std::vector<float> sums;     // [k / block_size]: d * (sum of q (128 q + q2) over each weight block), for the offsets
 };
 
 bool MatMulQHasVnni();  // AVX-512 VNNI (with VL) here: MatMulQCpu's fast path

@@ -24,41 +24,57 @@ namespace {
 
 constexpr int64_t kBlock = 32;  // activation block (columns), and the packing unit of the codes
 constexpr int kLanes = 8;       // 4 columns a lane
-constexpr int kGroup = 8;       // 4-bit weight rows interleaved (kernels.h), and rows a pass
+constexpr int kGroup = 8;
+constexpr int kResidualScale = 128;  // the residual's steps: d / 128 (MatMulQArgs::residual)       // 4-bit weight rows interleaved (kernels.h), and rows a pass
 
 float Reduce(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
 
 // The lanes' starting values and the weight blocks' sums, from q and d.
-void Sums(int64_t k, int zero_point, int64_t block_size, QuantRow* row) {
+void Sums(int64_t k, int zero_point, int64_t block_size, bool residual, QuantRow* row) {
   for (int64_t l = 0; l < k / 4; ++l) {
     const int8_t* ql = row->q.data() + 4 * l;
     row->lanes[l] = -zero_point * (ql[0] + ql[1] + ql[2] + ql[3]);
+    if (residual) {
+      const int8_t* rl = row->q2.data() + 4 * l;
+      row->lanes2[l] = -zero_point * (rl[0] + rl[1] + rl[2] + rl[3]);
+    }
   }
   for (int64_t b = 0; b < k / block_size; ++b) {
     int32_t s = 0;
-    for (int64_t j = 0; j < block_size; ++j) s += row->q[b * block_size + j];
+    for (int64_t j = 0; j < block_size; ++j) {
+      s += residual ? kResidualScale * row->q[b * block_size + j] + row->q2[b * block_size + j] : row->q[b * block_size + j];
+    }
     row->sums[b] = row->d[b * block_size / kBlock] * static_cast<float>(s);
   }
 }
 
-void Resize(int64_t k, int64_t block_size, QuantRow* row) {
+void Resize(int64_t k, int64_t block_size, bool residual, QuantRow* row) {
   row->q.resize(k);
+  row->q2.resize(residual ? k : 0);
+  row->lanes2.resize(residual ? k / 4 : 0);
   row->d.resize(k / kBlock);
   row->lanes.resize(k / 4);
   row->sums.resize(k / block_size);
 }
 
 // d = max|x| / 127, q = x * (1 / d) rounded to nearest even (0 where d is 0).
-void QuantizeScalar(const float* x, int64_t k, QuantRow* row) {
+void QuantizeScalar(const float* x, int64_t k, bool residual, QuantRow* row) {
   for (int64_t b = 0; b < k / kBlock; ++b) {
     const float* xb = x + b * kBlock;
     float amax = 0.f;
     for (int64_t j = 0; j < kBlock; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
     const float d = amax / 127.f;
     const float id = d != 0.f ? 1.f / d : 0.f;
-    row->d[b] = d;
+    row->d[b] = residual ? d / kResidualScale : d;
     int8_t* qb = row->q.data() + b * kBlock;
-    for (int64_t j = 0; j < kBlock; ++j) qb[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
+    for (int64_t j = 0; j < kBlock; ++j) {
+      const float r = std::nearbyint(xb[j] * id);
+      qb[j] = static_cast<int8_t>(r);
+      if (residual) {  // what rounding left, in steps of d / 128 (|.| <= 64, clamped for safety)
+        const float r2 = std::nearbyint(std::fma(-r, d, xb[j]) * (id * kResidualScale));
+        row->q2[b * kBlock + j] = static_cast<int8_t>(std::fmin(std::fmax(r2, -127.f), 127.f));
+      }
+    }
   }
 }
 
@@ -101,6 +117,10 @@ float DotScalar(const QuantRow& a, const RowView& w, int bits, int64_t block_siz
     for (int l = 0; l < kLanes; ++l) {
       int32_t p = a.lanes[b * kLanes + l];
       for (int j = 4 * l; j < 4 * l + 4; ++j) p += static_cast<int32_t>(u[j]) * q[j];
+      if (!a.q2.empty()) {  // p * 128 + the residual's dot product
+        p = p * kResidualScale + a.lanes2[b * kLanes + l];
+        for (int j = 4 * l; j < 4 * l + 4; ++j) p += static_cast<int32_t>(u[j]) * a.q2[b * kBlock + j];
+      }
       const float scale = w.scales[(b * per_block + l * per_block / kLanes) * w.scale_stride] * a.d[b];
       acc[l] = std::fma(static_cast<float>(p), scale, acc[l]);
     }
@@ -113,7 +133,7 @@ float DotScalar(const QuantRow& a, const RowView& w, int bits, int64_t block_siz
 
 // QuantizeScalar's arithmetic, 8 columns at a time (max, one division, products and rounding are exact
 // IEEE operations in any order).
-WICORE_VNNI void QuantizeVnni(const float* x, int64_t k, QuantRow* row) {
+WICORE_VNNI void QuantizeVnni(const float* x, int64_t k, bool residual, QuantRow* row) {
   const __m256 sign = _mm256_set1_ps(-0.f);
   for (int64_t b = 0; b < k / kBlock; ++b) {
     const float* xb = x + b * kBlock;
@@ -128,10 +148,17 @@ WICORE_VNNI void QuantizeVnni(const float* x, int64_t k, QuantRow* row) {
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     const float d = _mm_cvtss_f32(m) / 127.f;
     const __m256 id = _mm256_set1_ps(d != 0.f ? 1.f / d : 0.f);
-    row->d[b] = d;
+    row->d[b] = residual ? d / kResidualScale : d;
+    const __m256 dv = _mm256_set1_ps(d);
+    const __m256 id2 = _mm256_mul_ps(id, _mm256_set1_ps(kResidualScale));
     for (int i = 0; i < 4; ++i) {
       const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       _mm_storel_epi64(reinterpret_cast<__m128i*>(row->q.data() + b * kBlock + 8 * i), _mm256_cvtepi32_epi8(_mm256_cvtps_epi32(r)));
+      if (residual) {
+        __m256 r2 = _mm256_round_ps(_mm256_mul_ps(_mm256_fnmadd_ps(r, dv, v[i]), id2), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r2 = _mm256_min_ps(_mm256_max_ps(r2, _mm256_set1_ps(-127.f)), _mm256_set1_ps(127.f));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(row->q2.data() + b * kBlock + 8 * i), _mm256_cvtepi32_epi8(_mm256_cvtps_epi32(r2)));
+      }
     }
   }
 }
@@ -144,7 +171,15 @@ WICORE_VNNI inline float ReduceVec(__m256 v) {
 }
 
 // 8-bit codes: kRows rows (row_bytes apart) against one quantized activation row, independent chains.
-template <int kRows, int kPerBlock>
+// The lanes' integer dot products of one block; with the residual, p * 128 + the residual's.
+template <bool kResidual>
+WICORE_VNNI inline __m256i LaneDots(__m256i u, __m256i q, __m256i start, __m256i q2, __m256i start2) {
+  const __m256i p = _mm256_dpbusd_epi32(start, u, q);
+  if (!kResidual) return p;
+  return _mm256_dpbusd_epi32(_mm256_add_epi32(_mm256_slli_epi32(p, 7), start2), u, q2);
+}
+
+template <int kRows, int kPerBlock, bool kResidual>
 WICORE_VNNI void Dot8(const QuantRow& a, const uint8_t* w, int64_t row_bytes, const float* scales, int64_t num_blocks,
                       int64_t k, float* out) {
   __m256 acc[kRows];
@@ -153,11 +188,14 @@ WICORE_VNNI void Dot8(const QuantRow& a, const uint8_t* w, int64_t row_bytes, co
   for (int64_t b = 0; b < k / kBlock; ++b) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + b * kBlock));
     const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes.data() + b * kLanes));
+    const __m256i q2 = kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q2.data() + b * kBlock)) : q;
+    const __m256i start2 =
+        kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
     const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
       const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + b * kBlock));
-      const __m256i p = _mm256_dpbusd_epi32(start, u, q);
+      const __m256i p = LaneDots<kResidual>(u, q, start, q2, start2);
       const float* sr = scales + r * num_blocks + b * kPerBlock;
       const __m256 s = kPerBlock == 1 ? _mm256_broadcast_ss(sr) : _mm256_setr_m128(_mm_broadcast_ss(sr), _mm_broadcast_ss(sr + 1));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, d), acc[r]);
@@ -170,7 +208,7 @@ WICORE_VNNI void Dot8(const QuantRow& a, const uint8_t* w, int64_t row_bytes, co
 // 4-bit codes: one group of kGroup rows (kernels.h's interleaved layout) against one activation row.
 // The group's codes for a block are 128 consecutive bytes and its scales 8 consecutive floats, so
 // every address is one pointer and a constant; the offsets' term of all 8 rows is one vector chain.
-template <int kPerBlock>
+template <int kPerBlock, bool kResidual>
 WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const float* scales, const float* offsets,
                            int64_t num_blocks, int64_t k, float* out) {
   __m256 acc[kGroup];
@@ -182,6 +220,9 @@ WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const float* sca
   for (int64_t b = 0; b < k / kBlock; ++b) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + b * kBlock));
     const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes.data() + b * kLanes));
+    const __m256i q2 = kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q2.data() + b * kBlock)) : q;
+    const __m256i start2 =
+        kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
     const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
     for (int h = 0; h < kPerBlock; ++h) {
       _mm256_store_ps(sd[h], _mm256_mul_ps(_mm256_loadu_ps(scales + (b * kPerBlock + h) * kGroup), d));
@@ -191,7 +232,7 @@ WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const float* sca
     for (int r = 0; r < kGroup; ++r) {
       // 16 bytes in both halves, the high half shifted: columns 0-15 then 16-31 (no shuffle port)
       const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + r * 16)));
-      const __m256i p = _mm256_dpbusd_epi32(start, _mm256_and_si256(_mm256_srlv_epi16(v, shifts), low), q);
+      const __m256i p = LaneDots<kResidual>(_mm256_and_si256(_mm256_srlv_epi16(v, shifts), low), q, start, q2, start2);
       const __m256 s = kPerBlock == 1 ? _mm256_broadcast_ss(&sd[0][r])
                                       : _mm256_setr_m128(_mm_broadcast_ss(&sd[0][r]), _mm_broadcast_ss(&sd[kPerBlock - 1][r]));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r]);
@@ -209,7 +250,7 @@ WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const float* sca
   for (int r = 0; r < kGroup; ++r) out[r] = ReduceVec(acc[r]) + off[r];
 }
 
-template <int kPerBlock>
+template <int kPerBlock, bool kResidual>
 WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t begin, int64_t end) {
   const int64_t k = args.k, num_blocks = k / args.block_size;
   float out[kGroup];
@@ -218,7 +259,7 @@ WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& 
     if (args.bits == 4) {  // begin is a multiple of kGroup (MatMulQCpu)
       for (int64_t n = begin; n < end; n += kGroup) {
         const int64_t first = n * num_blocks;
-        Dot4Group<kPerBlock>(rows[i], args.weight + n * (k / 2), args.scales + first,
+        Dot4Group<kPerBlock, kResidual>(rows[i], args.weight + n * (k / 2), args.scales + first,
                              args.offsets != nullptr ? args.offsets + first : nullptr, num_blocks, k, out);
         for (int r = 0; r < kGroup && n + r < end; ++r) y[n + r] = out[r];
       }
@@ -231,10 +272,10 @@ WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& 
     for (int64_t n = begin; n < end; n += rows_a_pass) {
       const int64_t rows_here = std::min<int64_t>(rows_a_pass, end - n);
       if (rows_here == 4) {
-        Dot8<4, kPerBlock>(rows[i], args.weight + n * k, k, args.scales + n * num_blocks, num_blocks, k, out);
+        Dot8<4, kPerBlock, kResidual>(rows[i], args.weight + n * k, k, args.scales + n * num_blocks, num_blocks, k, out);
       } else {
         for (int64_t r = 0; r < rows_here; ++r) {
-          Dot8<1, kPerBlock>(rows[i], args.weight + (n + r) * k, k, args.scales + (n + r) * num_blocks, num_blocks, k,
+          Dot8<1, kPerBlock, kResidual>(rows[i], args.weight + (n + r) * k, k, args.scales + (n + r) * num_blocks, num_blocks, k,
                              out + r);
         }
       }
@@ -253,13 +294,13 @@ bool MatMulQHasVnni() { return __builtin_cpu_supports("avx512vnni") && __builtin
 std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, bool vnni) {
   std::vector<QuantRow> rows(args.m);
   for (int64_t i = 0; i < args.m; ++i) {
-    Resize(args.k, args.block_size, &rows[i]);
+    Resize(args.k, args.block_size, args.residual, &rows[i]);
     if (vnni) {
-      QuantizeVnni(args.x + i * args.k, args.k, &rows[i]);
+      QuantizeVnni(args.x + i * args.k, args.k, args.residual, &rows[i]);
     } else {
-      QuantizeScalar(args.x + i * args.k, args.k, &rows[i]);
+      QuantizeScalar(args.x + i * args.k, args.k, args.residual, &rows[i]);
     }
-    Sums(args.k, args.bits == 8 ? 128 : 8, args.block_size, &rows[i]);
+    Sums(args.k, args.bits == 8 ? 128 : 8, args.block_size, args.residual, &rows[i]);
   }
   return rows;
 }
@@ -267,7 +308,11 @@ std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, bool vnni) {
 void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t row_begin, int64_t row_end,
                 bool vnni) {
   if (vnni) {
-    (args.block_size == 16 ? RowsVnni<2> : RowsVnni<1>)(args, rows, row_begin, row_end);
+    if (args.residual) {
+      (args.block_size == 16 ? RowsVnni<2, true> : RowsVnni<1, true>)(args, rows, row_begin, row_end);
+    } else {
+      (args.block_size == 16 ? RowsVnni<2, false> : RowsVnni<1, false>)(args, rows, row_begin, row_end);
+    }
     return;
   }
   for (int64_t n = row_begin; n < row_end; ++n) {

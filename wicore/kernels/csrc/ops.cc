@@ -147,6 +147,7 @@ struct MatMulQKernel {
       : bits_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("bits")),
         block_size_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("block_size")),
         n_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("N")),
+        residual_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("residual") != 0),
         vnni_(wicore::MatMulQHasVnni() && std::getenv("WICORE_MATMULQ_SCALAR") == nullptr) {
     Check(bits_ == 4 || bits_ == 8, "wicore MatMulQ: bits must be 4 or 8");
     Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
@@ -188,7 +189,7 @@ struct MatMulQKernel {
     auto y = ctx.GetOutput(0, shape);
     if (m == 0 || n == 0) return;
     const wicore::MatMulQArgs args{x.GetTensorData<float>(), codes.GetTensorData<uint8_t>(), scales.GetTensorData<float>(),
-                                   op, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_)};
+                                   op, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_), residual_};
     const auto rows = wicore::MatMulQQuantize(args, vnni_);
     constexpr int64_t kChunk = 64;  // weight rows a task (a multiple of the 4-bit groups of 8)
     Work work{&args, &rows, kChunk, vnni_};
@@ -197,7 +198,7 @@ struct MatMulQKernel {
   }
 
   int64_t bits_, block_size_, n_;
-  bool vnni_;
+  bool residual_, vnni_;
 };
 
 struct MatMulQOp : Ort::CustomOpBase<MatMulQOp, MatMulQKernel> {
