@@ -19,25 +19,6 @@ from wicore.kernels.library import DOMAIN, KernelBuildError, find_compiler, has_
 EPS = 1e-6
 
 
-@pytest.fixture(scope="module")
-def cpu_library(tmp_path_factory) -> str:
-    """The CPU build, kept under WICORE_TEST_CACHE between runs where set (keyed by the sources
-    and the compiler, so an edit rebuilds it)."""
-    if find_compiler(cuda=False) is None:
-        pytest.skip("no C++ compiler here")
-    base = os.environ.get("WICORE_TEST_CACHE")
-    cache = os.path.join(base, "wicore-cache") if base else str(tmp_path_factory.mktemp("wicore-cache"))
-    saved = os.environ.get("WICORE_CACHE")
-    os.environ["WICORE_CACHE"] = cache
-    try:
-        return str(library(cuda=False))
-    finally:
-        if saved is None:
-            del os.environ["WICORE_CACHE"]
-        else:
-            os.environ["WICORE_CACHE"] = saved
-
-
 def session(path: str, nodes: list, inputs: list, outputs: list) -> ort.InferenceSession:
     graph = helper.make_graph(nodes, "t", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])

@@ -67,8 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--kernels",
         default="ort",
         choices=["ort", "wicore"],
-        help="wicore: with --attention paged, the residual adds, RMS norms and gated activation run on WiCore's "
-        "own CUDA kernels (wicore/kernels; built once with nvcc where the model loads); ort: ONNX Runtime's ops",
+        help="wicore: WiCore's own kernels (wicore/kernels; built once where the model loads): with --attention paged "
+        "the residual adds, RMS norms and gated activation (CUDA); with --op-flavour ort-quant and fp32 the linear "
+        "layers on wicore.MatMulQ (CPU, llama.cpp's int8 activations); ort: ONNX Runtime's ops",
     )
     ap.add_argument(
         "--kv-cache-dtype",

@@ -63,7 +63,9 @@ class ExportConfig:
     vision_flavour: str = "auto"  # the vision partition's ops (resolved_vision_flavour)
     sampling_head: str = "auto"  # "on" / "off" / "auto": on with the paged attention (graph/sampling.py)
     kv_cache_dtype: str = "auto"  # "auto": the graphs' dtype; "int8": KV blocks in 8 bits (graph/kv_quant.py)
-    kernels: str = "ort"  # "wicore": paged graphs' residual norms and gated MLP on WiCore's kernels (wicore/kernels)
+    # "wicore": WiCore's kernels (wicore/kernels): paged graphs' residual norms and gated MLP; ort-quant fp32
+    # graphs' linear layers on wicore.MatMulQ (the CPU's int8-activation matmul, wicore/graph/matmul_q.py)
+    kernels: str = "ort"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -93,8 +95,11 @@ class ExportConfig:
             raise WiCoreError("--op-flavour webgpu writes the portable attention's graphs: drop --attention paged")
         if self.kernels not in ("ort", "wicore"):
             raise WiCoreError(f"--kernels {self.kernels!r}: choose ort or wicore")
-        if self.kernels == "wicore" and self.attention != "paged":
-            raise WiCoreError("--kernels wicore needs --attention paged (its kernels take the float16 activations)")
+        if self.kernels == "wicore" and self.attention != "paged" and not OP_FLAVOURS[self.op_flavour]:
+            raise WiCoreError(
+                "--kernels wicore needs --attention paged (its fused norms take float16 activations) or "
+                "--op-flavour ort-quant (its CPU matmul)"
+            )
         if self.num_partitions < 1:
             raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
         if self.quantize_embedding and not OP_FLAVOURS[self.op_flavour].quantized:
@@ -104,7 +109,9 @@ class ExportConfig:
         """How linear layers are encoded: None for float MatMuls (portable)."""
         if not OP_FLAVOURS[self.op_flavour].quantized:
             return None
-        return QuantLinear(self.weight_bits, accuracy_level=self.accuracy_level, quantize_embedding=self.quantize_embedding)
+        return QuantLinear(
+            self.weight_bits, accuracy_level=self.accuracy_level, quantize_embedding=self.quantize_embedding, kernels=self.kernels
+        )
 
     def resolved_vision_flavour(self) -> str:
         """The vision partition's flavour (wicore.graph.vision): `auto` is `fused` (com.microsoft
@@ -158,7 +165,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         fused_ops=OP_FLAVOURS[config.op_flavour].fused_ops,
         attention=config.attention,
         image_inputs=vision is not None,
-        kernels=config.kernels,
+        kernels=config.kernels if config.attention == "paged" else "ort",  # else only the matmuls (quant) are WiCore's
         kv_cache_dtype=config.kv_cache_dtype,
     )
     started = time.monotonic()

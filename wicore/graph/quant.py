@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from wicore.graph.matmul_q import can_run, matmul_q
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph
 from wicore.model.quant import SUPPORTED_BITS, BlockQuant, concat_rows, quantize_symmetric
 
@@ -49,8 +50,13 @@ class QuantLinear:
     # MatMulNBits: 4 = int8 activations on CPU, 0 = float; None: per tensor (module doc). GPU kernels ignore it.
     accuracy_level: int | None = None
     quantize_embedding: bool = False  # a float embedding table's rows in weight_bits too (gather)
+    # "wicore": float32 graphs' linear layers on wicore.MatMulQ (graph/matmul_q.py, WiCore's CPU kernel)
+    # instead of MatMulNBits: accuracy_level 4 llama.cpp's int8 activations, else int8 plus a residual
+    kernels: str = "ort"
 
     def __post_init__(self) -> None:
+        if self.kernels not in ("ort", "wicore"):
+            raise ValueError(f"kernels {self.kernels!r}: expected ort or wicore")
         if self.weight_bits not in SUPPORTED_BITS:
             raise ValueError(f"weight_bits {self.weight_bits}: expected one of {SUPPORTED_BITS}")
         if self.accuracy_level not in (None, 0, 4):
@@ -82,7 +88,13 @@ class QuantLinear:
         """x [..., in] @ concat(weights)ᵀ in `dtype` (the model's float type). Initializers are named
         after `weight_name` (default `name`) and written to `data` (default the graph's file)."""
         w = self.blocks(weights)
+        if self.runs_matmul_q(w, dtype):
+            return matmul_q(g, x, w, name, out, weight_name, data, self.accuracy_level != INT8)
         return matmul_nbits(g, x, w, name, dtype, self.level(w), out, weight_name, data)
+
+    def runs_matmul_q(self, w: BlockQuant, dtype: type) -> bool:
+        """Whether this weight runs on wicore.MatMulQ: `kernels` "wicore", float32 graphs, a layout it takes."""
+        return self.kernels == "wicore" and dtype == np.float32 and can_run(w)
 
     def head(
         self,
@@ -103,6 +115,12 @@ class QuantLinear:
             │                                      └► Gather codes, scales, offsets ─► MatMul ◄─ x ┘ (float)
         """
         w = self.blocks([weight])
+        if self.runs_matmul_q(w, dtype):
+            residual = self.accuracy_level != INT8
+            if w.bits != 8:
+                return matmul_q(g, x, w, name, out, weight_name, data, residual)
+            logits = matmul_q(g, x, w, name, None, weight_name, data, residual)
+            return refine_top(g, x, logits, w, f"{name}/refine", weight_name or name, data, out)
         level = INT8 if self.accuracy_level is None and w.bits == 8 else self.level(w)
         if level == FLOAT or w.bits != 8 or dtype != np.float32:
             return matmul_nbits(g, x, w, name, dtype, level, out, weight_name, data)

@@ -8,10 +8,15 @@
 //   GeGLU / SwiGLU  (gate_up f16 [rows, 2I])                                 -> f16 [rows, I]
 //                   out = act(gate_up[:, :I]) * gate_up[:, I:]   (gelu_tanh / silu, in float32)
 //
+//   MatMulQ         (x f32 [M, K], codes u8, scales f32, offsets f32 | null; MatMulQArgs gives the layouts)
+//                   -> y f32 [M, N]: llama.cpp's arithmetic (matmul_q_cpu.cc): x in int8 blocks of 32,
+//                   w[n, c] = scales[n, c / bs] * (code - zero point) + offsets[n, c / bs]; bits 4 or 8, bs 16 or 32
+//
 // rms(v) = v / sqrt(mean(v^2) + epsilon), in float32. A half is passed as its 16 bits.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace wicore {
 
@@ -21,6 +26,40 @@ enum class Activation { kGeluTanh, kSilu };
 void ResidualRMSNormCpu(const float* x, const uint16_t* h, const float* w_post, const uint16_t* w, float epsilon,
                         int64_t rows, int64_t hidden, uint16_t* y, float* sum);
 void GatedActivationCpu(const uint16_t* gate_up, Activation act, int64_t rows, int64_t inter, uint16_t* out);
+
+struct MatMulQArgs {
+  const float* x;           // [m, k]
+  // 8 bits: [n, k] code + 128, scales and offsets [n, k / block_size].
+  // 4 bits: rows in groups of 8 (n padded to a multiple of 8), interleaved a block at a time:
+  //   codes [n / 8, k / 32, 8, 16]: per row and 32 columns, column j in the low nibble, j + 16 in the high one (code + 8)
+  //   scales and offsets [n / 8, k / block_size, 8]
+  const uint8_t* weight;
+  const float* scales;
+  const float* offsets;     // or null
+  float* y;                 // [m, n]
+  int64_t m, n, k, block_size;
+  int bits;
+  // With the residual, x is also rounded a second time: what the int8 codes left, in int8 steps of
+  // d / 128 (~15-bit activations, two integer dot products a block): llama.cpp's int8 rounding flips
+  // SmolLM2's greedy near-ties, this does not (docs/PERFORMANCE.md).
+  bool residual;
+};
+
+// One row of activations in int8 blocks of 32.
+struct QuantRow {
+  std::vector<int8_t> q;       // [k]
+  std::vector<int8_t> q2;      // [k] with the residual, else empty: round((x - q d) * 128 / d)
+  std::vector<int32_t> lanes2; // [k / 4] as lanes, for q2
+  std::vector<float> d;        // [k / 32]: the blocks' scales (with the residual: d / 128, q2's step)
+  std::vector<int32_t> lanes;  // [k / 4]: -zero_point * (sum of each 4 q), the dot products' starting values
+  std::vector<float> sums;     // [k / block_size]: d * (sum of q (128 q + q2) over each weight block), for the offsets
+};
+
+bool MatMulQHasVnni();  // AVX-512 VNNI (with VL) here: MatMulQCpu's fast path
+std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, bool vnni);
+// Rows [row_begin, row_end) of y's columns (weight rows), from the quantized x (any split gives the same bits).
+void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t row_begin, int64_t row_end,
+                bool vnni);
 
 #ifdef WICORE_CUDA
 // Launched on `stream` (ORT's compute stream for the node); no allocation, no synchronization.

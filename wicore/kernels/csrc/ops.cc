@@ -11,6 +11,8 @@
 #include "onnxruntime/onnxruntime_cxx_api.h"
 #undef ORT_API_MANUAL_INIT
 
+#include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -139,6 +141,79 @@ struct GatedOp : Ort::CustomOpBase<GatedOp, GatedKernel> {
   bool cuda_;
 };
 
+// -- quantized matmul (CPU) ----------------------------------------------------------------
+struct MatMulQKernel {
+  explicit MatMulQKernel(const OrtKernelInfo* info)
+      : bits_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("bits")),
+        block_size_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("block_size")),
+        n_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("N")),
+        residual_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("residual") != 0),
+        vnni_(wicore::MatMulQHasVnni() && std::getenv("WICORE_MATMULQ_SCALAR") == nullptr) {
+    Check(bits_ == 4 || bits_ == 8, "wicore MatMulQ: bits must be 4 or 8");
+    Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
+  }
+
+  struct Work {
+    const wicore::MatMulQArgs* args;
+    const std::vector<wicore::QuantRow>* rows;
+    int64_t chunk;
+    bool vnni;
+  };
+
+  static void Run(void* data, size_t i) {
+    const auto* w = static_cast<const Work*>(data);
+    const int64_t begin = static_cast<int64_t>(i) * w->chunk;
+    wicore::MatMulQCpu(*w->args, *w->rows, begin, std::min(begin + w->chunk, w->args->n), w->vnni);
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    auto x = ctx.GetInput(0), codes = ctx.GetInput(1), scales = ctx.GetInput(2);
+    auto offsets = ctx.GetInput(3);  // optional: null where the graph gives none
+    auto shape = x.GetTensorTypeAndShapeInfo().GetShape();
+    const auto cshape = codes.GetTensorTypeAndShapeInfo().GetShape();
+    Check(!shape.empty(), "wicore MatMulQ: x is [..., K]");
+    const int64_t k = shape.back(), n = n_, m = Rows(shape);
+    Check(k % 32 == 0, "wicore MatMulQ: K must be a multiple of 32");
+    const int64_t stored = bits_ == 4 ? (n + 7) / 8 * 8 : n;  // 4 bits: rows in groups of 8 (kernels.h)
+    Check(codes.GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(stored * k * bits_ / 8),
+          "wicore MatMulQ: the codes are not N rows of K * bits / 8 bytes");
+    const size_t num_blocks = static_cast<size_t>(stored * (k / block_size_));
+    Check(scales.GetTensorTypeAndShapeInfo().GetElementCount() == num_blocks, "wicore MatMulQ: the scales are not [N, K / block_size]");
+    const float* op = nullptr;
+    if (offsets != nullptr) {
+      Check(offsets.GetTensorTypeAndShapeInfo().GetElementCount() == num_blocks, "wicore MatMulQ: the offsets are not [N, K / block_size]");
+      op = offsets.GetTensorData<float>();
+    }
+    shape.back() = n;
+    auto y = ctx.GetOutput(0, shape);
+    if (m == 0 || n == 0) return;
+    const wicore::MatMulQArgs args{x.GetTensorData<float>(), codes.GetTensorData<uint8_t>(), scales.GetTensorData<float>(),
+                                   op, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_), residual_};
+    const auto rows = wicore::MatMulQQuantize(args, vnni_);
+    constexpr int64_t kChunk = 64;  // weight rows a task (a multiple of the 4-bit groups of 8)
+    Work work{&args, &rows, kChunk, vnni_};
+    const int64_t tasks = (n + kChunk - 1) / kChunk;
+    ctx.ParallelFor(&Run, static_cast<size_t>(tasks), 0, &work);
+  }
+
+  int64_t bits_, block_size_, n_;
+  bool residual_, vnni_;
+};
+
+struct MatMulQOp : Ort::CustomOpBase<MatMulQOp, MatMulQKernel> {
+  void* CreateKernel(const OrtApi&, const OrtKernelInfo* info) const { return new MatMulQKernel(info); }
+  const char* GetName() const { return "MatMulQ"; }
+  const char* GetExecutionProviderType() const { return nullptr; }
+  size_t GetInputTypeCount() const { return 4; }
+  Type GetInputType(size_t i) const { return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : kF32; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i == 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  Type GetOutputType(size_t) const { return kF32; }
+};
+
 // The ops live as long as the process: a session holds pointers to them.
 std::vector<OrtCustomOp*>* MakeOps() {
   auto* ops = new std::vector<OrtCustomOp*>;
@@ -152,6 +227,7 @@ std::vector<OrtCustomOp*>* MakeOps() {
     ops->push_back(new GatedOp(wicore::Activation::kGeluTanh, cuda));
     ops->push_back(new GatedOp(wicore::Activation::kSilu, cuda));
   }
+  ops->push_back(new MatMulQOp());  // CPU only
   return ops;
 }
 

@@ -1,0 +1,153 @@
+"""wicore.MatMulQ (wicore/kernels/csrc/matmul_q_cpu.cc) against a NumPy model of the same arithmetic
+(bit for bit, VNNI and scalar paths alike) and against the float32 matmul of the dequantized weight."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from wicore.graph.matmul_q import BLOCK, pack
+from wicore.kernels.library import DOMAIN
+from wicore.model.quant import BlockQuant
+
+LANES = 8  # 4 columns a lane (matmul_q_cpu.cc)
+RESIDUAL = 128  # the residual's steps: d / 128
+
+
+def quantize_rows(x: np.ndarray, block_size: int, residual: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x [M, K] -> q int [M, K], d float32 [M, K / 32], sums float32 [M, K / block_size] (d * Σ q a weight
+    block). With the residual, q is 128 q1 + q2 (q2 the first rounding's error in steps of d / 128) and d is d / 128."""
+    m, k = x.shape
+    blocks = x.reshape(m, k // BLOCK, BLOCK)
+    d = np.abs(blocks).max(-1) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    r = np.rint(blocks * inv[..., None])
+    q = r.astype(np.int64)
+    if residual:  # fma(-r, d, x): r * d is exact in float64, one rounding to float32 (as the kernel's fma)
+        left = (blocks.astype(np.float64) - r.astype(np.float64) * d[..., None].astype(np.float64)).astype(np.float32)
+        q2 = np.clip(np.rint(left * (inv * np.float32(RESIDUAL))[..., None]), -127, 127).astype(np.int64)
+        q, d = RESIDUAL * q + q2, d / np.float32(RESIDUAL)
+    q = q.reshape(m, k)
+    per = BLOCK // block_size
+    sums = np.repeat(d, per, axis=1) * q.reshape(m, k // block_size, block_size).sum(-1).astype(np.float32)
+    return q, d, sums.astype(np.float32)
+
+
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 fma: the product is exact in float64 (<= 48 bits here), one rounding to float32."""
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+def lane_sum(acc: np.ndarray) -> np.ndarray:
+    """The kernel's fixed order of summing 8 lanes."""
+    return ((acc[..., 0] + acc[..., 4]) + (acc[..., 2] + acc[..., 6])) + (
+        (acc[..., 1] + acc[..., 5]) + (acc[..., 3] + acc[..., 7])
+    )
+
+
+def reference(x: np.ndarray, w: BlockQuant, residual: bool = False) -> np.ndarray:
+    """The kernel's arithmetic: per 32 columns 8 lanes of exact 4-column integer dot products, each
+    scaled by s * d and fma-accumulated in float32; the lanes summed in a fixed order; plus the offsets'
+    term, fma-accumulated over the blocks."""
+    m, k = x.shape
+    n = w.shape[0]
+    q, d, sums = quantize_rows(x, w.block_size, residual)
+    codes = w.codes.astype(np.int64)
+    acc = np.zeros((m, n, LANES), np.float32)
+    lane_block = np.arange(LANES) * (BLOCK // w.block_size) // LANES  # weight block of each lane in its 32
+    for b in range(k // BLOCK):
+        cols = slice(b * BLOCK, (b + 1) * BLOCK)
+        p = np.einsum("mlj,nlj->mnl", q[:, cols].reshape(m, LANES, 4), codes[:, cols].reshape(n, LANES, 4))
+        scale = w.scales[:, b * BLOCK // w.block_size + lane_block][None] * d[:, b][:, None, None]  # [m, n, lanes]
+        acc = fma32(p.astype(np.float32), scale.astype(np.float32), acc)
+    y = lane_sum(acc)
+    if w.offsets is None:
+        return y
+    off = np.zeros((m, n), np.float32)  # the offsets' term: fma over the weight blocks in order
+    for b in range(k // w.block_size):
+        off = fma32(np.broadcast_to(w.offsets[None, :, b], (m, n)), np.broadcast_to(sums[:, b, None], (m, n)), off)
+    return (y + off).astype(np.float32)
+
+
+def random_weight(rng: np.random.Generator, n: int, k: int, bits: int, block_size: int, offsets: bool) -> BlockQuant:
+    half = 2 ** (bits - 1)
+    codes = rng.integers(-half, half, (n, k)).astype(np.int8)
+    scales = rng.uniform(1e-3, 2e-2, (n, k // block_size)).astype(np.float32)
+    off = rng.normal(0, 0.05, (n, k // block_size)).astype(np.float32) if offsets else None
+    return BlockQuant(codes, scales, off, bits, block_size)
+
+
+def session(path: str, w: BlockQuant, scalar: bool, residual: bool = False) -> ort.InferenceSession:
+    names = ["x", "codes", "scales"] + (["offsets"] if w.offsets is not None else [])
+    node = helper.make_node(
+        "MatMulQ", names, ["y"], domain=DOMAIN, N=w.shape[0], bits=w.bits, block_size=w.block_size, residual=int(residual)
+    )
+    arrays = [a for a in pack(w) if a is not None]
+    inits = [
+        helper.make_tensor(name, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape), a.tobytes(), raw=True)
+        for name, a in zip(names[1:], arrays, strict=True)
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, None])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([node], "t", [x], [y], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(path)
+    opts.intra_op_num_threads = 2
+    saved = os.environ.pop("WICORE_MATMULQ_SCALAR", None)
+    if scalar:
+        os.environ["WICORE_MATMULQ_SCALAR"] = "1"  # read when the kernel is made, at the session's start
+    try:
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    finally:
+        os.environ.pop("WICORE_MATMULQ_SCALAR", None)
+        if saved is not None:
+            os.environ["WICORE_MATMULQ_SCALAR"] = saved
+
+
+@pytest.mark.parametrize(
+    ("bits", "block_size", "offsets"),
+    [(4, 32, False), (4, 32, True), (8, 32, False), (8, 32, True), (8, 16, False), (4, 16, True)],
+    ids=["Q4_0", "Q4_1-Q4_K", "Q8_0", "Q5_K", "Q6_K", "4bit-16"],
+)
+@pytest.mark.parametrize("scalar", [False, True], ids=["fast", "scalar"])
+@pytest.mark.parametrize("residual", [False, True], ids=["int8", "residual"])
+def test_matmul_q_is_its_arithmetic_bit_for_bit(cpu_library, bits, block_size, offsets, scalar, residual):
+    rng = np.random.default_rng(bits * 100 + block_size + offsets)
+    n, k = 203, 192  # rows over several tasks of 64, a ragged last one and a part group of 8
+    w = random_weight(rng, n, k, bits, block_size, offsets)
+    x = rng.normal(0, 1, (2, 3, k)).astype(np.float32)
+    x[0, 1, :BLOCK] = 0  # an all-zero block: scale 0, no division
+    (y,) = session(cpu_library, w, scalar, residual).run(None, {"x": x})
+    assert y.shape == (2, 3, n) and y.dtype == np.float32
+    np.testing.assert_array_equal(y.reshape(6, n), reference(x.reshape(6, k), w, residual))
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["int8", "residual"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_matmul_q_is_the_float_matmul_within_int8_rounding(cpu_library, bits, residual):
+    """Against x @ dequantize(w)ᵀ in float64: the only error is x's rounding (at most half a step a
+    column: d / 2, or d / 256 with the residual), so |error| <= Σ_c |w[n, c]| step(c) / 2."""
+    rng = np.random.default_rng(bits)
+    n, k = 64, 576
+    w = random_weight(rng, n, k, bits, 32, offsets=True)
+    x = rng.normal(0, 1, (4, k)).astype(np.float32)
+    (y,) = session(cpu_library, w, False, residual).run(None, {"x": x[None]})
+    y = y[0]
+    dense = w.dequantize().astype(np.float64)
+    want = x.astype(np.float64) @ dense.T
+    _, step, _ = quantize_rows(x, 32, residual)
+    bound = np.abs(dense) @ np.repeat(step, BLOCK, axis=1).T.astype(np.float64) / 2 + 1e-4
+    assert np.all(np.abs(y - want) <= bound.T)
+    assert np.abs(y - want).max() < (0.001 if residual else 0.05) * np.abs(want).max()  # and small against the outputs
+
+
+def test_matmul_q_says_what_it_takes(cpu_library):
+    w = random_weight(np.random.default_rng(0), 4, 64, 4, 32, False)
+    s = session(cpu_library, w, scalar=False)
+    with pytest.raises(Exception, match="K must be a multiple of 32"):
+        s.run(None, {"x": np.zeros((1, 1, 48), np.float32)})

@@ -1,0 +1,67 @@
+"""`--op-flavour ort-quant --kernels wicore`: fp32 graphs whose linear layers are wicore.MatMulQ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+from wicore.engine.engine import Engine, EngineConfig
+from wicore.errors import WiCoreError
+from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.sources import open_source
+from wicore.graph.manifest import Manifest
+from wicore.kernels.library import DOMAIN
+from wicore.types.sampling import SamplingParams
+
+
+def op_counts(folder) -> dict[str, int]:
+    manifest = Manifest.read(folder)
+    counts: dict[str, int] = {}
+    for node in onnx.load(folder / manifest.partitions[0].file, load_external_data=False).graph.node:
+        key = f"{node.domain}:{node.op_type}" if node.domain else node.op_type
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@pytest.mark.slow  # three exports and two engines of the tiny model (~10 s on the 2-core VM)
+def test_ort_quant_on_matmul_q_is_ort_int8_arithmetic(tiny_model, tmp_path, cpu_library, monkeypatch):
+    """4-bit symmetric weights at accuracy_level 4: MatMulQ computes what MatMulNBits does (llama.cpp's
+    int8 activations, tests/kernels/test_matmul_q.py), so the greedy tokens are the same; the graph
+    has no MatMulNBits left and the manifest makes the engine load the library. The default adds the residual."""
+    monkeypatch.setenv("WICORE_CACHE", str(Path(cpu_library).parents[2]))  # where the fixture built the library
+    folder, _ = tiny_model()
+    tokens = {}
+    for kernels, level in (("wicore", 4), ("ort", 4)):
+        out = tmp_path / kernels
+        config = ExportConfig(op_flavour="ort-quant", weight_bits=4, accuracy_level=level, kernels=kernels)
+        export_model(open_source(str(folder)), out, config, progress=lambda _: None)
+        assert Manifest.read(out).kernels == kernels
+        counts = op_counts(out)
+        if kernels == "wicore":
+            layers = Manifest.read(out).config.num_layers
+            assert "com.microsoft:MatMulNBits" not in counts
+            assert counts[f"{DOMAIN}:MatMulQ"] >= 4 * layers + 1  # q|k|v, o, gate|up, down a layer; the head
+            assert residual_flags(out) == {0}  # accuracy_level 4: llama.cpp's int8 activations alone
+        with Engine(EngineConfig(model_dir=out, num_threads=1, host_tier_gb=0)) as engine:
+            completions = engine.generate([[1, 5, 9, 13, 2, 7]], SamplingParams(max_tokens=12, ignore_eos=True))
+        tokens[kernels] = completions[0].token_ids
+    assert len(tokens["wicore"]) == 12 and tokens["wicore"] == tokens["ort"]
+    default = tmp_path / "default"
+    export_model(
+        open_source(str(folder)), default, ExportConfig(op_flavour="ort-quant", kernels="wicore"), progress=lambda _: None
+    )
+    assert residual_flags(default) == {1}  # the default: int8 plus the residual
+
+
+def residual_flags(folder) -> set[int]:
+    manifest = Manifest.read(folder)
+    nodes = onnx.load(folder / manifest.partitions[0].file, load_external_data=False).graph.node
+    return {a.i for n in nodes if n.op_type == "MatMulQ" for a in n.attribute if a.name == "residual"}
+
+
+def test_wicore_kernels_need_paged_graphs_or_ort_quant():
+    with pytest.raises(WiCoreError, match="--kernels wicore needs --attention paged .* or --op-flavour ort-quant"):
+        ExportConfig(kernels="wicore")
+    assert ExportConfig(op_flavour="ort-quant", kernels="wicore").quant().kernels == "wicore"  # type: ignore[union-attr]

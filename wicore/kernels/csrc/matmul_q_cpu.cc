@@ -1,0 +1,324 @@
+// MatMulQ on the CPU: float activations x block-quantized weights, with llama.cpp's arithmetic
+// (activations rounded to int8 per block of 32, integer dot products, one float scale a block).
+//
+//   x [M, K] ──► per 32 columns: d = max|x| / 127, q = rint(x / d)  (int8, and the sums below)
+//   y[m, n] = Σ_lanes ( Σ_blocks fma(float(p_lane), s[n, b] * d[b], .) ) + Σ_b fma(o[n, b], d * Σ_b q, .)
+//
+// p_lane is the exact integer dot product of 4 consecutive columns (a vpdpbusd lane: 8 lanes cover a
+// block of 32); the lanes are summed in a fixed order at the end. The AVX-512 VNNI path and the
+// portable scalar one follow exactly that order (the offsets too: OffsetScalar), so both give the same bits (tests/kernels/test_matmul_q.py).
+// The weight codes are unsigned, code + zero point (8 for 4 bits, 128 for 8): vpdpbusd takes them
+// as its u8 operand, and the accumulator starts at -zero_point * (the lane's sum of q), so p_lane is
+// the signed codes' dot product with no further correction.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <immintrin.h>
+
+#include "kernels.h"
+
+namespace wicore {
+namespace {
+
+constexpr int64_t kBlock = 32;  // activation block (columns), and the packing unit of the codes
+constexpr int kLanes = 8;       // 4 columns a lane
+constexpr int kGroup = 8;
+constexpr int kResidualScale = 128;  // the residual's steps: d / 128 (MatMulQArgs::residual)       // 4-bit weight rows interleaved (kernels.h), and rows a pass
+
+float Reduce(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+// The lanes' starting values and the weight blocks' sums, from q and d.
+void Sums(int64_t k, int zero_point, int64_t block_size, bool residual, QuantRow* row) {
+  for (int64_t l = 0; l < k / 4; ++l) {
+    const int8_t* ql = row->q.data() + 4 * l;
+    row->lanes[l] = -zero_point * (ql[0] + ql[1] + ql[2] + ql[3]);
+    if (residual) {
+      const int8_t* rl = row->q2.data() + 4 * l;
+      row->lanes2[l] = -zero_point * (rl[0] + rl[1] + rl[2] + rl[3]);
+    }
+  }
+  for (int64_t b = 0; b < k / block_size; ++b) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < block_size; ++j) {
+      s += residual ? kResidualScale * row->q[b * block_size + j] + row->q2[b * block_size + j] : row->q[b * block_size + j];
+    }
+    row->sums[b] = row->d[b * block_size / kBlock] * static_cast<float>(s);
+  }
+}
+
+void Resize(int64_t k, int64_t block_size, bool residual, QuantRow* row) {
+  row->q.resize(k);
+  row->q2.resize(residual ? k : 0);
+  row->lanes2.resize(residual ? k / 4 : 0);
+  row->d.resize(k / kBlock);
+  row->lanes.resize(k / 4);
+  row->sums.resize(k / block_size);
+}
+
+// d = max|x| / 127, q = x * (1 / d) rounded to nearest even (0 where d is 0).
+void QuantizeScalar(const float* x, int64_t k, bool residual, QuantRow* row) {
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    float amax = 0.f;
+    for (int64_t j = 0; j < kBlock; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    const float d = amax / 127.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    row->d[b] = residual ? d / kResidualScale : d;
+    int8_t* qb = row->q.data() + b * kBlock;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      const float r = std::nearbyint(xb[j] * id);
+      qb[j] = static_cast<int8_t>(r);
+      if (residual) {  // what rounding left, in steps of d / 128 (|.| <= 64, clamped for safety)
+        const float r2 = std::nearbyint(std::fma(-r, d, xb[j]) * (id * kResidualScale));
+        row->q2[b * kBlock + j] = static_cast<int8_t>(std::fmin(std::fmax(r2, -127.f), 127.f));
+      }
+    }
+  }
+}
+
+// Where one weight row's data lies (the layouts of kernels.h): consecutive 32-column blocks of its
+// codes `block_bytes` apart, consecutive weight blocks' scales and offsets `scale_stride` floats apart.
+struct RowView {
+  const uint8_t* codes;
+  const float* scales;
+  const float* offsets;  // or null
+  int64_t block_bytes, scale_stride;
+};
+
+RowView View(const MatMulQArgs& args, int64_t n) {
+  const int64_t num_blocks = args.k / args.block_size;
+  if (args.bits == 8) {
+    const float* o = args.offsets != nullptr ? args.offsets + n * num_blocks : nullptr;
+    return {args.weight + n * args.k, args.scales + n * num_blocks, o, kBlock, 1};
+  }
+  const int64_t g = n / kGroup, r = n % kGroup;
+  const int64_t first = g * num_blocks * kGroup + r;
+  const float* o = args.offsets != nullptr ? args.offsets + first : nullptr;
+  return {args.weight + g * (args.k / kBlock) * kGroup * 16 + r * 16, args.scales + first, o, kGroup * 16, kGroup};
+}
+
+// The offsets' term: fma over the weight blocks in order.
+float OffsetScalar(const QuantRow& a, const RowView& w, int64_t num_blocks) {
+  float off = 0.f;
+  for (int64_t b = 0; b < num_blocks; ++b) off = std::fma(w.offsets[b * w.scale_stride], a.sums[b], off);
+  return off;
+}
+
+float DotScalar(const QuantRow& a, const RowView& w, int bits, int64_t block_size, int64_t k) {
+  float acc[kLanes] = {0.f};
+  uint8_t u[kBlock];
+  const int64_t per_block = kBlock / block_size;  // weight blocks in an activation block: 1 or 2
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const uint8_t* wb = w.codes + b * w.block_bytes;  // 4 bits: byte j holds column j low, j + 16 high
+    for (int j = 0; j < kBlock; ++j) u[j] = bits == 8 ? wb[j] : j < 16 ? wb[j] & 0x0F : wb[j - 16] >> 4;
+    const int8_t* q = a.q.data() + b * kBlock;
+    for (int l = 0; l < kLanes; ++l) {
+      int32_t p = a.lanes[b * kLanes + l];
+      for (int j = 4 * l; j < 4 * l + 4; ++j) p += static_cast<int32_t>(u[j]) * q[j];
+      if (!a.q2.empty()) {  // p * 128 + the residual's dot product
+        p = p * kResidualScale + a.lanes2[b * kLanes + l];
+        for (int j = 4 * l; j < 4 * l + 4; ++j) p += static_cast<int32_t>(u[j]) * a.q2[b * kBlock + j];
+      }
+      const float scale = w.scales[(b * per_block + l * per_block / kLanes) * w.scale_stride] * a.d[b];
+      acc[l] = std::fma(static_cast<float>(p), scale, acc[l]);
+    }
+  }
+  const float dot = Reduce(acc);
+  return w.offsets == nullptr ? dot : dot + OffsetScalar(a, w, k / block_size);
+}
+
+#define WICORE_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+
+// QuantizeScalar's arithmetic, 8 columns at a time (max, one division, products and rounding are exact
+// IEEE operations in any order).
+WICORE_VNNI void QuantizeVnni(const float* x, int64_t k, bool residual, QuantRow* row) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.f;
+    const __m256 id = _mm256_set1_ps(d != 0.f ? 1.f / d : 0.f);
+    row->d[b] = residual ? d / kResidualScale : d;
+    const __m256 dv = _mm256_set1_ps(d);
+    const __m256 id2 = _mm256_mul_ps(id, _mm256_set1_ps(kResidualScale));
+    for (int i = 0; i < 4; ++i) {
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(row->q.data() + b * kBlock + 8 * i), _mm256_cvtepi32_epi8(_mm256_cvtps_epi32(r)));
+      if (residual) {
+        __m256 r2 = _mm256_round_ps(_mm256_mul_ps(_mm256_fnmadd_ps(r, dv, v[i]), id2), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r2 = _mm256_min_ps(_mm256_max_ps(r2, _mm256_set1_ps(-127.f)), _mm256_set1_ps(127.f));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(row->q2.data() + b * kBlock + 8 * i), _mm256_cvtepi32_epi8(_mm256_cvtps_epi32(r2)));
+      }
+    }
+  }
+}
+
+// Reduce's order in registers: (a0+a4, a1+a5, a2+a6, a3+a7), then (.0+.2, .1+.3), then their sum.
+WICORE_VNNI inline float ReduceVec(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+
+// 8-bit codes: kRows rows (row_bytes apart) against one quantized activation row, independent chains.
+// The lanes' integer dot products of one block; with the residual, p * 128 + the residual's.
+template <bool kResidual>
+WICORE_VNNI inline __m256i LaneDots(__m256i u, __m256i q, __m256i start, __m256i q2, __m256i start2) {
+  const __m256i p = _mm256_dpbusd_epi32(start, u, q);
+  if (!kResidual) return p;
+  return _mm256_dpbusd_epi32(_mm256_add_epi32(_mm256_slli_epi32(p, 7), start2), u, q2);
+}
+
+template <int kRows, int kPerBlock, bool kResidual>
+WICORE_VNNI void Dot8(const QuantRow& a, const uint8_t* w, int64_t row_bytes, const float* scales, int64_t num_blocks,
+                      int64_t k, float* out) {
+  __m256 acc[kRows];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + b * kBlock));
+    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes.data() + b * kLanes));
+    const __m256i q2 = kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q2.data() + b * kBlock)) : q;
+    const __m256i start2 =
+        kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
+    const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + b * kBlock));
+      const __m256i p = LaneDots<kResidual>(u, q, start, q2, start2);
+      const float* sr = scales + r * num_blocks + b * kPerBlock;
+      const __m256 s = kPerBlock == 1 ? _mm256_broadcast_ss(sr) : _mm256_setr_m128(_mm_broadcast_ss(sr), _mm_broadcast_ss(sr + 1));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, d), acc[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) out[r] = ReduceVec(acc[r]);
+}
+
+// 4-bit codes: one group of kGroup rows (kernels.h's interleaved layout) against one activation row.
+// The group's codes for a block are 128 consecutive bytes and its scales 8 consecutive floats, so
+// every address is one pointer and a constant; the offsets' term of all 8 rows is one vector chain.
+template <int kPerBlock, bool kResidual>
+WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const float* scales, const float* offsets,
+                           int64_t num_blocks, int64_t k, float* out) {
+  __m256 acc[kGroup];
+#pragma GCC unroll 8
+  for (int r = 0; r < kGroup; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i shifts = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);  // the high half: high nibbles
+  alignas(32) float sd[kPerBlock][kGroup];
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + b * kBlock));
+    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes.data() + b * kLanes));
+    const __m256i q2 = kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q2.data() + b * kBlock)) : q;
+    const __m256i start2 =
+        kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
+    const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
+    for (int h = 0; h < kPerBlock; ++h) {
+      _mm256_store_ps(sd[h], _mm256_mul_ps(_mm256_loadu_ps(scales + (b * kPerBlock + h) * kGroup), d));
+    }
+    const uint8_t* wb = w + b * kGroup * 16;
+#pragma GCC unroll 8
+    for (int r = 0; r < kGroup; ++r) {
+      // 16 bytes in both halves, the high half shifted: columns 0-15 then 16-31 (no shuffle port)
+      const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + r * 16)));
+      const __m256i p = LaneDots<kResidual>(_mm256_and_si256(_mm256_srlv_epi16(v, shifts), low), q, start, q2, start2);
+      const __m256 s = kPerBlock == 1 ? _mm256_broadcast_ss(&sd[0][r])
+                                      : _mm256_setr_m128(_mm_broadcast_ss(&sd[0][r]), _mm_broadcast_ss(&sd[kPerBlock - 1][r]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r]);
+    }
+  }
+  alignas(32) float off[kGroup] = {0.f};
+  if (offsets != nullptr) {
+    __m256 o = _mm256_setzero_ps();
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      o = _mm256_fmadd_ps(_mm256_loadu_ps(offsets + b * kGroup), _mm256_broadcast_ss(a.sums.data() + b), o);
+    }
+    _mm256_store_ps(off, o);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kGroup; ++r) out[r] = ReduceVec(acc[r]) + off[r];
+}
+
+template <int kPerBlock, bool kResidual>
+WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t begin, int64_t end) {
+  const int64_t k = args.k, num_blocks = k / args.block_size;
+  float out[kGroup];
+  for (int64_t i = 0; i < args.m; ++i) {
+    float* y = args.y + i * args.n;
+    if (args.bits == 4) {  // begin is a multiple of kGroup (MatMulQCpu)
+      for (int64_t n = begin; n < end; n += kGroup) {
+        const int64_t first = n * num_blocks;
+        Dot4Group<kPerBlock, kResidual>(rows[i], args.weight + n * (k / 2), args.scales + first,
+                             args.offsets != nullptr ? args.offsets + first : nullptr, num_blocks, k, out);
+        for (int r = 0; r < kGroup && n + r < end; ++r) y[n + r] = out[r];
+      }
+      continue;
+    }
+    // 8-bit rows a pass: 4 where the weight stays in cache (independent chains; 8 rows' pointers spill out
+    // of the 16 registers); 1 where it streams from memory (a 28 MB head: one stream prefetches best, 3.8
+    // against 5.5 ms). Any split gives the same bits.
+    const int64_t rows_a_pass = args.n * k > (int64_t{4} << 20) ? 1 : 4;
+    for (int64_t n = begin; n < end; n += rows_a_pass) {
+      const int64_t rows_here = std::min<int64_t>(rows_a_pass, end - n);
+      if (rows_here == 4) {
+        Dot8<4, kPerBlock, kResidual>(rows[i], args.weight + n * k, k, args.scales + n * num_blocks, num_blocks, k, out);
+      } else {
+        for (int64_t r = 0; r < rows_here; ++r) {
+          Dot8<1, kPerBlock, kResidual>(rows[i], args.weight + (n + r) * k, k, args.scales + (n + r) * num_blocks, num_blocks, k,
+                             out + r);
+        }
+      }
+      for (int64_t r = 0; r < rows_here; ++r) {
+        const RowView w = View(args, n + r);
+        y[n + r] = w.offsets == nullptr ? out[r] : out[r] + OffsetScalar(rows[i], w, num_blocks);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool MatMulQHasVnni() { return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"); }
+
+std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, bool vnni) {
+  std::vector<QuantRow> rows(args.m);
+  for (int64_t i = 0; i < args.m; ++i) {
+    Resize(args.k, args.block_size, args.residual, &rows[i]);
+    if (vnni) {
+      QuantizeVnni(args.x + i * args.k, args.k, args.residual, &rows[i]);
+    } else {
+      QuantizeScalar(args.x + i * args.k, args.k, args.residual, &rows[i]);
+    }
+    Sums(args.k, args.bits == 8 ? 128 : 8, args.block_size, args.residual, &rows[i]);
+  }
+  return rows;
+}
+
+void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t row_begin, int64_t row_end,
+                bool vnni) {
+  if (vnni) {
+    if (args.residual) {
+      (args.block_size == 16 ? RowsVnni<2, true> : RowsVnni<1, true>)(args, rows, row_begin, row_end);
+    } else {
+      (args.block_size == 16 ? RowsVnni<2, false> : RowsVnni<1, false>)(args, rows, row_begin, row_end);
+    }
+    return;
+  }
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    const RowView w = View(args, n);
+    for (int64_t i = 0; i < args.m; ++i) args.y[i * args.n + n] = DotScalar(rows[i], w, args.bits, args.block_size, args.k);
+  }
+}
+
+}  // namespace wicore
