@@ -95,7 +95,7 @@ class ExportConfig:
             raise WiCoreError("--op-flavour webgpu writes the portable attention's graphs: drop --attention paged")
         if self.kernels not in ("ort", "wicore"):
             raise WiCoreError(f"--kernels {self.kernels!r}: choose ort or wicore")
-        if self.kernels == "wicore" and self.attention != "paged" and not OP_FLAVOURS[self.op_flavour]:
+        if self.kernels == "wicore" and self.attention != "paged" and not OP_FLAVOURS[self.op_flavour].quantized:
             raise WiCoreError(
                 "--kernels wicore needs --attention paged (its fused norms take float16 activations) or "
                 "--op-flavour ort-quant (its CPU matmul)"
