@@ -29,10 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from bench_shapes import Config as ShapeConfig
-from bench_shapes import make_checkpoints
 from benchlib import int_list, write_record
-from shape_exports import VARIANTS, export
+from shape_exports import VARIANTS, export, make_checkpoints
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.scheduler_config import SchedulerConfig
@@ -107,10 +105,7 @@ def measure(model_dir: Path, devices: str, micro: int | None, streams: int, conf
 
 
 def run(config: Config) -> int:
-    shape_config = ShapeConfig(
-        config.shape, (1, config.layers), (config.variant,), (1,), 0, 0, config.work, False, False, 0, None
-    )
-    folder = make_checkpoints(shape_config)[config.layers]
+    folder = make_checkpoints(config.shape, (1, config.layers), config.work)[config.layers]
     model_dir = export(folder, config.variant, config.work / f"{config.shape}-{config.layers}-{config.variant}-2p", partitions=2)
     setups = dict(SETUPS)
     setups[f"split, decode cut too ({config.cut_decode_tokens} tokens)"] = ("cuda:0,cuda:1", config.cut_decode_tokens, True)

@@ -28,7 +28,6 @@ largest absolute difference.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -41,13 +40,12 @@ from benchlib import int_list, write_record
 from hf_peers import hf_compiled_steps, hf_steps
 from moe_shapes import MOE_SHAPES, active_weight_bytes
 from moe_shapes import depth as moe_depth
-from moe_shapes import hf_config as moe_hf_config
-from shape_exports import VARIANTS, export, first_layers
+from shape_exports import VARIANTS, export, make_checkpoints
 from step_timing import Config as StepConfig
 from step_timing import decode_steps, engine_config
 
 from wicore.engine.engine import Engine
-from wicore.model.shapes import SHAPES, hf_config
+from wicore.model.shapes import SHAPES
 from wicore.types.sampling import SamplingParams
 
 # Run-time flags after a variant's name ("int4-paged+graphs+nofpa"): the same export, run with these.
@@ -90,36 +88,6 @@ class Config:
     top_p: float = 0.95
     threads: int = 1
     block_size: int | None = None  # None: the engine's default (a paged export: its FlashAttention tile)
-
-
-def make_checkpoints(config: Config) -> dict[int, Path]:
-    """One random bf16 checkpoint with max(layers) layers; a folder per layer count sharing its files."""
-    import torch
-    import transformers
-
-    full = config.work / f"{config.shape}-hf"
-    if not (full / "config.json").is_file():
-        if config.shape in MOE_SHAPES:
-            cls, kwargs = moe_hf_config(config.shape, max(config.layers))
-        else:
-            cls, kwargs = "Gemma3TextConfig", hf_config(config.shape, max(config.layers))
-        torch.manual_seed(0)
-        torch.set_default_dtype(torch.bfloat16)
-        with torch.device("cuda"):
-            model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**kwargs))
-        torch.set_default_dtype(torch.float32)
-        model.save_pretrained(full)
-        del model
-        torch.cuda.empty_cache()
-    folders = {}
-    for n in config.layers:
-        types = json.loads((full / "config.json").read_text()).get("layer_types")
-        if types is not None:
-            types = types[:n]
-            if "full_attention" not in types:  # the engine needs one; the fit needs the same mix at every depth
-                types[-1] = "full_attention"
-        folders[n] = first_layers(full, config.work / f"{config.shape}-hf-{n}", n, types)
-    return folders
 
 
 def wicore_steps(model_dir: Path, config: Config, flags: set[str]) -> dict[int, float]:
@@ -246,7 +214,7 @@ def shape_depth(shape: str) -> int:
 
 def run(config: Config) -> int:
     config.work.mkdir(parents=True, exist_ok=True)
-    folders = make_checkpoints(config)
+    folders = make_checkpoints(config.shape, config.layers, config.work)
     exports = {}
     for n in config.layers:
         for v in config.variants:

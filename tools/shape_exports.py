@@ -7,8 +7,12 @@ import json
 import time
 from pathlib import Path
 
+from moe_shapes import MOE_SHAPES
+from moe_shapes import hf_config as moe_hf_config
+
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
+from wicore.model.shapes import hf_config as gemma_hf_config
 
 # variant -> export settings: fp16 graphs; "int4" / "int8" are ort-quant with 4- / 8-bit weights (fp16 activations on GPU)
 VARIANTS: dict[str, dict[str, object]] = {
@@ -47,3 +51,34 @@ def export(folder: Path, variant: str, out: Path, partitions: int = 1) -> Path:
         export_model(open_source(str(folder)), out, ExportConfig(overwrite=True, **settings), progress=lambda _: None)  # type: ignore[arg-type]
         print(f"exported {out.name} in {time.perf_counter() - t:.0f} s", flush=True)
     return out
+
+
+def make_checkpoints(shape: str, layers: tuple[int, ...], work: Path) -> dict[int, Path]:
+    """One random bf16 checkpoint of `shape` (wicore.model.shapes or moe_shapes.py) with max(layers)
+    layers, made on the GPU under `work`; a folder per layer count sharing its files."""
+    import torch
+    import transformers
+
+    full = work / f"{shape}-hf"
+    if not (full / "config.json").is_file():
+        if shape in MOE_SHAPES:
+            cls, kwargs = moe_hf_config(shape, max(layers))
+        else:
+            cls, kwargs = "Gemma3TextConfig", gemma_hf_config(shape, max(layers))
+        torch.manual_seed(0)
+        torch.set_default_dtype(torch.bfloat16)
+        with torch.device("cuda"):
+            model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**kwargs))
+        torch.set_default_dtype(torch.float32)
+        model.save_pretrained(full)
+        del model
+        torch.cuda.empty_cache()
+    folders = {}
+    for n in layers:
+        types = json.loads((full / "config.json").read_text()).get("layer_types")
+        if types is not None:
+            types = types[:n]
+            if "full_attention" not in types:  # the engine needs one; the fit needs the same mix at every depth
+                types[-1] = "full_attention"
+        folders[n] = first_layers(full, work / f"{shape}-hf-{n}", n, types)
+    return folders
