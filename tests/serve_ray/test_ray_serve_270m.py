@@ -123,7 +123,14 @@ def wait_for(condition, timeout: float, process: subprocess.Popen | None = None)
         if process is not None and process.poll() is not None:
             raise AssertionError(f"wicore serve exited with {process.returncode}:\n{process.stderr.read()[-4000:]}")  # type: ignore[union-attr]
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s")
+            said = ""
+            if process is not None:  # what the server said while it did not come up
+                process.terminate()
+                try:
+                    said = ":\n" + process.communicate(timeout=30)[1][-4000:]
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            raise AssertionError(f"not within {timeout:g} s{said}")
         time.sleep(0.25)
 
 
