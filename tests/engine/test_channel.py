@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import numpy as np
+
 from wicore.engine.channel import Channel, put_all
-from wicore.types.outputs import RequestOutput
+from wicore.types.outputs import RequestOutput, merge_outputs
+from wicore.types.sampling import Logprobs
 
 
 class CountingLoop(asyncio.SelectorEventLoop):
@@ -85,3 +88,28 @@ def test_a_consumer_whose_loop_closed_does_not_stop_the_others():
     closed.close()
     put_all([(gone, out("g", 1)), (alive, out("a", 2, finished=True))])  # no RuntimeError from the closed loop
     assert [o.new_token_ids for o in alive] == [[2]]
+
+
+def test_take_ready_empties_the_channel_without_waiting_and_merged_outputs_keep_every_token():
+    channel = Channel()
+    assert channel.take_ready() == []
+    first = RequestOutput("r", [5], False, None, 7, 3, logprobs=[Logprobs(5, -0.5)], prompt_logits=np.ones((7, 2)))
+    put_all(
+        [
+            (channel, first),
+            (channel, RequestOutput("r", [6, 8], False, None, 7, 3, logprobs=[Logprobs(6, -1.0), Logprobs(8, -2.0)])),
+        ]
+    )
+    put_all([(channel, RequestOutput("r", [9], True, "stop", 7, 3, logprobs=[Logprobs(9, -3.0)]))])
+    ready = channel.take_ready()
+    assert [o.new_token_ids for o in ready] == [[5], [6, 8], [9]]
+    assert channel.take_ready() == []
+    merged = merge_outputs(ready)
+    assert merged.request_id == "r"
+    assert merged.new_token_ids == [5, 6, 8, 9]
+    assert (merged.finished, merged.finish_reason, merged.num_prompt_tokens, merged.num_cached_tokens) == (True, "stop", 7, 3)
+    assert [lp.logprob for lp in merged.logprobs or []] == [-0.5, -1.0, -2.0, -3.0]
+    assert merged.prompt_logits is first.prompt_logits
+    assert merge_outputs([first]) is first
+    no_logprobs = merge_outputs([out("q", 1), out("q", 2, finished=True)])
+    assert (no_logprobs.new_token_ids, no_logprobs.logprobs, no_logprobs.finish_reason) == ([1, 2], None, "length")

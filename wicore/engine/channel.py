@@ -47,6 +47,13 @@ class Channel:
         with self._cond:
             return self._items.popleft() if self._items else None
 
+    def take_ready(self) -> list[RequestOutput]:
+        """The outputs already put and not yet read, without waiting (for a consumer that batches)."""
+        with self._cond:
+            items = list(self._items)
+            self._items.clear()
+        return items
+
     def __iter__(self) -> Iterator[RequestOutput]:
         while True:
             with self._cond:

@@ -31,7 +31,7 @@ from wicore.kv.layout import choose_block_size
 from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.serve_ray.board import stats_board
 from wicore.serve_ray.client import RemoteEngine
-from wicore.serve_ray.replica import EngineReplica
+from wicore.serve_ray.replica import STREAM_MESSAGES_PER_S, EngineReplica
 from wicore.serve_ray.router import ROUTERS
 
 ENGINE_START_TIMEOUT_S = 600.0  # the ingress waits this long for a first engine replica to answer
@@ -134,5 +134,8 @@ def application(config: ClusterConfig) -> Application:
     engines = serve.deployment(name="WiCoreEngine")(EngineReplica).options(**config.replica_options())
     ingress = serve.deployment(name="WiCoreIngress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)(Ingress)
     return ingress.bind(
-        engines.bind(config.engine, config.app_name), str(config.engine.model_dir), config.settings, config.app_name
+        engines.bind(config.engine, config.app_name, STREAM_MESSAGES_PER_S / config.largest_count),
+        str(config.engine.model_dir),
+        config.settings,
+        config.app_name,
     )

@@ -11,7 +11,9 @@ this replica". Every second a thread posts the engine's stats to the application
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -23,12 +25,17 @@ from ray import serve
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.errors import WiCoreError
 from wicore.serve_ray.board import stats_board
-from wicore.types.outputs import Priority, RequestOutput
+from wicore.types.outputs import Priority, RequestOutput, merge_outputs
 from wicore.types.sampling import SamplingParams
 
 log = logging.getLogger("wicore.serve_ray")
 
 REPORT_PERIOD_S = 1.0
+# Streamed outputs one ingress passes a second, shared by the replicas: each output is a Ray message
+# to the ingress and an SSE event back through Ray Serve's proxy. Measured on one H100 host (Gemma 3
+# 1B shape, 64 streams): one message a token held the ingress at ~2,000 tokens/s, whatever the
+# number of replicas (docs/PERFORMANCE.md, "Ray Serve on GPUs").
+STREAM_MESSAGES_PER_S = 1500.0
 
 
 @dataclass(frozen=True)
@@ -53,9 +60,11 @@ class EngineInfo:
 class EngineReplica:
     """The engine deployment's class (made a deployment by wicore.serve_ray.app)."""
 
-    def __init__(self, config: EngineConfig, app_name: str) -> None:
+    def __init__(self, config: EngineConfig, app_name: str, messages_per_s: float = STREAM_MESSAGES_PER_S) -> None:
         self.engine = Engine(config).start()
         self.app_name = app_name
+        self.messages_per_s = messages_per_s
+        self._streams = 0  # generate calls running
         context = serve.get_replica_context()
         self.identity = {
             "replica": context.replica_id.unique_id,
@@ -81,11 +90,29 @@ class EngineReplica:
             yield exc
             return
         finished = False
+        channel = self.engine.outputs(call.request_id)
+        loop = asyncio.get_running_loop()
+        sent = -math.inf
+        self._streams += 1
         try:
-            async for out in self.engine.outputs(call.request_id):
-                finished = out.finished
-                yield out
+            async for out in channel:
+                batch = [out]
+                if not out.finished:
+                    # Keep this replica's messages under its share of what the ingress passes: with
+                    # n streams, one message a stream each n / rate seconds, the tokens between merged.
+                    # The first token and the end go at once.
+                    wait = sent + self._streams / self.messages_per_s - loop.time()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                    batch += channel.take_ready()
+                merged = merge_outputs(batch)
+                sent = loop.time()
+                finished = merged.finished
+                yield merged
+                if finished:
+                    return
         finally:
+            self._streams -= 1
             if not finished:
                 self.engine.abort(call.request_id)
 

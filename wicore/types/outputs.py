@@ -47,6 +47,27 @@ class RequestOutput:
     prompt_logits: np.ndarray | None = None
 
 
+def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
+    """Consecutive outputs of one request as one: their tokens (and logprobs) in order, the last's
+    end. A consumer that fell behind sends this instead of one message a step (the Ray replicas)."""
+    if len(outputs) == 1:
+        return outputs[0]
+    first, last = outputs[0], outputs[-1]
+    logprobs = [lp for out in outputs for lp in out.logprobs or []]
+    prompt_logits = next((out.prompt_logits for out in outputs if out.prompt_logits is not None), None)
+    return RequestOutput(
+        first.request_id,
+        [token for out in outputs for token in out.new_token_ids],
+        last.finished,
+        last.finish_reason,
+        last.num_prompt_tokens,
+        last.num_cached_tokens,
+        last.error,
+        logprobs or None,
+        prompt_logits,
+    )
+
+
 @dataclass(frozen=True)
 class Completion:
     """One request run to its end by `Engine.generate`."""
