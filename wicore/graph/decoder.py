@@ -115,11 +115,6 @@ class DecoderBuilder:
                 f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer, "
                 "whole-projection q/k norms and LongRoPE are not in the paged graphs): export it with the portable attention"
             )
-        if attention == "paged" and (self.family.attention_sinks or cfg.rope_global.is_yarn or cfg.rope_local.is_yarn):
-            raise UnsupportedModelError(
-                f"this {self.family.name} model has no paged attention (attention sinks and YaRN's attention factor are not "
-                "in the paged graphs): export it with the portable attention (--op-flavour ort-quant runs its experts in QMoE)"
-            )
         if self.wicore_kernels and not self.family.pre_norms:
             raise UnsupportedModelError(
                 f"WiCore's fused kernels add each block's output into the next pre-norm; {self.family.name} has no "
