@@ -66,7 +66,9 @@ FAMILIES |= {
         {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128},
     ),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 8, "num_experts_per_tok": 2}),
-    # sinks, biases, clamped-SwiGLU experts, YaRN: the paged exports refuse it (tests/graph/test_gpt_oss.py)
+    # sinks (the op's head_sink, drawn with std 1 so they matter), biases, clamped-SwiGLU experts in
+    # MoE, YaRN (its attention factor in the op's cos / sin caches; the 700-token prompt past its
+    # original context), alternating windows (tests/graph/test_gpt_oss.py builds the same graphs on the CPU)
     "gpt_oss": (
         "GptOssConfig",
         "GptOssForCausalLM",
@@ -75,6 +77,16 @@ FAMILIES |= {
             "num_experts_per_tok": 2,
             "sliding_window": 64,
             "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "swiglu_limit": 1.5,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 150_000.0,
+                "factor": 8.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 512,
+            },
         },
     ),
 }
@@ -115,6 +127,8 @@ def build(work: Path, name: str) -> tuple[Path, object]:
         for param_name, param in model.named_parameters():
             if "norm" in param_name or param_name.endswith(".bias"):
                 param.normal_(0.5 if "norm" in param_name else 0.0, 0.2)
+            elif param_name.endswith(".sinks"):  # gpt-oss's, near 0 at init
+                param.normal_(0.0, 1.0)
     model.save_pretrained(work / f"{name}-hf")
     return work / f"{name}-hf", model
 

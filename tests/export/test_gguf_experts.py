@@ -28,8 +28,12 @@ def test_the_family_follows_the_architecture_and_the_expert_count():
         family_of_gguf("deepseek2", 64)
 
 
-def write_moe_gguf(path: Path, arch: str, experts_type: gguf.GGMLQuantizationType, **header: object) -> dict[str, np.ndarray]:
-    """A one-layer MoE GGUF; returns its stacked expert tensors in HF's order [E, rows, cols]."""
+def write_moe_gguf(
+    path: Path, arch: str, experts_type: gguf.GGMLQuantizationType, per_expert: bool = False, **header: object
+) -> dict[str, np.ndarray]:
+    """A one-layer MoE GGUF; returns its stacked expert tensors in HF's order [E, rows, cols].
+    `per_expert`: one tensor an expert (`blk.0.ffn_gate.E.weight`), as Mixtral GGUFs were written
+    before llama.cpp stacked them."""
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
@@ -66,12 +70,15 @@ def write_moe_gguf(path: Path, arch: str, experts_type: gguf.GGMLQuantizationTyp
         "ffn_down_exps": (HIDDEN, WIDTH),
     }.items():
         values = rng.standard_normal((NUM_EXPERTS, *shape)).astype(np.float32)
-        if experts_type == gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(f"blk.0.{name}.weight", values)
-        else:
+        if experts_type != gguf.GGMLQuantizationType.F32:
             raw = gguf.quants.quantize(values, experts_type)
-            writer.add_tensor(f"blk.0.{name}.weight", raw, raw_dtype=experts_type)
             values = gguf.quants.dequantize(raw, experts_type).reshape(values.shape)
+        parts = [(f"blk.0.{name.removesuffix('_exps')}.{e}.weight", e) for e in range(NUM_EXPERTS)] if per_expert else []
+        for tensor_name, rows in parts or [(f"blk.0.{name}.weight", slice(None))]:
+            if experts_type == gguf.GGMLQuantizationType.F32:
+                writer.add_tensor(tensor_name, np.ascontiguousarray(values[rows]))
+            else:
+                writer.add_tensor(tensor_name, raw[rows], raw_dtype=experts_type)
         stacks[name] = values
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -80,10 +87,16 @@ def write_moe_gguf(path: Path, arch: str, experts_type: gguf.GGMLQuantizationTyp
     return stacks
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "llama"])
+@pytest.mark.parametrize(("arch", "per_expert"), [("qwen3moe", False), ("llama", False), ("llama", True)])
 @pytest.mark.parametrize("experts_type", [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.Q8_0])
-def test_stacked_experts_are_split_per_expert(tmp_path, arch, experts_type):
-    stacks = write_moe_gguf(tmp_path / "moe.gguf", arch, experts_type, expert_feed_forward_length=WIDTH)
+def test_stacked_experts_are_split_per_expert(tmp_path, arch, per_expert, experts_type):
+    """Stacked experts, or (old Mixtral GGUFs) one tensor an expert: each expert's weights and blocks."""
+    stacks = write_moe_gguf(tmp_path / "moe.gguf", arch, experts_type, per_expert, expert_feed_forward_length=WIDTH)
+    names = {t.name for t in gguf.GGUFReader(tmp_path / "moe.gguf").tensors}
+    assert (f"blk.0.ffn_gate.{NUM_EXPERTS - 1}.weight" in names, "blk.0.ffn_gate_exps.weight" in names) == (
+        per_expert,
+        not per_expert,
+    )
     source = GGUFSource(tmp_path / "moe.gguf")
     cfg = source.config
     assert source.family.name == {"qwen3moe": "qwen3_moe", "llama": "mixtral"}[arch]

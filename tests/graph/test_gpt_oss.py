@@ -199,12 +199,39 @@ def test_yarn_frequencies_and_attention_factor_match_transformers():
         assert ours.attention_factor == pytest.approx(hf.attention_scaling)
 
 
-def test_paged_attention_is_refused_naming_why(tmp_path):
-    """The paged graphs have neither the sinks nor YaRN's attention factor: refused, not exported wrong."""
-    from wicore.errors import UnsupportedModelError
+def test_paged_export_carries_sinks_windows_and_yarn(tmp_path):
+    """The fp16 paged export (CUDA; built and checked here, run by tools/check_families_gpu.py
+    gpt_oss on a GPU): each layer's PagedAttention gets its sinks as head_sink, the window on the
+    sliding layers only, and YaRN's attention factor in its cos / sin caches; the experts in MoE."""
+    import onnx
+    from onnx import numpy_helper
 
-    with pytest.raises(UnsupportedModelError, match="has no paged attention \\(attention sinks and YaRN"):
-        build(tmp_path, ExportConfig(dtype="fp16", attention="paged"))
+    from wicore.model.config import DecoderConfig
+
+    folder, model = build(tmp_path, ExportConfig(dtype="fp16", attention="paged"))
+    (part,) = folder.glob("part-*.onnx")
+    graph = onnx.load(part).graph
+    import onnxruntime as ort
+
+    # ONNX Runtime's schema and type checks pass (on the CPU the load then stops at PagedAttention, a CUDA kernel)
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED : Could not find an implementation for PagedAttention"):
+        ort.InferenceSession(str(part), providers=["CPUExecutionProvider"])
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    values |= {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node if n.op_type == "Constant"}
+    attention = [n for n in graph.node if n.op_type == "PagedAttention"]
+    assert len(attention) == SHAPE["num_hidden_layers"]
+    assert [n.op_type for n in graph.node].count("MoE") == SHAPE["num_hidden_layers"]
+    cfg = DecoderConfig.from_hf(model.config.to_dict())
+    for i, node in enumerate(attention):
+        window = {a.name: a.i for a in node.attribute}["local_window_size"]
+        assert window == (6 if OVERRIDES["layer_types"][i] == "sliding_attention" else -1)
+        sinks = model.model.layers[i].self_attn.sinks.detach().numpy()
+        np.testing.assert_array_equal(values[node.input[11]], sinks.astype(np.float16))
+        cos = values[node.input[8]].astype(np.float32)
+        angles = np.arange(cfg.max_position_embeddings, dtype=np.float32)[:, None] * cfg.rope_global.inv_freq(cfg.head_dim)
+        factor = model.model.rotary_emb.attention_scaling
+        assert factor > 1.0
+        np.testing.assert_allclose(cos, np.cos(angles) * factor, atol=2e-3, rtol=0)
 
 
 @pytest.mark.parametrize(

@@ -236,8 +236,23 @@ def parse_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Ima
             raise _bad(f"{where}.role", f"{role!r}: choose one of {', '.join(ROLES)}")
         content = _content(message.get("content"), where, images)
         fields = tool_message_fields(message, role, where)  # an assistant's tool_calls, a tool's tool_call_id
+        fields.update(_reasoning(message, role, where))
         out.append({"role": "system" if role == "developer" else role, "content": content, **fields})
     return out, images
+
+
+def _reasoning(message: dict[str, Any], role: str, where: str) -> dict[str, str]:
+    """A past assistant turn's reasoning (`reasoning_content`, vLLM's `reasoning` too) for the chat
+    template, under the names templates read: `reasoning_content` (Qwen3's) and `thinking`
+    (gpt-oss's, which keeps it only for a turn that ends in a tool call with no final answer after)."""
+    for key in ("reasoning_content", "reasoning"):
+        text = message.get(key)
+        if text is None:
+            continue
+        if not isinstance(text, str):
+            raise _bad(f"{where}.{key}", "expected a string")
+        return {"reasoning_content": text, "thinking": text} if role == "assistant" and text else {}
+    return {}
 
 
 def _content(content: Any, where: str, images: list[ImagePart]) -> str | list[dict[str, str]]:

@@ -21,6 +21,8 @@ blocks never cross experts):
     blk.N.ffn_gate_exps.weight  [E, W, H]   mlp.experts.{e}.gate_proj
     blk.N.ffn_up_exps.weight    [E, W, H]   mlp.experts.{e}.up_proj
     blk.N.ffn_down_exps.weight  [E, H, W]   mlp.experts.{e}.down_proj
+    blk.N.ffn_gate.E.weight     [W, H]      mlp.experts.{E}.gate_proj (Mixtral GGUFs of before
+                                            the stacks: one tensor an expert, up and down alike)
 
 llama.cpp renormalises the top k of every `qwen3moe` (its header has no norm_topk_prob) and of
 Mixtral, as the released models do; a header's `expert_weights_norm` is honoured where present.
@@ -228,6 +230,16 @@ class GGUFSource(GGUFFile):
             return QuantizedTensor(data, blocks)
         return data
 
+    def _expert_weights(self, index: int, suffix: str) -> list[np.ndarray]:
+        """Layer `index`'s experts of one projection: split out of the stack (`ffn_gate_exps`), or,
+        in Mixtral GGUFs converted before llama.cpp stacked them (2024), one tensor an expert
+        (`blk.N.ffn_gate.E.weight`)."""
+        stacked = f"blk.{index}.{suffix}.weight"
+        legacy = f"blk.{index}.{suffix.removesuffix('_exps')}.{{}}.weight"
+        if stacked in self._tensors or legacy.format(0) not in self._tensors:
+            return self._experts(stacked)
+        return [self._tensor(legacy.format(e)) for e in range(self.config.num_experts)]
+
     def _experts(self, name: str, ndim: int = 3) -> list[np.ndarray]:
         """A stacked experts tensor [E, rows, cols] as one [rows, cols] weight an expert, each
         carrying its own blocks where the type transcodes (module doc); `ndim` 2: biases [E, rows]."""
@@ -273,7 +285,7 @@ class GGUFSource(GGUFFile):
                 tensors[hf] = self._tensor(name, is_norm, permuted.get(suffix, 0))
         if self.family.is_moe:
             for suffix, projection in _EXPERT_NAMES.items():
-                for e, weight in enumerate(self._experts(f"blk.{index}.{suffix}.weight")):
+                for e, weight in enumerate(self._expert_weights(index, suffix)):
                     tensors[f"mlp.experts.{e}.{projection}"] = weight
                 if self.family.moe_bias:  # [E, width]: one bias an expert
                     for e, bias in enumerate(self._experts(f"blk.{index}.{suffix}.bias", ndim=2)):

@@ -68,7 +68,8 @@ def layer_attention(
         norms = None
         if b.family.qk_norm == PER_HEAD:  # Gemma's attention scale folded into the q-norm weight
             norms = (b.norm_weight(layer["self_attn.q_norm"], scale), b.norm_weight(layer["self_attn.k_norm"]))
-        out = paged_attention(g, cfg, i, qkv, shared.paged, p, norms, scale=1.0 if norms else scale)
+        sinks = layer["self_attn.sinks"] if b.family.attention_sinks else None
+        out = paged_attention(g, cfg, i, qkv, shared.paged, p, norms, scale=1.0 if norms else scale, sinks=sinks)
         return o_proj(b, g, layer, out, p)
 
     q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)

@@ -115,11 +115,6 @@ class DecoderBuilder:
                 f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer, "
                 "whole-projection q/k norms and LongRoPE are not in the paged graphs): export it with the portable attention"
             )
-        if attention == "paged" and (self.family.attention_sinks or cfg.rope_global.is_yarn or cfg.rope_local.is_yarn):
-            raise UnsupportedModelError(
-                f"this {self.family.name} model has no paged attention (attention sinks and YaRN's attention factor are not "
-                "in the paged graphs): export it with the portable attention (--op-flavour ort-quant runs its experts in QMoE)"
-            )
         if self.wicore_kernels and not self.family.pre_norms:
             raise UnsupportedModelError(
                 f"WiCore's fused kernels add each block's output into the next pre-norm; {self.family.name} has no "
@@ -277,12 +272,13 @@ class DecoderBuilder:
 
     def linear(self, g: Graph, x: str, weights: list[np.ndarray], name: str, float_weights: bool = False) -> str:
         """x @ concat(weights)ᵀ; weights are [out, in] (HF layout), stored [in, out] in the model dtype
-        (quantized in the ort-quant flavour unless `float_weights`: an expert router's choice).
+        (quantized in the ort-quant flavour unless `float_weights`, an expert router's choice, or rows
+        that are no whole blocks).
         x and the result are of the activation type; the MatMul runs in the model dtype."""
         cast = self.act_type != self.onnx_dtype
         if cast:
             x = g.op("Cast", [x], f"{name}/Cast_in", to=self.onnx_dtype)
-        if self.quant is not None and not float_weights:
+        if self.quant is not None and not float_weights and self.quant.can_quantize(weights):
             y = self.quant.linear(g, x, weights, name, self.np_dtype)
         else:
             w = np.concatenate(weights, axis=0).T.astype(self.np_dtype)

@@ -147,12 +147,27 @@ def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
         y = g.op("MoE", [rows, logits, fc1, biases[0], fc2, biases[1]], f"{p}/MoE", domain=MS_DOMAIN, **attrs)
     else:
         fc1s, fc2s = [gate_up(e) for e in experts], [down(e) for e in experts]
-        y = qmoe(b, g, [rows, logits], fc1s, fc2s, p, attrs, biases)
+        # ONNX Runtime's CPU QMoE renormalises the top k whatever normalize_routing_weights says
+        # (1.32; its MoE keeps the attribute): ask for it, and scale by the top k's mass where the family does not
+        y = qmoe(b, g, [rows, logits], fc1s, fc2s, p, {**attrs, "normalize_routing_weights": 1}, biases)
+        if not cfg.norm_topk_prob:
+            y = g.op("Mul", [y, top_k_mass(b, g, logits, p)], f"{p}/unnormalised")
     if b.act_type != b.onnx_dtype:
         y = g.op("Cast", [y], f"{p}/Cast_out", to=b.act_type)
         rows = g.op("Reshape", [x, g.const([-1, h])], f"{p}/rows_act")
     y = with_shared_expert(b, g, layer, rows, y, p)
     return g.op("Reshape", [y, g.op("Shape", [x], f"{p}/shape")], f"{p}/out")
+
+
+def top_k_mass(b: DecoderBuilder, g: Graph, logits: str, p: str) -> str:
+    """[N, 1] (model dtype): the sum of each row's top k router probabilities (softmax in float32)."""
+    f32 = TensorProto.FLOAT
+    if b.onnx_dtype != f32:
+        logits = g.op("Cast", [logits], f"{p}/router/Cast_f32", to=f32)
+    probs = g.op("Softmax", [logits], f"{p}/router/Softmax", axis=-1)
+    top_p, _ = g.op_multi("TopK", [probs, g.const([b.cfg.num_experts_per_tok])], f"{p}/router/TopK", 2, axis=-1)
+    mass = g.op("ReduceSum", [top_p, g.const([-1])], f"{p}/router/top_mass", keepdims=1)
+    return mass if b.onnx_dtype == f32 else g.op("Cast", [mass], f"{p}/router/Cast_mass", to=b.onnx_dtype)
 
 
 def expert_weights(layer: LayerWeights, num_experts: int) -> list[np.ndarray]:
@@ -161,10 +176,12 @@ def expert_weights(layer: LayerWeights, num_experts: int) -> list[np.ndarray]:
 
 
 def qmoe_fits(quant: QuantLinear, weights: list[np.ndarray]) -> bool:
-    """Whether QMoE runs these expert weights without loss: float weights (the builder quantizes them
-    alike), or source blocks (a GGUF's) of one bit width, symmetric, in blocks of the builder's size.
+    """Whether QMoE runs these expert weights without loss: float weights of whole blocks (the builder
+    quantizes them alike), or source blocks (a GGUF's) of one bit width, symmetric, in blocks of the builder's size.
     A GGUF's Q4_K (an offset a block) or Q4_K_M's mix of Q4_K and Q6_K does not: such experts run
     in the routed graph, each projection a MatMulNBits on its own blocks (graph/quant.py)."""
+    if not quant.can_quantize(weights):
+        return False  # rows of no whole blocks stay float: in the routed graph
     blocks = [getattr(w, "blocks", None) for w in weights]
     if all(q is None for q in blocks):
         return True

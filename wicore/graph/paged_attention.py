@@ -87,11 +87,12 @@ def paged_values(g: Graph, cfg: DecoderConfig, kinds: list[bool], positions: str
 
 def rope_caches(g: Graph, cfg: DecoderConfig, rope: RopeConfig, name: str) -> tuple[str, str]:
     """cos and sin [max_position_embeddings, head_dim / 2] in float16 of position * inv_freq,
-    computed in float32 as transformers computes them (the op's cos_cache and sin_cache)."""
+    computed in float32 as transformers computes them (the op's cos_cache and sin_cache), times
+    YaRN's attention factor where the rope has one (as transformers scales its cos and sin)."""
 
     def table(fn: np.ufunc) -> np.ndarray:
         angles = np.arange(cfg.max_position_embeddings, dtype=np.float32)[:, None] * rope.inv_freq(cfg.head_dim)
-        return fn(angles).astype(np.float16)
+        return (fn(angles) * np.float32(rope.attention_factor)).astype(np.float16)
 
     return g.weight(f"{name}.cos_cache", lambda: table(np.cos)), g.weight(f"{name}.sin_cache", lambda: table(np.sin))
 
@@ -105,11 +106,13 @@ def paged_attention(
     name: str,
     norms: tuple[np.ndarray, np.ndarray] | None,
     scale: float,
+    sinks: np.ndarray | None = None,
 ) -> str:
     """qkv [b, s, (heads + 2 kv_heads) * hd] (the KV dtype, float16), as the projection gives it ->
     the attention output [b, s, heads * hd], the layer's K/V written. The op norms q and k with
     `norms` (their float weights, the family's offset and any scale folded in; None: no q/k norm)
-    and rotates them; `scale` multiplies q·k."""
+    and rotates them; `scale` multiplies q·k; `sinks` [heads] (gpt-oss's) join each head's softmax
+    denominator (the op's head_sink, graph/sinks.py)."""
     is_sliding = cfg.is_sliding(layer)
     rows = g.op("Reshape", [qkv, g.const([-1, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim])], f"{name}/qkv_packed")
     weights = ["", ""]
@@ -128,7 +131,7 @@ def paged_attention(
         cos,
         sin,
         paged.slots[is_sliding],
-        "",  # head_sink
+        "" if sinks is None else g.const(sinks.astype(np.float16), np.float16),  # head_sink
         *weights,  # q_norm_weight, k_norm_weight
         "",  # k_scale
         "",  # v_scale

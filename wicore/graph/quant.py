@@ -66,6 +66,11 @@ class QuantLinear:
         """The MatMulNBits accuracy_level of a layer's weight: the configured one, or float (module doc)."""
         return FLOAT if self.accuracy_level is None else self.accuracy_level
 
+    def can_quantize(self, weights: list[np.ndarray]) -> bool:
+        """Whether these [out, in] weights have blocks: their source's (a GGUF's), or rows that are
+        whole blocks (a tiny model's width of 48 is not: such a weight stays float)."""
+        return all(getattr(w, "blocks", None) is not None or w.shape[-1] % self.block_size == 0 for w in weights)
+
     def blocks(self, weights: list[np.ndarray]) -> BlockQuant:
         """The [out, in] weights stacked by rows, each part from its source blocks where it has them."""
         parts = []

@@ -89,7 +89,8 @@ def test_a_named_function_is_enforced_with_the_harmony_grammar(served):
     assert choice["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
     structured = served[0].requests[list(served[0].requests)[-1]][1].structured
     assert structured is not None and structured.kind is StructuredKind.GRAMMAR
-    assert structured.value.startswith('start: call0\ncall0: <|channel|> "commentary to=functions.get_weather " ')
+    assert structured.value.startswith("start: analysis? call\n")  # an analysis message may come first
+    assert '\ncall: call0\ncall0: <|channel|> "commentary to=functions.get_weather " ' in structured.value
 
 
 def test_a_past_call_and_its_result_render_through_the_template(served):
@@ -113,6 +114,36 @@ def test_a_past_call_and_its_result_render_through_the_template(served):
             '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"sunny"<|end|><|start|>assistant'
         )
     )
+
+
+PAST_CALL = {
+    "role": "assistant",
+    "reasoning_content": "Need the weather.",
+    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}],
+}
+KEPT = "<|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant to=functions.get_weather"
+
+
+def test_past_reasoning_stays_for_a_call_until_a_final_answer(served):
+    """A past turn's reasoning_content goes to gpt-oss's template (as `thinking`), which keeps it
+    before a call that no final answer has followed yet, and drops it once one has (harmony's rule);
+    a final answer's own reasoning is never rendered."""
+    served[0].answer = FINAL
+    result = {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+    chat(served[1], messages=[*ASK, PAST_CALL, result], tools=[WEATHER])
+    assert KEPT in served[0].prompt_text()
+    answered = {"role": "assistant", "content": "It is sunny.", "reasoning_content": "Say it."}
+    chat(served[1], messages=[*ASK, PAST_CALL, result, answered, {"role": "user", "content": "And Rome?"}], tools=[WEATHER])
+    prompt = served[0].prompt_text()
+    assert "analysis" not in prompt.split("<|start|>user<|message|>Weather in Paris?<|end|>")[1]
+    assert "<|start|>assistant<|channel|>final<|message|>It is sunny.<|end|><|start|>user<|message|>And Rome?" in prompt
+
+
+def test_reasoning_content_of_the_wrong_type_is_a_400(served):
+    bad = {"role": "assistant", "content": "Hi.", "reasoning_content": ["no"]}
+    response = httpx.post(f"{served[1]}/v1/chat/completions", json={"model": "m", "messages": [*ASK, bad, *ASK]}, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "messages[1].reasoning_content"
 
 
 def test_a_tool_the_template_cannot_render_is_a_400(served):

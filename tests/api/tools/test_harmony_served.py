@@ -63,6 +63,21 @@ def gpt_oss(tmp_path_factory) -> Iterator[tuple[str, object, Path]]:
     engine.stop()
 
 
+def first_token(hf: Path, text: str) -> tuple[int, str]:
+    """The first token of `text` in the tiny gpt-oss's vocabulary, and its text."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(hf / "tokenizer.json"))
+    token = tokenizer.encode(text, add_special_tokens=False).ids[0]
+    return token, tokenizer.decode([token])
+
+
+def no_analysis(hf: Path) -> dict[str, int]:
+    """A logit_bias that keeps the random model off the analysis channel the call grammar allows first
+    (any tokenization of `analysis` may start it: the call's channel is the one pushed instead)."""
+    return {str(first_token(hf, "commentary")[0]): 100}
+
+
 def chat(url: str, **body: object) -> dict:
     response = httpx.post(f"{url}/v1/chat/completions", json={"model": "gpt-oss", "messages": ASK, **body}, timeout=120)
     assert response.status_code == 200, response.text
@@ -70,7 +85,7 @@ def chat(url: str, **body: object) -> dict:
 
 
 def test_a_required_tool_answers_with_tool_calls(gpt_oss):
-    choice = chat(gpt_oss[0], tools=[FORECAST], tool_choice="required", max_tokens=64)
+    choice = chat(gpt_oss[0], tools=[FORECAST], tool_choice="required", max_tokens=64, logit_bias=no_analysis(gpt_oss[2]))
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["content"] is None and "reasoning_content" not in choice["message"]
     (call,) = choice["message"]["tool_calls"]
@@ -87,6 +102,7 @@ def test_streamed_required_call_equals_the_answer(gpt_oss):
         "tool_choice": "required",
         "max_tokens": 64,
         "temperature": 0,
+        "logit_bias": no_analysis(gpt_oss[2]),
     }
     whole = chat(gpt_oss[0], **{k: v for k, v in body.items() if k not in ("model", "messages")})
     with httpx.stream("POST", f"{gpt_oss[0]}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as response:
@@ -95,6 +111,61 @@ def test_streamed_required_call_equals_the_answer(gpt_oss):
     arguments = "".join(c["function"].get("arguments", "") for d in deltas for c in d.get("tool_calls", []))
     assert arguments == whole["message"]["tool_calls"][0]["function"]["arguments"]
     assert "".join(d.get("content") or "" for d in deltas) == ""
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_forecast"}}])
+def test_a_forced_call_may_follow_an_analysis_message(gpt_oss, tool_choice):
+    """The call grammar lets gpt-oss reason first: biased to open the analysis channel and to close
+    its body after one token, the random model writes the first token of `analysis` there, then the
+    forced call."""
+    hf = gpt_oss[2]
+    (opening, text), (end, _) = first_token(hf, "analysis"), first_token(hf, "<|end|>")
+    bias = {str(opening): 50, str(end): 100}
+    choice = chat(gpt_oss[0], tools=[FORECAST], tool_choice=tool_choice, max_tokens=64, temperature=0, logit_bias=bias)
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning_content"] == text and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_forecast" and set(json.loads(call["function"]["arguments"])) == {"unit", "days"}
+
+
+def test_past_reasoning_renders_as_gpt_oss_template_does_in_transformers(gpt_oss):
+    """/tokenize's ids for a conversation with past reasoning are HF apply_chat_template's with that
+    reasoning as `thinking`: kept before the pending call, dropped before the answered one."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(gpt_oss[2])
+    call = {"id": "c1", "type": "function", "function": {"name": "get_forecast", "arguments": '{"unit": "c", "days": 2}'}}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+    first = [*ASK, {"role": "assistant", "reasoning_content": "Need it.", "tool_calls": [call]}, result]
+    later = [*first, {"role": "assistant", "content": "Sunny.", "reasoning_content": "Say."}, *ASK]
+    rendered = []
+    for messages in (first, later):
+        response = httpx.post(f"{gpt_oss[0]}/tokenize", json={"model": "gpt-oss", "messages": messages}, timeout=60)
+        assert response.status_code == 200, response.text
+        hf_messages = [
+            {
+                **{k: v for k, v in m.items() if k != "reasoning_content"},
+                **({"thinking": m["reasoning_content"]} if "reasoning_content" in m else {}),
+            }
+            for m in messages
+        ]
+        hf_messages = [
+            {
+                **m,
+                "tool_calls": [
+                    {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                    for c in m["tool_calls"]
+                ],
+            }
+            if "tool_calls" in m
+            else m
+            for m in hf_messages
+        ]
+        expected = tok.apply_chat_template(hf_messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        assert response.json()["tokens"] == list(expected)
+        rendered.append(tok.decode(expected))
+    assert "<|channel|>analysis<|message|>Need it.<|end|>" in rendered[0]
+    assert "Need it." not in rendered[1] and "Say." not in rendered[1]
 
 
 def test_reasoning_is_not_content(gpt_oss):

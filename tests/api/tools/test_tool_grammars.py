@@ -70,3 +70,18 @@ def test_the_grammar_refuses_what_the_request_does_not_allow(lltok, name):
     if '": ' in written:  # JSON in the calls: written one way, as json.dumps writes it
         assert not accepts(lltok, required, written.replace('": ', '":'))
     assert not accepts(lltok, fmt.grammar((NESTED,), True), fmt.render_calls([Call("book", {"who": {}, "seats": 0})]))
+
+
+def test_harmony_lets_an_analysis_message_come_before_the_forced_call(lltok):
+    """gpt-oss reasons before it calls: one analysis message (any text, newlines too) may open the
+    answer, then the call must come; a second analysis, an empty one or a final answer may not."""
+    fmt = FORMATS["harmony"]
+    grammar = fmt.grammar((WEATHER,), parallel=False)
+    call = fmt.render_calls([PARIS])
+    think = "<|channel|>analysis<|message|>The user wants Paris.\nCall get_weather.<|end|><|start|>assistant"
+    assert accepts(lltok, grammar, think + call)
+    assert accepts(lltok, grammar, call)
+    assert not accepts(lltok, grammar, think + think + call)
+    assert not accepts(lltok, grammar, "<|channel|>analysis<|message|><|end|><|start|>assistant" + call)
+    assert not accepts(lltok, grammar, think)  # no call
+    assert not accepts(lltok, grammar, think + "<|channel|>final<|message|>Sunny.")

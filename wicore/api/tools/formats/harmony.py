@@ -95,12 +95,17 @@ class Harmony(ToolFormat):
         return "\n".join(f"The tool returned: {r}" for r in results)
 
     def grammar(self, functions: tuple[Function, ...], parallel: bool) -> str:
-        """One call on the commentary channel, the recipient after it as gpt-oss writes it, up to its
+        """An analysis message if the model writes one (gpt-oss reasons before it calls), then one
+        call on the commentary channel, the recipient after it as gpt-oss writes it, up to its
         arguments: `<|call|>` is one of the model's end tokens, which llguidance takes only where the
         grammar is complete (and the engine stops there), so it is no symbol of the grammar, and a
         turn holds one call whatever `parallel` says (the template renders one a turn too). The
-        grammar is the call alone, as in every format (llama.cpp lets analysis messages come first)."""
-        rules = ["start: " + " | ".join(f"call{i}" for i in range(len(functions)))]
+        analysis body is any text (special tokens are no text: `<|end|>` closes it)."""
+        rules = [
+            "start: analysis? call",
+            f'analysis: {CHANNEL} "analysis" {MESSAGE} /(.|\\n)+/ {END} {START} "assistant"',
+            "call: " + " | ".join(f"call{i}" for i in range(len(functions))),
+        ]
         for i, f in enumerate(functions):
             head = lark_string(f"commentary to={FUNCTIONS}{f.name} ")
             rules.append(f'call{i}: {CHANNEL} {head} {CONSTRAIN} "json" {MESSAGE} args{i}')
