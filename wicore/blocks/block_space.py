@@ -30,6 +30,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
+from wicore.blocks.column import Column
 from wicore.blocks.policy import EvictionPolicy
 from wicore.blocks.tier import Tier
 
@@ -62,7 +65,6 @@ class Block:
     frame: int
     ref_count: int = 0
     hash: bytes | None = None  # set only while the prefix cache maps this hash to this block
-    depth: int = 0  # logical block index in its sequence(s): eviction ties go deepest first
 
 
 class BlockSpace:
@@ -98,6 +100,7 @@ class BlockSpace:
         self._cache: dict[bytes, int] = {}  # chain hash -> block id
         self._free_ids: list[int] = []  # heap of retired block ids, recycled lowest first
         self._next_id = 0
+        self._depth = Column(0, np.int64)  # each live block's depth, to order eviction candidates at once
 
     def num_frames(self, tier: Tier) -> int:
         """Usable frames of the tier (DEVICE: all but the sink)."""
@@ -159,7 +162,8 @@ class BlockSpace:
         shortfall = num_frames - self.num_free(tier)
         if shortfall <= 0:
             return moves
-        candidates = sorted(self._evictable[tier], key=lambda b: (-self._blocks[b].depth, b))
+        ids = np.fromiter(self._evictable[tier], np.int64, len(self._evictable[tier]))
+        candidates = ids[np.lexsort((ids, -self._depth.take(ids)))]  # deepest first, then by id
         victims = self.policy.order(candidates, now)[:shortfall]
         assert len(victims) == shortfall, f"{tier.name}: {shortfall} frames wanted, the caller checked the room"
         lower = self._lower(tier)
@@ -243,6 +247,7 @@ class BlockSpace:
         else:
             block_id, self._next_id = self._next_id, self._next_id + 1
         frame = heapq.heappop(self._free_frames[tier])
-        self._blocks[block_id] = Block(block_id, tier, frame, ref_count=1, depth=depth)
+        self._blocks[block_id] = Block(block_id, tier, frame, ref_count=1)
+        self._depth.set(block_id, depth)
         self.policy.touch(block_id, now)
         return block_id
