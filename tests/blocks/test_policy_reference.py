@@ -1,6 +1,7 @@
 """The block pool's eviction choices with the array-scored policies equal those of the scalar
 formulas (the policies as they were before their histories became columns), move for move, on a
-long scripted run with prefix hits, sliding-window releases, swaps, attention and ties in time."""
+long scripted run with prefix hits, sliding-window releases, swaps, attention and ties in time;
+and the block tables a pool keeps per sequence stay the frames its blocks lie in."""
 
 from __future__ import annotations
 
@@ -128,6 +129,9 @@ def scripted_run(make_policy: Callable[[], EvictionPolicy], seed: int, num_ops: 
             kv.free(seq_id)
             del seqs[seq_id]
         log.append([g.pool.blocks() for g in kv.groups])
+        for g in kv.groups:  # the kept block tables are the frames the blocks lie in now
+            frame_of = {b.block_id: b.frame for b in g.pool.blocks()}
+            assert all(g.pool.block_table(s) == [frame_of[b] for b in g.pool.block_ids(s)] for s in seqs)
     return log
 
 

@@ -100,6 +100,7 @@ class BlockSpace:
         self._cache: dict[bytes, int] = {}  # chain hash -> block id
         self._free_ids: list[int] = []  # heap of retired block ids, recycled lowest first
         self._next_id = 0
+        self.layout_version = 0  # bumped whenever a referenced block changes frame (cached block tables go stale)
         self._depth = Column(0, np.int64)  # each live block's depth, to order eviction candidates at once
 
     def num_frames(self, tier: Tier) -> int:
@@ -196,6 +197,7 @@ class BlockSpace:
             moves.append(Move(block_id, (block.tier, block.frame), (Tier.DEVICE, self.SINK_SLOT), self.group))
             heapq.heappush(self._free_frames[block.tier], block.frame)
             block.tier, block.frame = Tier.DEVICE, self.SINK_SLOT
+            self.layout_version += 1
             moves += self._make_room(Tier.DEVICE, 1, now)
             frame = heapq.heappop(self._free_frames[Tier.DEVICE])
             moves.append(Move(block_id, (Tier.DEVICE, self.SINK_SLOT), (Tier.DEVICE, frame), self.group))
@@ -212,6 +214,8 @@ class BlockSpace:
             self._evictable[block.tier].remove(block_id)
             self._evictable[dst].add(block_id)
         block.tier, block.frame = dst, frame
+        if block.ref_count:
+            self.layout_version += 1
 
     def _drop(self, block_id: int, moves: list[Move]) -> None:
         """Discard an unreferenced cached block: out of the cache, frame and id freed."""
