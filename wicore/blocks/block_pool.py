@@ -225,8 +225,10 @@ class BlockPool(BlockSpace):
 
     def can_append(self, seq_id: int, num_tokens_total: int) -> bool:
         """Whether `append(seq_id, num_tokens_total)` would succeed now."""
-        room = self._room(Tier.DEVICE) + (self._room(Tier.HOST) if self.offload else 0)
-        return self._num_blocks(num_tokens_total) - self._running(seq_id).num_blocks <= room
+        num_new = self._num_blocks(num_tokens_total) - self._running(seq_id).num_blocks
+        if num_new <= 0:  # most decode rows: no room to count
+            return True
+        return num_new <= self._room(Tier.DEVICE) + (self._room(Tier.HOST) if self.offload else 0)
 
     def truncate(self, seq_id: int, num_tokens_total: int) -> None:
         """Drop the blocks past those `num_tokens_total` tokens need (a speculative row's
