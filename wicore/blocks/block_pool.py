@@ -93,13 +93,16 @@ class BlockPool(BlockSpace):
 
     def block_table(self, seq_id: int) -> list[int]:
         """DEVICE frames of the sequence's live blocks, in token order."""
-        frames = []
-        for block_id in self._seq(seq_id).block_ids:
-            block = self._blocks[block_id]
-            if block.tier is not Tier.DEVICE:
-                raise ValueError(f"sequence {seq_id}: block {block_id} is in {block.tier.name}; swap_in first")
-            frames.append(block.frame)
-        return frames
+        seq = self._seq(seq_id)
+        if seq.frames is None or seq.frames_version != self.layout_version:
+            frames = []
+            for block_id in seq.block_ids:
+                block = self._blocks[block_id]
+                if block.tier is not Tier.DEVICE:
+                    raise ValueError(f"sequence {seq_id}: block {block_id} is in {block.tier.name}; swap_in first")
+                frames.append(block.frame)
+            seq.frames, seq.frames_version = frames, self.layout_version
+        return list(seq.frames)
 
     def block_locations(self, seq_id: int) -> list[tuple[Tier, int]]:
         """(tier, frame) of the sequence's live blocks, in token order (an offloading pool's tables)."""
@@ -211,15 +214,21 @@ class BlockPool(BlockSpace):
         if self.offload:
             moves = self._spill(seq, num_new - self._room(Tier.DEVICE), now)
             seq.block_ids += self._offload_blocks(seq.num_blocks, num_new, now, moves)
+            seq.frames = None
             return moves
         moves = self._make_room(Tier.DEVICE, num_new, now)
-        seq.block_ids += [self._new_block(now, seq.num_blocks + i) for i in range(num_new)]
+        new_ids = [self._new_block(now, seq.num_blocks + i) for i in range(num_new)]
+        seq.block_ids += new_ids
+        if seq.frames is not None:  # fresh DEVICE blocks: the cached table grows by their frames
+            seq.frames += [self._blocks[b].frame for b in new_ids]
         return moves
 
     def can_append(self, seq_id: int, num_tokens_total: int) -> bool:
         """Whether `append(seq_id, num_tokens_total)` would succeed now."""
-        room = self._room(Tier.DEVICE) + (self._room(Tier.HOST) if self.offload else 0)
-        return self._num_blocks(num_tokens_total) - self._running(seq_id).num_blocks <= room
+        num_new = self._num_blocks(num_tokens_total) - self._running(seq_id).num_blocks
+        if num_new <= 0:  # most decode rows: no room to count
+            return True
+        return num_new <= self._room(Tier.DEVICE) + (self._room(Tier.HOST) if self.offload else 0)
 
     def truncate(self, seq_id: int, num_tokens_total: int) -> None:
         """Drop the blocks past those `num_tokens_total` tokens need (a speculative row's
@@ -227,6 +236,8 @@ class BlockPool(BlockSpace):
         seq = self._running(seq_id)
         num_kept = max(self._num_blocks(num_tokens_total) - seq.first_block, 0)
         dropped, seq.block_ids = seq.block_ids[num_kept:], seq.block_ids[:num_kept]
+        if seq.frames is not None:
+            del seq.frames[num_kept:]
         assert all(self._blocks[b].hash is None for b in dropped), "committed blocks are never rolled back"
         self._unref(dropped, self._clock())
 
@@ -239,6 +250,8 @@ class BlockPool(BlockSpace):
         if num_released <= 0:
             return
         released, seq.block_ids = seq.block_ids[:num_released], seq.block_ids[num_released:]
+        if seq.frames is not None:
+            del seq.frames[:num_released]
         seq.first_block += num_released
         self._unref(released, self._clock())
 

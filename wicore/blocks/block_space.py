@@ -30,6 +30,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
+from wicore.blocks.column import Column
 from wicore.blocks.policy import EvictionPolicy
 from wicore.blocks.tier import Tier
 
@@ -62,7 +65,6 @@ class Block:
     frame: int
     ref_count: int = 0
     hash: bytes | None = None  # set only while the prefix cache maps this hash to this block
-    depth: int = 0  # logical block index in its sequence(s): eviction ties go deepest first
 
 
 class BlockSpace:
@@ -98,6 +100,8 @@ class BlockSpace:
         self._cache: dict[bytes, int] = {}  # chain hash -> block id
         self._free_ids: list[int] = []  # heap of retired block ids, recycled lowest first
         self._next_id = 0
+        self.layout_version = 0  # bumped whenever a referenced block changes frame (cached block tables go stale)
+        self._depth = Column(0, np.int64)  # each live block's depth, to order eviction candidates at once
 
     def num_frames(self, tier: Tier) -> int:
         """Usable frames of the tier (DEVICE: all but the sink)."""
@@ -159,7 +163,8 @@ class BlockSpace:
         shortfall = num_frames - self.num_free(tier)
         if shortfall <= 0:
             return moves
-        candidates = sorted(self._evictable[tier], key=lambda b: (-self._blocks[b].depth, b))
+        ids = np.fromiter(self._evictable[tier], np.int64, len(self._evictable[tier]))
+        candidates = ids[np.lexsort((ids, -self._depth.take(ids)))]  # deepest first, then by id
         victims = self.policy.order(candidates, now)[:shortfall]
         assert len(victims) == shortfall, f"{tier.name}: {shortfall} frames wanted, the caller checked the room"
         lower = self._lower(tier)
@@ -192,6 +197,7 @@ class BlockSpace:
             moves.append(Move(block_id, (block.tier, block.frame), (Tier.DEVICE, self.SINK_SLOT), self.group))
             heapq.heappush(self._free_frames[block.tier], block.frame)
             block.tier, block.frame = Tier.DEVICE, self.SINK_SLOT
+            self.layout_version += 1
             moves += self._make_room(Tier.DEVICE, 1, now)
             frame = heapq.heappop(self._free_frames[Tier.DEVICE])
             moves.append(Move(block_id, (Tier.DEVICE, self.SINK_SLOT), (Tier.DEVICE, frame), self.group))
@@ -208,6 +214,8 @@ class BlockSpace:
             self._evictable[block.tier].remove(block_id)
             self._evictable[dst].add(block_id)
         block.tier, block.frame = dst, frame
+        if block.ref_count:
+            self.layout_version += 1
 
     def _drop(self, block_id: int, moves: list[Move]) -> None:
         """Discard an unreferenced cached block: out of the cache, frame and id freed."""
@@ -243,6 +251,7 @@ class BlockSpace:
         else:
             block_id, self._next_id = self._next_id, self._next_id + 1
         frame = heapq.heappop(self._free_frames[tier])
-        self._blocks[block_id] = Block(block_id, tier, frame, ref_count=1, depth=depth)
+        self._blocks[block_id] = Block(block_id, tier, frame, ref_count=1)
+        self._depth.set(block_id, depth)
         self.policy.touch(block_id, now)
         return block_id

@@ -17,6 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
+from wicore.blocks.column import Column
+
 
 class EvictionPolicy(Protocol):
     """Orders cached blocks for eviction. Times are seconds from the pool's clock."""
@@ -35,26 +39,28 @@ class EvictionPolicy(Protocol):
 
     def order(self, block_ids: Iterable[int], now: float) -> list[int]:
         """`block_ids` in eviction order: first = evict first; ties keep their order in `block_ids`
-        (the block pool passes the deepest blocks of a prefix first)."""
+        (the block pool passes the deepest blocks of a prefix first). An int64 array is read as
+        it is (the block pool passes one of distinct ids); another iterable loses its repeats."""
 
 
 class LRUPolicy:
     """Least recently used first. A block never touched counts as the oldest."""
 
     def __init__(self) -> None:
-        self._last_access: dict[int, float] = {}
+        self._last_access = Column(-math.inf)
 
     def touch(self, block_id: int, now: float) -> None:
-        self._last_access[block_id] = now
+        self._last_access.set(block_id, now)
 
     def add_attention(self, block_id: int, mass: float, now: float | None = None) -> None:
         """LRU ignores attention."""
 
     def forget(self, block_id: int) -> None:
-        self._last_access.pop(block_id, None)
+        self._last_access.set(block_id, -math.inf)
 
     def order(self, block_ids: Iterable[int], now: float) -> list[int]:
-        return sorted(block_ids, key=lambda b: self._last_access.get(b, -math.inf))
+        ids = _ids(block_ids)
+        return ids[np.argsort(self._last_access.take(ids), kind="stable")].tolist()
 
 
 @dataclass(frozen=True)
@@ -84,16 +90,6 @@ class A2CRConfig:
             raise ValueError(f"A2CR decay must be >= 0 (per minute; 0 disables decay), got {self.decay}")
 
 
-@dataclass
-class _History:
-    """Decayed counters of one block, valid as of `updated_at`."""
-
-    frequency: float = 0.0
-    attention: float = 0.0
-    updated_at: float = 0.0
-    last_access: float = -math.inf
-
-
 class A2CRPolicy:
     """Attention-aware cache replacement: evict the lowest score first.
 
@@ -109,69 +105,103 @@ class A2CRPolicy:
     where max runs over the candidate set, and a term whose max is 0 counts 0 for every
     block (so without any attention signal the policy is frequency + recency). Ties keep
     the order the candidates came in.
+
+    The histories are columns indexed by block id (wicore.blocks.column), so `order` scores a
+    candidate set with array arithmetic: eviction is asked for on every new block once the
+    device is full, over every evictable block. Each operation is the scalar formula's, in its
+    order, and the exponentials are `math.exp`'s (numpy's differs in the last bit for a few
+    percent of arguments), so the scores and the order are bit for bit those of the formula.
     """
 
     def __init__(self, config: A2CRConfig | None = None) -> None:
         self.config = config or A2CRConfig()
-        self._history: dict[int, _History] = {}
+        self._known = Column(False, np.bool_)  # a history exists (touched or given attention, not forgotten since)
+        self._frequency = Column(0.0)  # the counters, valid as of updated_at
+        self._attention = Column(0.0)
+        self._updated_at = Column(0.0)
+        self._last_access = Column(-math.inf)
         self._latest = 0.0  # the latest time seen, for attention reported without a time
 
     def touch(self, block_id: int, now: float) -> None:
-        history = self._decayed_to(block_id, now)
-        history.frequency += 1.0
-        history.last_access = max(history.last_access, now)
+        self._decay_to(block_id, now)
+        self._frequency.set(block_id, self._frequency.get(block_id) + 1.0)
+        self._last_access.set(block_id, max(self._last_access.get(block_id), now))
 
     def add_attention(self, block_id: int, mass: float, now: float | None = None) -> None:
         if mass < 0:
             raise ValueError(f"attention mass must be >= 0, got {mass}")
-        self._decayed_to(block_id, self._latest if now is None else now).attention += mass
+        self._decay_to(block_id, self._latest if now is None else now)
+        self._attention.set(block_id, self._attention.get(block_id) + mass)
 
     def forget(self, block_id: int) -> None:
-        self._history.pop(block_id, None)
+        self._known.set(block_id, False)
 
     def order(self, block_ids: Iterable[int], now: float) -> list[int]:
-        scores = self.scores(block_ids, now)
-        return sorted(scores, key=scores.__getitem__)
+        ids = _ids(block_ids)
+        return ids[np.argsort(self._scores(ids, now), kind="stable")].tolist()
 
     def scores(self, block_ids: Iterable[int], now: float) -> dict[int, float]:
         """Each block's score at `now` (see the class docstring); no block's history changes."""
-        self._latest = max(self._latest, now)
-        ids = list(dict.fromkeys(block_ids))
-        terms = {b: self._terms(b, now) for b in ids}
-        max_frequency = max((f for f, _, _ in terms.values()), default=0.0)
-        max_attention = max((a for _, a, _ in terms.values()), default=0.0)
-        cfg = self.config
-        return {
-            b: cfg.w_attention * _ratio(a, max_attention) + cfg.w_frequency * _ratio(f, max_frequency) + cfg.w_recency * r
-            for b, (f, a, r) in terms.items()
-        }
+        ids = _ids(block_ids)
+        return dict(zip(ids.tolist(), self._scores(ids, now).tolist(), strict=True))
 
     # -- helpers -------------------------------------------------------------------------
-    def _factor(self, since: float, now: float) -> float:
-        """exp(-decay * dt), dt in minutes (the clock counts seconds); a clock that steps back
+    def _scores(self, ids: np.ndarray, now: float) -> np.ndarray:
+        """The scores of `ids` (distinct) at `now`, in their order."""
+        self._latest = max(self._latest, now)
+        cfg = self.config
+        known = self._known.take(ids)
+        touched = known & (self._last_access.take(ids) != -math.inf)
+        # exp(-decay * dt) of the counters (known blocks) and of the last access (touched ones), in one pass
+        exponents = np.concatenate(
+            [self._exponents(self._updated_at.take(ids[known]), now), self._exponents(self._last_access.take(ids[touched]), now)]
+        )
+        exps = np.fromiter(map(math.exp, exponents.tolist()), np.float64, len(exponents))
+        num_known = int(known.sum())
+        factor = np.zeros(len(ids))
+        factor[known] = exps[:num_known]
+        recency = np.zeros(len(ids))
+        recency[touched] = exps[num_known:]
+        frequency = np.where(known, self._frequency.take(ids) * factor, 0.0)
+        attention = np.where(known, self._attention.take(ids) * factor, 0.0)
+        return cfg.w_attention * _ratio(attention) + cfg.w_frequency * _ratio(frequency) + cfg.w_recency * recency
+
+    def _exponents(self, since: np.ndarray, now: float) -> np.ndarray:
+        """-decay * dt, dt in minutes (the clock counts seconds); a clock that steps back
         (dt < 0) decays nothing."""
+        return -self.config.decay * np.maximum(0.0, now - since) / 60.0
+
+    def _factor(self, since: float, now: float) -> float:
+        """exp(-decay * dt) of one block (as `_exponents`)."""
         return math.exp(-self.config.decay * max(0.0, now - since) / 60.0)
 
-    def _terms(self, block_id: int, now: float) -> tuple[float, float, float]:
-        """(F, A, R) of the block at `now` (see the class docstring), without updating its history."""
-        history = self._history.get(block_id)
-        if history is None:
-            return 0.0, 0.0, 0.0
-        factor = self._factor(history.updated_at, now)
-        recency = 0.0 if history.last_access == -math.inf else self._factor(history.last_access, now)
-        return history.frequency * factor, history.attention * factor, recency
-
-    def _decayed_to(self, block_id: int, now: float) -> _History:
-        """The block's history with its counters brought forward to `now` (created if new)."""
+    def _decay_to(self, block_id: int, now: float) -> None:
+        """Bring the block's counters forward to `now` (a fresh history if it has none)."""
         self._latest = max(self._latest, now)
-        history = self._history.setdefault(block_id, _History(updated_at=now))
-        if now > history.updated_at:
-            factor = self._factor(history.updated_at, now)
-            history.frequency *= factor
-            history.attention *= factor
-            history.updated_at = now
-        return history
+        if not self._known.get(block_id):
+            self._known.set(block_id, True)
+            self._frequency.set(block_id, 0.0)
+            self._attention.set(block_id, 0.0)
+            self._updated_at.set(block_id, now)
+            self._last_access.set(block_id, -math.inf)
+            return
+        updated_at = self._updated_at.get(block_id)
+        if now > updated_at:
+            factor = self._factor(updated_at, now)
+            self._frequency.set(block_id, self._frequency.get(block_id) * factor)
+            self._attention.set(block_id, self._attention.get(block_id) * factor)
+            self._updated_at.set(block_id, now)
 
 
-def _ratio(value: float, maximum: float) -> float:
-    return value / maximum if maximum > 0 else 0.0
+def _ids(block_ids: Iterable[int]) -> np.ndarray:
+    """The candidates as an int64 array: an array is taken as it is (distinct ids), anything else
+    loses its repeats (first place kept)."""
+    if isinstance(block_ids, np.ndarray):
+        return block_ids.astype(np.int64, copy=False)
+    return np.fromiter(dict.fromkeys(block_ids), np.int64)
+
+
+def _ratio(values: np.ndarray) -> np.ndarray:
+    """values / max(values), or 0 everywhere when the max is 0 (no signal in this term)."""
+    maximum = values.max(initial=0.0)
+    return values / maximum if maximum > 0 else np.zeros(len(values))

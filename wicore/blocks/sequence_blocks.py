@@ -39,6 +39,10 @@ class SequenceBlocks:
     is_swapped: bool = False
     first_block: int = 0  # leading logical blocks released (out of the window) or never held
     extra_keys: Mapping[int, bytes] = dataclasses.field(default_factory=dict)  # hashed with the blocks' tokens
+    # DEVICE frames of block_ids, kept in step with them while the pool's layout_version is
+    # frames_version (no referenced block moved since): a step's block table is not rebuilt a block at a time.
+    frames: list[int] | None = None
+    frames_version: int = -1
 
     @property
     def num_blocks(self) -> int:
