@@ -3,6 +3,8 @@ float64 NumPy references of the portable graphs' arithmetic (graph/attention.py,
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -11,15 +13,25 @@ from onnx import TensorProto, helper
 from wicore.kernels.library import DOMAIN
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+SCALAR = "WICORE_ATTENTION_SCALAR"
 
 
-def session(path: str, nodes: list, inputs: list, outputs: list) -> ort.InferenceSession:
+def session(path: str, nodes: list, inputs: list, outputs: list, scalar: bool = False) -> ort.InferenceSession:
+    """`scalar`: BlockAttention's scalar path (read when the kernel is made), else AVX2 where the CPU has it."""
     graph = helper.make_graph(nodes, "t", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
     opts = ort.SessionOptions()
     opts.register_custom_ops_library(path)
     opts.intra_op_num_threads = 2  # the tasks split over threads
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    saved = os.environ.pop(SCALAR, None)
+    if scalar:
+        os.environ[SCALAR] = "1"
+    try:
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    finally:
+        os.environ.pop(SCALAR, None)
+        if saved is not None:
+            os.environ[SCALAR] = saved
 
 
 def value(name: str, elem: int, shape: list | None) -> object:
@@ -55,7 +67,9 @@ def attention_reference(q, k_pool, v_pool, tables, positions, lens, first, windo
     return out.reshape(b, s, nh * hd)
 
 
-def attention_session(path: str, sliding: bool, num_heads: int, num_kv_heads: int, window: int, softcap: float):
+def attention_session(
+    path: str, sliding: bool, num_heads: int, num_kv_heads: int, window: int, softcap: float, scalar: bool = False
+) -> ort.InferenceSession:
     names = ["q", "k", "v", "tables", "positions", "lens"] + (["first"] if sliding else [])
     node = helper.make_node(
         "BlockAttention", names, ["out"], domain=DOMAIN, num_heads=num_heads, num_kv_heads=num_kv_heads,
@@ -63,7 +77,7 @@ def attention_session(path: str, sliding: bool, num_heads: int, num_kv_heads: in
     )  # fmt: skip
     types = {"q": F32, "k": F32, "v": F32}
     inputs = [value(n, types.get(n, I64), None) for n in names]
-    return session(path, [node], inputs, [value("out", F32, None)])
+    return session(path, [node], inputs, [value("out", F32, None)], scalar)
 
 
 @pytest.mark.parametrize(
@@ -71,12 +85,13 @@ def attention_session(path: str, sliding: bool, num_heads: int, num_kv_heads: in
     [(4, 2, False, 0, 0.0), (3, 1, False, 0, 0.0), (4, 2, True, 5, 0.0), (2, 2, False, 6, 50.0), (6, 3, True, 7, 20.0)],
     ids=["gqa", "mqa", "sliding", "window-softcap", "sliding-softcap"],
 )
-def test_block_attention_is_the_portable_attention(cpu_library, num_heads, num_kv_heads, sliding, window, softcap):
+@pytest.mark.parametrize("scalar", [False, True], ids=["avx2", "scalar"])
+def test_block_attention_is_the_portable_attention(cpu_library, num_heads, num_kv_heads, sliding, window, softcap, scalar):
     """Decode rows and a prefill chunk together; rows of different lengths, tables in shuffled
     pool order, unused table entries (masked by the context), a sliding row whose table starts past 0.
-    float32 against float64: within 2e-5."""
+    float32 against float64: within 2e-5. head_dim 24: the AVX2 path's 16-column steps and an 8-column tail."""
     rng = np.random.default_rng(num_heads * 10 + window)
-    hd, bs, num_blocks, max_blocks = 16, 4, 12, 3
+    hd, bs, num_blocks, max_blocks = 24, 4, 12, 3
     b, s = 3, 3
     k_pool = rng.normal(0, 1, (num_blocks, bs, num_kv_heads, hd)).astype(np.float32)
     v_pool = rng.normal(0, 1, (num_blocks, bs, num_kv_heads, hd)).astype(np.float32)
@@ -92,7 +107,7 @@ def test_block_attention_is_the_portable_attention(cpu_library, num_heads, num_k
     feeds = {"q": q, "k": k_pool, "v": v_pool, "tables": tables, "positions": positions, "lens": lens}
     if sliding:
         feeds["first"] = first
-    (out,) = attention_session(cpu_library, sliding, num_heads, num_kv_heads, window, softcap).run(None, feeds)
+    (out,) = attention_session(cpu_library, sliding, num_heads, num_kv_heads, window, softcap, scalar).run(None, feeds)
     want = attention_reference(q, k_pool, v_pool, tables, positions, lens, first, window, softcap)
     assert out.shape == (b, s, num_heads * hd) and out.dtype == np.float32
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)

@@ -9,7 +9,10 @@
 //
 //   scores = q · k (q carries the attention scale), softcap * tanh(scores / softcap) where set,
 //   softmax over the visible keys (float32, max subtracted), out = Σ probs v.
-// A query that sees no key gets zeros.
+// A query that sees no key gets zeros; a key whose score is 80 or more below the top one gets weight 0
+// (exp(-80) < 2e-35 of the top key's).
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -29,12 +32,51 @@ float Dot(const float* a, const float* b, int64_t n) {
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
+constexpr float kMinExponent = -80.0f;  // exp(-80) ~ 1.8e-35: weights below it are 0
+
+void Axpy(float w, const float* v, float* out, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) out[d] += w * v[d];
+}
+
+#define WICORE_AVX2 __attribute__((target("avx2,fma")))
+
+// n a multiple of 8: two 8-lane accumulators, summed in a fixed order.
+WICORE_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 16 <= n; d += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), acc1);
+  }
+  if (d < n) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc0);
+  const __m256 sum = _mm256_add_ps(acc0, acc1);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+WICORE_AVX2 void AxpyAvx2(float w, const float* v, float* out, int64_t n) {
+  const __m256 wv = _mm256_set1_ps(w);
+  for (int64_t d = 0; d < n; d += 8) _mm256_storeu_ps(out + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
+}
+
+struct VectorOps {
+  float (*dot)(const float*, const float*, int64_t);
+  void (*axpy)(float, const float*, float*, int64_t);
+};
+
 }  // namespace
 
+bool BlockAttentionHasAvx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
 void BlockAttentionCpu(const BlockAttentionArgs& a, int64_t task_begin, int64_t task_end) {
+  const bool avx2 = a.avx2 && a.head_dim % 8 == 0;
+  const VectorOps ops = avx2 ? VectorOps{&DotAvx2, &AxpyAvx2} : VectorOps{&Dot, &Axpy};
   const int64_t groups = a.num_heads / a.num_kv_heads, hd = a.head_dim, bs = a.block_size;
   const int64_t row_stride = a.num_kv_heads * hd;  // one token of a pool block
   std::vector<float> scores;
+  std::vector<int64_t> rows;  // each visible key's offset into the pools
   for (int64_t task = task_begin; task < task_end; ++task) {
     const int64_t h = task % a.num_kv_heads, token = task / a.num_kv_heads;  // token = row * seq + t
     const int64_t row = token / a.seq;
@@ -48,12 +90,17 @@ void BlockAttentionCpu(const BlockAttentionArgs& a, int64_t task_begin, int64_t 
     if (lo >= hi) continue;
     const int64_t n = hi - lo;
     scores.assign(static_cast<size_t>(groups * n), 0.0f);
+    rows.resize(static_cast<size_t>(n));
     const int64_t* table = a.block_tables + row * a.max_blocks;
+    for (int64_t key = lo - first, j = 0; j < n;) {  // each key's pool row (h's slice), a block at a time
+      const int64_t offset = key % bs;
+      const int64_t base = (table[key / bs] * bs + offset) * row_stride + h * hd;
+      for (int64_t o = 0; o < bs - offset && j < n; ++o, ++j, ++key) rows[j] = base + o * row_stride;
+    }
     for (int64_t j = 0; j < n; ++j) {  // scores [groups, n]
-      const int64_t key = lo + j - first;
-      const float* k = a.k_pool + (table[key / bs] * bs + key % bs) * row_stride + h * hd;
+      const float* k = a.k_pool + rows[j];
       for (int64_t g = 0; g < groups; ++g) {
-        float s = Dot(q + g * hd, k, hd);
+        float s = ops.dot(q + g * hd, k, hd);
         if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
         scores[g * n + j] = s;
       }
@@ -63,20 +110,16 @@ void BlockAttentionCpu(const BlockAttentionArgs& a, int64_t task_begin, int64_t 
       const float top = *std::max_element(s, s + n);
       float total = 0.0f;
       for (int64_t j = 0; j < n; ++j) {
-        s[j] = std::exp(s[j] - top);
+        const float x = s[j] - top;
+        s[j] = x > kMinExponent ? std::exp(x) : 0.0f;  // no subnormal weights (slow, and below float32's 2^-126 anyway)
         total += s[j];
       }
       const float inv = 1.0f / total;
       for (int64_t j = 0; j < n; ++j) s[j] *= inv;
     }
     for (int64_t j = 0; j < n; ++j) {
-      const int64_t key = lo + j - first;
-      const float* v = a.v_pool + (table[key / bs] * bs + key % bs) * row_stride + h * hd;
-      for (int64_t g = 0; g < groups; ++g) {
-        const float w = scores[g * n + j];
-        float* o = out + g * hd;
-        for (int64_t d = 0; d < hd; ++d) o[d] += w * v[d];
-      }
+      const float* v = a.v_pool + rows[j];
+      for (int64_t g = 0; g < groups; ++g) ops.axpy(scores[g * n + j], v, out + g * hd, hd);
     }
   }
 }

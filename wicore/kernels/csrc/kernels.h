@@ -74,8 +74,10 @@ struct BlockAttentionArgs {
   int64_t batch, seq, num_heads, num_kv_heads, head_dim, block_size, max_blocks;
   int64_t window;             // keys within `window` positions of the query, or 0: no window
   float softcap;              // softcap * tanh(score / softcap), or 0: none
+  bool avx2;                  // the AVX2 + FMA path (where head_dim is a multiple of 8), else the scalar one
 };
 
+bool BlockAttentionHasAvx2();
 // Tasks [task_begin, task_end) of batch * seq * num_kv_heads: (token, KV head), each its group of query heads.
 void BlockAttentionCpu(const BlockAttentionArgs& args, int64_t task_begin, int64_t task_end);
 void GatedActivationF32Cpu(const float* gate_up, Activation act, int64_t rows, int64_t inter, float* out);

@@ -254,6 +254,7 @@ struct BlockAttentionKernel {
     num_kv_heads_ = k.GetAttribute<int64_t>("num_kv_heads");
     window_ = k.GetAttribute<int64_t>("window");
     softcap_ = k.GetAttribute<float>("softcap");
+    avx2_ = wicore::BlockAttentionHasAvx2() && std::getenv("WICORE_ATTENTION_SCALAR") == nullptr;
     Check(num_kv_heads_ > 0 && num_heads_ % num_kv_heads_ == 0, "wicore BlockAttention: num_heads must be a multiple of num_kv_heads");
     Check(window_ >= 0 && softcap_ >= 0.0f, "wicore BlockAttention: window and softcap must not be negative");
   }
@@ -300,7 +301,7 @@ struct BlockAttentionKernel {
     const wicore::BlockAttentionArgs args{q.GetTensorData<float>(), k.GetTensorData<float>(), v.GetTensorData<float>(), tp,
                                           positions.GetTensorData<int64_t>(), lens.GetTensorData<int64_t>(), fp,
                                           out.GetTensorMutableData<float>(), batch, seq, num_heads_, num_kv_heads_, hd,
-                                          block_size, tshape[1], window_, softcap_};
+                                          block_size, tshape[1], window_, softcap_, avx2_};
     const int64_t num_tasks = batch * seq * num_kv_heads_;
     if (num_tasks == 0) return;
     const int64_t chunk = std::max<int64_t>(1, num_tasks / 64);
@@ -310,6 +311,7 @@ struct BlockAttentionKernel {
 
   int64_t num_heads_, num_kv_heads_, window_;
   float softcap_;
+  bool avx2_;
 };
 
 struct BlockAttentionOp : Ort::CustomOpBase<BlockAttentionOp, BlockAttentionKernel> {
