@@ -86,7 +86,8 @@ def attention_session(
     ids=["gqa", "mqa", "sliding", "window-softcap", "sliding-softcap"],
 )
 @pytest.mark.parametrize("scalar", [False, True], ids=["avx2", "scalar"])
-def test_block_attention_is_the_portable_attention(cpu_library, num_heads, num_kv_heads, sliding, window, softcap, scalar):
+@pytest.mark.parametrize("seq", [1, 3], ids=["decode", "chunk"])
+def test_block_attention_is_the_portable_attention(cpu_library, num_heads, num_kv_heads, sliding, window, softcap, scalar, seq):
     """Decode rows and a prefill chunk together; rows of different lengths, tables in shuffled
     pool order, unused table entries (masked by the context), a sliding row whose table starts past 0.
     float32 against float64: within 2e-5. head_dim 24: the AVX2 path's 16-column steps and an 8-column tail."""
@@ -103,13 +104,32 @@ def test_block_attention_is_the_portable_attention(cpu_library, num_heads, num_k
     if sliding:
         positions[:2] += offset[:2, None]
     lens = positions.max(1) + 1
-    q = (rng.normal(0, 1, (b, s, num_heads * hd)) * 0.5).astype(np.float32)
+    positions = np.ascontiguousarray(positions[:, s - seq :])  # decode: each row's last token
+    q = (rng.normal(0, 1, (b, seq, num_heads * hd)) * 0.5).astype(np.float32)
     feeds = {"q": q, "k": k_pool, "v": v_pool, "tables": tables, "positions": positions, "lens": lens}
     if sliding:
         feeds["first"] = first
     (out,) = attention_session(cpu_library, sliding, num_heads, num_kv_heads, window, softcap, scalar).run(None, feeds)
     want = attention_reference(q, k_pool, v_pool, tables, positions, lens, first, window, softcap)
-    assert out.shape == (b, s, num_heads * hd) and out.dtype == np.float32
+    assert out.shape == (b, seq, num_heads * hd) and out.dtype == np.float32
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("scalar", [False, True], ids=["avx2", "scalar"])
+def test_block_attention_prefill_over_several_chunks(cpu_library, scalar):
+    """A 40-token prompt (chunks of 16 tokens, up to 48 keys: the 32-key vectors and an 8-key tail),
+    sliding window 20, GQA, after 8 cached tokens."""
+    rng = np.random.default_rng(7)
+    hd, bs, num_blocks, max_blocks, num_heads, num_kv_heads = 32, 4, 20, 12, 4, 2
+    k_pool = rng.normal(0, 1, (num_blocks, bs, num_kv_heads, hd)).astype(np.float32)
+    v_pool = rng.normal(0, 1, (num_blocks, bs, num_kv_heads, hd)).astype(np.float32)
+    tables = rng.permutation(num_blocks)[:max_blocks][None].astype(np.int64)
+    positions = np.arange(8, 48, dtype=np.int64)[None]
+    lens = np.array([48], np.int64)
+    q = (rng.normal(0, 1, (1, 40, num_heads * hd)) * 0.3).astype(np.float32)
+    feeds = {"q": q, "k": k_pool, "v": v_pool, "tables": tables, "positions": positions, "lens": lens}
+    (out,) = attention_session(cpu_library, False, num_heads, num_kv_heads, 20, 0.0, scalar).run(None, feeds)
+    want = attention_reference(q, k_pool, v_pool, tables, positions, lens, None, 20, 0.0)
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
 
 

@@ -78,7 +78,8 @@ struct BlockAttentionArgs {
 };
 
 bool BlockAttentionHasAvx2();
-// Tasks [task_begin, task_end) of batch * seq * num_kv_heads: (token, KV head), each its group of query heads.
+// Tasks [task_begin, task_end) of BlockAttentionTasks: (row, KV head, a chunk of the row's tokens).
+int64_t BlockAttentionTasks(const BlockAttentionArgs& args);
 void BlockAttentionCpu(const BlockAttentionArgs& args, int64_t task_begin, int64_t task_end);
 void GatedActivationF32Cpu(const float* gate_up, Activation act, int64_t rows, int64_t inter, float* out);
 

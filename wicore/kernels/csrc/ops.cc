@@ -302,7 +302,7 @@ struct BlockAttentionKernel {
                                           positions.GetTensorData<int64_t>(), lens.GetTensorData<int64_t>(), fp,
                                           out.GetTensorMutableData<float>(), batch, seq, num_heads_, num_kv_heads_, hd,
                                           block_size, tshape[1], window_, softcap_, avx2_};
-    const int64_t num_tasks = batch * seq * num_kv_heads_;
+    const int64_t num_tasks = wicore::BlockAttentionTasks(args);
     if (num_tasks == 0) return;
     const int64_t chunk = std::max<int64_t>(1, num_tasks / 64);
     Work work{&args, chunk, num_tasks};
@@ -358,6 +358,9 @@ __attribute__((visibility("default"))) int WicoreHasCuda() {
   return 0;
 #endif
 }
+
+// Whether MatMulQ's fast path (AVX-512 VNNI) runs on this CPU (wicore.kernels: the CPU export's default).
+__attribute__((visibility("default"))) int WicoreHasVnni() { return wicore::MatMulQHasVnni() ? 1 : 0; }
 
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                                  const OrtApiBase* api_base) {
