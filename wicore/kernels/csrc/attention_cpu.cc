@@ -101,28 +101,29 @@ WICORE_AVX2 void ScoresTAvx2(const float* q, int nq, const float* kt, int64_t st
   }
 }
 
-// out[hd] += Σ_j p[j] v[j, :] over n rows of v [n][hd] (the prefill path).
-void Context(const float* p, const float* v, int64_t n, int64_t hd, float* out) {
-  for (int64_t j = 0; j < n; ++j) Axpy(p[j], v + j * hd, out, hd);
+// out[hd] = scale Σ_j p[j] v[j, :] over n rows of v [n][hd], out zeros before (the prefill path).
+void Context(const float* p, const float* v, int64_t n, int64_t hd, float scale, float* out) {
+  for (int64_t j = 0; j < n; ++j) Axpy(p[j] * scale, v + j * hd, out, hd);
 }
 
 // hd a multiple of 8: 64 columns at a time held in 8 accumulators over all n rows.
-WICORE_AVX2 void ContextAvx2(const float* p, const float* v, int64_t n, int64_t hd, float* out) {
+WICORE_AVX2 void ContextAvx2(const float* p, const float* v, int64_t n, int64_t hd, float scale, float* out) {
+  const __m256 vscale = _mm256_set1_ps(scale);
   int64_t c = 0;
   for (; c + 64 <= hd; c += 64) {
     __m256 acc[8];
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_loadu_ps(out + c + 8 * i);
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
       const __m256 w = _mm256_set1_ps(p[j]);
       const float* row = v + j * hd + c;
       for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * i), acc[i]);
     }
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + c + 8 * i, acc[i]);
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + c + 8 * i, _mm256_mul_ps(acc[i], vscale));
   }
   for (; c < hd; c += 8) {
-    __m256 acc = _mm256_loadu_ps(out + c);
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + c), acc);
-    _mm256_storeu_ps(out + c, acc);
+    _mm256_storeu_ps(out + c, _mm256_mul_ps(acc, vscale));
   }
 }
 
@@ -130,7 +131,7 @@ struct VectorOps {
   float (*dot)(const float*, const float*, int64_t);
   void (*axpy)(float, const float*, float*, int64_t);
   void (*scores_t)(const float*, int, const float*, int64_t, int64_t, int64_t, int64_t, float*);
-  void (*context)(const float*, const float*, int64_t, int64_t, float*);
+  void (*context)(const float*, const float*, int64_t, int64_t, float, float*);
   bool avx2;
 };
 
@@ -196,14 +197,24 @@ float ExpWeights(float* s, int64_t n, float top) {
   return total;
 }
 
-// s[0, n) -> softmax(softcap(s)), in place.
-void Softmax(const BlockAttentionArgs& a, bool avx2, float* s, int64_t n) {
+WICORE_AVX2 float MaxAvx2(const float* s, int64_t n) {
+  __m256 top = _mm256_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(s + j));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, top);
+  float m = *std::max_element(lanes, lanes + 8);
+  for (; j < n; ++j) m = std::max(m, s[j]);
+  return m;
+}
+
+// s[0, n) -> exp(softcap(s) - max) in place (the softmax before its division); returns 1 / their sum.
+float SoftmaxWeights(const BlockAttentionArgs& a, bool avx2, float* s, int64_t n) {
   if (a.softcap > 0.0f) {
     for (int64_t j = 0; j < n; ++j) s[j] = a.softcap * std::tanh(s[j] / a.softcap);
   }
-  const float top = *std::max_element(s, s + n);
-  const float inv = 1.0f / (avx2 ? ExpWeightsAvx2(s, n, top) : ExpWeights(s, n, top));
-  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+  if (avx2) return 1.0f / ExpWeightsAvx2(s, n, MaxAvx2(s, n));
+  return 1.0f / ExpWeights(s, n, *std::max_element(s, s + n));
 }
 
 struct Scratch {
@@ -237,7 +248,11 @@ void TokenTask(const BlockAttentionArgs& a, const VectorOps& ops, int64_t token,
     const float* k = a.k_pool + w->rows[j];
     for (int64_t g = 0; g < groups; ++g) w->scores[g * n + j] = ops.dot(q + g * hd, k, hd);
   }
-  for (int64_t g = 0; g < groups; ++g) Softmax(a, ops.avx2, w->scores.data() + g * n, n);
+  for (int64_t g = 0; g < groups; ++g) {
+    float* p = w->scores.data() + g * n;
+    const float inv = SoftmaxWeights(a, ops.avx2, p, n);
+    for (int64_t j = 0; j < n; ++j) p[j] *= inv;
+  }
   for (int64_t j = 0; j < n; ++j) {
     const float* v = a.v_pool + w->rows[j];
     for (int64_t g = 0; g < groups; ++g) ops.axpy(w->scores[g * n + j], v, out + g * hd, hd);
@@ -276,8 +291,8 @@ void ChunkTask(const BlockAttentionArgs& a, const VectorOps& ops, int64_t t_begi
       ops.scores_t(q, nq, w->kt.data(), stride, hd, j_begin, j_end, w->scores.data());
       for (int i = 0; i < nq; ++i) {
         float* s = w->scores.data() + i * stride + lo;
-        Softmax(a, ops.avx2, s, hi - lo);
-        ops.context(s, w->v.data() + lo * hd, hi - lo, hd, a.out + (t * a.num_heads + h * groups + g0 + i) * hd);
+        const float inv = SoftmaxWeights(a, ops.avx2, s, hi - lo);
+        ops.context(s, w->v.data() + lo * hd, hi - lo, hd, inv, a.out + (t * a.num_heads + h * groups + g0 + i) * hd);
       }
     }
   }
