@@ -59,11 +59,6 @@ WICORE_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
   return _mm_cvtss_f32(s);
 }
 
-WICORE_AVX2 void AxpyAvx2(float w, const float* v, float* out, int64_t n) {
-  const __m256 wv = _mm256_set1_ps(w);
-  for (int64_t d = 0; d < n; d += 8) _mm256_storeu_ps(out + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
-}
-
 // Scores of up to kQueries queries (q [nq][hd]) against keys [j_begin, j_end) (a multiple of 8 apart)
 // of a transposed key buffer kt [hd][stride], into out [nq][stride] (the prefill path).
 constexpr int kQueries = 4;
@@ -78,60 +73,82 @@ void ScoresT(const float* q, int nq, const float* kt, int64_t stride, int64_t hd
   }
 }
 
-// 16 keys a step for every query: each key vector loaded once for the nq queries (q[d] broadcast).
-WICORE_AVX2 void ScoresTAvx2(const float* q, int nq, const float* kt, int64_t stride, int64_t hd, int64_t j_begin,
-                             int64_t j_end, float* out) {
+// 16 keys a step for each of NQ queries: each key vector loaded once for all of them (q[d] broadcast);
+// NQ a template argument so that the accumulators stay in registers.
+template <int NQ>
+WICORE_AVX2 void ScoresTAvx2N(const float* q, const float* kt, int64_t stride, int64_t hd, int64_t j_begin, int64_t j_end,
+                              float* out) {
   for (int64_t j = j_begin; j < j_end; j += 16) {
     const bool pair = j + 16 <= j_end;
-    __m256 acc[kQueries][2];
-    for (int i = 0; i < kQueries; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    __m256 acc0[NQ], acc1[NQ];
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; ++i) acc0[i] = acc1[i] = _mm256_setzero_ps();
     for (int64_t d = 0; d < hd; ++d) {
       const float* k = kt + d * stride + j;
       const __m256 k0 = _mm256_loadu_ps(k), k1 = pair ? _mm256_loadu_ps(k + 8) : _mm256_setzero_ps();
-      for (int i = 0; i < nq; ++i) {
+#pragma GCC unroll 4
+      for (int i = 0; i < NQ; ++i) {
         const __m256 qd = _mm256_broadcast_ss(q + i * hd + d);
-        acc[i][0] = _mm256_fmadd_ps(qd, k0, acc[i][0]);
-        acc[i][1] = _mm256_fmadd_ps(qd, k1, acc[i][1]);
+        acc0[i] = _mm256_fmadd_ps(qd, k0, acc0[i]);
+        acc1[i] = _mm256_fmadd_ps(qd, k1, acc1[i]);
       }
     }
-    for (int i = 0; i < nq; ++i) {
-      _mm256_storeu_ps(out + i * stride + j, acc[i][0]);
-      if (pair) _mm256_storeu_ps(out + i * stride + j + 8, acc[i][1]);
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; ++i) {
+      _mm256_storeu_ps(out + i * stride + j, acc0[i]);
+      if (pair) _mm256_storeu_ps(out + i * stride + j + 8, acc1[i]);
     }
   }
 }
 
-// out[hd] = scale Σ_j p[j] v[j, :] over n rows of v [n][hd], out zeros before (the prefill path).
-void Context(const float* p, const float* v, int64_t n, int64_t hd, float scale, float* out) {
-  for (int64_t j = 0; j < n; ++j) Axpy(p[j] * scale, v + j * hd, out, hd);
+WICORE_AVX2 void ScoresTAvx2(const float* q, int nq, const float* kt, int64_t stride, int64_t hd, int64_t j_begin,
+                             int64_t j_end, float* out) {
+  static_assert(kQueries == 4, "one case a query count");
+  switch (nq) {
+    case 1: return ScoresTAvx2N<1>(q, kt, stride, hd, j_begin, j_end, out);
+    case 2: return ScoresTAvx2N<2>(q, kt, stride, hd, j_begin, j_end, out);
+    case 3: return ScoresTAvx2N<3>(q, kt, stride, hd, j_begin, j_end, out);
+    default: return ScoresTAvx2N<4>(q, kt, stride, hd, j_begin, j_end, out);
+  }
+}
+
+// out[hd] = scale Σ_j p[j] v_j, out zeros before; v_j = v + rows[j] (the pool's rows: decode) or, rows
+// null, v + j * hd (a gathered copy: prefill).
+void Context(const float* p, const float* v, const int64_t* rows, int64_t n, int64_t hd, float scale, float* out) {
+  for (int64_t j = 0; j < n; ++j) Axpy(p[j] * scale, v + (rows != nullptr ? rows[j] : j * hd), out, hd);
 }
 
 // hd a multiple of 8: 64 columns at a time held in 8 accumulators over all n rows.
-WICORE_AVX2 void ContextAvx2(const float* p, const float* v, int64_t n, int64_t hd, float scale, float* out) {
+WICORE_AVX2 void ContextAvx2(const float* p, const float* v, const int64_t* rows, int64_t n, int64_t hd, float scale,
+                             float* out) {
   const __m256 vscale = _mm256_set1_ps(scale);
   int64_t c = 0;
   for (; c + 64 <= hd; c += 64) {
-    __m256 acc[8];
+    __m256 acc[8];  // registers: the loops over i unrolled
+#pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
       const __m256 w = _mm256_set1_ps(p[j]);
-      const float* row = v + j * hd + c;
+      const float* row = v + (rows != nullptr ? rows[j] : j * hd) + c;
+#pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * i), acc[i]);
     }
+#pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + c + 8 * i, _mm256_mul_ps(acc[i], vscale));
   }
   for (; c < hd; c += 8) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + c), acc);
+    for (int64_t j = 0; j < n; ++j) {
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + (rows != nullptr ? rows[j] : j * hd) + c), acc);
+    }
     _mm256_storeu_ps(out + c, _mm256_mul_ps(acc, vscale));
   }
 }
 
 struct VectorOps {
   float (*dot)(const float*, const float*, int64_t);
-  void (*axpy)(float, const float*, float*, int64_t);
   void (*scores_t)(const float*, int, const float*, int64_t, int64_t, int64_t, int64_t, float*);
-  void (*context)(const float*, const float*, int64_t, int64_t, float, float*);
+  void (*context)(const float*, const float*, const int64_t*, int64_t, int64_t, float, float*);
   bool avx2;
 };
 
@@ -250,12 +267,7 @@ void TokenTask(const BlockAttentionArgs& a, const VectorOps& ops, int64_t token,
   }
   for (int64_t g = 0; g < groups; ++g) {
     float* p = w->scores.data() + g * n;
-    const float inv = SoftmaxWeights(a, ops.avx2, p, n);
-    for (int64_t j = 0; j < n; ++j) p[j] *= inv;
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    const float* v = a.v_pool + w->rows[j];
-    for (int64_t g = 0; g < groups; ++g) ops.axpy(w->scores[g * n + j], v, out + g * hd, hd);
+    ops.context(p, a.v_pool, w->rows.data(), n, hd, SoftmaxWeights(a, ops.avx2, p, n), out + g * hd);
   }
 }
 
@@ -292,7 +304,7 @@ void ChunkTask(const BlockAttentionArgs& a, const VectorOps& ops, int64_t t_begi
       for (int i = 0; i < nq; ++i) {
         float* s = w->scores.data() + i * stride + lo;
         const float inv = SoftmaxWeights(a, ops.avx2, s, hi - lo);
-        ops.context(s, w->v.data() + lo * hd, hi - lo, hd, inv, a.out + (t * a.num_heads + h * groups + g0 + i) * hd);
+        ops.context(s, w->v.data() + lo * hd, nullptr, hi - lo, hd, inv, a.out + (t * a.num_heads + h * groups + g0 + i) * hd);
       }
     }
   }
@@ -306,8 +318,8 @@ int64_t BlockAttentionTasks(const BlockAttentionArgs& a) { return a.batch * ((a.
 
 void BlockAttentionCpu(const BlockAttentionArgs& a, int64_t task_begin, int64_t task_end) {
   const bool avx2 = a.avx2 && a.head_dim % 8 == 0;
-  const VectorOps ops = avx2 ? VectorOps{&DotAvx2, &AxpyAvx2, &ScoresTAvx2, &ContextAvx2, true}
-                              : VectorOps{&Dot, &Axpy, &ScoresT, &Context, false};
+  const VectorOps ops = avx2 ? VectorOps{&DotAvx2, &ScoresTAvx2, &ContextAvx2, true}
+                              : VectorOps{&Dot, &ScoresT, &Context, false};
   const int64_t groups = a.num_heads / a.num_kv_heads, hd = a.head_dim;
   const int64_t chunks = (a.seq + kChunk - 1) / kChunk;
   Scratch scratch;
