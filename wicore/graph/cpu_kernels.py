@@ -1,4 +1,4 @@
-"""The float32 CPU graphs' attention and gated MLP on WiCore's own kernels (`--op-flavour ort-quant
+"""The float32 CPU graphs' attention on WiCore's own kernel (`--op-flavour ort-quant
 --kernels wicore`; wicore/kernels/csrc/attention_cpu.cc), beside the linear layers' wicore.MatMulQ.
 
 A decode step of the portable attention is ~30 small nodes a layer (the KV blocks gathered, cast,
@@ -10,8 +10,9 @@ back); here the new K/V are still written by ScatterND, and one node reads the p
                                                    context_lens[, window_first_block]) ─► o_proj
 
 The mask is the portable graphs' (graph/shared_values.py): causal, in the context, in the window;
-Gemma 2's soft-capping inside. The gated MLP's Split, activation and Mul are one GatedActivation.
-Exports this graph cannot express (int8 KV, attention statistics, images, attention sinks) keep the
+Gemma 2's soft-capping inside. (The library's float32 GatedActivation is not emitted: in place of the
+gated MLP's Split, activation and Mul it made decode steps slower, not faster, on both models measured;
+docs/PERFORMANCE.md.) Exports this graph cannot express (int8 KV, attention statistics, images, attention sinks) keep the
 portable attention (`can_use`).
 """
 
@@ -49,10 +50,3 @@ def block_attention(g: Graph, cfg: DecoderConfig, q: str, k_pool: str, v_pool: s
         window=int(window or 0),
         softcap=float(cfg.attn_logit_softcapping or 0.0),
     )
-
-
-def gated_activation(g: Graph, gate_up: str, activation: str, name: str) -> str:
-    """act(gate) * up of [.., 2 * inter] float32 (gate first), act silu or gelu_tanh."""
-    if activation not in ("silu", "gelu_tanh"):
-        raise ValueError(f"GatedActivation takes silu or gelu_tanh, not {activation!r}")
-    return g.op("GatedActivation", [gate_up], f"{name}/GatedActivation", domain=DOMAIN, activation=activation)

@@ -151,12 +151,11 @@ class DecoderBuilder:
         self.act_np_dtype = DTYPES_BY_ONNX[self.act_type]
         # ort-quant: each residual add in the next norm's kernel (graph/skip_norm.py)
         self.skip_norms = (quant is not None or fused_ops) and not self.paged and self.family.pre_norms
-        # ort-quant with kernels "wicore" (MatMulQ): attention and gated MLP on WiCore's CPU kernels too (graph/cpu_kernels.py)
+        # ort-quant with kernels "wicore" (MatMulQ): the attention on WiCore's CPU kernel too (graph/cpu_kernels.py)
         on_cpu_kernels = quant is not None and quant.kernels == "wicore" and attention == "portable" and not fused_ops
         self.cpu_attention = on_cpu_kernels and cpu_kernels.can_use(
             dtype, self.kv_int8, attention_stats, image_inputs, self.family.attention_sinks
         )
-        self.cpu_gated = on_cpu_kernels and dtype == "fp32"
 
     # -- entry point -----------------------------------------------------------------
     def build(
@@ -317,9 +316,6 @@ class DecoderBuilder:
         gate_up = self.linear(g, x, [gate_w, up_w], f"{p}/gate_up_proj")
         if self.wicore_kernels:
             act = gated_activation(g, gate_up, self.family.activation, f"{p}/act")
-            return self.linear(g, act, [down_w], f"{p}/down_proj")
-        if self.cpu_gated:
-            act = cpu_kernels.gated_activation(g, gate_up, self.family.activation, f"{p}/act")
             return self.linear(g, act, [down_w], f"{p}/down_proj")
         gate, up = g.op_multi("Split", [gate_up, g.const([inter, inter])], f"{p}/gate_up_split", 2, axis=-1)
         if self.family.activation == "silu":

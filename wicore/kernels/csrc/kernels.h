@@ -12,7 +12,8 @@
 //                   -> y f32 [M, N]: llama.cpp's arithmetic (matmul_q_cpu.cc): x in int8 blocks of 32,
 //                   w[n, c] = scales[n, c / bs] * (code - zero point) + offsets[n, c / bs]; bits 4 or 8, bs 16 or 32
 //
-//   GatedActivation (gate_up f32 [rows, 2I]; attribute activation)             -> f32 [rows, I]   (CPU, attention_cpu.cc)
+//   GatedActivation (gate_up f32 [rows, 2I]; attribute activation)             -> f32 [rows, I]   (CPU, attention_cpu.cc;
+//                   not emitted by the exporter: measured no faster than ORT's Split + activation + Mul)
 //                   as GeGLU / SwiGLU, float32 in and out
 //   BlockAttention  (q f32 [b, s, nh * hd], k/v pools f32 [blocks, bs, kvh, hd], block_tables i64 [b, max_blocks],
 //                   positions i64 [b, s], context_lens i64 [b], first_block i64 [b] | null)
