@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from wicore.graph import invariant_attention, io
+from wicore.graph.cpu_kernels import block_attention
 from wicore.graph.kv_quant import dequantize_kv, quantize_kv
 from wicore.graph.ops import MS_DOMAIN, Graph, block_mass, rotary
 from wicore.graph.paged_attention import paged_attention
@@ -94,6 +95,8 @@ def layer_attention(
     indices = shared.scatter_indices[is_sliding]
     k_pool = scatter(b, g, io.key_cache(i), k, indices, f"{p}/k_cache", io.key_cache_out(i))
     v_pool = scatter(b, g, io.value_cache(i), v, indices, f"{p}/v_cache", io.value_cache_out(i))
+    if b.cpu_attention:  # one node over the pools where they lie (graph/cpu_kernels.py)
+        return o_proj(b, g, layer, block_attention(g, cfg, q, k_pool, v_pool, is_sliding, p), p)
     tables = shared.block_tables[is_sliding]
     k_all = read_kv(b, g, g.op("Gather", [k_pool, tables], f"{p}/k_gather", axis=0), f"{p}/k_gather")
     v_all = read_kv(b, g, g.op("Gather", [v_pool, tables], f"{p}/v_gather", axis=0), f"{p}/v_gather")

@@ -41,7 +41,7 @@ import onnx
 from onnx import TensorProto
 
 from wicore.errors import UnsupportedModelError
-from wicore.graph import io
+from wicore.graph import cpu_kernels, io
 from wicore.graph.attention import layer_attention, softcap
 from wicore.graph.fused_ops import fused_rms_norm
 from wicore.graph.fused_residual import Pending, fused_layer, gated_activation, settle
@@ -146,6 +146,11 @@ class DecoderBuilder:
         self.act_np_dtype = DTYPES_BY_ONNX[self.act_type]
         # ort-quant: each residual add in the next norm's kernel (graph/skip_norm.py)
         self.skip_norms = (quant is not None or fused_ops) and not self.paged and self.family.pre_norms
+        # ort-quant with kernels "wicore" (MatMulQ): the attention on WiCore's CPU kernel too (graph/cpu_kernels.py)
+        on_cpu_kernels = quant is not None and quant.kernels == "wicore" and attention == "portable" and not fused_ops
+        self.cpu_attention = on_cpu_kernels and cpu_kernels.can_use(
+            dtype, self.kv_int8, attention_stats, image_inputs, self.family.attention_sinks
+        )
 
     # -- entry point -----------------------------------------------------------------
     def build(

@@ -12,6 +12,14 @@
 //                   -> y f32 [M, N]: llama.cpp's arithmetic (matmul_q_cpu.cc): x in int8 blocks of 32,
 //                   w[n, c] = scales[n, c / bs] * (code - zero point) + offsets[n, c / bs]; bits 4 or 8, bs 16 or 32
 //
+//   GatedActivation (gate_up f32 [rows, 2I]; attribute activation)             -> f32 [rows, I]   (CPU, attention_cpu.cc;
+//                   not emitted by the exporter: measured no faster than ORT's Split + activation + Mul)
+//                   as GeGLU / SwiGLU, float32 in and out
+//   BlockAttention  (q f32 [b, s, nh * hd], k/v pools f32 [blocks, bs, kvh, hd], block_tables i64 [b, max_blocks],
+//                   positions i64 [b, s], context_lens i64 [b], first_block i64 [b] | null)
+//                   -> f32 [b, s, nh * hd]: grouped-query attention over the row's blocks where they lie, causal,
+//                   in the context, in the window; q carries the scale; softcap where set (CPU, attention_cpu.cc)
+//
 // rms(v) = v / sqrt(mean(v^2) + epsilon), in float32. A half is passed as its 16 bits.
 #pragma once
 
@@ -54,6 +62,27 @@ struct QuantRow {
   std::vector<int32_t> lanes;  // [k / 4]: -zero_point * (sum of each 4 q), the dot products' starting values
   std::vector<float> sums;     // [k / block_size]: d * (sum of q (128 q + q2) over each weight block), for the offsets
 };
+
+struct BlockAttentionArgs {
+  const float* q;             // [batch * seq, num_heads, head_dim]
+  const float* k_pool;        // [num_blocks, block_size, num_kv_heads, head_dim]
+  const float* v_pool;
+  const int64_t* block_tables;  // [batch, max_blocks], each in [0, num_blocks)
+  const int64_t* positions;   // [batch * seq]
+  const int64_t* context_lens;  // [batch]
+  const int64_t* first_block;   // [batch]: the logical block block_tables start at (sliding layers), or null: 0
+  float* out;                 // [batch * seq, num_heads, head_dim]
+  int64_t batch, seq, num_heads, num_kv_heads, head_dim, block_size, max_blocks;
+  int64_t window;             // keys within `window` positions of the query, or 0: no window
+  float softcap;              // softcap * tanh(score / softcap), or 0: none
+  bool avx2;                  // the AVX2 + FMA path (where head_dim is a multiple of 8), else the scalar one
+};
+
+bool BlockAttentionHasAvx2();
+// Tasks [task_begin, task_end) of BlockAttentionTasks: (row, KV head, a chunk of the row's tokens).
+int64_t BlockAttentionTasks(const BlockAttentionArgs& args);
+void BlockAttentionCpu(const BlockAttentionArgs& args, int64_t task_begin, int64_t task_end);
+void GatedActivationF32Cpu(const float* gate_up, Activation act, int64_t rows, int64_t inter, float* out);
 
 bool MatMulQHasVnni();  // AVX-512 VNNI (with VL) here: MatMulQCpu's fast path
 std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, bool vnni);

@@ -214,6 +214,119 @@ struct MatMulQOp : Ort::CustomOpBase<MatMulQOp, MatMulQKernel> {
   Type GetOutputType(size_t) const { return kF32; }
 };
 
+// -- float32 gated activation (CPU) ---------------------------------------------------------
+struct GatedF32Kernel {
+  explicit GatedF32Kernel(const OrtKernelInfo* info) {
+    const auto name = Ort::ConstKernelInfo(info).GetAttribute<std::string>("activation");
+    Check(name == "silu" || name == "gelu_tanh", "wicore GatedActivation: activation must be silu or gelu_tanh");
+    act_ = name == "silu" ? wicore::Activation::kSilu : wicore::Activation::kGeluTanh;
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    auto in = ctx.GetInput(0);
+    auto shape = in.GetTensorTypeAndShapeInfo().GetShape();
+    Check(!shape.empty() && shape.back() % 2 == 0, "wicore GatedActivation: the last dimension is not gate|up");
+    const int64_t inter = shape.back() / 2, rows = Rows(shape);
+    shape.back() = inter;
+    auto out = ctx.GetOutput(0, shape);
+    wicore::GatedActivationF32Cpu(in.GetTensorData<float>(), act_, rows, inter, out.GetTensorMutableData<float>());
+  }
+
+  wicore::Activation act_;
+};
+
+struct GatedF32Op : Ort::CustomOpBase<GatedF32Op, GatedF32Kernel> {
+  void* CreateKernel(const OrtApi&, const OrtKernelInfo* info) const { return new GatedF32Kernel(info); }
+  const char* GetName() const { return "GatedActivation"; }
+  const char* GetExecutionProviderType() const { return nullptr; }
+  size_t GetInputTypeCount() const { return 1; }
+  Type GetInputType(size_t) const { return kF32; }
+  size_t GetOutputTypeCount() const { return 1; }
+  Type GetOutputType(size_t) const { return kF32; }
+};
+
+// -- attention over the paged KV pools (CPU) ---------------------------------------------------
+struct BlockAttentionKernel {
+  explicit BlockAttentionKernel(const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo k(info);
+    num_heads_ = k.GetAttribute<int64_t>("num_heads");
+    num_kv_heads_ = k.GetAttribute<int64_t>("num_kv_heads");
+    window_ = k.GetAttribute<int64_t>("window");
+    softcap_ = k.GetAttribute<float>("softcap");
+    avx2_ = wicore::BlockAttentionHasAvx2() && std::getenv("WICORE_ATTENTION_SCALAR") == nullptr;
+    Check(num_kv_heads_ > 0 && num_heads_ % num_kv_heads_ == 0, "wicore BlockAttention: num_heads must be a multiple of num_kv_heads");
+    Check(window_ >= 0 && softcap_ >= 0.0f, "wicore BlockAttention: window and softcap must not be negative");
+  }
+
+  struct Work {
+    const wicore::BlockAttentionArgs* args;
+    int64_t chunk, num_tasks;
+  };
+
+  static void Run(void* data, size_t i) {
+    const auto* w = static_cast<const Work*>(data);
+    const int64_t begin = static_cast<int64_t>(i) * w->chunk;
+    wicore::BlockAttentionCpu(*w->args, begin, std::min(begin + w->chunk, w->num_tasks));
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    auto q = ctx.GetInput(0), k = ctx.GetInput(1), v = ctx.GetInput(2), tables = ctx.GetInput(3);
+    auto positions = ctx.GetInput(4), lens = ctx.GetInput(5), first = ctx.GetInput(6);
+    const auto pshape = positions.GetTensorTypeAndShapeInfo().GetShape();
+    const auto kshape = k.GetTensorTypeAndShapeInfo().GetShape();
+    const auto tshape = tables.GetTensorTypeAndShapeInfo().GetShape();
+    Check(pshape.size() == 2, "wicore BlockAttention: positions are [batch, seq]");
+    const int64_t batch = pshape[0], seq = pshape[1];
+    Check(kshape.size() == 4 && kshape[2] == num_kv_heads_ && v.GetTensorTypeAndShapeInfo().GetShape() == kshape,
+          "wicore BlockAttention: the pools are not [blocks, block_size, num_kv_heads, head_dim] alike");
+    const int64_t num_blocks = kshape[0], block_size = kshape[1], hd = kshape[3];
+    Check(q.GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(batch * seq * num_heads_ * hd),
+          "wicore BlockAttention: q is not [batch, seq, num_heads * head_dim]");
+    Check(tshape.size() == 2 && tshape[0] == batch, "wicore BlockAttention: block_tables are not [batch, max_blocks]");
+    Check(lens.GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(batch),
+          "wicore BlockAttention: context_lens are not [batch]");
+    const int64_t* fp = nullptr;
+    if (first != nullptr) {
+      Check(first.GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(batch),
+            "wicore BlockAttention: first_block is not [batch]");
+      fp = first.GetTensorData<int64_t>();
+    }
+    const int64_t* tp = tables.GetTensorData<int64_t>();
+    for (int64_t i = 0; i < batch * tshape[1]; ++i) {
+      Check(tp[i] >= 0 && tp[i] < num_blocks, "wicore BlockAttention: a block table names a block outside the pool");
+    }
+    auto out = ctx.GetOutput(0, {batch, seq, num_heads_ * hd});
+    const wicore::BlockAttentionArgs args{q.GetTensorData<float>(), k.GetTensorData<float>(), v.GetTensorData<float>(), tp,
+                                          positions.GetTensorData<int64_t>(), lens.GetTensorData<int64_t>(), fp,
+                                          out.GetTensorMutableData<float>(), batch, seq, num_heads_, num_kv_heads_, hd,
+                                          block_size, tshape[1], window_, softcap_, avx2_};
+    const int64_t num_tasks = wicore::BlockAttentionTasks(args);
+    if (num_tasks == 0) return;
+    const int64_t chunk = std::max<int64_t>(1, num_tasks / 64);
+    Work work{&args, chunk, num_tasks};
+    ctx.ParallelFor(&Run, static_cast<size_t>((num_tasks + chunk - 1) / chunk), 0, &work);
+  }
+
+  int64_t num_heads_, num_kv_heads_, window_;
+  float softcap_;
+  bool avx2_;
+};
+
+struct BlockAttentionOp : Ort::CustomOpBase<BlockAttentionOp, BlockAttentionKernel> {
+  void* CreateKernel(const OrtApi&, const OrtKernelInfo* info) const { return new BlockAttentionKernel(info); }
+  const char* GetName() const { return "BlockAttention"; }
+  const char* GetExecutionProviderType() const { return nullptr; }
+  size_t GetInputTypeCount() const { return 7; }
+  Type GetInputType(size_t i) const { return i < 3 ? kF32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i == 6 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  Type GetOutputType(size_t) const { return kF32; }
+};
+
 // The ops live as long as the process: a session holds pointers to them.
 std::vector<OrtCustomOp*>* MakeOps() {
   auto* ops = new std::vector<OrtCustomOp*>;
@@ -228,6 +341,8 @@ std::vector<OrtCustomOp*>* MakeOps() {
     ops->push_back(new GatedOp(wicore::Activation::kSilu, cuda));
   }
   ops->push_back(new MatMulQOp());  // CPU only
+  ops->push_back(new GatedF32Op());
+  ops->push_back(new BlockAttentionOp());
   return ops;
 }
 
@@ -243,6 +358,9 @@ __attribute__((visibility("default"))) int WicoreHasCuda() {
   return 0;
 #endif
 }
+
+// Whether MatMulQ's fast path (AVX-512 VNNI) runs on this CPU (wicore.kernels: the CPU export's default).
+__attribute__((visibility("default"))) int WicoreHasVnni() { return wicore::MatMulQHasVnni() ? 1 : 0; }
 
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                                  const OrtApiBase* api_base) {
