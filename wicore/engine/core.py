@@ -20,6 +20,7 @@ never fit at once; the queue's own limits (a full queue, a duplicate id) are the
 
 from __future__ import annotations
 
+import functools
 import time
 import traceback
 from collections.abc import Sequence
@@ -167,15 +168,17 @@ class EngineCore:
         info = self.manifest.tokenizer
         # Loaded now, not on the first request: a missing or broken tokenizer fails the start.
         self.tokenizer = None if info is None else Tokenizer(model_dir, TokenizerInfo.from_dict(info))
-        self.grammars = Grammars(self.need_tokenizer, self.manifest.config.vocab_size, self.eos_token_ids)
+        # The tokenizer itself, not self.need_tokenizer: a bound method would make core -> grammars
+        # -> core a cycle, and the sessions and KV buffers (GiBs) would wait for the cyclic GC.
+        self.grammars = Grammars(
+            functools.partial(_required_tokenizer, self.tokenizer), self.manifest.config.vocab_size, self.eos_token_ids
+        )
         self.last_step = StepTrace()
         self.seconds = PhaseSeconds()  # summed over every step
 
     def need_tokenizer(self) -> Tokenizer:
         """The tokenizer, or the RequestError a model exported without one answers."""
-        if self.tokenizer is None:
-            raise RequestError("this model was exported without a tokenizer: send token ids")
-        return self.tokenizer
+        return _required_tokenizer(self.tokenizer)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -341,3 +344,9 @@ class EngineCore:
             self.speculator.close()
         self.runner.graphs.close()
         self.kv.close()
+
+
+def _required_tokenizer(tokenizer: Tokenizer | None) -> Tokenizer:
+    if tokenizer is None:
+        raise RequestError("this model was exported without a tokenizer: send token ids")
+    return tokenizer

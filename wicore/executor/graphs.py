@@ -211,9 +211,14 @@ class ModelGraphs:
         return dict(zip(results, binding.get_outputs()))
 
     def close(self) -> None:
-        """Stop the pipeline's worker threads (the sessions go with the object)."""
+        """Stop the pipeline's worker threads and let the sessions go (the weights and ORT's arenas:
+        GiBs for a real model) now, not with this object: a served app's Starlette routes and state
+        hold the engine in reference cycles, which only Python's cyclic collector frees, seldom. The
+        graphs run nothing after this."""
         if self.pipeline is not None:
             self.pipeline.close()
+        self.decode_graphs = None
+        self.sessions = []
 
     def _result_devices(self, partition: int, record, want_logits: bool, draws: bool) -> dict[str, tuple[str, int]]:
         """The partition's outputs this step reads, and where each is written."""

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from wicore.errors import ModelSourceError, UnsupportedModelError
-from wicore.export.gguf_file import GGUFTensor, read_gguf
+from wicore.export.gguf_file import GGUFTensor, dequantize, read_gguf
 from wicore.export.gguf_gpt_oss import LAYER_NAMES as GPT_OSS_LAYER_NAMES
 from wicore.export.gguf_gpt_oss import gpt_oss_config
 from wicore.export.gguf_quant import can_transcode, transcode_gguf
@@ -317,10 +317,8 @@ def unpermute_rows(num_rows: int, heads: int) -> np.ndarray:
 
 def read_tensor(t: GGUFTensor) -> np.ndarray:
     """A GGUF tensor as float32, in Hugging Face's shape (ggml lists dimensions the other way)."""
-    import gguf
-
     try:
-        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        data = dequantize(t.data, t.tensor_type)
     except NotImplementedError as exc:
         raise UnsupportedModelError(f"{t.name}: GGUF type {t.tensor_type.name} cannot be dequantized") from exc
     shape = tuple(int(d) for d in reversed(t.shape))

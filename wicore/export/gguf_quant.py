@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wicore.export.gguf_file import dequantize
 from wicore.model.quant import BlockQuant
 
 
@@ -126,7 +127,7 @@ def transcode_gguf(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> Bloc
     else:
         unit = blocks.copy()
         layout.unit(unit)
-        raw = gguf.quants.dequantize(unit, gtype).reshape(-1)  # small integers, exact in float32
+        raw = dequantize(unit, gtype).reshape(-1)  # small integers, exact in float32
         codes = (raw.astype(np.int16) + layout.code_shift).astype(np.int8).reshape(rows, cols)
     scale, offset = layout.fields(blocks)
     per_row = cols // layout.sub_block

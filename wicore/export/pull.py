@@ -58,9 +58,14 @@ PULLABLE: dict[str, PulledModel] = {
 }
 
 
-def gguf_cache_dir() -> Path:
+def wicore_cache_dir() -> Path:
+    """$WICORE_CACHE, else $XDG_CACHE_HOME/wicore, else ~/.cache/wicore."""
     base = os.environ.get("WICORE_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "wicore")
-    return Path(base) / "gguf"
+    return Path(base)
+
+
+def gguf_cache_dir() -> Path:
+    return wicore_cache_dir() / "gguf"
 
 
 def pulled_path(name: str, cache: Path | None = None) -> Path:

@@ -99,6 +99,9 @@ def fallback_chat_template(architecture: str | None) -> str:
 def export_tokenizer_from_gguf(gguf_path: Path, out_dir: Path, metadata: dict[str, Any] | None = None) -> TokenizerInfo:
     """Convert the vocabulary of a GGUF file; write tokenizer.json + tokenizer_config.json into out_dir.
 
+    A conversion of the same vocabulary by the same code is copied from WiCore's cache instead
+    (wicore.export.tokenizer_cache), and a new one is kept there.
+
     The file's `tokenizer.chat_template` is used when it has one, else `fallback_chat_template`.
     `metadata`, the file's key/value metadata when the caller has read it (GGUFSource), saves reading it again.
     """
@@ -116,11 +119,19 @@ def export_tokenizer_from_gguf(gguf_path: Path, out_dir: Path, metadata: dict[st
         raise ModelSourceError(
             f"{gguf_path} holds no tokenizer (no tokenizer.ggml.tokens); use a GGUF that embeds its vocabulary"
         )
+    from wicore.export import tokenizer_cache
+
+    key = tokenizer_cache.cache_key(metadata)
+    cached = tokenizer_cache.load(key, Path(out_dir))
+    if cached is not None:
+        return cached
     hf_tokenizer = _hf_tokenizer_from_gguf(gguf_path, metadata)
     check_whole_words(hf_tokenizer, str(gguf_path))
     own = metadata.get("tokenizer.chat_template")
     chat_template = own or fallback_chat_template(metadata.get("general.architecture"))
-    return _write_tokenizer(hf_tokenizer, Path(out_dir), chat_template, extra_eos_ids=(), has_chat_template=bool(own))
+    info = _write_tokenizer(hf_tokenizer, Path(out_dir), chat_template, extra_eos_ids=(), has_chat_template=bool(own))
+    tokenizer_cache.store(key, Path(out_dir), info)
+    return info
 
 
 def export_tokenizer_from_hf(folder: Path, out_dir: Path, family: str = "gemma3") -> TokenizerInfo | None:
