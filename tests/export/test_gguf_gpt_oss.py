@@ -20,6 +20,7 @@ from llama_cpp_peer import convert, converter_or_skip, quantize, random_checkpoi
 from moe_routing import experts_used
 from test_gguf_llama_cpp import NUM_TOKENS, TEXTS, hf_greedy
 from test_gguf_moe import PROMPT_TEXTS, prompt_logits
+from tiny_gpt_oss import YARN
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.export.exporter import ExportConfig, export_model
@@ -49,15 +50,7 @@ SPEC = (
         "num_experts_per_tok": TOP_K,
         "sliding_window": 6,  # shorter than every prompt
         "layer_types": [SLIDING, FULL],
-        "rope_parameters": {
-            "rope_type": "yarn",
-            "rope_theta": 150_000.0,
-            "factor": 8.0,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "truncate": False,
-            "original_max_position_embeddings": 32,
-        },
+        "rope_parameters": YARN,
         "tie_word_embeddings": False,
     },
 )

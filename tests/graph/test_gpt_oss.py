@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from test_families import PROMPTS, SHAPE
 from test_gemma3 import engine
+from tiny_gpt_oss import YARN
 
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
@@ -27,15 +28,7 @@ OVERRIDES = {
     "num_experts_per_tok": TOP_K,
     "sliding_window": 6,
     "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-    "rope_parameters": {
-        "rope_type": "yarn",
-        "rope_theta": 150_000.0,
-        "factor": 8.0,
-        "beta_fast": 32.0,
-        "beta_slow": 1.0,
-        "truncate": False,
-        "original_max_position_embeddings": 32,
-    },
+    "rope_parameters": YARN,
     "swiglu_limit": 1.5,  # low enough that the clamp bites on these activations
 }
 
