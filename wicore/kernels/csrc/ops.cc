@@ -100,17 +100,25 @@ struct ResidualNormOp : Ort::CustomOpBase<ResidualNormOp, ResidualNormKernel> {
 };
 
 // -- gated activations ----------------------------------------------------------------------
+// A gated activation's [..., I] output for its [..., 2I] gate|up input; `rows` and `inter` set.
+Ort::UnownedValue GatedOutput(Ort::KernelContext& ctx, const Ort::ConstValue& in, const std::string& op, int64_t* rows,
+                              int64_t* inter) {
+  auto shape = in.GetTensorTypeAndShapeInfo().GetShape();
+  Check(!shape.empty() && shape.back() % 2 == 0, op + ": the last dimension is not gate|up");
+  *inter = shape.back() / 2;
+  *rows = Rows(shape);
+  shape.back() = *inter;
+  return ctx.GetOutput(0, shape);
+}
+
 struct GatedKernel {
   GatedKernel(wicore::Activation act, bool cuda) : act_(act), cuda_(cuda) {}
 
   void Compute(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
     auto in = ctx.GetInput(0);
-    auto shape = in.GetTensorTypeAndShapeInfo().GetShape();
-    Check(!shape.empty() && shape.back() % 2 == 0, "wicore gated activation: the last dimension is not gate|up");
-    const int64_t inter = shape.back() / 2, rows = Rows(shape);
-    shape.back() = inter;
-    auto out = ctx.GetOutput(0, shape);
+    int64_t rows = 0, inter = 0;
+    auto out = GatedOutput(ctx, in, "wicore gated activation", &rows, &inter);
     const auto* ip = reinterpret_cast<const uint16_t*>(in.GetTensorData<Ort::Float16_t>());
     auto* op = reinterpret_cast<uint16_t*>(out.GetTensorMutableData<Ort::Float16_t>());
     if (!cuda_) {
@@ -225,11 +233,8 @@ struct GatedF32Kernel {
   void Compute(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
     auto in = ctx.GetInput(0);
-    auto shape = in.GetTensorTypeAndShapeInfo().GetShape();
-    Check(!shape.empty() && shape.back() % 2 == 0, "wicore GatedActivation: the last dimension is not gate|up");
-    const int64_t inter = shape.back() / 2, rows = Rows(shape);
-    shape.back() = inter;
-    auto out = ctx.GetOutput(0, shape);
+    int64_t rows = 0, inter = 0;
+    auto out = GatedOutput(ctx, in, "wicore GatedActivation", &rows, &inter);
     wicore::GatedActivationF32Cpu(in.GetTensorData<float>(), act_, rows, inter, out.GetTensorMutableData<float>());
   }
 
