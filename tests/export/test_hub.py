@@ -35,7 +35,7 @@ def wicore(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "wicore.cli", *args], capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_hub_ids_and_local_paths(tmp_path):
+def test_hub_ids_and_local_paths(tmp_path, monkeypatch):
     assert parse_hub_id("Qwen/Qwen3-30B-A3B") == HubId("Qwen/Qwen3-30B-A3B")
     assert parse_hub_id("unsloth/Qwen3-8B-GGUF:Q4_K_M") == HubId("unsloth/Qwen3-8B-GGUF", "Q4_K_M")
     assert parse_hub_id("hf.co/bartowski/Llama-3.2-1B-GGUF:q8_0") == HubId("bartowski/Llama-3.2-1B-GGUF", "q8_0")
@@ -45,7 +45,7 @@ def test_hub_ids_and_local_paths(tmp_path):
         assert parse_hub_id(local) is None, local
     (tmp_path / "org").mkdir()
     (tmp_path / "org" / "name").mkdir()
-    os.chdir(tmp_path)  # an existing folder of the same shape is that folder
+    monkeypatch.chdir(tmp_path)  # an existing folder of the same shape is that folder
     assert parse_hub_id("org/name") is None
 
 
