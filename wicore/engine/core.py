@@ -67,7 +67,9 @@ class Admission:
 
 @dataclass(frozen=True)
 class PhaseSeconds:
-    """Seconds spent in each phase of a step (or summed over steps)."""
+    """Seconds spent in each phase of a step (or summed over steps). Under async scheduling the
+    phases are the engine thread's: run_s is its wait for the worker, and graphs_s (the worker's)
+    overlaps the other phases, so run_s - graphs_s is negative by what the overlap hid."""
 
     schedule_s: float = 0.0  # the speculator's drafts and the scheduler
     moves_s: float = 0.0  # KV blocks moved between tiers
