@@ -130,7 +130,8 @@ class Scheduler:
             if ahead is not None and n == 1 and ahead.start == req.num_computed == req.num_tokens - 1:
                 if self._stage(stage, req):  # planned while the last step ran: its blocks are appended
                     budget.spend(req, 1)
-                    rows.append(dataclasses.replace(ahead, token_ids=[req.token_ids[-1]]))
+                    ahead.token_ids.append(req.token_ids[-1])  # its input: the token the last step sampled
+                    rows.append(ahead)
                     self.stats.num_planned_rows += 1
                 continue
             draft = self._draft(req, n, (drafts or {}).get(req.request_id, ()), budget)
