@@ -22,6 +22,7 @@ appended for it.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -60,7 +61,14 @@ class StepWorker:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wicore-step")
 
     def launch(self, rows: list[ScheduledRow], ended_request_ids: list[str]) -> InFlight:
-        return InFlight(rows, self._pool.submit(self.runner.execute, rows, ended_request_ids))
+        """Run `rows` on the worker; returns once their graphs start (or the step ended): the
+        batch building before them is Python, which would only take turns with the engine
+        thread's on the GIL, while the graphs' run releases it."""
+        running = threading.Event()
+        result = self._pool.submit(self.runner.execute, rows, ended_request_ids, running)
+        result.add_done_callback(lambda _: running.set())
+        running.wait()
+        return InFlight(rows, result)
 
     def close(self) -> None:
         """Wait for the step in flight (if any) and end the thread."""
