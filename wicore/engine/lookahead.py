@@ -1,8 +1,11 @@
 """Async scheduling (EngineConfig.async_scheduling): the engine's thread plans step N+1 while step N
 runs on a worker thread (ONNX Runtime's run releases the GIL).
 
-    engine thread   plan N+1 ahead ─► wait N ─► drop aborts ─► account N ─► schedule N+1 ─► launch N+1 ─► (caller: outputs of N)
-    worker thread   ═════ run N (batch, graphs, sampling) ═════                                ═══ run N+1 ═══
+    engine thread   plan N+1 ─► wait N ─► drop aborts ─► account N ─► schedule N+1 ─► launch N+1 ─┐  (caller: N's outputs)
+    worker thread   ══ graphs N ══ sample N                                        batch N+1 ──┴─► graphs N+1 ...
+
+`launch` returns once the worker's graphs start: building the batch is Python, which would only
+take turns with the engine thread's on the GIL, while the graphs' run releases it.
 
 Planned ahead (`Scheduler.plan_ahead`) is each decode row whose request's next token is the one N
 samples: its KV blocks are appended and its row built while N runs, with an empty input that the
