@@ -98,6 +98,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="replay decode steps from CUDA graphs (an --attention paged export on one cuda device); auto (the "
         "default): on there when the KV blocks are the paged attention's FlashAttention tile or a multiple of it",
     )
+    p.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="plan each step while the one before runs on a worker thread (same tokens, less idle device time; "
+        "not with speculative decoding)",
+    )
     add_speculative_args(p)
 
 
@@ -128,6 +134,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
             a2cr=A2CRConfig(w_attention, w_frequency, w_recency, decay=args.a2cr_decay),
             speculative=speculative_config(args),
+            async_scheduling=args.async_scheduling,
             scheduler=SchedulerConfig(
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_batched_tokens,

@@ -32,6 +32,7 @@ from wicore.blocks.tier import Tier
 from wicore.devices.placement import plan_placement
 from wicore.engine.config import EngineConfig
 from wicore.engine.kv_setup import build_kv_cache, plan_tiers
+from wicore.engine.lookahead import InFlight, StepWorker
 from wicore.engine.rate import RateMeter
 from wicore.engine.request import Request
 from wicore.engine.scheduler import Scheduler
@@ -66,7 +67,9 @@ class Admission:
 
 @dataclass(frozen=True)
 class PhaseSeconds:
-    """Seconds spent in each phase of a step (or summed over steps)."""
+    """Seconds spent in each phase of a step (or summed over steps). Under async scheduling the
+    phases are the engine thread's: run_s is its wait for the worker, and graphs_s (the worker's)
+    overlaps the other phases, so run_s - graphs_s is negative by what the overlap hid."""
 
     schedule_s: float = 0.0  # the speculator's drafts and the scheduler
     moves_s: float = 0.0  # KV blocks moved between tiers
@@ -175,6 +178,8 @@ class EngineCore:
         )
         self.last_step = StepTrace()
         self.seconds = PhaseSeconds()  # summed over every step
+        self._worker = StepWorker(self.runner) if config.async_scheduling else None
+        self._inflight: InFlight | None = None  # the step the worker runs (async scheduling)
 
     def need_tokenizer(self) -> Tokenizer:
         """The tokenizer, or the RequestError a model exported without one answers."""
@@ -277,7 +282,7 @@ class EngineCore:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._inflight is not None
 
     @property
     def num_waiting(self) -> int:
@@ -287,7 +292,10 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         """Schedule, move KV blocks, run the graphs and sample, account: the outputs of every
         request that produced tokens or ended. A step that raises fails its rows' requests (a
-        bug in one step must not end the others); `num_steps` counts the steps that ran rows."""
+        bug in one step must not end the others); `num_steps` counts the steps that ran rows.
+        Under async scheduling a call launches a step and returns the outputs of the one before."""
+        if self._worker is not None:
+            return self._step_async(self._worker)
         start = time.perf_counter()
         decoding = self.scheduler.decoding() if self.speculator is not None else []
         drafts = self.speculator.drafts(decoding) if self.speculator is not None and decoding else {}
@@ -310,18 +318,63 @@ class EngineCore:
         if self.speculator is not None:
             self.speculator.observe(rows, result)
             self.speculator.forget(out.ended_request_ids)
-        for row in rows:  # A2CR: where each row's attention went
-            mass = result.attention.get(row.request_id)
-            if mass is not None:
-                self.kv.record_attention(row.block_ids, mass.tolist())
-        outputs = self.scheduler.update(rows, result)
+        outputs = self._account(rows, result)
         seconds = PhaseSeconds(
             scheduled - start, moved - scheduled, ran - moved, time.perf_counter() - ran, result.graphs_seconds
         )
         self._trace(StepTrace(tuple(rows), len(out.moves), len(lost), seconds))
         if rows:
             self.num_steps += 1
+        return outputs
+
+    def _account(self, rows: list[ScheduledRow], result: RunResult) -> list[RequestOutput]:
+        """A step's result into the KV statistics and the requests: their outputs."""
+        for row in rows:  # A2CR: where each row's attention went
+            mass = result.attention.get(row.request_id)
+            if mass is not None:
+                self.kv.record_attention(row.block_ids, mass.tolist())
         self.generated.add(len(result.sampled) + sum(len(v) for v in result.verified.values()))
+        return self.scheduler.update(rows, result)
+
+    def _step_async(self, worker: StepWorker) -> list[RequestOutput]:
+        """`step` under async scheduling (wicore.engine.lookahead): plan ahead while the step in flight
+        runs, account for it, schedule and launch the next. Aborts and deadlines are applied before the
+        returned step's tokens, so an aborted request sends none after the abort, as without."""
+        start = time.perf_counter()
+        inflight, self._inflight = self._inflight, None
+        outputs: list[RequestOutput] = []
+        trace = StepTrace()
+        if inflight is not None:
+            self.scheduler.plan_ahead(inflight.rows)
+            planned = time.perf_counter()
+            result = None
+            try:
+                result = inflight.result.result()
+            except Exception:
+                outputs = self.scheduler.fail([row.request_id for row in inflight.rows], traceback.format_exc())
+            ran = time.perf_counter()
+            outputs += self.scheduler.drop_cancelled()
+            if result is not None:
+                outputs += self._account(inflight.rows, result)
+            done = time.perf_counter()
+            graphs_s = 0.0 if result is None else result.graphs_seconds
+            seconds = PhaseSeconds(planned - start, 0.0, ran - planned, done - ran, graphs_s)
+            trace = StepTrace(tuple(inflight.rows), seconds=seconds)
+        scheduling = time.perf_counter()
+        out = self.scheduler.schedule()
+        outputs += out.finished
+        scheduled = time.perf_counter()
+        lost: set[int] = set()
+        try:
+            lost = self.kv.execute(out.moves) if out.moves else lost
+            rows = self.scheduler.drop_lost(lost, out.rows) if lost else out.rows
+            if rows:
+                self._inflight = worker.launch(rows, out.ended_request_ids)
+                self.num_steps += 1
+        except Exception:
+            outputs += self.scheduler.fail([row.request_id for row in out.rows], traceback.format_exc())
+        seconds = trace.seconds + PhaseSeconds(scheduled - scheduling, time.perf_counter() - scheduled)
+        self._trace(replace(trace, num_moves=len(out.moves), num_lost=len(lost), seconds=seconds))
         return outputs
 
     def _trace(self, trace: StepTrace) -> None:
@@ -340,6 +393,8 @@ class EngineCore:
         return engine_stats(self.scheduler, self.kv, self.layout, self.speculator, self.generated.rate(), self.num_steps)
 
     def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
         if self.speculator is not None:
             self.speculator.close()
         self.runner.graphs.close()

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from wicore.blocks.block_groups import BlockGroups
 from wicore.blocks.block_pool import Move
 from wicore.blocks.tier import Tier
+from wicore.engine.lookahead import can_plan_ahead
 from wicore.engine.request import Request, Status
 from wicore.engine.samples import take_samples
 from wicore.engine.scheduler_config import SchedulerConfig, SchedulerStats, StageBudget, StepBudget
@@ -51,6 +52,8 @@ class Scheduler:
         self._with_deadline: dict[str, Request] = {}  # what _drop_expired reads: not every request, every step
         self._ended: list[str] = []  # finished since the last schedule (the runner drops their state)
         self._seq_ids = itertools.count(1)
+        self._planned: dict[str, ScheduledRow] = {}  # plan_ahead's rows, for the next schedule
+        self._planned_moves: list[Move] = []  # what their appends moved (cached blocks evicted)
 
     # -- requests --------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -84,12 +87,31 @@ class Scheduler:
         """Running requests whose next row is a decode (one token to run): those that may speculate."""
         return [r for r in self.running if r.num_tokens - r.num_computed == 1]
 
+    def plan_ahead(self, rows: Sequence[ScheduledRow]) -> None:
+        """While the step that runs `rows` is in flight (async scheduling, wicore.engine.lookahead):
+        the next decode row of each request that `can_plan_ahead`, its blocks appended now and its
+        input (the token in flight) left empty. The next `schedule` takes these rows, filled from the
+        requests' tokens, where they still fit; it drops the others."""
+        for row in rows:
+            req = self.requests.get(row.request_id)
+            if req is None or not can_plan_ahead(req, row):
+                continue
+            plan = self.kv.append(req.seq_id, req.num_tokens, req.num_tokens + 1)
+            if plan is not None:  # else no room: the schedule after the step decides (it may preempt)
+                self._planned_moves += plan
+                self._planned[req.request_id] = self._row(req, 1, ahead=True)
+
+    def drop_cancelled(self) -> list[RequestOutput]:
+        """End the aborted and expired requests now (their blocks return to the pool): the final outputs."""
+        return self._drop_aborted() + self._drop_expired(self.clock())
+
     def schedule(self, drafts: Mapping[str, Sequence[int]] | None = None) -> SchedulerOutput:
         """The step's rows and moves. `drafts` (request id -> draft tokens) turn decodes into
         verification rows (wicore.engine.speculative), as far as the step's tokens and the KV cache allow."""
         now = self.clock()
         finished = self._drop_aborted() + self._drop_expired(now)
-        moves: list[Move] = []
+        moves, self._planned_moves = self._planned_moves, []
+        planned, self._planned = self._planned, {}
         rows: list[ScheduledRow] = []
         cfg = self.config
         decoding = any(r.num_tokens - r.num_computed == 1 for r in self.running)
@@ -103,6 +125,14 @@ class Scheduler:
             req = queue.popleft()
             n = budget.fits(req)
             if n == 0:  # a prefill chunk, and the step's prefill tokens are spent
+                continue
+            ahead = planned.get(req.request_id)
+            if ahead is not None and n == 1 and ahead.start == req.num_computed == req.num_tokens - 1:
+                if self._stage(stage, req):  # planned while the last step ran: its blocks are appended
+                    budget.spend(req, 1)
+                    ahead.token_ids.append(req.token_ids[-1])  # its input: the token the last step sampled
+                    rows.append(ahead)
+                    self.stats.num_planned_rows += 1
                 continue
             draft = self._draft(req, n, (drafts or {}).get(req.request_id, ()), budget)
             plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n + len(draft))
@@ -161,14 +191,16 @@ class Scheduler:
         stage.take(num_blocks, offloaded)
         return True
 
-    def _row(self, req: Request, n: int, draft: tuple[int, ...] = ()) -> ScheduledRow:
-        start = req.num_computed
+    def _row(self, req: Request, n: int, draft: tuple[int, ...] = (), ahead: bool = False) -> ScheduledRow:
+        """The row that runs `n` tokens of `req` from num_computed (and `draft`); `ahead`: the decode
+        row after its last known token, its input empty until the step in flight samples it."""
+        start = req.num_tokens if ahead else req.num_computed
         window_table, window_first = self.kv.window_table(req.seq_id)
-        needs_sample = start + n == req.num_tokens
+        needs_sample = ahead or start + n == req.num_tokens
         offloaded = self.kv.is_offloaded(req.seq_id)
         return ScheduledRow(
             request_id=req.request_id,
-            token_ids=req.token_ids[start : start + n] + list(draft),
+            token_ids=[] if ahead else req.token_ids[start : start + n] + list(draft),
             start=start,
             block_table=[] if offloaded else self.kv.block_table(req.seq_id),
             full_locations=tuple(self.kv.block_locations(req.seq_id)) if offloaded else (),

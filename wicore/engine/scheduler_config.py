@@ -98,6 +98,7 @@ class SchedulerStats:
     num_generated_tokens: int = 0
     num_preempted_swap: int = 0
     num_preempted_recompute: int = 0
+    num_planned_rows: int = 0  # decode rows planned while the step before ran, and run (async scheduling)
 
     @property
     def prefix_hit_rate(self) -> float:

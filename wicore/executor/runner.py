@@ -33,6 +33,7 @@ ended; rows carry only plain data.
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -66,20 +67,24 @@ class ModelRunner:
         self._samplers: dict[str, Sampler] = {}
         self.masks = MaskWorker()
 
-    def execute(self, rows: Sequence[ScheduledRow], ended_request_ids: Sequence[str] = ()) -> RunResult:
+    def execute(
+        self, rows: Sequence[ScheduledRow], ended_request_ids: Sequence[str] = (), running: threading.Event | None = None
+    ) -> RunResult:
         """Run `rows` (any mix of prefill chunks and decodes) and sample where a row asks.
 
         A row whose sampling fails gets no sample and its traceback in `failed`; the other rows
-        go on. `ended_request_ids` are requests the scheduler finished: their samplers go."""
+        go on. `ended_request_ids` are requests the scheduler finished: their samplers go.
+        `running` is set as the first batch's graphs start (async scheduling: the engine thread
+        waits for it, so that its planning overlaps the graphs, not this thread's batch building)."""
         for request_id in ended_request_ids:
             self._samplers.pop(request_id, None)
         masks = self.masks.start(rows)  # the constrained rows' masks, computed while the graphs run
         try:
-            return self._run(rows, masks)
+            return self._run(rows, masks, running)
         finally:  # no mask thread outlives the step (the scheduler advances the grammars next)
             masks.wait()
 
-    def _run(self, rows: Sequence[ScheduledRow], masks: StepMasks) -> RunResult:
+    def _run(self, rows: Sequence[ScheduledRow], masks: StepMasks, running: threading.Event | None) -> RunResult:
         result = RunResult()
         by_length: dict[int, list[ScheduledRow]] = {}
         for row in rows:
@@ -99,6 +104,8 @@ class ModelRunner:
                 batch_rows = staged.plan.rows
             batch = build_batch(batch_rows, self.block_size)
             started = time.perf_counter()
+            if running is not None:
+                running.set()
             out = self.graphs.run(batch, logits=logits, images=images, sampling=sampling, staged=staged)
             result.graphs_seconds += time.perf_counter() - started
             host_logits = out.logits
