@@ -99,8 +99,9 @@ RNG = np.random.default_rng(1)
 PROMPTS = [RNG.integers(0, 512, n).tolist() for n in (23, 9, 40)]
 
 
-def build(tmp: Path, name: str) -> tuple[Path, object]:
-    """(exported folder, HF model) of one of CONFIGS; norms and biases drawn away from their init."""
+def build(tmp: Path, name: str, export: ExportConfig | None = None) -> tuple[Path, object]:
+    """(exported folder, HF model) of one of CONFIGS (`export`: the portable fp32 export by default);
+    norms and biases drawn away from their init."""
     import torch
     import transformers
 
@@ -114,7 +115,7 @@ def build(tmp: Path, name: str) -> tuple[Path, object]:
             if "norm" in param_name or param_name.endswith(".bias"):
                 param.normal_(0.5 if "norm" in param_name else 0.0, 0.5)
     model.save_pretrained(tmp / "hf")
-    export_model(open_source(str(tmp / "hf")), tmp / "model", ExportConfig(), progress=lambda _: None)
+    export_model(open_source(str(tmp / "hf")), tmp / "model", export or ExportConfig(), progress=lambda _: None)
     return tmp / "model", model
 
 
