@@ -99,15 +99,15 @@ RNG = np.random.default_rng(1)
 PROMPTS = [RNG.integers(0, 512, n).tolist() for n in (23, 9, 40)]
 
 
-def build(tmp: Path, name: str, export: ExportConfig | None = None) -> tuple[Path, object]:
-    """(exported folder, HF model) of one of CONFIGS (`export`: the portable fp32 export by default);
-    norms and biases drawn away from their init."""
+def build(tmp: Path, name: str, export: ExportConfig | None = None, **config: object) -> tuple[Path, object]:
+    """(exported folder, HF model) of one of CONFIGS (`export`: the portable fp32 export by default;
+    `config`: more config settings); norms and biases drawn away from their init."""
     import torch
     import transformers
 
     config_class, model_class, overrides = CONFIGS[name]
     torch.manual_seed(0)
-    cfg = getattr(transformers, config_class)(**{**SHAPE, **overrides})
+    cfg = getattr(transformers, config_class)(**{**SHAPE, **overrides, **config})
     model = getattr(transformers, model_class)(cfg).eval()
     model.set_attn_implementation("eager")
     with torch.no_grad():

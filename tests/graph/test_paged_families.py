@@ -21,8 +21,12 @@ from wicore.export.exporter import ExportConfig
 
 PAGED = ExportConfig(dtype="fp16", attention="paged")
 DECODE_STEPS = 4
-# float16 weights and activations against HF float32: measured at most 2.0e-3 (Gemma 2), 7e-5 (Granite)
-ATOL = 5e-3
+# weights drawn with std 0.1 (transformers: 0.02), so that attention is far from uniform and RoPE,
+# soft-capping and the q/k norms change the logits (with 0.02, leaving out RoPE passed)
+INIT = 0.1
+# float16 weights and activations against HF float32: measured 9.5e-3-1.5e-2 (Gemma 2), 2.6e-3-3.5e-3
+# (the others; Granite 3e-4), logits spread over 0.6-5.3
+ATOL = 2.5e-2
 
 
 def op_attributes(folder) -> list[dict[str, object]]:
@@ -35,10 +39,9 @@ def op_attributes(folder) -> list[dict[str, object]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gemma2", "mistral-sliding", "phi3", "phi3-longrope", "olmo2", "llama", "qwen3", "granite"])
 def test_paged_graphs_match_hf(tmp_path, reference_logits, reference_greedy, name):
-    """Prompt logits of three prompts (each prefilled alone) within float16's noise of HF float32's
-    (measured: at most 2e-3, logits spread over 0.1-1.4; an argmax here and there swaps at near-ties),
-    then greedy decode steps of the three rows batched (each at its own length) give HF's tokens."""
-    folder, model = build(tmp_path, name, PAGED)
+    """Prompt logits of three prompts (each prefilled alone) within float16's noise (ATOL) of HF
+    float32's, then greedy decode steps of the three rows batched (each at its own length) give HF's tokens."""
+    folder, model = build(tmp_path, name, PAGED, initializer_range=INIT)
     runner = PagedRunner(folder, max_rows=len(PROMPTS), max_tokens=max(map(len, PROMPTS)) + DECODE_STEPS)
     for prompt in PROMPTS:
         logits, ref = runner.prefill(prompt), reference_logits(model, prompt)
