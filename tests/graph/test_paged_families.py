@@ -38,21 +38,34 @@ def op_attributes(folder) -> list[dict[str, object]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gemma2", "mistral-sliding", "phi3", "phi3-longrope", "olmo2", "llama", "qwen3", "granite"])
-def test_paged_graphs_match_hf(tmp_path, reference_logits, reference_greedy, name):
+def test_paged_graphs_match_hf(tmp_path, reference_logits, name):
     """Prompt logits of three prompts (each prefilled alone) within float16's noise (ATOL) of HF
-    float32's, then greedy decode steps of the three rows batched (each at its own length) give HF's tokens."""
+    float32's; then greedy decode steps of the three rows batched (each at its own length, reading
+    its cached K/V): their logits within ATOL of HF's on the same tokens, and each token HF's argmax
+    there (or, at a near-tie, within 2 ATOL of it)."""
     folder, model = build(tmp_path, name, PAGED, initializer_range=INIT)
     runner = PagedRunner(folder, max_rows=len(PROMPTS), max_tokens=max(map(len, PROMPTS)) + DECODE_STEPS)
+    tokens = []
     for prompt in PROMPTS:
         logits, ref = runner.prefill(prompt), reference_logits(model, prompt)
         np.testing.assert_allclose(logits, ref, atol=ATOL, rtol=0)
-    tokens = [[int(reference_logits(model, p)[-1].argmax())] for p in PROMPTS]
+        tokens.append([int(logits[-1].argmax())])
     rows = list(range(len(PROMPTS)))
-    for _ in range(DECODE_STEPS - 1):
-        step = runner.step(rows, [t[-1:] for t in tokens])
-        for row, logits in enumerate(step[:, -1]):
+    decoded = []
+    for _ in range(DECODE_STEPS):
+        step = runner.step(rows, [t[-1:] for t in tokens])[:, -1]
+        decoded.append(step)
+        for row, logits in enumerate(step):
             tokens[row].append(int(logits.argmax()))
-    assert tokens == [reference_greedy(model, p, DECODE_STEPS) for p in PROMPTS]
+    for row, prompt in enumerate(PROMPTS):
+        ref = reference_logits(model, prompt + tokens[row][:-1])  # HF on the same tokens
+        assert ref.shape[0] == len(prompt) + DECODE_STEPS
+        ours = np.stack([step[row] for step in decoded])
+        np.testing.assert_allclose(ours, ref[len(prompt) :], atol=ATOL, rtol=0)
+        picked = ref[len(prompt) - 1 :][np.arange(DECODE_STEPS + 1), tokens[row]]
+        assert (picked >= ref[len(prompt) - 1 :].max(-1) - 2 * ATOL).all()
+        exact = picked == ref[len(prompt) - 1 :].max(-1)
+        assert exact.mean() >= 0.8  # near-ties are rare: most tokens are HF's argmax itself
 
 
 def test_the_op_gets_each_familys_window_softcap_and_scale(tmp_path):
