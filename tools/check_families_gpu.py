@@ -21,6 +21,7 @@ import numpy as np
 from benchlib import write_record
 
 from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.scheduler_config import SchedulerConfig
 from wicore.errors import UnsupportedModelError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
@@ -44,15 +45,37 @@ FAMILIES = {
         },
     ),
 }
-# issue 33's families: tested on the CPU (tests/graph/test_families.py, test_moe.py), not yet run here
+# issue 33's families (tests/graph/test_families.py, test_moe.py; their paged graphs through NumPy
+# versions of the contrib ops: tests/graph/test_paged_families.py)
+HALF = SHAPE["head_dim"] // 2
 FAMILIES |= {
+    # the op's softcap; query_pre_attn_scalar's scale; its window on alternate layers
     "gemma2": (
         "Gemma2Config",
         "Gemma2ForCausalLM",
         {"sliding_window": 64, "query_pre_attn_scalar": 64, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
     ),
+    # a window on every layer (the op's local window on the full-attention layers)
     "mistral-sliding": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 64}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": 64, "pad_token_id": 0, "eos_token_id": 2, "bos_token_id": 1}),
+    # LongRoPE rotated before the op (RotaryEmbedding, the factors picked per row): the 700-token
+    # prompt is past original_max_position_embeddings (long factors), the others inside (short)
+    "phi3-longrope": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {
+            "pad_token_id": 0,
+            "eos_token_id": 2,
+            "bos_token_id": 1,
+            "original_max_position_embeddings": 512,
+            "rope_scaling": {
+                "type": "longrope",
+                "short_factor": [1.0 + 0.05 * i for i in range(HALF)],
+                "long_factor": [1.0 + 0.6 * i for i in range(HALF)],
+            },
+        },
+    ),
+    # q/k norms over the whole projection, before the op
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"pad_token_id": 0, "eos_token_id": 2, "bos_token_id": 1}),
     "granite": (
         "GraniteConfig",
@@ -105,6 +128,8 @@ SAMPLED = {
     "top-k": SamplingParams(max_tokens=GREEDY_TOKENS, ignore_eos=True, temperature=0.8, top_k=40, seed=6),
     "top-p": SamplingParams(max_tokens=GREEDY_TOKENS, ignore_eos=True, temperature=1.0, top_p=0.95, seed=7),
 }
+# transformers picks LongRoPE's factors per forward, WiCore per step: the long prompt in one chunk
+PREFILL_CHUNK = {"phi3-longrope": 1024}
 PROMPT_LENGTHS = (700, 40, 7)  # the first past Gemma's window of 64, and past blocks its window group releases
 MAX_ABS_DIFF = 0.05
 
@@ -114,6 +139,7 @@ class Config:
     families: str
     devices: str
     exports: str
+    sampled: bool = True
 
 
 def build(work: Path, name: str) -> tuple[Path, object]:
@@ -133,7 +159,9 @@ def build(work: Path, name: str) -> tuple[Path, object]:
     return work / f"{name}-hf", model
 
 
-def check(work: Path, name: str, prompts: list[list[int]], devices: str, exports: list[str]) -> dict[str, dict[str, float]]:
+def check(
+    work: Path, name: str, prompts: list[list[int]], devices: str, exports: list[str], sampled_check: bool = True
+) -> dict[str, dict[str, float]]:
     import torch
 
     folder, model = build(work, name)
@@ -148,11 +176,17 @@ def check(work: Path, name: str, prompts: list[list[int]], devices: str, exports
         except UnsupportedModelError as exc:  # the paged graphs lack the family's mechanism
             print(f"{name:7s} {label:14s} refused: {exc}", flush=True)
             continue
-        engine_config = EngineConfig(model_dir=out, devices=devices, num_host_blocks=0, num_nvme_blocks=0)
+        engine_config = EngineConfig(
+            model_dir=out,
+            devices=devices,
+            num_host_blocks=0,
+            num_nvme_blocks=0,
+            scheduler=SchedulerConfig(prefill_chunk=PREFILL_CHUNK.get(name, SchedulerConfig.prefill_chunk)),
+        )
         with Engine(engine_config) as engine:
             got = engine.generate(prompts, SamplingParams(max_tokens=1, prompt_logits=True))
             greedy = engine.generate(prompts, SamplingParams(max_tokens=GREEDY_TOKENS, ignore_eos=True))
-        if config.attention == "paged":  # sampled rows: captured decode steps against uncaptured ones
+        if config.attention == "paged" and sampled_check:  # sampled rows: captured decode steps against uncaptured ones
             sampled = {}
             for graphs in (True, False):
                 with Engine(replace(engine_config, cuda_graphs=graphs)) as engine:
@@ -166,7 +200,7 @@ def check(work: Path, name: str, prompts: list[list[int]], devices: str, exports
             "argmax_agreement": float(agree.mean()),
             "greedy_tokens": [c.token_ids for c in greedy],
         }
-        if config.attention == "paged":
+        if config.attention == "paged" and sampled_check:
             report[label]["sampled_same_with_graphs"] = all(same.values())
         print(f"{name:7s} {label:14s} max |diff| {max(diffs):.2e}  argmax agreement {agree.mean():.4f}", flush=True)
     return report
@@ -178,14 +212,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--devices", default="cuda:0")
     p.add_argument("--exports", default=",".join(EXPORTS), help=f"of {', '.join(EXPORTS)}")
+    p.add_argument(
+        "--sampled",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="paged exports: also compare sampled decodes with and without CUDA graphs (two more engines an export)",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, SHAPE["vocab_size"], n).tolist() for n in PROMPT_LENGTHS]
-    report = {name: check(args.work, name, prompts, args.devices, args.exports.split(",")) for name in args.families.split(",")}
+    report = {
+        name: check(args.work, name, prompts, args.devices, args.exports.split(","), args.sampled)
+        for name in args.families.split(",")
+    }
     if args.json is not None:
-        write_record(args.json, Config(args.families, args.devices, args.exports), results=report)
+        write_record(args.json, Config(args.families, args.devices, args.exports, args.sampled), results=report)
     bad = [
         f"{name} {label}"
         for name, by_export in report.items()

@@ -95,18 +95,22 @@ CONFIGS = {
         {"embedding_multiplier": 6.0, "residual_multiplier": 0.3, "attention_multiplier": 0.2, "logits_scaling": 4.0},
     ),
 }
+# weights drawn with std 0.1 (transformers' default 0.02 leaves the tiny models attending almost
+# uniformly: a graph without RoPE or without the soft-cap still matched HF)
+INIT = 0.1
 RNG = np.random.default_rng(1)
 PROMPTS = [RNG.integers(0, 512, n).tolist() for n in (23, 9, 40)]
 
 
-def build(tmp: Path, name: str) -> tuple[Path, object]:
-    """(exported folder, HF model) of one of CONFIGS; norms and biases drawn away from their init."""
+def build(tmp: Path, name: str, export: ExportConfig | None = None, **config: object) -> tuple[Path, object]:
+    """(exported folder, HF model) of one of CONFIGS (`export`: the portable fp32 export by default;
+    `config`: more config settings); norms and biases drawn away from their init."""
     import torch
     import transformers
 
     config_class, model_class, overrides = CONFIGS[name]
     torch.manual_seed(0)
-    cfg = getattr(transformers, config_class)(**{**SHAPE, **overrides})
+    cfg = getattr(transformers, config_class)(**{**SHAPE, "initializer_range": INIT, **overrides, **config})
     model = getattr(transformers, model_class)(cfg).eval()
     model.set_attn_implementation("eager")
     with torch.no_grad():
@@ -114,7 +118,7 @@ def build(tmp: Path, name: str) -> tuple[Path, object]:
             if "norm" in param_name or param_name.endswith(".bias"):
                 param.normal_(0.5 if "norm" in param_name else 0.0, 0.5)
     model.save_pretrained(tmp / "hf")
-    export_model(open_source(str(tmp / "hf")), tmp / "model", ExportConfig(), progress=lambda _: None)
+    export_model(open_source(str(tmp / "hf")), tmp / "model", export or ExportConfig(), progress=lambda _: None)
     return tmp / "model", model
 
 
@@ -134,7 +138,10 @@ def test_batched_logits_match_hf(tmp_path, reference_logits, name):
         assert (completion.prompt_logits.argmax(-1) == ref.argmax(-1)).all()
 
 
-GREEDY = ("gemma2", "phi3", "phi3-longrope", "olmo2", "granite", "mistral-sliding")
+# transformers' Phi-3 generate drops its cache at the step that crosses original_max_position_embeddings
+# and recomputes the sequence with the long factors; WiCore keeps the keys it cached with the short ones
+LONGROPE_CROSSING = pytest.mark.xfail(strict=True, reason="HF re-prefills at LongRoPE's switch, WiCore does not")
+GREEDY = ("gemma2", "phi3", pytest.param("phi3-longrope", marks=LONGROPE_CROSSING), "olmo2", "granite", "mistral-sliding")
 
 
 @pytest.mark.slow

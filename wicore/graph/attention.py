@@ -9,7 +9,8 @@ Functions of the builder (wicore.graph.decoder.DecoderBuilder: its config, famil
     softmax(q·kᵀ (softcapped) + mask, gpt-oss: + sinks) · v ─► [b, s, nh * hd] ─► o_proj (+ bias)
 
 In the paged graphs one com.microsoft.PagedAttention node (graph/paged_attention.py) does the norms,
-RoPE, the K/V write and the attention; the batch-invariant graphs take their two MatMuls from
+RoPE, the K/V write and the attention (OLMo 2's whole-projection norms and LongRoPE before it,
+`paged_prologue`); the batch-invariant graphs take their two MatMuls from
 graph/invariant_attention.py.
 """
 
@@ -69,8 +70,11 @@ def layer_attention(
         norms = None
         if b.family.qk_norm == PER_HEAD:  # Gemma's attention scale folded into the q-norm weight
             norms = (b.norm_weight(layer["self_attn.q_norm"], scale), b.norm_weight(layer["self_attn.k_norm"]))
+        elif b.family.qk_norm == ALL_HEADS or shared.paged.rope[is_sliding] is None:
+            qkv = paged_prologue(b, g, layer, qkv, shared, scale, p)
         sinks = layer["self_attn.sinks"] if b.family.attention_sinks else None
-        out = paged_attention(g, cfg, i, qkv, shared.paged, p, norms, scale=1.0 if norms else scale, sinks=sinks)
+        op_scale = 1.0 if b.family.qk_norm else scale  # a q norm took it
+        out = paged_attention(g, cfg, i, qkv, shared.paged, p, norms, scale=op_scale, sinks=sinks)
         return o_proj(b, g, layer, out, p)
 
     q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
@@ -129,6 +133,30 @@ def layer_attention(
     out = kv_major(b, g, out, [0, 2, 1, 3, 4], f"{p}/context_T")  # [b, s, kvh, groups, hd]
     out = g.op("Reshape", [out, g.const([0, -1, nh * hd])], f"{p}/context_flat")
     return o_proj(b, g, layer, out, p)
+
+
+def paged_prologue(b: DecoderBuilder, g: Graph, layer: LayerWeights, qkv: str, shared: SharedValues, scale: float, p: str) -> str:
+    """What the paged op's own prologue cannot do, done before it, q, k and v then packed again for the op:
+    OLMo 2's q/k norms over the whole projection (the attention scale in the q norm's weight) and
+    LongRoPE's rotation (its factors picked per row and step: shared_values' rows, one a token).
+
+        qkv ─► Split ─► q, k ─► RMSNorm (all heads) ─► RotaryEmbedding (LongRoPE) ─► Concat(q, k, v) ─► op
+    """
+    cfg, is_sliding = b.cfg, b.cfg.is_sliding(layer.index)
+    nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
+    if b.family.qk_norm == ALL_HEADS:
+        q = b.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale, to=b.act_type)
+        k = b.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm", to=b.act_type)
+    assert shared.paged is not None
+    if shared.paged.rope[is_sliding] is None:  # the op does not rotate these layers
+        if shared.token_index is None:
+            raise ValueError("LongRoPE in the paged graphs needs the token index (shared_values)")
+        cos, sin = shared.cos_sin[is_sliding]
+        rotary = (shared.token_index, cos, sin)
+        q = g.op("RotaryEmbedding", [q, *rotary], f"{p}/q_rope/RotaryEmbedding", domain=MS_DOMAIN, num_heads=nh)
+        k = g.op("RotaryEmbedding", [k, *rotary], f"{p}/k_rope/RotaryEmbedding", domain=MS_DOMAIN, num_heads=kvh)
+    return g.op("Concat", [q, k, v], f"{p}/qkv_packed_again", axis=-1)
 
 
 def flat_rope(

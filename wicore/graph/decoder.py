@@ -53,7 +53,6 @@ from wicore.graph.quant import QuantLinear
 from wicore.graph.shared_values import SharedValues, shared_values
 from wicore.graph.skip_norm import skip_norm_layer
 from wicore.model.config import DecoderConfig
-from wicore.model.families import ALL_HEADS
 from wicore.model.weights import LayerWeights, check_layer
 
 OPSET = 17
@@ -108,13 +107,6 @@ class DecoderBuilder:
             raise ValueError(f"kernels {kernels!r}: ort, or wicore with the paged attention (float16 activations)")
         self.wicore_kernels = kernels == "wicore"
         self.family = cfg.family_row
-        if attention == "paged" and (
-            cfg.attn_logit_softcapping or cfg.window_all_layers or self.family.qk_norm == ALL_HEADS or cfg.rope_global.is_longrope
-        ):
-            raise UnsupportedModelError(
-                f"this {self.family.name} model has no paged attention (attention soft-capping, a window on every layer, "
-                "whole-projection q/k norms and LongRoPE are not in the paged graphs): export it with the portable attention"
-            )
         if self.wicore_kernels and not self.family.pre_norms:
             raise UnsupportedModelError(
                 f"WiCore's fused kernels add each block's output into the next pre-norm; {self.family.name} has no "

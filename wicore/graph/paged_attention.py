@@ -61,7 +61,9 @@ class PagedValues:
     bounds: str  # [2] int32, host memory
     slots: dict[bool, str]  # [tokens] int32
     tables: dict[bool, str]  # [batch, max_blocks] int32, from logical block 0
-    rope: dict[bool, tuple[str, str]]  # cos, sin [max_position_embeddings, head_dim / 2] float16
+    # cos, sin [max_position_embeddings, head_dim / 2] float16; None: the layers rotate q and k before the
+    # op (LongRoPE, whose factors a row picks per step: graph/attention.py paged_prologue)
+    rope: dict[bool, tuple[str, str] | None]
     hidden_shape: str  # [batch, seq, -1]: Reshape target of the packed output
 
 
@@ -72,7 +74,9 @@ def paged_values(g: Graph, cfg: DecoderConfig, kinds: list[bool], positions: str
     cumulative = g.input(io.CUMULATIVE_SEQLENS, i32, ["batch_plus_1"])
     past = g.input(io.PAST_SEQLENS, i32, ["batch"])
     bounds = g.input(io.ATTENTION_BOUNDS, i32, [2])
-    slots, tables, rope = {}, {}, {}
+    slots: dict[bool, str] = {}
+    tables: dict[bool, str] = {}
+    rope: dict[bool, tuple[str, str] | None] = {}
     for is_sliding in kinds:
         kind = "sliding" if is_sliding else "global"
         slot = g.input(io.WINDOW_SLOT_MAPPING if is_sliding else io.SLOT_MAPPING, i64, ["batch", "seq"])
@@ -80,7 +84,8 @@ def paged_values(g: Graph, cfg: DecoderConfig, kinds: list[bool], positions: str
         flat = g.op("Reshape", [slot, g.const([-1])], f"{p}/{kind}/slots_flat")
         slots[is_sliding] = g.op("Cast", [flat], f"{p}/{kind}/slots", to=i32)
         tables[is_sliding] = g.op("Cast", [table], f"{p}/{kind}/tables", to=i32)
-        rope[is_sliding] = rope_caches(g, cfg, cfg.rope_local if is_sliding else cfg.rope_global, f"{p}/{kind}/rope")
+        layer_rope = cfg.rope_local if is_sliding else cfg.rope_global
+        rope[is_sliding] = None if layer_rope.is_longrope else rope_caches(g, cfg, layer_rope, f"{p}/{kind}/rope")
     shape = g.op("Concat", [g.op("Shape", [positions], f"{p}/batch_seq"), g.const([-1])], f"{p}/hidden_shape", axis=0)
     return PagedValues(cumulative, past, bounds, slots, tables, rope, shape)
 
@@ -111,14 +116,16 @@ def paged_attention(
     """qkv [b, s, (heads + 2 kv_heads) * hd] (the KV dtype, float16), as the projection gives it ->
     the attention output [b, s, heads * hd], the layer's K/V written. The op norms q and k with
     `norms` (their float weights, the family's offset and any scale folded in; None: no q/k norm)
-    and rotates them; `scale` multiplies q·k; `sinks` [heads] (gpt-oss's) join each head's softmax
-    denominator (the op's head_sink, graph/sinks.py)."""
+    and rotates them (unless the partition's rope caches are None: q and k come rotated); `scale`
+    multiplies q·k, then Gemma 2's soft-capping (the op's softcap) bends the scores; `sinks` [heads]
+    (gpt-oss's) join each head's softmax denominator (the op's head_sink, graph/sinks.py)."""
     is_sliding = cfg.is_sliding(layer)
     rows = g.op("Reshape", [qkv, g.const([-1, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim])], f"{name}/qkv_packed")
     weights = ["", ""]
     if norms is not None:
         weights = [g.const(w.astype(np.float16), np.float16) for w in norms]
-    cos, sin = paged.rope[is_sliding]
+    rope = paged.rope[is_sliding]
+    cos, sin = rope if rope is not None else ("", "")
     inputs = [
         rows,
         "",  # key and value: packed with the query
@@ -141,8 +148,12 @@ def paged_attention(
     # keys, the query's own included, which is how the op counts local_window_size (it hands
     # FlashAttention window - 1 keys to the left). Measured: window - 1 here differed from HF
     # transformers from the window's first position on (max |logit diff| 0.8-1.7 on tiny models).
-    window = cfg.sliding_window if is_sliding else -1
-    attrs: dict[str, object] = {"do_rotary": 1, "local_window_size": window, "scale": scale}
+    # A window on every layer (Mistral, Phi-3) is a window on the full-attention layers, whose
+    # blocks are all kept (the op looks at the window only).
+    window = cfg.sliding_window if is_sliding else cfg.window_all_layers or -1
+    attrs: dict[str, object] = {"do_rotary": int(rope is not None), "local_window_size": window, "scale": scale}
+    if cfg.attn_logit_softcapping:
+        attrs["softcap"] = float(cfg.attn_logit_softcapping)
     if norms is not None:
         attrs["qk_norm_epsilon"] = cfg.rms_norm_eps
     out, _, _ = g.op_multi(

@@ -71,7 +71,16 @@ def shared_values(
     positions = g.input(io.POSITIONS, i64, ["batch", "seq"])
     p = "/model/shared"
     if paged:  # the op takes the paging inputs itself, and applies RoPE from its own caches
-        return SharedValues(positions, {}, {}, {}, {}, "", paged=paged_values(g, cfg, kinds, positions))
+        values = paged_values(g, cfg, kinds, positions)
+        # except LongRoPE's, whose factors a row picks per step: one float16 row a token for RotaryEmbedding
+        cos_sin = {
+            is_sliding: rope_tables(g, cfg, positions, rope, _rope_name(is_sliding), contrib=True, to=TensorProto.FLOAT16)
+            for is_sliding in kinds
+            if values.rope[is_sliding] is None
+            for rope in [cfg.rope_local if is_sliding else cfg.rope_global]
+        }
+        token_index = _token_index(g, positions, ix) if cos_sin else None
+        return SharedValues(positions, {}, {}, cos_sin, {}, "", token_index=token_index, paged=values)
     pool = io.key_cache(start)  # any pool of this partition gives the block size
     block_size_shape = g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/block_size")
     inputs = {  # int64, as fed (shapes of the block tables read from these)

@@ -1,0 +1,201 @@
+"""The paged graphs on the CPU: NumPy versions of the ONNX Runtime contrib ops they use (CUDA kernels
+there) for onnx.reference, and a driver that prefills prompts and decodes one batched step.
+
+ONNX Runtime's CPU EP has no PagedAttention, so these ops are written from the op schemas
+(`onnxruntime.capi.onnxruntime_pybind11_state.get_all_operator_schema()`): what they check is the
+graph around the op (which tensors reach it, norms, scales, windows, soft-capping, the RoPE caches,
+LongRoPE's rotation before it), not ONNX Runtime's kernels; tools/check_families_gpu.py runs those.
+
+    PagedAttention(packed qkv [tokens, (nh + 2 kvh) hd], pools [blocks, block_size, kvh, hd], ...):
+        per token: q, k split; q/k RMSNorm per head (with weights); rotate-half RoPE at position
+        past_seqlens[row] + index in row (do_rotary); k, v written at slot_mapping; then
+        softmax(softcap(scale q.k) over keys p - window < j <= p, + head_sink) . v
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from wicore.graph import io
+from wicore.graph.manifest import Manifest
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE of x [..., heads, hd] with cos / sin [..., 1, hd / 2] (float32)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def _rms(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps)) * weight.astype(np.float32)
+
+
+class SimplifiedLayerNormalization(OpRun):
+    op_domain = ""
+
+    def _run(self, x, scale, axis=-1, epsilon=1e-5, stash_type=1):  # type: ignore[no-untyped-def]
+        y = _rms(x.astype(np.float32), scale, epsilon)
+        return (y.astype(scale.dtype),)
+
+
+class FastGelu(OpRun):
+    op_domain = "com.microsoft"
+
+    def _run(self, x, bias=None):  # type: ignore[no-untyped-def]
+        v = x.astype(np.float32) + (0 if bias is None else bias.astype(np.float32))
+        y = 0.5 * v * (1 + np.tanh(np.float32(np.sqrt(2 / np.pi)) * (v + np.float32(0.044715) * v**3)))
+        return (y.astype(x.dtype),)
+
+
+class RotaryEmbedding(OpRun):
+    op_domain = "com.microsoft"
+
+    def _run(self, x, position_ids, cos_cache, sin_cache, num_heads=0, interleaved=0, rotary_embedding_dim=0, scale=1.0):  # type: ignore[no-untyped-def]
+        assert not interleaved and not rotary_embedding_dim
+        b, s, width = x.shape
+        heads = x.reshape(b, s, num_heads, width // num_heads).astype(np.float32)
+        cos = cos_cache[position_ids].astype(np.float32)[:, :, None, :]
+        sin = sin_cache[position_ids].astype(np.float32)[:, :, None, :]
+        return (_rotate(heads, cos, sin).reshape(b, s, width).astype(x.dtype),)
+
+
+class PagedAttention(OpRun):
+    op_domain = "com.microsoft"
+
+    def _run(  # type: ignore[no-untyped-def]
+        self,
+        query,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        cumulative,
+        past,
+        block_table,
+        cos_cache=None,
+        sin_cache=None,
+        slot_mapping=None,
+        head_sink=None,
+        q_norm_weight=None,
+        k_norm_weight=None,
+        k_scale=None,
+        v_scale=None,
+        attention_metadata=None,
+        num_heads=0,
+        kv_num_heads=0,
+        scale=0.0,
+        softcap=0.0,
+        local_window_size=-1,
+        do_rotary=0,
+        qk_norm_epsilon=1e-6,
+    ):
+        assert key is None and value is None, "WiCore packs q, k and v"
+        nh, kvh = num_heads, kv_num_heads
+        hd = query.shape[-1] // (nh + 2 * kvh)
+        block_size = key_cache.shape[1]
+        scale = scale or hd**-0.5
+        qkv = query.astype(np.float32)
+        q = qkv[:, : nh * hd].reshape(-1, nh, hd)
+        k = qkv[:, nh * hd : (nh + kvh) * hd].reshape(-1, kvh, hd)
+        v = qkv[:, (nh + kvh) * hd :].reshape(-1, kvh, hd)
+        if q_norm_weight is not None:
+            q, k = _rms(q, q_norm_weight, qk_norm_epsilon), _rms(k, k_norm_weight, qk_norm_epsilon)
+        rows = len(past)
+        positions = np.concatenate([past[r] + np.arange(cumulative[r + 1] - cumulative[r]) for r in range(rows)])
+        if do_rotary:
+            cos = cos_cache[positions].astype(np.float32)[:, None, :]
+            sin = sin_cache[positions].astype(np.float32)[:, None, :]
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        k_pool, v_pool = key_cache.copy(), value_cache.copy()
+        flat_k = k_pool.reshape(-1, kvh, hd)
+        flat_v = v_pool.reshape(-1, kvh, hd)
+        flat_k[slot_mapping] = k.astype(k_pool.dtype)
+        flat_v[slot_mapping] = v.astype(v_pool.dtype)
+        out = np.zeros((len(positions), nh, hd), np.float32)
+        groups = nh // kvh
+        for r in range(rows):
+            for t in range(cumulative[r], cumulative[r + 1]):
+                p = positions[t]
+                keys = np.arange(p + 1)
+                if local_window_size > 0:
+                    keys = keys[keys > p - local_window_size]
+                slots = block_table[r, keys // block_size] * block_size + keys % block_size
+                k_rows = flat_k[slots].astype(np.float32)  # [keys, kvh, hd]
+                v_rows = flat_v[slots].astype(np.float32)
+                for h in range(nh):
+                    scores = k_rows[:, h // groups] @ q[t, h] * np.float32(scale)
+                    if softcap:
+                        scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+                    m = scores.max() if head_sink is None else max(scores.max(), np.float32(head_sink[h]))
+                    e = np.exp(scores - m)
+                    total = e.sum() + (0 if head_sink is None else np.exp(np.float32(head_sink[h]) - m))
+                    out[t, h] = (e / total) @ v_rows[:, h // groups]
+        return out.reshape(len(positions), nh * hd).astype(query.dtype), k_pool, v_pool
+
+
+OPS = [SimplifiedLayerNormalization, FastGelu, RotaryEmbedding, PagedAttention]
+
+
+class PagedRunner:
+    """One-partition paged export run by onnx.reference: each prompt prefilled alone, then decode
+    steps of all rows batched. Each row owns whole blocks of one shared pool, listed in its table
+    in reverse order (so a graph that ignored the tables would read the wrong keys)."""
+
+    def __init__(self, folder: Path, max_rows: int, max_tokens: int, block_size: int = 8) -> None:
+        manifest = Manifest.read(folder)
+        (record,) = manifest.partitions
+        self.cfg = manifest.config
+        self.session = ReferenceEvaluator(onnx.load(folder / record.file), new_ops=OPS)
+        self.inputs = set(record.inputs)
+        self.block_size = block_size
+        self.blocks_per_row = -(-max_tokens // block_size)
+        shape = (1 + max_rows * self.blocks_per_row, block_size, self.cfg.num_kv_heads, self.cfg.head_dim)
+        names = [name for i in range(self.cfg.num_layers) for name in (io.key_cache(i), io.value_cache(i))]
+        self.pools = {name: np.zeros(shape, np.float16) for name in names}  # block 0 unused
+        self.lengths: list[int] = []
+
+    def _table(self, row: int) -> np.ndarray:
+        first = 1 + row * self.blocks_per_row
+        return np.arange(first, first + self.blocks_per_row)[::-1].copy()
+
+    def step(self, rows: list[int], tokens: list[list[int]]) -> np.ndarray:
+        """Run `tokens[i]` (all of one length) as the next tokens of rows `rows`: logits of every token."""
+        seq = len(tokens[0])
+        past = np.array([self.lengths[r] for r in rows], np.int32)
+        positions = past[:, None].astype(np.int64) + np.arange(seq)
+        tables = np.stack([self._table(r) for r in rows])
+        bs = self.block_size
+        slots = np.take_along_axis(tables, positions // bs, axis=1) * bs + positions % bs
+        feed = {
+            io.INPUT_IDS: np.array(tokens, np.int64),
+            io.POSITIONS: positions,
+            io.CUMULATIVE_SEQLENS: np.arange(len(rows) + 1, dtype=np.int32) * seq,
+            io.PAST_SEQLENS: past,
+            io.ATTENTION_BOUNDS: np.array([seq, past.max() + seq], np.int32),
+            io.SLOT_MAPPING: slots,
+            io.BLOCK_TABLES: tables,
+            io.WINDOW_SLOT_MAPPING: slots,  # nothing released: the window group lists every block
+            io.WINDOW_LOGICAL_TABLES: tables,
+            io.LOGITS_INDICES: np.arange(len(rows) * seq, dtype=np.int64),
+            **self.pools,
+        }
+        names = [o.name for o in self.session.proto_.graph.output]  # type: ignore[union-attr]
+        results = dict(zip(names, self.session.run(None, {k: v for k, v in feed.items() if k in self.inputs}), strict=True))
+        for i in range(self.cfg.num_layers):
+            self.pools[io.key_cache(i)] = results[io.key_cache_out(i)]
+            self.pools[io.value_cache(i)] = results[io.value_cache_out(i)]
+        for r in rows:
+            self.lengths[r] += seq
+        return results[io.LOGITS].reshape(len(rows), seq, -1)
+
+    def prefill(self, prompt: list[int]) -> np.ndarray:
+        """A new row holding `prompt`: its prompt logits [len, vocab]."""
+        self.lengths.append(0)
+        row = len(self.lengths) - 1
+        return self.step([row], [prompt])[0]
