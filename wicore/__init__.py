@@ -46,11 +46,11 @@ __all__ = ["__version__", *_EXPORTS]
 if TYPE_CHECKING:  # the same names for type checkers and editors (`X as X`: a re-export)
     from wicore.engine.config import EngineConfig as EngineConfig
     from wicore.engine.core import EngineCore as EngineCore
-    from wicore.engine.core import StepTrace as StepTrace
     from wicore.engine.engine import Engine as Engine
     from wicore.engine.scheduler_config import SchedulerConfig as SchedulerConfig
     from wicore.engine.speculative import SpeculativeConfig as SpeculativeConfig
     from wicore.engine.stats import EngineStats as EngineStats
+    from wicore.engine.trace import StepTrace as StepTrace
     from wicore.errors import ContextLengthError as ContextLengthError
     from wicore.errors import OverloadedError as OverloadedError
     from wicore.errors import RequestError as RequestError

@@ -14,8 +14,8 @@ from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
 from wicore.cli.bench import step_breakdown
 from wicore.cli.load import LoadConfig, RequestTiming, Spread, one_request, random_prompts, summarize
-from wicore.engine.core import PhaseSeconds
 from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine.trace import PhaseSeconds
 
 
 def wicore(*args: str) -> subprocess.CompletedProcess[str]:

@@ -24,7 +24,7 @@ from wicore.cli.load import LevelResult, LoadConfig, Spread, check_endpoint, mod
 from wicore.errors import UsageError
 
 if TYPE_CHECKING:
-    from wicore.engine.core import PhaseSeconds
+    from wicore.engine.trace import PhaseSeconds
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:

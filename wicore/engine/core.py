@@ -38,6 +38,7 @@ from wicore.engine.request import Request
 from wicore.engine.scheduler import Scheduler
 from wicore.engine.speculative_setup import build_speculator
 from wicore.engine.stats import EngineStats, engine_stats
+from wicore.engine.trace import PhaseSeconds, StepTrace
 from wicore.errors import ContextLengthError, RequestError
 from wicore.executor.constrained import Grammars
 from wicore.executor.graphs import ModelGraphs
@@ -63,48 +64,6 @@ class Admission:
 
     max_tokens: int
     image_spans: tuple[ImageSpan, ...] = ()
-
-
-@dataclass(frozen=True)
-class PhaseSeconds:
-    """Seconds spent in each phase of a step (or summed over steps). Under async scheduling the
-    phases are the engine thread's: run_s is its wait for the worker, and graphs_s (the worker's)
-    overlaps the other phases, so run_s - graphs_s is negative by what the overlap hid."""
-
-    schedule_s: float = 0.0  # the speculator's drafts and the scheduler
-    moves_s: float = 0.0  # KV blocks moved between tiers
-    run_s: float = 0.0  # the graphs and sampling (runner.execute)
-    update_s: float = 0.0  # the scheduler's accounting of the result
-    graphs_s: float = 0.0  # of run_s, inside the graphs' runs (ModelGraphs.run); the rest of a step is host work
-
-    @property
-    def total_s(self) -> float:
-        return self.schedule_s + self.moves_s + self.run_s + self.update_s
-
-    @property
-    def host_s(self) -> float:
-        """The step's time outside the graphs' runs: scheduling, batch building, sampling on the host, accounting."""
-        return self.total_s - self.graphs_s
-
-    def __add__(self, other: PhaseSeconds) -> PhaseSeconds:
-        return PhaseSeconds(
-            self.schedule_s + other.schedule_s,
-            self.moves_s + other.moves_s,
-            self.run_s + other.run_s,
-            self.update_s + other.update_s,
-            self.graphs_s + other.graphs_s,
-        )
-
-
-@dataclass(frozen=True)
-class StepTrace:
-    """What the last `step()` did, for tools that time or inspect it: the rows it ran, its KV
-    moves and the time of each phase."""
-
-    rows: tuple[ScheduledRow, ...] = ()
-    num_moves: int = 0
-    num_lost: int = 0
-    seconds: PhaseSeconds = PhaseSeconds()
 
 
 class EngineCore:
