@@ -1,5 +1,6 @@
 """wicore.MatMulQ (wicore/kernels/csrc/matmul_q_cpu.cc) against a NumPy model of the same arithmetic
-(bit for bit, VNNI and scalar paths alike) and against the float32 matmul of the dequantized weight."""
+(bit for bit, VNNI, AVX2 and scalar paths alike, one row and tiles of rows) and against the float32
+matmul of the dequantized weight."""
 
 from __future__ import annotations
 
@@ -81,7 +82,12 @@ def random_weight(rng: np.random.Generator, n: int, k: int, bits: int, block_siz
     return BlockQuant(codes, scales, off, bits, block_size)
 
 
-def session(path: str, w: BlockQuant, scalar: bool, residual: bool = False) -> ort.InferenceSession:
+# MatMulQ's code paths, forced through WICORE_MATMULQ_PATH ("fast": the best this CPU runs; each falls
+# back to a slower one where the CPU lacks it, and all must give the same bits)
+PATHS = ["fast", "avx2", "scalar"]
+
+
+def session(path: str, w: BlockQuant, force: str = "fast", residual: bool = False, threads: int = 2) -> ort.InferenceSession:
     names = ["x", "codes", "scales"] + (["offsets"] if w.offsets is not None else [])
     node = helper.make_node(
         "MatMulQ", names, ["y"], domain=DOMAIN, N=w.shape[0], bits=w.bits, block_size=w.block_size, residual=int(residual)
@@ -97,16 +103,16 @@ def session(path: str, w: BlockQuant, scalar: bool, residual: bool = False) -> o
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
     opts = ort.SessionOptions()
     opts.register_custom_ops_library(path)
-    opts.intra_op_num_threads = 2
-    saved = os.environ.pop("WICORE_MATMULQ_SCALAR", None)
-    if scalar:
-        os.environ["WICORE_MATMULQ_SCALAR"] = "1"  # read when the kernel is made, at the session's start
+    opts.intra_op_num_threads = threads
+    saved = os.environ.pop("WICORE_MATMULQ_PATH", None)
+    if force != "fast":
+        os.environ["WICORE_MATMULQ_PATH"] = force  # read when the kernel is made, at the session's start
     try:
         return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     finally:
-        os.environ.pop("WICORE_MATMULQ_SCALAR", None)
+        os.environ.pop("WICORE_MATMULQ_PATH", None)
         if saved is not None:
-            os.environ["WICORE_MATMULQ_SCALAR"] = saved
+            os.environ["WICORE_MATMULQ_PATH"] = saved
 
 
 @pytest.mark.parametrize(
@@ -114,17 +120,34 @@ def session(path: str, w: BlockQuant, scalar: bool, residual: bool = False) -> o
     [(4, 32, False), (4, 32, True), (8, 32, False), (8, 32, True), (8, 16, False), (4, 16, True)],
     ids=["Q4_0", "Q4_1-Q4_K", "Q8_0", "Q5_K", "Q6_K", "4bit-16"],
 )
-@pytest.mark.parametrize("scalar", [False, True], ids=["fast", "scalar"])
+@pytest.mark.parametrize("force", PATHS)
 @pytest.mark.parametrize("residual", [False, True], ids=["int8", "residual"])
-def test_matmul_q_is_its_arithmetic_bit_for_bit(cpu_library, bits, block_size, offsets, scalar, residual):
+def test_matmul_q_is_its_arithmetic_bit_for_bit(cpu_library, bits, block_size, offsets, force, residual):
     rng = np.random.default_rng(bits * 100 + block_size + offsets)
     n, k = 203, 192  # rows over several tasks of 64, a ragged last one and a part group of 8
     w = random_weight(rng, n, k, bits, block_size, offsets)
     x = rng.normal(0, 1, (2, 3, k)).astype(np.float32)
     x[0, 1, :BLOCK] = 0  # an all-zero block: scale 0, no division
-    (y,) = session(cpu_library, w, scalar, residual).run(None, {"x": x})
+    (y,) = session(cpu_library, w, force, residual).run(None, {"x": x})
     assert y.shape == (2, 3, n) and y.dtype == np.float32
     np.testing.assert_array_equal(y.reshape(6, n), reference(x.reshape(6, k), w, residual))
+
+
+@pytest.mark.parametrize(
+    ("bits", "block_size", "offsets"),
+    [(4, 32, True), (8, 32, True), (8, 16, False), (4, 16, False)],
+    ids=["Q4_1-Q4_K", "Q5_K", "Q6_K", "4bit-16"],
+)
+@pytest.mark.parametrize("force", PATHS)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 1, 32), (4, 7, 64), (7, 13, 96), (11, 70, 32)])
+def test_matmul_q_tiles_rows_and_columns_bit_for_bit(cpu_library, bits, block_size, offsets, force, m, n, k):
+    """Prompts: rows in tiles (3 a tile, a ragged last one), weight rows in tiles of 4 (8 bits: a part tile
+    at the end; 4 bits: inside the padded groups of 8), several tasks of 64 weight rows; with the residual."""
+    rng = np.random.default_rng(m * 1000 + n + k + bits)
+    w = random_weight(rng, n, k, bits, block_size, offsets)
+    x = rng.standard_t(3, (1, m, k)).astype(np.float32)  # heavy tails, as hidden states have
+    (y,) = session(cpu_library, w, force, residual=True).run(None, {"x": x})
+    np.testing.assert_array_equal(y[0], reference(x[0], w, residual=True))
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["int8", "residual"])
@@ -136,7 +159,7 @@ def test_matmul_q_is_the_float_matmul_within_int8_rounding(cpu_library, bits, re
     n, k = 64, 576
     w = random_weight(rng, n, k, bits, 32, offsets=True)
     x = rng.normal(0, 1, (4, k)).astype(np.float32)
-    (y,) = session(cpu_library, w, False, residual).run(None, {"x": x[None]})
+    (y,) = session(cpu_library, w, residual=residual).run(None, {"x": x[None]})
     y = y[0]
     dense = w.dequantize().astype(np.float64)
     want = x.astype(np.float64) @ dense.T
@@ -148,6 +171,6 @@ def test_matmul_q_is_the_float_matmul_within_int8_rounding(cpu_library, bits, re
 
 def test_matmul_q_says_what_it_takes(cpu_library):
     w = random_weight(np.random.default_rng(0), 4, 64, 4, 32, False)
-    s = session(cpu_library, w, scalar=False)
+    s = session(cpu_library, w)
     with pytest.raises(Exception, match="K must be a multiple of 32"):
         s.run(None, {"x": np.zeros((1, 1, 48), np.float32)})

@@ -61,7 +61,14 @@ struct QuantRow {
   std::vector<float> d;        // [k / 32]: the blocks' scales (with the residual: d / 128, q2's step)
   std::vector<int32_t> lanes;  // [k / 4]: -zero_point * (sum of each 4 q), the dot products' starting values
   std::vector<float> sums;     // [k / block_size]: d * (sum of q (128 q + q2) over each weight block), for the offsets
+  // The tiled paths' copy (matmul_q_tile.inc): a = 128 q + q2 (or q) as int16, per 32 columns two halves of 16,
+  // lane l's columns 4l, 4l + 1 then 4l + 2, 4l + 3; starts = 128 lanes + lanes2 (or lanes).
+  std::vector<int16_t> a16;    // [k / 32, 2, 16], or empty where no tiled path runs
+  std::vector<int32_t> starts; // [k / 4]
 };
+
+// Which code computes MatMulQ (all give the same bits): AVX-512 VNNI, AVX2 + FMA, or portable C++.
+enum class MatMulQPath { kScalar, kAvx2, kVnni };
 
 struct BlockAttentionArgs {
   const float* q;             // [batch * seq, num_heads, head_dim]
@@ -85,10 +92,13 @@ void BlockAttentionCpu(const BlockAttentionArgs& args, int64_t task_begin, int64
 void GatedActivationF32Cpu(const float* gate_up, Activation act, int64_t rows, int64_t inter, float* out);
 
 bool MatMulQHasVnni();  // AVX-512 VNNI (with VL) here: MatMulQCpu's fast path
-std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, bool vnni);
-// Rows [row_begin, row_end) of y's columns (weight rows), from the quantized x (any split gives the same bits).
+// The fastest path this CPU runs, or a slower one where `force` names it ("scalar", "avx2"; null: none).
+MatMulQPath MatMulQPathFor(const char* force);
+std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, MatMulQPath path);
+// Rows [row_begin, row_end) of y's columns (weight rows), from the quantized x (any split gives the same bits;
+// row_begin a multiple of 8).
 void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t row_begin, int64_t row_end,
-                bool vnni);
+                MatMulQPath path);
 
 #ifdef WICORE_CUDA
 // Launched on `stream` (ORT's compute stream for the node); no allocation, no synchronization.

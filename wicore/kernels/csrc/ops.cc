@@ -156,7 +156,7 @@ struct MatMulQKernel {
         block_size_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("block_size")),
         n_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("N")),
         residual_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("residual") != 0),
-        vnni_(wicore::MatMulQHasVnni() && std::getenv("WICORE_MATMULQ_SCALAR") == nullptr) {
+        path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))) {  // "scalar" / "avx2": force a slower path
     Check(bits_ == 4 || bits_ == 8, "wicore MatMulQ: bits must be 4 or 8");
     Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
   }
@@ -165,13 +165,13 @@ struct MatMulQKernel {
     const wicore::MatMulQArgs* args;
     const std::vector<wicore::QuantRow>* rows;
     int64_t chunk;
-    bool vnni;
+    wicore::MatMulQPath path;
   };
 
   static void Run(void* data, size_t i) {
     const auto* w = static_cast<const Work*>(data);
     const int64_t begin = static_cast<int64_t>(i) * w->chunk;
-    wicore::MatMulQCpu(*w->args, *w->rows, begin, std::min(begin + w->chunk, w->args->n), w->vnni);
+    wicore::MatMulQCpu(*w->args, *w->rows, begin, std::min(begin + w->chunk, w->args->n), w->path);
   }
 
   void Compute(OrtKernelContext* context) {
@@ -198,15 +198,16 @@ struct MatMulQKernel {
     if (m == 0 || n == 0) return;
     const wicore::MatMulQArgs args{x.GetTensorData<float>(), codes.GetTensorData<uint8_t>(), scales.GetTensorData<float>(),
                                    op, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_), residual_};
-    const auto rows = wicore::MatMulQQuantize(args, vnni_);
+    const auto rows = wicore::MatMulQQuantize(args, path_);
     constexpr int64_t kChunk = 64;  // weight rows a task (a multiple of the 4-bit groups of 8)
-    Work work{&args, &rows, kChunk, vnni_};
+    Work work{&args, &rows, kChunk, path_};
     const int64_t tasks = (n + kChunk - 1) / kChunk;
     ctx.ParallelFor(&Run, static_cast<size_t>(tasks), 0, &work);
   }
 
   int64_t bits_, block_size_, n_;
-  bool residual_, vnni_;
+  bool residual_;
+  wicore::MatMulQPath path_;
 };
 
 struct MatMulQOp : Ort::CustomOpBase<MatMulQOp, MatMulQKernel> {
