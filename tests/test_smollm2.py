@@ -4,6 +4,7 @@ transformers on the same GGUF: the chat prompt, its tokens and 64 greedy tokens.
 from __future__ import annotations
 
 import pytest
+from llama_cpp_peer import LLAMA_CPP_THREADS
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.graph.manifest import Manifest
@@ -94,7 +95,9 @@ def test_ort_quant_equals_hf_where_llama_cpp_does_not(smollm2, smollm2_gguf, hf_
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", plain)
-        llm = llama_cpp.Llama(model_path=str(smollm2_gguf), n_ctx=512, n_threads=2, logits_all=True, verbose=False)
+        llm = llama_cpp.Llama(
+            model_path=str(smollm2_gguf), n_ctx=512, n_threads=LLAMA_CPP_THREADS, logits_all=True, verbose=False
+        )
     theirs = [llama_greedy(llm, ids, 64) for ids in prompts]
     with Engine(EngineConfig(model_dir=smollm2("ort-quant"), num_threads=2, host_tier_gb=0)) as engine:
         ours = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=64))]
