@@ -20,6 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+# llama.cpp's threads when the tests run it as the peer. Its CPU build (OpenMP) spin-waits at every
+# op's barrier: on the 2-core VM, where the suite's other threads (idle engines, servers) and other
+# processes hold a core, 2 threads took 231 s for SmolLM2's 3 x 64 greedy tokens and 1 thread 46 s,
+# the same tokens (each output row's dot products run on one thread whatever the count). Measured
+# 2026-11-28 on the loaded 2-core VM; the peer's numbers are compared, not timed.
+LLAMA_CPP_THREADS = 1
+
 # A llama.cpp file type (llama_ftype) per quantization the tests make.
 FTYPES = {"Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "MXFP4_MOE": 38}  # llama_ftype values
 _NEEDED = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
@@ -100,7 +107,7 @@ def llama_cpp_greedy(gguf: Path, prompts: list[list[int]], num_tokens: int) -> l
     """llama.cpp's greedy continuation of each prompt (argmax of its last logits, EOS not stopping it)."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=512, n_threads=2, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=512, n_threads=LLAMA_CPP_THREADS, verbose=False)
     num_vocab = llm.n_vocab()
     outs = []
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from llama_cpp_peer import LLAMA_CPP_THREADS
 
 from wicore.cli.verify import VERIFY_TEXT
 from wicore.engine.engine import Engine, EngineConfig
@@ -55,7 +56,7 @@ def llama():
 
             patch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", plain)
         path = str(packaged_gguf("gemma3-270m"))
-        return llama_cpp.Llama(model_path=path, n_threads=2, n_ctx=1024, logits_all=True, verbose=False)
+        return llama_cpp.Llama(model_path=path, n_threads=LLAMA_CPP_THREADS, n_ctx=1024, logits_all=True, verbose=False)
 
 
 def llama_greedy(llm, ids: list[int], n: int) -> list[int]:

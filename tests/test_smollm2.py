@@ -4,6 +4,7 @@ transformers on the same GGUF: the chat prompt, its tokens and 64 greedy tokens.
 from __future__ import annotations
 
 import pytest
+from llama_cpp_peer import LLAMA_CPP_THREADS
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.graph.manifest import Manifest
@@ -46,14 +47,22 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
+@pytest.fixture(scope="module")
+def hf_answers(hf_smollm2, prompts) -> list[list[int]]:
+    """HF's up to 64 greedy tokens on each chat, computed once for the module's three tests (~25 s on
+    the 2-core VM). A greedy run's first n tokens do not depend on how many follow, so a test that
+    asks for fewer takes a prefix."""
+    return [hf_greedy(hf_smollm2, ids, 64) for ids in prompts]
+
+
 @pytest.mark.slow  # 23 s on the 2-core VM, loaded
-def test_64_greedy_tokens_match_hf_on_three_chats(smollm2, hf_smollm2, prompts):
+def test_64_greedy_tokens_match_hf_on_three_chats(smollm2, hf_answers, prompts):
     """Up to 64 greedy tokens each, batched, equal to HF's (both stop at <|im_end|>)."""
     with Engine(EngineConfig(model_dir=smollm2(), num_threads=2, host_tier_gb=0)) as engine:
         completions = engine.generate(prompts, SamplingParams(max_tokens=64))
-    for prompt, completion in zip(prompts, completions, strict=True):
+    for completion, expected in zip(completions, hf_answers, strict=True):
         assert completion.error is None
-        assert completion.token_ids == hf_greedy(hf_smollm2, prompt, 64)
+        assert completion.token_ids == expected
     assert [len(c.token_ids) for c in completions] == [64, 8, 64]  # the capital question ends at <|im_end|>
 
 
@@ -69,7 +78,7 @@ def test_the_chat_answer_ends_at_im_end(smollm2, prompts):
 
 
 @pytest.mark.slow
-def test_ort_quant_equals_hf_where_llama_cpp_does_not(smollm2, smollm2_gguf, hf_smollm2, prompts):
+def test_ort_quant_equals_hf_where_llama_cpp_does_not(smollm2, smollm2_gguf, hf_answers, prompts):
     """ort-quant (the GGUF's Q4_1 blocks on float activations, its Q8_0 head on int8 ones with the top
     logits refined in float; wicore/graph/quant.py) against HF and llama.cpp on the same GGUF.
     Measured: llama.cpp's greedy tokens equal HF's on the third chat only (on the other two its first
@@ -86,17 +95,18 @@ def test_ort_quant_equals_hf_where_llama_cpp_does_not(smollm2, smollm2_gguf, hf_
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", plain)
-        llm = llama_cpp.Llama(model_path=str(smollm2_gguf), n_ctx=512, n_threads=2, logits_all=True, verbose=False)
+        llm = llama_cpp.Llama(
+            model_path=str(smollm2_gguf), n_ctx=512, n_threads=LLAMA_CPP_THREADS, logits_all=True, verbose=False
+        )
     theirs = [llama_greedy(llm, ids, 64) for ids in prompts]
     with Engine(EngineConfig(model_dir=smollm2("ort-quant"), num_threads=2, host_tier_gb=0)) as engine:
         ours = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=64))]
-    reference = [hf_greedy(hf_smollm2, ids, 64) for ids in prompts]
-    assert [i for i in range(3) if theirs[i][: len(reference[i])] == reference[i]] == [2]
-    assert ours == reference
+    assert [i for i in range(3) if theirs[i][: len(hf_answers[i])] == hf_answers[i]] == [2]
+    assert ours == hf_answers
 
 
 @pytest.mark.slow  # an export of its own (~40 s on the 2-core VM) and HF's answers
-def test_matmul_q_equals_hf_where_llama_cpp_does_not(smollm2_gguf, hf_smollm2, prompts, tmp_path):
+def test_matmul_q_equals_hf_where_llama_cpp_does_not(smollm2_gguf, hf_answers, prompts, tmp_path):
     """`--op-flavour ort-quant --kernels wicore`: the linear layers on wicore.MatMulQ (int8 activations
     plus their rounding error rounded again). Measured: HF's 48 greedy tokens on all three chats, where
     llama.cpp's int8 activations alone change the first token of two (docs/PERFORMANCE.md, issue 37)."""
@@ -110,4 +120,4 @@ def test_matmul_q_equals_hf_where_llama_cpp_does_not(smollm2_gguf, hf_smollm2, p
     assert Manifest.read(folder).kernels == "wicore"
     with Engine(EngineConfig(model_dir=folder, num_threads=2, host_tier_gb=0)) as engine:
         ours = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=48))]
-    assert ours == [hf_greedy(hf_smollm2, ids, 48) for ids in prompts]
+    assert ours == [expected[:48] for expected in hf_answers]

@@ -83,14 +83,32 @@ def hf_greedy(model, prompts: list[list[int]]) -> list[list[int]]:
         ]
 
 
+@pytest.fixture(scope="module")
+def prompts(hf_tokenizer_smollm2) -> list[list[int]]:
+    return [hf_tokenizer_smollm2(text)["input_ids"] for text in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint, prompts):
+    """family -> HF's greedy tokens on the prompts: one reference for the family's four quants."""
+    made = {}
+
+    def make(family: str) -> list[list[int]]:
+        if family not in made:
+            made[family] = hf_greedy(checkpoint(family)[1], prompts)
+        return made[family]
+
+    return make
+
+
 @pytest.mark.parametrize("quant", ["Q4_0", "Q8_0", "Q4_K_M", "Q5_K_M"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_ort_quant_agrees_with_hf_at_least_as_long_as_llama_cpp(
-    source, checkpoint, cache_dir, hf_tokenizer_smollm2, family, quant, request
+    source, checkpoint, reference, prompts, cache_dir, family, quant, request
 ):
     if (family, quant) in SHORT_OF_LLAMA_CPP:
         request.applymarker(pytest.mark.xfail(strict=True, reason=SHORT_OF_LLAMA_CPP[family, quant]))
-    folder, model = checkpoint(family)
+    folder, _ = checkpoint(family)
     f32 = cache_dir / f"tiny-{family}-f32.gguf"
     if not f32.is_file():
         convert(source, folder, f32)
@@ -98,12 +116,10 @@ def test_ort_quant_agrees_with_hf_at_least_as_long_as_llama_cpp(
     out = cache_dir / f"tiny-{family}-{quant}-ort-quant"
     export_model(open_source(str(gguf)), out, ExportConfig(op_flavour="ort-quant", overwrite=True), progress=lambda _: None)
 
-    prompts = [hf_tokenizer_smollm2(text)["input_ids"] for text in TEXTS]
-    reference = hf_greedy(model, prompts)
     with Engine(EngineConfig(model_dir=out, num_threads=2, host_tier_gb=0)) as engine:
         ours = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True))]
     theirs = llama_cpp_greedy(gguf, prompts, NUM_TOKENS)
 
-    ours_agree = [num_agreeing(o, r) for o, r in zip(ours, reference, strict=True)]
-    theirs_agree = [num_agreeing(t, r) for t, r in zip(theirs, reference, strict=True)]
+    ours_agree = [num_agreeing(o, r) for o, r in zip(ours, reference(family), strict=True)]
+    theirs_agree = [num_agreeing(t, r) for t, r in zip(theirs, reference(family), strict=True)]
     assert all(o >= t for o, t in zip(ours_agree, theirs_agree)), (ours_agree, theirs_agree)

@@ -31,7 +31,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_cpp_peer import convert, converter_or_skip, llama_cpp_greedy, num_agreeing, quantize, random_checkpoint
+from llama_cpp_peer import (
+    LLAMA_CPP_THREADS,
+    convert,
+    converter_or_skip,
+    llama_cpp_greedy,
+    num_agreeing,
+    quantize,
+    random_checkpoint,
+)
 from moe_routing import experts_used
 from test_gguf_llama_cpp import NUM_TOKENS, TEXTS, hf_greedy
 
@@ -189,7 +197,9 @@ def llama_cpp_argmax(gguf: Path, prompt: list[int]) -> np.ndarray:
     """llama.cpp's argmax at every position of one prompt (its logits of every token)."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=1024, n_batch=512, n_threads=2, logits_all=True, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=str(gguf), n_ctx=1024, n_batch=512, n_threads=LLAMA_CPP_THREADS, logits_all=True, verbose=False
+    )
     try:
         llm.eval(prompt)
         return np.asarray(llm.scores[: len(prompt)]).argmax(-1)
