@@ -81,38 +81,6 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         gc.collect()
 
 
-HASH_ONCE_MIN_BYTES = 16 << 20
-
-
-@pytest.fixture(scope="session", autouse=True)
-def hash_large_files_once() -> Iterator[None]:
-    """In this process, each large file's sha256 once per (inode, size, mtime, ctime).
-
-    Every engine start checks its export's files against their sha256 (Manifest.verify): 1.1 GB for
-    the 270M, 9 s on the busy 2-core VM, paid again by each of the suite's many engines on the same
-    cached exports (hard-linked, so the flavours share inodes too). A file written again gets a new
-    mtime and ctime, so it is hashed again; files under 16 MiB (every tiny export, which tests do
-    tamper with in place: tests/graph/test_manifest.py) are always hashed. Servers the tests spawn
-    hash as a user's do."""
-    from wicore.graph import manifest
-
-    plain = manifest.sha256_file
-    digests: dict[tuple[int, ...], str] = {}
-
-    def once(path: Path, chunk: int = 1 << 22) -> str:
-        st = os.stat(path)
-        if st.st_size < HASH_ONCE_MIN_BYTES:
-            return plain(path, chunk)
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if key not in digests:
-            digests[key] = plain(path, chunk)
-        return digests[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(manifest, "sha256_file", once)
-        yield
-
-
 class FakeClock:
     """A monotonic clock the test moves by hand: `clock.now += seconds`."""
 

@@ -10,7 +10,8 @@ from wicore.engine.engine import Engine, EngineConfig
 from wicore.errors import ManifestError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
-from wicore.graph.manifest import Manifest
+from wicore.graph import manifest as manifest_module
+from wicore.graph.manifest import VERIFIED, Manifest
 from wicore.graph.partition import plan_partitions
 
 
@@ -67,6 +68,43 @@ def test_tampered_partition_is_refused_by_name(exported):
     data.write_bytes(bytes(raw))
     with pytest.raises(ManifestError, match=r"part-01\.onnx\.data does not match its sha256"):
         open_engine(exported)
+
+
+def test_files_are_hashed_again_only_where_they_changed(exported, monkeypatch):
+    hashed: list[str] = []
+    plain = manifest_module.sha256_file
+
+    def counting(path, chunk=1 << 22):
+        hashed.append(path.name)
+        return plain(path, chunk)
+
+    monkeypatch.setattr(manifest_module, "sha256_file", counting)
+    m = Manifest.read(exported)
+    m.verify(exported)
+    assert sorted(hashed) == sorted(m.files) and (exported / VERIFIED).is_file()
+    hashed.clear()
+    m.verify(exported)  # nothing changed since the files passed: nothing read
+    assert hashed == []
+    embed = exported / "embed_tokens.data"
+    embed.write_bytes(embed.read_bytes())  # the same bytes, written again: hashed again, and they pass
+    m.verify(exported)
+    assert hashed == ["embed_tokens.data"]
+
+
+def test_a_file_changed_after_it_passed_is_refused(exported):
+    open_engine(exported)  # passes, and leaves the files' stamps
+    data = exported / "part-00.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[0] ^= 0x01
+    data.write_bytes(bytes(raw))
+    with pytest.raises(ManifestError, match=r"part-00\.onnx\.data does not match its sha256"):
+        open_engine(exported)
+
+
+def test_a_damaged_stamp_file_only_costs_a_hash(exported):
+    (exported / VERIFIED).write_text("{not json")
+    open_engine(exported)
+    assert set(json.loads((exported / VERIFIED).read_text())) == set(Manifest.read(exported).files)
 
 
 def test_missing_partition_is_refused_by_name(exported):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,18 +192,53 @@ class Manifest:
             raise ManifestError(f"{path} is malformed ({exc!r}); re-export the model") from exc
 
     def verify(self, folder: Path) -> None:
-        """Check that every listed file exists with its recorded sha256."""
+        """Check that every listed file exists with its recorded sha256.
+
+        A file is hashed again only where it changed since it last passed (its size, times or inode
+        differ from the stamp kept in `VERIFIED`, as git's index spots a changed file): an unchanged
+        27B export starts without reading its 54 GB. A folder that cannot be written to is hashed
+        every time."""
         folder = Path(folder)
         for name in self.files:
             if not (folder / name).is_file():
                 raise ManifestError(f"{folder}: {name} is missing; the export is incomplete, re-export the model")
+        passed = _read_stamps(folder)
+        stamps = {name: _stamp(folder / name, expected) for name, expected in self.files.items()}
+        todo = [name for name in self.files if passed.get(name) != stamps[name]]
         with ThreadPoolExecutor(max_workers=4) as pool:
-            digests = dict(zip(self.files, pool.map(lambda n: sha256_file(folder / n), self.files)))
-        for name, expected in self.files.items():
-            if digests[name] != expected:
+            digests = dict(zip(todo, pool.map(lambda n: sha256_file(folder / n), todo)))
+        for name in todo:
+            if digests[name] != self.files[name]:
                 raise ManifestError(
                     f"{folder}: {name} does not match its sha256 in {MANIFEST} (modified or truncated); re-export the model"
                 )
+        if todo:
+            _write_stamps(folder, stamps)
+
+
+VERIFIED = ".wicore-verified.json"  # beside wicore.json: the files as they were when their hashes last matched
+
+
+def _stamp(path: Path, sha256: str) -> list[Any]:
+    st = path.stat()
+    return [sha256, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def _read_stamps(folder: Path) -> dict[str, Any]:
+    try:
+        stamps = json.loads((folder / VERIFIED).read_text())
+    except (OSError, ValueError):
+        return {}
+    return stamps if isinstance(stamps, dict) else {}
+
+
+def _write_stamps(folder: Path, stamps: dict[str, list[Any]]) -> None:
+    staged = folder / f"{VERIFIED}.{os.getpid()}"
+    try:
+        staged.write_text(json.dumps(stamps))
+        staged.replace(folder / VERIFIED)  # whole or not at all, whoever else verifies at once
+    except OSError:  # a read-only export: it is hashed at each start
+        staged.unlink(missing_ok=True)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
