@@ -37,6 +37,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 "$PYTHON" -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
 git log --oneline -1 || true
 
+# A machine's first process ran 2.5x slower than every later one (2026-11-28, docs/PERFORMANCE.md):
+# one short throwaway run first, so that the first measured configuration is not the cold one.
+"$PYTHON" -m wicore.cli bench throughput --model "$MODEL" --devices cuda:0 --cuda-graphs on --block-size 64 \
+  --kv-pool-gb 8 --max-num-seqs 16 --num-prompts 16 --input-len 128 --output-len 16 > /dev/null 2>&1 || true
+
 # 128 prompt + 128 generated tokens a request, greedy (the graph's argmax), blocks of 64 tokens
 # (the paged attention's FlashAttention tile at head_dim 256), CUDA graphs on.
 for n in 64 256; do
