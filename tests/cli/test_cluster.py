@@ -37,7 +37,7 @@ def test_replicas_share_the_machine_cores_and_their_threads_follow(model_dir):
     assert c.num_cpus_per_replica == max(1, cores // 2) and c.engine.num_threads == max(1, cores // 2)
     options = c.replica_options()
     assert options["num_replicas"] == 2 and options["ray_actor_options"] == {"num_cpus": c.num_cpus_per_replica, "num_gpus": 0.0}
-    assert options["request_router_config"].request_router_kwargs == {"block_size": 16, "max_imbalance": 2}
+    assert options["request_router_config"].request_router_kwargs == {"block_size": 16, "max_imbalance": 2, "share_with": None}
     # On a running cluster a replica takes 1 CPU unless told; --threads wins over the CPUs.
     c = config(model_dir, "--replicas", "3", "--threads", "2", "--max-ongoing-requests", "8", local=False)
     assert (c.num_cpus_per_replica, c.engine.num_threads, c.replica_options()["max_ongoing_requests"]) == (1, 2, 8)
@@ -57,6 +57,21 @@ def test_autoscaling_bounds_become_rays_autoscaling_config(model_dir):
         config(model_dir, "--replicas", "5", "--min-replicas", "1", "--max-replicas", "4", "--cpus-per-replica", "1", local=False)
     with pytest.raises(UsageError, match="do not fit the"):
         config(model_dir, "--replicas", str((os.cpu_count() or 1) + 1), "--cpus-per-replica", "1")
+
+
+def test_several_ingress_replicas_share_their_prefix_routing(model_dir):
+    c = config(model_dir, "--replicas", "2", "--ingress-replicas", "3", local=False)
+    assert c.num_ingress_replicas == 3
+    assert c.replica_options()["request_router_config"].request_router_kwargs["share_with"] == c.app_name == "wicore"
+    assert config(model_dir, "--replicas", "2", local=False).num_ingress_replicas == 1
+    with pytest.raises(UsageError, match="--ingress-replicas and --max-ongoing-requests must be at least 1"):
+        config(model_dir, "--replicas", "2", "--ingress-replicas", "0", local=False)
+
+
+def test_ingress_replicas_without_a_cluster_is_refused_in_one_line(capsys):
+    assert main(["serve", "--ingress-replicas", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "wicore: error: --ingress-replicas runs on Ray Serve: give --replicas N (or --ray-address) too"
 
 
 def test_the_serve_run_config_file_builds_the_application(model_dir):

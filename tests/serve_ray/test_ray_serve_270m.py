@@ -1,6 +1,7 @@
-"""`wicore serve --replicas 2` on a real local Ray cluster with the real Gemma 3 270M, driven by the
-openai package: the same greedy text as one `wicore serve`, both replicas used, and a replica
-killed mid-request fails its requests with a clear error while Ray replaces it.
+"""`wicore serve --replicas 2 --ingress-replicas 2` on a real local Ray cluster with the real Gemma 3
+270M, driven by the openai package: the same greedy text as one `wicore serve`, both engine replicas
+and both ingress replicas used, and a replica killed mid-request fails its requests with a clear
+error while Ray replaces it.
 
 One cluster for the module (Ray starts in ~10 s; each replica loads the model in a few). The
 machine's cores are shared: 2 replicas x 1 thread on a 2-core machine.
@@ -87,17 +88,17 @@ def reference_texts(model_dir: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster(model_dir: Path, reference_texts: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`wicore serve --replicas 2` in a subprocess (its own local Ray cluster); its URL."""
+    """`wicore serve --replicas 2 --ingress-replicas 2` in a subprocess (its own local Ray cluster); its URL."""
     port = free_port()
     template = tmp_path_factory.mktemp("template") / "gemma3.jinja"  # the packaged base model chats through it
     template.write_text(GEMMA3_CHAT_TEMPLATE, encoding="utf-8")
     command = [sys.executable, "-m", "wicore.cli", "serve", "--model", str(model_dir), "--port", str(port)]
-    command += ["--replicas", "2", "--threads", "1", "--kv-pool-gb", "0.25", "--host-tier-gb", "0.1"]
+    command += ["--replicas", "2", "--ingress-replicas", "2", "--threads", "1", "--kv-pool-gb", "0.25", "--host-tier-gb", "0.1"]
     command += ["--served-model-name", MODEL, "--chat-template", str(template)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: len(replicas(url)) == 2, START_TIMEOUT_S, process)
+        wait_for(lambda: len(replicas(url)) == 2 and len(ingresses(url)) == 2, START_TIMEOUT_S, process)
         yield url
     finally:
         process.send_signal(signal.SIGTERM)  # the CLI shuts Serve and its Ray cluster down
@@ -106,6 +107,15 @@ def cluster(model_dir: Path, reference_texts: list[str], tmp_path_factory: pytes
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def ingresses(url: str) -> list[dict]:
+    """The ingress replicas on the stats board now (each reads it every second)."""
+    try:
+        response = httpx.get(f"{url}/v1/stats", timeout=5)
+    except httpx.TransportError:
+        return []
+    return response.json()["ingresses"] if response.status_code == 200 else []
 
 
 def replicas(url: str) -> list[dict]:
@@ -143,8 +153,12 @@ def test_two_replicas_answer_as_one_server_and_both_serve(cluster: str, referenc
     per_replica = [r["stats"]["prompt_tokens"] for r in stats["replicas"]]
     assert len(per_replica) == 2 and min(per_replica) > 0
     assert stats["prompt_tokens"] == sum(per_replica)  # summed over the replicas
+    # Ray's proxy spread the 16 concurrent requests over both ingresses (each holds its streams).
+    wait_for(lambda: sum(i["requests"] for i in httpx.get(f"{cluster}/v1/stats").json()["ingresses"]) >= len(REQUESTS), 10)
+    ingresses = httpx.get(f"{cluster}/v1/stats").json()["ingresses"]
+    assert len(ingresses) == 2 and min(i["requests"] for i in ingresses) > 0, ingresses
     metrics = httpx.get(f"{cluster}/metrics").text
-    assert "wicore_replicas 2.0" in metrics
+    assert "wicore_replicas 2.0" in metrics and "wicore_ingresses 2.0" in metrics
     for r in stats["replicas"]:
         assert f'wicore_replica_prompt_tokens{{replica="{r["replica"]}"}}' in metrics
 

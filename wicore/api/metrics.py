@@ -44,6 +44,13 @@ class Metrics:
         r.register(self.spec)
         self.spec_rate = Gauge("wicore_spec_decode_acceptance_rate", "Accepted share of the draft tokens", registry=r)
         self.replicas = Gauge("wicore_replicas", "Engine replicas reporting (several behind Ray Serve)", registry=r)
+        self.ingresses = Gauge("wicore_ingresses", "Ingress replicas alive (Ray Serve)", registry=r)
+        self.ingress_requests = Gauge(
+            "wicore_ingress_requests",
+            "Requests one ingress replica has taken since it started (Ray Serve)",
+            ["ingress"],
+            registry=r,
+        )
         self.per_replica = {
             key: Gauge(f"wicore_replica_{name}", text, ["replica"], registry=r)
             for key, name, text in (
@@ -82,6 +89,12 @@ class Metrics:
                 gauge.clear()  # a replica that went away goes from /metrics too
                 for report in replicas:
                     gauge.labels(replica=report["replica"]).set(float(report["stats"][key]))
+        ingresses = engine_stats.get("ingresses")
+        if isinstance(ingresses, list):  # behind Ray Serve: a scrape reaches one ingress; the board knows all
+            self.ingresses.set(len(ingresses))
+            self.ingress_requests.clear()
+            for ingress in ingresses:
+                self.ingress_requests.labels(ingress=ingress["ingress"]).set(float(ingress["requests"]))
         spec = engine_stats.get("speculative")
         if isinstance(spec, dict):
             self.spec.totals = cast(SpecTotals, spec)  # engine.stats_json()'s JSON: SpeculativeStats.as_dict

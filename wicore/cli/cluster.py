@@ -40,6 +40,13 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs each replica gets (its --devices cuda:0)")
     g.add_argument(
+        "--ingress-replicas",
+        type=int,
+        default=None,
+        help="HTTP ingress processes (the API app: detokenizing and streaming); more when one is the limit, "
+        "as with many streams over several GPU replicas (default 1)",
+    )
+    g.add_argument(
         "--routing",
         choices=("prefix", "round-robin"),
         default="prefix",
@@ -54,7 +61,10 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 
 def wants_cluster(args: argparse.Namespace) -> bool:
-    return any(getattr(args, name) is not None for name in ("replicas", "ray_address", "min_replicas", "max_replicas"))
+    cluster = any(getattr(args, name) is not None for name in ("replicas", "ray_address", "min_replicas", "max_replicas"))
+    if not cluster and args.ingress_replicas is not None:
+        raise UsageError("--ingress-replicas runs on Ray Serve: give --replicas N (or --ray-address) too")
+    return cluster
 
 
 def require_ray() -> None:
@@ -84,6 +94,7 @@ def cluster_config(args: argparse.Namespace, model_dir: Path, settings: Any, loc
             engine=engine,
             settings=settings,
             num_replicas=num_replicas,
+            num_ingress_replicas=1 if args.ingress_replicas is None else args.ingress_replicas,
             min_replicas=args.min_replicas,
             max_replicas=args.max_replicas,
             max_ongoing_requests=args.max_ongoing_requests,

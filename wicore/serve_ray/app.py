@@ -1,4 +1,4 @@
-"""The Ray Serve application: one ingress in front of N engine replicas.
+"""The Ray Serve application: ingress replicas (one by default) in front of N engine replicas.
 
     HTTP ─► Ray Serve proxy ─► Ingress (WiCore's Starlette app, wicore.api) ─► engine replicas
                                auth, limits, errors, SSE   RemoteEngine + PrefixAwareRouter   (EngineReplica)
@@ -8,6 +8,11 @@ RemoteEngine instead of an Engine: same routes, auth, limits, error shapes and s
 takes no CPU of its own (num_cpus 0), so the CPUs Ray has go to the engines. Hypercorn's
 connection limits (--max-connections, --header-timeout) do not apply: Ray's proxy holds the
 connections.
+
+An ingress detokenizes and streams every request it takes, so at a few thousand tokens a second one
+ingress process is the limit (docs/PERFORMANCE.md, "Ray Serve on two GPUs"): `--ingress-replicas`
+runs several, Ray's proxy spreading requests over them. Their prefix routers then share what they
+learn (wicore.serve_ray.prefix_share), and the replicas' paced streams get each ingress's share.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class ClusterConfig:
     engine: EngineConfig
     settings: ServerSettings
     num_replicas: int = 1  # the count, or with autoscaling the count to start with
+    num_ingress_replicas: int = 1  # HTTP ingress processes (the app, detokenizing, SSE)
     min_replicas: int | None = None  # autoscaling bounds: both or neither
     max_replicas: int | None = None
     max_ongoing_requests: int = 64  # requests one replica runs or queues; more wait in the router
@@ -54,8 +60,8 @@ class ClusterConfig:
     app_name: str = "wicore"
 
     def __post_init__(self) -> None:
-        if self.num_replicas < 1 or self.max_ongoing_requests < 1:
-            raise ValueError("--replicas and --max-ongoing-requests must be at least 1")
+        if self.num_replicas < 1 or self.max_ongoing_requests < 1 or self.num_ingress_replicas < 1:
+            raise ValueError("--replicas, --ingress-replicas and --max-ongoing-requests must be at least 1")
         if (self.min_replicas is None) != (self.max_replicas is None):
             raise ValueError("give both --min-replicas and --max-replicas (autoscaling bounds), or neither")
         bounds = (self.min_replicas, self.max_replicas)
@@ -89,7 +95,11 @@ class ClusterConfig:
         router_class = ROUTERS[self.routing]
         router = RequestRouterConfig(
             request_router_class=f"{router_class.__module__}.{router_class.__qualname__}",  # type: ignore[arg-type]  # str | Callable in Ray
-            request_router_kwargs={"block_size": block_size, "max_imbalance": self.max_imbalance},
+            request_router_kwargs={
+                "block_size": block_size,
+                "max_imbalance": self.max_imbalance,
+                "share_with": self.app_name if self.num_ingress_replicas > 1 else None,
+            },
         )
         return {
             **scaling,
@@ -132,9 +142,15 @@ def load_tokenizer(model_dir: Path) -> Tokenizer | None:
 def application(config: ClusterConfig) -> Application:
     """The application to `serve.run` (or to return from a `serve run` config's import path)."""
     engines = serve.deployment(name="WiCoreEngine")(EngineReplica).options(**config.replica_options())
-    ingress = serve.deployment(name="WiCoreIngress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)(Ingress)
+    ingress = serve.deployment(
+        name="WiCoreIngress",
+        num_replicas=config.num_ingress_replicas,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=1000,
+    )(Ingress)
+    messages_per_s = STREAM_MESSAGES_PER_S * config.num_ingress_replicas / config.largest_count
     return ingress.bind(
-        engines.bind(config.engine, config.app_name, STREAM_MESSAGES_PER_S / config.largest_count),
+        engines.bind(config.engine, config.app_name, messages_per_s),
         str(config.engine.model_dir),
         config.settings,
         config.app_name,

@@ -52,6 +52,8 @@ class RemoteEngine:
         self._calls: dict[str, DeploymentResponseGenerator] = {}
         self._aborted: set[str] = set()
         self._stats: dict[str, Any] = combine([])
+        self._name = f"ingress-{uuid.uuid4().hex[:12]}"  # on the stats board
+        self._requests = 0  # taken so far
         self._refresher: asyncio.Task | None = None
 
     # -- what the app reads ----------------------------------------------------------
@@ -104,6 +106,7 @@ class RemoteEngine:
             raise RequestError(f"request id {request_id!r} is already in use")
         call = EngineCall(request_id, ids, params, Priority.parse(priority))
         self._calls[request_id] = cast(DeploymentResponseGenerator, self._handle.remote(call))  # stream=True
+        self._requests += 1
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -165,7 +168,8 @@ class RemoteEngine:
             self._refresher.cancel()
 
     async def _read_board(self) -> None:
-        self._stats = combine(await stats_board(self._app_name).read.remote(STATS_MAX_AGE_S))
+        reports, ingresses = await stats_board(self._app_name).read_as.remote(self._name, self._requests, STATS_MAX_AGE_S)
+        self._stats = combine(reports, ingresses)
 
     async def _refresh(self) -> None:
         while True:

@@ -11,15 +11,18 @@ tree held by a separate actor, queried with a blocking ray.get on the routing pa
 request objects with `prompt` / `messages`. WiCore's prefix cache is keyed by token blocks, and
 the engine call already carries the prompt's token ids, so the table here names the same blocks
 the engine caches and lives in the router itself (one per DeploymentHandle: per ingress replica).
+With several ingress replicas the routers also share what they record (wicore.serve_ray.prefix_share).
 """
 
 from __future__ import annotations
 
 import itertools
+import uuid
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from wicore.serve_ray.prefix_share import PrefixSharing
 from wicore.serve_ray.routing import PrefixTable, choose_replica, prefix_names
 
 MAX_PENDING = 10_000  # routed requests whose prefixes wait for their completion to be recorded
@@ -41,16 +44,33 @@ class PrefixAwareRouter(RequestRouter):
     """Sends a prompt to the least loaded replica that ran its longest known prefix, unless that one
     runs more than `max_imbalance` requests beyond the least loaded replica (wicore.serve_ray.routing)."""
 
-    def initialize_state(self, block_size: int = 16, max_blocks: int = 256, max_imbalance: int = 2, **_: Any) -> None:
+    def initialize_state(
+        self,
+        block_size: int = 16,
+        max_blocks: int = 256,
+        max_imbalance: int = 2,
+        share_with: str | None = None,
+        **_: Any,
+    ) -> None:
+        """`share_with`: the application's name, where other ingress replicas route too: the routers
+        then share what they record through its prefix board."""
         self.block_size = block_size
         self.max_blocks = max_blocks
         self.max_imbalance = max_imbalance
         self.table = PrefixTable()
         self._names_of: dict[str, list[int]] = {}  # internal request id -> its prompt's prefix names
+        self.sharing = None if share_with is None else PrefixSharing(share_with, f"router-{uuid.uuid4().hex[:12]}", self.table)
+
+    def _record(self, names: list[int], replica: str) -> None:
+        self.table.record(names, replica)
+        if self.sharing is not None:
+            self.sharing.record(names, replica)
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
+        if self.sharing is not None:
+            self.sharing.start()  # here: the loop the router runs on
         names = prefix_names(_prompt_ids(pending_request), self.block_size, self.max_blocks)
         if not names or pending_request is None:
             return [candidate_replicas]  # Ray's rule: the least loaded with room
@@ -60,7 +80,7 @@ class PrefixAwareRouter(RequestRouter):
         # Recorded now, so that the next request with this prefix (often already on its way:
         # the turns of one conversation, n choices) follows it; corrected on completion if Ray
         # sent it elsewhere because the chosen replica was full.
-        self.table.record(names, choice.replica)
+        self._record(names, choice.replica)
         self._names_of[pending_request.metadata.internal_request_id] = names
         if len(self._names_of) > MAX_PENDING:  # requests cancelled before they were sent never complete
             del self._names_of[next(iter(self._names_of))]
@@ -70,7 +90,7 @@ class PrefixAwareRouter(RequestRouter):
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         names = self._names_of.pop(internal_request_id, None)
         if names:
-            self.table.record(names, _key(replica_id))
+            self._record(names, _key(replica_id))
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
