@@ -81,6 +81,18 @@ def test_a_json_schema_is_followed_token_by_token(compiler, bpe):
     )  # separators are json.dumps' (", " and ": "), no free whitespace
 
 
+def test_the_grammar_of_a_schema_without_additional_properties_ends_the_object_after_its_keys(compiler, bpe):
+    schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
+    state = compiler.start(StructuredOutput(StructuredKind.JSON, json.dumps(schema)))
+    assert state.num_valid(bpe.encode('{"age": 31}', add_special_tokens=False).ids) == len(
+        bpe.encode('{"age": 31}', add_special_tokens=False).ids
+    )
+    extra = bpe.encode('{"age": 31, "x": 1}', add_special_tokens=False).ids
+    assert state.num_valid(extra) < len(extra)
+    open_ = compiler.start(StructuredOutput(StructuredKind.JSON, json.dumps({**schema, "additionalProperties": True})))
+    assert open_.num_valid(extra) == len(extra)
+
+
 def test_draft_masks_are_the_masks_after_each_draft_prefix_and_leave_the_state_alone(compiler, bpe):
     state = compiler.start(regex("(ab|cd)+x"))
     draft = bpe.encode("abcdab", add_special_tokens=False).ids

@@ -18,6 +18,7 @@ from typing import Any
 
 from wicore.api.tools.request import Function
 from wicore.api.tools.scan import BracketMemo, Call, Scan
+from wicore.structured.schema import close_objects
 
 
 class ToolFormat(ABC):
@@ -69,8 +70,9 @@ CANONICAL_JSON = {"whitespace_flexible": False, "key_separator": ": ", "item_sep
 
 
 def json_rule(schema: dict[str, Any]) -> str:
-    """An inline JSON schema (llguidance's `%json {...}`), its JSON written canonically."""
-    return "%json " + json.dumps({**schema, "x-guidance": CANONICAL_JSON}, ensure_ascii=False)
+    """An inline JSON schema (llguidance's `%json {...}`), its JSON written canonically and its
+    objects holding only the properties they list unless they say otherwise (wicore/structured/schema.py)."""
+    return "%json " + json.dumps({**close_objects(schema), "x-guidance": CANONICAL_JSON}, ensure_ascii=False)
 
 
 def call_object_schema(functions: tuple[Function, ...], arguments_key: str) -> dict[str, Any]:
