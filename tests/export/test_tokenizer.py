@@ -29,7 +29,7 @@ import wicore.export.tokenizer as export_tokenizer
 from wicore.errors import ModelSourceError, RequestError, UnsupportedModelError
 from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE, check_whole_words, export_tokenizer_from_gguf, export_tokenizer_from_hf
 from wicore.graph.manifest import Manifest
-from wicore.inputs.tokenizer import IncrementalDecoder, Tokenizer
+from wicore.inputs.tokenizer import IncrementalDecoder, Tokenizer, _reads_content_parts
 from wicore.model.tokenizer_info import TokenizerInfo
 
 TEXTS = [
@@ -202,6 +202,28 @@ def test_export_from_hf_folder_uses_its_template(tiny_chat: tuple[Path, Path], t
     assert tok.apply_chat_template(messages) == "[user] hi\n[assistant] yo\n"
     other = "{% for m in messages %}<{{ m['role'] }}>{% endfor %}"  # a server's --chat-template replaces it
     assert tok.apply_chat_template(messages, chat_template=other) == "<user><assistant>"
+    # A template that prints the content takes text parts as one string (joined by newlines, as vLLM does).
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert tok.apply_chat_template(parts) == "[user] a\nb\n"
+    looping = "{% for m in messages %}{% for p in m['content'] %}({{ p['text'] }}){% endfor %}{% endfor %}"
+    assert tok.apply_chat_template(parts, chat_template=looping) == "(a)(b)"
+    # The template's own code failing on these messages is the request's error, not the server's.
+    with pytest.raises(RequestError, match=r"cannot render these messages \(TypeError: "):
+        tok.apply_chat_template(messages, chat_template="{{ messages[0]['content'] + 1 }}")
+
+
+@pytest.mark.parametrize(
+    ("source", "reads_parts"),
+    [
+        ("{% for m in messages %}{{ m['content'] }}{% endfor %}", False),
+        ("{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}", True),
+        ("{% for m in messages %}{% set c = m['content'] %}{% for p in c %}{{ p }}{% endfor %}{% endfor %}", True),
+        ("{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% endif %}{% endfor %}", True),
+        ("{% for m in messages %}{% if m.content is not none %}{{ m.content }}{% endif %}{% endfor %}", False),
+    ],
+)
+def test_which_templates_take_content_parts(source: str, reads_parts: bool) -> None:
+    assert _reads_content_parts(source) is reads_parts
 
 
 def test_export_from_hf_folder_without_tokenizer_is_none(tmp_path: Path) -> None:

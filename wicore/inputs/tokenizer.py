@@ -53,6 +53,7 @@ class Tokenizer:
         self.info = info
         self._template_vars = _special_token_strings(folder / "tokenizer_config.json", self._tokenizer, info)
         self._template, self.takes_tools = _compile_template(info.chat_template)
+        self._reads_parts = _reads_content_parts(info.chat_template)
         self._path = path
         self._plain: _FastTokenizer | None = None  # `_plain_tokenizer()`, made when first needed
         specials = sorted({t.content for t in self._tokenizer.get_added_tokens_decoder().values() if t.special}, key=len)
@@ -172,6 +173,8 @@ class Tokenizer:
             raise RequestError("the conversation is empty; send at least one message")
         cleaned = [{k: v for k, v in message.items() if v is not None} for message in messages]
         template = self._template if chat_template is None else _compile_user_template(chat_template)
+        if not (self._reads_parts if chat_template is None else _reads_content_parts(chat_template)):
+            cleaned = [_joined_text(message) for message in cleaned]
         try:
             return template.render(
                 messages=cleaned,
@@ -182,6 +185,8 @@ class Tokenizer:
             )
         except jinja2.TemplateError as e:
             raise RequestError(f"the chat template rejected the messages: {e}") from e
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:  # the template's code on these messages
+            raise RequestError(f"the chat template cannot render these messages ({type(e).__name__}: {e})") from e
 
 
 class IncrementalDecoder:
@@ -333,6 +338,42 @@ def check_chat_template(source: str, origin: str) -> None:
         _compile_user_template(source)
     except ManifestError as e:
         raise RequestError(f"{origin}: {e.args[0].split(';')[0]}; fix the template's jinja syntax") from None
+
+
+def _joined_text(message: dict[str, Any]) -> dict[str, Any]:
+    """A message whose content is a list of text parts, as one string (the parts joined by newlines,
+    as vLLM passes them to a template that takes strings); any other message as it is."""
+    content = message.get("content")
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return {**message, "content": "\n".join(str(p.get("text", "")) for p in content)}
+    return message
+
+
+@functools.lru_cache(maxsize=8)
+def _reads_content_parts(source: str) -> bool:
+    """Whether a chat template takes a message's content as a list of parts: it loops over the
+    content (directly or through a variable set from it) or tests whether it is a string. Templates that
+    only print `message['content']` would print a list's Python form, so they get strings."""
+    try:
+        tree = jinja2.Environment(extensions=[_GenerationTag, jinja2.ext.loopcontrols]).parse(source)
+    except jinja2.TemplateSyntaxError:
+        return False
+
+    def is_content(node: jinja2.nodes.Node, names: set[str]) -> bool:
+        if isinstance(node, jinja2.nodes.Getattr):
+            return node.attr == "content"
+        if isinstance(node, jinja2.nodes.Getitem):
+            return isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == "content"
+        return isinstance(node, jinja2.nodes.Name) and node.name in names
+
+    names: set[str] = set()
+    for assign in tree.find_all(jinja2.nodes.Assign):
+        if isinstance(assign.target, jinja2.nodes.Name) and is_content(assign.node, set()):
+            names.add(assign.target.name)
+    loops = any(is_content(loop.iter, names) for loop in tree.find_all(jinja2.nodes.For))
+    type_tests = ("string", "iterable", "sequence", "mapping")  # not `is none` / `is defined`: those print it
+    tests = any(t.name in type_tests and is_content(t.node, names) for t in tree.find_all(jinja2.nodes.Test))
+    return loops or tests
 
 
 @functools.lru_cache(maxsize=4)
