@@ -82,6 +82,20 @@ def test_bad_models_and_templates_are_one_line_errors(args, message, capsys, mon
     assert err.startswith(message) and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "99999"], "wicore: error: --port 99999: a TCP port is 0-65535\n"),
+        (["--port", "-1"], "wicore: error: --port -1: a TCP port is 0-65535\n"),
+        (["--kv-pool-gb", "-1"], "wicore: error: --kv-pool-gb -1: a tier's size is >= 0 GiB\n"),
+        (["--nvme-tier-gb", "-0.5"], "wicore: error: --nvme-tier-gb -0.5: a tier's size is >= 0 GiB\n"),
+    ],
+)
+def test_a_port_or_tier_size_out_of_range_is_one_line(args, message, capsys):
+    assert main(["serve", "--model", "gemma3-270m", "--api-key", "k", *args]) == 2
+    assert capsys.readouterr().err == message
+
+
 def test_a_chat_template_that_does_not_parse_is_refused(capsys, tmp_path):
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}", encoding="utf-8")

@@ -289,6 +289,8 @@ def check_port_free(host: str, port: int) -> None:
     """Refuse a port that is taken before loading the model (one line, not a traceback later)."""
     import socket
 
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port}: a TCP port is 0-65535")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:

@@ -53,8 +53,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.policy not in ("a2cr", "lru"):
             raise ValueError(f"policy {self.policy!r}: choose a2cr or lru")
-        if min(self.kv_pool_gb, self.host_tier_gb, self.nvme_tier_gb) < 0:
-            raise ValueError("tier sizes must be >= 0")
+        for flag, size in (
+            ("--kv-pool-gb", self.kv_pool_gb),
+            ("--host-tier-gb", self.host_tier_gb),
+            ("--nvme-tier-gb", self.nvme_tier_gb),
+        ):
+            if size < 0:
+                raise ValueError(f"{flag} {size:g}: a tier's size is >= 0 GiB")
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < 0:
             raise ValueError(f"micro_batch_tokens must be >= 0 (0: off), got {self.micro_batch_tokens}")
         if self.kv_offload_tokens < 0:
