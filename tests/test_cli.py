@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -238,3 +239,45 @@ def test_a_config_file_with_the_old_kv_stream_tokens_key_sets_the_offload(tmp_pa
     args = parse_command_line(["serve", "--config", str(config)])
     apply_config_file(args)
     assert args.kv_offload_tokens == 512
+
+
+@pytest.mark.parametrize(
+    ("flags", "matches"),
+    [
+        (["--regex", "[0-9]{3}"], r"[0-9]{3}"),
+        (["--choice", "yes", "--choice", "no"], r"yes|no"),
+        (["--grammar", 'root ::= "a" ("b" | "c")'], r"a[bc]"),
+        (
+            [
+                "--json-schema",
+                '{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}',
+            ],
+            r'\{"n": [0-9]\}',
+        ),
+    ],
+)
+def test_generate_follows_an_output_constraint(tiny_chat, capsys, flags, matches):
+    """The tiny chat model's random weights would print anything: each constraint makes it match."""
+    assert main(["generate", "--model", str(tiny_chat[0]), "--prompt", "hi", "--max-tokens", "12", "--threads", "1", *flags]) == 0
+    out = capsys.readouterr().out
+    assert re.fullmatch(matches, out.rstrip("\n")), out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--json-schema", "{bad"], "wicore: error: --json-schema: not JSON (Expecting property name enclosed in double quotes"),
+        (
+            ["--json-schema", '{"type": "objekt"}'],
+            "wicore: error: --json-schema: the JSON schema cannot be compiled: Invalid type: objekt",
+        ),
+        (
+            ["--grammar-file", "/nonexistent.gbnf"],
+            "wicore: error: --grammar-file /nonexistent.gbnf: cannot read it (No such file",
+        ),
+    ],
+)
+def test_a_bad_constraint_is_one_line_naming_its_flag(tiny_chat, capsys, flags, message):
+    assert main(["generate", "--model", str(tiny_chat[0]), "--prompt", "hi", "--threads", "1", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err

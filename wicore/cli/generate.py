@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from wicore.cli.constraint_args import add_constraint_args, constraint_from_args
 from wicore.cli.engine_args import add_engine_args, engine_config, read_text
 from wicore.errors import ImageTokenError, RequestError, UsageError
 from wicore.types.images import image_token_texts
@@ -62,6 +63,7 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
         help="an image (PNG, JPEG, WebP, GIF) before each prompt's text; repeat",
     )
     p.add_argument("--stats", action="store_true", help="print prefill and decode speed to stderr")
+    add_constraint_args(p)
     add_engine_args(p)
     p.set_defaults(func=run_generate)
 
@@ -87,6 +89,7 @@ def run_generate(args: argparse.Namespace) -> int:
         min_p=args.min_p,
         repetition_penalty=args.repetition_penalty,
         seed=args.seed,
+        structured=constraint_from_args(args),
     )
     model_dir = resolve_model(args.model, args.devices)
     with cached_export_errors(args.model, model_dir):
