@@ -36,6 +36,7 @@ SLOW_OPERATIONS = {
     ("POST /v1/chat/completions", schemathesis.GenerationMode.POSITIVE),
     ("POST /v1/chat/completions", schemathesis.GenerationMode.NEGATIVE),
     ("POST /tokenize", schemathesis.GenerationMode.NEGATIVE),
+    ("POST /v1/responses", schemathesis.GenerationMode.POSITIVE),
 }
 
 

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
-from wicore.api import compat, websocket
+from wicore.api import compat, responses, websocket
 from wicore.api.connections import InFlight, connection_of, until_disconnect
 from wicore.api.docs_page import docs_route
 from wicore.api.errors import APIError, CORSMiddleware, from_wicore
@@ -127,6 +127,32 @@ class API(Gate):
     async def completions(self, request: Request) -> Response:
         self.guard(request)
         return await self.complete(request, await self.prepare(False, await self.read_json(request)))
+
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API, over the chat path (wicore.api.responses)."""
+        self.guard(request)
+        body = await self.read_json(request)
+        chat, origins = responses.chat_body(body)
+        try:
+            job = await self.prepare(True, chat)
+        except APIError as exc:
+            raise responses.renamed(exc, origins) from None
+        gen = self.start(job, connection_of(request))
+        builder = responses.ResponseBuilder(responses.response_base(body, self.settings.model_name))
+        events = responses.events(gen, builder, merge(gen.choices, self.streams))
+        if job.options.stream:
+            return EventStream(responses.event_stream(events, builder), on_close=gen.abort)
+        final: dict[str, Any] = {}
+
+        async def collect() -> None:
+            async for event in events:
+                final.update(event)
+
+        try:
+            await until_disconnect(request, collect())
+        finally:
+            gen.abort()
+        return JSONResponse(final["response"])
 
     async def inference(self, request: Request) -> Response:
         """The original WiCore endpoint (wicore.api.compat)."""
@@ -332,6 +358,7 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> Starlette:
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/responses", api.responses, methods=["POST"]),
         Route("/v1/inference", api.inference, methods=["POST"]),
         Route("/v1/stats", api.stats, methods=["GET"]),
         Route("/metrics", api.metrics_route, methods=["GET"]),

@@ -276,6 +276,25 @@ def openapi_schema() -> dict[str, Any]:
         },
     )
     detokenize = _object(["tokens"], {"model": _NULLABLE_STR, "tokens": {"type": "array", "items": {**_INT, "minimum": 0}}})
+    item = {"type": "object", "description": "a message (role, content), function_call or function_call_output item"}
+    responses = _object(
+        ["input"],
+        {
+            "model": _NULLABLE_STR,
+            "input": {"oneOf": [_STR, {"type": "array", "minItems": 1, "items": item}]},
+            "instructions": _NULLABLE_STR,
+            "max_output_tokens": _MAX_TOKENS,
+            "temperature": _TEMPERATURE,
+            "tools": {"type": "array", "items": {"type": "object", "description": "a function tool: type, name, parameters"}},
+            "tool_choice": {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]}, {"type": "object"}]},
+            "text": {"type": "object", "description": "format: text, json_object, or json_schema (name, schema)"},
+            "stream": {"type": "boolean", "nullable": True},
+        },
+    )
+    response_ok = {
+        "description": "a response object (JSON), or typed server-sent events when stream is true",
+        "content": {"application/json": obj, "text/event-stream": {"schema": _object(["data"], {"data": _STR, "event": _STR})}},
+    }
     return {
         "openapi": "3.0.3",
         "info": {"title": "WiCore API", "version": wicore.__version__, "description": "OpenAI-compatible inference API"},
@@ -287,6 +306,9 @@ def openapi_schema() -> dict[str, Any]:
                 inference,
                 {"description": "ok", "content": {"application/json": {"schema": inference_out}}},
                 (400, 401, 408, 413, 415, 429, 431, 500, 503),
+            ),
+            "/v1/responses": _post(
+                "OpenAI's Responses API (function tools, text.format; nothing stored)", responses, response_ok, _COMPLETION_ERRORS
             ),
             "/v1/models": _get("Served models", obj),
             "/v1/models/{model_id}": {
