@@ -53,9 +53,24 @@ def test_weather_round_trip_with_tool_choice_auto(smollm2, launch):
         final = api.chat.completions.create(messages=history, **ask).choices[0]
         streamed = api.chat.completions.create(messages=history, stream=True, **ask)
         text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        # The same turn through the Responses API: the call and its output as input items
+        items = [
+            {"role": "user", "content": QUESTION["content"]},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": RESULT},
+        ]
+        flat = {"type": "function", **WEATHER["function"]}
+        response = api.responses.create(model="smollm2", input=items, tools=[flat], max_output_tokens=32, temperature=0)
+        forced = api.responses.create(
+            model="smollm2", input=QUESTION["content"], tools=[flat], tool_choice="required", max_output_tokens=32, temperature=0
+        )
     finally:
         proc.terminate()
         proc.wait(30)
     assert final.finish_reason == "stop" and final.message.tool_calls is None
     assert final.message.content == "The weather in Paris is described in the JSON object returned by the function."
     assert text == final.message.content
+    assert (response.status, response.output_text) == ("completed", final.message.content)
+    first_call = forced.output[0]
+    assert first_call.type == "function_call" and first_call.name == "get_weather"
+    jsonschema.validate(json.loads(first_call.arguments), WEATHER["function"]["parameters"])
