@@ -111,20 +111,21 @@ def cluster(model_dir: Path, reference_texts: list[str], tmp_path_factory: pytes
 
 def ingresses(url: str) -> list[dict]:
     """The ingress replicas on the stats board now (each reads it every second)."""
-    try:
-        response = httpx.get(f"{url}/v1/stats", timeout=5)
-    except httpx.TransportError:
-        return []
-    return response.json()["ingresses"] if response.status_code == 200 else []
+    return board(url, "ingresses")
 
 
 def replicas(url: str) -> list[dict]:
     """The engine replicas reporting to the stats board now; none while the server is not up."""
+    return board(url, "replicas")
+
+
+def board(url: str, key: str) -> list[dict]:
+    """/v1/stats' list under `key`; none while the server is not up."""
     try:
         response = httpx.get(f"{url}/v1/stats", timeout=5)
     except httpx.TransportError:
         return []
-    return response.json()["replicas"] if response.status_code == 200 else []
+    return response.json()[key] if response.status_code == 200 else []
 
 
 def wait_for(condition, timeout: float, process: subprocess.Popen | None = None) -> None:

@@ -5,12 +5,10 @@ renders, the output items, the stream's events in order, and the 400s naming Res
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
-import openai
 import pytest
-from scripted import ScriptedEngine, byte_tokenizer, harmony_tokenizer
+from scripted import ScriptedEngine, harmony_tokenizer
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
@@ -24,19 +22,6 @@ WEATHER = {
 }
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory) -> Iterator[tuple[ScriptedEngine, str]]:
-    engine = ScriptedEngine(byte_tokenizer(tmp_path_factory.mktemp("tok")))
-    server = ServerThread(create_app(engine, ServerSettings(model_name="m"))).start()  # type: ignore[arg-type]
-    yield engine, server.url
-    server.stop()
-
-
-@pytest.fixture
-def client(served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{served[1]}/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 def test_a_string_input_answers_with_one_message(served, client):

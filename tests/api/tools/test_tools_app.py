@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
-from scripted import ScriptedEngine, byte_tokenizer
+from scripted import ScriptedEngine
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
@@ -26,19 +25,6 @@ WEATHER = {
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory) -> Iterator[tuple[ScriptedEngine, str]]:
-    engine = ScriptedEngine(byte_tokenizer(tmp_path_factory.mktemp("tok")))
-    server = ServerThread(create_app(engine, ServerSettings(model_name="m"))).start()  # type: ignore[arg-type]
-    yield engine, server.url
-    server.stop()
-
-
-@pytest.fixture
-def client(served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{served[1]}/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 def test_a_call_comes_back_as_message_tool_calls(served, client):
