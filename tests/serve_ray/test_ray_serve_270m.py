@@ -1,6 +1,6 @@
 """`wicore serve --replicas 2 --ingress-replicas 2` on a real local Ray cluster with the real Gemma 3
 270M, driven by the openai package: the same greedy text as one `wicore serve`, both engine replicas
-and both ingress replicas used, and a replica killed mid-request fails its requests with a clear
+used and both ingress replicas up, and a replica killed mid-request fails its requests with a clear
 error while Ray replaces it.
 
 One cluster for the module (Ray starts in ~10 s; each replica loads the model in a few). The
@@ -154,10 +154,8 @@ def test_two_replicas_answer_as_one_server_and_both_serve(cluster: str, referenc
     per_replica = [r["stats"]["prompt_tokens"] for r in stats["replicas"]]
     assert len(per_replica) == 2 and min(per_replica) > 0
     assert stats["prompt_tokens"] == sum(per_replica)  # summed over the replicas
-    # Ray's proxy spread the 16 concurrent requests over both ingresses (each holds its streams).
-    wait_for(lambda: sum(i["requests"] for i in httpx.get(f"{cluster}/v1/stats").json()["ingresses"]) >= len(REQUESTS), 10)
-    ingresses = httpx.get(f"{cluster}/v1/stats").json()["ingresses"]
-    assert len(ingresses) == 2 and min(i["requests"] for i in ingresses) > 0, ingresses
+    # Every request was taken by one of the two ingresses (which one is Ray's proxy's choice).
+    wait_for(lambda: len(ingresses(cluster)) == 2 and sum(i["requests"] for i in ingresses(cluster)) >= len(REQUESTS), 30)
     metrics = httpx.get(f"{cluster}/metrics").text
     assert "wicore_replicas 2.0" in metrics and "wicore_ingresses 2.0" in metrics
     for r in stats["replicas"]:
@@ -185,28 +183,29 @@ def running(url: str) -> list[int]:
 def test_a_killed_replica_fails_its_requests_clearly_and_is_replaced(cluster: str, reference_texts: list[str]):
     wait_for(lambda: running(cluster) == [0, 0], 30)  # nothing left of the test before
 
-    async def in_flight() -> tuple[list[object], int]:
+    async def in_flight() -> tuple[list[object], int, int]:
         client = openai.AsyncOpenAI(base_url=f"{cluster}/v1", api_key="unused", max_retries=0, timeout=CALL_TIMEOUT_S)
         calls = []
-        # One at a time, each once the engines report the ones before: Ray's router then sees the
-        # busier replica and sends the next to the other, so both hold two (long: 200 tokens, none
-        # ending early at an end-of-sequence token).
+        # One at a time, each once the engines report the ones before (long: 200 tokens, none ending
+        # early at an end-of-sequence token). Each of the two ingresses routes with its own view of
+        # the replicas' queues, so the four need not split two and two.
         for i, topic in enumerate(TOPICS[:4]):
             call = ask(client, "completion", topic, stream=i % 2 == 0, max_tokens=200, ignore_eos=True)
             calls.append(asyncio.ensure_future(call))
             await asyncio.to_thread(wait_for, lambda n=i + 1: sum(running(cluster)) == n, 30)
         loads = {r["pid"]: r["stats"]["running"] + r["stats"]["waiting"] for r in await asyncio.to_thread(replicas, cluster)}
-        assert sorted(loads.values()) == [2, 2], loads
-        victim = min(loads)
+        assert sum(loads.values()) == 4, loads
+        victim = max(loads, key=lambda pid: (loads[pid], pid))  # the busier replica
         os.kill(victim, signal.SIGKILL)
         results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), CALL_TIMEOUT_S)
-        return results, victim
+        return results, victim, loads[victim]
 
     started = time.monotonic()
-    results, victim = asyncio.run(in_flight())
+    results, victim, killed = asyncio.run(in_flight())
     assert time.monotonic() - started < CALL_TIMEOUT_S  # no hang
     failures = [r for r in results if isinstance(r, Exception)]
-    assert len(failures) == 2, results  # the killed replica's two; the other replica's two finished
+    assert len(failures) == killed, results  # the killed replica's requests; the other replica's finished
+    assert all(len(r) > 0 for r in results if isinstance(r, str))
     for failure in failures:
         assert isinstance(failure, openai.APIError), repr(failure)
         assert "engine replica running it died" in failure.message, failure.message
