@@ -8,17 +8,28 @@ lengths (past the sliding window where there is one) against HF transformers in 
 Prints, per family and export: max |logit - HF| and argmax agreement; exits 1 where a logit
 differs from HF's by more than 0.05 (the CUDA EP's float32 MatMuls run in TF32: ~1e-2 on the
 tiny Gemma 3's logits; a paged sliding window one token short gave 0.8-1.7).
+
+With --serve, each export is also served by a real `wicore serve` process on the first of
+--devices (a free port), sent three greedy /v1/completions requests at once (SERVE_PROMPT_LENGTHS:
+past Gemma 2's window, across Phi-3 LongRoPE's switch while generating, short), and the text must
+be HF `generate`'s (float32, CPU) exactly (family_serving.py: the checkpoints get an id tokenizer).
+The paged families of issue 33 in one command (about 4 minutes on an H200 is the aim):
+
+    PYTHONPATH=/tmp/site:.:tools python3 tools/check_families_gpu.py --families \
+        gemma2,mistral-sliding,phi3,phi3-longrope,olmo2,gpt_oss --exports fp16-paged --no-sampled --serve
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 from benchlib import write_record
+from family_serving import hf_greedy_text, served_greedy_text, serving, write_id_tokenizer
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.scheduler_config import SchedulerConfig
@@ -59,7 +70,9 @@ FAMILIES |= {
     "mistral-sliding": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 64}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": 64, "pad_token_id": 0, "eos_token_id": 2, "bos_token_id": 1}),
     # LongRoPE rotated before the op (RotaryEmbedding, the factors picked per row): the 700-token
-    # prompt is past original_max_position_embeddings (long factors), the others inside (short)
+    # prompt is past original_max_position_embeddings (long factors), the others inside (short);
+    # --serve's 500-token prompt crosses it while generating (recomputed, as HF does; at this shape
+    # the short-factor keys did not change the greedy text either: tests/graph/test_families.py shows it)
     "phi3-longrope": (
         "Phi3Config",
         "Phi3ForCausalLM",
@@ -131,6 +144,8 @@ SAMPLED = {
 # transformers picks LongRoPE's factors per forward, WiCore per step: the long prompt in one chunk
 PREFILL_CHUNK = {"phi3-longrope": 1024}
 PROMPT_LENGTHS = (700, 40, 7)  # the first past Gemma's window of 64, and past blocks its window group releases
+# --serve: the 500-token prompt crosses phi3-longrope's switch (512) at its 13th token
+SERVE_PROMPT_LENGTHS = (700, 500, 7)
 MAX_ABS_DIFF = 0.05
 
 
@@ -140,9 +155,11 @@ class Config:
     devices: str
     exports: str
     sampled: bool = True
+    serve: bool = False
 
 
-def build(work: Path, name: str) -> tuple[Path, object]:
+def build(work: Path, name: str) -> tuple[Path, object, object]:
+    """(HF folder, the HF model, its id tokenizer) of one of FAMILIES."""
     import torch
     import transformers
 
@@ -156,15 +173,23 @@ def build(work: Path, name: str) -> tuple[Path, object]:
             elif param_name.endswith(".sinks"):  # gpt-oss's, near 0 at init
                 param.normal_(0.0, 1.0)
     model.save_pretrained(work / f"{name}-hf")
-    return work / f"{name}-hf", model
+    tokenizer = write_id_tokenizer(work / f"{name}-hf", SHAPE["vocab_size"])
+    return work / f"{name}-hf", model, tokenizer
 
 
 def check(
-    work: Path, name: str, prompts: list[list[int]], devices: str, exports: list[str], sampled_check: bool = True
-) -> dict[str, dict[str, float]]:
+    work: Path,
+    name: str,
+    prompts: list[list[int]],
+    devices: str,
+    exports: list[str],
+    sampled_check: bool = True,
+    serve_prompts: list[list[int]] | None = None,
+) -> dict[str, dict[str, object]]:
+    """`serve_prompts`: also serve each export and compare its greedy text with HF's."""
     import torch
 
-    folder, model = build(work, name)
+    folder, model, tokenizer = build(work, name)
     with torch.no_grad():
         refs = [model(torch.tensor([p])).logits[0].float().numpy() for p in prompts]
     report = {}
@@ -203,6 +228,16 @@ def check(
         if config.attention == "paged" and sampled_check:
             report[label]["sampled_same_with_graphs"] = all(same.values())
         print(f"{name:7s} {label:14s} max |diff| {max(diffs):.2e}  argmax agreement {agree.mean():.4f}", flush=True)
+        if serve_prompts:
+            expected = hf_greedy_text(model, tokenizer, serve_prompts, GREEDY_TOKENS)
+            with serving(out, devices.split(",")[0]) as url:
+                got_text = served_greedy_text(url, serve_prompts, GREEDY_TOKENS)
+            equal = [a == b for a, b in zip(got_text, expected, strict=True)]
+            report[label]["served_greedy_equal"] = equal
+            print(f"{name:7s} {label:14s} wicore serve's greedy text equal to HF generate's: {equal}", flush=True)
+            for a, b in zip(got_text, expected, strict=True):
+                if a != b:
+                    print(f"    served {a!r}\n    HF     {b!r}", flush=True)
     return report
 
 
@@ -218,17 +253,25 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="paged exports: also compare sampled decodes with and without CUDA graphs (two more engines an export)",
     )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="also serve each export through `wicore serve` and compare 3 greedy completions with HF generate's text",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, SHAPE["vocab_size"], n).tolist() for n in PROMPT_LENGTHS]
+    serve_prompts = [rng.integers(0, SHAPE["vocab_size"], n).tolist() for n in SERVE_PROMPT_LENGTHS] if args.serve else None
+    start = time.monotonic()
     report = {
-        name: check(args.work, name, prompts, args.devices, args.exports.split(","), args.sampled)
+        name: check(args.work, name, prompts, args.devices, args.exports.split(","), args.sampled, serve_prompts)
         for name in args.families.split(",")
     }
+    print(f"checked in {time.monotonic() - start:.0f} s")
     if args.json is not None:
-        write_record(args.json, Config(args.families, args.devices, args.exports, args.sampled), results=report)
+        write_record(args.json, Config(args.families, args.devices, args.exports, args.sampled, args.serve), results=report)
     bad = [
         f"{name} {label}"
         for name, by_export in report.items()
@@ -244,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             if mine != theirs:
                 bad.append(f"{name} greedy tokens with WiCore's kernels")
+    bad += [
+        f"{name} {label} greedy text through wicore serve"
+        for name, by_export in report.items()
+        for label, r in by_export.items()
+        if not all(r.get("served_greedy_equal", [True]))
+    ]
     bad += [
         f"{name} {label} sampled tokens under CUDA graphs"
         for name, by_export in report.items()

@@ -276,3 +276,32 @@ def test_deadlines_end_running_and_waiting_requests_at_the_next_step():
     out = d.sched.schedule()
     assert [(o.request_id, o.finish_reason) for o in out.finished] == [("running", "deadline")]
     assert [r.request_id for r in out.rows] == ["plain"] and list(d.sched.requests) == ["plain"]
+
+
+def test_a_sequence_past_longropes_switch_is_prefilled_again_in_one_chunk():
+    """LongRoPE switching at 10 tokens: a, 6 prompt tokens, decodes to 10 tokens, then its 11th
+    position would take the long factors beside short-factor keys, so it runs its 11 tokens again in
+    one chunk (over the prefill chunk of 4); b, 12 prompt tokens, starts past the switch: its first
+    11 in one chunk. c, 3 tokens, stays inside and is never recomputed."""
+    d = Driver(64, max_num_batched_tokens=8, prefill_with_decodes=4, prefill_chunk=4)
+    d.sched = Scheduler(d.sched.config.with_long_rope(10), d.kv, clock=lambda: d.now)
+    assert (d.sched.config.prefill_chunk, d.sched.config.max_num_batched_tokens) == (11, 11 + 64)
+    d.add("a", list(range(6)), 8, Priority.NORMAL)
+    d.add("c", list(range(50, 53)), 8, Priority.NORMAL)
+    assert d.step() == [("a", 6), ("c", 3)]
+    assert [d.step() for _ in range(4)] == [[("a", 1), ("c", 1)]] * 4  # a: 10 tokens, 10 computed
+    assert d.step() == [("c", 1), ("a", 11)]  # a's 11th position: recomputed whole, c decodes on
+    assert d.sched.stats.num_long_rope_recomputes == 1
+    d.add("b", list(range(20, 32)), 2, Priority.NORMAL)
+    assert d.step() == [("a", 1), ("c", 1), ("b", 11)]
+    assert d.step() == [("a", 1), ("c", 1), ("b", 1)]  # b: its 12th prompt token
+    d.run()
+    assert d.generated == {"a": 8, "b": 2, "c": 8} and d.sched.stats.num_long_rope_recomputes == 1
+
+
+def test_long_rope_blocks_hash_apart_from_short_ones():
+    short = Request("s", list(range(12)), SamplingParams(), 1, Priority.NORMAL, 0.0)
+    long = Request("l", list(range(12)), SamplingParams(), 1, Priority.NORMAL, 0.0, whole_until=11)
+    assert short.extra_keys(BS) == {} and long.extra_keys(BS) == {0: b"long-rope"}
+    long.num_computed = 4  # a cached prefix: the rest of the first 11 tokens still runs whole
+    assert (long.chunk(6), long.chunk(7), long.chunk(8)) == (0, 7, 8)

@@ -138,10 +138,10 @@ def test_batched_logits_match_hf(tmp_path, reference_logits, name):
         assert (completion.prompt_logits.argmax(-1) == ref.argmax(-1)).all()
 
 
-# transformers' Phi-3 generate drops its cache at the step that crosses original_max_position_embeddings
-# and recomputes the sequence with the long factors; WiCore keeps the keys it cached with the short ones
-LONGROPE_CROSSING = pytest.mark.xfail(strict=True, reason="HF re-prefills at LongRoPE's switch, WiCore does not")
-GREEDY = ("gemma2", "phi3", pytest.param("phi3-longrope", marks=LONGROPE_CROSSING), "olmo2", "granite", "mistral-sliding")
+# phi3-longrope: transformers' Phi-3 generate drops its cache at the step that crosses
+# original_max_position_embeddings and recomputes the sequence with the long factors; so does WiCore
+# (Scheduler: the row is prefilled again, its first switch + 1 tokens in one chunk)
+GREEDY = ("gemma2", "phi3", "phi3-longrope", "olmo2", "granite", "mistral-sliding")
 
 
 @pytest.mark.slow
@@ -152,6 +152,22 @@ def test_greedy_text_matches_hf_generate(tmp_path, reference_greedy, name):
         completions = eng.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
     for prompt, completion in zip(PROMPTS, completions, strict=True):
         assert completion.token_ids == reference_greedy(model, prompt, 12)
+
+
+@pytest.mark.slow
+def test_a_row_crossing_longropes_switch_leaves_the_others_alone(tmp_path, reference_greedy):
+    """The 23-token prompt crosses original_max_position_embeddings (32) at its 10th token and is
+    prefilled again; the 9- and 40-token rows decoding beside it keep HF's tokens, as they do alone."""
+    folder, model = build(tmp_path, "phi3-longrope")
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    with engine(folder, prefill_chunk=16, enable_prefix_cache=False) as eng:  # "alone" computes its rows again
+        together = eng.generate(PROMPTS, params)
+        assert eng.stats().long_rope_recomputes == 1
+        alone = [eng.generate([p], params)[0] for p in PROMPTS[1:]]
+        assert eng.stats().long_rope_recomputes == 1  # neither crosses: the 40-token prompt starts past it
+    for prompt, completion in zip(PROMPTS, together, strict=True):
+        assert completion.token_ids == reference_greedy(model, prompt, 12)
+    assert [c.token_ids for c in together[1:]] == [c.token_ids for c in alone]
 
 
 def test_unsupported_architecture_names_the_supported_ones(tmp_path):

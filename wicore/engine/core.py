@@ -75,6 +75,9 @@ class EngineCore:
         vision = self.manifest.vision
         if vision is not None:  # a step never cuts an image: the step's limits hold at least one
             config = replace(config, scheduler=config.scheduler.at_least(vision.config.mm_tokens_per_image))
+        switch = self.manifest.config.long_rope_switch
+        if switch:  # transformers recomputes a sequence's keys with the long factors past the switch
+            config = replace(config, scheduler=config.scheduler.with_long_rope(switch))
         bs = choose_block_size(self.manifest, config.block_size)
         layout = KVLayout.of(self.manifest, bs)
         stage_frames = -(-config.kv_offload_tokens // bs) + 1 if config.kv_offload_tokens else 0  # + the sink

@@ -12,6 +12,8 @@ from wicore.types.images import ImageSpan, block_keys, chunk_end
 from wicore.types.outputs import Priority
 from wicore.types.sampling import SamplingParams
 
+LONG_ROPE_KEY = b"long-rope"  # hashed into the first block of a sequence whose keys take LongRoPE's long factors
+
 
 class Status(enum.Enum):
     WAITING = "waiting"  # not started, or preempted by recompute (its blocks were freed)
@@ -45,6 +47,10 @@ class Request:
     prompt_logits: list[np.ndarray] = field(default_factory=list)  # chunks so far, if params.prompt_logits
     image_spans: tuple[ImageSpan, ...] = ()  # the prompt's images (wicore.types.images)
     grammar: GrammarState | None = None  # params.structured, compiled: where its output tokens have taken it
+    # LongRoPE (the scheduler sets it at admission): tokens [0, whole_until) run in one chunk, so
+    # every key takes the long factors (the graph picks them by a row's last position this step),
+    # and its blocks hash apart from short-factor ones; 0: no such rule
+    whole_until: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -65,16 +71,24 @@ class Request:
 
     def chunk(self, limit: int) -> int:
         """Tokens to run from num_computed when at most `limit` may: never an image in part
-        (wicore.graph.io: its tokens attend to each other), so possibly fewer, or none."""
-        return chunk_end(self.image_spans, self.num_computed, self.num_computed + limit) - self.num_computed
+        (wicore.graph.io: its tokens attend to each other), nor [0, whole_until) in part, so
+        possibly fewer, or none."""
+        end = chunk_end(self.image_spans, self.num_computed, self.num_computed + limit)
+        if self.num_computed < self.whole_until and end < self.whole_until:
+            return 0
+        return end - self.num_computed
 
     def images_in(self, start: int, stop: int) -> tuple[ImageSpan, ...]:
         """The images with soft tokens in positions [start, stop)."""
         return tuple(s for s in self.image_spans if s.start < stop and start < s.stop)
 
     def extra_keys(self, block_size: int) -> dict[int, bytes]:
-        """What the prefix cache hashes with each block's token ids: the digests of its images."""
-        return block_keys(self.image_spans, block_size)
+        """What the prefix cache hashes with each block's token ids: the digests of its images,
+        and (whole_until) LongRoPE's long factors on the first block, so the whole chain differs."""
+        keys = block_keys(self.image_spans, block_size)
+        if self.whole_until:
+            keys[0] = keys.get(0, b"") + LONG_ROPE_KEY
+        return keys
 
     @property
     def wants_prompt_logits(self) -> bool:

@@ -94,7 +94,7 @@ class Scheduler:
         requests' tokens, where they still fit; it drops the others."""
         for row in rows:
             req = self.requests.get(row.request_id)
-            if req is None or not can_plan_ahead(req, row):
+            if req is None or not can_plan_ahead(req, row) or self._crosses_rope_switch(req, req.num_tokens + 1):
                 continue
             plan = self.kv.append(req.seq_id, req.num_tokens, req.num_tokens + 1)
             if plan is not None:  # else no room: the schedule after the step decides (it may preempt)
@@ -125,6 +125,9 @@ class Scheduler:
             req = queue.popleft()
             n = budget.fits(req)
             if n == 0:  # a prefill chunk, and the step's prefill tokens are spent
+                continue
+            if self._crosses_rope_switch(req, req.num_computed + n):
+                self._recompute_past_rope_switch(req)
                 continue
             ahead = planned.get(req.request_id)
             if ahead is not None and n == 1 and ahead.start == req.num_computed == req.num_tokens - 1:
@@ -177,6 +180,8 @@ class Scheduler:
         if n != 1 or req.num_tokens - req.num_computed != 1:
             return ()
         draft = draft[: max(0, min(budget.tokens - 1, self.config.prefill_chunk - 1))]
+        if self.config.long_rope_switch and not req.whole_until:  # short-factor keys: the row stays before the switch
+            draft = draft[: max(0, self.config.long_rope_switch - req.num_tokens)]
         if req.grammar is not None:  # cut at the first draft token the grammar refuses: it could never be kept
             draft = draft[: req.grammar.num_valid(draft)]
         return tuple(draft)
@@ -246,6 +251,23 @@ class Scheduler:
     def _fail(self, req: Request, reason: str) -> RequestOutput:
         return dataclasses.replace(self._finish(req, "error"), error=f"request {req.request_id}: {reason}")
 
+    def _crosses_rope_switch(self, req: Request, stop: int) -> bool:
+        """Whether running `req` up to `stop` tokens takes it past LongRoPE's switch while its
+        cached keys have the short factors."""
+        switch = self.config.long_rope_switch
+        return bool(switch) and not req.whole_until and stop > switch
+
+    def _recompute_past_rope_switch(self, req: Request) -> None:
+        """`req` reaches past LongRoPE's switch: as transformers' generate drops its cache there and
+        runs the whole sequence with the long factors, its blocks go and it is prefilled again, the
+        first switch + 1 tokens in one chunk (`Request.whole_until`, set at its admission)."""
+        self.running.remove(req)
+        self.kv.free(req.seq_id)
+        req.num_computed = 0
+        req.status = Status.WAITING
+        self.waiting.append(req)
+        self.stats.num_long_rope_recomputes += 1
+
     def _requeue_for_recompute(self, req: Request) -> None:
         """Free the request's blocks; it re-enters the waiting queue and recomputes its tokens."""
         self.kv.free(req.seq_id)
@@ -286,6 +308,8 @@ class Scheduler:
                 break
             if self._shares_a_prefill(req):
                 continue
+            switch = self.config.long_rope_switch
+            req.whole_until = switch + 1 if switch and req.num_tokens > switch else 0
             alloc = self.kv.allocate(
                 req.seq_id,
                 req.token_ids,

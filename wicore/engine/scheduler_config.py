@@ -27,6 +27,10 @@ class SchedulerConfig:
     # Full-attention blocks a step with an offloaded row may stage (wicore.kv.offload); None:
     # nothing is offloaded (the engine sets it from EngineConfig.kv_offload_tokens).
     max_staged_blocks: int | None = None
+    # LongRoPE models (Phi-3-128k, Phi-3.5): original_max_position_embeddings, where transformers
+    # switches to the long factors (0: none; the engine sets it). A sequence that grows past it
+    # recomputes its KV in one chunk with the long factors, as transformers' generate does.
+    long_rope_switch: int = 0
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.prefill_with_decodes, self.prefill_chunk) < 1:
@@ -42,6 +46,14 @@ class SchedulerConfig:
             prefill_with_decodes=max(self.prefill_with_decodes, tokens),
             prefill_chunk=max(self.prefill_chunk, tokens),
         )
+
+    def with_long_rope(self, switch: int) -> SchedulerConfig:
+        """This config for a LongRoPE model switching at `switch` tokens: a chunk of `switch + 1`
+        fits every step, beside a decode row of every other sequence (else a sequence past the
+        switch would wait while the others decode)."""
+        roomy = self.at_least(switch + 1)
+        tokens = max(roomy.max_num_batched_tokens, switch + 1 + self.max_num_seqs)
+        return dataclasses.replace(roomy, max_num_batched_tokens=tokens, long_rope_switch=switch)
 
 
 @dataclass
@@ -98,6 +110,7 @@ class SchedulerStats:
     num_generated_tokens: int = 0
     num_preempted_swap: int = 0
     num_preempted_recompute: int = 0
+    num_long_rope_recomputes: int = 0  # sequences prefilled again past LongRoPE's switch
     num_planned_rows: int = 0  # decode rows planned while the step before ran, and run (async scheduling)
 
     @property

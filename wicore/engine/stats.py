@@ -83,6 +83,7 @@ class EngineStats:
     generated_tokens: int
     preempted_swap: int
     preempted_recompute: int
+    long_rope_recomputes: int  # sequences prefilled again past LongRoPE's switch (Phi-3-128k)
     corrupt_blocks: int
     tokens_per_second: float
     steps: int
@@ -136,6 +137,7 @@ def engine_stats(
         generated_tokens=s.stats.num_generated_tokens,
         preempted_swap=s.stats.num_preempted_swap,
         preempted_recompute=s.stats.num_preempted_recompute,
+        long_rope_recomputes=s.stats.num_long_rope_recomputes,
         corrupt_blocks=kv.num_corrupt,
         tokens_per_second=tokens_per_second,
         steps=num_steps,

@@ -168,6 +168,13 @@ class DecoderConfig:
         """Query heads per KV head (grouped-query attention)."""
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def long_rope_switch(self) -> int:
+        """LongRoPE: the sequence length past which its keys take the long factors
+        (original_max_position_embeddings); 0 for any other rotary embedding."""
+        ropes = [r for r in (self.rope_global, self.rope_local) if r.is_longrope]
+        return min((r.original_max_position_embeddings for r in ropes), default=0)
+
     def is_sliding(self, layer: int) -> bool:
         return self.layer_types[layer] == SLIDING
 

@@ -27,6 +27,7 @@ SUMMED = (
     "generated_tokens",
     "preempted_swap",
     "preempted_recompute",
+    "long_rope_recomputes",
     "corrupt_blocks",
     "tokens_per_second",
     "steps",
