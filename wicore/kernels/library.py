@@ -55,7 +55,7 @@ class Compiler:
         libs = [f"-L{toolkit / d}" for d in ("lib64", "lib") if (toolkit / d).is_dir()]
         return [
             str(self.path), "-O3", "-DWICORE_CUDA", "-Xcompiler", "-fPIC,-fvisibility=hidden", *gencode,
-            *common, *sources, str(CSRC / "kernels.cu"), *libs,
+            *common, *sources, str(CSRC / "kernels.cu"), str(CSRC / "attention.cu"), *libs,
         ]  # fmt: skip
 
 

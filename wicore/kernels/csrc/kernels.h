@@ -18,11 +18,13 @@
 //   BlockAttention  (q f32 [b, s, nh * hd], k/v pools f32 [blocks, bs, kvh, hd], block_tables i64 [b, max_blocks],
 //                   positions i64 [b, s], context_lens i64 [b], first_block i64 [b] | null)
 //                   -> f32 [b, s, nh * hd]: grouped-query attention over the row's blocks where they lie, causal,
-//                   in the context, in the window; q carries the scale; softcap where set (CPU, attention_cpu.cc)
+//                   in the context, in the window; q carries the scale; softcap where set (CPU, attention_cpu.cc;
+//                   CUDA in float16 in and out, float32 inside: attention.cu)
 //
 // rms(v) = v / sqrt(mean(v^2) + epsilon), in float32. A half is passed as its 16 bits.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -107,6 +109,27 @@ int ResidualRMSNormCuda(const float* x, const uint16_t* h, const float* w_post, 
                         int64_t rows, int64_t hidden, uint16_t* y, float* sum, void* stream);
 int GatedActivationCuda(const uint16_t* gate_up, Activation act, int64_t rows, int64_t inter, uint16_t* out, void* stream);
 const char* CudaErrorString(int code);
+
+// BlockAttention in float16 (attention.cu): q [batch * seq, num_heads, head_dim], pools and out as
+// BlockAttentionArgs, every pointer on the device, a half as its 16 bits; the same semantics.
+struct BlockAttentionCudaArgs {
+  const uint16_t* q;
+  const uint16_t* k_pool;
+  const uint16_t* v_pool;
+  const int64_t* block_tables;
+  const int64_t* positions;
+  const int64_t* context_lens;
+  const int64_t* first_block;  // or null
+  uint16_t* out;
+  int64_t batch, seq, num_heads, num_kv_heads, head_dim, block_size, max_blocks, window;
+  float softcap;
+};
+bool BlockAttentionCudaSupports(int64_t head_dim);  // 64, 128 or 256
+int CudaSmCount();  // the current device's SMs (the split-KV plan fills them)
+bool CudaIsDevicePointer(const void* p);
+// Bytes of device workspace BlockAttentionCuda needs (0: none; then `workspace` may be null).
+size_t BlockAttentionCudaWorkspace(const BlockAttentionCudaArgs& args, int sm_count);
+int BlockAttentionCuda(const BlockAttentionCudaArgs& args, int sm_count, void* workspace, void* stream);
 #endif
 
 }  // namespace wicore

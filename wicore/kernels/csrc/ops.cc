@@ -253,8 +253,10 @@ struct GatedF32Op : Ort::CustomOpBase<GatedF32Op, GatedF32Kernel> {
 };
 
 // -- attention over the paged KV pools (CPU) ---------------------------------------------------
+// CPU: float32, block ids checked against the pool. CUDA (attention.cu): float16, the tables stay on the
+// device unread by the host (an id outside the pool is the caller's error, as for ORT's PagedAttention).
 struct BlockAttentionKernel {
-  explicit BlockAttentionKernel(const OrtKernelInfo* info) {
+  BlockAttentionKernel(const OrtKernelInfo* info, bool cuda) : cuda_(cuda) {
     Ort::ConstKernelInfo k(info);
     num_heads_ = k.GetAttribute<int64_t>("num_heads");
     num_kv_heads_ = k.GetAttribute<int64_t>("num_kv_heads");
@@ -300,6 +302,11 @@ struct BlockAttentionKernel {
       fp = first.GetTensorData<int64_t>();
     }
     const int64_t* tp = tables.GetTensorData<int64_t>();
+    if (cuda_) {
+      ComputeCuda(ctx, q, k, v, tp, positions.GetTensorData<int64_t>(), lens.GetTensorData<int64_t>(), fp,
+                  {batch, seq, num_heads_, num_kv_heads_, hd, block_size, tshape[1]});
+      return;
+    }
     for (int64_t i = 0; i < batch * tshape[1]; ++i) {
       Check(tp[i] >= 0 && tp[i] < num_blocks, "wicore BlockAttention: a block table names a block outside the pool");
     }
@@ -315,22 +322,67 @@ struct BlockAttentionKernel {
     ctx.ParallelFor(&Run, static_cast<size_t>((num_tasks + chunk - 1) / chunk), 0, &work);
   }
 
+  struct Dims {
+    int64_t batch, seq, num_heads, num_kv_heads, head_dim, block_size, max_blocks;
+  };
+
+  // The float16 kernels on ORT's stream; split-KV partials in a workspace from ORT's CUDA allocator
+  // (its arena: no cudaMalloc once warm, so a CUDA graph captures the launch).
+  void ComputeCuda(Ort::KernelContext& ctx, const Ort::ConstValue& q, const Ort::ConstValue& k, const Ort::ConstValue& v,
+                   const int64_t* tables, const int64_t* positions, const int64_t* lens, const int64_t* first, const Dims& d) {
+#ifdef WICORE_CUDA
+    Check(wicore::BlockAttentionCudaSupports(d.head_dim), "wicore BlockAttention (CUDA): head_dim must be 64, 128 or 256");
+    auto out = ctx.GetOutput(0, {d.batch, d.seq, d.num_heads * d.head_dim});
+    const auto half = [](const Ort::ConstValue& t) { return reinterpret_cast<const uint16_t*>(t.GetTensorData<Ort::Float16_t>()); };
+    const wicore::BlockAttentionCudaArgs args{half(q), half(k), half(v), tables, positions, lens, first,
+                                              reinterpret_cast<uint16_t*>(out.GetTensorMutableData<Ort::Float16_t>()),
+                                              d.batch, d.seq, d.num_heads, d.num_kv_heads, d.head_dim, d.block_size,
+                                              d.max_blocks, window_, softcap_};
+    if (sm_count_ == 0) sm_count_ = wicore::CudaSmCount();
+    const size_t bytes = wicore::BlockAttentionCudaWorkspace(args, sm_count_);
+    void* workspace = nullptr;
+    Ort::Allocator allocator{nullptr};
+    if (bytes > 0) {
+      int device = 0;
+      Ort::ConstMemoryInfo info = q.GetTensorMemoryInfo();
+      device = info.GetDeviceId();
+      Ort::MemoryInfo cuda("Cuda", OrtArenaAllocator, device, OrtMemTypeDefault);
+      allocator = ctx.GetAllocator(*cuda);
+      workspace = allocator.Alloc(bytes);
+      if (!checked_) {
+        Check(wicore::CudaIsDevicePointer(workspace), "wicore BlockAttention: ORT's CUDA allocator gave no device memory");
+        checked_ = true;
+      }
+    }
+    const int err = wicore::BlockAttentionCuda(args, sm_count_, workspace, ctx.GetGPUComputeStream());
+    if (workspace != nullptr) allocator.Free(workspace);  // the arena hands it out again on this stream only after the kernels
+    Check(err == 0, std::string("wicore BlockAttention: ") + wicore::CudaErrorString(err));
+#else
+    (void)ctx, (void)q, (void)k, (void)v, (void)tables, (void)positions, (void)lens, (void)first, (void)d;
+#endif
+  }
+
+  bool cuda_, checked_ = false;
+  int sm_count_ = 0;
   int64_t num_heads_, num_kv_heads_, window_;
   float softcap_;
   bool avx2_;
 };
 
 struct BlockAttentionOp : Ort::CustomOpBase<BlockAttentionOp, BlockAttentionKernel> {
-  void* CreateKernel(const OrtApi&, const OrtKernelInfo* info) const { return new BlockAttentionKernel(info); }
+  explicit BlockAttentionOp(bool cuda) : cuda_(cuda) {}
+  void* CreateKernel(const OrtApi&, const OrtKernelInfo* info) const { return new BlockAttentionKernel(info, cuda_); }
   const char* GetName() const { return "BlockAttention"; }
-  const char* GetExecutionProviderType() const { return nullptr; }
+  const char* GetExecutionProviderType() const { return cuda_ ? kCuda : nullptr; }
   size_t GetInputTypeCount() const { return 7; }
-  Type GetInputType(size_t i) const { return i < 3 ? kF32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64; }
+  Type GetInputType(size_t i) const { return i < 3 ? (cuda_ ? kF16 : kF32) : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64; }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
     return i == 6 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
   size_t GetOutputTypeCount() const { return 1; }
-  Type GetOutputType(size_t) const { return kF32; }
+  Type GetOutputType(size_t) const { return cuda_ ? kF16 : kF32; }
+
+  bool cuda_;
 };
 
 // The ops live as long as the process: a session holds pointers to them.
@@ -345,10 +397,10 @@ std::vector<OrtCustomOp*>* MakeOps() {
     ops->push_back(new ResidualNormOp(true, cuda));
     ops->push_back(new GatedOp(wicore::Activation::kGeluTanh, cuda));
     ops->push_back(new GatedOp(wicore::Activation::kSilu, cuda));
+    ops->push_back(new BlockAttentionOp(cuda));
   }
   ops->push_back(new MatMulQOp());  // CPU only
   ops->push_back(new GatedF32Op());
-  ops->push_back(new BlockAttentionOp());
   return ops;
 }
 

@@ -1,0 +1,385 @@
+// BlockAttention on CUDA (kernels.h): float16 q, pools and output, float32 arithmetic; the CPU op
+// (attention_cpu.cc) is the reference and these kernels compute the same thing.
+//
+// Decode (one query token a row), flash-decoding:
+//
+//   grid (KV head x query-head chunk, token, split) ── each block: `keys_per_split` of the token's visible keys
+//     phase 1  one key a group of D / 8 lanes (16-byte loads of K), q·k for the chunk's G query heads at once
+//              (each K byte read once for them: GQA), softcap, scores into shared memory
+//     softmax  a warp per query head: max, exp, sum
+//     phase 2  the same lane groups read V (16-byte loads) and accumulate p·v in float32, then reduce
+//   splits == 1: the block writes out / sum; else partial sums, maxima and sums to the workspace and
+//   CombineKernel merges a head's splits (log-sum-exp weights).
+//
+// The splits come from the shapes only (the host never reads positions or lengths): enough blocks to
+// fill the SMs twice over, each split at most kMaxKeys keys. Rows with more tokens (prefill chunks)
+// take PrefillKernel: one block a (token, query head), scores in shared memory, no split.
+//
+// Differences from the CPU op: the CPU op gives a key 80 or more below the top score weight 0, this
+// one exp() of it (below 2e-35 of the top key's weight either way); the sums run in another order.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels.h"
+
+namespace wicore {
+namespace {
+
+constexpr int kThreads = 128;  // 4 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int64_t kMaxKeys = 1024;  // keys of one split (its scores live in shared memory)
+
+struct Visible {
+  int64_t lo, hi;
+};
+
+__device__ Visible VisibleKeys(const BlockAttentionCudaArgs& a, int64_t token, int64_t first) {
+  const int64_t row = token / a.seq, p = a.positions[token];
+  int64_t lo = a.window > 0 ? p - a.window + 1 : 0;
+  lo = lo > first ? lo : first;
+  int64_t hi = p + 1 < a.context_lens[row] ? p + 1 : a.context_lens[row];
+  const int64_t end = first + a.max_blocks * a.block_size;
+  hi = hi < end ? hi : end;
+  return {lo, hi};
+}
+
+// The pool row (block * block_size + offset) of logical key `key` of `row`.
+__device__ int64_t Slot(const BlockAttentionCudaArgs& a, int64_t row, int64_t first, int64_t key) {
+  const int64_t idx = key - first;
+  return a.block_tables[row * a.max_blocks + idx / a.block_size] * a.block_size + idx % a.block_size;
+}
+
+__device__ void Load8(const uint16_t* p, float* out) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+__device__ float Half(uint16_t v) { return __half2float(__ushort_as_half(v)); }
+__device__ uint16_t ToHalf(float v) { return __half_as_ushort(__float2half(v)); }
+
+__device__ float Softcap(const BlockAttentionCudaArgs& a, float s) { return a.softcap > 0.0f ? a.softcap * tanhf(s / a.softcap) : s; }
+
+// D: head_dim; G: query heads a block (a divisor of the group size). T = D / 8 lanes hold one key row.
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads) DecodeKernel(BlockAttentionCudaArgs a, int chunks, int splits, int keys_per_split,
+                                                         float* __restrict__ part, float* __restrict__ part_ml) {
+  constexpr int T = D / 8, KG = kThreads / T;
+  extern __shared__ float smem[];
+  float* scores = smem;                                          // [G][keys_per_split], later the warps' sums [kWarps][G][D]
+  const int region = max(G * keys_per_split, kWarps * G * D);
+  int64_t* slots = reinterpret_cast<int64_t*>(smem + (region + 1) / 2 * 2);  // [keys_per_split]
+  float* stats = reinterpret_cast<float*>(slots + keys_per_split);         // m [G], l [G]
+
+  const int64_t token = blockIdx.y, row = token / a.seq;
+  const int kvh = blockIdx.x / chunks, head0 = kvh * (a.num_heads / a.num_kv_heads) + (blockIdx.x % chunks) * G;
+  const int split = blockIdx.z;
+  const int64_t first = a.first_block != nullptr ? a.first_block[row] * a.block_size : 0;
+  const Visible vis = VisibleKeys(a, token, first);
+  const int64_t begin = vis.lo + static_cast<int64_t>(split) * keys_per_split;
+  const int64_t end_all = vis.hi, end = begin + keys_per_split < end_all ? begin + keys_per_split : end_all;
+  const int n = end > begin ? static_cast<int>(end - begin) : 0;
+  const int tid = threadIdx.x, sub = tid % T, kg = tid / T, lane = tid & 31, warp = tid >> 5;
+
+  if (n == 0) {  // nothing visible in this split
+    if (splits > 1) {
+      if (tid < G) {
+        const int64_t h = token * a.num_heads + head0 + tid;
+        part_ml[(h * splits + split) * 2] = -INFINITY;
+        part_ml[(h * splits + split) * 2 + 1] = 0.0f;
+      }
+    } else {
+      for (int i = tid; i < G * D; i += kThreads) a.out[(token * a.num_heads + head0) * D + i] = ToHalf(0.0f);
+    }
+    return;
+  }
+
+  float q[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) Load8(a.q + (token * a.num_heads + head0 + g) * D + sub * 8, q[g]);
+  const int64_t row_stride = static_cast<int64_t>(a.num_kv_heads) * D;
+
+  // phase 1: scores
+  for (int j0 = 0; j0 < n; j0 += KG) {  // every lane the same trips: the shuffles need the whole warp
+    const int j = j0 + kg;
+    const bool valid = j < n;
+    const int64_t slot = valid ? Slot(a, row, first, begin + j) : 0;
+    float k[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (valid) Load8(a.k_pool + slot * row_stride + kvh * D + sub * 8, k);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float s = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s += q[g][e] * k[e];
+#pragma unroll
+      for (int o = T / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (sub == 0 && valid) scores[g * keys_per_split + j] = Softcap(a, s);
+    }
+    if (sub == 0 && valid) slots[j] = slot;
+  }
+  __syncthreads();
+
+  // softmax: a warp a query head
+  for (int g = warp; g < G; g += kWarps) {
+    float* s = scores + g * keys_per_split;
+    float m = -INFINITY;
+    for (int j = lane; j < n; j += 32) m = fmaxf(m, s[j]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.0f;
+    for (int j = lane; j < n; j += 32) {
+      const float p = __expf(s[j] - m);
+      s[j] = p;
+      l += p;
+    }
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) {
+      stats[g] = m;
+      stats[G + g] = l;
+    }
+  }
+  __syncthreads();
+
+  // phase 2: p·v
+  float acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+  }
+  for (int j = kg; j < n; j += KG) {
+    float v[8];
+    Load8(a.v_pool + slots[j] * row_stride + kvh * D + sub * 8, v);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float p = scores[g * keys_per_split + j];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] += p * v[e];
+    }
+  }
+  // the warp's key groups, then the warps
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+#pragma unroll
+      for (int o = T; o < 32; o <<= 1) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+    }
+  }
+  __syncthreads();  // the scores are read: their memory takes the warps' sums
+  float* sums = scores;
+  if (lane < T) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sums[(warp * G + g) * D + sub * 8 + e] = acc[g][e];
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < G * D; i += kThreads) {
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += sums[w * G * D + i];
+    const int g = i / D;
+    const int64_t h = token * a.num_heads + head0 + g;
+    if (splits == 1) {
+      a.out[h * D + i % D] = ToHalf(total / stats[G + g]);
+    } else {
+      part[(h * splits + split) * D + i % D] = total;
+      if (i % D == 0) {
+        part_ml[(h * splits + split) * 2] = stats[g];
+        part_ml[(h * splits + split) * 2 + 1] = stats[G + g];
+      }
+    }
+  }
+}
+
+// One block a (token, query head): the splits' partial sums weighted by exp(m_s - M).
+__global__ void CombineKernel(const float* __restrict__ part, const float* __restrict__ part_ml, int splits, int head_dim,
+                              uint16_t* __restrict__ out) {
+  const int64_t h = blockIdx.x;
+  const float* ml = part_ml + h * splits * 2;
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, ml[2 * s]);
+  float l = 0.0f;
+  if (m != -INFINITY) {
+    for (int s = 0; s < splits; ++s) l += ml[2 * s + 1] * __expf(ml[2 * s] - m);
+  }
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float total = 0.0f;
+    if (l > 0.0f) {
+      for (int s = 0; s < splits; ++s) {
+        if (ml[2 * s + 1] > 0.0f) total += part[(h * splits + s) * head_dim + d] * __expf(ml[2 * s] - m);
+      }
+      total /= l;
+    }
+    out[h * head_dim + d] = ToHalf(total);
+  }
+}
+
+// Prefill chunks (seq > 1): one block a (token, query head), every visible key's score in shared
+// memory (up to kPrefillKeys; longer spans in passes with a running max and sum), a thread a
+// dimension for p·v. Correct and simple, not fast: the decode rows are the ones that run every step.
+constexpr int kPrefillKeys = 2048;
+
+__global__ void __launch_bounds__(kThreads) PrefillKernel(BlockAttentionCudaArgs a) {
+  __shared__ float scores[kPrefillKeys];
+  __shared__ float red[kWarps];
+  const int64_t token = blockIdx.y, row = token / a.seq;
+  const int head = blockIdx.x, kvh = head / (a.num_heads / a.num_kv_heads);
+  const int D = a.head_dim, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t first = a.first_block != nullptr ? a.first_block[row] * a.block_size : 0;
+  const Visible vis = VisibleKeys(a, token, first);
+  const uint16_t* q = a.q + (token * a.num_heads + head) * D;
+  const int64_t row_stride = static_cast<int64_t>(a.num_kv_heads) * D;
+  float m = -INFINITY, l = 0.0f;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // dimensions tid, tid + 128, ... (head_dim <= 512)
+  for (int64_t base = vis.lo; base < vis.hi; base += kPrefillKeys) {
+    const int n = static_cast<int>(vis.hi - base < kPrefillKeys ? vis.hi - base : kPrefillKeys);
+    for (int j = warp; j < n; j += kWarps) {  // a warp a key
+      const uint16_t* k = a.k_pool + Slot(a, row, first, base + j) * row_stride + kvh * D;
+      float s = 0.0f;
+      for (int d = lane; d < D; d += 32) s += Half(q[d]) * Half(k[d]);
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0) scores[j] = Softcap(a, s);
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int j = tid; j < n; j += kThreads) mx = fmaxf(mx, scores[j]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = red[0];
+    for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red[w]);
+    const float m_new = fmaxf(m, mx), rescale = m == -INFINITY ? 0.0f : __expf(m - m_new);
+    __syncthreads();
+    float part_l = 0.0f;
+    for (int j = tid; j < n; j += kThreads) {
+      const float p = __expf(scores[j] - m_new);
+      scores[j] = p;
+      part_l += p;
+    }
+    for (int o = 16; o > 0; o >>= 1) part_l += __shfl_xor_sync(0xffffffffu, part_l, o);
+    if (lane == 0) red[warp] = part_l;
+    __syncthreads();
+    part_l = 0.0f;
+    for (int w = 0; w < kWarps; ++w) part_l += red[w];
+    l = l * rescale + part_l;
+    for (int i = 0; i < 4; ++i) {
+      const int d = tid + i * kThreads;
+      if (d >= D) break;
+      float total = acc[i] * rescale;
+      for (int j = 0; j < n; ++j) total += scores[j] * Half(a.v_pool[Slot(a, row, first, base + j) * row_stride + kvh * D + d]);
+      acc[i] = total;
+    }
+    m = m_new;
+    __syncthreads();
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int d = tid + i * kThreads;
+    if (d >= D) break;
+    a.out[(token * a.num_heads + head) * D + d] = ToHalf(l > 0.0f ? acc[i] / l : 0.0f);
+  }
+}
+
+struct Plan {
+  int chunk;           // query heads a block
+  int splits, keys_per_split;
+};
+
+Plan MakePlan(const BlockAttentionCudaArgs& a, int sm_count) {
+  const int groups = static_cast<int>(a.num_heads / a.num_kv_heads);
+  int chunk = 8;
+  while (groups % chunk != 0) chunk /= 2;
+  int64_t keys = a.max_blocks * a.block_size;
+  if (a.window > 0 && a.window < keys) keys = a.window;
+  keys = std::max<int64_t>(keys, 1);
+  const int64_t blocks = a.batch * a.seq * a.num_kv_heads * (groups / chunk);
+  int64_t splits = (2 * static_cast<int64_t>(sm_count) + blocks - 1) / blocks;
+  splits = std::min<int64_t>(splits, (keys + 63) / 64);                 // at least 64 keys a split
+  splits = std::max<int64_t>(splits, (keys + kMaxKeys - 1) / kMaxKeys);  // at most kMaxKeys
+  splits = std::max<int64_t>(splits, 1);
+  int64_t per = (keys + splits - 1) / splits;
+  per = (per + 31) / 32 * 32;
+  splits = (keys + per - 1) / per;
+  return {chunk, static_cast<int>(splits), static_cast<int>(per)};
+}
+
+template <int D, int G>
+int LaunchDecode(const BlockAttentionCudaArgs& a, const Plan& plan, void* workspace, cudaStream_t stream) {
+  const int chunks = static_cast<int>(a.num_heads / a.num_kv_heads) / G;
+  const int region = std::max(G * plan.keys_per_split, kWarps * G * D);
+  const size_t shared = static_cast<size_t>((region + 1) / 2 * 2) * sizeof(float) +
+                        static_cast<size_t>(plan.keys_per_split) * sizeof(int64_t) + 2 * G * sizeof(float);
+  auto kernel = DecodeKernel<D, G>;
+  if (shared > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+  const dim3 grid(static_cast<unsigned>(a.num_kv_heads * chunks), static_cast<unsigned>(a.batch * a.seq),
+                  static_cast<unsigned>(plan.splits));
+  float* part = static_cast<float*>(workspace);
+  float* part_ml = part == nullptr ? nullptr : part + a.batch * a.seq * a.num_heads * plan.splits * D;
+  kernel<<<grid, kThreads, shared, stream>>>(a, chunks, plan.splits, plan.keys_per_split, part, part_ml);
+  if (plan.splits > 1) {
+    CombineKernel<<<static_cast<unsigned>(a.batch * a.seq * a.num_heads), 128, 0, stream>>>(part, part_ml, plan.splits, D,
+                                                                                           a.out);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <int D>
+int DispatchGroups(const BlockAttentionCudaArgs& a, const Plan& plan, void* workspace, cudaStream_t stream) {
+  switch (plan.chunk) {
+    case 8: return LaunchDecode<D, 8>(a, plan, workspace, stream);
+    case 4: return LaunchDecode<D, 4>(a, plan, workspace, stream);
+    case 2: return LaunchDecode<D, 2>(a, plan, workspace, stream);
+    default: return LaunchDecode<D, 1>(a, plan, workspace, stream);
+  }
+}
+
+}  // namespace
+
+bool BlockAttentionCudaSupports(int64_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
+
+size_t BlockAttentionCudaWorkspace(const BlockAttentionCudaArgs& a, int sm_count) {
+  if (a.seq != 1 || a.batch == 0) return 0;
+  const Plan plan = MakePlan(a, sm_count);
+  if (plan.splits == 1) return 0;
+  const size_t heads = static_cast<size_t>(a.batch * a.num_heads) * plan.splits;
+  return heads * (static_cast<size_t>(a.head_dim) + 2) * sizeof(float);
+}
+
+int BlockAttentionCuda(const BlockAttentionCudaArgs& a, int sm_count, void* workspace, void* stream) {
+  if (a.batch == 0 || a.seq == 0) return cudaSuccess;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (a.seq > 1) {
+    const dim3 grid(static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.batch * a.seq));
+    PrefillKernel<<<grid, kThreads, 0, s>>>(a);
+    return static_cast<int>(cudaGetLastError());
+  }
+  const Plan plan = MakePlan(a, sm_count);
+  switch (a.head_dim) {
+    case 64: return DispatchGroups<64>(a, plan, workspace, s);
+    case 128: return DispatchGroups<128>(a, plan, workspace, s);
+    default: return DispatchGroups<256>(a, plan, workspace, s);
+  }
+}
+
+bool CudaIsDevicePointer(const void* p) {
+  cudaPointerAttributes attr{};
+  return cudaPointerGetAttributes(&attr, p) == cudaSuccess && attr.type == cudaMemoryTypeDevice;
+}
+
+int CudaSmCount() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
+  return std::max(count, 1);
+}
+
+}  // namespace wicore
