@@ -4,6 +4,7 @@ matmul of the dequantized weight."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import numpy as np
@@ -167,6 +168,40 @@ def test_matmul_q_is_the_float_matmul_within_int8_rounding(cpu_library, bits, re
     bound = np.abs(dense) @ np.repeat(step, BLOCK, axis=1).T.astype(np.float64) / 2 + 1e-4
     assert np.all(np.abs(y - want) <= bound.T)
     assert np.abs(y - want).max() < (0.001 if residual else 0.05) * np.abs(want).max()  # and small against the outputs
+
+
+@pytest.mark.parametrize(
+    ("bits", "block_size", "offsets"),
+    [(4, 32, False), (4, 32, True), (8, 32, False), (8, 32, True), (8, 16, False), (4, 16, True)],
+    ids=["Q4_0", "Q4_1-Q4_K", "Q8_0", "Q5_K", "Q6_K", "4bit-16"],
+)
+@pytest.mark.parametrize(("m", "n", "k"), [(16, 203, 96), (21, 40, 160)])
+def test_matmul_q_prompt_is_the_float_matmul_within_fma_rounding(cpu_library, bits, block_size, offsets, m, n, k):
+    """From 16 rows on an AVX-512 CPU (matmul_q_float.cc): x in float32 against the weight dequantized as
+    fma(s, code, o) in float32, one fma chain over k an output: against float64,
+    |error| <= K u Σ_k |x_k w_k| / (1 - K u). Tiles of 8 rows (a ragged last one), panels of 32 weight
+    rows (a part one), several tasks of 64."""
+    if not has_vnni(cpu_library):
+        pytest.skip("the float prompt path runs on AVX-512 VNNI CPUs only")
+    rng = np.random.default_rng(m * 1000 + n + k + bits + block_size)
+    w = random_weight(rng, n, k, bits, block_size, offsets)
+    x = rng.standard_t(3, (1, m, k)).astype(np.float32)
+    (y,) = session(cpu_library, w, residual=True).run(None, {"x": x})
+    scales = np.repeat(w.scales, block_size, axis=1).astype(np.float64)
+    off = np.repeat(w.offsets, block_size, axis=1).astype(np.float64) if offsets else 0.0
+    dense = (scales * w.codes.astype(np.float64) + off).astype(np.float32).astype(np.float64)  # one rounding: the fma
+    want = x[0].astype(np.float64) @ dense.T
+    u = 2.0**-24
+    bound = k * u / (1 - k * u) * (np.abs(x[0]).astype(np.float64) @ np.abs(dense).T)
+    assert np.all(np.abs(y[0] - want) <= bound)
+    assert not np.array_equal(y[0], reference(x[0], w, residual=True))  # not the int8 arithmetic
+    (forced,) = session(cpu_library, w, "avx2", residual=True).run(None, {"x": x})  # a forced path stays int8
+    np.testing.assert_array_equal(forced[0], reference(x[0], w, residual=True))
+
+
+def has_vnni(path: str) -> bool:
+    """Whether MatMulQ's fast paths run on this CPU (ops.cc's WicoreHasVnni)."""
+    return bool(ctypes.CDLL(path).WicoreHasVnni())
 
 
 def test_matmul_q_says_what_it_takes(cpu_library):

@@ -69,7 +69,8 @@ struct QuantRow {
   std::vector<int32_t> starts; // [k / 4]
 };
 
-// Which code computes MatMulQ (all give the same bits): AVX-512 VNNI, AVX2 + FMA, or portable C++.
+// Which code computes MatMulQ's int8 arithmetic (all give the same bits): AVX-512 VNNI, AVX2 + FMA, or portable
+// C++. On kVnni a prompt of kMatMulQFloatRows rows or more takes the float path instead (MatMulQFloatRuns).
 enum class MatMulQPath { kScalar, kAvx2, kVnni };
 
 struct BlockAttentionArgs {
@@ -101,6 +102,11 @@ std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, MatMulQPath path)
 // row_begin a multiple of 8).
 void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t row_begin, int64_t row_end,
                 MatMulQPath path);
+// The prompt path (matmul_q_float.cc): from kMatMulQFloatRows rows on an AVX-512 CPU, x in float32 against
+// the weight dequantized to float32 (not the int8 path's bits; no MatMulQQuantize). Rows as MatMulQCpu.
+constexpr int64_t kMatMulQFloatRows = 16;
+bool MatMulQFloatRuns(const MatMulQArgs& args, MatMulQPath path);
+void MatMulQFloatCpu(const MatMulQArgs& args, int64_t row_begin, int64_t row_end);
 
 #ifdef WICORE_CUDA
 // Launched on `stream` (ORT's compute stream for the node); no allocation, no synchronization.

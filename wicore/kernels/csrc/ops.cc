@@ -156,14 +156,14 @@ struct MatMulQKernel {
         block_size_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("block_size")),
         n_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("N")),
         residual_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("residual") != 0),
-        path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))) {  // "scalar" / "avx2": force a slower path
+        path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))) {  // "scalar" / "avx2": a slower int8 path, prompts too
     Check(bits_ == 4 || bits_ == 8, "wicore MatMulQ: bits must be 4 or 8");
     Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
   }
 
   struct Work {
     const wicore::MatMulQArgs* args;
-    const std::vector<wicore::QuantRow>* rows;
+    const std::vector<wicore::QuantRow>* rows;  // null: the float prompt path (MatMulQFloatCpu)
     int64_t chunk;
     wicore::MatMulQPath path;
   };
@@ -171,7 +171,9 @@ struct MatMulQKernel {
   static void Run(void* data, size_t i) {
     const auto* w = static_cast<const Work*>(data);
     const int64_t begin = static_cast<int64_t>(i) * w->chunk;
-    wicore::MatMulQCpu(*w->args, *w->rows, begin, std::min(begin + w->chunk, w->args->n), w->path);
+    const int64_t end = std::min(begin + w->chunk, w->args->n);
+    if (w->rows == nullptr) return wicore::MatMulQFloatCpu(*w->args, begin, end);
+    wicore::MatMulQCpu(*w->args, *w->rows, begin, end, w->path);
   }
 
   void Compute(OrtKernelContext* context) {
@@ -198,9 +200,10 @@ struct MatMulQKernel {
     if (m == 0 || n == 0) return;
     const wicore::MatMulQArgs args{x.GetTensorData<float>(), codes.GetTensorData<uint8_t>(), scales.GetTensorData<float>(),
                                    op, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_), residual_};
-    const auto rows = wicore::MatMulQQuantize(args, path_);
+    const bool is_float = wicore::MatMulQFloatRuns(args, path_);  // a prompt: float activations, no int8 rows
+    const auto rows = is_float ? std::vector<wicore::QuantRow>{} : wicore::MatMulQQuantize(args, path_);
     constexpr int64_t kChunk = 64;  // weight rows a task (a multiple of the 4-bit groups of 8)
-    Work work{&args, &rows, kChunk, path_};
+    Work work{&args, is_float ? nullptr : &rows, kChunk, path_};
     const int64_t tasks = (n + kChunk - 1) / kChunk;
     ctx.ParallelFor(&Run, static_cast<size_t>(tasks), 0, &work);
   }
