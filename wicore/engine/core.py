@@ -374,9 +374,8 @@ class EngineCore:
     def _launch_group(self, groups: StepGroups, outputs: list[RequestOutput]) -> bool:
         """Schedule the requests not in flight, up to an even share of the live ones, and launch
         them as a step; the requests that ended go to `outputs`. Whether a step was launched."""
-        busy = groups.busy()
-        share = -(-(self.scheduler.num_requests - len(busy)) // (groups.num_groups - len(groups.inflight)))
-        out = self.scheduler.schedule(busy=busy, max_rows=max(share, 1))
+        share = -(-self.scheduler.num_requests // groups.num_groups)  # the groups even out within a round
+        out = self.scheduler.schedule(busy=groups.busy(), max_rows=max(share, 1))
         outputs += out.finished
         try:
             lost = self.kv.execute(out.moves) if out.moves else set()
