@@ -198,10 +198,8 @@ class ModelGraphs:
             binding.bind_cpu_input(io.INPUT_IDS, batch.input_ids)
         elif hidden is None:
             raise ValueError(f"partition {i} takes hidden states, but no partition before it made any")
-        elif self._handoff_device(i - 1) == self.devices[i].ort_device:
-            binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
         else:
-            binding.bind_cpu_input(io.HIDDEN_STATES, hidden.numpy())
+            self._bind_hidden(binding, i, hidden)
         step_inputs = {**batch.paging_inputs(), **(images or {})}
         if record.has_lm_head:
             step_inputs[io.LOGITS_INDICES] = batch.logits_indices
@@ -219,6 +217,14 @@ class ModelGraphs:
         if staged is not None:
             staged.after(i)
         return dict(zip(results, binding.get_outputs()))
+
+    def _bind_hidden(self, binding, partition: int, hidden: Any) -> None:
+        """Bind the hidden states the partition before left (an OrtValue) as this one's input: as they
+        are where they lie on this partition's device or in host memory, else through host memory."""
+        if self._handoff_device(partition - 1) == self.devices[partition].ort_device:
+            binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
+        else:
+            binding.bind_cpu_input(io.HIDDEN_STATES, hidden.numpy())
 
     def close(self) -> None:
         """Stop the pipeline's worker threads and let the sessions go (the weights and ORT's arenas:
