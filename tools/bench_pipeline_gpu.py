@@ -213,11 +213,11 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument(
         "--cut-decode-tokens", type=int, default=0, help="also a run that cuts decode steps (micro-batch tokens; 0: none)"
     )
-    p.add_argument("--setups", default=",".join(SETUPS), help=f"which of: {', '.join(SETUPS)} (comma-separated, in order)")
+    p.add_argument("--setups", default=";".join(SETUPS), help=f"which of: {'; '.join(SETUPS)} (';'-separated, in order)")
     p.add_argument("--work", type=Path, default=Path("/tmp/wicore-pipeline"))
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
-    names = tuple(n.strip() for n in a.setups.split(","))
+    names = tuple(n.strip() for n in a.setups.split(";"))
     unknown = [n for n in names if n not in SETUPS]
     if unknown:
         p.error(f"unknown setup(s) {unknown}: choose from {list(SETUPS)}")
