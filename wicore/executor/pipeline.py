@@ -13,6 +13,10 @@ bound. A decode step reads every weight once whatever its rows, so cutting it wo
 times: only steps of at least `tokens` tokens a micro-batch are cut (a decode step of 256 rows is
 not, at the default of 512). Rows are independent in every graph (their KV blocks are their own;
 padding writes only to the sink block), so the micro-batches' outputs, joined, are the batch's.
+
+With steps in flight over groups of requests (wicore.engine.groups), every step goes through the
+workers, whole or cut: each partition then runs one step at a time, in the order their inputs
+became ready, while the other partitions run the other groups' steps.
 """
 
 from __future__ import annotations
