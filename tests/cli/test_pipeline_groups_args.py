@@ -16,7 +16,7 @@ COMMANDS = [["serve"], ["generate", "--model", "m", "--prompt", "hi"], ["bench",
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
 def test_the_flag_sets_pipeline_groups(command):
-    for flags, expected in (([], None), (["--pipeline-groups", "3"], 3), (["--pipeline-groups", "1"], 1)):
+    for flags, expected in (([], 1), (["--pipeline-groups", "3"], 3), (["--pipeline-groups", "2"], 2)):
         args = parse_command_line([*command, "--kv-pool-gb", "1", *flags])
         assert engine_config(args, Path("m")).pipeline_groups == expected
 

@@ -6,8 +6,6 @@ comes back to the pool."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from test_async_scheduling import chat, drive, mixed  # noqa: F401 (fixtures)
 from tiny_engine import tiny_config
@@ -45,8 +43,9 @@ def test_groups_in_flight_give_the_same_tokens_and_free_every_block(two_part_cha
         assert two.blocks_free_after == two.blocks_free_before
 
 
-def test_groups_default_to_one_a_device_and_refuse_what_does_not_combine(two_part_chat, chat):  # noqa: F811
-    core = EngineCore(tiny_config(two_part_chat, verify_files=False, devices="cpu,cpu"))
+def test_groups_are_one_a_device_when_asked_and_refuse_what_does_not_combine(two_part_chat, chat):  # noqa: F811
+    assert tiny_config(chat).pipeline_groups == 1  # off by default
+    core = EngineCore(tiny_config(two_part_chat, verify_files=False, devices="cpu,cpu", pipeline_groups=None))
     try:  # two partitions on one device: nothing to overlap, one step at a time
         assert core.config.pipeline_groups == 1 and core.runner.graphs.pipeline is None
     finally:
@@ -62,4 +61,3 @@ def test_groups_default_to_one_a_device_and_refuse_what_does_not_combine(two_par
         tiny_config(chat, pipeline_groups=2, async_scheduling=True)
     with pytest.raises(ValueError, match="at least 2 groups"):
         StepGroups(None, 1)  # type: ignore[arg-type]
-    assert replace(tiny_config(chat), pipeline_groups=None).pipeline_groups is None

@@ -65,9 +65,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pipeline-groups",
         type=int,
-        default=None,
+        default=1,
         help="partitions on several devices: up to N steps in flight at once, each over its own requests, so every "
-        "device works at decode too (default: one a device where the partitions span several; 1: off)",
+        "device works at decode too (default 1: off; 2 for two cards)",
     )
     p.add_argument(  # the flag's name until issue 30 ("stream" now means SSE outputs alone)
         "--kv-stream-tokens",

@@ -50,9 +50,10 @@ class EngineConfig:
     # less idle device time between steps. Not with speculative decoding.
     async_scheduling: bool = False
     # Partitions on several devices (wicore.engine.groups): up to this many steps in flight at once,
-    # each over its own requests, so that every device runs one of them. None: one a device where the
-    # partitions span several devices (and nothing below turns it off), else 1; 1: off.
-    pipeline_groups: int | None = None
+    # each over its own requests, so that every device runs one of them. 1: off (the default until a
+    # run on two cards measures it); None: one a device where the partitions span several devices
+    # (unless async scheduling or a vision partition is on), else 1.
+    pipeline_groups: int | None = 1
 
     def __post_init__(self) -> None:
         if self.policy not in ("a2cr", "lru"):

@@ -1,5 +1,6 @@
-"""Steps in flight over disjoint groups of requests (EngineConfig.pipeline_groups): with the model's
-partitions on several devices, every device busy at decode too (vLLM's "virtual engines").
+"""Steps in flight over disjoint groups of requests (EngineConfig.pipeline_groups, off by default):
+with the model's partitions on several devices, every device busy at decode too (vLLM's "virtual
+engines").
 
 A decode step reads every weight once whatever its rows, so cutting one step into micro-batches
 (wicore.executor.pipeline) costs about (M + S - 1) / S of a whole step. Instead, the running
