@@ -1,20 +1,24 @@
-"""One model over two GPUs: micro-batched steps (both cards busy) against the same split run whole,
-and against one card, in one run (issue 34, item 3).
+"""One model over two GPUs: the split's ways of keeping both cards busy against the same split run
+whole, and against one card, in one run (issue 34, item 3).
 
-Exports the first `--layers` layers of a Gemma 3 shape (random weights, `--variant`, default 4-bit
-weights on the paged attention) as two partitions, then for each concurrency queues that many
+Exports the first `--layers` layers of a Gemma 3 shape (random 4-bit weights, no checkpoint:
+wicore.export.random_weights) as two partitions, then for each concurrency queues that many
 requests of `--input-len` random tokens at once and measures:
 
-    prefill s     the requests with one output token each: every prompt prefilled, and the first token
-    output tok/s  the same requests with `--output-len` tokens each, to their ends
+    TTFT s        the requests with one output token each: every prompt prefilled, and its first token
+                  (the time to the last stream's first token)
+    output tok/s  the same requests with `--output-len` tokens each, to their ends; beside it the mean
+                  time to a request's first token in that run
 
 for: one uncapped card (both partitions on cuda:0, CUDA graphs as the engine chooses); the split
-over cuda:0 and cuda:1 run whole (`micro_batch_tokens=0`); the split micro-batched (the default,
-512 tokens a micro-batch: prefill steps are cut, decode steps are not); and the split with decode
-steps cut too (`--micro-batch-tokens` small). The split runs see `--card-gb` of each card: the rest
-is taken by a torch allocation first (the design documents' two 16 GB cards).
+over cuda:0 and cuda:1 run whole (`micro_batch_tokens=0`, `pipeline_groups=1`); the split
+micro-batched (512 tokens a micro-batch: prefill steps are cut, decode steps are not); the split
+with two steps in flight over two groups of requests (`pipeline_groups=2`, wicore.engine.groups,
+prefill steps cut too); and, with `--cut-decode-tokens N`, the split with decode steps cut too.
+The split runs see `--card-gb` of each card: the rest is taken by a torch allocation first (the
+design documents' two 16 GB cards). A process a setup, its stream counts in the order given.
 
-    PYTHONPATH=/tmp/site:.:tools python3 tools/bench_pipeline_gpu.py --layers 16 --streams 16,32 \\
+    PYTHONPATH=/tmp/site:.:tools python3 tools/bench_pipeline_gpu.py --layers 8 --streams 32,16 \\
         --work /tmp/pipe --json pipeline.json
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -30,10 +35,11 @@ from pathlib import Path
 
 import numpy as np
 from benchlib import int_list, write_record
-from shape_exports import VARIANTS, export, make_checkpoints
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.scheduler_config import SchedulerConfig
+from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.random_weights import RandomQuantSource
 from wicore.types.sampling import SamplingParams
 
 GIB = 1 << 30
@@ -43,30 +49,55 @@ GIB = 1 << 30
 class Config:
     shape: str
     layers: int
-    variant: str
+    bits: int
     streams: tuple[int, ...]
     input_len: int
     output_len: int
     card_gb: float
     kv_pool_gb: float
     cut_decode_tokens: int
+    setups: tuple[str, ...]
     work: Path
     json_path: Path | None
 
 
-# name: (devices, micro_batch_tokens, capped)
-SETUPS: dict[str, tuple[str, int | None, bool]] = {
-    "one card": ("cuda:0", None, False),
-    "split, whole steps": ("cuda:0,cuda:1", 0, True),
-    "split, micro-batched": ("cuda:0,cuda:1", None, True),
+@dataclass(frozen=True)
+class Setup:
+    devices: str
+    micro_batch_tokens: int | None
+    pipeline_groups: int
+    capped: bool  # each card held to card_gb
+
+
+SETUPS: dict[str, Setup] = {
+    "split, groups in flight": Setup("cuda:0,cuda:1", None, 2, True),
+    "split, whole steps": Setup("cuda:0,cuda:1", 0, 1, True),
+    "split, micro-batched": Setup("cuda:0,cuda:1", None, 1, True),
+    "one card": Setup("cuda:0", None, 1, False),
 }
+
+
+def export(config: Config) -> Path:
+    """The shape's first `layers` layers, random `bits`-bit weights (the embedding gathered from the
+    head's codes), paged attention, two partitions."""
+    out = config.work / f"{config.shape}-{config.layers}-int{config.bits}e-2p"
+    if not (out / "wicore.json").is_file():
+        start = time.perf_counter()
+        source = RandomQuantSource.of_shape(config.shape, config.bits, config.layers)
+        settings = ExportConfig(
+            dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=config.bits, accuracy_level=0,
+            quantize_embedding=True, num_partitions=2, overwrite=True,
+        )  # fmt: skip
+        export_model(source, out, settings, progress=lambda _: None)
+        print(f"exported {out.name} in {time.perf_counter() - start:.0f} s", flush=True)
+    return out
 
 
 def cap_cards(card_gb: float) -> list[object]:
     """Take all but `card_gb` of each card's free memory with a torch allocation (kept alive)."""
     import torch
 
-    held = []
+    held: list[object] = []
     for i in range(torch.cuda.device_count()):
         free, _ = torch.cuda.mem_get_info(i)
         take = free - int(card_gb * GIB)
@@ -75,83 +106,124 @@ def cap_cards(card_gb: float) -> list[object]:
     return held
 
 
-def measure(model_dir: Path, devices: str, micro: int | None, streams: int, config: Config, capped: bool) -> dict[str, float]:
-    held = cap_cards(config.card_gb) if capped else []
+def timed_generate(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int, float]:
+    """Queue every prompt at once: (seconds to the last end, tokens out, mean seconds to a first token)."""
+    start = time.perf_counter()
+    ids = [engine.add_request(p, params) for p in prompts]
+    engine.start()
+    first: list[float] = []
+    counts: list[int] = []
+
+    def follow(request_id: str) -> None:
+        n = 0
+        for out in engine.outputs(request_id):
+            if out.new_token_ids and n == 0:
+                first.append(time.perf_counter() - start)
+            n += len(out.new_token_ids)
+        counts.append(n)
+
+    threads = [threading.Thread(target=follow, args=(i,)) for i in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start, sum(counts), float(np.mean(first))
+
+
+def measure(model_dir: Path, setup: Setup, config: Config) -> dict[int, dict[str, float]]:
+    """Every stream count of `config` on one engine (its own process): the points by stream count."""
+    held = cap_cards(config.card_gb) if setup.capped else []
     engine_config = EngineConfig(
         model_dir=model_dir,
-        devices=devices,
+        devices=setup.devices,
         kv_pool_gb=config.kv_pool_gb,
         num_host_blocks=0,
         num_nvme_blocks=0,
         enable_prefix_cache=False,
-        micro_batch_tokens=micro,
-        scheduler=SchedulerConfig(max_num_seqs=streams, max_context=config.input_len + config.output_len + 64),
+        micro_batch_tokens=setup.micro_batch_tokens,
+        pipeline_groups=setup.pipeline_groups,
+        scheduler=SchedulerConfig(max_num_seqs=max(config.streams), max_context=config.input_len + config.output_len + 64),
     )
-    rng = np.random.default_rng(streams)
+    points = {}
     with Engine(engine_config) as engine:
         vocab = engine.manifest.config.vocab_size
-        runs = {}
-        for name, tokens in (("warm-up", 2), ("prefill", 1), ("generate", config.output_len)):
-            prompts = [rng.integers(1000, vocab, config.input_len).tolist() for _ in range(streams)]
-            params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-            start = time.perf_counter()
-            done = engine.generate(prompts, params)
-            runs[name] = (time.perf_counter() - start, sum(len(c.token_ids) for c in done))
+        for streams in config.streams:
+            rng = np.random.default_rng(streams)
+            runs = {}
+            for name, tokens in (("warm-up", 2), ("prefill", 1), ("generate", config.output_len)):
+                prompts = [rng.integers(1000, vocab, config.input_len).tolist() for _ in range(streams)]
+                runs[name] = timed_generate(engine, prompts, SamplingParams(max_tokens=tokens, ignore_eos=True))
+            seconds, tokens, ttft = runs["generate"]
+            points[streams] = {
+                "ttft_s": runs["prefill"][0],
+                "output_tok_s": tokens / seconds,
+                "generate_s": seconds,
+                "generate_mean_ttft_s": ttft,
+            }
         pipeline = engine.core.runner.graphs.pipeline
-        cut = pipeline.num_steps if pipeline is not None else 0
+        steps = engine.core.num_steps
+        for point in points.values():
+            point.update(cut_steps=pipeline.num_steps if pipeline is not None else 0, steps=steps)
     del held
-    seconds, tokens = runs["generate"]
-    return {"prefill_s": runs["prefill"][0], "output_tok_s": tokens / seconds, "generate_s": seconds, "cut_steps": cut}
+    return points
 
 
 def run(config: Config) -> int:
-    folder = make_checkpoints(config.shape, (1, config.layers), config.work)[config.layers]
-    model_dir = export(folder, config.variant, config.work / f"{config.shape}-{config.layers}-{config.variant}-2p", partitions=2)
-    setups = dict(SETUPS)
-    setups[f"split, decode cut too ({config.cut_decode_tokens} tokens)"] = ("cuda:0,cuda:1", config.cut_decode_tokens, True)
+    model_dir = export(config)
+    setups = {name: SETUPS[name] for name in config.setups}
+    if config.cut_decode_tokens:
+        setups[f"split, decode cut too ({config.cut_decode_tokens} tokens)"] = Setup(
+            "cuda:0,cuda:1", config.cut_decode_tokens, 1, True
+        )
     results: dict[str, dict[int, dict[str, float]]] = {}
-    spawn = multiprocessing.get_context("spawn")  # a process a point: each starts with whole cards (ORT keeps its arenas)
-    for name, (devices, micro, capped) in setups.items():
-        results[name] = {}
-        for streams in config.streams:
-            with ProcessPoolExecutor(1, mp_context=spawn) as child:
-                r = child.submit(measure, model_dir, devices, micro, streams, config, capped).result()
-            results[name][streams] = r
+    spawn = multiprocessing.get_context("spawn")  # a process a setup: each starts with whole cards (ORT keeps its arenas)
+    for name, setup in setups.items():
+        with ProcessPoolExecutor(1, mp_context=spawn) as child:
+            results[name] = child.submit(measure, model_dir, setup, config).result()
+        for streams, r in results[name].items():
             print(
-                f"{name:40s} {streams:3d} streams: prefill {r['prefill_s']:.3f} s, output {r['output_tok_s']:.1f} tok/s "
-                f"({r['cut_steps']} steps cut)",
+                f"{name:40s} {streams:3d} streams: TTFT {r['ttft_s']:.3f} s, output {r['output_tok_s']:.1f} tok/s "
+                f"(mean TTFT {r['generate_mean_ttft_s']:.3f} s)",
                 flush=True,
             )
+        if config.json_path is not None:  # after each setup: a cut-short run keeps what it measured
+            write_record(config.json_path, config, results=results)
     base = "split, whole steps"
-    for streams in config.streams:
-        for name in results:
-            r, b = results[name][streams], results[base][streams]
-            print(
-                f"{streams:3d} streams, {name:40s}: prefill {b['prefill_s'] / r['prefill_s']:.2f}x, "
-                f"output tok/s {r['output_tok_s'] / b['output_tok_s']:.2f}x the whole-step split"
-            )
-    if config.json_path is not None:
-        write_record(config.json_path, config, results=results)
+    if base in results:
+        for streams in config.streams:
+            for name in results:
+                r, b = results[name][streams], results[base][streams]
+                print(
+                    f"{streams:3d} streams, {name:40s}: TTFT {b['ttft_s'] / r['ttft_s']:.2f}x, "
+                    f"output tok/s {r['output_tok_s'] / b['output_tok_s']:.2f}x the whole-step split"
+                )
     return 0
 
 
 def parse_args(argv: list[str] | None) -> Config:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="gemma3-27b")
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--variant", default="int4-paged", choices=sorted(VARIANTS))
-    p.add_argument("--streams", default="16,32")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--bits", type=int, default=4, choices=(4, 8))
+    p.add_argument("--streams", default="32,16")
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--card-gb", type=float, default=16.0, help="memory each card keeps for the split runs")
     p.add_argument("--kv-pool-gb", type=float, default=4.0, help="the KV pool, over both cards in a split")
-    p.add_argument("--cut-decode-tokens", type=int, default=16, help="micro-batch tokens of the run that cuts decode steps")
+    p.add_argument(
+        "--cut-decode-tokens", type=int, default=0, help="also a run that cuts decode steps (micro-batch tokens; 0: none)"
+    )
+    p.add_argument("--setups", default=";".join(SETUPS), help=f"which of: {'; '.join(SETUPS)} (';'-separated, in order)")
     p.add_argument("--work", type=Path, default=Path("/tmp/wicore-pipeline"))
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
+    names = tuple(n.strip() for n in a.setups.split(";"))
+    unknown = [n for n in names if n not in SETUPS]
+    if unknown:
+        p.error(f"unknown setup(s) {unknown}: choose from {list(SETUPS)}")
     return Config(
-        a.shape, a.layers, a.variant, int_list(a.streams), a.input_len, a.output_len, a.card_gb, a.kv_pool_gb, a.cut_decode_tokens,
-        a.work, a.json,
+        a.shape, a.layers, a.bits, int_list(a.streams), a.input_len, a.output_len, a.card_gb, a.kv_pool_gb,
+        a.cut_decode_tokens, names, a.work, a.json,
     )  # fmt: skip
 
 

@@ -31,8 +31,13 @@ def test_only_steps_with_enough_tokens_a_micro_batch_are_cut():
         assert pipeline.spans(one_long_row) == [(0, 1)]
     finally:
         pipeline.close()
+    whole = Pipeline(FakeGraphs(), tokens=0)  # type: ignore[arg-type]
+    try:  # the workers alone (steps in flight over groups): steps run whole
+        assert whole.spans(prefill) == [(0, 8)]
+    finally:
+        whole.close()
     with pytest.raises(ValueError, match="at least 1 token"):
-        Pipeline(FakeGraphs(), tokens=0)  # type: ignore[arg-type]
+        Pipeline(FakeGraphs(), tokens=-1)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

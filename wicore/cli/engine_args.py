@@ -62,6 +62,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="partitions on several devices: a step of at least twice this many tokens runs as micro-batches of rows "
         "that keep every device busy at once (default: 512 where the partitions span several devices; 0: off)",
     )
+    p.add_argument(
+        "--pipeline-groups",
+        type=int,
+        default=1,
+        help="partitions on several devices: up to N steps in flight at once, each over its own requests, so every "
+        "device works at decode too (default 1: off; 2 for two cards)",
+    )
     p.add_argument(  # the flag's name until issue 30 ("stream" now means SSE outputs alone)
         "--kv-stream-tokens",
         dest="kv_offload_tokens",
@@ -127,6 +134,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             nvme_dir=args.nvme_dir,
             kv_offload_tokens=args.kv_offload_tokens,
             micro_batch_tokens=args.micro_batch_tokens,
+            pipeline_groups=args.pipeline_groups,
             policy=args.policy,
             enable_prefix_cache=not args.no_prefix_cache,
             devices=args.devices,

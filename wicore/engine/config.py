@@ -49,6 +49,11 @@ class EngineConfig:
     # Plan step N+1 while step N runs on a worker thread (wicore.engine.lookahead): the same tokens,
     # less idle device time between steps. Not with speculative decoding.
     async_scheduling: bool = False
+    # Partitions on several devices (wicore.engine.groups): up to this many steps in flight at once,
+    # each over its own requests, so that every device runs one of them. 1: off (the default until a
+    # run on two cards measures it); None: one a device where the partitions span several devices
+    # (unless async scheduling or a vision partition is on), else 1.
+    pipeline_groups: int | None = 1
 
     def __post_init__(self) -> None:
         if self.policy not in ("a2cr", "lru"):
@@ -64,5 +69,12 @@ class EngineConfig:
             raise ValueError(f"micro_batch_tokens must be >= 0 (0: off), got {self.micro_batch_tokens}")
         if self.kv_offload_tokens < 0:
             raise ValueError(f"kv_offload_tokens must be >= 0 (0: off), got {self.kv_offload_tokens}")
+        if self.pipeline_groups is not None and self.pipeline_groups < 1:
+            raise ValueError(f"pipeline_groups must be >= 1 (1: off), got {self.pipeline_groups}")
+        if (self.pipeline_groups or 1) > 1 and (self.async_scheduling or self.speculative or self.kv_offload_tokens):
+            raise ValueError(
+                "pipeline_groups > 1 does not combine with async_scheduling, speculative decoding or kv_offload_tokens: "
+                "set pipeline_groups to 1 or turn those off"
+            )
         if self.async_scheduling and self.speculative is not None:
             raise ValueError("async scheduling does not combine with speculative decoding: turn one of them off")

@@ -31,6 +31,7 @@ from wicore.blocks.block_groups import FULL, WINDOW
 from wicore.blocks.tier import Tier
 from wicore.devices.placement import plan_placement
 from wicore.engine.config import EngineConfig
+from wicore.engine.groups import StepGroups
 from wicore.engine.kv_setup import build_kv_cache, plan_tiers
 from wicore.engine.lookahead import InFlight, StepWorker
 from wicore.engine.rate import RateMeter
@@ -96,8 +97,9 @@ class EngineCore:
             config.cuda_graphs,
             bs,
             config.micro_batch_tokens,
+            config.pipeline_groups if config.pipeline_groups is not None or config.async_scheduling or placement.vision else 1,
         )
-        self.config = config = replace(config, cuda_graphs=graphs.cuda_graphs)
+        self.config = config = replace(config, cuda_graphs=graphs.cuda_graphs, pipeline_groups=graphs.pipeline_groups)
         self.layout = layout
         self.devices = tuple(graphs.devices)
         self.kv = build_kv_cache(config, layout, tiers, buffers)
@@ -142,6 +144,7 @@ class EngineCore:
         self.seconds = PhaseSeconds()  # summed over every step
         self._worker = StepWorker(self.runner) if config.async_scheduling else None
         self._inflight: InFlight | None = None  # the step the worker runs (async scheduling)
+        self._groups = StepGroups(self.runner, graphs.pipeline_groups) if graphs.pipeline_groups > 1 else None
 
     def need_tokenizer(self) -> Tokenizer:
         """The tokenizer, or the RequestError a model exported without one answers."""
@@ -244,7 +247,7 @@ class EngineCore:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or self._inflight is not None
+        return self.scheduler.has_work or self._inflight is not None or bool(self._groups and self._groups.inflight)
 
     @property
     def num_waiting(self) -> int:
@@ -258,6 +261,8 @@ class EngineCore:
         Under async scheduling a call launches a step and returns the outputs of the one before."""
         if self._worker is not None:
             return self._step_async(self._worker)
+        if self._groups is not None:
+            return self._step_groups(self._groups)
         start = time.perf_counter()
         decoding = self.scheduler.decoding() if self.speculator is not None else []
         drafts = self.speculator.drafts(decoding) if self.speculator is not None and decoding else {}
@@ -339,6 +344,54 @@ class EngineCore:
         self._trace(replace(trace, num_moves=len(out.moves), num_lost=len(lost), seconds=seconds))
         return outputs
 
+    def _step_groups(self, groups: StepGroups) -> list[RequestOutput]:
+        """`step` with steps in flight over groups of requests (wicore.engine.groups): launch a step
+        for the requests not in flight, after waiting for the oldest step when every group is busy
+        (or none of the others can run). Returns the outputs of the steps accounted, and the requests
+        that ended while scheduling."""
+        start = time.perf_counter()
+        outputs: list[RequestOutput] = []
+        trace = StepTrace()
+        if not groups.is_full and self._launch_group(groups, outputs):
+            self._trace(StepTrace(seconds=PhaseSeconds(schedule_s=time.perf_counter() - start)))
+            return outputs
+        if groups.inflight:
+            inflight = groups.oldest()
+            waiting = time.perf_counter()
+            result = None
+            try:
+                result = inflight.result.result()
+            except Exception:
+                outputs += self.scheduler.fail([row.request_id for row in inflight.rows], traceback.format_exc())
+            ran = time.perf_counter()
+            outputs += self.scheduler.drop_cancelled(groups.busy())
+            if result is not None:
+                outputs += self._account(inflight.rows, result)
+            graphs_s = 0.0 if result is None else result.graphs_seconds
+            seconds = PhaseSeconds(waiting - start, 0.0, ran - waiting, time.perf_counter() - ran, graphs_s)
+            trace = StepTrace(tuple(inflight.rows), seconds=seconds)
+            self._launch_group(groups, outputs)
+        self._trace(trace)
+        return outputs
+
+    def _launch_group(self, groups: StepGroups, outputs: list[RequestOutput]) -> bool:
+        """Schedule the requests not in flight, up to an even share of the live ones, and launch
+        them as a step; the requests that ended go to `outputs`. Whether a step was launched."""
+        share = -(-self.scheduler.num_requests // groups.num_groups)  # the groups even out within a round
+        out = self.scheduler.schedule(busy=groups.busy(), max_rows=max(share, 1))
+        outputs += out.finished
+        try:
+            lost = self.kv.execute(out.moves) if out.moves else set()
+            rows = self.scheduler.drop_lost(lost, out.rows) if lost else out.rows
+            if rows:
+                groups.launch(rows, out.ended_request_ids)
+                self.num_steps += 1
+                return True
+        except Exception:
+            outputs += self.scheduler.fail([row.request_id for row in out.rows], traceback.format_exc())
+        groups.forget(out.ended_request_ids)
+        return False
+
     def _trace(self, trace: StepTrace) -> None:
         self.last_step = trace
         self.seconds += trace.seconds
@@ -357,6 +410,8 @@ class EngineCore:
     def close(self) -> None:
         if self._worker is not None:
             self._worker.close()
+        if self._groups is not None:
+            self._groups.close()
         if self.speculator is not None:
             self.speculator.close()
         self.runner.graphs.close()

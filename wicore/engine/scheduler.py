@@ -24,7 +24,7 @@ import dataclasses
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from wicore.blocks.block_groups import BlockGroups
 from wicore.blocks.block_pool import Move
@@ -101,25 +101,37 @@ class Scheduler:
                 self._planned_moves += plan
                 self._planned[req.request_id] = self._row(req, 1, ahead=True)
 
-    def drop_cancelled(self) -> list[RequestOutput]:
-        """End the aborted and expired requests now (their blocks return to the pool): the final outputs."""
-        return self._drop_aborted() + self._drop_expired(self.clock())
+    @property
+    def num_requests(self) -> int:
+        """Requests not yet finished: waiting, running or swapped."""
+        return len(self.requests)
 
-    def schedule(self, drafts: Mapping[str, Sequence[int]] | None = None) -> SchedulerOutput:
+    def drop_cancelled(self, busy: Collection[str] = ()) -> list[RequestOutput]:
+        """End the aborted and expired requests now (their blocks return to the pool), but those in
+        `busy`: the final outputs."""
+        return self._drop_aborted(busy) + self._drop_expired(self.clock(), busy)
+
+    def schedule(
+        self, drafts: Mapping[str, Sequence[int]] | None = None, busy: Collection[str] = (), max_rows: int | None = None
+    ) -> SchedulerOutput:
         """The step's rows and moves. `drafts` (request id -> draft tokens) turn decodes into
-        verification rows (wicore.engine.speculative), as far as the step's tokens and the KV cache allow."""
+        verification rows (wicore.engine.speculative), as far as the step's tokens and the KV cache allow.
+        `busy`: running requests in a step still in flight (wicore.engine.groups): not scheduled,
+        preempted or ended (an abort or deadline waits for their step's return). `max_rows`: the most
+        rows the step takes."""
         now = self.clock()
-        finished = self._drop_aborted() + self._drop_expired(now)
+        finished = self._drop_aborted(busy) + self._drop_expired(now, busy)
         moves, self._planned_moves = self._planned_moves, []
         planned, self._planned = self._planned, {}
         rows: list[ScheduledRow] = []
         cfg = self.config
-        decoding = any(r.num_tokens - r.num_computed == 1 for r in self.running)
+        free = [r for r in self.running if r.request_id not in busy] if busy else self.running
+        decoding = any(r.num_tokens - r.num_computed == 1 for r in free)
         prefill = cfg.prefill_with_decodes if decoding else cfg.max_num_batched_tokens
-        budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk)
+        budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk, max_rows)
         stage = StageBudget(cfg.max_staged_blocks)
 
-        queue = deque(sorted(self.running, key=self._rank))
+        queue = deque(sorted(free, key=self._rank))
         preempted_this_step = False
         while queue and budget.tokens > 0:
             req = queue.popleft()
@@ -367,16 +379,23 @@ class Scheduler:
         self._with_deadline.pop(req.request_id, None)
         return RequestOutput(req.request_id, [], True, reason, len(req.prompt_ids), req.num_cached_prompt_tokens)
 
-    def _drop_aborted(self) -> list[RequestOutput]:
+    def _drop_aborted(self, busy: Collection[str] = ()) -> list[RequestOutput]:
         out = []
+        waits = []  # aborted while its step is in flight: ended once that step is back
         while self._aborted:
-            req = self.requests.get(self._aborted.popleft())
-            if req is not None:
+            request_id = self._aborted.popleft()
+            req = self.requests.get(request_id)
+            if request_id in busy:
+                waits.append(request_id)
+            elif req is not None:
                 out.append(self._finish(req, "abort"))
+        self._aborted.extend(waits)
         return out
 
-    def _drop_expired(self, now: float) -> list[RequestOutput]:
-        expired = [r for r in self._with_deadline.values() if r.deadline is not None and now > r.deadline]
+    def _drop_expired(self, now: float, busy: Collection[str] = ()) -> list[RequestOutput]:
+        expired = [
+            r for r in self._with_deadline.values() if r.deadline is not None and now > r.deadline and r.request_id not in busy
+        ]
         return [self._finish(r, "deadline") for r in expired]
 
     def drop_lost(self, seq_ids: set[int], rows: list[ScheduledRow]) -> list[ScheduledRow]:

@@ -58,26 +58,33 @@ class SchedulerConfig:
 
 @dataclass
 class StepBudget:
-    """What is left of one step: tokens in all, and tokens prefill chunks may still take."""
+    """What is left of one step: tokens in all, tokens prefill chunks may still take, and rows."""
 
     tokens: int
     prefill: int
     chunk: int  # the most one request prefills
+    rows: int | None = None  # rows the step may still take; None: no limit but the tokens
 
     @property
     def prefill_room(self) -> int:
         """The longest prefill chunk that still fits this step."""
+        if self.rows is not None and self.rows <= 0:
+            return 0
         return max(0, min(self.tokens, self.prefill, self.chunk))
 
     def fits(self, req: Request) -> int:
         """Tokens `req` would run this step (0: none fit). One token left to run is a decode;
         more are a prefill chunk (a prompt, or tokens to recompute), which never cuts an image."""
+        if self.rows is not None and self.rows <= 0:
+            return 0
         left = req.num_tokens - req.num_computed
         return min(left, self.tokens) if left == 1 else req.chunk(min(left, self.prefill_room))
 
     def spend(self, req: Request, n: int) -> None:
         """`req` runs `n` tokens (call before its num_computed moves)."""
         self.tokens -= n
+        if self.rows is not None:
+            self.rows -= 1
         if req.num_tokens - req.num_computed > 1:
             self.prefill -= n
 

@@ -61,6 +61,7 @@ class ModelGraphs:
         cuda_graphs: bool | None = False,  # decode steps captured and replayed (runtime/cuda_graphs.py)
         block_size: int | None = None,  # cuda_graphs None: on where they can be and blocks are FlashAttention's
         micro_batch_tokens: int | None = None,  # wicore.executor.pipeline; None: its default over several devices; 0: off
+        pipeline_groups: int | None = 1,  # steps in flight at once (wicore.engine.groups); None: one a device
     ) -> None:
         ort = onnxruntime()
         self.manifest = manifest
@@ -70,6 +71,15 @@ class ModelGraphs:
             raise ValueError(f"{len(self.devices)} devices for {len(manifest.partitions)} partitions")
         for device in self.devices:
             device.check_can_run(manifest.dtype, manifest.op_flavour, manifest.attention)
+        several = len({d.ort_device for d in self.devices}) > 1
+        if pipeline_groups is None:
+            pipeline_groups = len({d.ort_device for d in self.devices}) if several else 1
+        # Steps in flight at once: each partition's runs go through its own worker, in the order they come.
+        self.pipeline_groups = pipeline_groups if len(self.devices) > 1 else 1
+        if cuda_graphs and self.pipeline_groups > 1:
+            raise DeviceError("CUDA graphs replay one step at a time: set pipeline_groups to 1 to use them")
+        if cuda_graphs is None and self.pipeline_groups > 1:
+            cuda_graphs = False
         if cuda_graphs is None:  # greedy and sampled tokens measured identical to uncaptured there (PERFORMANCE.md)
             tile = flash_page_size(manifest.config.head_dim)
             cuda_graphs = can_capture(manifest, self.devices) and block_size is not None and block_size % tile == 0
@@ -90,9 +100,9 @@ class ModelGraphs:
         self.head = SamplingHead(manifest.config.vocab_size, self.devices[-1], num_threads) if manifest.sampling_head else None
         self.decode_graphs: DecodeGraphs | None = None
         if micro_batch_tokens is None:  # on where the partitions span devices that can work at once
-            several = len({d.ort_device for d in self.devices}) > 1
             micro_batch_tokens = pipeline.DEFAULT_TOKENS if several else 0
-        self.pipeline = pipeline.Pipeline(self, micro_batch_tokens) if micro_batch_tokens and len(self.sessions) > 1 else None
+        in_pipeline = (micro_batch_tokens or self.pipeline_groups > 1) and len(self.sessions) > 1
+        self.pipeline = pipeline.Pipeline(self, micro_batch_tokens) if in_pipeline else None
         self._run_options = None
         if cuda_graphs:  # a session that captures runs uncaptured only when told so
             self._run_options = ort.RunOptions()
@@ -149,7 +159,7 @@ class ModelGraphs:
             return self.decode_graphs.run(batch, want_logits, sampling)
         if staged is None and not images and self.pipeline is not None:
             spans = self.pipeline.spans(batch)
-            if len(spans) > 1:
+            if len(spans) > 1 or self.pipeline_groups > 1:  # several steps in flight share the partitions' workers
                 return self.pipeline.run(batch, spans, want_logits, sampling)
         hidden = None
         out: dict[str, Any] = {}
@@ -188,10 +198,8 @@ class ModelGraphs:
             binding.bind_cpu_input(io.INPUT_IDS, batch.input_ids)
         elif hidden is None:
             raise ValueError(f"partition {i} takes hidden states, but no partition before it made any")
-        elif self._handoff_device(i - 1) == self.devices[i].ort_device:
-            binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
         else:
-            binding.bind_cpu_input(io.HIDDEN_STATES, hidden.numpy())
+            self._bind_hidden(binding, i, hidden)
         step_inputs = {**batch.paging_inputs(), **(images or {})}
         if record.has_lm_head:
             step_inputs[io.LOGITS_INDICES] = batch.logits_indices
@@ -209,6 +217,14 @@ class ModelGraphs:
         if staged is not None:
             staged.after(i)
         return dict(zip(results, binding.get_outputs()))
+
+    def _bind_hidden(self, binding, partition: int, hidden: Any) -> None:
+        """Bind the hidden states the partition before left (an OrtValue) as this one's input: as they
+        are where they lie on this partition's device or in host memory, else through host memory."""
+        if self._handoff_device(partition - 1) == self.devices[partition].ort_device:
+            binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
+        else:
+            binding.bind_cpu_input(io.HIDDEN_STATES, hidden.numpy())
 
     def close(self) -> None:
         """Stop the pipeline's worker threads and let the sessions go (the weights and ORT's arenas:

@@ -13,6 +13,10 @@ bound. A decode step reads every weight once whatever its rows, so cutting it wo
 times: only steps of at least `tokens` tokens a micro-batch are cut (a decode step of 256 rows is
 not, at the default of 512). Rows are independent in every graph (their KV blocks are their own;
 padding writes only to the sink block), so the micro-batches' outputs, joined, are the batch's.
+
+With steps in flight over groups of requests (wicore.engine.groups), every step goes through the
+workers, whole or cut: each partition then runs one step at a time, in the order their inputs
+became ready, while the other partitions run the other groups' steps.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ class Pipeline:
     """A worker thread per partition, fed micro-batches in order."""
 
     def __init__(self, graphs: ModelGraphs, tokens: int = DEFAULT_TOKENS) -> None:
-        if tokens < 1:
-            raise ValueError(f"a micro-batch needs at least 1 token, got {tokens}")
+        if tokens < 0:
+            raise ValueError(f"a micro-batch needs at least 1 token (0: steps run whole), got {tokens}")
         self.graphs = graphs
         self.tokens = tokens
         self.num_steps = 0  # steps run as micro-batches
@@ -49,7 +53,7 @@ class Pipeline:
     def spans(self, batch: BatchInputs) -> list[tuple[int, int]]:
         """The micro-batches' row ranges: as many as hold `tokens` tokens each, at most one a row."""
         rows = batch.input_ids.shape[0]
-        count = min(rows, batch.input_ids.size // self.tokens)
+        count = min(rows, batch.input_ids.size // self.tokens) if self.tokens else 1
         bounds = np.linspace(0, rows, max(count, 1) + 1).round().astype(int)
         return [(int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds.tolist())]
 
@@ -67,12 +71,29 @@ class Pipeline:
             n = len(part.logits_indices)
             draws = None if sampling is None else _rows(sampling, first_logit, n, step_masks)
             first_logit += n
-            stage: Future[tuple[dict[str, Any], np.ndarray | None]] | None = None
-            for i, worker in enumerate(self.workers):
-                stage = worker.submit(self._stage, i, part, stage, want_logits, draws)
-            assert stage is not None
-            done.append((stage, draws))
+            done.append((self._submit(0, part, None, want_logits, draws), draws))
         return join_outputs([self._outputs(stage.result(), want_logits, draws) for stage, draws in done])
+
+    def _submit(
+        self,
+        i: int,
+        part: BatchInputs,
+        before: Future[tuple[dict[str, Any], np.ndarray | None]] | None,
+        want_logits: bool,
+        sampling: SamplingInputs | None,
+        last: Future[tuple[dict[str, Any], np.ndarray | None]] | None = None,
+    ) -> Future[tuple[dict[str, Any], np.ndarray | None]]:
+        """Queue partition i's run of `part` on its worker, and partition i + 1's once it is done: a
+        partition's queue holds only runs whose inputs are ready, in the order they became so (with
+        several steps in flight, one step's later stage never waits behind another's earlier one).
+        Returns the last partition's result."""
+        last = last if last is not None else Future()
+        stage = self.workers[i].submit(self._stage, i, part, before, want_logits, sampling)
+        if i + 1 < len(self.workers):
+            stage.add_done_callback(lambda done: self._submit(i + 1, part, done, want_logits, sampling, last))
+        else:
+            stage.add_done_callback(functools.partial(_settle, last))
+        return last
 
     def _stage(
         self,
@@ -115,3 +136,12 @@ def _rows(sampling: SamplingInputs, first: int, count: int, step_masks: Callable
             return step_masks()[first : first + rows]
 
     return SamplingInputs(sampling.temperature[first : first + count], sampling.uniform[first : first + count], sub)
+
+
+def _settle(future: Future[Any], done: Future[Any]) -> None:
+    """`future` takes `done`'s result or exception."""
+    error = done.exception()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(done.result())
