@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from kernel_graphs import BLOCK, SHAPE_27B, attention_model
+from kernel_graphs import BLOCK, SHAPE_27B, attention_model, cuda_kernels
 from onnx import TensorProto, helper
 
 from wicore.devices.providers import onnxruntime
@@ -179,24 +179,6 @@ def time_pair(ort, lib: str, batch: int, ctx: int, window: int) -> dict:
     for r in results.values():
         r["gb_per_s"] = gb / (r["us_per_layer"] * 1e-6)
     return dict(batch=batch, context=ctx, window=window, kv_gb=gb, **results)
-
-
-def cuda_kernels(run, num_runs: int) -> tuple[float, dict[str, float]]:
-    """(wall ms a run, {kernel: GPU us a run}) of `num_runs` calls of `run`, from CUPTI (as probe_kernels.py)."""
-    import torch
-
-    per_kernel: dict[str, float] = {}
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        for _ in range(num_runs):
-            run()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - start) / num_runs
-    for event in prof.key_averages():
-        if event.self_device_time_total > 0:
-            key = event.key[:60]
-            per_kernel[key] = per_kernel.get(key, 0.0) + event.self_device_time_total / num_runs
-    return 1000 * wall, per_kernel
 
 
 def measure(sess, binding, runs: int = 20) -> dict:

@@ -1,8 +1,12 @@
-"""The small graphs tools/probe_kernels.py times: paged attention nodes and linear layers at a
-model's shapes, weights written straight to an external data file."""
+"""The small graphs tools/probe_kernels.py and tools/check_attention_gpu.py time: paged attention
+nodes and linear layers at a model's shapes, weights written straight to an external data file;
+and `cuda_kernels`, the GPU time of each kernel a run launches (CUPTI, through torch's profiler)."""
 
 from __future__ import annotations
 
+import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -130,3 +134,20 @@ def linear_model(case: dict, repeat: int, folder: Path) -> Path:
     path = folder / "linear.onnx"
     onnx.save(helper.make_model(graph, opset_imports=OPSETS, ir_version=IR_VERSION), path)
     return path
+
+
+def cuda_kernels(run: Callable[[], object], num_runs: int) -> tuple[float, Counter]:
+    """(wall ms a run, {kernel: GPU us a run}) of `num_runs` calls of `run`, from CUPTI."""
+    import torch
+
+    per_kernel: Counter = Counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(num_runs):
+            run()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / num_runs
+    for event in prof.key_averages():
+        if event.self_device_time_total > 0:
+            per_kernel[event.key[:60]] += event.self_device_time_total / num_runs
+    return 1000 * wall, per_kernel

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 from benchlib import write_record
-from kernel_graphs import BLOCK, SHAPE_27B, attention_model, linear_model
+from kernel_graphs import BLOCK, SHAPE_27B, attention_model, cuda_kernels, linear_model
 
 MAX_CONTEXT = 131072
 RUNS = 20  # profiled runs a case
@@ -124,23 +124,6 @@ def matmul_cases() -> list[dict]:
 
 
 # --------------------------------------------------------------------------- timing
-def cuda_kernels(run, num_runs: int) -> tuple[float, Counter]:
-    """(wall ms a run, {kernel: GPU µs a run}) of `num_runs` calls of `run`, from CUPTI."""
-    import torch
-
-    per_kernel: Counter = Counter()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        for _ in range(num_runs):
-            run()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - start) / num_runs
-    for event in prof.key_averages():
-        if event.self_device_time_total > 0:
-            per_kernel[event.key[:60]] += event.self_device_time_total / num_runs
-    return 1000 * wall, per_kernel
-
-
 def probe_attention(case: dict, out_dir: Path, repeat: int = 4) -> dict:
     import onnxruntime as ort
     import torch
