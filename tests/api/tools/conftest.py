@@ -7,18 +7,13 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from scripted import ScriptedEngine, byte_tokenizer
-
-from wicore.api.app import ServerSettings, create_app
-from wicore.api.server import ServerThread
+from scripted import ScriptedEngine, byte_tokenizer, serving
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[tuple[ScriptedEngine, str]]:
-    engine = ScriptedEngine(byte_tokenizer(tmp_path_factory.mktemp("tok")))
-    server = ServerThread(create_app(engine, ServerSettings(model_name="m"))).start()  # type: ignore[arg-type]
-    yield engine, server.url
-    server.stop()
+    with serving(byte_tokenizer(tmp_path_factory.mktemp("tok"))) as served:
+        yield served
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ ChatML's special tokens.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,17 @@ class ScriptedEngine:
         """The prompt of a request (the last one by default) as text, special tokens written."""
         ids = self.requests[request_id or list(self.requests)[-1]][0]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+@contextmanager
+def serving(tokenizer: Tokenizer, answer: str = "") -> Iterator[tuple[ScriptedEngine, str]]:
+    """A ScriptedEngine on `tokenizer` behind the real app on a free port: (engine, URL)."""
+    from wicore.api.app import ServerSettings, create_app
+    from wicore.api.server import ServerThread
+
+    engine = ScriptedEngine(tokenizer, answer)
+    server = ServerThread(create_app(engine, ServerSettings(model_name="m"))).start()  # type: ignore[arg-type]
+    try:
+        yield engine, server.url
+    finally:
+        server.stop()

@@ -8,10 +8,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from scripted import ScriptedEngine, harmony_tokenizer
+from scripted import ScriptedEngine, harmony_tokenizer, serving
 
-from wicore.api.app import ServerSettings, create_app
-from wicore.api.server import ServerThread
 from wicore.structured.spec import StructuredKind
 
 WEATHER = {
@@ -30,10 +28,8 @@ FINAL = "<|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[tuple[ScriptedEngine, str]]:
-    engine = ScriptedEngine(harmony_tokenizer(tmp_path_factory.mktemp("tok")))
-    server = ServerThread(create_app(engine, ServerSettings(model_name="m"))).start()  # type: ignore[arg-type]
-    yield engine, server.url
-    server.stop()
+    with serving(harmony_tokenizer(tmp_path_factory.mktemp("tok"))) as served:
+        yield served
 
 
 def chat(url: str, **body: object) -> dict:

@@ -7,11 +7,9 @@ import json
 
 import httpx
 import pytest
-from scripted import ScriptedEngine, byte_tokenizer
+from scripted import byte_tokenizer, serving
 from streamed import NAMES, joined, streamed
 
-from wicore.api.app import ServerSettings, create_app
-from wicore.api.server import ServerThread
 from wicore.api.tools.formats import FORMATS, format_for_template
 from wicore.api.tools.scan import Call
 
@@ -81,15 +79,11 @@ WEATHER = {
 
 
 def test_a_served_mistral_model_calls_through_its_special_token(tmp_path):
-    engine = ScriptedEngine(byte_tokenizer(tmp_path / "tok", MISTRAL_TEMPLATE, SPECIALS, ("</s>",)))
-    engine.answer = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
-    server = ServerThread(create_app(engine, ServerSettings(model_name="m"))).start()  # type: ignore[arg-type]
-    try:
+    tokenizer = byte_tokenizer(tmp_path / "tok", MISTRAL_TEMPLATE, SPECIALS, ("</s>",))
+    with serving(tokenizer, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]') as (engine, url):
         ask = {"model": "m", "messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER]}
-        choice = httpx.post(f"{server.url}/v1/chat/completions", json=ask, timeout=30).json()["choices"][0]
+        choice = httpx.post(f"{url}/v1/chat/completions", json=ask, timeout=30).json()["choices"][0]
         prompt = engine.prompt_text()
-    finally:
-        server.stop()
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     assert [json.loads(c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [{"city": "Paris"}]
     assert prompt.startswith("[AVAILABLE_TOOLS][") and prompt.endswith("[INST]Weather?[/INST]")

@@ -8,10 +8,8 @@ import json
 
 import httpx
 import pytest
-from scripted import ScriptedEngine, harmony_tokenizer
+from scripted import harmony_tokenizer, serving
 
-from wicore.api.app import ServerSettings, create_app
-from wicore.api.server import ServerThread
 from wicore.structured.spec import StructuredKind
 
 WEATHER = {
@@ -123,13 +121,9 @@ def test_a_streamed_call_sends_its_arguments(served, client):
 
 
 def test_harmony_reasoning_is_a_reasoning_item_before_the_message(tmp_path):
-    engine = ScriptedEngine(harmony_tokenizer(tmp_path / "tok"))
-    engine.answer = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Done.<|return|>"
-    server = ServerThread(create_app(engine, ServerSettings(model_name="m"))).start()  # type: ignore[arg-type]
-    try:
-        r = httpx.post(f"{server.url}/v1/responses", json={"model": "m", "input": "Go"}, timeout=30).json()
-    finally:
-        server.stop()
+    answer = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Done.<|return|>"
+    with serving(harmony_tokenizer(tmp_path / "tok"), answer) as (_, url):
+        r = httpx.post(f"{url}/v1/responses", json={"model": "m", "input": "Go"}, timeout=30).json()
     assert [(o["type"], o["content"][0].get("text")) for o in r["output"]] == [("reasoning", "Think."), ("message", "Done.")]
 
 
