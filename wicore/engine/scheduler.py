@@ -274,20 +274,21 @@ class Scheduler:
         runs the whole sequence with the long factors, its blocks go and it is prefilled again, the
         first switch + 1 tokens in one chunk (`Request.whole_until`, set at its admission)."""
         self.running.remove(req)
-        self.kv.free(req.seq_id)
-        req.num_computed = 0
-        req.status = Status.WAITING
-        self.waiting.append(req)
+        self._requeue(req)
         self.stats.num_long_rope_recomputes += 1
 
     def _requeue_for_recompute(self, req: Request) -> None:
+        """Preempted by recompute: its prompt logits come again with its tokens."""
+        req.prompt_logits = []
+        self._requeue(req)
+        self.stats.num_preempted_recompute += 1
+
+    def _requeue(self, req: Request) -> None:
         """Free the request's blocks; it re-enters the waiting queue and recomputes its tokens."""
         self.kv.free(req.seq_id)
         req.num_computed = 0
-        req.prompt_logits = []
         req.status = Status.WAITING
         self.waiting.append(req)
-        self.stats.num_preempted_recompute += 1
 
     def _swap_in(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, stage: StageBudget) -> None:
         for req in sorted(self.swapped, key=self._rank):

@@ -36,6 +36,9 @@ from wicore.graph import io
 if TYPE_CHECKING:
     from wicore.executor.graphs import ModelGraphs
 
+# A stage's result: the partition's outputs, and the attention mass summed over the partitions so far
+Staged = tuple[dict[str, Any], np.ndarray | None]
+
 DEFAULT_TOKENS = 512  # the fewest tokens a micro-batch; decode steps (a token a row) stay whole below it
 
 
@@ -78,11 +81,11 @@ class Pipeline:
         self,
         i: int,
         part: BatchInputs,
-        before: Future[tuple[dict[str, Any], np.ndarray | None]] | None,
+        before: Future[Staged] | None,
         want_logits: bool,
         sampling: SamplingInputs | None,
-        last: Future[tuple[dict[str, Any], np.ndarray | None]] | None = None,
-    ) -> Future[tuple[dict[str, Any], np.ndarray | None]]:
+        last: Future[Staged] | None = None,
+    ) -> Future[Staged]:
         """Queue partition i's run of `part` on its worker, and partition i + 1's once it is done: a
         partition's queue holds only runs whose inputs are ready, in the order they became so (with
         several steps in flight, one step's later stage never waits behind another's earlier one).
@@ -99,10 +102,10 @@ class Pipeline:
         self,
         i: int,
         part: BatchInputs,
-        before: Future[tuple[dict[str, Any], np.ndarray | None]] | None,
+        before: Future[Staged] | None,
         want_logits: bool,
         sampling: SamplingInputs | None,
-    ) -> tuple[dict[str, Any], np.ndarray | None]:
+    ) -> Staged:
         """Partition i on one micro-batch, once partition i - 1 has run it: its outputs and the
         attention mass summed over the partitions so far."""
         out, mass = before.result() if before is not None else ({}, None)
@@ -116,9 +119,7 @@ class Pipeline:
         return out, mass
 
     @staticmethod
-    def _outputs(
-        result: tuple[dict[str, Any], np.ndarray | None], want_logits: bool, sampling: SamplingInputs | None
-    ) -> GraphOutputs:
+    def _outputs(result: Staged, want_logits: bool, sampling: SamplingInputs | None) -> GraphOutputs:
         out, mass = result
         return graph_outputs(out, want_logits, sampling is not None, mass)
 
