@@ -255,3 +255,24 @@ class BlockSpace:
         self._depth.set(block_id, depth)
         self.policy.touch(block_id, now)
         return block_id
+
+    def _offload_blocks(self, first: int, num_new: int, now: float, moves: list[Move]) -> list[int]:
+        """`num_new` fresh blocks for logical blocks first.. of an offloaded sequence: the last ones
+        (the tail, written next) on DEVICE as far as it has room, the first ones on HOST. HOST's
+        room is made first, so DEVICE's victims then demote into what HOST has left."""
+        num_host = max(0, num_new - self._room(Tier.DEVICE))
+        moves += self._make_room(Tier.HOST, num_host, now)
+        host_ids = [self._new_block(now, first + i, Tier.HOST) for i in range(num_host)]
+        moves += self._make_room(Tier.DEVICE, num_new - num_host, now)
+        return host_ids + [self._new_block(now, first + i, Tier.DEVICE) for i in range(num_host, num_new)]
+
+    def _lift(self, block_ids: list[int], now: float) -> list[Move]:
+        """Bring NVME blocks a running offloaded sequence holds up to HOST, or to DEVICE when HOST is full."""
+        moves: list[Move] = []
+        for block_id in block_ids:
+            if self._room(Tier.HOST):
+                moves += self._make_room(Tier.HOST, 1, now)
+                self._relocate(block_id, Tier.HOST, moves)
+            else:
+                moves += self._to_device([block_id], 0, now)
+        return moves

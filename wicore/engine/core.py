@@ -24,12 +24,13 @@ import functools
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from wicore.blocks.block_groups import FULL, WINDOW
 from wicore.blocks.tier import Tier
 from wicore.devices.placement import plan_placement
+from wicore.engine.admission import Admission, Limits
 from wicore.engine.config import EngineConfig
 from wicore.engine.groups import StepGroups
 from wicore.engine.kv_setup import build_kv_cache, plan_tiers
@@ -40,31 +41,22 @@ from wicore.engine.scheduler import Scheduler
 from wicore.engine.speculative_setup import build_speculator
 from wicore.engine.stats import EngineStats, engine_stats
 from wicore.engine.trace import PhaseSeconds, StepTrace
-from wicore.errors import ContextLengthError, RequestError
+from wicore.errors import RequestError
 from wicore.executor.constrained import Grammars
 from wicore.executor.graphs import ModelGraphs
 from wicore.executor.runner import ModelRunner
-from wicore.executor.vision import NO_VISION, VisionEncoder
+from wicore.executor.vision import VisionEncoder
 from wicore.graph.manifest import Manifest
 from wicore.inputs.tokenizer import Tokenizer
 from wicore.kv.buffers import CacheConfig, KVBuffers
-from wicore.kv.layout import KVLayout, choose_block_size, context_advice
+from wicore.kv.layout import KVLayout, choose_block_size
 from wicore.kv.offload import KVOffloader, num_stages
 from wicore.kv.tiers import HostStore
 from wicore.model.tokenizer_info import TokenizerInfo
-from wicore.types.images import ImageInput, ImageSpan
+from wicore.types.images import ImageInput
 from wicore.types.outputs import Priority, RequestOutput
 from wicore.types.sampling import SamplingParams
 from wicore.types.step import RunResult, ScheduledRow, SchedulerOutput
-
-
-@dataclass(frozen=True)
-class Admission:
-    """What `check` found for a request that fits: the tokens it may generate (max_tokens capped
-    by the room left) and where its images go in the prompt."""
-
-    max_tokens: int
-    image_spans: tuple[ImageSpan, ...] = ()
 
 
 class EngineCore:
@@ -124,7 +116,17 @@ class EngineCore:
         if stage_frames:
             full_blocks = min(full_blocks + tiers[Tier.HOST].full, stage_frames - 1)
         self.max_sequence_tokens = min(self.max_context, full_blocks * bs)
-        self._window_blocks = device.window - 1
+        self.limits = Limits(
+            vocab_size=self.manifest.config.vocab_size,
+            model_context=model_context,
+            max_context=self.max_context,
+            max_sequence_tokens=self.max_sequence_tokens,
+            layout=layout,
+            window_blocks=device.window - 1,
+            scheduler=self.scheduler.config,
+            kv_offload_tokens=config.kv_offload_tokens,
+            vision=self.vision,
+        )
         if config.cuda_graphs:  # tables as wide as the longest sequence, and a sliding window plus two blocks
             context = self.max_sequence_tokens
             window = -(-self.manifest.config.sliding_window // bs) + 2 if layout.has_window else 1
@@ -162,50 +164,7 @@ class EngineCore:
     def check(self, ids: list[int], params: SamplingParams, images: Sequence[ImageInput] = ()) -> Admission:
         """Raises RequestError (ContextLengthError for a prompt with no room left) unless the
         request can run to its end. Reads only what construction fixed: safe on any thread."""
-        if not ids:
-            raise RequestError("the prompt is empty")
-        if images and self.vision is None:
-            raise RequestError(NO_VISION)
-        spans = () if self.vision is None else self.vision.spans(ids, images)
-        vocab = self.manifest.config.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise RequestError(f"token ids must be in [0, {vocab})")
-        limit = self.max_sequence_tokens
-        if len(ids) >= limit:
-            raise ContextLengthError(f"the prompt has {len(ids)} tokens; {self._context_limit(len(ids) + 1)}")
-        room = limit - len(ids)
-        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        if self.layout.has_window:
-            chunk = self.scheduler.config.prefill_chunk
-            need = min(-(-(len(ids) + max_tokens) // self.layout.block_size), self.layout.window_blocks_per_sequence(chunk))
-            if need > self._window_blocks:
-                raise RequestError(
-                    f"the request needs up to {need} blocks in the sliding-window layers' KV cache, which holds "
-                    f"{self._window_blocks} (raise kv_pool_gb or lower prefill_chunk)"
-                )
-        return Admission(max_tokens, spans)
-
-    def _context_limit(self, tokens: int) -> str:
-        """What holds fewer than `tokens` tokens (a prompt and one generated token), and what to change:
-        the context (the model's, or max_context), else the device KV cache (by how much)."""
-        model_context = self.manifest.config.max_position_embeddings
-        if tokens > self.max_context:
-            holds = f"holds {self.max_context} tokens (prompt plus at least one generated token)"
-            if self.max_context == model_context:
-                return f"the model's context {holds}"
-            return f"max_context {holds}; the model takes up to {model_context}"
-        sched = self.scheduler.config
-        if sched.max_staged_blocks is not None:
-            return (
-                f"a step stages {self.max_sequence_tokens} tokens of KV with kv_offload_tokens "
-                f"{self.config.kv_offload_tokens} and the device and host tiers (prompt plus at least one generated "
-                "token): raise kv_offload_tokens or host_tier_gb"
-            )
-        advice = context_advice(self.layout, tokens, sched.prefill_chunk, sched.max_num_seqs)
-        return (
-            f"the device KV cache holds {self.max_sequence_tokens} tokens (prompt plus at least one generated token); "
-            f"{advice} (wicore plan --context {tokens} shows what else fits)"
-        )
+        return self.limits.check(ids, params, images)
 
     def make_request(
         self,

@@ -95,3 +95,18 @@ class Request:
         """Still prefilling a prompt whose every position's logits were asked for (a recompute
         after the first token needs none: they were sent with it)."""
         return self.params.prompt_logits and self.num_output_tokens == 0
+
+    def rank(self, aging_seconds: float, now: float | None = None) -> tuple[int, float]:
+        """The scheduler's order (smallest first): higher priority, then earlier arrival. At `now`, a
+        waiting request's priority has risen one level every `aging_seconds` (0: never)."""
+        priority = int(self.priority)
+        if now is not None and aging_seconds > 0:
+            priority = min(int(Priority.URGENT), priority + int((now - self.arrival) / aging_seconds))
+        return (-priority, self.arrival)
+
+    def is_prefilling_a_block_of(self, other: Request, block_size: int) -> bool:
+        """Whether the next full block this request computes is still of its prompt, and `other`'s
+        tokens start with the same tokens up to that block's end."""
+        boundary = (self.num_computed // block_size + 1) * block_size
+        within = boundary <= min(len(self.prompt_ids), len(other.token_ids)) and not self.image_spans
+        return within and self.token_ids[:boundary] == other.token_ids[:boundary]

@@ -14,6 +14,7 @@ import numpy as np
 
 from wicore.engine.request import Request
 from wicore.engine.scheduler_config import SchedulerConfig, SchedulerStats
+from wicore.types.outputs import RequestOutput
 from wicore.types.sampling import Logprobs, Sample
 
 
@@ -27,6 +28,19 @@ class TakenSamples:
     prompt_logits: np.ndarray | None = None
     stop_reason: str | None = None
     refused_token: int | None = None
+
+    def output(self, req: Request) -> RequestOutput:
+        """What the request's client gets for them."""
+        return RequestOutput(
+            req.request_id,
+            self.token_ids,
+            self.stop_reason is not None,
+            self.stop_reason,
+            len(req.prompt_ids),
+            req.num_cached_prompt_tokens,
+            logprobs=self.logprobs or None,
+            prompt_logits=self.prompt_logits,
+        )
 
 
 def take_samples(req: Request, samples: list[Sample], config: SchedulerConfig, stats: SchedulerStats) -> TakenSamples:

@@ -31,9 +31,10 @@ from wicore.blocks.block_pool import Move
 from wicore.blocks.tier import Tier
 from wicore.engine.lookahead import can_plan_ahead
 from wicore.engine.request import Request, Status
+from wicore.engine.rows import build_row, clip_draft
 from wicore.engine.samples import take_samples
 from wicore.engine.scheduler_config import SchedulerConfig, SchedulerStats, StageBudget, StepBudget
-from wicore.types.outputs import Priority, RequestOutput
+from wicore.types.outputs import RequestOutput
 from wicore.types.sampling import Sample
 from wicore.types.step import RunResult, ScheduledRow, SchedulerOutput
 
@@ -99,7 +100,7 @@ class Scheduler:
             plan = self.kv.append(req.seq_id, req.num_tokens, req.num_tokens + 1)
             if plan is not None:  # else no room: the schedule after the step decides (it may preempt)
                 self._planned_moves += plan
-                self._planned[req.request_id] = self._row(req, 1, ahead=True)
+                self._planned[req.request_id] = build_row(self.kv, req, 1, ahead=True)
 
     @property
     def num_requests(self) -> int:
@@ -149,7 +150,7 @@ class Scheduler:
                     rows.append(ahead)
                     self.stats.num_planned_rows += 1
                 continue
-            draft = self._draft(req, n, (drafts or {}).get(req.request_id, ()), budget)
+            draft = clip_draft(cfg, req, n, (drafts or {}).get(req.request_id, ()), budget.tokens)
             plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n + len(draft))
             if plan is None and draft:  # no room for the draft: a plain decode
                 draft = ()
@@ -171,7 +172,7 @@ class Scheduler:
             if not self._stage(stage, req):  # its blocks do not fit this step's staging: a later step
                 continue
             budget.spend(req, n + len(draft))
-            rows.append(self._row(req, n, draft))
+            rows.append(build_row(self.kv, req, n, draft))
 
         if not preempted_this_step:
             self._swap_in(rows, moves, budget, stage)
@@ -181,57 +182,11 @@ class Scheduler:
         return SchedulerOutput(rows, moves, finished, ended)
 
     def _rank(self, req: Request, now: float | None = None) -> tuple[int, float]:
-        priority = int(req.priority)
-        if now is not None and self.config.aging_seconds > 0:
-            priority = min(int(Priority.URGENT), priority + int((now - req.arrival) / self.config.aging_seconds))
-        return (-priority, req.arrival)
-
-    def _draft(self, req: Request, n: int, draft: Sequence[int], budget: StepBudget) -> tuple[int, ...]:
-        """The part of a proposed draft that a decode row of `req` runs: within the step's tokens
-        and one prefill chunk (what the sliding layers' cache was sized for at admission)."""
-        if n != 1 or req.num_tokens - req.num_computed != 1:
-            return ()
-        draft = draft[: max(0, min(budget.tokens - 1, self.config.prefill_chunk - 1))]
-        if self.config.long_rope_switch and not req.whole_until:  # short-factor keys: the row stays before the switch
-            draft = draft[: max(0, self.config.long_rope_switch - req.num_tokens)]
-        if req.grammar is not None:  # cut at the first draft token the grammar refuses: it could never be kept
-            draft = draft[: req.grammar.num_valid(draft)]
-        return tuple(draft)
+        return req.rank(self.config.aging_seconds, now)
 
     def _stage(self, stage: StageBudget, req: Request) -> bool:
         """Whether `req`'s row fits what the step may stage (always, when nothing is offloaded); taken if so."""
-        if stage.capacity is None:
-            return True
-        num_blocks, offloaded = self.kv.num_full_blocks(req.seq_id), self.kv.is_offloaded(req.seq_id)
-        if not stage.admits(num_blocks, offloaded):
-            return False
-        stage.take(num_blocks, offloaded)
-        return True
-
-    def _row(self, req: Request, n: int, draft: tuple[int, ...] = (), ahead: bool = False) -> ScheduledRow:
-        """The row that runs `n` tokens of `req` from num_computed (and `draft`); `ahead`: the decode
-        row after its last known token, its input empty until the step in flight samples it."""
-        start = req.num_tokens if ahead else req.num_computed
-        window_table, window_first = self.kv.window_table(req.seq_id)
-        needs_sample = ahead or start + n == req.num_tokens
-        offloaded = self.kv.is_offloaded(req.seq_id)
-        return ScheduledRow(
-            request_id=req.request_id,
-            token_ids=[] if ahead else req.token_ids[start : start + n] + list(draft),
-            start=start,
-            block_table=[] if offloaded else self.kv.block_table(req.seq_id),
-            full_locations=tuple(self.kv.block_locations(req.seq_id)) if offloaded else (),
-            block_ids=self.kv.block_ids(req.seq_id),
-            window_table=window_table,
-            window_first=window_first,
-            num_logits=(n if req.wants_prompt_logits else int(needs_sample)) + len(draft),
-            needs_sample=needs_sample,
-            params=req.params,
-            images=req.images_in(start, start + n),
-            draft_ids=draft,
-            prompt_ids=req.prompt_ids if req.params.repetition_penalty != 1.0 else (),
-            grammar=req.grammar,
-        )
+        return stage.capacity is None or stage.take(self.kv.num_full_blocks(req.seq_id), self.kv.is_offloaded(req.seq_id))
 
     def _preempt(self, req: Request) -> list[Move]:
         self.running.remove(req)
@@ -311,7 +266,7 @@ class Scheduler:
             if not self._stage(stage, req):
                 continue
             budget.spend(req, n)
-            rows.append(self._row(req, n))
+            rows.append(build_row(self.kv, req, n))
 
     def _admit(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, stage: StageBudget, now: float) -> None:
         if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
@@ -345,21 +300,15 @@ class Scheduler:
             # staging: it runs a later step
             if n and self._stage(stage, req):
                 budget.spend(req, n)
-                rows.append(self._row(req, n))
+                rows.append(build_row(self.kv, req, n))
 
     def _shares_a_prefill(self, req: Request) -> bool:
         """Whether `req` should wait for a running request that is still prefilling blocks of the
         prompt they share (many questions over one document sent together): admitted once those
         blocks are computed, it reuses them from the prefix cache instead of computing them again."""
-        bs = self.kv.block_size
         if not self.kv.prefix_cache_enabled or req.params.prompt_logits or req.image_spans:
             return False
-        for r in self.running:
-            boundary = (r.num_computed // bs + 1) * bs  # the end of the next full block `r` computes
-            within = boundary <= min(len(r.prompt_ids), len(req.token_ids)) and not r.image_spans
-            if within and r.token_ids[:boundary] == req.token_ids[:boundary]:
-                return True
-        return False
+        return any(r.is_prefilling_a_block_of(req, self.kv.block_size) for r in self.running)
 
     def _set_running(self, req: Request, source: list[Request]) -> None:
         source.remove(req)
@@ -451,13 +400,4 @@ class Scheduler:
             return self._fail(req, f"token {taken.refused_token} was sampled, but the request's grammar refuses it")
         if taken.stop_reason is not None:
             self._finish(req, taken.stop_reason)
-        return RequestOutput(
-            req.request_id,
-            taken.token_ids,
-            taken.stop_reason is not None,
-            taken.stop_reason,
-            len(req.prompt_ids),
-            req.num_cached_prompt_tokens,
-            logprobs=taken.logprobs or None,
-            prompt_logits=taken.prompt_logits,
-        )
+        return taken.output(req)

@@ -98,15 +98,13 @@ class StageBudget:
     num_blocks: int = 0  # the full-attention blocks of the step's rows so far
     offloaded: bool = False  # whether one of them is offloaded
 
-    def admits(self, num_blocks: int, offloaded: bool) -> bool:
-        """Whether a row with `num_blocks` full blocks (offloaded or not) still fits the step."""
-        if self.capacity is None or not (self.offloaded or offloaded):
-            return True
-        return self.num_blocks + num_blocks <= self.capacity
-
-    def take(self, num_blocks: int, offloaded: bool) -> None:
+    def take(self, num_blocks: int, offloaded: bool) -> bool:
+        """Whether a row with `num_blocks` full blocks (offloaded or not) still fits the step; taken if so."""
+        if self.capacity is not None and (self.offloaded or offloaded) and self.num_blocks + num_blocks > self.capacity:
+            return False
         self.num_blocks += num_blocks
         self.offloaded = self.offloaded or offloaded
+        return True
 
 
 @dataclass
