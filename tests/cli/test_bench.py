@@ -150,6 +150,27 @@ def test_bench_serve_loads_a_real_server_at_each_concurrency(server_url, tmp_pat
     assert res.stdout.count("concurrency ") == 2 and "  TTFT mean " in res.stdout and "  ITL  mean " in res.stdout
 
 
+def test_bench_serve_spreads_a_level_over_client_processes(server_url, tmp_path):
+    out = tmp_path / "s.json"
+    res = wicore(
+        "bench", "serve", "--base-url", server_url, "--api-key", "k", "--concurrency", "3", "--num-prompts", "5",
+        "--input-len", "6", "--output-len", "4", "--vocab-size", "400", "--min-token-id", "20", "--processes", "2",
+        "--json", str(out),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    (level,) = json.loads(out.read_text())["levels"]
+    # 5 prompts over two processes (3 and 2 of them, 2 and 1 in flight): every one in the summary
+    assert (level["concurrency"], level["num_completed"], level["num_failed"], level["num_output_tokens"]) == (3, 5, 0, 20)
+    assert 0 < level["ttft"]["p50"] <= level["ttft"]["p99"] and level["itl"]["p99"] > 0
+    assert level["duration"] * 1e3 >= level["ttft"]["p99"]  # timed from the common start, not a process's own
+
+
+def test_bench_serve_refuses_zero_processes():
+    res = wicore("bench", "serve", "--base-url", "http://127.0.0.1:1", "--served-model-name", "m", "--processes", "0")
+    assert res.returncode == 2
+    assert res.stderr == "wicore: error: --processes must be at least 1, got 0\n"
+
+
 def test_bench_serve_without_a_server_is_one_line(tmp_path):
     from wicore.api.server import free_port
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wicore.cli.engine_args import add_engine_args, engine_config
-from wicore.cli.load import LevelResult, LoadConfig, Spread, check_endpoint, model_name, random_prompts, run_level
+from wicore.cli.load import LevelResult, LoadConfig, Spread, check_endpoint, model_name, random_prompts, run_level_in_processes
 from wicore.errors import UsageError
 
 if TYPE_CHECKING:
@@ -43,6 +43,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--api-key", default=None, help="Bearer key (default: $OPENAI_API_KEY)")
     s.add_argument("--vocab-size", type=int, default=32000, help="prompt token ids are drawn below this")
     s.add_argument("--min-token-id", type=int, default=0, help="... and from this up (past special tokens)")
+    s.add_argument(
+        "--processes", type=int, default=1, help="client processes sharing each level's load (one tops out near a core)"
+    )
     _add_load_args(s)
     s.set_defaults(func=run_serve_bench)
 
@@ -160,7 +163,6 @@ def run_throughput(args: argparse.Namespace) -> int:
 
 
 def run_serve_bench(args: argparse.Namespace) -> int:
-    import asyncio
 
     try:
         levels = [int(c) for c in str(args.concurrency).split(",")]
@@ -168,6 +170,8 @@ def run_serve_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--concurrency {args.concurrency!r}: give numbers separated by commas, e.g. 1,16,64") from exc
     if not levels or min(levels) < 1:
         raise UsageError(f"--concurrency {args.concurrency!r}: every level must be at least 1")
+    if args.processes < 1:
+        raise UsageError(f"--processes must be at least 1, got {args.processes}")
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     name = args.served_model_name or model_name(args.base_url, api_key)
     config = LoadConfig(
@@ -184,7 +188,7 @@ def run_serve_bench(args: argparse.Namespace) -> int:
     check_endpoint(config)
     results = []
     for level in levels:
-        result = asyncio.run(run_level(config, level))
+        result = run_level_in_processes(config, level, args.processes)
         results.append(result)
         print(format_level(result), flush=True)
     _write_json(args.json, {"command": "serve", **vars_of(args), "levels": [level_record(r) for r in results]})

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue as queue_module
 import time
 from dataclasses import dataclass, field
 
@@ -137,9 +138,16 @@ def summarize(concurrency: int, timings: list[RequestTiming], duration: float) -
 async def run_level(config: LoadConfig, concurrency: int) -> LevelResult:
     """`config.num_prompts` requests, `concurrency` at a time (a closed loop: each finished
     request lets the next one go, as `vllm bench serve --max-concurrency` with no request rate)."""
+    prompts = random_prompts(config.num_prompts, config.input_len, config.vocab_size, config.seed, config.min_token_id)
+    start = time.perf_counter()
+    timings = await run_prompts(config, prompts, concurrency)
+    return summarize(concurrency, timings, _end(timings, start) - start)
+
+
+async def run_prompts(config: LoadConfig, prompts: list[list[int]], concurrency: int) -> list[RequestTiming]:
+    """Send `prompts`, `concurrency` at a time, each as soon as a slot frees: their timings."""
     import httpx
 
-    prompts = random_prompts(config.num_prompts, config.input_len, config.vocab_size, config.seed, config.min_token_id)
     queue: asyncio.Queue[list[int]] = asyncio.Queue()
     for prompt in prompts:
         queue.put_nowait(prompt)
@@ -151,10 +159,65 @@ async def run_level(config: LoadConfig, concurrency: int) -> LevelResult:
             while not queue.empty():
                 timings.append(await one_request(client, config, queue.get_nowait()))
 
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
+    return timings
+
+
+def run_level_in_processes(config: LoadConfig, concurrency: int, processes: int) -> LevelResult:
+    """`run_level` with the load spread over `processes` client processes (at most one a request in
+    flight): one Python process parsing streamed chunks tops out near one core's worth of tokens a
+    second, which a fast server or several engines behind one endpoint pass. Process k sends prompts
+    k, k + processes, ... with its share of the concurrency; all start together (a barrier), and
+    each reports its timings from that start, so no clock is compared across processes."""
+    import multiprocessing
+
+    prompts = random_prompts(config.num_prompts, config.input_len, config.vocab_size, config.seed, config.min_token_id)
+    n = min(processes, concurrency, len(prompts))
+    if n <= 1:
+        return asyncio.run(run_level(config, concurrency))
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    workers = [
+        ctx.Process(target=_share, args=(config, prompts[k::n], concurrency // n + (k < concurrency % n), barrier, results))
+        for k in range(n)
+    ]
+    for w in workers:
+        w.start()
+    shares: list[list[RequestTiming] | str] = []
+    while len(shares) < n:  # before join: a full pipe would block a worker's exit
+        try:
+            shares.append(results.get(timeout=1.0))
+        except queue_module.Empty:
+            if not any(w.is_alive() for w in workers) and results.empty():
+                shares.append("a client process ended without its results")
+    for w in workers:
+        w.join()
+    timings: list[RequestTiming] = []
+    for share in shares:
+        if isinstance(share, str):
+            raise UsageError(share)
+        timings += share
+    return summarize(concurrency, timings, _end(timings, 0.0))
+
+
+def _share(config: LoadConfig, prompts: list[list[int]], concurrency: int, barrier, results) -> None:
+    """One client process of `run_level_in_processes`: its timings from the common start, or the
+    error that stopped it."""
+    try:
+        barrier.wait()
         start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, config.num_prompts))))
-        end = max((t.chunk_times[-1] for t in timings if t.chunk_times), default=time.perf_counter())
-    return summarize(concurrency, timings, end - start)
+        timings = asyncio.run(run_prompts(config, prompts, concurrency))
+        for t in timings:
+            t.sent -= start
+            t.chunk_times = [c - start for c in t.chunk_times]
+        results.put(timings)
+    except Exception as exc:  # the parent raises it as the benchmark's one-line error
+        results.put(str(exc) if isinstance(exc, UsageError) else f"a client process failed: {type(exc).__name__}: {exc}")
+
+
+def _end(timings: list[RequestTiming], start: float) -> float:
+    """When the last token of `timings` came (`start` if none did)."""
+    return max((t.chunk_times[-1] for t in timings if t.chunk_times), default=start)
 
 
 async def one_request(client, config: LoadConfig, prompt: list[int]) -> RequestTiming:  # client: httpx.AsyncClient
