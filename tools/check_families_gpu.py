@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,7 @@ class Config:
     exports: str
     sampled: bool = True
     serve: bool = False
+    serve_flags: str = ""
 
 
 def build(work: Path, name: str) -> tuple[Path, object, object]:
@@ -194,8 +196,10 @@ def check(
     exports: list[str],
     sampled_check: bool = True,
     serve_prompts: list[list[int]] | None = None,
+    serve_flags: Sequence[str] = (),
 ) -> dict[str, dict[str, object]]:
-    """`serve_prompts`: also serve each export and compare its greedy text with HF's."""
+    """`serve_prompts`: also serve each export (`wicore serve` with `serve_flags`) and compare its
+    greedy text with HF's."""
     import torch
 
     folder, model, tokenizer = build(work, name)
@@ -239,7 +243,7 @@ def check(
         print(f"{name:7s} {label:14s} max |diff| {max(diffs):.2e}  argmax agreement {agree.mean():.4f}", flush=True)
         if serve_prompts:
             expected = hf_greedy_text(model, tokenizer, serve_prompts, GREEDY_TOKENS)
-            with serving(out, devices.split(",")[0]) as url:
+            with serving(out, devices.split(",")[0], serve_flags) as url:
                 got_text = served_greedy_text(url, serve_prompts, GREEDY_TOKENS)
             equal = [a == b for a, b in zip(got_text, expected, strict=True)]
             report[label]["served_greedy_equal"] = equal
@@ -304,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also serve each export through `wicore serve` and compare 3 greedy completions with HF generate's text",
     )
     p.add_argument(
+        "--serve-flags",
+        default="",
+        help="more `wicore serve` flags for --serve, e.g. '--cuda-graphs off' (decode steps uncaptured)",
+    )
+    p.add_argument(
         "--tf32-emulation",
         action="store_true",
         help="only print how far TF32 alone moves HF float32's logits of each family (on the CPU: MAX_ABS_DIFF_OF)",
@@ -321,12 +330,18 @@ def main(argv: list[str] | None = None) -> int:
     serve_prompts = [rng.integers(0, SHAPE["vocab_size"], n).tolist() for n in SERVE_PROMPT_LENGTHS] if args.serve else None
     start = time.monotonic()
     report = {
-        name: check(args.work, name, prompts, args.devices, args.exports.split(","), args.sampled, serve_prompts)
+        name: check(
+            args.work, name, prompts, args.devices, args.exports.split(","), args.sampled, serve_prompts, args.serve_flags.split()
+        )
         for name in args.families.split(",")
     }
     print(f"checked in {time.monotonic() - start:.0f} s")
     if args.json is not None:
-        write_record(args.json, Config(args.families, args.devices, args.exports, args.sampled, args.serve), results=report)
+        write_record(
+            args.json,
+            Config(args.families, args.devices, args.exports, args.sampled, args.serve, args.serve_flags),
+            results=report,
+        )
     bad = [
         f"{name} {label}"
         for name, by_export in report.items()
