@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,11 +57,11 @@ def hf_greedy_text(model: Any, tokenizer: Any, prompts: list[list[int]], num_tok
 
 
 @contextmanager
-def serving(model_dir: Path, devices: str) -> Iterator[str]:
-    """`wicore serve MODEL_DIR --devices DEVICES` on a free port, once /health answers: its URL.
-    Stopped (and its log printed where it failed to start) on leaving."""
+def serving(model_dir: Path, devices: str, flags: Sequence[str] = ()) -> Iterator[str]:
+    """`wicore serve MODEL_DIR --devices DEVICES [FLAGS]` on a free port, once /health answers: its
+    URL. Stopped (and its log printed where it failed to start) on leaving."""
     port = free_port()
-    command = [sys.executable, "-m", "wicore.cli", "serve", str(model_dir), "--port", str(port), "--devices", devices]
+    command = [sys.executable, "-m", "wicore.cli", "serve", str(model_dir), "--port", str(port), "--devices", devices, *flags]
     log_path = model_dir.with_name(model_dir.name + "-serve.log")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))

@@ -229,3 +229,37 @@ def test_a_mixture_of_experts_counts_every_expert(tmp_path, capsys, config, summ
     code, lines, _ = plan(capsys, "--model", str(tmp_path), "--dtype", "fp16", "--budget-gb", "80", "--context", "32768")
     assert code == 0
     assert lines[0] == f"{tmp_path / 'config.json'}: {summary}"
+
+
+# Phi-3-mini-128k-instruct's shape (its factors simplified: the plan reads only their count)
+PHI3_MINI_128K = {
+    "model_type": "phi3",
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32064,
+    "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-5,
+    "sliding_window": 262144,
+    "tie_word_embeddings": False,
+    "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [4.0] * 48},
+}
+
+
+def test_a_longrope_model_is_planned_with_its_switch_chunk(tmp_path, capsys):
+    """The engine runs a LongRoPE sequence's first switch + 1 tokens in one chunk (4,097 here,
+    SchedulerConfig.with_long_rope): in the portable attention that chunk's float32 scores against
+    the context take most of the memory (with serve's 256-token chunks the plan said 131072 tokens)."""
+    (tmp_path / "config.json").write_text(json.dumps(PHI3_MINI_128K))
+    code, lines, _ = plan(capsys, "--model", str(tmp_path), "--dtype", "fp16", "--budget-gb", "80", "--context", "32768")
+    assert code == 0
+    assert lines[1:4] == [
+        "LongRoPE: a sequence past 4096 tokens runs its first 4097 in one prefill chunk, so steps take up to 4161 "
+        "tokens (as wicore serve raises them)",
+        "memory budget 80.00G: weights 7.12G, KV pool and activations (an estimate: wicore/kv/capacity.py) in the rest",
+        "one sequence: up to 51952 tokens, limited by the memory (the model takes 131072); KV pool 19.03G, activations 53.84G",
+    ]

@@ -97,3 +97,46 @@ def test_wicore_kernels_refuse_a_family_without_pre_norms(tmp_path):
     the next pre-norm, so it stays on ONNX Runtime's ops in the paged graphs."""
     with pytest.raises(UnsupportedModelError, match="olmo2 has no pre-norms: export it with ONNX Runtime's ops"):
         build(tmp_path, "olmo2", ExportConfig(dtype="fp16", attention="paged", kernels="wicore"))
+
+
+@pytest.mark.slow
+def test_paged_longrope_across_the_switch_follows_hf_generate(tmp_path, reference_logits):
+    """The engine's steps around LongRoPE's switch, on the paged graph: three prompts prefilled,
+    then decoded batched; the 23-token row that reaches past original_max_position_embeddings (32)
+    leaves the batch and its whole sequence is prefilled again in a new row, in one chunk (Scheduler:
+    the recompute), which then decodes beside the others. Each token's logits are within float16's
+    noise of HF's forward over the sequence so far (what generate computes: short factors up to
+    the switch, then the whole sequence with the long ones), and each token is HF's argmax there
+    or, at a near-tie, within 2 ATOL of it; keeping the row's short-factor keys misses by ~0.1."""
+    folder, model = build(tmp_path, "phi3-longrope", PAGED)
+    num_tokens, switch = 12, 32
+    runner = PagedRunner(folder, max_rows=len(PROMPTS) + 1, max_tokens=max(map(len, PROMPTS)) + num_tokens)
+    seqs = [list(prompt) for prompt in PROMPTS]
+    logits_of: list[list[np.ndarray]] = [[] for _ in PROMPTS]  # each generated token's
+
+    def take(i: int, logits: np.ndarray) -> None:  # greedy: the row's next token
+        logits_of[i].append(logits)
+        seqs[i].append(int(logits.argmax()))
+
+    for i, seq in enumerate(seqs):
+        take(i, runner.prefill(seq)[-1])
+    row_of = list(range(len(PROMPTS)))  # sequence -> its row in the runner
+    recomputed = []
+    while min(map(len, logits_of)) < num_tokens:
+        decoding = []
+        for i, seq in enumerate(seqs):  # past the switch with short-factor keys cached: a new row, whole
+            if len(seq) > switch and len(PROMPTS[i]) <= switch and i not in recomputed:
+                recomputed.append(i)
+                row_of[i] = len(runner.lengths)
+                take(i, runner.prefill(seq)[-1])
+            else:
+                decoding.append(i)
+        step = runner.step([row_of[i] for i in decoding], [seqs[i][-1:] for i in decoding])[:, -1]
+        for i, logits in zip(decoding, step, strict=True):
+            take(i, logits)
+    assert recomputed == [0]
+    for seq, prompt, logits in zip(seqs, PROMPTS, logits_of, strict=True):
+        for k, ours in enumerate(logits[:num_tokens]):
+            ref = reference_logits(model, seq[: len(prompt) + k])[-1]
+            np.testing.assert_allclose(ours, ref, atol=ATOL, rtol=0)
+            assert ref[seq[len(prompt) + k]] >= ref.max() - 2 * ATOL

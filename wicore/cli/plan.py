@@ -14,9 +14,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from wicore.cli.flags import ENGINE_SETTINGS, as_flags
 from wicore.errors import UsageError
+
+if TYPE_CHECKING:
+    from wicore.kv.capacity import Workload
+    from wicore.model.config import DecoderConfig
 
 
 def add_plan(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +61,7 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from wicore.kv.capacity import Workload, plan_capacity
+    from wicore.kv.capacity import plan_capacity
     from wicore.kv.layout import KVLayout
 
     config_file = checkpoint_config(args.model)
@@ -78,10 +83,28 @@ def run_plan(args: argparse.Namespace) -> int:
         layout = KVLayout.of_config(cfg, kv_dtype, block_size)
     except ValueError as exc:  # a model the engine cannot run
         raise UsageError(str(exc)) from exc
-    work = Workload(args.prefill_chunk, args.max_batched_tokens, paged)
+    work = engine_workload(cfg, args.prefill_chunk, args.max_batched_tokens, paged)
     plan = plan_capacity(cfg, layout, kv_dtype, weights, budget_bytes(args, devices), context, work)
     print(as_flags(plan.describe(), ENGINE_SETTINGS))
     return 0
+
+
+def engine_workload(cfg: DecoderConfig, prefill_chunk: int, max_batched_tokens: int, paged: bool) -> Workload:
+    """The step limits the engine runs `cfg` with, from serve's flags: a LongRoPE model's are raised
+    so that a chunk of its switch + 1 tokens fits a step (SchedulerConfig.with_long_rope), and the
+    plan counts that chunk's activations; that one line is printed."""
+    from wicore.engine.scheduler_config import SchedulerConfig
+    from wicore.kv.capacity import Workload
+
+    steps = SchedulerConfig(prefill_chunk=prefill_chunk, max_num_batched_tokens=max_batched_tokens)
+    switch = cfg.long_rope_switch
+    if switch:
+        steps = steps.with_long_rope(switch)
+        print(
+            f"LongRoPE: a sequence past {switch} tokens runs its first {switch + 1} in one prefill chunk, so steps "
+            f"take up to {steps.max_num_batched_tokens} tokens (as wicore serve raises them)"
+        )
+    return Workload(steps.prefill_chunk, steps.max_num_batched_tokens, paged)
 
 
 def is_model_name_or_path(spec: str) -> bool:
