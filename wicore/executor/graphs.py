@@ -42,9 +42,9 @@ def kernel_library(devices: Sequence[Device]) -> Path:
 
 
 def can_capture(manifest: Manifest, devices: Sequence[Device]) -> bool:
-    """Decode steps can be captured: a paged-attention export, every partition on one CUDA device."""
-    one_gpu = devices[0].capability.name == "cuda" and all(d == devices[0] for d in devices)
-    return manifest.attention == "paged" and one_gpu
+    """Decode steps can be captured: a paged-attention export, every partition on a CUDA device (one
+    or several: each partition captures its own, wicore.executor.cuda_graphs)."""
+    return manifest.attention == "paged" and all(d.capability.name == "cuda" for d in devices)
 
 
 class ModelGraphs:
@@ -76,16 +76,12 @@ class ModelGraphs:
             pipeline_groups = len({d.ort_device for d in self.devices}) if several else 1
         # Steps in flight at once: each partition's runs go through its own worker, in the order they come.
         self.pipeline_groups = pipeline_groups if len(self.devices) > 1 else 1
-        if cuda_graphs and self.pipeline_groups > 1:
-            raise DeviceError("CUDA graphs replay one step at a time: set pipeline_groups to 1 to use them")
-        if cuda_graphs is None and self.pipeline_groups > 1:
-            cuda_graphs = False
         if cuda_graphs is None:  # greedy and sampled tokens measured identical to uncaptured there (PERFORMANCE.md)
             tile = flash_page_size(manifest.config.head_dim)
             cuda_graphs = can_capture(manifest, self.devices) and block_size is not None and block_size % tile == 0
         self.cuda_graphs = cuda_graphs
         if cuda_graphs and not can_capture(manifest, self.devices):
-            raise DeviceError("CUDA graphs need an export with --attention paged, every partition on one cuda device")
+            raise DeviceError("CUDA graphs need an export with --attention paged, every partition on a cuda device")
         opts = session_options(num_threads, profile_prefix, self.devices)
         if manifest.kernels == "wicore":
             opts.register_custom_ops_library(str(kernel_library(self.devices)))
@@ -117,8 +113,11 @@ class ModelGraphs:
     def enable_decode_graphs(
         self, block_size: int, max_rows: int, max_blocks: int, max_window_blocks: int, max_context: int
     ) -> None:
-        """Replay greedy decode steps of up to `max_rows` rows from captured CUDA graphs."""
-        self.decode_graphs = DecodeGraphs(self, block_size, max_rows, max_blocks, max_window_blocks, max_context)
+        """Replay greedy decode steps of up to `max_rows` rows from captured CUDA graphs, a set of them
+        for each step in flight (`pipeline_groups`)."""
+        self.decode_graphs = DecodeGraphs(
+            self, block_size, max_rows, max_blocks, max_window_blocks, max_context, self.pipeline_groups
+        )
 
     def input_names(self, partition: int) -> set[str]:
         return self._input_names[partition]
