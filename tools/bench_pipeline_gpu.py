@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -38,6 +39,7 @@ from benchlib import int_list, write_record
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.scheduler_config import SchedulerConfig
+from wicore.executor.graphs import SPLIT_GRAPHS_ENV
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.random_weights import RandomQuantSource
 from wicore.types.sampling import SamplingParams
@@ -67,15 +69,17 @@ class Setup:
     micro_batch_tokens: int | None
     pipeline_groups: int
     capped: bool  # each card held to card_gb
-    cuda_graphs: bool | None = False  # None: as the engine chooses (on for a paged export on CUDA cards)
+    cuda_graphs: bool | None = False  # None: as the engine chooses (on for a paged export on one CUDA card)
+    handoff: str | None = None  # WICORE_SPLIT_CUDA_GRAPHS: CUDA graphs over the two cards, hidden states via "device" or "host"
 
 
 SETUPS: dict[str, Setup] = {
     "split, groups in flight": Setup("cuda:0,cuda:1", None, 2, True),
     "split, whole steps": Setup("cuda:0,cuda:1", 0, 1, True),
     "split, micro-batched": Setup("cuda:0,cuda:1", None, 1, True),
-    "split, groups + CUDA graphs": Setup("cuda:0,cuda:1", None, 2, True, True),
-    "split, whole steps + CUDA graphs": Setup("cuda:0,cuda:1", 0, 1, True, True),
+    "split, groups + CUDA graphs": Setup("cuda:0,cuda:1", None, 2, True, True, "device"),
+    "split, groups + CUDA graphs, via host": Setup("cuda:0,cuda:1", None, 2, True, True, "host"),
+    "split, whole steps + CUDA graphs": Setup("cuda:0,cuda:1", 0, 1, True, True, "device"),
     "one card": Setup("cuda:0", None, 1, False, None),
 }
 TOKENS_PEERS = ("split, whole steps", "split, groups in flight")  # uncaptured: each later setup's tokens are compared
@@ -139,6 +143,8 @@ def measure(model_dir: Path, setup: Setup, config: Config) -> dict[int, dict[str
     """Every stream count of `config` on one engine (its own process): the points by stream count
     (with the generated tokens, under "tokens")."""
     held = cap_cards(config.card_gb) if setup.capped else []
+    if setup.handoff is not None:  # this setup's own process
+        os.environ[SPLIT_GRAPHS_ENV] = setup.handoff
     engine_config = EngineConfig(
         model_dir=model_dir,
         devices=setup.devices,

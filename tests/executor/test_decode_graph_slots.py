@@ -107,3 +107,19 @@ def test_the_handoff_session_copies_one_bound_buffer_into_another():
     binding.bind_ortvalue_output("x_out", dst)
     session.run_with_iobinding(binding)
     assert dst.numpy().reshape(-1).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_cuda_graphs_over_several_cards_stay_off_unless_switched_on(monkeypatch):
+    """WICORE_SPLIT_CUDA_GRAPHS picks how hidden states cross between cards; unset they are off, and a
+    value that is not a way is refused by name."""
+    from wicore.devices.providers import DeviceError
+    from wicore.executor.graphs import SPLIT_GRAPHS_ENV, split_graphs
+
+    monkeypatch.delenv(SPLIT_GRAPHS_ENV, raising=False)
+    assert split_graphs() is None
+    for value in ("device", "host", " HOST "):
+        monkeypatch.setenv(SPLIT_GRAPHS_ENV, value)
+        assert split_graphs() == value.strip().lower()
+    monkeypatch.setenv(SPLIT_GRAPHS_ENV, "nvlink")
+    with pytest.raises(DeviceError, match="WICORE_SPLIT_CUDA_GRAPHS=nvlink: choose one of device, host"):
+        split_graphs()

@@ -20,11 +20,13 @@ A bucket's per-step inputs are views into one host buffer allocated with it (Ste
 writes the batch into them and copies the whole buffer to the device in one transfer, where each
 input was its own copy (and its own padded array) before: nothing is allocated on the way.
 
-Partitions on several CUDA devices (the model split over two cards) each capture their own graphs:
-a session captures only its own device's work, so each partition replays its graph on its card,
-the step's inputs copied to each card, and the hidden states copied card to card between the
-buffers bound there (a one-node session on the next card, wicore.devices.micrographs.handoff_graph:
-ONNX Runtime copies an input bound on another device device to device, no trip through the host):
+Partitions on several CUDA devices (the model split over two cards; off unless
+WICORE_SPLIT_CUDA_GRAPHS is set, wicore.executor.graphs, since the first run on two H200s gave other
+tokens than the uncaptured split) each capture their own graphs: a session captures only its own
+device's work, so each partition replays its graph on its card, the step's inputs copied to each
+card, and the hidden states copied between the buffers bound on the two cards, `handoff` "device"
+by a one-node session on the next card (wicore.devices.micrographs.handoff_graph: ONNX Runtime
+copies an input bound on another device), "host" through a NumPy array:
 
     cuda:0  replay part-00 ──► hidden [rows, 1, H] ──copy──► cuda:1  hidden ──► replay part-01 ──► tokens
 
@@ -32,8 +34,15 @@ With steps in flight over groups of requests (wicore.engine.groups), a bucket ha
 (its own inputs, hidden-state and output buffers, and graph ids), each calling thread keeps the
 slot it first took (a group's step runs, and reads its outputs, on one thread), and the partitions'
 replays go through the pipeline's workers, so while cuda:1 replays group A's step cuda:0 replays
-B's. Every such graph is captured when the graphs are enabled, one after another: ONNX Runtime
-captures in CUDA's global mode, in which another thread's copy or allocation fails.
+B's. Every such graph is captured when the graphs are enabled, one after another (ONNX Runtime
+captures in CUDA's global mode, in which another thread's copy or allocation fails), on padding rows
+that look like decode rows with a past. One slot is captured as on one card: on the first real
+decode step of each bucket.
+
+On two H200s (2026-11-28) the split's captured steps, all captured up front on rows without a past
+and handed card to card by the session, gave other tokens than the uncaptured split from the first
+decode step on (docs/PERFORMANCE.md); what is here now (one slot captured on real rows, padding
+rows with a past, the handoff through the host as a choice) has not run on two cards yet.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from wicore.graph import io
 _HOST = (io.ATTENTION_BOUNDS, io.WINDOW_ATTENTION_BOUNDS)  # read by the op on the host, at capture
 CAPTURE_RUNS = 3  # runs of a graph id when captured up front: ONNX Runtime captures after a regular run or two
 Place = tuple[str, int]  # (OrtValue device type, id)
+HANDOFFS = ("device", "host")  # how hidden states cross between cards: a handoff session, or through host memory
 
 
 def buckets(max_rows: int) -> list[int]:
@@ -119,7 +129,7 @@ class _Bucket:
     graph_id: int
     inputs: StepInputs
     bindings: list[object]  # one IOBinding a partition, bound once
-    handoffs: list[object | None]  # after partition i: the binding that copies its hidden states to the next card, or None
+    handoffs: list[Callable[[], None] | None]  # after partition i: what copies its hidden states to the next card, or None
     outputs: dict[str, object]  # the last partition's: name -> OrtValue on its device (greedy, logits, draws)
 
 
@@ -136,6 +146,7 @@ class DecodeGraphs:
         max_window_blocks: int,
         max_context: int,
         num_slots: int = 1,
+        handoff: str = "device",
     ) -> None:
         from wicore.devices.providers import onnxruntime
 
@@ -145,21 +156,24 @@ class DecodeGraphs:
         # its sessions' device memory until then (seen on an H100: out of memory at the 7th engine).
         self.graphs = weakref.proxy(graphs)
         self.sink_slot = io.SINK_BLOCK * block_size  # offset 0 of the sink block
+        self._block_size = block_size
         self.max_blocks = max_blocks
         self.max_window_blocks = max(max_window_blocks, 1)
         self.max_context = max_context
         if num_slots < 1:
             raise ValueError(f"decode graphs need at least 1 slot, got {num_slots}")
+        if handoff not in HANDOFFS:
+            raise ValueError(f"hidden states are handed between cards through one of {HANDOFFS}, not {handoff!r}")
+        self.handoff = handoff
         self.places: list[Place] = [d.ort_device for d in graphs.devices]
-        self._handoff_sessions = {
-            i: self._handoff_session(i) for i in range(len(self.places) - 1) if self.places[i] != self.places[i + 1]
-        }
+        self._crossings = [i for i in range(len(self.places) - 1) if self.places[i] != self.places[i + 1]]
+        self._handoff_sessions = {i: self._handoff_session(i) for i in self._crossings} if handoff == "device" else {}
         sizes = buckets(max_rows)
         self._slots = [[self._bucket(n, slot * len(sizes) + i) for i, n in enumerate(sizes)] for slot in range(num_slots)]
         self._buckets = self._slots[0]
         self._slot_lock = threading.Lock()
         self._slot_of: dict[int, int] = {}  # thread id -> its slot
-        if num_slots > 1 or self._handoff_sessions:
+        if num_slots > 1:  # several steps at once: capture now, while nothing else runs
             self._capture()
 
     def _handoff_session(self, partition: int) -> object:
@@ -211,15 +225,18 @@ class DecodeGraphs:
         # them from read[i] on its own (the same buffer when both are on one device)
         written = [ort.OrtValue.ortvalue_from_shape_and_type([rows, 1, hidden], np.float32, *p) for p in places[:-1]]
         read = [
-            written[i] if i not in self._handoff_sessions else ort.OrtValue.ortvalue_from_shape_and_type([rows, 1, hidden], np.float32, *places[i + 1])
+            written[i] if i not in self._crossings else ort.OrtValue.ortvalue_from_shape_and_type([rows, 1, hidden], np.float32, *places[i + 1])
             for i in range(len(written))
         ]  # fmt: skip
-        handoffs: list[object | None] = [None] * len(written)
-        for i, session in self._handoff_sessions.items():
-            copy = session.io_binding()  # type: ignore[attr-defined]
-            copy.bind_ortvalue_input("x", written[i])
-            copy.bind_ortvalue_output("x_out", read[i])
-            handoffs[i] = copy
+        handoffs: list[Callable[[], None] | None] = [None] * len(written)
+        for i in self._crossings:
+            if self.handoff == "host":  # a copy to the host and one back: 2 x rows x hidden x 4 bytes
+                handoffs[i] = functools.partial(_through_host, written[i], read[i])
+            else:
+                copy = self._handoff_sessions[i].io_binding()  # type: ignore[attr-defined]
+                copy.bind_ortvalue_input("x", written[i])
+                copy.bind_ortvalue_output("x_out", read[i])
+                handoffs[i] = functools.partial(self._handoff_sessions[i].run_with_iobinding, copy)  # type: ignore[attr-defined]
         bindings = []
         for i, (record, session) in enumerate(zip(graphs.manifest.partitions, graphs.sessions)):
             binding = session.io_binding()
@@ -275,8 +292,9 @@ class DecodeGraphs:
 
         def stage(i: int) -> None:
             sessions[i].run_with_iobinding(bucket.bindings[i], options)
-            if i < len(bucket.handoffs) and bucket.handoffs[i] is not None:
-                self._handoff_sessions[i].run_with_iobinding(bucket.handoffs[i])  # type: ignore[attr-defined]
+            handoff = bucket.handoffs[i] if i < len(bucket.handoffs) else None
+            if handoff is not None:
+                handoff()
 
         return [functools.partial(stage, i) for i in range(len(sessions))]
 
@@ -347,17 +365,24 @@ class DecodeGraphs:
         inputs.sync()
 
     def _write_padding(self, inputs: StepInputs) -> None:
-        """Every row a padding row (as `_write` pads a batch): one token at position 0 of the sink block."""
-        sink = io.SINK_BLOCK
+        """Rows for an up-front capture, each a decode row of the sink block: its last slot's token after
+        block_size - 1 cached ones (a row with a past, as every real decode row has: a capture on rows
+        without one may keep a kernel choice that reads none)."""
+        sink, past = io.SINK_BLOCK, self._block_size - 1
         for name, fill in (
-            (io.INPUT_IDS, 0), (io.POSITIONS, 0), (io.SLOT_MAPPING, self.sink_slot), (io.BLOCK_TABLES, sink),
-            (io.WINDOW_SLOT_MAPPING, self.sink_slot), (io.WINDOW_BLOCK_TABLES, sink), (io.PAST_SEQLENS, 0),
-            (io.WINDOW_PAST_SEQLENS, 0), (io.WINDOW_LOGICAL_TABLES, sink), (io.SAMPLING_TEMPERATURE, 1),
-            (io.SAMPLING_UNIFORM, 0), (io.CONTEXT_LENS, 1), (io.WINDOW_FIRST_BLOCK, 0),
+            (io.INPUT_IDS, 0), (io.POSITIONS, past), (io.SLOT_MAPPING, self.sink_slot + past), (io.BLOCK_TABLES, sink),
+            (io.WINDOW_SLOT_MAPPING, self.sink_slot + past), (io.WINDOW_BLOCK_TABLES, sink), (io.PAST_SEQLENS, past),
+            (io.WINDOW_PAST_SEQLENS, past), (io.WINDOW_LOGICAL_TABLES, sink), (io.SAMPLING_TEMPERATURE, 1),
+            (io.SAMPLING_UNIFORM, 0), (io.CONTEXT_LENS, past + 1), (io.WINDOW_FIRST_BLOCK, 0),
         ):  # fmt: skip
             if name in inputs.shapes:
                 inputs.put(name, np.zeros((0,) * len(inputs.shapes[name][0])), fill)
         inputs.sync()
+
+
+def _through_host(source: object, target: object) -> None:
+    """target = source, two device buffers of one shape, through a NumPy array."""
+    target.update_inplace(source.numpy())  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
