@@ -14,7 +14,11 @@ for: one uncapped card (both partitions on cuda:0, CUDA graphs as the engine cho
 over cuda:0 and cuda:1 run whole (`micro_batch_tokens=0`, `pipeline_groups=1`); the split
 micro-batched (512 tokens a micro-batch: prefill steps are cut, decode steps are not); the split
 with two steps in flight over two groups of requests (`pipeline_groups=2`, wicore.engine.groups,
-prefill steps cut too); and, with `--cut-decode-tokens N`, the split with decode steps cut too.
+prefill steps cut too); the split with CUDA graphs per partition (experimental,
+WICORE_SPLIT_CUDA_GRAPHS: whole steps, or groups with the hidden states handed card to card by a
+session or through the host); and, with `--cut-decode-tokens N`, the split with decode steps cut too.
+Each setup's generated tokens are compared with the uncaptured splits' and one card's (same prompts):
+the count of requests with equal tokens is printed and recorded.
 The split runs see `--card-gb` of each card: the rest is taken by a torch allocation first (the
 design documents' two 16 GB cards). A process a setup, its stream counts in the order given.
 
@@ -82,7 +86,7 @@ SETUPS: dict[str, Setup] = {
     "split, whole steps + CUDA graphs": Setup("cuda:0,cuda:1", 0, 1, True, True, "device"),
     "one card": Setup("cuda:0", None, 1, False, None),
 }
-TOKENS_PEERS = ("split, whole steps", "split, groups in flight")  # uncaptured: each later setup's tokens are compared
+TOKENS_PEERS = ("split, whole steps", "split, groups in flight", "one card")  # each setup's tokens are compared with these
 
 
 def export(config: Config) -> Path:
