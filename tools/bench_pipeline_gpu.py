@@ -14,7 +14,11 @@ for: one uncapped card (both partitions on cuda:0, CUDA graphs as the engine cho
 over cuda:0 and cuda:1 run whole (`micro_batch_tokens=0`, `pipeline_groups=1`); the split
 micro-batched (512 tokens a micro-batch: prefill steps are cut, decode steps are not); the split
 with two steps in flight over two groups of requests (`pipeline_groups=2`, wicore.engine.groups,
-prefill steps cut too); and, with `--cut-decode-tokens N`, the split with decode steps cut too.
+prefill steps cut too); the split with CUDA graphs per partition (experimental,
+WICORE_SPLIT_CUDA_GRAPHS: whole steps, or groups with the hidden states handed card to card by a
+session or through the host); and, with `--cut-decode-tokens N`, the split with decode steps cut too.
+Each setup's generated tokens are compared with the uncaptured splits' and one card's (same prompts):
+the count of requests with equal tokens is printed and recorded.
 The split runs see `--card-gb` of each card: the rest is taken by a torch allocation first (the
 design documents' two 16 GB cards). A process a setup, its stream counts in the order given.
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -38,6 +43,7 @@ from benchlib import int_list, write_record
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.scheduler_config import SchedulerConfig
+from wicore.executor.graphs import SPLIT_GRAPHS_ENV
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.random_weights import RandomQuantSource
 from wicore.types.sampling import SamplingParams
@@ -67,14 +73,20 @@ class Setup:
     micro_batch_tokens: int | None
     pipeline_groups: int
     capped: bool  # each card held to card_gb
+    cuda_graphs: bool | None = False  # None: as the engine chooses (on for a paged export on one CUDA card)
+    handoff: str | None = None  # WICORE_SPLIT_CUDA_GRAPHS: CUDA graphs over the two cards, hidden states via "device" or "host"
 
 
 SETUPS: dict[str, Setup] = {
     "split, groups in flight": Setup("cuda:0,cuda:1", None, 2, True),
     "split, whole steps": Setup("cuda:0,cuda:1", 0, 1, True),
     "split, micro-batched": Setup("cuda:0,cuda:1", None, 1, True),
-    "one card": Setup("cuda:0", None, 1, False),
+    "split, groups + CUDA graphs": Setup("cuda:0,cuda:1", None, 2, True, True, "device"),
+    "split, groups + CUDA graphs, via host": Setup("cuda:0,cuda:1", None, 2, True, True, "host"),
+    "split, whole steps + CUDA graphs": Setup("cuda:0,cuda:1", 0, 1, True, True, "device"),
+    "one card": Setup("cuda:0", None, 1, False, None),
 }
+TOKENS_PEERS = ("split, whole steps", "split, groups in flight", "one card")  # each setup's tokens are compared with these
 
 
 def export(config: Config) -> Path:
@@ -106,33 +118,37 @@ def cap_cards(card_gb: float) -> list[object]:
     return held
 
 
-def timed_generate(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int, float]:
-    """Queue every prompt at once: (seconds to the last end, tokens out, mean seconds to a first token)."""
+def timed_generate(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int, float, list[list[int]]]:
+    """Queue every prompt at once: (seconds to the last end, tokens out, mean seconds to a first
+    token, each prompt's tokens)."""
     start = time.perf_counter()
     ids = [engine.add_request(p, params) for p in prompts]
     engine.start()
     first: list[float] = []
-    counts: list[int] = []
+    tokens: dict[str, list[int]] = {}
 
     def follow(request_id: str) -> None:
-        n = 0
+        got = tokens.setdefault(request_id, [])
         for out in engine.outputs(request_id):
-            if out.new_token_ids and n == 0:
+            if out.new_token_ids and not got:
                 first.append(time.perf_counter() - start)
-            n += len(out.new_token_ids)
-        counts.append(n)
+            got += out.new_token_ids
 
     threads = [threading.Thread(target=follow, args=(i,)) for i in ids]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return time.perf_counter() - start, sum(counts), float(np.mean(first))
+    seconds = time.perf_counter() - start
+    return seconds, sum(len(t) for t in tokens.values()), float(np.mean(first)), [tokens[i] for i in ids]
 
 
-def measure(model_dir: Path, setup: Setup, config: Config) -> dict[int, dict[str, float]]:
-    """Every stream count of `config` on one engine (its own process): the points by stream count."""
+def measure(model_dir: Path, setup: Setup, config: Config) -> dict[int, dict[str, object]]:
+    """Every stream count of `config` on one engine (its own process): the points by stream count
+    (with the generated tokens, under "tokens")."""
     held = cap_cards(config.card_gb) if setup.capped else []
+    if setup.handoff is not None:  # this setup's own process
+        os.environ[SPLIT_GRAPHS_ENV] = setup.handoff
     engine_config = EngineConfig(
         model_dir=model_dir,
         devices=setup.devices,
@@ -142,6 +158,7 @@ def measure(model_dir: Path, setup: Setup, config: Config) -> dict[int, dict[str
         enable_prefix_cache=False,
         micro_batch_tokens=setup.micro_batch_tokens,
         pipeline_groups=setup.pipeline_groups,
+        cuda_graphs=setup.cuda_graphs,
         scheduler=SchedulerConfig(max_num_seqs=max(config.streams), max_context=config.input_len + config.output_len + 64),
     )
     points = {}
@@ -153,8 +170,9 @@ def measure(model_dir: Path, setup: Setup, config: Config) -> dict[int, dict[str
             for name, tokens in (("warm-up", 2), ("prefill", 1), ("generate", config.output_len)):
                 prompts = [rng.integers(1000, vocab, config.input_len).tolist() for _ in range(streams)]
                 runs[name] = timed_generate(engine, prompts, SamplingParams(max_tokens=tokens, ignore_eos=True))
-            seconds, tokens, ttft = runs["generate"]
+            seconds, tokens, ttft, generated = runs["generate"]
             points[streams] = {
+                "tokens": generated,
                 "ttft_s": runs["prefill"][0],
                 "output_tok_s": tokens / seconds,
                 "generate_s": seconds,
@@ -162,8 +180,9 @@ def measure(model_dir: Path, setup: Setup, config: Config) -> dict[int, dict[str
             }
         pipeline = engine.core.runner.graphs.pipeline
         steps = engine.core.num_steps
+        captured = bool(engine.config.cuda_graphs)
         for point in points.values():
-            point.update(cut_steps=pipeline.num_steps if pipeline is not None else 0, steps=steps)
+            point.update(cut_steps=pipeline.num_steps if pipeline is not None else 0, steps=steps, cuda_graphs=captured)
     del held
     return points
 
@@ -175,27 +194,41 @@ def run(config: Config) -> int:
         setups[f"split, decode cut too ({config.cut_decode_tokens} tokens)"] = Setup(
             "cuda:0,cuda:1", config.cut_decode_tokens, 1, True
         )
-    results: dict[str, dict[int, dict[str, float]]] = {}
+    results: dict[str, dict[int, dict[str, object]]] = {}
     spawn = multiprocessing.get_context("spawn")  # a process a setup: each starts with whole cards (ORT keeps its arenas)
     for name, setup in setups.items():
         with ProcessPoolExecutor(1, mp_context=spawn) as child:
-            results[name] = child.submit(measure, model_dir, setup, config).result()
+            try:
+                results[name] = child.submit(measure, model_dir, setup, config).result()
+            except Exception as exc:  # the other setups still run
+                print(f"{name}: failed: {exc!r}", flush=True)
+                continue
         for streams, r in results[name].items():
             print(
                 f"{name:40s} {streams:3d} streams: TTFT {r['ttft_s']:.3f} s, output {r['output_tok_s']:.1f} tok/s "
-                f"(mean TTFT {r['generate_mean_ttft_s']:.3f} s)",
+                f"(mean TTFT {r['generate_mean_ttft_s']:.3f} s; CUDA graphs {r['cuda_graphs']})",
                 flush=True,
             )
         if config.json_path is not None:  # after each setup: a cut-short run keeps what it measured
             write_record(config.json_path, config, results=results)
+    for name, points in results.items():
+        for streams, r in points.items():
+            r["requests_equal_to"] = equal = {  # the same prompts (seeded by the stream count)
+                peer: sum(x == y for x, y in zip(r["tokens"], results[peer][streams]["tokens"]))  # type: ignore[call-overload]
+                for peer in TOKENS_PEERS
+                if peer in results and peer != name
+            }
+            print(f"{streams:3d} streams, {name:40s}: requests with a peer's tokens, of {streams}: {equal}")
+    if config.json_path is not None:
+        write_record(config.json_path, config, results=results)
     base = "split, whole steps"
     if base in results:
         for streams in config.streams:
             for name in results:
                 r, b = results[name][streams], results[base][streams]
                 print(
-                    f"{streams:3d} streams, {name:40s}: TTFT {b['ttft_s'] / r['ttft_s']:.2f}x, "
-                    f"output tok/s {r['output_tok_s'] / b['output_tok_s']:.2f}x the whole-step split"
+                    f"{streams:3d} streams, {name:40s}: TTFT {b['ttft_s'] / r['ttft_s']:.2f}x, "  # type: ignore[operator]
+                    f"output tok/s {r['output_tok_s'] / b['output_tok_s']:.2f}x the whole-step split"  # type: ignore[operator]
                 )
     return 0
 

@@ -8,6 +8,7 @@ with its outputs bound at the buffers' own addresses, so nothing is copied whole
     put     blocks [n, P, *block] -> Gather(j, axis 1) -> pool_j_out [n, *block]   (bound at frames)
     take    frames [n], k, v [N, *block] -> Gather(axis 0) -> k_out, v_out [n, *block]
     copy    k, v [n, *block] -> Identity -> k_out, v_out        (a copy between bound addresses)
+    handoff x [*shape] -> Identity -> x_out     (bound on two devices: ONNX Runtime copies card to card)
 
 Built with the exporter's graph writer (wicore.graph.ops), at the opset and IR version the
 model's graphs use.
@@ -88,4 +89,14 @@ def copy_graph(elem: int, block_shape: tuple[int, ...]) -> onnx.ModelProto:
         g.input(kv, elem, ["n", *block_shape])
         g.op("Identity", [kv], f"/copy/{kv}", out=f"{kv}_out")
         g.output(f"{kv}_out", elem, ["n", *block_shape])
+    return g.to_model(OPSET)
+
+
+def handoff_graph(elem: int, shape: tuple[int | str, ...]) -> onnx.ModelProto:
+    """x_out = x: run on the session's device with `x` bound on another, ONNX Runtime copies it device
+    to device into the buffer bound as `x_out` (a partition's hidden states, wicore.executor.cuda_graphs)."""
+    g = Graph("wicore_handoff")
+    x = g.input("x", elem, list(shape))
+    g.op("Identity", [x], "/handoff/Identity", out="x_out")
+    g.output("x_out", elem, list(shape))
     return g.to_model(OPSET)

@@ -19,11 +19,38 @@ when a row needs them (they are written into the bucket's device buffer either w
 A bucket's per-step inputs are views into one host buffer allocated with it (StepInputs): a step
 writes the batch into them and copies the whole buffer to the device in one transfer, where each
 input was its own copy (and its own padded array) before: nothing is allocated on the way.
+
+Partitions on several CUDA devices (the model split over two cards; off unless
+WICORE_SPLIT_CUDA_GRAPHS is set, wicore.executor.graphs, since the first run on two H200s gave other
+tokens than the uncaptured split) each capture their own graphs: a session captures only its own
+device's work, so each partition replays its graph on its card, the step's inputs copied to each
+card, and the hidden states copied between the buffers bound on the two cards, `handoff` "device"
+by a one-node session on the next card (wicore.devices.micrographs.handoff_graph: ONNX Runtime
+copies an input bound on another device), "host" through a NumPy array:
+
+    cuda:0  replay part-00 ──► hidden [rows, 1, H] ──copy──► cuda:1  hidden ──► replay part-01 ──► tokens
+
+With steps in flight over groups of requests (wicore.engine.groups), a bucket has one slot a group
+(its own inputs, hidden-state and output buffers, and graph ids), each calling thread keeps the
+slot it first took (a group's step runs, and reads its outputs, on one thread), and the partitions'
+replays go through the pipeline's workers, so while cuda:1 replays group A's step cuda:0 replays
+B's. Every such graph is captured when the graphs are enabled, one after another (ONNX Runtime
+captures in CUDA's global mode, in which another thread's copy or allocation fails), on padding rows
+that look like decode rows with a past. One slot is captured as on one card: on the first real
+decode step of each bucket.
+
+On two H200s (2026-11-28) the split's captured steps, all captured up front on rows without a past
+and handed card to card by the session, gave other tokens than the uncaptured split from the first
+decode step on (docs/PERFORMANCE.md); what is here now (one slot captured on real rows, padding
+rows with a past, the handoff through the host as a choice) has not run on two cards yet.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +60,9 @@ from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 from wicore.graph import io
 
 _HOST = (io.ATTENTION_BOUNDS, io.WINDOW_ATTENTION_BOUNDS)  # read by the op on the host, at capture
+CAPTURE_RUNS = 3  # runs of a graph id when captured up front: ONNX Runtime captures after a regular run or two
+Place = tuple[str, int]  # (OrtValue device type, id)
+HANDOFFS = ("device", "host")  # how hidden states cross between cards: a handoff session, or through host memory
 
 
 def buckets(max_rows: int) -> list[int]:
@@ -44,12 +74,13 @@ def buckets(max_rows: int) -> list[int]:
 
 
 class StepInputs:
-    """Inputs of fixed shapes, each a typed view into one host buffer whose bytes one transfer
-    copies to a device buffer of the same layout (`sync`); `bind` binds each input to its place there."""
+    """Inputs of fixed shapes, each a typed view into one host buffer whose bytes one transfer a
+    device copies to a buffer of the same layout on each of `devices` (`sync`); `bind` binds each
+    input to its place on one of them."""
 
     ALIGN = 64
 
-    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], type]], device: tuple[str, int]) -> None:
+    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], type]], *devices: Place) -> None:
         from wicore.devices.providers import onnxruntime
 
         self.offsets: dict[str, int] = {}
@@ -61,8 +92,11 @@ class StepInputs:
             size += int(np.prod(shape)) * np.dtype(dtype).itemsize
         self.host = np.zeros(max(size, 1), np.uint8)
         self.views = {name: self._view(self.offsets[name], shape, np.dtype(dtype)) for name, (shape, dtype) in shapes.items()}
-        self.device = device
-        self.buffer = onnxruntime().OrtValue.ortvalue_from_shape_and_type([self.host.size], np.uint8, *device)
+        if not devices:
+            raise ValueError("step inputs need a device to copy to")
+        self.devices = list(dict.fromkeys(devices))
+        ort = onnxruntime()
+        self.buffers = {d: ort.OrtValue.ortvalue_from_shape_and_type([self.host.size], np.uint8, *d) for d in self.devices}
 
     def _view(self, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return self.host[offset : offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
@@ -77,13 +111,16 @@ class StepInputs:
         view[tuple(slice(0, n) for n in array.shape)] = array
 
     def sync(self) -> None:
-        self.buffer.update_inplace(self.host)
+        for buffer in self.buffers.values():
+            buffer.update_inplace(self.host)
 
-    def bind(self, binding: object, names: set[str]) -> None:
-        base = self.buffer.data_ptr()
+    def bind(self, binding: object, names: set[str], device: Place | None = None) -> None:
+        """Bind the inputs in `names` that are held here at their places on `device` (the first by default)."""
+        device = device or self.devices[0]
+        base = self.buffers[device].data_ptr()
         for name in names & self.offsets.keys():
             shape, dtype = self.shapes[name]
-            binding.bind_input(name, *self.device, dtype, list(shape), base + self.offsets[name])  # type: ignore[attr-defined]
+            binding.bind_input(name, *device, dtype, list(shape), base + self.offsets[name])  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -92,13 +129,25 @@ class _Bucket:
     graph_id: int
     inputs: StepInputs
     bindings: list[object]  # one IOBinding a partition, bound once
+    handoffs: list[Callable[[], None] | None]  # after partition i: what copies its hidden states to the next card, or None
     outputs: dict[str, object]  # the last partition's: name -> OrtValue on its device (greedy, logits, draws)
 
 
 class DecodeGraphs:
-    """Captured decode steps of a ModelGraphs whose partitions all run on one CUDA device."""
+    """Captured decode steps of a ModelGraphs whose partitions run on CUDA devices (one or several),
+    `num_slots` steps at once (one a group of requests in flight)."""
 
-    def __init__(self, graphs, block_size: int, max_rows: int, max_blocks: int, max_window_blocks: int, max_context: int) -> None:
+    def __init__(
+        self,
+        graphs,
+        block_size: int,
+        max_rows: int,
+        max_blocks: int,
+        max_window_blocks: int,
+        max_context: int,
+        num_slots: int = 1,
+        handoff: str = "device",
+    ) -> None:
         from wicore.devices.providers import onnxruntime
 
         self._ort = onnxruntime()
@@ -107,14 +156,41 @@ class DecodeGraphs:
         # its sessions' device memory until then (seen on an H100: out of memory at the 7th engine).
         self.graphs = weakref.proxy(graphs)
         self.sink_slot = io.SINK_BLOCK * block_size  # offset 0 of the sink block
+        self._block_size = block_size
         self.max_blocks = max_blocks
         self.max_window_blocks = max(max_window_blocks, 1)
         self.max_context = max_context
-        self._buckets = [self._bucket(n, i) for i, n in enumerate(buckets(max_rows))]
+        if num_slots < 1:
+            raise ValueError(f"decode graphs need at least 1 slot, got {num_slots}")
+        if handoff not in HANDOFFS:
+            raise ValueError(f"hidden states are handed between cards through one of {HANDOFFS}, not {handoff!r}")
+        self.handoff = handoff
+        self.places: list[Place] = [d.ort_device for d in graphs.devices]
+        self._crossings = [i for i in range(len(self.places) - 1) if self.places[i] != self.places[i + 1]]
+        self._handoff_sessions = {i: self._handoff_session(i) for i in self._crossings} if handoff == "device" else {}
+        sizes = buckets(max_rows)
+        self._slots = [[self._bucket(n, slot * len(sizes) + i) for i, n in enumerate(sizes)] for slot in range(num_slots)]
+        self._buckets = self._slots[0]
+        self._slot_lock = threading.Lock()
+        self._slot_of: dict[int, int] = {}  # thread id -> its slot
+        if num_slots > 1:  # several steps at once: capture now, while nothing else runs
+            self._capture()
+
+    def _handoff_session(self, partition: int) -> object:
+        """A session on partition + 1's device that copies partition `partition`'s hidden states there."""
+        from onnx import TensorProto
+
+        from wicore.devices.micrographs import handoff_graph
+        from wicore.devices.providers import session_options
+
+        graphs = self.graphs
+        device = graphs.devices[partition + 1]
+        model = handoff_graph(TensorProto.FLOAT, ("rows", 1, graphs.manifest.config.hidden_size)).SerializeToString()
+        return self._ort.InferenceSession(model, sess_options=session_options(1, devices=[device]), providers=device.providers())
 
     def _bucket(self, rows: int, graph_id: int) -> _Bucket:
-        ort, graphs = self._ort, self.graphs
-        kind, index = graphs.devices[0].ort_device
+        ort, graphs, places = self._ort, self.graphs, self.places
+        kind, index = places[-1]
         hidden = graphs.manifest.config.hidden_size
         shapes: dict[str, tuple[tuple[int, ...], type]] = {
             io.INPUT_IDS: ((rows, 1), np.int64),
@@ -128,11 +204,14 @@ class DecodeGraphs:
             io.WINDOW_PAST_SEQLENS: ((rows,), np.int32),
             io.WINDOW_LOGICAL_TABLES: ((rows, self.max_blocks), np.int64),
             io.LOGITS_INDICES: ((rows,), np.int64),
+            # the portable attention's (bound only where a graph takes them: on the CPU EP, in tests)
+            io.CONTEXT_LENS: ((rows,), np.int64),
+            io.WINDOW_FIRST_BLOCK: ((rows,), np.int64),
         }
         if graphs.inline_head:
             shapes |= {io.SAMPLING_TEMPERATURE: ((rows,), np.float32), io.SAMPLING_UNIFORM: ((rows,), np.float32)}
         taken = set().union(*(graphs.input_names(i) for i in range(len(graphs.sessions))))
-        inputs = StepInputs({name: shape for name, shape in shapes.items() if name in taken}, (kind, index))
+        inputs = StepInputs({name: shape for name, shape in shapes.items() if name in taken}, *places)
         inputs.put(io.CUMULATIVE_SEQLENS, np.arange(rows + 1, dtype=np.int32), 0)  # one token a row: fixed
         inputs.put(io.LOGITS_INDICES, np.arange(rows, dtype=np.int64), 0)
         bounds = np.asarray([1, self.max_context], np.int32)
@@ -142,27 +221,82 @@ class DecodeGraphs:
             name: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, kind, index)
             for name, (shape, dtype) in self._output_shapes(rows).items()
         }
-        handoff = [
-            ort.OrtValue.ortvalue_from_shape_and_type([rows, 1, hidden], np.float32, kind, index) for _ in graphs.sessions[:-1]
-        ]
+        # partition i writes its hidden states into written[i] on its device; partition i + 1 reads
+        # them from read[i] on its own (the same buffer when both are on one device)
+        written = [ort.OrtValue.ortvalue_from_shape_and_type([rows, 1, hidden], np.float32, *p) for p in places[:-1]]
+        read = [
+            written[i] if i not in self._crossings else ort.OrtValue.ortvalue_from_shape_and_type([rows, 1, hidden], np.float32, *places[i + 1])
+            for i in range(len(written))
+        ]  # fmt: skip
+        handoffs: list[Callable[[], None] | None] = [None] * len(written)
+        for i in self._crossings:
+            if self.handoff == "host":  # a copy to the host and one back: 2 x rows x hidden x 4 bytes
+                handoffs[i] = functools.partial(_through_host, written[i], read[i])
+            else:
+                copy = self._handoff_sessions[i].io_binding()  # type: ignore[attr-defined]
+                copy.bind_ortvalue_input("x", written[i])
+                copy.bind_ortvalue_output("x_out", read[i])
+                handoffs[i] = functools.partial(self._handoff_sessions[i].run_with_iobinding, copy)  # type: ignore[attr-defined]
         bindings = []
         for i, (record, session) in enumerate(zip(graphs.manifest.partitions, graphs.sessions)):
             binding = session.io_binding()
             names = set(graphs.input_names(i))
-            inputs.bind(binding, names)
+            inputs.bind(binding, names, places[i])
             for name, value in host.items():
                 if name in names:
                     binding.bind_ortvalue_input(name, value)
             if i > 0:
-                binding.bind_ortvalue_input(io.HIDDEN_STATES, handoff[i - 1])
+                binding.bind_ortvalue_input(io.HIDDEN_STATES, read[i - 1])
             graphs.bind_kv(binding, record)
             if record.has_lm_head:
                 for name, value in outputs.items():
                     binding.bind_ortvalue_output(name, value)
             else:
-                binding.bind_ortvalue_output(io.HIDDEN_STATES_OUT, handoff[i])
+                binding.bind_ortvalue_output(io.HIDDEN_STATES_OUT, written[i])
             bindings.append(binding)
-        return _Bucket(rows, graph_id, inputs, bindings, outputs)
+        return _Bucket(rows, graph_id, inputs, bindings, handoffs, outputs)
+
+    @property
+    def num_slots(self) -> int:
+        return len(self._slots)
+
+    def _capture(self) -> None:
+        """Run every slot's every bucket CAPTURE_RUNS times on padding rows (the sink block), one after
+        another on this thread, so that ONNX Runtime captures each graph now and replays it after."""
+        for slot in self._slots:
+            for bucket in slot:
+                self._write_padding(bucket.inputs)
+                for _ in range(CAPTURE_RUNS):
+                    for stage in self._stages(bucket):
+                        stage()
+
+    def _slot(self) -> list[_Bucket]:
+        """The calling thread's slot: the one it took first. With several steps in flight each runs,
+        and reads its outputs, on a thread of its own (wicore.engine.groups)."""
+        if len(self._slots) == 1:
+            return self._slots[0]
+        thread = threading.get_ident()
+        with self._slot_lock:
+            slot = self._slot_of.get(thread)
+            if slot is None:
+                if len(self._slot_of) == len(self._slots):
+                    raise RuntimeError(f"{len(self._slots)} decode graph slots, all taken by other threads")
+                slot = self._slot_of[thread] = len(self._slot_of)
+        return self._slots[slot]
+
+    def _stages(self, bucket: _Bucket) -> list[Callable[[], None]]:
+        """Each partition's replay of `bucket`, then the copy of its hidden states to the next card."""
+        options = self._ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(bucket.graph_id))
+        sessions = self.graphs.sessions
+
+        def stage(i: int) -> None:
+            sessions[i].run_with_iobinding(bucket.bindings[i], options)
+            handoff = bucket.handoffs[i] if i < len(bucket.handoffs) else None
+            if handoff is not None:
+                handoff()
+
+        return [functools.partial(stage, i) for i in range(len(sessions))]
 
     def _output_shapes(self, rows: int) -> dict[str, tuple[tuple[int, ...], type]]:
         graphs = self.graphs
@@ -192,12 +326,15 @@ class DecodeGraphs:
         """A decode batch (`can_run`) from a replayed graph: each row's greedy token, with `logits`
         the rows' [rows, vocab] logits, with `sampling` the sampling head's draws."""
         rows = batch.input_ids.shape[0]
-        bucket = next(b for b in self._buckets if b.rows >= rows)
+        bucket = next(b for b in self._slot() if b.rows >= rows)
         self._write(batch, bucket.inputs, sampling)
-        options = self._ort.RunOptions()
-        options.add_run_config_entry("gpu_graph_id", str(bucket.graph_id))
-        for session, binding in zip(self.graphs.sessions, bucket.bindings):
-            session.run_with_iobinding(binding, options)
+        stages = self._stages(bucket)
+        pipeline = self.graphs.pipeline
+        if pipeline is not None and self.num_slots > 1:  # each card replays one group's step while the other replays another's
+            pipeline.run_in_order(stages)
+        else:
+            for stage in stages:
+                stage()
         outputs = dict(bucket.outputs)
         if sampling is not None and self.graphs.head is not None:  # the head runs uncaptured, on the bucket's logits
             outputs |= self.graphs.head.run(bucket.outputs[io.LOGITS], sampling)
@@ -219,11 +356,33 @@ class DecodeGraphs:
         inputs.put(io.PAST_SEQLENS, batch.past_seqlens, 0)
         inputs.put(io.WINDOW_PAST_SEQLENS, batch.window_past_seqlens, 0)
         inputs.put(io.WINDOW_LOGICAL_TABLES, batch.window_logical_tables, sink)
+        inputs.put(io.CONTEXT_LENS, batch.context_lens, 1)
+        inputs.put(io.WINDOW_FIRST_BLOCK, batch.window_first_block, 0)
         if self.graphs.inline_head:
             head = sampling or SamplingInputs.unused(batch.input_ids.shape[0])
             inputs.put(io.SAMPLING_TEMPERATURE, head.temperature, 1)
             inputs.put(io.SAMPLING_UNIFORM, head.uniform, 0)
         inputs.sync()
+
+    def _write_padding(self, inputs: StepInputs) -> None:
+        """Rows for an up-front capture, each a decode row of the sink block: its last slot's token after
+        block_size - 1 cached ones (a row with a past, as every real decode row has: a capture on rows
+        without one may keep a kernel choice that reads none)."""
+        sink, past = io.SINK_BLOCK, self._block_size - 1
+        for name, fill in (
+            (io.INPUT_IDS, 0), (io.POSITIONS, past), (io.SLOT_MAPPING, self.sink_slot + past), (io.BLOCK_TABLES, sink),
+            (io.WINDOW_SLOT_MAPPING, self.sink_slot + past), (io.WINDOW_BLOCK_TABLES, sink), (io.PAST_SEQLENS, past),
+            (io.WINDOW_PAST_SEQLENS, past), (io.WINDOW_LOGICAL_TABLES, sink), (io.SAMPLING_TEMPERATURE, 1),
+            (io.SAMPLING_UNIFORM, 0), (io.CONTEXT_LENS, past + 1), (io.WINDOW_FIRST_BLOCK, 0),
+        ):  # fmt: skip
+            if name in inputs.shapes:
+                inputs.put(name, np.zeros((0,) * len(inputs.shapes[name][0])), fill)
+        inputs.sync()
+
+
+def _through_host(source: object, target: object) -> None:
+    """target = source, two device buffers of one shape, through a NumPy array."""
+    target.update_inplace(source.numpy())  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ partition to the next as OrtValues, without a trip through NumPy when the device
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 from wicore.devices.providers import Device, DeviceError, onnxruntime, session_options
 from wicore.executor import pipeline
 from wicore.executor.batch import BatchInputs
-from wicore.executor.cuda_graphs import DecodeGraphs
+from wicore.executor.cuda_graphs import HANDOFFS, DecodeGraphs
 from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 from wicore.executor.sampling_head import SamplingHead
 from wicore.graph import io
@@ -41,10 +42,24 @@ def kernel_library(devices: Sequence[Device]) -> Path:
     return path
 
 
-def can_capture(manifest: Manifest, devices: Sequence[Device]) -> bool:
-    """Decode steps can be captured: a paged-attention export, every partition on one CUDA device."""
-    one_gpu = devices[0].capability.name == "cuda" and all(d == devices[0] for d in devices)
-    return manifest.attention == "paged" and one_gpu
+SPLIT_GRAPHS_ENV = "WICORE_SPLIT_CUDA_GRAPHS"  # "device" | "host": CUDA graphs over several cards (experimental)
+
+
+def split_graphs() -> str | None:
+    """How hidden states cross between cards in CUDA graphs over several cards (cuda_graphs.HANDOFFS),
+    or None: such graphs are off. Off by default: on two H200s (2026-11-28, docs/PERFORMANCE.md) the
+    split's captured decode steps ran 1.7x faster than the uncaptured split's but gave other tokens."""
+    value = os.environ.get(SPLIT_GRAPHS_ENV, "").strip().lower()
+    if value and value not in HANDOFFS:
+        raise DeviceError(f"{SPLIT_GRAPHS_ENV}={value}: choose one of {', '.join(HANDOFFS)}, or leave it unset (off)")
+    return value or None
+
+
+def can_capture(manifest: Manifest, devices: Sequence[Device], across_devices: bool = False) -> bool:
+    """Decode steps can be captured: a paged-attention export, every partition on one CUDA device, or
+    with `across_devices` on CUDA devices (each partition captures its own, wicore.executor.cuda_graphs)."""
+    on_cuda = all(d.capability.name == "cuda" for d in devices)
+    return manifest.attention == "paged" and on_cuda and (across_devices or all(d == devices[0] for d in devices))
 
 
 class ModelGraphs:
@@ -76,16 +91,17 @@ class ModelGraphs:
             pipeline_groups = len({d.ort_device for d in self.devices}) if several else 1
         # Steps in flight at once: each partition's runs go through its own worker, in the order they come.
         self.pipeline_groups = pipeline_groups if len(self.devices) > 1 else 1
-        if cuda_graphs and self.pipeline_groups > 1:
-            raise DeviceError("CUDA graphs replay one step at a time: set pipeline_groups to 1 to use them")
-        if cuda_graphs is None and self.pipeline_groups > 1:
-            cuda_graphs = False
+        self.handoff = split_graphs()
         if cuda_graphs is None:  # greedy and sampled tokens measured identical to uncaptured there (PERFORMANCE.md)
             tile = flash_page_size(manifest.config.head_dim)
-            cuda_graphs = can_capture(manifest, self.devices) and block_size is not None and block_size % tile == 0
+            able = can_capture(manifest, self.devices, self.handoff is not None)
+            cuda_graphs = able and block_size is not None and block_size % tile == 0
         self.cuda_graphs = cuda_graphs
-        if cuda_graphs and not can_capture(manifest, self.devices):
-            raise DeviceError("CUDA graphs need an export with --attention paged, every partition on one cuda device")
+        if cuda_graphs and not can_capture(manifest, self.devices, self.handoff is not None):
+            raise DeviceError(
+                "CUDA graphs need an export with --attention paged, every partition on one cuda device "
+                f"(over several cards they are experimental: {SPLIT_GRAPHS_ENV}=device or host)"
+            )
         opts = session_options(num_threads, profile_prefix, self.devices)
         if manifest.kernels == "wicore":
             opts.register_custom_ops_library(str(kernel_library(self.devices)))
@@ -117,8 +133,11 @@ class ModelGraphs:
     def enable_decode_graphs(
         self, block_size: int, max_rows: int, max_blocks: int, max_window_blocks: int, max_context: int
     ) -> None:
-        """Replay greedy decode steps of up to `max_rows` rows from captured CUDA graphs."""
-        self.decode_graphs = DecodeGraphs(self, block_size, max_rows, max_blocks, max_window_blocks, max_context)
+        """Replay greedy decode steps of up to `max_rows` rows from captured CUDA graphs, a set of them
+        for each step in flight (`pipeline_groups`)."""
+        self.decode_graphs = DecodeGraphs(
+            self, block_size, max_rows, max_blocks, max_window_blocks, max_context, self.pipeline_groups, self.handoff or "device"
+        )
 
     def input_names(self, partition: int) -> set[str]:
         return self._input_names[partition]

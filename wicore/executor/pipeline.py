@@ -77,6 +77,22 @@ class Pipeline:
             done.append((self._submit(0, part, None, want_logits, draws), draws))
         return join_outputs([self._outputs(stage.result(), want_logits, draws) for stage, draws in done])
 
+    def run_in_order(self, stages: list[Callable[[], None]]) -> None:
+        """Stage i on partition i's worker, queued once stage i - 1 is done (as `_submit` queues a
+        micro-batch's partitions); returns when the last is done, raises what a stage raised.
+        A captured decode step (wicore.executor.cuda_graphs) runs its partitions' replays this way."""
+        done: Future[None] = Future()
+
+        def submit(i: int) -> None:
+            stage = self.workers[i].submit(stages[i])
+            if i + 1 < len(stages):
+                stage.add_done_callback(lambda ran: _settle(done, ran) if ran.exception() is not None else submit(i + 1))
+            else:
+                stage.add_done_callback(functools.partial(_settle, done))
+
+        submit(0)
+        done.result()
+
     def _submit(
         self,
         i: int,
