@@ -11,6 +11,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,6 +50,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     there the replicas were refused by placement and killed by Ray's memory monitor. The rest keeps
     its order (the sort is stable)."""
     items.sort(key=lambda item: not item.nodeid.startswith("tests/serve_ray/"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """PyTorch on one thread, once anything has imported it: the HF references run 3 to 6 times
+    slower on two threads on a 2-core machine that also runs ONNX Runtime's threads (a 100-token
+    prompt's 16 greedy tokens on the 270M: 17-32 s on two, 5-6 s on one, loaded VM). Every test
+    after tests/export/test_gguf_llama_cpp.py already ran so (its hf_greedy sets it for the
+    session); now the ones before it do too."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 def _rss_bytes() -> int:

@@ -49,7 +49,8 @@ def test_stress_spawned_server_drains(gemma_270m: Callable[[int], Path], tmp_pat
 
 def test_stress_writes_its_record_when_the_server_goes_away(tiny_multimodal, tmp_path: Path) -> None:
     """Issue 35: with --url, a server that died mid-run left no record. Here it is killed 4 s into
-    a 12 s run (its clients retry the dead server until the end, so a longer run only waits longer):
+    an 8 s run (its clients retry the dead server until the end, so a longer run only waits longer;
+    4 s past the kill still leaves a slow machine's kill well inside the run):
     the tool ends, exit code 1, and the record says what was measured and what failed.
     (The tiny model's context is 256 tokens: the long prompts are 400s, the short ones run.)"""
     import signal
@@ -64,7 +65,7 @@ def test_stress_writes_its_record_when_the_server_goes_away(tiny_multimodal, tmp
     try:
         record = tmp_path / "stress.json"
         command = [sys.executable, str(REPO / "tools" / "stress.py"), "--url", f"http://127.0.0.1:{port}"]
-        command += ["--server-pid", str(server.pid), "--clients", "2", "--ramp", "0", "--duration", "12"]
+        command += ["--server-pid", str(server.pid), "--clients", "2", "--ramp", "0", "--duration", "8"]
         command += ["--max-tokens", "8,16", "--no-probe", "--json", str(record)]
         for _ in range(600):  # until it answers
             try:
