@@ -18,7 +18,7 @@ from typing import Any
 
 from wicore.api.tools.request import Function
 from wicore.api.tools.scan import BracketMemo, Call, Scan
-from wicore.structured.schema import close_objects
+from wicore.structured.schema import generation_schema
 
 
 class ToolFormat(ABC):
@@ -71,8 +71,9 @@ CANONICAL_JSON = {"whitespace_flexible": False, "key_separator": ": ", "item_sep
 
 def json_rule(schema: dict[str, Any]) -> str:
     """An inline JSON schema (llguidance's `%json {...}`), its JSON written canonically and its
-    objects holding only the properties they list unless they say otherwise (wicore/structured/schema.py)."""
-    return "%json " + json.dumps({**close_objects(schema), "x-guidance": CANONICAL_JSON}, ensure_ascii=False)
+    objects holding only the properties they list and its numbers bounded unless the schema says
+    otherwise (wicore/structured/schema.py)."""
+    return "%json " + json.dumps({**generation_schema(schema), "x-guidance": CANONICAL_JSON}, ensure_ascii=False)
 
 
 def call_object_schema(functions: tuple[Function, ...], arguments_key: str) -> dict[str, Any]:
