@@ -261,7 +261,8 @@ def test_wicore_serve_checks_the_tool_call_parser_name(tiny_export):
     _, settings = prepare_serve(parse_command_line(["serve", "--model", folder, "--tool-call-parser", "gemma"]))
     assert settings.tool_call_parser == "gemma"
     with pytest.raises(
-        UsageError, match="^tool_call_parser 'nope': choose one of hermes, llama3_json, pythonic, gemma, harmony, mistral$"
+        UsageError,
+        match="^tool_call_parser 'nope': choose one of hermes, llama3_json, pythonic, gemma, harmony, mistral, mistral_v11$",
     ):
         prepare_serve(parse_command_line(["serve", "--model", folder, "--tool-call-parser", "nope"]))
 

@@ -23,9 +23,11 @@ from wicore.structured.schema import generation_schema
 
 class ToolFormat(ABC):
     name: str = ""
-    # The format's markers are special tokens (harmony's <|channel|>): the text it reads is decoded
-    # with them, and every chat answer is read through it (its reasoning is never content)
+    # The format's markers are special tokens (harmony's <|channel|>, Mistral v11's [TOOL_CALLS]):
+    # the text it reads is decoded with them
     reads_special_tokens: bool = False
+    # Every chat answer is read through the format, tools or not (harmony: its reasoning is never content)
+    reads_every_answer: bool = False
 
     @abstractmethod
     def scan(self, text: str, final: bool, names: frozenset[str], memo: BracketMemo | None = None) -> Scan:
