@@ -102,11 +102,19 @@ def compiler() -> tuple[GrammarCompiler, object]:
         ({"type": "integer", "maximum": 10**20}, "10000000000000000", True),  # the schema's own bound holds
         ({"type": "object", "properties": {"n": {"type": "number"}}}, '{"n": 3.3333333333}', True),
         ({"type": "object", "properties": {"n": {"type": "number"}}}, '{"n": 3.33333333333}', False),
+        (None, '{"a": [1.5, "x", null, {"b": true}], "c": -7}', True),  # JSON mode: any object
+        (None, '{"a": [12345678901234567]}', False),  # its numbers bounded too
+        (None, "[1]", False),
     ],
 )
 def test_a_compiled_schema_caps_the_digits_of_its_numbers(compiler, schema, text, accepted):
     grammars, bpe = compiler
-    state = grammars.start(StructuredOutput(StructuredKind.JSON, json.dumps(schema)))
+    spec = (
+        StructuredOutput(StructuredKind.JSON_OBJECT)
+        if schema is None
+        else StructuredOutput(StructuredKind.JSON, json.dumps(schema))
+    )
+    state = grammars.start(spec)
     tokens = bpe.encode(text, add_special_tokens=False).ids
     valid = state.num_valid(tokens) == len(tokens)
     if valid:

@@ -28,7 +28,7 @@ import llguidance
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
 from wicore.errors import StructuredOutputError
-from wicore.structured.schema import generation_schema
+from wicore.structured.schema import JSON_OBJECT, generation_schema
 from wicore.structured.spec import StructuredKind, StructuredOutput
 from wicore.structured.state import GrammarState
 
@@ -36,7 +36,7 @@ from wicore.structured.state import GrammarState
 # run of whitespace lets a small model pad a value with newlines until max_tokens. A schema may
 # override these with llguidance's "x-guidance" key.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-ANY_OBJECT = '{"type": "object"}'
+ANY_OBJECT = json.dumps(generation_schema(JSON_OBJECT))  # JSON mode: any object, its numbers bounded (schema.py)
 
 
 @dataclass(frozen=True)

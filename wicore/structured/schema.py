@@ -24,7 +24,8 @@ Every value inside those bounds stays accepted; a bounded number is written with
 (`100000`, not `1e5`). The fraction's cap is 10 digits, not llama.cpp's 16: llguidance reads
 `multipleOf` through a float and refuses 1e-11 and finer. llguidance reads bounds as floats too, so
 the integer bound is 9,999,999,999,999,998 (10**16 - 1 is no float). A schema with `const` or `enum`
-is left as it is (its values are already fixed).
+is left as it is (its values are already fixed). JSON mode (`json_object`) is `JSON_OBJECT`, any
+object spelled out so that its numbers are bounded too.
 """
 
 from __future__ import annotations
@@ -35,6 +36,25 @@ from typing import Any
 MAX_INTEGER_DIGITS = 16
 MAX_FRACTION_DIGITS = 10  # llguidance's finest multipleOf (module docstring)
 MAX_INTEGER = 10**MAX_INTEGER_DIGITS - 2  # the largest 16-digit float
+
+# Any JSON object, every value kind written out (so that bound_numbers reaches its numbers)
+_ANY_VALUE = {"$ref": "#/$defs/value"}
+JSON_OBJECT: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": _ANY_VALUE,
+    "$defs": {
+        "value": {
+            "anyOf": [
+                {"type": "null"},
+                {"type": "boolean"},
+                {"type": "number"},
+                {"type": "string"},
+                {"type": "array", "items": _ANY_VALUE},
+                {"type": "object", "additionalProperties": _ANY_VALUE},
+            ]
+        }
+    },
+}
 
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 _ONE = (
