@@ -93,6 +93,8 @@ def test_every_form_of_constraint_is_read(extra, expected):
         ({"guided_regex": ""}, "guided_regex", "non-empty string"),
         ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "give one of"),
         ({"structured_outputs": "a+"}, "structured_outputs", "expected an object"),
+        ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag", "not supported"),  # never ignored
+        ({"response_format": {"type": "structural_tag"}}, "response_format.type", "choose text, json_object or json_schema"),
         ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex", "one output constraint"),
     ],
 )

@@ -3,11 +3,13 @@ client's `chat.completions.parse(response_format=<pydantic model>)`, streamed an
 sampled, on SmolLM2-135M-Instruct and Gemma 3 270M, and LangChain's `with_structured_output`.
 Every answer must parse into the model class (pydantic checks it against the schema).
 
-Strings have a maxLength and numbers are integers in a range: a constraint keeps the text valid,
-not short, and a 270M base model can run a free string or a float's digits to max_tokens."""
+Strings have a maxLength: a constraint keeps the text valid, not short, and a 270M base model can
+run a free string to max_tokens. A number without bounds gets llama.cpp-like digit caps
+(wicore/structured/schema.py): the last test checks that SmolLM2 stops in them."""
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from typing import Annotated
@@ -113,6 +115,35 @@ def test_langchain_with_structured_output(smollm2):
             "Reply in JSON with the keys name, age and address (city, zip_code) of a person in Lyon."
         )
         assert raw["parsing_error"] is None or isinstance(raw["raw"].content, str)  # json_mode: any JSON object
+    finally:
+        s.server.stop()
+        s.engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "value"),
+    [
+        ("What is pi to many decimal places? Reply in JSON.", 3.1415926535),
+        ("Give the exact value of one third as a JSON number.", 1.3333333333),
+    ],
+)
+def test_an_unbounded_number_stops_at_its_digit_cap(smollm2, prompt, value):
+    """Without the cap (wicore/structured/schema.py) SmolLM2 writes these numbers' digits until max_tokens."""
+    from openai import OpenAI
+
+    s = start(smollm2(), ServerSettings(model_name="smollm2-135m-instruct"), num_device_blocks=64)
+    try:
+        client = OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0, timeout=300)
+        schema = {"type": "object", "properties": {"value": {"type": "number"}}, "required": ["value"]}
+        choice = client.chat.completions.create(
+            model="smollm2-135m-instruct",
+            messages=[{"role": "user", "content": prompt}],
+            response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+            max_tokens=80,
+            temperature=0,
+        ).choices[0]
+        assert choice.finish_reason == "stop", choice.message.content
+        assert json.loads(choice.message.content or "") == {"value": value}
     finally:
         s.server.stop()
         s.engine.stop()

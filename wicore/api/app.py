@@ -216,7 +216,7 @@ class API(Gate):
         try:
             tok = self._tokenizer()
             fmt = tool_format(self.settings.tool_call_parser, tok)
-            if tools is None and not fmt.reads_special_tokens:  # harmony reads every answer, tools or not
+            if tools is None and not fmt.reads_every_answer:  # harmony reads every answer, tools or not
                 return tok.apply_chat_template(messages, add_generation_prompt, self.settings.chat_template), None
             return chat_prompt(tok, messages, tools, fmt, self.settings.chat_template, add_generation_prompt)
         except WiCoreError as exc:  # the template refused these messages (roles out of order, say)

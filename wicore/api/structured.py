@@ -4,7 +4,8 @@
                       {"type": "json_object"}                       any JSON object
                       {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
     structured_outputs {"json": schema} | {"regex": ...} | {"choice": [...]} | {"grammar": ...}
-                      | {"json_object": true}                       (vLLM)
+                      | {"json_object": true}                       (vLLM; structural_tag is a 400,
+                                                                     its whitespace options are WiCore's own)
     guided_json, guided_regex, guided_choice, guided_grammar        (vLLM's older names)
 
 At most one of them may constrain a request. Whether the constraint compiles is the engine's to say
@@ -80,6 +81,11 @@ def _structured_outputs(value: Any) -> StructuredOutput | None:
         return None
     if not isinstance(value, dict):
         raise _bad("structured_outputs", 'expected an object such as {"json": {...}} or {"regex": "..."}')
+    if value.get("structural_tag") is not None:  # a constraint: never dropped in silence
+        raise _bad(
+            "structured_outputs.structural_tag",
+            "not supported by this server; give one of json, regex, choice, grammar (Lark or GBNF) or json_object",
+        )
     found = [spec for name, kind in _KINDS.items() if (spec := _value(f"structured_outputs.{name}", kind, value.get(name)))]
     if value.get("json_object"):
         found.append(StructuredOutput(StructuredKind.JSON_OBJECT, "", "structured_outputs.json_object"))

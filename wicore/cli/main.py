@@ -78,7 +78,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tool-call-parser",
         default=None,
-        help="how the model writes tool calls: hermes, llama3_json, pythonic, gemma, harmony or mistral (default: from its chat template)",
+        help="how the model writes tool calls: hermes, llama3_json, pythonic, gemma, harmony, mistral or mistral_v11 (default: from its chat template)",
     )
     p.add_argument(
         "--grace-seconds",

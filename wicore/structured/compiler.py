@@ -28,7 +28,7 @@ import llguidance
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
 from wicore.errors import StructuredOutputError
-from wicore.structured.schema import close_objects
+from wicore.structured.schema import JSON_OBJECT, generation_schema
 from wicore.structured.spec import StructuredKind, StructuredOutput
 from wicore.structured.state import GrammarState
 
@@ -36,7 +36,7 @@ from wicore.structured.state import GrammarState
 # run of whitespace lets a small model pad a value with newlines until max_tokens. A schema may
 # override these with llguidance's "x-guidance" key.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-ANY_OBJECT = '{"type": "object"}'
+ANY_OBJECT = json.dumps(generation_schema(JSON_OBJECT))  # JSON mode: any object, its numbers bounded (schema.py)
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def grammar_text(spec: StructuredOutput) -> str:
             schema = json.loads(spec.value)
             if not isinstance(schema, (dict, bool)):
                 raise StructuredOutputError(f"{where}a JSON schema is an object, got {type(schema).__name__}", spec.field)
-            closed = json.dumps(close_objects(schema), ensure_ascii=False)  # objects list their keys (schema.py)
+            closed = json.dumps(generation_schema(schema), ensure_ascii=False)  # closed, bounded (schema.py)
             return LLMatcher.grammar_from_json_schema(closed, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
         if spec.kind is StructuredKind.JSON_OBJECT:
             return LLMatcher.grammar_from_json_schema(ANY_OBJECT, defaults=JSON_OPTIONS)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from streamed import NAMES, TIME, WEATHER
 from wicore.api.tools.formats import FORMATS
 from wicore.api.tools.request import Function
 from wicore.api.tools.scan import Call
+from wicore.structured.schema import MAX_INTEGER
 
 llguidance = pytest.importorskip("llguidance")
 
@@ -70,6 +71,16 @@ def test_the_grammar_refuses_what_the_request_does_not_allow(lltok, name):
     if '": ' in written:  # JSON in the calls: written one way, as json.dumps writes it
         assert not accepts(lltok, required, written.replace('": ', '":'))
     assert not accepts(lltok, fmt.grammar((NESTED,), True), fmt.render_calls([Call("book", {"who": {}, "seats": 0})]))
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_an_unbounded_number_argument_has_at_most_16_digits(lltok, name):
+    """A small model must not write digits until max_tokens (wicore/structured/schema.py)."""
+    fmt = FORMATS[name]
+    grammar = fmt.grammar((NESTED,), parallel=False)
+    booking = {"who": {"name": "Ada"}}
+    assert accepts(lltok, grammar, fmt.render_calls([Call("book", {**booking, "seats": MAX_INTEGER})]))
+    assert not accepts(lltok, grammar, fmt.render_calls([Call("book", {**booking, "seats": 10**16})]))
 
 
 def test_harmony_lets_an_analysis_message_come_before_the_forced_call(lltok):

@@ -114,6 +114,22 @@ def test_one_call_at_most_keeps_the_first(served, client, request_fields):
     assert [json.loads(c.function.arguments)["city"] for c in choice.message.tool_calls] == ["Paris"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("tool_choice", "reason"),
+    [("auto", "tool_calls"), ("required", "tool_calls"), ({"type": "function", "function": {"name": "get_weather"}}, "stop")],
+)
+def test_a_named_function_call_finishes_with_stop_as_openai_and_vllm_say(served, client, tool_choice, reason, stream):
+    served[0].answer = CALL
+    ask = dict(model="m", messages=ASK, tools=[WEATHER], tool_choice=tool_choice)
+    if stream:
+        chunks = list(client.chat.completions.create(**ask, stream=True))
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [reason]
+        return
+    choice = client.chat.completions.create(**ask).choices[0]
+    assert choice.finish_reason == reason and choice.message.tool_calls[0].function.name == "get_weather"
+
+
 def test_tool_choice_none_reads_no_calls_and_shows_no_tools(served, client):
     served[0].answer = CALL
     reply = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], tool_choice="none")
@@ -261,7 +277,8 @@ def test_wicore_serve_checks_the_tool_call_parser_name(tiny_export):
     _, settings = prepare_serve(parse_command_line(["serve", "--model", folder, "--tool-call-parser", "gemma"]))
     assert settings.tool_call_parser == "gemma"
     with pytest.raises(
-        UsageError, match="^tool_call_parser 'nope': choose one of hermes, llama3_json, pythonic, gemma, harmony, mistral$"
+        UsageError,
+        match="^tool_call_parser 'nope': choose one of hermes, llama3_json, pythonic, gemma, harmony, mistral, mistral_v11$",
     ):
         prepare_serve(parse_command_line(["serve", "--model", folder, "--tool-call-parser", "nope"]))
 

@@ -57,7 +57,7 @@ def chat_prompt(
     rendered, template_tools = template_inputs(messages, tools, fmt, tokenizer.takes_tools)
     prompt = tokenizer.apply_chat_template(rendered, add_generation_prompt, chat_template, tools=template_tools)
     if tools is None:
-        return prompt, ToolPlan(fmt, ToolRequest(())) if fmt.reads_special_tokens else None
+        return prompt, ToolPlan(fmt, ToolRequest(())) if fmt.reads_every_answer else None
     return prompt, ToolPlan(fmt, tools)
 
 

@@ -6,7 +6,8 @@
         Piece("", tool_calls=[{"index": 0, "id": "call_…", "type": "function",
                                "function": {"name": "get_weather", "arguments": ""}}])
         Piece("", tool_calls=[{"index": 0, "function": {"arguments": "{\\"city\\": \\"Paris\\"}"}}])
-        Piece("", "tool_calls")                                      the finish ("stop" -> "tool_calls")
+        Piece("", "tool_calls")                                      the finish ("stop" -> "tool_calls",
+                                                                     unless tool_choice named the function)
 
 Text that may begin a call is held back until the call is complete and parses (then its two
 deltas go), or is known not to be one (then it goes as content). The non-streamed answer joins
@@ -86,7 +87,9 @@ async def tool_pieces(pieces: AsyncIterator[Piece], plan: ToolPlan) -> AsyncIter
                 yield Piece("", None, tool_calls=[{**head, "function": {"name": call.name, "arguments": ""}}])
                 yield Piece("", None, tool_calls=[{"index": index, "function": {"arguments": call.arguments_json}}])
             if final:
-                reason = "tool_calls" if stream.num_calls and piece.finish_reason == "stop" else piece.finish_reason
+                # OpenAI (and vLLM): "tool_calls" when the model chose to call; a named function's call ends with "stop"
+                chose = stream.num_calls and plan.tools.named is None
+                reason = "tool_calls" if chose and piece.finish_reason == "stop" else piece.finish_reason
                 yield Piece("", reason, logprobs)
                 return
     finally:  # left early (a client gone): the choice's own generator ends now, aborting its request

@@ -3,6 +3,7 @@ template implies when no name is given.
 
     template mentions      format
     <|channel|>            harmony       (gpt-oss: channels, calls as messages to functions.NAME)
+    [ARGS]                 mistral_v11   (Mistral's v11 vocabulary on: [TOOL_CALLS]NAME[ARGS]{...} a call)
     [TOOL_CALLS]           mistral       (Mistral's v3 vocabulary: a JSON list of calls)
     <tool_call>            hermes        (Qwen 2.5, Hermes: JSON in <tool_call> tags)
     <|header_start|>, [func_name1(   pythonic   (Llama 4, pythonic Llama 3.2 templates)
@@ -18,13 +19,17 @@ from wicore.api.tools.formats.harmony import Harmony
 from wicore.api.tools.formats.hermes import Hermes
 from wicore.api.tools.formats.llama3 import Llama3Json
 from wicore.api.tools.formats.mistral import Mistral
+from wicore.api.tools.formats.mistral_v11 import MistralV11
 from wicore.api.tools.formats.pythonic import Gemma, Pythonic
 
-FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Llama3Json(), Pythonic(), Gemma(), Harmony(), Mistral())}
+FORMATS: dict[str, ToolFormat] = {
+    f.name: f for f in (Hermes(), Llama3Json(), Pythonic(), Gemma(), Harmony(), Mistral(), MistralV11())
+}
 
 # Checked in order: the first marker the template holds names its format.
 _TEMPLATE_MARKERS = (
     ("<|channel|>", "harmony"),
+    ("[ARGS]", "mistral_v11"),
     ("[TOOL_CALLS]", "mistral"),
     ("<tool_call>", "hermes"),
     ("<|header_start|>", "pythonic"),

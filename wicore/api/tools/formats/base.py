@@ -18,14 +18,16 @@ from typing import Any
 
 from wicore.api.tools.request import Function
 from wicore.api.tools.scan import BracketMemo, Call, Scan
-from wicore.structured.schema import close_objects
+from wicore.structured.schema import generation_schema
 
 
 class ToolFormat(ABC):
     name: str = ""
-    # The format's markers are special tokens (harmony's <|channel|>): the text it reads is decoded
-    # with them, and every chat answer is read through it (its reasoning is never content)
+    # The format's markers are special tokens (harmony's <|channel|>, Mistral v11's [TOOL_CALLS]):
+    # the text it reads is decoded with them
     reads_special_tokens: bool = False
+    # Every chat answer is read through the format, tools or not (harmony: its reasoning is never content)
+    reads_every_answer: bool = False
 
     @abstractmethod
     def scan(self, text: str, final: bool, names: frozenset[str], memo: BracketMemo | None = None) -> Scan:
@@ -71,8 +73,9 @@ CANONICAL_JSON = {"whitespace_flexible": False, "key_separator": ": ", "item_sep
 
 def json_rule(schema: dict[str, Any]) -> str:
     """An inline JSON schema (llguidance's `%json {...}`), its JSON written canonically and its
-    objects holding only the properties they list unless they say otherwise (wicore/structured/schema.py)."""
-    return "%json " + json.dumps({**close_objects(schema), "x-guidance": CANONICAL_JSON}, ensure_ascii=False)
+    objects holding only the properties they list and its numbers bounded unless the schema says
+    otherwise (wicore/structured/schema.py)."""
+    return "%json " + json.dumps({**generation_schema(schema), "x-guidance": CANONICAL_JSON}, ensure_ascii=False)
 
 
 def call_object_schema(functions: tuple[Function, ...], arguments_key: str) -> dict[str, Any]:

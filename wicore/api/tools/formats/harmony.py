@@ -46,6 +46,7 @@ HEADER = re.compile(
 class Harmony(ToolFormat):
     name = "harmony"
     reads_special_tokens = True
+    reads_every_answer = True
 
     def scan(self, text: str, final: bool, names: frozenset[str], memo: BracketMemo | None = None) -> Scan:
         scan = Scan()

@@ -8,7 +8,7 @@ is read as calls where it opens (after whitespace, or after the token where a vo
 as text) with a JSON list whose every item is a call of a declared function; any other answer,
 a list of something else included, is content as written. While streaming, an answer that opens
 with `[` is held until its list closes. Newer Mistral vocabularies (v11 on: `[TOOL_CALLS]NAME[ARGS]{...}`,
-Mistral Small 3.2, Magistral) write calls this format does not read.
+Mistral Small 3.2, Magistral) write calls as mistral_v11.py reads them.
 """
 
 from __future__ import annotations
