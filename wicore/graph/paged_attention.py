@@ -92,7 +92,11 @@ def paged_values(
     tables: dict[bool, str] = {}
     rope: dict[bool, tuple[str, str] | None] = {}
     scatter: dict[bool, str] = {}
-    block_size = g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/block_size") if block_kinds else ""
+    block_size = ""
+    if block_kinds:
+        block_size = on_device(
+            g, g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/pool_block"), f"{p}/block_size"
+        )
     for is_sliding in kinds:
         kind = "sliding" if is_sliding else "global"
         slot = g.input(io.WINDOW_SLOT_MAPPING if is_sliding else io.SLOT_MAPPING, i64, ["batch", "seq"])
@@ -109,9 +113,16 @@ def paged_values(
     if not block_kinds:
         return PagedValues(cumulative, past, bounds, slots, tables, rope, shape)
     # every row is `seq` tokens long (module docstring): past + seq tokens in the cache after the step
-    seq = g.op("Gather", [batch_seq, g.const(1)], f"{p}/seq")
+    seq = on_device(g, g.op("Gather", [batch_seq, g.const(1)], f"{p}/seq_dim"), f"{p}/seq")
     lens = g.op("Add", [g.op("Cast", [past], f"{p}/past_i64", to=i64), seq], f"{p}/context_lens")
     return PagedValues(cumulative, past, bounds, slots, tables, rope, shape, scatter, lens)
+
+
+def on_device(g: Graph, dim: str, name: str) -> str:
+    """A shape's scalar int64 (host memory) as a [1] tensor computed where the arithmetic on it runs:
+    Range(dim, dim + 1) takes its bounds from host memory, so the CUDA EP places no copy node (a copy
+    node would keep ONNX Runtime from capturing the graph)."""
+    return g.op("Range", [dim, g.op("Add", [dim, g.const(1)], f"{name}/end"), g.const(1)], name)
 
 
 def slot_indices(g: Graph, slots: str, block_size: str, name: str) -> str:
