@@ -416,3 +416,25 @@ def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("tiny_chat") / "model"
     export_model(open_source(str(hf)), out, ExportConfig(), progress=lambda _: None)
     return out, hf
+
+
+# -- WiCore's kernel library, CPU build (tests/kernels, the graphs on it) ----------------
+@pytest.fixture(scope="session")
+def cpu_library(tmp_path_factory) -> str:
+    """The CPU build, kept under WICORE_TEST_CACHE between runs where set (keyed by the sources
+    and the compiler, so an edit rebuilds it)."""
+    from wicore.kernels.library import find_compiler, library
+
+    if find_compiler(cuda=False) is None:
+        pytest.skip("no C++ compiler here")
+    base = os.environ.get("WICORE_TEST_CACHE")
+    cache = os.path.join(base, "wicore-cache") if base else str(tmp_path_factory.mktemp("wicore-cache"))
+    saved = os.environ.get("WICORE_CACHE")
+    os.environ["WICORE_CACHE"] = cache
+    try:
+        return str(library(cuda=False))
+    finally:
+        if saved is None:
+            del os.environ["WICORE_CACHE"]
+        else:
+            os.environ["WICORE_CACHE"] = saved

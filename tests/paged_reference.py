@@ -6,6 +6,8 @@ ONNX Runtime's CPU EP has no PagedAttention, so these ops are written from the o
 graph around the op (which tensors reach it, norms, scales, windows, soft-capping, the RoPE caches,
 LongRoPE's rotation before it), not ONNX Runtime's kernels; tools/check_families_gpu.py runs those.
 
+    BlockAttention (WiCore's, graph/paged_block.py): the attention over the pools, q normed, rotated
+        and scaled and the K/V written by graph ops before it.
     PagedAttention(packed qkv [tokens, (nh + 2 kvh) hd], pools [blocks, block_size, kvh, hd], ...):
         per token: q, k split; q/k RMSNorm per head (with weights); rotate-half RoPE at position
         past_seqlens[row] + index in row (do_rotary); k, v written at slot_mapping; then
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
@@ -139,7 +142,39 @@ class PagedAttention(OpRun):
         return out.reshape(len(positions), nh * hd).astype(query.dtype), k_pool, v_pool
 
 
-OPS = [SimplifiedLayerNormalization, FastGelu, RotaryEmbedding, PagedAttention]
+class BlockAttention(OpRun):
+    """wicore.BlockAttention (wicore/kernels/csrc/kernels.h): q carries the scale; keys of logical block i
+    at positions (first_block + i) * block_size + offset, visible when p - window < key <= p, key < len."""
+
+    op_domain = "wicore"
+
+    def _run(self, q, k_pool, v_pool, tables, positions, lens, first=None, num_heads=0, num_kv_heads=0, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
+        batch, seq = positions.shape
+        _, block_size, kvh, hd = k_pool.shape
+        groups = num_heads // num_kv_heads
+        queries = q.reshape(batch, seq, num_heads, hd).astype(np.float32)
+        out = np.zeros_like(queries)
+        for r in range(batch):
+            start = 0 if first is None else first[r] * block_size
+            keys = start + np.arange(tables.shape[1] * block_size)
+            slots = tables[r, (keys - start) // block_size] * block_size + (keys - start) % block_size
+            k_rows = k_pool.reshape(-1, kvh, hd)[slots].astype(np.float32)
+            v_rows = v_pool.reshape(-1, kvh, hd)[slots].astype(np.float32)
+            for t in range(seq):
+                p = positions[r, t]
+                seen = (keys <= p) & (keys < lens[r]) & ((keys > p - window) if window else True)
+                if not seen.any():
+                    continue
+                for h in range(num_heads):
+                    scores = k_rows[seen, h // groups] @ queries[r, t, h]
+                    if softcap:
+                        scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+                    e = np.exp(scores - scores.max())
+                    out[r, t, h] = (e / e.sum()) @ v_rows[seen, h // groups]
+        return (out.reshape(batch, seq, num_heads * hd).astype(q.dtype),)
+
+
+OPS = [SimplifiedLayerNormalization, FastGelu, RotaryEmbedding, PagedAttention, BlockAttention]
 
 
 class PagedRunner:
@@ -147,17 +182,28 @@ class PagedRunner:
     steps of all rows batched. Each row owns whole blocks of one shared pool, listed in its table
     in reverse order (so a graph that ignored the tables would read the wrong keys)."""
 
-    def __init__(self, folder: Path, max_rows: int, max_tokens: int, block_size: int = 8) -> None:
+    def __init__(self, folder: Path, max_rows: int, max_tokens: int, block_size: int = 8, library: str | None = None) -> None:
+        """`library`: run the graph on ONNX Runtime's CPU EP with WiCore's kernel library (float32 graphs on
+        BlockAttention, graph/paged_block.py) instead of onnx.reference."""
         manifest = Manifest.read(folder)
         (record,) = manifest.partitions
         self.cfg = manifest.config
-        self.session = ReferenceEvaluator(onnx.load(folder / record.file), new_ops=OPS)
+        model = onnx.load(folder / record.file)
+        self.outputs = [o.name for o in model.graph.output]
+        if library is None:
+            self.session: ReferenceEvaluator | ort.InferenceSession = ReferenceEvaluator(model, new_ops=OPS)
+        else:
+            options = ort.SessionOptions()
+            options.register_custom_ops_library(library)
+            self.session = ort.InferenceSession(str(folder / record.file), options, providers=["CPUExecutionProvider"])
         self.inputs = set(record.inputs)
+        (pool,) = (v for v in model.graph.input if v.name == io.key_cache(0))
+        pool_type = onnx.helper.tensor_dtype_to_np_dtype(pool.type.tensor_type.elem_type)
         self.block_size = block_size
         self.blocks_per_row = -(-max_tokens // block_size)
         shape = (1 + max_rows * self.blocks_per_row, block_size, self.cfg.num_kv_heads, self.cfg.head_dim)
         names = [name for i in range(self.cfg.num_layers) for name in (io.key_cache(i), io.value_cache(i))]
-        self.pools = {name: np.zeros(shape, np.float16) for name in names}  # block 0 unused
+        self.pools = {name: np.zeros(shape, pool_type) for name in names}  # block 0 unused
         self.lengths: list[int] = []
 
     def _table(self, row: int) -> np.ndarray:
@@ -185,8 +231,9 @@ class PagedRunner:
             io.LOGITS_INDICES: np.arange(len(rows) * seq, dtype=np.int64),
             **self.pools,
         }
-        names = [o.name for o in self.session.proto_.graph.output]  # type: ignore[union-attr]
-        results = dict(zip(names, self.session.run(None, {k: v for k, v in feed.items() if k in self.inputs}), strict=True))
+        results = dict(
+            zip(self.outputs, self.session.run(None, {k: v for k, v in feed.items() if k in self.inputs}), strict=True)
+        )
         for i in range(self.cfg.num_layers):
             self.pools[io.key_cache(i)] = results[io.key_cache_out(i)]
             self.pools[io.value_cache(i)] = results[io.value_cache_out(i)]

@@ -9,6 +9,8 @@ same run. Per-layer cost is fitted over the layer counts and extrapolated to the
 
     step ms (L layers) = fixed + per_layer * L        (least squares; residuals in the JSON)
 
+(One layer count: its measured step times, no fit.)
+
 Shapes: Gemma 3's (wicore.model.shapes) and mixtures of experts (tools/moe_shapes.py: Qwen3-30B-A3B,
 its floor then the weights one token reads, batch 1's). The first L layers of the model's pattern are exported (the last made a full-attention layer),
 so the fit holds where a sliding and a full layer cost alike: short contexts, where both read
@@ -117,13 +119,15 @@ DECODES: dict[str, dict[str, object]] = {
     "top-k": {"temperature": 0.8, "top_k": 40, "seed": 6},
     "top-p": {"temperature": 1.0, "top_p": 0.95, "seed": 7},
 }
-NOHEAD_TWIN = {"paged": "paged-nohead"}  # a variant's tokens are also checked against this one's
+# a variant's logits and tokens are also checked against its twin's (when both run): the same graphs but
+# for the sampling head, or but for WiCore's BlockAttention on the sliding layers
+TWINS = {"paged": "paged-nohead", "paged-wicore-block": "paged-wicore"}
 
 
 def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size: int | None) -> dict[str, dict[str, object]]:
     """Prompt logits at every position of one random prompt: each export against HF float32; and
     24 tokens of four prompts decoded together (DECODES), which a "+graphs" variant must repeat
-    (and "paged" those of "paged-nohead", when both run)."""
+    (and a variant those of its TWINS one, with the largest logit difference between the two)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -139,6 +143,7 @@ def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size
     torch.cuda.empty_cache()
     prompts = [rng.integers(1000, vocab, n).tolist() for n in (5, 40, 300, 1030)]
     report: dict[str, dict[str, object]] = {}
+    logits: dict[str, np.ndarray] = {}
     for variant, model_dir in model_dirs.items():
         step = StepConfig((), (1,), num_tokens, 1, 24, "cuda:0", False, None, block_size=block_size)
         engine_cfg = engine_config(model_dir, 4, step)
@@ -152,8 +157,15 @@ def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size
         assert got is not None
         agree = float(np.mean(got.argmax(-1) == ref.argmax(-1)))
         report[variant] = {"argmax_agreement": agree, "max_abs_diff": float(np.abs(got - ref).max()), **decoded}
+        logits[variant] = got
         same = ""
-        for name in (base if flags else None, NOHEAD_TWIN.get(variant)):
+        twin = TWINS.get(base) if flags <= {"graphs"} else None
+        twin = next((v for v in (f"{twin}+graphs" if "graphs" in flags else None, twin) if v in report), None)
+        if twin is not None:
+            report[variant]["twin"] = twin
+            report[variant]["max_abs_diff_twin"] = float(np.abs(got - logits[twin]).max())
+            same += f"; max |diff| against {twin} {report[variant]['max_abs_diff_twin']:.4f}"
+        for name in (base if flags else None, twin):
             if name in report:  # tokens up to each row's first difference, over all
                 same += f"; against {name}:" + ",".join(f" {kind} {_kept(decoded[kind], report[name][kind])}" for kind in DECODES)  # type: ignore[arg-type]
         print(
@@ -234,7 +246,7 @@ def run(config: Config) -> int:
         results["hf-compiled-bf16"] = {"ms": {n: hf_compiled_steps(folders[n], config)}}
     for variant in config.variants:
         times = {n: wicore_steps(exports[n, variant], config, split_variant(variant)[1]) for n in config.layers}
-        results[variant] = {"ms": times, "fit": fit(times, depth)}
+        results[variant] = {"ms": times, "fit": fit(times, depth)} if len(times) > 1 else {"ms": times}
     bandwidth = copy_bandwidth()
     floor_ms = 1000 * weight_bytes(config.shape, 2) / bandwidth
     print(
@@ -244,10 +256,16 @@ def run(config: Config) -> int:
     print(f"fp16 weight-read floor {floor_ms:.1f} ms at the measured copy bandwidth {bandwidth / 1e12:.2f} TB/s\n")
     print("| | " + " | ".join(f"batch {b}" for b in config.batches) + " |\n|---|" + "---:|" * len(config.batches))
     for name, r in results.items():
-        if "fit" not in r:
-            continue
-        cells = [f"{f['full_ms']:.1f} ({f['full_tokens_per_s']:.0f})" for f in r["fit"].values()]  # type: ignore[union-attr]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        if "fit" in r:
+            cells = [f"{f['full_ms']:.1f} ({f['full_tokens_per_s']:.0f})" for f in r["fit"].values()]  # type: ignore[union-attr]
+            print(f"| {name} | " + " | ".join(cells) + " |")
+    if len(config.layers) == 1:  # measured, not fitted
+        n = config.layers[0]
+        print(f"\nmeasured at {n} layers, ms a decode step (tok/s)")
+        for name, r in results.items():
+            ms: dict[int, float] = r["ms"][n]  # type: ignore[index]
+            if set(ms) == set(config.batches):
+                print(f"| {name} | " + " | ".join(f"{ms[b]:.2f} ({b / ms[b] * 1000:.0f})" for b in config.batches) + " |")
     if config.json_path is not None:
         write_record(config.json_path, config, floor_ms=floor_ms, copy_bandwidth=bandwidth, results=results, **report)
     return 0
@@ -256,7 +274,7 @@ def run(config: Config) -> int:
 def parse_args(argv: list[str] | None) -> Config:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="gemma3-27b", choices=sorted([*SHAPES, *MOE_SHAPES]))
-    p.add_argument("--layers", default="2,8", help="layer counts to export and time (at least two, for the fit)")
+    p.add_argument("--layers", default="2,8", help="layer counts to export and time (two or more: fitted to the depth)")
     p.add_argument(
         "--variants",
         default="portable,paged",
@@ -280,10 +298,8 @@ def parse_args(argv: list[str] | None) -> Config:
     a = p.parse_args(argv)
     layers, variants = int_list(a.layers), tuple(a.variants.split(","))
     parts = [split_variant(v) for v in variants]
-    if len(set(layers)) < 2 or any(base not in VARIANTS or not flags <= FLAGS.keys() for base, flags in parts):
-        raise SystemExit(
-            "error: --layers needs two or more counts; --variants: " + ", ".join(VARIANTS) + ", flags " + ", ".join(FLAGS)
-        )
+    if len(set(layers)) != len(layers) or any(base not in VARIANTS or not flags <= FLAGS.keys() for base, flags in parts):
+        raise SystemExit("error: --layers: distinct counts; --variants: " + ", ".join(VARIANTS) + ", flags " + ", ".join(FLAGS))
     return Config(
         a.shape, layers, variants, int_list(a.batch), a.context, a.steps, a.work, a.hf, a.check, a.check_tokens, a.json,
         hf_compiled=a.hf_compiled, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, block_size=a.block_size,

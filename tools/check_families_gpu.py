@@ -1,7 +1,8 @@
 """Every decoder family on the CUDA EP: tiny random models of each family (HF
 transformers, saved as safetensors), each exported as fp32 portable graphs and as fp16 paged
 graphs (ONNX Runtime's PagedAttention), prompt logits of three batched prompts of different
-lengths (past the sliding window where there is one) against HF transformers in float32.
+lengths (past the sliding window where there is one) against HF transformers in float32; the paged
+exports on WiCore's kernels (TWINS) also against the same graphs on ONNX Runtime's: logits and greedy tokens.
 
     PYTHONPATH=/tmp/site:. python3 tools/check_families_gpu.py --work /tmp/families --json families.json
 
@@ -135,7 +136,12 @@ EXPORTS = {
     "fp16-paged": ExportConfig(dtype="fp16", attention="paged"),
     # the residual norms and gated MLP on WiCore's own kernels (wicore/kernels): its greedy tokens must be fp16-paged's
     "fp16-paged-wicore": ExportConfig(dtype="fp16", attention="paged", kernels="wicore"),
+    # and the sliding layers on WiCore's BlockAttention (graph/paged_block.py): fp16-paged-wicore's tokens, its logits
+    # within MAX_ABS_DIFF of them
+    "fp16-paged-wicore-block": ExportConfig(dtype="fp16", attention="paged", kernels="wicore", block_attention="sliding"),
 }
+# an export's greedy tokens must be its twin's (the same graphs but for one kernel), when both run
+TWINS = {"fp16-paged-wicore": "fp16-paged", "fp16-paged-wicore-block": "fp16-paged-wicore"}
 GREEDY_TOKENS = 24
 # Sampled decodes a paged export must repeat with and without CUDA graphs (the sampling head runs
 # on a replayed bucket's logits, uncaptured: wicore/executor/sampling_head.py).
@@ -206,6 +212,7 @@ def check(
     with torch.no_grad():
         refs = [model(torch.tensor([p])).logits[0].float().numpy() for p in prompts]
     report = {}
+    logits: dict[str, list[np.ndarray]] = {}
     for label in exports:
         config = EXPORTS[label]
         out = work / f"{name}-{label}"
@@ -233,6 +240,7 @@ def check(
             print(f"{name:7s} {label:14s} sampled tokens with CUDA graphs as without: {same}", flush=True)
         diffs = [float(np.abs(c.prompt_logits - r).max()) for c, r in zip(got, refs, strict=True)]
         agree = np.concatenate([c.prompt_logits.argmax(-1) == r.argmax(-1) for c, r in zip(got, refs, strict=True)])
+        logits[label] = [c.prompt_logits for c in got]
         report[label] = {
             "max_abs_diff": max(diffs),
             "argmax_agreement": float(agree.mean()),
@@ -240,7 +248,12 @@ def check(
         }
         if config.attention == "paged" and sampled_check:
             report[label]["sampled_same_with_graphs"] = all(same.values())
-        print(f"{name:7s} {label:14s} max |diff| {max(diffs):.2e}  argmax agreement {agree.mean():.4f}", flush=True)
+        twin = f" (against {TWINS.get(label)}: n/a)"
+        if TWINS.get(label) in logits:
+            pairs = zip(logits[label], logits[TWINS[label]], strict=True)
+            report[label]["max_abs_diff_twin"] = max(float(np.abs(a - b).max()) for a, b in pairs)
+            twin = f" (against {TWINS[label]}: {report[label]['max_abs_diff_twin']:.2e})"
+        print(f"{name:7s} {label:14s} max |diff| {max(diffs):.2e}{twin}  argmax agreement {agree.mean():.4f}", flush=True)
         if serve_prompts:
             expected = hf_greedy_text(model, tokenizer, serve_prompts, GREEDY_TOKENS)
             with serving(out, devices.split(",")[0], serve_flags) as url:
@@ -349,14 +362,16 @@ def main(argv: list[str] | None = None) -> int:
         if r["max_abs_diff"] > MAX_ABS_DIFF_OF.get(name, MAX_ABS_DIFF)
     ]
     for name, by_export in report.items():  # WiCore's kernels against ONNX Runtime's ops, same graphs otherwise
-        if "fp16-paged" in by_export and "fp16-paged-wicore" in by_export:
-            mine, theirs = by_export["fp16-paged-wicore"]["greedy_tokens"], by_export["fp16-paged"]["greedy_tokens"]
+        for label, twin in TWINS.items():
+            if label not in by_export or twin not in by_export:
+                continue
+            mine, theirs = by_export[label]["greedy_tokens"], by_export[twin]["greedy_tokens"]
             same = sum(a == b for x, y in zip(mine, theirs) for a, b in zip(x, y))
-            print(
-                f"{name:7s} greedy tokens, WiCore's kernels against ONNX Runtime's ops: {same} / {len(mine) * GREEDY_TOKENS} equal"
-            )
+            print(f"{name:7s} greedy tokens, {label} against {twin}: {same} / {len(mine) * GREEDY_TOKENS} equal")
             if mine != theirs:
-                bad.append(f"{name} greedy tokens with WiCore's kernels")
+                bad.append(f"{name} greedy tokens of {label}")
+            if by_export[label]["max_abs_diff_twin"] > MAX_ABS_DIFF:
+                bad.append(f"{name} {label} logits against {twin}")
     bad += [
         f"{name} {label} greedy text through wicore serve"
         for name, by_export in report.items()

@@ -72,6 +72,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "layers on wicore.MatMulQ (CPU, llama.cpp's int8 activations); ort: ONNX Runtime's ops",
     )
     ap.add_argument(
+        "--block-attention",
+        default="auto",
+        choices=["auto", "off", "sliding", "all"],
+        help="with --attention paged, the layer kinds on WiCore's BlockAttention kernel instead of ONNX Runtime's "
+        "PagedAttention (graph/paged_block.py): sliding (its split-KV kernel is faster there), all (also fp32 graphs, "
+        "the CPU's kernel); auto: off",
+    )
+    ap.add_argument(
         "--kv-cache-dtype",
         default="auto",
         choices=["auto", "int8"],
@@ -134,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             sampling_head=args.sampling_head,
             kernels=args.kernels,
             kv_cache_dtype=args.kv_cache_dtype,
+            block_attention=args.block_attention,
         )
         source = open_source(args.model, args.mmproj, stderr_progress)
         export_model(source, args.out, config)

@@ -21,6 +21,7 @@ from wicore.errors import WiCoreError
 from wicore.graph.decoder import ATTENTIONS, DTYPES, OPSET, DecoderBuilder
 from wicore.graph.manifest import Manifest, PartitionRecord, VisionRecord, sha256_file
 from wicore.graph.ops import DataFile
+from wicore.graph.paged_block import MODES as BLOCK_ATTENTION
 from wicore.graph.partition import plan_partitions
 from wicore.graph.quant import QuantLinear
 from wicore.graph.vision import FILE_NAME as VISION_FILE
@@ -66,6 +67,9 @@ class ExportConfig:
     # "wicore": WiCore's kernels (wicore/kernels): paged graphs' residual norms and gated MLP; ort-quant fp32
     # graphs' linear layers on wicore.MatMulQ (the CPU's int8-activation matmul, wicore/graph/matmul_q.py)
     kernels: str = "ort"
+    # paged graphs: the layer kinds on WiCore's BlockAttention (graph/paged_block.py), "off", "sliding",
+    # "all" (every layer; float32 graphs for the CPU) or "auto" (resolved_block_attention)
+    block_attention: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -76,8 +80,19 @@ class ExportConfig:
             raise WiCoreError(f"--weight-bits {self.weight_bits}: choose one of {', '.join(map(str, SUPPORTED_BITS))}")
         if self.attention not in ATTENTIONS:
             raise WiCoreError(f"--attention {self.attention!r}: choose one of {', '.join(ATTENTIONS)}")
-        if self.attention == "paged" and self.dtype != "fp16":
-            raise WiCoreError("--attention paged needs --dtype fp16 (ONNX Runtime's PagedAttention reads a float16 KV cache)")
+        if self.block_attention not in ("auto", *BLOCK_ATTENTION):
+            raise WiCoreError(f"--block-attention {self.block_attention!r}: choose auto, {', '.join(BLOCK_ATTENTION)}")
+        if self.block_attention not in ("auto", "off") and self.attention != "paged":
+            raise WiCoreError("--block-attention needs --attention paged (the portable attention has its own kernels)")
+        if (
+            self.attention == "paged"
+            and self.dtype != "fp16"
+            and (self.resolved_block_attention() != "all" or self.kernels != "ort")
+        ):
+            raise WiCoreError(
+                "--attention paged needs --dtype fp16 (ONNX Runtime's PagedAttention reads a float16 KV cache); "
+                "fp32 only with --block-attention all --kernels ort (every layer on WiCore's CPU kernel)"
+            )
         if self.attention == "paged" and self.attention_stats:
             raise WiCoreError("--attention paged gives no attention statistics; drop --attention-stats")
         if self.vision_flavour not in ("auto", *VISION_FLAVOURS):
@@ -112,6 +127,11 @@ class ExportConfig:
         return QuantLinear(
             self.weight_bits, accuracy_level=self.accuracy_level, quantize_embedding=self.quantize_embedding, kernels=self.kernels
         )
+
+    def resolved_block_attention(self) -> str:
+        """The layer kinds on BlockAttention (graph/paged_block.py): `auto` is off until a GPU run shows the
+        paged graphs faster with it (docs/PERFORMANCE.md)."""
+        return "off" if self.block_attention == "auto" else self.block_attention
 
     def resolved_vision_flavour(self) -> str:
         """The vision partition's flavour (wicore.graph.vision): `auto` is `fused` (com.microsoft
@@ -167,6 +187,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         image_inputs=vision is not None,
         kernels=config.kernels if config.attention == "paged" else "ort",  # else only the matmuls (quant) are WiCore's
         kv_cache_dtype=config.kv_cache_dtype,
+        block_attention=config.resolved_block_attention(),
     )
     started = time.monotonic()
     progress(

@@ -10,7 +10,8 @@ Functions of the builder (wicore.graph.decoder.DecoderBuilder: its config, famil
 
 In the paged graphs one com.microsoft.PagedAttention node (graph/paged_attention.py) does the norms,
 RoPE, the K/V write and the attention (OLMo 2's whole-projection norms and LongRoPE before it,
-`paged_prologue`); the batch-invariant graphs take their two MatMuls from
+`paged_prologue`), or, on the layer kinds `--block-attention` names, graph ops and WiCore's
+BlockAttention (graph/paged_block.py); the batch-invariant graphs take their two MatMuls from
 graph/invariant_attention.py.
 """
 
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wicore.graph import invariant_attention, io
+from wicore.graph import invariant_attention, io, paged_block
 from wicore.graph.cpu_kernels import block_attention
 from wicore.graph.kv_quant import dequantize_kv, quantize_kv
 from wicore.graph.ops import MS_DOMAIN, Graph, block_mass, rotary
@@ -66,6 +67,8 @@ def layer_attention(
         bias_type = b.act_np_dtype
         bias = g.const(np.concatenate(biases).astype(bias_type), bias_type)
         qkv = g.op("Add", [qkv, bias], f"{p}/qkv_bias")
+    if shared.paged is not None and paged_block.takes(b, is_sliding):  # WiCore's kernel (graph/paged_block.py)
+        return o_proj(b, g, layer, paged_block.attention(b, g, layer, qkv, shared, scale, p), p)
     if shared.paged is not None:  # one op: q/k norms, RoPE, the K/V write and the attention
         norms = None
         if b.family.qk_norm == PER_HEAD:  # Gemma's attention scale folded into the q-norm weight

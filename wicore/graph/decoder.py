@@ -41,7 +41,7 @@ import onnx
 from onnx import TensorProto
 
 from wicore.errors import UnsupportedModelError
-from wicore.graph import cpu_kernels, io
+from wicore.graph import cpu_kernels, io, paged_block
 from wicore.graph.attention import layer_attention, softcap
 from wicore.graph.fused_ops import fused_rms_norm
 from wicore.graph.fused_residual import Pending, fused_layer, gated_activation, settle
@@ -80,6 +80,7 @@ class DecoderBuilder:
         expert_kernel: str = "auto",
         kernels: str = "ort",
         fused_ops: bool = False,
+        block_attention: str = "off",
     ) -> None:
         """`quant` set: the `ort-quant` flavour, linear layers and LM head as MatMulNBits (graph/quant.py).
         `attention`: "portable" (standard ops), "paged" (com.microsoft.PagedAttention, fp16, CUDA) or
@@ -92,14 +93,21 @@ class DecoderBuilder:
         in the flavours that use contrib ops (ort-quant, paged), graph in the portable one.
         `kernels`: "ort" (ONNX Runtime's ops) or "wicore" (paged graphs: the residual adds, norms and
         gated activation on WiCore's own kernels, graph/fused_residual.py).
-        `fused_ops`: the webgpu flavour's fused norms, RoPE and GELU and int32 index arithmetic (graph/fused_ops.py)."""
+        `fused_ops`: the webgpu flavour's fused norms, RoPE and GELU and int32 index arithmetic (graph/fused_ops.py).
+        `block_attention` (paged graphs): the layer kinds on WiCore's BlockAttention, "off", "sliding" or
+        "all" (graph/paged_block.py); "all" also builds the paged graphs in float32 (the CPU's kernel)."""
+        self.block_kinds = paged_block.layer_kinds(block_attention)
+        if self.block_kinds and attention != "paged":
+            raise ValueError(f"block_attention {block_attention!r} needs the paged attention")
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         if attention not in ATTENTIONS:
             raise ValueError(f"attention {attention!r}: expected one of {ATTENTIONS}")
-        if attention == "paged" and (dtype != "fp16" or attention_stats or image_inputs):
+        float_ok = dtype == "fp16" or (block_attention == "all" and kernels == "ort")  # no ORT PagedAttention left
+        if attention == "paged" and (not float_ok or attention_stats or image_inputs):
             raise ValueError(
-                "the paged attention needs fp16 graphs, gives no attention statistics and is causal only (no images)"
+                "the paged attention needs fp16 graphs (fp32: every layer on BlockAttention, ONNX Runtime's other ops), "
+                "gives no attention statistics and is causal only (no images)"
             )
         if kv_cache_dtype not in ("auto", "int8") or (kv_cache_dtype == "int8" and attention == "paged"):
             raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: auto, or int8 with the portable or batch-invariant attention")
@@ -181,6 +189,8 @@ class DecoderBuilder:
             paged=self.paged,
             image_spans=self.image_inputs,
             index_int32=self.fused_ops,
+            block_kinds=self.block_kinds,
+            dtype=self.onnx_dtype,
         )
         width = kv_row_width(cfg.head_dim, "int8" if self.kv_int8 else np.dtype(self.np_dtype).name)
         pool_shapes: dict[bool, list[int | str]] = {

@@ -65,10 +65,24 @@ class PagedValues:
     # op (LongRoPE, whose factors a row picks per step: graph/attention.py paged_prologue)
     rope: dict[bool, tuple[str, str] | None]
     hidden_shape: str  # [batch, seq, -1]: Reshape target of the packed output
+    # WiCore's BlockAttention on some layer kinds (graph/paged_block.py): ScatterND's (block, offset) of each
+    # new token [batch, seq, 2] int64 by kind, and each row's tokens in the cache after the step [batch] int64
+    scatter: dict[bool, str] | None = None
+    context_lens: str | None = None
 
 
-def paged_values(g: Graph, cfg: DecoderConfig, kinds: list[bool], positions: str) -> PagedValues:
-    """Declare the paging inputs of the paged attention and convert them to the op's int32."""
+def paged_values(
+    g: Graph,
+    cfg: DecoderConfig,
+    kinds: list[bool],
+    positions: str,
+    block_kinds: frozenset[bool] = frozenset(),
+    pool: str = "",
+    dtype: type[np.floating] = np.float16,
+) -> PagedValues:
+    """Declare the paging inputs of the paged attention and convert them to the op's int32. With
+    `block_kinds` (the layer kinds on BlockAttention, `pool` any pool of the partition for the block
+    size) also the K/V write's indices and the context lengths; `dtype`: the RoPE caches'."""
     p = "/model/paged"
     i32, i64 = TensorProto.INT32, TensorProto.INT64
     cumulative = g.input(io.CUMULATIVE_SEQLENS, i32, ["batch_plus_1"])
@@ -77,6 +91,12 @@ def paged_values(g: Graph, cfg: DecoderConfig, kinds: list[bool], positions: str
     slots: dict[bool, str] = {}
     tables: dict[bool, str] = {}
     rope: dict[bool, tuple[str, str] | None] = {}
+    scatter: dict[bool, str] = {}
+    block_size = ""
+    if block_kinds:
+        block_size = on_device(
+            g, g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/pool_block"), f"{p}/block_size"
+        )
     for is_sliding in kinds:
         kind = "sliding" if is_sliding else "global"
         slot = g.input(io.WINDOW_SLOT_MAPPING if is_sliding else io.SLOT_MAPPING, i64, ["batch", "seq"])
@@ -85,19 +105,44 @@ def paged_values(g: Graph, cfg: DecoderConfig, kinds: list[bool], positions: str
         slots[is_sliding] = g.op("Cast", [flat], f"{p}/{kind}/slots", to=i32)
         tables[is_sliding] = g.op("Cast", [table], f"{p}/{kind}/tables", to=i32)
         layer_rope = cfg.rope_local if is_sliding else cfg.rope_global
-        rope[is_sliding] = None if layer_rope.is_longrope else rope_caches(g, cfg, layer_rope, f"{p}/{kind}/rope")
-    shape = g.op("Concat", [g.op("Shape", [positions], f"{p}/batch_seq"), g.const([-1])], f"{p}/hidden_shape", axis=0)
-    return PagedValues(cumulative, past, bounds, slots, tables, rope, shape)
+        rope[is_sliding] = None if layer_rope.is_longrope else rope_caches(g, cfg, layer_rope, f"{p}/{kind}/rope", dtype)
+        if is_sliding in block_kinds:
+            scatter[is_sliding] = slot_indices(g, slot, block_size, f"{p}/{kind}/scatter_indices")
+    batch_seq = g.op("Shape", [positions], f"{p}/batch_seq")
+    shape = g.op("Concat", [batch_seq, g.const([-1])], f"{p}/hidden_shape", axis=0)
+    if not block_kinds:
+        return PagedValues(cumulative, past, bounds, slots, tables, rope, shape)
+    # every row is `seq` tokens long (module docstring): past + seq tokens in the cache after the step
+    seq = on_device(g, g.op("Gather", [batch_seq, g.const(1)], f"{p}/seq_dim"), f"{p}/seq")
+    lens = g.op("Add", [g.op("Cast", [past], f"{p}/past_i64", to=i64), seq], f"{p}/context_lens")
+    return PagedValues(cumulative, past, bounds, slots, tables, rope, shape, scatter, lens)
 
 
-def rope_caches(g: Graph, cfg: DecoderConfig, rope: RopeConfig, name: str) -> tuple[str, str]:
-    """cos and sin [max_position_embeddings, head_dim / 2] in float16 of position * inv_freq,
+def on_device(g: Graph, dim: str, name: str) -> str:
+    """A shape's scalar int64 (host memory) as a [1] tensor computed where the arithmetic on it runs:
+    Range(dim, dim + 1) takes its bounds from host memory, so the CUDA EP places no copy node (a copy
+    node would keep ONNX Runtime from capturing the graph)."""
+    return g.op("Range", [dim, g.op("Add", [dim, g.const(1)], f"{name}/end"), g.const(1)], name)
+
+
+def slot_indices(g: Graph, slots: str, block_size: str, name: str) -> str:
+    """slot_mapping [batch, seq] int64 -> ScatterND's indices [batch, seq, 2]: (block, offset in it)."""
+    block = g.op("Div", [slots, block_size], f"{name}/block")
+    offset = g.op("Sub", [slots, g.op("Mul", [block, block_size], f"{name}/block_start")], f"{name}/offset")
+    pair = [g.op("Unsqueeze", [x, g.const([-1])], f"{name}/{n}_u") for x, n in ((block, "block"), (offset, "offset"))]
+    return g.op("Concat", pair, name, axis=-1)
+
+
+def rope_caches(
+    g: Graph, cfg: DecoderConfig, rope: RopeConfig, name: str, dtype: type[np.floating] = np.float16
+) -> tuple[str, str]:
+    """cos and sin [max_position_embeddings, head_dim / 2] in `dtype` of position * inv_freq,
     computed in float32 as transformers computes them (the op's cos_cache and sin_cache), times
     YaRN's attention factor where the rope has one (as transformers scales its cos and sin)."""
 
     def table(fn: np.ufunc) -> np.ndarray:
         angles = np.arange(cfg.max_position_embeddings, dtype=np.float32)[:, None] * rope.inv_freq(cfg.head_dim)
-        return (fn(angles) * np.float32(rope.attention_factor)).astype(np.float16)
+        return (fn(angles) * np.float32(rope.attention_factor)).astype(dtype)
 
     return g.weight(f"{name}.cos_cache", lambda: table(np.cos)), g.weight(f"{name}.sin_cache", lambda: table(np.sin))
 

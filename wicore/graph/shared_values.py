@@ -48,8 +48,13 @@ def shared_values(
     paged: bool = False,
     image_spans: bool = False,
     index_int32: bool = False,
+    block_kinds: frozenset[bool] = frozenset(),
+    dtype: int = TensorProto.FLOAT16,
 ) -> SharedValues:
     """Inputs every partition takes and what the layers share: scatter indices, RoPE, masks.
+
+    `block_kinds` and `dtype` (paged graphs): the layer kinds on WiCore's BlockAttention
+    (graph/paged_block.py) and the graphs' float type (float32: every layer on it, for the CPU).
 
     Key index j of a full layer's gathered cache is the token at position j of the row
     (block_tables list all its blocks in order). A sliding layer's window table starts at
@@ -71,10 +76,11 @@ def shared_values(
     positions = g.input(io.POSITIONS, i64, ["batch", "seq"])
     p = "/model/shared"
     if paged:  # the op takes the paging inputs itself, and applies RoPE from its own caches
-        values = paged_values(g, cfg, kinds, positions)
+        float_type = onnx.helper.tensor_dtype_to_np_dtype(dtype).type
+        values = paged_values(g, cfg, kinds, positions, block_kinds, io.key_cache(start), float_type)
         # except LongRoPE's, whose factors a row picks per step: one float16 row a token for RotaryEmbedding
         cos_sin = {
-            is_sliding: rope_tables(g, cfg, positions, rope, _rope_name(is_sliding), contrib=True, to=TensorProto.FLOAT16)
+            is_sliding: rope_tables(g, cfg, positions, rope, _rope_name(is_sliding), contrib=True, to=dtype)
             for is_sliding in kinds
             if values.rope[is_sliding] is None
             for rope in [cfg.rope_local if is_sliding else cfg.rope_global]

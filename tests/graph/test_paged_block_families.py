@@ -1,0 +1,32 @@
+"""The paged graphs with every layer on WiCore's BlockAttention (`--block-attention all`, float32,
+graph/paged_block.py) of the families whose attention differs, on the CPU's kernel against HF float32:
+Gemma 2's soft-cap and q × scale (no q/k norm), OLMo 2's whole-projection norms, Qwen 3's per-head
+norms, LongRoPE rotated from one cos / sin row a token, Mistral's window on every layer.
+(tests/kernels/test_paged_block.py: the Gemma 3 graphs, and the float16 ones the GPU runs.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from paged_reference import PagedRunner
+from test_families import PROMPTS, build
+
+from wicore.export.exporter import ExportConfig
+
+BLOCK = ExportConfig(dtype="fp32", attention="paged", block_attention="all", sampling_head="off")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gemma2", "olmo2", "qwen3", "phi3-longrope", "mistral-sliding"])
+def test_block_attention_graphs_match_hf(tmp_path, reference_logits, cpu_library, name):
+    """Each prompt prefilled alone, then a decode step of all rows batched: logits within 1e-4 of HF's."""
+    folder, model = build(tmp_path, name, BLOCK)
+    runner = PagedRunner(folder, max_rows=len(PROMPTS), max_tokens=max(map(len, PROMPTS)) + 1, library=cpu_library)
+    last = []
+    for prompt in PROMPTS:
+        logits = runner.prefill(prompt)
+        np.testing.assert_allclose(logits, reference_logits(model, prompt), atol=1e-4, rtol=0)
+        last.append(int(logits[-1].argmax()))
+    step = runner.step(list(range(len(PROMPTS))), [[t] for t in last])[:, -1]
+    for row, prompt in enumerate(PROMPTS):
+        np.testing.assert_allclose(step[row], reference_logits(model, [*prompt, last[row]])[-1], atol=1e-4, rtol=0)

@@ -1,0 +1,108 @@
+"""The paged graphs' attention on WiCore's own kernel (`--attention paged`, `--block-attention`):
+wicore.BlockAttention (wicore/kernels/csrc/attention.cu, float16 on CUDA; attention_cpu.cc, float32)
+in place of ONNX Runtime's PagedAttention on some layer kinds, over the same pools in the same layout.
+
+ORT's op does the q/k norms, RoPE and the K/V write in its own prologue; here they are graph ops:
+
+    qkv ─► Split ─► q, k: RMSNorm (per head or whole projection; Gemma's scale in q's weight, else q × scale)
+                    ─► RotaryEmbedding (the op's cos / sin caches at `positions`; LongRoPE: one row a token)
+              k, v ─► ScatterND into the pools at slot_mapping (in place: key_cache_out is bound to the pool)
+    BlockAttention(q, pools, block_tables | window_logical_tables, positions, past_seqlens + seq) ─► o_proj
+
+The sliding layers' tables list the window group's blocks at their logical index (io.py), so the
+kernel counts positions from the sequence's start and reads the window's blocks only; the lengths
+come from past_seqlens on the device, so a CUDA graph captures the whole layer.
+
+Where it goes (`DecoderBuilder.block_kinds`): "sliding" puts the sliding layers on it, where the kernel
+beats ORT's FlashAttention split-KV one (docs/PERFORMANCE.md), and leaves full layers on ORT's op
+(cuDNN's kernel is faster there); "all" puts every layer on it, which also runs in float32 on the CPU
+(the graph structure the tests check against the portable export). Layers it cannot take keep ORT's
+op: attention sinks, and head dims the CUDA kernel lacks in float16 graphs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from wicore.graph import io
+from wicore.graph.ops import MS_DOMAIN, Graph
+from wicore.graph.shared_values import SharedValues
+from wicore.kernels.library import DOMAIN
+from wicore.model.families import ALL_HEADS, PER_HEAD
+from wicore.model.weights import LayerWeights
+
+if TYPE_CHECKING:
+    from wicore.graph.decoder import DecoderBuilder
+
+MODES = ("off", "sliding", "all")
+CUDA_HEAD_DIMS = (64, 128, 256)  # the float16 kernel's (BlockAttentionCudaSupports)
+
+
+def layer_kinds(mode: str) -> frozenset[bool]:
+    """The layer kinds (is_sliding) a mode puts on BlockAttention."""
+    if mode not in MODES:
+        raise ValueError(f"block attention {mode!r}: one of {', '.join(MODES)}")
+    return frozenset({"off": (), "sliding": (True,), "all": (True, False)}[mode])
+
+
+def takes(b: DecoderBuilder, is_sliding: bool) -> bool:
+    """Whether a layer of this kind runs on BlockAttention in b's paged graphs."""
+    if is_sliding not in b.block_kinds or b.family.attention_sinks:
+        return False
+    return b.dtype != "fp16" or b.cfg.head_dim in CUDA_HEAD_DIMS
+
+
+def attention(b: DecoderBuilder, g: Graph, layer: LayerWeights, qkv: str, shared: SharedValues, scale: float, p: str) -> str:
+    """qkv [b, s, (heads + 2 kv_heads) * hd] (bias added) -> the attention output [b, s, heads * hd], the
+    layer's K/V written into its pools."""
+    cfg, i = b.cfg, layer.index
+    paged = shared.paged
+    assert paged is not None and paged.scatter is not None and paged.context_lens is not None
+    is_sliding = cfg.is_sliding(i)
+    nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
+    if b.family.qk_norm == ALL_HEADS:  # OLMo 2: over the whole projection, the scale in q's weight
+        q = b.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale, to=b.act_type)
+        k = b.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm", to=b.act_type)
+    elif b.family.qk_norm == PER_HEAD:  # Gemma 3, Qwen 3: per head, the scale in q's weight
+        q = per_head_norm(b, g, q, layer["self_attn.q_norm"], nh, scale, f"{p}/q_norm")
+        k = per_head_norm(b, g, k, layer["self_attn.k_norm"], kvh, 1.0, f"{p}/k_norm")
+    else:
+        q = g.op("Mul", [q, g.const(b.act_np_dtype(scale), b.act_np_dtype)], f"{p}/q_scale")
+    rope = paged.rope[is_sliding]
+    if rope is not None:
+        rotary = (io.POSITIONS, *rope)
+    else:  # LongRoPE: cos / sin one row a token (shared_values), the row's factors picked per step
+        if shared.token_index is None:
+            raise ValueError("LongRoPE in the paged graphs needs the token index (shared_values)")
+        rotary = (shared.token_index, *shared.cos_sin[is_sliding])
+    q = g.op("RotaryEmbedding", [q, *rotary], f"{p}/q_rope/RotaryEmbedding", domain=MS_DOMAIN, num_heads=nh)
+    k = g.op("RotaryEmbedding", [k, *rotary], f"{p}/k_rope/RotaryEmbedding", domain=MS_DOMAIN, num_heads=kvh)
+    heads = g.const([0, 0, kvh, hd])
+    k = g.op("Reshape", [k, heads], f"{p}/k_heads")
+    v = g.op("Reshape", [v, heads], f"{p}/v_heads")
+    indices = paged.scatter[is_sliding]
+    k_pool = g.op("ScatterND", [io.key_cache(i), indices, k], f"{p}/k_cache/ScatterND", out=io.key_cache_out(i))
+    v_pool = g.op("ScatterND", [io.value_cache(i), indices, v], f"{p}/v_cache/ScatterND", out=io.value_cache_out(i))
+    tables = io.WINDOW_LOGICAL_TABLES if is_sliding else io.BLOCK_TABLES
+    window = cfg.sliding_window if is_sliding else cfg.window_all_layers
+    return g.op(
+        "BlockAttention",
+        [q, k_pool, v_pool, tables, io.POSITIONS, paged.context_lens],
+        f"{p}/BlockAttention",
+        domain=DOMAIN,
+        num_heads=nh,
+        num_kv_heads=kvh,
+        window=int(window or 0),
+        softcap=float(cfg.attn_logit_softcapping or 0.0),
+    )
+
+
+def per_head_norm(b: DecoderBuilder, g: Graph, x: str, weight: np.ndarray, heads: int, scale: float, name: str) -> str:
+    """RMSNorm of each head of x [b, s, heads * hd], back in that layout."""
+    hd = b.cfg.head_dim
+    x = g.op("Reshape", [x, g.const([0, 0, heads, hd])], f"{name}/heads")
+    x = b.rms_norm(g, x, weight, name, scale=scale, to=b.act_type)
+    return g.op("Reshape", [x, g.const([0, 0, heads * hd])], f"{name}/flat")
