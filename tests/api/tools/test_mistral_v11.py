@@ -9,6 +9,8 @@ import httpx
 import pytest
 from scripted import byte_tokenizer, serving
 from streamed import NAMES, joined, streamed
+from test_mistral import SPECIALS as MISTRAL_SPECIALS
+from test_mistral import WEATHER
 
 from wicore.api.tools.formats import FORMATS, format_for_template
 from wicore.api.tools.scan import Call
@@ -61,22 +63,7 @@ V11_TEMPLATE = (
     "{% else %}{{ m['content'] }}{{ eos_token }}{% endif %}"
     "{% elif m['role'] == 'tool' %}[TOOL_RESULTS]{{ m['content'] }}[/TOOL_RESULTS]{% endif %}{% endfor %}"
 )
-SPECIALS = (
-    "<s>",
-    "</s>",
-    "[INST]",
-    "[/INST]",
-    "[TOOL_CALLS]",
-    "[ARGS]",
-    "[AVAILABLE_TOOLS]",
-    "[/AVAILABLE_TOOLS]",
-    "[TOOL_RESULTS]",
-    "[/TOOL_RESULTS]",
-)
-WEATHER = {
-    "type": "function",
-    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-}
+SPECIALS = (*MISTRAL_SPECIALS, "[ARGS]")  # the older format's markers and v11's own
 
 
 @pytest.mark.parametrize("stream", [False, True])
