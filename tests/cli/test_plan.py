@@ -231,6 +231,34 @@ def test_a_mixture_of_experts_counts_every_expert(tmp_path, capsys, config, summ
     assert lines[0] == f"{tmp_path / 'config.json'}: {summary}"
 
 
+@pytest.mark.parametrize(
+    ("bits", "weights"),
+    [
+        # every linear weight in 8-bit codes plus an fp16 scale a 32 (30.53B of them), float embedding rows
+        (["--weight-bits", "8"], "30.79G"),
+        # the experts' 28.99B in 4 bits (half the codes' bytes), attention and LM head still in 8
+        (["--weight-bits", "8", "--expert-bits", "4"], "17.29G"),
+    ],
+    ids=["8-bit", "experts-4-bit"],
+)
+def test_experts_are_planned_in_their_own_bits(tmp_path, capsys, bits, weights):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    code, lines, _ = plan(capsys, "--model", str(tmp_path), "--dtype", "fp16", "--budget-gb", "80", *bits)
+    assert code == 0
+    assert lines[0].endswith(
+        f"as exported with --dtype fp16 --op-flavour ort-quant {' '.join(bits)} --attention portable: "
+        f"weights {weights} (estimated from the shape)"
+    )
+
+
+def test_expert_bits_on_a_dense_model_are_refused(gemma3_27b, capsys):
+    code, _, err = plan(capsys, "--model", str(gemma3_27b), "--budget-gb", "80", "--weight-bits", "4", "--expert-bits", "4")
+    assert code == 2
+    assert err == (
+        f"wicore: error: --expert-bits: {gemma3_27b / 'config.json'} has no experts (an option for mixtures of experts); drop it\n"
+    )
+
+
 # Phi-3-mini-128k-instruct's shape (its factors simplified: the plan reads only their count)
 PHI3_MINI_128K = {
     "model_type": "phi3",

@@ -96,6 +96,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "at batch 1 to 32 (docs/PERFORMANCE.md)",
     )
     ap.add_argument(
+        "--expert-bits",
+        type=int,
+        default=None,
+        choices=[4, 8],
+        help="with --weight-bits: a mixture of experts' expert weights in 4 or 8 bits instead (nearly all of its bytes), "
+        "e.g. --weight-bits 8 --expert-bits 4 keeps attention and LM head in 8 bits (docs/FAMILIES.md)",
+    )
+    ap.add_argument(
         "--quantize-embedding",
         action="store_true",
         help="with --weight-bits: the embedding's rows read the tied LM head's 4- or 8-bit codes instead of float rows "
@@ -136,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             attention_stats=args.attention_stats,
             overwrite=args.force,
             weight_bits=args.weight_bits or 8,
+            expert_bits=args.expert_bits,
             quantize_embedding=args.quantize_embedding,
             attention=args.attention or attention,
             vision_flavour=args.vision_flavour,

@@ -53,6 +53,13 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     config.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
     config.add_argument("--weight-bits", type=int, choices=(4, 8), default=None, help="the ort-quant flavour's weights")
     config.add_argument(
+        "--expert-bits",
+        type=int,
+        choices=(4, 8),
+        default=None,
+        help="with --weight-bits: a mixture's expert weights in these bits",
+    )
+    config.add_argument(
         "--quantize-embedding", action="store_true", help="with --weight-bits: the embedding's rows in those bits too"
     )
     config.add_argument("--attention", choices=("portable", "paged"), default="portable")
@@ -171,18 +178,23 @@ def config_only(args: argparse.Namespace, config_file: Path):
         vision = None if paged else VisionConfig.from_hf(raw, {})  # a paged export leaves the vision tower out
     except KeyError as exc:
         raise UsageError(f"{config_file} is not a model config WiCore reads: it has no {exc}") from exc
+    if args.expert_bits and not cfg.num_experts:
+        raise UsageError(f"--expert-bits: {config_file} has no experts (an option for mixtures of experts); drop it")
     flavour = "ort-quant" if args.weight_bits else "portable"
     ExportConfig(
         dtype=args.dtype,
         op_flavour=flavour,
         weight_bits=args.weight_bits or 8,
+        expert_bits=args.expert_bits,
         quantize_embedding=args.quantize_embedding,
         attention=args.attention,
         kv_cache_dtype=args.kv_cache_dtype,
     )  # its checks
     dtype = np.dtype(DTYPES[args.dtype][0])  # of the weights and the KV, as in an export
     vision_bytes = estimate_vision_bytes(vision, dtype.itemsize) if vision else 0
-    weights = estimate_weight_bytes(cfg, dtype.itemsize, args.weight_bits, args.quantize_embedding) + vision_bytes
+    weights = (
+        estimate_weight_bytes(cfg, dtype.itemsize, args.weight_bits, args.quantize_embedding, args.expert_bits) + vision_bytes
+    )
     block_size = args.block_size or block_size_for(cfg, args.attention)
     kv_dtype = "int8" if args.kv_cache_dtype == "int8" else dtype.name
     print(
@@ -196,6 +208,7 @@ def config_only(args: argparse.Namespace, config_file: Path):
         + "; "
         f"as exported with --dtype {args.dtype}"
         + (f" --op-flavour {flavour} --weight-bits {args.weight_bits}" if args.weight_bits else "")
+        + (f" --expert-bits {args.expert_bits}" if args.expert_bits else "")
         + (" --quantize-embedding" if args.quantize_embedding else "")
         + f" --attention {args.attention}"
         + (" --kv-cache-dtype int8" if kv_dtype == "int8" else "")

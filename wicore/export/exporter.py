@@ -57,6 +57,7 @@ class ExportConfig:
     attention_stats: bool = False  # graphs also output the attention mass of each KV block
     overwrite: bool = False
     weight_bits: int = 8  # ort-quant: bits for weights without a lossless GGUF encoding (float sources)
+    expert_bits: int | None = None  # ort-quant: a mixture's expert weights in these bits instead (None: weight_bits)
     # ort-quant: MatMulNBits activations, 4 = int8 (fast on CPU), 0 = float; None: per tensor (wicore/graph/quant.py)
     accuracy_level: int | None = None
     quantize_embedding: bool = False  # ort-quant: a float embedding table's rows in weight_bits as well
@@ -78,6 +79,11 @@ class ExportConfig:
             raise WiCoreError(f"--op-flavour {self.op_flavour!r}: choose one of {', '.join(OP_FLAVOURS)}")
         if self.weight_bits not in SUPPORTED_BITS:
             raise WiCoreError(f"--weight-bits {self.weight_bits}: choose one of {', '.join(map(str, SUPPORTED_BITS))}")
+        if self.expert_bits is not None:
+            if self.expert_bits not in SUPPORTED_BITS:
+                raise WiCoreError(f"--expert-bits {self.expert_bits}: choose one of {', '.join(map(str, SUPPORTED_BITS))}")
+            if not OP_FLAVOURS[self.op_flavour].quantized:
+                raise WiCoreError("--expert-bits needs quantized weights: add --weight-bits 4 or 8")
         if self.attention not in ATTENTIONS:
             raise WiCoreError(f"--attention {self.attention!r}: choose one of {', '.join(ATTENTIONS)}")
         if self.block_attention not in ("auto", *BLOCK_ATTENTION):
@@ -125,7 +131,11 @@ class ExportConfig:
         if not OP_FLAVOURS[self.op_flavour].quantized:
             return None
         return QuantLinear(
-            self.weight_bits, accuracy_level=self.accuracy_level, quantize_embedding=self.quantize_embedding, kernels=self.kernels
+            self.weight_bits,
+            expert_bits=self.expert_bits,
+            accuracy_level=self.accuracy_level,
+            quantize_embedding=self.quantize_embedding,
+            kernels=self.kernels,
         )
 
     def resolved_block_attention(self) -> str:
@@ -172,6 +182,8 @@ def export_model(source: WeightSource, out_dir: Path, config: ExportConfig, prog
 
 def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progress: Progress) -> Manifest:
     cfg = source.config
+    if config.expert_bits is not None and not cfg.num_experts:
+        raise WiCoreError(f"--expert-bits: this {cfg.family} model has no experts (an option for mixtures of experts); drop it")
     specs = plan_partitions(cfg.num_layers, config.num_partitions)
     vision = source.vision()
     if vision is not None and config.attention == "paged":

@@ -15,11 +15,13 @@ runs the expert on those rows, and puts the results back in one permutation:
 The node count grows with E (about 15 a layer an expert: ~1,900 a layer at E = 128), so a
 session of a 128-expert model has ~10^5 nodes; each runs even for an expert no token chose.
 Routing is computed in float32 (HF: softmax in float32); the experts run in the model dtype
-through the builder's own `linear` (so `--weight-bits` quantizes them like dense weights).
+through the builder's own `linear` (so `--weight-bits` quantizes them like dense weights, or `--expert-bits`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,7 +41,9 @@ def moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     one com.microsoft.MoE node where the builder's `expert_kernel` is "ort-moe" (QMoE where the
     experts' blocks fit it, `qmoe_fits`), else the routed graph."""
     cfg = b.cfg
-    if b.expert_kernel == "ort-moe" and (b.quant is None or qmoe_fits(b.quant, expert_weights(layer, cfg.num_experts))):
+    if b.expert_kernel == "ort-moe" and (
+        b.quant is None or qmoe_fits(b.quant.for_experts(), expert_weights(layer, cfg.num_experts))
+    ):
         return ort_moe(b, g, layer, x)
     p = f"/model/layers.{layer.index}/moe"
     k, h = cfg.num_experts_per_tok, cfg.hidden_size
@@ -64,19 +68,9 @@ def moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     assignments = g.op("Range", [g.const(0), g.op("Squeeze", [n_k, g.const([0])], f"{p}/n_k"), g.const(1)], f"{p}/range")
     token_of = g.op("Div", [assignments, g.const(k)], f"{p}/token_of")  # [N * k]
 
-    positions, outputs = [], []
-    for e in range(cfg.num_experts):
-        q = f"{p}/experts.{e}"
-        hits = g.op("NonZero", [g.op("Equal", [experts, g.const(e)], f"{q}/Equal")], f"{q}/NonZero")
-        mine = g.op("Reshape", [hits, g.const([-1])], f"{q}/assignments")  # [M]
-        tokens = g.op("Gather", [token_of, mine], f"{q}/tokens", axis=0)
-        xe = g.op("Gather", [rows, tokens], f"{q}/rows", axis=0)  # [M, H]
-        if b.family.clamped_swiglu:
-            outputs.append(clamped_swiglu_expert(b, g, xe, layer, f"mlp.experts.{e}.", q))
-        else:
-            w = [layer[f"mlp.experts.{e}.{n}"] for n in ("gate_proj", "up_proj", "down_proj")]
-            outputs.append(b.gated_mlp(g, xe, w[0], w[1], b.residual_scaled(w[2]), q))
-        positions.append(mine)
+    positions: list[str] = []
+    with quantized_as_experts(b):
+        outputs = [routed_expert(b, g, layer, rows, token_of, experts, e, p, positions) for e in range(cfg.num_experts)]
     order = g.op("Concat", positions, f"{p}/expert_order", axis=0)  # [N * k]: assignment of each row of y
     y = g.op("Concat", outputs, f"{p}/expert_outputs", axis=0)  # [N * k, H]
     inverse = g.op("ScatterElements", [assignments, order, assignments], f"{p}/inverse_order", axis=0)
@@ -87,6 +81,33 @@ def moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
     y = with_shared_expert(b, g, layer, rows, y, p)
     shape = g.op("Shape", [x], f"{p}/shape")
     return g.op("Reshape", [y, shape], f"{p}/out")
+
+
+@contextmanager
+def quantized_as_experts(b: DecoderBuilder) -> Iterator[None]:
+    """The builder's linear layers in the experts' encoding (QuantLinear.for_experts) while it builds them."""
+    dense = b.quant
+    b.quant = None if dense is None else dense.for_experts()
+    try:
+        yield
+    finally:
+        b.quant = dense
+
+
+def routed_expert(
+    b: DecoderBuilder, g: Graph, layer: LayerWeights, rows: str, token_of: str, experts: str, e: int, p: str, positions: list[str]
+) -> str:
+    """Expert e on the rows assigned to it, [M, H]; its assignments' positions appended to `positions`."""
+    q = f"{p}/experts.{e}"
+    hits = g.op("NonZero", [g.op("Equal", [experts, g.const(e)], f"{q}/Equal")], f"{q}/NonZero")
+    mine = g.op("Reshape", [hits, g.const([-1])], f"{q}/assignments")  # [M]
+    positions.append(mine)
+    tokens = g.op("Gather", [token_of, mine], f"{q}/tokens", axis=0)
+    xe = g.op("Gather", [rows, tokens], f"{q}/rows", axis=0)  # [M, H]
+    if b.family.clamped_swiglu:
+        return clamped_swiglu_expert(b, g, xe, layer, f"mlp.experts.{e}.", q)
+    w = [layer[f"mlp.experts.{e}.{n}"] for n in ("gate_proj", "up_proj", "down_proj")]
+    return b.gated_mlp(g, xe, w[0], w[1], b.residual_scaled(w[2]), q)
 
 
 def with_shared_expert(b: DecoderBuilder, g: Graph, layer: LayerWeights, rows: str, y: str, p: str) -> str:
@@ -149,7 +170,7 @@ def ort_moe(b: DecoderBuilder, g: Graph, layer: LayerWeights, x: str) -> str:
         fc1s, fc2s = [gate_up(e) for e in experts], [down(e) for e in experts]
         # ONNX Runtime's CPU QMoE renormalises the top k whatever normalize_routing_weights says
         # (1.32; its MoE keeps the attribute): ask for it, and scale by the top k's mass where the family does not
-        y = qmoe(b, g, [rows, logits], fc1s, fc2s, p, {**attrs, "normalize_routing_weights": 1}, biases)
+        y = qmoe(b, g, b.quant.for_experts(), [rows, logits], fc1s, fc2s, p, {**attrs, "normalize_routing_weights": 1}, biases)
         if not cfg.norm_topk_prob:
             y = g.op("Mul", [y, top_k_mass(b, g, logits, p)], f"{p}/unnormalised")
     if b.act_type != b.onnx_dtype:
@@ -198,6 +219,7 @@ def expert_biases(layer: LayerWeights, e: int) -> np.ndarray:
 def qmoe(
     b: DecoderBuilder,
     g: Graph,
+    quant: QuantLinear,
     inputs: list[str],
     fc1: list[np.ndarray],
     fc2: list[np.ndarray],
@@ -208,9 +230,8 @@ def qmoe(
     """com.microsoft.QMoE over the experts' fc1 / fc2 [out, in] weights in the builder's quantized
     blocks: MatMulNBits' codes and scales, stacked by expert (weights_prepacked=0: codes
     [E, N, K * bits / 8], scales [E, N, K / block], zero point 2 ** (bits - 1) as MatMulNBits');
-    `biases`: fc1's and fc2's bias inputs ("" none)."""
-    assert b.quant is not None
-    blocks = {"fc1": [b.quant.blocks([w]) for w in fc1], "fc2": [b.quant.blocks([w]) for w in fc2]}
+    `biases`: fc1's and fc2's bias inputs ("" none); `quant`: the experts' encoding."""
+    blocks = {"fc1": [quant.blocks([w]) for w in fc1], "fc2": [quant.blocks([w]) for w in fc2]}
     every = blocks["fc1"] + blocks["fc2"]
     bits = {q.bits for q in every}
     if len(bits) != 1 or any(q.offsets is not None for q in every):
@@ -228,8 +249,8 @@ def qmoe(
         f"{p}/QMoE",
         domain=MS_DOMAIN,
         expert_weight_bits=bits.pop(),
-        block_size=b.quant.block_size,
+        block_size=quant.block_size,
         weights_prepacked=0,
-        accuracy_level=b.quant.accuracy_level,
+        accuracy_level=quant.accuracy_level,
         **attrs,
     )

@@ -31,7 +31,7 @@ float with the nibble split for 8-bit layers and heads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,9 @@ class QuantLinear:
 
     weight_bits: int = 8  # for float weights and GGUF types without a lossless encoding
     block_size: int = 32
+    # a mixture of experts' expert weights in these bits instead (float sources); None: weight_bits.
+    # The experts are nearly all of such a model's bytes, the attention and the LM head a few percent.
+    expert_bits: int | None = None
     # MatMulNBits: 4 = int8 activations on CPU, 0 = float; None: per tensor (module doc). GPU kernels ignore it.
     accuracy_level: int | None = None
     quantize_embedding: bool = False  # a float embedding table's rows in weight_bits too (gather)
@@ -59,8 +62,14 @@ class QuantLinear:
             raise ValueError(f"kernels {self.kernels!r}: expected ort or wicore")
         if self.weight_bits not in SUPPORTED_BITS:
             raise ValueError(f"weight_bits {self.weight_bits}: expected one of {SUPPORTED_BITS}")
+        if self.expert_bits not in (None, *SUPPORTED_BITS):
+            raise ValueError(f"expert_bits {self.expert_bits}: expected one of {SUPPORTED_BITS}")
         if self.accuracy_level not in (None, 0, 4):
             raise ValueError(f"accuracy_level {self.accuracy_level}: expected None (per tensor), 0 or 4")
+
+    def for_experts(self) -> QuantLinear:
+        """The encoding of a mixture's expert weights: this one, in `expert_bits` where set."""
+        return self if self.expert_bits is None else replace(self, weight_bits=self.expert_bits, expert_bits=None)
 
     def level(self, w: BlockQuant) -> int:
         """The MatMulNBits accuracy_level of a layer's weight: the configured one, or float (module doc)."""

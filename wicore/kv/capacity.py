@@ -56,13 +56,18 @@ class Workload:
 
 
 def estimate_weight_bytes(
-    cfg: DecoderConfig, itemsize: int, weight_bits: int | None = None, quantize_embedding: bool = False
+    cfg: DecoderConfig,
+    itemsize: int,
+    weight_bits: int | None = None,
+    quantize_embedding: bool = False,
+    expert_bits: int | None = None,
 ) -> int:
     """Bytes of the weights `wicore-export` writes from a float checkpoint: every linear layer and
     the tied embedding / LM head table in the float type (`itemsize` bytes), or with `weight_bits`
     (the ort-quant flavour) the linear layers and the LM head as `weight_bits` codes with one float
     scale per 32 columns, beside the embedding's float rows (`quantize_embedding`: rows read from the
-    head's codes, with scales of their own). Norm weights in the float type."""
+    head's codes, with scales of their own); `expert_bits`: a mixture's expert weights in those bits
+    instead. Norm weights in the float type."""
     h, hd = cfg.hidden_size, cfg.head_dim
     per_layer = h * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + mlp_params(cfg)  # q, o; k, v; MLP or experts
     table = cfg.vocab_size * h
@@ -72,7 +77,9 @@ def estimate_weight_bytes(
     if weight_bits is None:
         return (linear + norms) * itemsize
     rows = table // QUANT_BLOCK if quantize_embedding else table
-    return linear * weight_bits // 8 + linear // QUANT_BLOCK * itemsize + (rows + norms) * itemsize
+    experts = cfg.num_layers * cfg.num_experts * 3 * h * cfg.moe_intermediate_size if expert_bits else 0
+    codes = (linear - experts) * weight_bits // 8 + experts * (expert_bits or weight_bits) // 8
+    return codes + linear // QUANT_BLOCK * itemsize + (rows + norms) * itemsize
 
 
 def mlp_params(cfg: DecoderConfig) -> int:
