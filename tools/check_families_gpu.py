@@ -270,6 +270,15 @@ def check(
     return report
 
 
+def reference_versions() -> dict[str, str]:
+    """The versions that computed HF's side (the GPU image's transformers 5.17 gave another greedy text
+    than 5.24 across LongRoPE's switch: family_serving.hf_greedy_text)."""
+    import torch
+    import transformers
+
+    return {"transformers": transformers.__version__, "torch": torch.__version__}
+
+
 def first_difference(served: str, hf: str) -> int | None:
     """The index of the first generated token where an id tokenizer's texts differ ("<12><7>..."), or None."""
     pairs = zip(served.split(">"), hf.split(">"), strict=False)
@@ -353,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         write_record(
             args.json,
             Config(args.families, args.devices, args.exports, args.sampled, args.serve, args.serve_flags),
+            reference=reference_versions(),
             results=report,
         )
     bad = [

@@ -42,7 +42,16 @@ def write_id_tokenizer(folder: Path, vocab_size: int) -> Any:
 
 
 def hf_greedy_text(model: Any, tokenizer: Any, prompts: list[list[int]], num_tokens: int) -> list[str]:
-    """HF `generate`'s greedy continuation of each prompt (EOS not stopping it), decoded."""
+    """HF `generate`'s greedy continuation of each prompt (EOS not stopping it), decoded.
+
+    Without a KV cache: each token is the argmax of HF's forward over the whole sequence so far,
+    which is what a cached `generate` computes where transformers gets the cache right, and all
+    that the reference may depend on. Phi-3's LongRoPE is where it does not: its generate drops the
+    cache at the switch (original_max_position_embeddings) to run the whole sequence with the long
+    factors, but transformers 5.17 (the GPU machine's image) still feeds only the newest token
+    there, with no cache, at every step past the switch, so each of those tokens came from the one
+    before it alone (5.24 feeds the whole sequence). That broken text was taken for HF's in the
+    H200 records of 2026-11-28 (docs/FAMILIES.md)."""
     import torch
 
     texts = []
@@ -50,7 +59,12 @@ def hf_greedy_text(model: Any, tokenizer: Any, prompts: list[list[int]], num_tok
         ids = torch.tensor([prompt])
         with torch.no_grad():
             out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=num_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                use_cache=False,
             )
         texts.append(tokenizer.decode(out[0, len(prompt) :].tolist()))
     return texts
