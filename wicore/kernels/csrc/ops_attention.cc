@@ -5,6 +5,7 @@
 // and slots stay on the device unread by the host (an id outside the pool is the caller's error, as for
 // ORT's PagedAttention).
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -211,7 +212,12 @@ struct BlockAttentionQKVKernel : AttentionBase {
       void* stream = ctx.GetGPUComputeStream();
       for (auto [src, dst] : {std::pair{k.GetTensorRawData(), k_out.GetTensorMutableRawData()},
                               std::pair{v.GetTensorRawData(), v_out.GetTensorMutableRawData()}}) {
-        if (src != dst) Check(wicore::CudaCopyAsync(dst, src, pool_bytes, stream) == 0, Say("copying a pool failed"));
+        if (src == dst) continue;
+        if (!warned_) {  // correct, but a copy of the whole pool a layer and step: say it once
+          std::fprintf(stderr, "%s\n", Say("the pools are not bound in place (key_cache_out to key_cache): copying them").c_str());
+          warned_ = true;
+        }
+        Check(wicore::CudaCopyAsync(dst, src, pool_bytes, stream) == 0, Say("copying a pool failed"));
       }
       wicore::BlockAttentionCudaArgs args{nullptr, Half(k_out), Half(v_out), tp, pp, nullptr, nullptr, Half(out), d.batch,
                                           d.seq, num_heads_, num_kv_heads_, hd, d.block_size, d.max_blocks, window_, softcap_};
@@ -249,6 +255,7 @@ struct BlockAttentionQKVKernel : AttentionBase {
   }
 
   float scale_, epsilon_;
+  bool warned_ = false;
 };
 
 struct BlockAttentionQKVOp : Ort::CustomOpBase<BlockAttentionQKVOp, BlockAttentionQKVKernel> {
