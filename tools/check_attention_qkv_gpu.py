@@ -111,6 +111,7 @@ def check(ort, lib: str) -> float:
         want = cpu.run(None, {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()})
         # in place, as the runtime binds the pools
         binding = gpu.io_binding()
+        binding.bind_output("out", "cpu")  # the first output bound: copy_outputs_to_cpu()[0]
         pools = {n: ort.OrtValue.ortvalue_from_numpy(feeds[n], "cuda", 0) for n in ("k", "v")}
         for name, x in feeds.items():
             if name in pools:
@@ -118,7 +119,6 @@ def check(ort, lib: str) -> float:
                 binding.bind_ortvalue_output(f"{name}_out", pools[name])
             else:
                 binding.bind_cpu_input(name, x)
-        binding.bind_output("out", "cpu")
         gpu.run_with_iobinding(binding)
         got = [binding.copy_outputs_to_cpu()[0], pools["k"].numpy(), pools["v"].numpy()]
         errs = [rel(g, w) for g, w in zip(got, want, strict=True)]
