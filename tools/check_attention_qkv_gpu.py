@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from check_attention_gpu import REPEAT, measure
-from kernel_graphs import BLOCK, SHAPE_27B, attention_model
+from kernel_graphs import BLOCK, REPEAT, SHAPE_27B, attention_model, measure
 from onnx import TensorProto, helper
 
 from wicore.devices.providers import onnxruntime
