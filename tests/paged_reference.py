@@ -8,6 +8,7 @@ LongRoPE's rotation before it), not ONNX Runtime's kernels; tools/check_families
 
     BlockAttention (WiCore's, graph/paged_block.py): the attention over the pools, q normed, rotated
         and scaled and the K/V written by graph ops before it.
+    BlockAttentionQKV (WiCore's): BlockAttention with that prologue inside, from the packed qkv.
     PagedAttention(packed qkv [tokens, (nh + 2 kvh) hd], pools [blocks, block_size, kvh, hd], ...):
         per token: q, k split; q/k RMSNorm per head (with weights); rotate-half RoPE at position
         past_seqlens[row] + index in row (do_rotary); k, v written at slot_mapping; then
@@ -149,32 +150,71 @@ class BlockAttention(OpRun):
     op_domain = "wicore"
 
     def _run(self, q, k_pool, v_pool, tables, positions, lens, first=None, num_heads=0, num_kv_heads=0, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
+        return (_attend(q, k_pool, v_pool, tables, positions, lens, first, num_heads, num_kv_heads, window, softcap),)
+
+
+def _attend(q, k_pool, v_pool, tables, positions, lens, first, num_heads, num_kv_heads, window, softcap):  # type: ignore[no-untyped-def]
+    """BlockAttention's arithmetic (float32), the result in q's type."""
+    batch, seq = positions.shape
+    _, block_size, kvh, hd = k_pool.shape
+    groups = num_heads // num_kv_heads
+    queries = q.reshape(batch, seq, num_heads, hd).astype(np.float32)
+    out = np.zeros_like(queries)
+    for r in range(batch):
+        start = 0 if first is None else first[r] * block_size
+        keys = start + np.arange(tables.shape[1] * block_size)
+        slots = tables[r, (keys - start) // block_size] * block_size + (keys - start) % block_size
+        k_rows = k_pool.reshape(-1, kvh, hd)[slots].astype(np.float32)
+        v_rows = v_pool.reshape(-1, kvh, hd)[slots].astype(np.float32)
+        for t in range(seq):
+            p = positions[r, t]
+            seen = (keys <= p) & (keys < lens[r]) & ((keys > p - window) if window else True)
+            if not seen.any():
+                continue
+            for h in range(num_heads):
+                scores = k_rows[seen, h // groups] @ queries[r, t, h]
+                if softcap:
+                    scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+                e = np.exp(scores - scores.max())
+                out[r, t, h] = (e / e.sum()) @ v_rows[seen, h // groups]
+    return out.reshape(batch, seq, num_heads * hd).astype(q.dtype)
+
+
+class BlockAttentionQKV(OpRun):
+    """wicore.BlockAttentionQKV (kernels.h): per token q, k, v split from qkv; q, k normed per head (weights
+    given), rotated at the token's position (caches given), q times scale, rounded to the graph's type as
+    ONNX Runtime's graph ops would; k, v written at slot_mapping; then BlockAttention over the pools with
+    context_lens = past_seqlens + seq."""
+
+    op_domain = "wicore"
+
+    def _run(  # type: ignore[no-untyped-def]
+        self, qkv, k_pool, v_pool, tables, positions, slot_mapping, past, cos_cache=None, sin_cache=None,
+        q_norm=None, k_norm=None, num_heads=0, num_kv_heads=0, window=0, softcap=0.0, scale=1.0, epsilon=1e-6,
+    ):  # fmt: skip
+        nh, kvh, hd = num_heads, num_kv_heads, k_pool.shape[-1]
         batch, seq = positions.shape
-        _, block_size, kvh, hd = k_pool.shape
-        groups = num_heads // num_kv_heads
-        queries = q.reshape(batch, seq, num_heads, hd).astype(np.float32)
-        out = np.zeros_like(queries)
-        for r in range(batch):
-            start = 0 if first is None else first[r] * block_size
-            keys = start + np.arange(tables.shape[1] * block_size)
-            slots = tables[r, (keys - start) // block_size] * block_size + (keys - start) % block_size
-            k_rows = k_pool.reshape(-1, kvh, hd)[slots].astype(np.float32)
-            v_rows = v_pool.reshape(-1, kvh, hd)[slots].astype(np.float32)
-            for t in range(seq):
-                p = positions[r, t]
-                seen = (keys <= p) & (keys < lens[r]) & ((keys > p - window) if window else True)
-                if not seen.any():
-                    continue
-                for h in range(num_heads):
-                    scores = k_rows[seen, h // groups] @ queries[r, t, h]
-                    if softcap:
-                        scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
-                    e = np.exp(scores - scores.max())
-                    out[r, t, h] = (e / e.sum()) @ v_rows[seen, h // groups]
-        return (out.reshape(batch, seq, num_heads * hd).astype(q.dtype),)
+        rows = qkv.reshape(batch * seq, (nh + 2 * kvh) * hd).astype(np.float32)
+        q = rows[:, : nh * hd].reshape(-1, nh, hd)
+        k = rows[:, nh * hd : (nh + kvh) * hd].reshape(-1, kvh, hd)
+        v = rows[:, (nh + kvh) * hd :].reshape(-1, kvh, hd)
+        if q_norm is not None:
+            q, k = _rms(q, q_norm, epsilon), _rms(k, k_norm, epsilon)
+        if cos_cache is not None:
+            flat = positions.reshape(-1)
+            cos = cos_cache[flat].astype(np.float32)[:, None, :]
+            sin = sin_cache[flat].astype(np.float32)[:, None, :]
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q = (q * np.float32(scale)).astype(qkv.dtype)
+        k_out, v_out = k_pool.copy(), v_pool.copy()
+        k_out.reshape(-1, kvh, hd)[slot_mapping.reshape(-1)] = k.astype(k_pool.dtype)
+        v_out.reshape(-1, kvh, hd)[slot_mapping.reshape(-1)] = v.astype(v_pool.dtype)
+        lens = past.astype(np.int64) + seq
+        out = _attend(q.reshape(batch, seq, nh * hd), k_out, v_out, tables, positions, lens, None, nh, kvh, window, softcap)
+        return out, k_out, v_out
 
 
-OPS = [SimplifiedLayerNormalization, FastGelu, RotaryEmbedding, PagedAttention, BlockAttention]
+OPS = [SimplifiedLayerNormalization, FastGelu, RotaryEmbedding, PagedAttention, BlockAttention, BlockAttentionQKV]
 
 
 class PagedRunner:

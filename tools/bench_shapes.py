@@ -145,7 +145,9 @@ def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size
     report: dict[str, dict[str, object]] = {}
     logits: dict[str, np.ndarray] = {}
     for variant, model_dir in model_dirs.items():
-        step = StepConfig((), (1,), num_tokens, 1, 24, "cuda:0", False, None, block_size=block_size)
+        # the pool holds the longest of the prompts, also where --check-tokens is shorter (1030 > 1024 stopped a run)
+        context = max(num_tokens, *map(len, prompts))
+        step = StepConfig((), (1,), context, 1, 24, "cuda:0", False, None, block_size=block_size)
         engine_cfg = engine_config(model_dir, 4, step)
         base, flags = split_variant(variant)
         with Engine(replace(engine_cfg, cuda_graphs="graphs" in flags)) as engine:

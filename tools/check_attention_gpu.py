@@ -18,14 +18,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from kernel_graphs import BLOCK, SHAPE_27B, attention_model, cuda_kernels
+from kernel_graphs import BLOCK, REPEAT, SHAPE_27B, attention_model, measure
 from onnx import TensorProto, helper
 
 from wicore.devices.providers import onnxruntime
 from wicore.kernels.library import DOMAIN, library
 
 F16, F32, I64 = TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.INT64
-REPEAT = 4  # layers a timed model (each its own pools, so the L2 cache holds none of them)
 
 
 def block_attention_model(dtype: int, heads: int, kv_heads: int, window: int, softcap: float, repeat: int = 1) -> bytes:
@@ -179,13 +178,6 @@ def time_pair(ort, lib: str, batch: int, ctx: int, window: int) -> dict:
     for r in results.values():
         r["gb_per_s"] = gb / (r["us_per_layer"] * 1e-6)
     return dict(batch=batch, context=ctx, window=window, kv_gb=gb, **results)
-
-
-def measure(sess, binding, runs: int = 20) -> dict:
-    for _ in range(4):  # warm-up; the CUDA EP captures its graph on one of these
-        sess.run_with_iobinding(binding)
-    wall_ms, kernels = cuda_kernels(lambda: sess.run_with_iobinding(binding), runs)
-    return dict(us_per_layer=sum(kernels.values()) / REPEAT, wall_ms=wall_ms, kernels={k: v / REPEAT for k, v in kernels.items()})
 
 
 def main(argv: list[str] | None = None) -> int:

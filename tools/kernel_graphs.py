@@ -1,6 +1,7 @@
 """The small graphs tools/probe_kernels.py and tools/check_attention_gpu.py time: paged attention
 nodes and linear layers at a model's shapes, weights written straight to an external data file;
-and `cuda_kernels`, the GPU time of each kernel a run launches (CUPTI, through torch's profiler)."""
+and `cuda_kernels`, the GPU time of each kernel a run launches (CUPTI, through torch's profiler), with
+`measure` a layer's of a bound attention session (check_attention_gpu.py, check_attention_qkv_gpu.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ SHAPE_27B = dict(hidden=5376, inter=21504, heads=32, kv_heads=16, head_dim=128, 
 BLOCK = 128  # the paged op's FlashAttention tile at head size 128
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
 IR_VERSION = 10  # what ONNX Runtime 1.31 reads (a newer onnx writes a newer IR by default)
+REPEAT = 4  # layers a timed attention model (each its own pools, so the L2 cache holds none of them)
 
 
 def attention_model(batch: int, ctx: int, window: int, num_bounds: int, repeat: int) -> onnx.ModelProto:
@@ -151,3 +153,11 @@ def cuda_kernels(run: Callable[[], object], num_runs: int) -> tuple[float, Count
         if event.self_device_time_total > 0:
             per_kernel[event.key[:60]] += event.self_device_time_total / num_runs
     return 1000 * wall, per_kernel
+
+
+def measure(sess, binding, runs: int = 20) -> dict:
+    """A session of REPEAT attention layers, bound and replayed: GPU kernel time a layer (and by kernel)."""
+    for _ in range(4):  # warm-up; the CUDA EP captures its graph on one of these
+        sess.run_with_iobinding(binding)
+    wall_ms, kernels = cuda_kernels(lambda: sess.run_with_iobinding(binding), runs)
+    return dict(us_per_layer=sum(kernels.values()) / REPEAT, wall_ms=wall_ms, kernels={k: v / REPEAT for k, v in kernels.items()})

@@ -1,7 +1,8 @@
 """The paged graphs with every layer on WiCore's BlockAttention (`--block-attention all`, float32,
-graph/paged_block.py) of the families whose attention differs, on the CPU's kernel against HF float32:
-Gemma 2's soft-cap and q × scale (no q/k norm), OLMo 2's whole-projection norms, Qwen 3's per-head
-norms, LongRoPE rotated from one cos / sin row a token, Mistral's window on every layer.
+graph/paged_block.py) of the families whose attention differs, on the CPU's kernel against HF float32.
+BlockAttentionQKV's own prologue: Gemma 2's soft-cap and q × scale (no q/k norm), Qwen 3's per-head
+norms, Mistral's window on every layer; the graph-op prologue before BlockAttention: OLMo 2's
+whole-projection norms, LongRoPE rotated from one cos / sin row a token.
 (tests/kernels/test_paged_block.py: the Gemma 3 graphs, and the float16 ones the GPU runs.)"""
 
 from __future__ import annotations

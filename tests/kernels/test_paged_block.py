@@ -1,9 +1,9 @@
 """The paged graphs with layers on WiCore's BlockAttention (`--block-attention`, graph/paged_block.py).
 
-On the CPU the float32 build of the same graph structure (every layer on BlockAttention's CPU kernel,
-the prologue as graph ops, the K/V written by ScatterND) runs on ONNX Runtime against HF float32; the
-float16 export that the GPU runs is checked node by node: its sliding layers on BlockAttention, its
-full layers on ONNX Runtime's PagedAttention. tools/check_families_gpu.py runs it on CUDA.
+On the CPU the float32 build of the same graph structure (every layer on BlockAttentionQKV's CPU kernel:
+the q/k norms, RoPE, the scale and the K/V write inside the op) runs on ONNX Runtime against HF float32;
+the float16 export that the GPU runs is checked node by node: its sliding layers on BlockAttentionQKV,
+its full layers on ONNX Runtime's PagedAttention. tools/check_families_gpu.py runs it on CUDA.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_float32_block_attention_graph_is_hf_on_the_cpu(tiny_model, tmp_path, cp
     folder, model = tiny_model()
     config = ExportConfig(dtype="fp32", attention="paged", block_attention="all", sampling_head="off")
     export_model(open_source(str(folder)), tmp_path / "m", config, progress=lambda _: None)
-    assert all(ops[f"{DOMAIN}:BlockAttention"] == 1 and "PagedAttention" not in ops for ops in layer_ops(tmp_path / "m").values())
+    assert all(ops == {"MatMul": 2, f"{DOMAIN}:BlockAttentionQKV": 1} for ops in layer_ops(tmp_path / "m").values())
     runner = PagedRunner(tmp_path / "m", max_rows=3, max_tokens=30, library=cpu_library)
     tokens = []
     for prompt in PROMPTS:
@@ -85,18 +85,34 @@ def test_float16_sliding_layers_on_block_attention_are_the_paged_export(tiny_mod
 
 
 def test_the_float16_export_puts_sliding_layers_on_block_attention(tiny_model, tmp_path):
-    """--block-attention sliding: the sliding layers (0, 1, 3) on BlockAttention with the prologue as graph
-    ops and the K/V written in place, the full layer (2) on ORT's PagedAttention; auto (off): all on ORT's."""
+    """--block-attention sliding: the sliding layers (0, 1, 3) on one BlockAttentionQKV node each (the q/k
+    norms, RoPE and the K/V write inside, the pools written in place), the full layer (2) on ORT's
+    PagedAttention; auto (off): all on ORT's."""
     folder, _ = tiny_model(head_dim=64, query_pre_attn_scalar=64)  # a head dim of the CUDA kernel
     for name, mode in (("sliding", "sliding"), ("auto", "auto")):
         config = ExportConfig(dtype="fp16", attention="paged", kernels="wicore", block_attention=mode)
         export_model(open_source(str(folder)), tmp_path / name, config, progress=lambda _: None)
-    block = {"Split": 1, "SimplifiedLayerNormalization": 2, "RotaryEmbedding": 2, "ScatterND": 2, f"{DOMAIN}:BlockAttention": 1}
+    (part,) = (tmp_path / "sliding").glob("part-*.onnx")
+    nodes = {n.name: n for n in onnx.load(part, load_external_data=False).graph.node}
     for i, ops in layer_ops(tmp_path / "sliding").items():
         if i == 2:
-            assert ops["PagedAttention"] == 1 and not set(block) & set(ops)
-        else:
-            assert {op: ops[op] for op in block} == block and "PagedAttention" not in ops
+            assert ops["PagedAttention"] == 1 and f"{DOMAIN}:BlockAttentionQKV" not in ops
+            continue
+        assert ops == {"MatMul": 2, f"{DOMAIN}:BlockAttentionQKV": 1}  # qkv_proj, o_proj
+        node = nodes[f"/model/layers.{i}/attn/BlockAttentionQKV"]
+        assert list(node.input[1:7]) == [
+            f"key_cache.{i}", f"value_cache.{i}", "window_logical_tables", "positions", "window_slot_mapping", "past_seqlens",
+        ]  # fmt: skip
+        assert list(node.output[1:]) == [f"key_cache_out.{i}", f"value_cache_out.{i}"]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs == {
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "window": 8,
+            "softcap": 0.0,
+            "scale": 1.0,
+            "epsilon": pytest.approx(1e-6),
+        }
     assert all(
         ops["PagedAttention"] == 1 and not ops[f"{DOMAIN}:BlockAttention"] for ops in layer_ops(tmp_path / "auto").values()
     )

@@ -139,8 +139,9 @@ class ExportConfig:
         )
 
     def resolved_block_attention(self) -> str:
-        """The layer kinds on BlockAttention (graph/paged_block.py): `auto` is off until a GPU run shows the
-        paged graphs faster with it (docs/PERFORMANCE.md)."""
+        """The layer kinds on BlockAttention (graph/paged_block.py): `auto` is off. With its prologue fused
+        (BlockAttentionQKV) the paged graphs ran 1.18x faster at batch 64 and 256 on an H200 but 0.96x at
+        batch 1, and the CUDA kernel's results await a GPU check (docs/PERFORMANCE.md, 2026-11-28)."""
         return "off" if self.block_attention == "auto" else self.block_attention
 
     def resolved_vision_flavour(self) -> str:

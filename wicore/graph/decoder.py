@@ -189,7 +189,7 @@ class DecoderBuilder:
             paged=self.paged,
             image_spans=self.image_inputs,
             index_int32=self.fused_ops,
-            block_kinds=self.block_kinds,
+            block_kinds=paged_block.prologue_kinds(self),
             dtype=self.onnx_dtype,
         )
         width = kv_row_width(cfg.head_dim, "int8" if self.kv_int8 else np.dtype(self.np_dtype).name)

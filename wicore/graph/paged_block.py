@@ -2,11 +2,20 @@
 wicore.BlockAttention (wicore/kernels/csrc/attention.cu, float16 on CUDA; attention_cpu.cc, float32)
 in place of ONNX Runtime's PagedAttention on some layer kinds, over the same pools in the same layout.
 
-ORT's op does the q/k norms, RoPE and the K/V write in its own prologue; here they are graph ops:
+As ORT's op, WiCore's does the q/k norms, RoPE and the K/V write in its own prologue: one node a layer,
+every input a graph input or a weight (no shape arithmetic, no small ops between the projections):
 
-    qkv ─► Split ─► q, k: RMSNorm (per head or whole projection; Gemma's scale in q's weight, else q × scale)
+    qkv ─► BlockAttentionQKV(qkv, pools, block_tables | window_logical_tables, positions,
+                             slot_mapping | window_slot_mapping, past_seqlens,
+                             cos / sin caches, q / k norm weights (per head; Gemma's scale in q's)) ─► o_proj
+           (the pools written in place: key_cache_out is bound to the pool)
+
+Where the op's prologue cannot (OLMo 2's norm over the whole projection, LongRoPE's per-step factors),
+the prologue is graph ops before wicore.BlockAttention, which takes q ready:
+
+    qkv ─► Split ─► q, k: RMSNorm (whole projection, the scale in q's weight; else q × scale)
                     ─► RotaryEmbedding (the op's cos / sin caches at `positions`; LongRoPE: one row a token)
-              k, v ─► ScatterND into the pools at slot_mapping (in place: key_cache_out is bound to the pool)
+              k, v ─► ScatterND into the pools at slot_mapping (in place)
     BlockAttention(q, pools, block_tables | window_logical_tables, positions, past_seqlens + seq) ─► o_proj
 
 The sliding layers' tables list the window group's blocks at their logical index (io.py), so the
@@ -54,9 +63,24 @@ def takes(b: DecoderBuilder, is_sliding: bool) -> bool:
     return b.dtype != "fp16" or b.cfg.head_dim in CUDA_HEAD_DIMS
 
 
+def fuses(b: DecoderBuilder, is_sliding: bool) -> bool:
+    """Whether BlockAttentionQKV's own prologue serves a layer of this kind (per-head or no q/k norms,
+    RoPE from fixed caches); else graph ops before BlockAttention."""
+    rope = b.cfg.rope_local if is_sliding else b.cfg.rope_global
+    return b.family.qk_norm != ALL_HEADS and not rope.is_longrope
+
+
+def prologue_kinds(b: DecoderBuilder) -> frozenset[bool]:
+    """The layer kinds on BlockAttention with the prologue as graph ops (their shared values: the K/V
+    write's indices and the context lengths, graph/paged_attention.py)."""
+    return frozenset(kind for kind in b.block_kinds if not fuses(b, kind))
+
+
 def attention(b: DecoderBuilder, g: Graph, layer: LayerWeights, qkv: str, shared: SharedValues, scale: float, p: str) -> str:
     """qkv [b, s, (heads + 2 kv_heads) * hd] (bias added) -> the attention output [b, s, heads * hd], the
     layer's K/V written into its pools."""
+    if fuses(b, b.cfg.is_sliding(layer.index)):
+        return fused_attention(b, g, layer, qkv, shared, scale, p)
     cfg, i = b.cfg, layer.index
     paged = shared.paged
     assert paged is not None and paged.scatter is not None and paged.context_lens is not None
@@ -98,6 +122,51 @@ def attention(b: DecoderBuilder, g: Graph, layer: LayerWeights, qkv: str, shared
         window=int(window or 0),
         softcap=float(cfg.attn_logit_softcapping or 0.0),
     )
+
+
+def fused_attention(
+    b: DecoderBuilder, g: Graph, layer: LayerWeights, qkv: str, shared: SharedValues, scale: float, p: str
+) -> str:
+    """One BlockAttentionQKV node: the prologue inside the op (module docstring)."""
+    cfg, i = b.cfg, layer.index
+    paged = shared.paged
+    assert paged is not None
+    is_sliding = cfg.is_sliding(i)
+    rope = paged.rope[is_sliding]
+    assert rope is not None  # fuses(): no LongRoPE
+    weights = ["", ""]
+    op_scale = scale
+    if b.family.qk_norm == PER_HEAD:  # Gemma 3, Qwen 3: the scale in q's weight, Gemma's 1 + w folded in
+        dtype = b.act_np_dtype
+        q_w, k_w = b.norm_weight(layer["self_attn.q_norm"], scale), b.norm_weight(layer["self_attn.k_norm"])
+        weights = [g.const(w.astype(dtype), dtype) for w in (q_w, k_w)]
+        op_scale = 1.0
+    window = cfg.sliding_window if is_sliding else cfg.window_all_layers
+    out, _, _ = g.op_multi(
+        "BlockAttentionQKV",
+        [
+            qkv,
+            io.key_cache(i),
+            io.value_cache(i),
+            io.WINDOW_LOGICAL_TABLES if is_sliding else io.BLOCK_TABLES,
+            io.POSITIONS,
+            io.WINDOW_SLOT_MAPPING if is_sliding else io.SLOT_MAPPING,
+            io.PAST_SEQLENS,
+            *rope,
+            *weights,
+        ],
+        f"{p}/BlockAttentionQKV",
+        3,
+        outs=[None, io.key_cache_out(i), io.value_cache_out(i)],
+        domain=DOMAIN,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        window=int(window or 0),
+        softcap=float(cfg.attn_logit_softcapping or 0.0),
+        scale=float(op_scale),
+        epsilon=float(cfg.rms_norm_eps),
+    )
+    return out
 
 
 def per_head_norm(b: DecoderBuilder, g: Graph, x: str, weight: np.ndarray, heads: int, scale: float, name: str) -> str:

@@ -47,8 +47,12 @@ class Compiler:
     def command(self, out: Path) -> list[str]:
         common = ["-std=c++17", "-shared", f"-I{INCLUDE}", f"-I{CSRC}", "-o", str(out)]
         sources = [
-            str(CSRC / name) for name in ("ops.cc", "kernels_cpu.cc", "matmul_q_cpu.cc", "matmul_q_float.cc", "attention_cpu.cc")
-        ]
+            str(CSRC / name)
+            for name in (
+                "ops.cc", "ops_attention.cc", "kernels_cpu.cc", "matmul_q_cpu.cc", "matmul_q_float.cc", "attention_cpu.cc",
+                "attention_qkv_cpu.cc",
+            )
+        ]  # fmt: skip
         if not self.cuda:
             return [str(self.path), "-O2", "-fPIC", "-fvisibility=hidden", *common, *sources]
         toolkit = self.path.parent.parent  # bin/nvcc's toolkit: its include and lib (a pip install: lib)
@@ -57,7 +61,7 @@ class Compiler:
         libs = [f"-L{toolkit / d}" for d in ("lib64", "lib") if (toolkit / d).is_dir()]
         return [
             str(self.path), "-O3", "-DWICORE_CUDA", "-Xcompiler", "-fPIC,-fvisibility=hidden", *gencode,
-            *common, *sources, str(CSRC / "kernels.cu"), str(CSRC / "attention.cu"), *libs,
+            *common, *sources, *(str(CSRC / name) for name in ("kernels.cu", "attention.cu", "attention_prefill.cu")), *libs,
         ]  # fmt: skip
 
 

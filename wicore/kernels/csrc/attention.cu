@@ -4,6 +4,10 @@
 // Decode (one query token a row), flash-decoding:
 //
 //   grid (KV head x query-head chunk, token, split) ── each block: `keys_per_split` of the token's visible keys
+//     prologue (BlockAttentionQKV) the block's G q heads and its KV head's k, v from the token's qkv row into
+//              shared memory: normed, rotated, q scaled, k rounded to half as the pool keeps it; the block of
+//              chunk 0 and split 0 writes k and v to the pools, and every block takes the token's own key
+//              from shared memory, not from the pool (no block of this launch reads that slot: no race)
 //     phase 1  one key a group of D / 8 lanes (16-byte loads of K), q·k for the chunk's G query heads at once
 //              (each K byte read once for them: GQA), softcap, scores into shared memory
 //     softmax  a warp per query head: max, exp, sum
@@ -13,63 +17,79 @@
 //
 // The splits come from the shapes only (the host never reads positions or lengths): enough blocks to
 // fill the SMs twice over, each split at most kMaxKeys keys. Rows with more tokens (prefill chunks)
-// take PrefillKernel: one block a (token, query head), scores in shared memory, no split.
+// take PrefillKernel (attention_prefill.cu): one block a (token, query head), scores in shared memory, no split.
 //
 // Differences from the CPU op: the CPU op gives a key 80 or more below the top score weight 0, this
 // one exp() of it (below 2e-35 of the top key's weight either way); the sums run in another order.
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cmath>
 
-#include "kernels.h"
+#include "attention_common.cuh"
 
 namespace wicore {
 namespace {
 
-constexpr int kThreads = 128;  // 4 warps
-constexpr int kWarps = kThreads / 32;
-constexpr int64_t kMaxKeys = 1024;  // keys of one split (its scores live in shared memory)
+// Shared memory of the decode prologue: q [G][D], k [D], v [D], the heads' 1 / rms [G + 1].
+template <int D, int G>
+constexpr int kPrologueFloats = G * D + 2 * D + G + 1;
 
-struct Visible {
-  int64_t lo, hi;
-};
-
-__device__ Visible VisibleKeys(const BlockAttentionCudaArgs& a, int64_t token, int64_t first) {
-  const int64_t row = token / a.seq, p = a.positions[token];
-  int64_t lo = a.window > 0 ? p - a.window + 1 : 0;
-  lo = lo > first ? lo : first;
-  int64_t hi = p + 1 < a.context_lens[row] ? p + 1 : a.context_lens[row];
-  const int64_t end = first + a.max_blocks * a.block_size;
-  hi = hi < end ? hi : end;
-  return {lo, hi};
-}
-
-// The pool row (block * block_size + offset) of logical key `key` of `row`.
-__device__ int64_t Slot(const BlockAttentionCudaArgs& a, int64_t row, int64_t first, int64_t key) {
-  const int64_t idx = key - first;
-  return a.block_tables[row * a.max_blocks + idx / a.block_size] * a.block_size + idx % a.block_size;
-}
-
-__device__ void Load8(const uint16_t* p, float* out) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
+// BlockAttentionQKV's prologue for one decode block (the module comment): into fq [G][D], fk, fv (consecutive).
+template <int D, int G>
+__device__ void Prologue(const BlockAttentionCudaArgs& a, int64_t token, int kvh, int head0, bool writes, float* fq) {
+  constexpr int H = D / 2;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float *fk = fq + G * D, *fv = fk + D, *inv = fv + D;
+  const uint16_t* row = a.qkv + token * (a.num_heads + 2 * a.num_kv_heads) * D;
+  for (int i = tid; i < (G + 2) * D; i += kThreads) {
+    const int h = i / D;
+    const int64_t col = h < G ? head0 + h : h == G ? a.num_heads + kvh : a.num_heads + a.num_kv_heads + kvh;
+    fq[i] = Half(row[col * D + i % D]);
+  }
+  __syncthreads();
+  for (int h = warp; h <= G; h += kWarps) {
+    float ss = 0.0f;
+    for (int d = lane; d < D; d += 32) ss += fq[h * D + d] * fq[h * D + d];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) inv[h] = a.q_norm != nullptr ? rsqrtf(ss / D + a.epsilon) : 1.0f;
+  }
+  __syncthreads();
+  const int64_t pos = a.positions[token];
+  for (int i = tid; i < (G + 1) * H; i += kThreads) {  // a thread a pair (d, d + D / 2) of one head
+    const int h = i / H, d = i % H;
+    float* x = fq + h * D;
+    const uint16_t* w = h < G ? a.q_norm : a.k_norm;
+    float x1 = x[d] * inv[h], x2 = x[d + H] * inv[h];
+    if (w != nullptr) {
+      x1 *= Half(w[d]);
+      x2 *= Half(w[d + H]);
+    }
+    float y1 = x1, y2 = x2;
+    if (a.cos != nullptr) {
+      const float c = Half(a.cos[pos * H + d]), s = Half(a.sin[pos * H + d]);
+      y1 = x1 * c - x2 * s;
+      y2 = x2 * c + x1 * s;
+    }
+    if (h < G) {
+      x[d] = y1 * a.scale;
+      x[d + H] = y2 * a.scale;
+    } else {  // the key as the pool keeps it
+      x[d] = Half(ToHalf(y1));
+      x[d + H] = Half(ToHalf(y2));
+    }
+  }
+  __syncthreads();
+  if (writes) {
+    const int64_t at = a.slot_mapping[token] * a.num_kv_heads * D + kvh * D;
+    for (int d = tid; d < D; d += kThreads) {
+      const_cast<uint16_t*>(a.k_pool)[at + d] = ToHalf(fk[d]);
+      const_cast<uint16_t*>(a.v_pool)[at + d] = ToHalf(fv[d]);
+    }
   }
 }
 
-__device__ float Half(uint16_t v) { return __half2float(__ushort_as_half(v)); }
-__device__ uint16_t ToHalf(float v) { return __half_as_ushort(__float2half(v)); }
-
-__device__ float Softcap(const BlockAttentionCudaArgs& a, float s) { return a.softcap > 0.0f ? a.softcap * tanhf(s / a.softcap) : s; }
-
 // D: head_dim; G: query heads a block (a divisor of the group size). T = D / 8 lanes hold one key row.
-template <int D, int G>
+// kFused: BlockAttentionQKV (the prologue first; q, the new k and v from shared memory).
+template <int D, int G, bool kFused>
 __global__ void __launch_bounds__(kThreads) DecodeKernel(BlockAttentionCudaArgs a, int chunks, int splits, int keys_per_split,
                                                          float* __restrict__ part, float* __restrict__ part_ml) {
   constexpr int T = D / 8, KG = kThreads / T;
@@ -78,6 +98,7 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(BlockAttentionCudaArgs 
   const int region = max(G * keys_per_split, kWarps * G * D);
   int64_t* slots = reinterpret_cast<int64_t*>(smem + (region + 1) / 2 * 2);  // [keys_per_split]
   float* stats = reinterpret_cast<float*>(slots + keys_per_split);         // m [G], l [G]
+  float* fq = stats + 2 * G;                                               // kFused: kPrologueFloats
 
   const int64_t token = blockIdx.y, row = token / a.seq;
   const int kvh = blockIdx.x / chunks, head0 = kvh * (a.num_heads / a.num_kv_heads) + (blockIdx.x % chunks) * G;
@@ -88,6 +109,8 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(BlockAttentionCudaArgs 
   const int64_t end_all = vis.hi, end = begin + keys_per_split < end_all ? begin + keys_per_split : end_all;
   const int n = end > begin ? static_cast<int>(end - begin) : 0;
   const int tid = threadIdx.x, sub = tid % T, kg = tid / T, lane = tid & 31, warp = tid >> 5;
+  const int64_t own = a.positions[token];  // kFused: the key of this step's token, in shared memory
+  if constexpr (kFused) Prologue<D, G>(a, token, kvh, head0, blockIdx.x % chunks == 0 && split == 0, fq);
 
   if (n == 0) {  // nothing visible in this split
     if (splits > 1) {
@@ -104,16 +127,29 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(BlockAttentionCudaArgs 
 
   float q[G][8];
 #pragma unroll
-  for (int g = 0; g < G; ++g) Load8(a.q + (token * a.num_heads + head0 + g) * D + sub * 8, q[g]);
+  for (int g = 0; g < G; ++g) {
+    if constexpr (kFused) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q[g][e] = fq[g * D + sub * 8 + e];
+    } else {
+      Load8(a.q + (token * a.num_heads + head0 + g) * D + sub * 8, q[g]);
+    }
+  }
   const int64_t row_stride = static_cast<int64_t>(a.num_kv_heads) * D;
 
   // phase 1: scores
   for (int j0 = 0; j0 < n; j0 += KG) {  // every lane the same trips: the shuffles need the whole warp
     const int j = j0 + kg;
     const bool valid = j < n;
-    const int64_t slot = valid ? Slot(a, row, first, begin + j) : 0;
+    const bool is_own = kFused && valid && begin + j == own;
+    const int64_t slot = is_own ? -1 : valid ? Slot(a, row, first, begin + j) : 0;
     float k[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (valid) Load8(a.k_pool + slot * row_stride + kvh * D + sub * 8, k);
+    if (is_own) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) k[e] = fq[G * D + sub * 8 + e];
+    } else if (valid) {
+      Load8(a.k_pool + slot * row_stride + kvh * D + sub * 8, k);
+    }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       float s = 0.0f;
@@ -156,7 +192,12 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(BlockAttentionCudaArgs 
   }
   for (int j = kg; j < n; j += KG) {
     float v[8];
-    Load8(a.v_pool + slots[j] * row_stride + kvh * D + sub * 8, v);
+    if (kFused && slots[j] < 0) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = fq[(G + 1) * D + sub * 8 + e];
+    } else {
+      Load8(a.v_pool + slots[j] * row_stride + kvh * D + sub * 8, v);
+    }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       const float p = scores[g * keys_per_split + j];
@@ -224,71 +265,6 @@ __global__ void CombineKernel(const float* __restrict__ part, const float* __res
   }
 }
 
-// Prefill chunks (seq > 1): one block a (token, query head), every visible key's score in shared
-// memory (up to kPrefillKeys; longer spans in passes with a running max and sum), a thread a
-// dimension for p·v. Correct and simple, not fast: the decode rows are the ones that run every step.
-constexpr int kPrefillKeys = 2048;
-
-__global__ void __launch_bounds__(kThreads) PrefillKernel(BlockAttentionCudaArgs a) {
-  __shared__ float scores[kPrefillKeys];
-  __shared__ float red[kWarps];
-  const int64_t token = blockIdx.y, row = token / a.seq;
-  const int head = blockIdx.x, kvh = head / (a.num_heads / a.num_kv_heads);
-  const int D = a.head_dim, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t first = a.first_block != nullptr ? a.first_block[row] * a.block_size : 0;
-  const Visible vis = VisibleKeys(a, token, first);
-  const uint16_t* q = a.q + (token * a.num_heads + head) * D;
-  const int64_t row_stride = static_cast<int64_t>(a.num_kv_heads) * D;
-  float m = -INFINITY, l = 0.0f;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // dimensions tid, tid + 128, ... (head_dim <= 512)
-  for (int64_t base = vis.lo; base < vis.hi; base += kPrefillKeys) {
-    const int n = static_cast<int>(vis.hi - base < kPrefillKeys ? vis.hi - base : kPrefillKeys);
-    for (int j = warp; j < n; j += kWarps) {  // a warp a key
-      const uint16_t* k = a.k_pool + Slot(a, row, first, base + j) * row_stride + kvh * D;
-      float s = 0.0f;
-      for (int d = lane; d < D; d += 32) s += Half(q[d]) * Half(k[d]);
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0) scores[j] = Softcap(a, s);
-    }
-    __syncthreads();
-    float mx = -INFINITY;
-    for (int j = tid; j < n; j += kThreads) mx = fmaxf(mx, scores[j]);
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    mx = red[0];
-    for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red[w]);
-    const float m_new = fmaxf(m, mx), rescale = m == -INFINITY ? 0.0f : __expf(m - m_new);
-    __syncthreads();
-    float part_l = 0.0f;
-    for (int j = tid; j < n; j += kThreads) {
-      const float p = __expf(scores[j] - m_new);
-      scores[j] = p;
-      part_l += p;
-    }
-    for (int o = 16; o > 0; o >>= 1) part_l += __shfl_xor_sync(0xffffffffu, part_l, o);
-    if (lane == 0) red[warp] = part_l;
-    __syncthreads();
-    part_l = 0.0f;
-    for (int w = 0; w < kWarps; ++w) part_l += red[w];
-    l = l * rescale + part_l;
-    for (int i = 0; i < 4; ++i) {
-      const int d = tid + i * kThreads;
-      if (d >= D) break;
-      float total = acc[i] * rescale;
-      for (int j = 0; j < n; ++j) total += scores[j] * Half(a.v_pool[Slot(a, row, first, base + j) * row_stride + kvh * D + d]);
-      acc[i] = total;
-    }
-    m = m_new;
-    __syncthreads();
-  }
-  for (int i = 0; i < 4; ++i) {
-    const int d = tid + i * kThreads;
-    if (d >= D) break;
-    a.out[(token * a.num_heads + head) * D + d] = ToHalf(l > 0.0f ? acc[i] / l : 0.0f);
-  }
-}
-
 struct Plan {
   int chunk;           // query heads a block
   int splits, keys_per_split;
@@ -316,9 +292,11 @@ template <int D, int G>
 int LaunchDecode(const BlockAttentionCudaArgs& a, const Plan& plan, void* workspace, cudaStream_t stream) {
   const int chunks = static_cast<int>(a.num_heads / a.num_kv_heads) / G;
   const int region = std::max(G * plan.keys_per_split, kWarps * G * D);
+  const bool fused = a.qkv != nullptr;
   const size_t shared = static_cast<size_t>((region + 1) / 2 * 2) * sizeof(float) +
-                        static_cast<size_t>(plan.keys_per_split) * sizeof(int64_t) + 2 * G * sizeof(float);
-  auto kernel = DecodeKernel<D, G>;
+                        static_cast<size_t>(plan.keys_per_split) * sizeof(int64_t) +
+                        (2 * G + (fused ? kPrologueFloats<D, G> : 0)) * sizeof(float);
+  auto kernel = fused ? DecodeKernel<D, G, true> : DecodeKernel<D, G, false>;
   if (shared > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
   const dim3 grid(static_cast<unsigned>(a.num_kv_heads * chunks), static_cast<unsigned>(a.batch * a.seq),
                   static_cast<unsigned>(plan.splits));
@@ -347,7 +325,8 @@ int DispatchGroups(const BlockAttentionCudaArgs& a, const Plan& plan, void* work
 bool BlockAttentionCudaSupports(int64_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
 size_t BlockAttentionCudaWorkspace(const BlockAttentionCudaArgs& a, int sm_count) {
-  if (a.seq != 1 || a.batch == 0) return 0;
+  if (a.batch == 0) return 0;
+  if (a.seq != 1) return a.qkv != nullptr ? static_cast<size_t>(a.batch * a.seq * a.num_heads * a.head_dim) * sizeof(uint16_t) : 0;
   const Plan plan = MakePlan(a, sm_count);
   if (plan.splits == 1) return 0;
   const size_t heads = static_cast<size_t>(a.batch * a.num_heads) * plan.splits;
@@ -357,11 +336,7 @@ size_t BlockAttentionCudaWorkspace(const BlockAttentionCudaArgs& a, int sm_count
 int BlockAttentionCuda(const BlockAttentionCudaArgs& a, int sm_count, void* workspace, void* stream) {
   if (a.batch == 0 || a.seq == 0) return cudaSuccess;
   auto s = static_cast<cudaStream_t>(stream);
-  if (a.seq > 1) {
-    const dim3 grid(static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.batch * a.seq));
-    PrefillKernel<<<grid, kThreads, 0, s>>>(a);
-    return static_cast<int>(cudaGetLastError());
-  }
+  if (a.seq > 1) return LaunchPrefill(a, workspace, s);
   const Plan plan = MakePlan(a, sm_count);
   switch (a.head_dim) {
     case 64: return DispatchGroups<64>(a, plan, workspace, s);

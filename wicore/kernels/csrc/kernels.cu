@@ -155,4 +155,8 @@ int GatedActivationCuda(const uint16_t* gate_up, Activation act, int64_t rows, i
 
 const char* CudaErrorString(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 
+int CudaCopyAsync(void* dst, const void* src, size_t bytes, void* stream) {
+  return static_cast<int>(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+}
+
 }  // namespace wicore

@@ -20,6 +20,14 @@
 //                   -> f32 [b, s, nh * hd]: grouped-query attention over the row's blocks where they lie, causal,
 //                   in the context, in the window; q carries the scale; softcap where set (CPU, attention_cpu.cc;
 //                   CUDA in float16 in and out, float32 inside: attention.cu)
+//   BlockAttentionQKV (qkv [b, s, (nh + 2 kvh) * hd], k/v pools, block_tables, positions, slot_mapping i64 [b, s],
+//                   past_seqlens i32 [b], cos / sin [max_position, hd / 2] | null, q_norm / k_norm [hd] | null;
+//                   attributes scale, epsilon as well)
+//                   -> out as BlockAttention, and the pools with the step's K/V written at slot_mapping (in place
+//                   where the output is bound to the input): BlockAttention with its prologue inside. Per token q, k
+//                   split from qkv; q, k RMSNormed per head with their weights (where given, in float32); rotate-half
+//                   RoPE at the token's position (where the caches are given); q times scale; k, v written to the
+//                   pools; context_lens = past_seqlens + s. (CPU: attention_qkv_cpu.cc; CUDA: attention.cu.)
 //
 // rms(v) = v / sqrt(mean(v^2) + epsilon), in float32. A half is passed as its 16 bits.
 #pragma once
@@ -88,6 +96,21 @@ struct BlockAttentionArgs {
   bool avx2;                  // the AVX2 + FMA path (where head_dim is a multiple of 8), else the scalar one
 };
 
+// BlockAttentionQKV's prologue (attention_qkv_cpu.cc): q [b * s, nh, hd] normed, rotated and scaled, k and v
+// written into the pools (which already hold the input's blocks).
+struct QKVPrologueArgs {
+  const float* qkv;           // [batch * seq, (num_heads + 2 num_kv_heads) * head_dim]
+  const int64_t* positions;   // [batch * seq]
+  const int64_t* slot_mapping;  // [batch * seq]: block * block_size + offset, each in the pool
+  const float* cos;           // [max_position, head_dim / 2] or null: no rotation
+  const float* sin;
+  const float* q_norm;        // [head_dim] or null: no q / k norm
+  const float* k_norm;
+  int64_t tokens, num_heads, num_kv_heads, head_dim;
+  float scale, epsilon;
+};
+void BlockAttentionQKVPrologueCpu(const QKVPrologueArgs& args, float* q, float* k_pool, float* v_pool);
+
 bool BlockAttentionHasAvx2();
 // Tasks [task_begin, task_end) of BlockAttentionTasks: (row, KV head, a chunk of the row's tokens).
 int64_t BlockAttentionTasks(const BlockAttentionArgs& args);
@@ -115,11 +138,12 @@ int ResidualRMSNormCuda(const float* x, const uint16_t* h, const float* w_post, 
                         int64_t rows, int64_t hidden, uint16_t* y, float* sum, void* stream);
 int GatedActivationCuda(const uint16_t* gate_up, Activation act, int64_t rows, int64_t inter, uint16_t* out, void* stream);
 const char* CudaErrorString(int code);
+int CudaCopyAsync(void* dst, const void* src, size_t bytes, void* stream);  // device to device, on `stream`
 
 // BlockAttention in float16 (attention.cu): q [batch * seq, num_heads, head_dim], pools and out as
 // BlockAttentionArgs, every pointer on the device, a half as its 16 bits; the same semantics.
 struct BlockAttentionCudaArgs {
-  const uint16_t* q;
+  const uint16_t* q;  // BlockAttentionQKV: the workspace's q (prefill chunks), unused in decode
   const uint16_t* k_pool;
   const uint16_t* v_pool;
   const int64_t* block_tables;
@@ -129,11 +153,22 @@ struct BlockAttentionCudaArgs {
   uint16_t* out;
   int64_t batch, seq, num_heads, num_kv_heads, head_dim, block_size, max_blocks, window;
   float softcap;
+  // BlockAttentionQKV (qkv not null): the prologue's inputs (QKVPrologueArgs, in float16); the pools are
+  // written (k_pool, v_pool point to the op's outputs) and context_lens is null (past_seqlens + seq).
+  const uint16_t* qkv = nullptr;
+  const int64_t* slot_mapping = nullptr;
+  const int32_t* past_seqlens = nullptr;
+  const uint16_t* cos = nullptr;
+  const uint16_t* sin = nullptr;
+  const uint16_t* q_norm = nullptr;
+  const uint16_t* k_norm = nullptr;
+  float scale = 1.0f, epsilon = 0.0f;
 };
 bool BlockAttentionCudaSupports(int64_t head_dim);  // 64, 128 or 256
 int CudaSmCount();  // the current device's SMs (the split-KV plan fills them)
 bool CudaIsDevicePointer(const void* p);
-// Bytes of device workspace BlockAttentionCuda needs (0: none; then `workspace` may be null).
+// Bytes of device workspace BlockAttentionCuda needs (0: none; then `workspace` may be null); BlockAttentionQKV's
+// prefill chunks also keep their q there.
 size_t BlockAttentionCudaWorkspace(const BlockAttentionCudaArgs& args, int sm_count);
 int BlockAttentionCuda(const BlockAttentionCudaArgs& args, int sm_count, void* workspace, void* stream);
 #endif

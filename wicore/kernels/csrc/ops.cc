@@ -7,10 +7,6 @@
 // that version too (the API only appends). A CUDA kernel launches on the stream ONNX Runtime hands
 // the node (KernelContext_GetGPUComputeStream): it allocates nothing, never synchronizes and
 // copies nothing to the host, so a CUDA EP session can capture it in a CUDA graph.
-#define ORT_API_MANUAL_INIT
-#include "onnxruntime/onnxruntime_cxx_api.h"
-#undef ORT_API_MANUAL_INIT
-
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
@@ -18,27 +14,12 @@
 #include <vector>
 
 #include "kernels.h"
+#include "ops_common.h"
 
 namespace {
 
+using namespace wicore::ops;
 constexpr const char* kDomain = "wicore";
-constexpr const char* kCuda = "CUDAExecutionProvider";
-
-using Type = ONNXTensorElementDataType;
-constexpr Type kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-constexpr Type kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-
-void Check(bool ok, const std::string& message) {
-  if (!ok) ORT_CXX_API_THROW(message, ORT_INVALID_ARGUMENT);
-}
-
-int64_t LastDim(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape.back(); }
-
-int64_t Rows(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (size_t i = 0; i + 1 < shape.size(); ++i) n *= shape[i];
-  return n;
-}
 
 // -- residual add + RMSNorm ---------------------------------------------------------------
 struct ResidualNormKernel {
@@ -255,139 +236,6 @@ struct GatedF32Op : Ort::CustomOpBase<GatedF32Op, GatedF32Kernel> {
   Type GetOutputType(size_t) const { return kF32; }
 };
 
-// -- attention over the paged KV pools (CPU) ---------------------------------------------------
-// CPU: float32, block ids checked against the pool. CUDA (attention.cu): float16, the tables stay on the
-// device unread by the host (an id outside the pool is the caller's error, as for ORT's PagedAttention).
-struct BlockAttentionKernel {
-  BlockAttentionKernel(const OrtKernelInfo* info, bool cuda) : cuda_(cuda) {
-    Ort::ConstKernelInfo k(info);
-    num_heads_ = k.GetAttribute<int64_t>("num_heads");
-    num_kv_heads_ = k.GetAttribute<int64_t>("num_kv_heads");
-    window_ = k.GetAttribute<int64_t>("window");
-    softcap_ = k.GetAttribute<float>("softcap");
-    avx2_ = wicore::BlockAttentionHasAvx2() && std::getenv("WICORE_ATTENTION_SCALAR") == nullptr;
-    Check(num_kv_heads_ > 0 && num_heads_ % num_kv_heads_ == 0, "wicore BlockAttention: num_heads must be a multiple of num_kv_heads");
-    Check(window_ >= 0 && softcap_ >= 0.0f, "wicore BlockAttention: window and softcap must not be negative");
-  }
-
-  struct Work {
-    const wicore::BlockAttentionArgs* args;
-    int64_t chunk, num_tasks;
-  };
-
-  static void Run(void* data, size_t i) {
-    const auto* w = static_cast<const Work*>(data);
-    const int64_t begin = static_cast<int64_t>(i) * w->chunk;
-    wicore::BlockAttentionCpu(*w->args, begin, std::min(begin + w->chunk, w->num_tasks));
-  }
-
-  void Compute(OrtKernelContext* context) {
-    Ort::KernelContext ctx(context);
-    auto q = ctx.GetInput(0), k = ctx.GetInput(1), v = ctx.GetInput(2), tables = ctx.GetInput(3);
-    auto positions = ctx.GetInput(4), lens = ctx.GetInput(5), first = ctx.GetInput(6);
-    const auto pshape = positions.GetTensorTypeAndShapeInfo().GetShape();
-    const auto kshape = k.GetTensorTypeAndShapeInfo().GetShape();
-    const auto tshape = tables.GetTensorTypeAndShapeInfo().GetShape();
-    Check(pshape.size() == 2, "wicore BlockAttention: positions are [batch, seq]");
-    const int64_t batch = pshape[0], seq = pshape[1];
-    Check(kshape.size() == 4 && kshape[2] == num_kv_heads_ && v.GetTensorTypeAndShapeInfo().GetShape() == kshape,
-          "wicore BlockAttention: the pools are not [blocks, block_size, num_kv_heads, head_dim] alike");
-    const int64_t num_blocks = kshape[0], block_size = kshape[1], hd = kshape[3];
-    Check(q.GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(batch * seq * num_heads_ * hd),
-          "wicore BlockAttention: q is not [batch, seq, num_heads * head_dim]");
-    Check(tshape.size() == 2 && tshape[0] == batch, "wicore BlockAttention: block_tables are not [batch, max_blocks]");
-    Check(lens.GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(batch),
-          "wicore BlockAttention: context_lens are not [batch]");
-    const int64_t* fp = nullptr;
-    if (first != nullptr) {
-      Check(first.GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(batch),
-            "wicore BlockAttention: first_block is not [batch]");
-      fp = first.GetTensorData<int64_t>();
-    }
-    const int64_t* tp = tables.GetTensorData<int64_t>();
-    if (cuda_) {
-      ComputeCuda(ctx, q, k, v, tp, positions.GetTensorData<int64_t>(), lens.GetTensorData<int64_t>(), fp,
-                  {batch, seq, num_heads_, num_kv_heads_, hd, block_size, tshape[1]});
-      return;
-    }
-    for (int64_t i = 0; i < batch * tshape[1]; ++i) {
-      Check(tp[i] >= 0 && tp[i] < num_blocks, "wicore BlockAttention: a block table names a block outside the pool");
-    }
-    auto out = ctx.GetOutput(0, {batch, seq, num_heads_ * hd});
-    const wicore::BlockAttentionArgs args{q.GetTensorData<float>(), k.GetTensorData<float>(), v.GetTensorData<float>(), tp,
-                                          positions.GetTensorData<int64_t>(), lens.GetTensorData<int64_t>(), fp,
-                                          out.GetTensorMutableData<float>(), batch, seq, num_heads_, num_kv_heads_, hd,
-                                          block_size, tshape[1], window_, softcap_, avx2_};
-    const int64_t num_tasks = wicore::BlockAttentionTasks(args);
-    if (num_tasks == 0) return;
-    const int64_t chunk = std::max<int64_t>(1, num_tasks / 64);
-    Work work{&args, chunk, num_tasks};
-    ctx.ParallelFor(&Run, static_cast<size_t>((num_tasks + chunk - 1) / chunk), 0, &work);
-  }
-
-  struct Dims {
-    int64_t batch, seq, num_heads, num_kv_heads, head_dim, block_size, max_blocks;
-  };
-
-  // The float16 kernels on ORT's stream; split-KV partials in a workspace from ORT's CUDA allocator
-  // (its arena: no cudaMalloc once warm, so a CUDA graph captures the launch).
-  void ComputeCuda(Ort::KernelContext& ctx, const Ort::ConstValue& q, const Ort::ConstValue& k, const Ort::ConstValue& v,
-                   const int64_t* tables, const int64_t* positions, const int64_t* lens, const int64_t* first, const Dims& d) {
-#ifdef WICORE_CUDA
-    Check(wicore::BlockAttentionCudaSupports(d.head_dim), "wicore BlockAttention (CUDA): head_dim must be 64, 128 or 256");
-    auto out = ctx.GetOutput(0, {d.batch, d.seq, d.num_heads * d.head_dim});
-    const auto half = [](const Ort::ConstValue& t) { return reinterpret_cast<const uint16_t*>(t.GetTensorData<Ort::Float16_t>()); };
-    const wicore::BlockAttentionCudaArgs args{half(q), half(k), half(v), tables, positions, lens, first,
-                                              reinterpret_cast<uint16_t*>(out.GetTensorMutableData<Ort::Float16_t>()),
-                                              d.batch, d.seq, d.num_heads, d.num_kv_heads, d.head_dim, d.block_size,
-                                              d.max_blocks, window_, softcap_};
-    if (sm_count_ == 0) sm_count_ = wicore::CudaSmCount();
-    const size_t bytes = wicore::BlockAttentionCudaWorkspace(args, sm_count_);
-    void* workspace = nullptr;
-    Ort::Allocator allocator{nullptr};
-    if (bytes > 0) {
-      int device = 0;
-      Ort::ConstMemoryInfo info = q.GetTensorMemoryInfo();
-      device = info.GetDeviceId();
-      Ort::MemoryInfo cuda("Cuda", OrtArenaAllocator, device, OrtMemTypeDefault);
-      allocator = ctx.GetAllocator(*cuda);
-      workspace = allocator.Alloc(bytes);
-      if (!checked_) {
-        Check(wicore::CudaIsDevicePointer(workspace), "wicore BlockAttention: ORT's CUDA allocator gave no device memory");
-        checked_ = true;
-      }
-    }
-    const int err = wicore::BlockAttentionCuda(args, sm_count_, workspace, ctx.GetGPUComputeStream());
-    if (workspace != nullptr) allocator.Free(workspace);  // the arena hands it out again on this stream only after the kernels
-    Check(err == 0, std::string("wicore BlockAttention: ") + wicore::CudaErrorString(err));
-#else
-    (void)ctx, (void)q, (void)k, (void)v, (void)tables, (void)positions, (void)lens, (void)first, (void)d;
-#endif
-  }
-
-  bool cuda_, checked_ = false;
-  int sm_count_ = 0;
-  int64_t num_heads_, num_kv_heads_, window_;
-  float softcap_;
-  bool avx2_;
-};
-
-struct BlockAttentionOp : Ort::CustomOpBase<BlockAttentionOp, BlockAttentionKernel> {
-  explicit BlockAttentionOp(bool cuda) : cuda_(cuda) {}
-  void* CreateKernel(const OrtApi&, const OrtKernelInfo* info) const { return new BlockAttentionKernel(info, cuda_); }
-  const char* GetName() const { return "BlockAttention"; }
-  const char* GetExecutionProviderType() const { return cuda_ ? kCuda : nullptr; }
-  size_t GetInputTypeCount() const { return 7; }
-  Type GetInputType(size_t i) const { return i < 3 ? (cuda_ ? kF16 : kF32) : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64; }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i == 6 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
-  }
-  size_t GetOutputTypeCount() const { return 1; }
-  Type GetOutputType(size_t) const { return cuda_ ? kF16 : kF32; }
-
-  bool cuda_;
-};
-
 // The ops live as long as the process: a session holds pointers to them.
 std::vector<OrtCustomOp*>* MakeOps() {
   auto* ops = new std::vector<OrtCustomOp*>;
@@ -400,7 +248,7 @@ std::vector<OrtCustomOp*>* MakeOps() {
     ops->push_back(new ResidualNormOp(true, cuda));
     ops->push_back(new GatedOp(wicore::Activation::kGeluTanh, cuda));
     ops->push_back(new GatedOp(wicore::Activation::kSilu, cuda));
-    ops->push_back(new BlockAttentionOp(cuda));
+    wicore::ops::AddAttentionOps(ops, cuda);
   }
   ops->push_back(new MatMulQOp());  // CPU only
   ops->push_back(new GatedF32Op());
