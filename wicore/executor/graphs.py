@@ -102,7 +102,11 @@ class ModelGraphs:
                 "CUDA graphs need an export with --attention paged, every partition on one cuda device "
                 f"(over several cards they are experimental: {SPLIT_GRAPHS_ENV}=device or host)"
             )
-        opts = session_options(num_threads, profile_prefix, self.devices)
+        # Steps in flight replay one card's graphs while other threads allocate on it (the handoff's
+        # copy, the sampling head): the graphs' scratch, which a shared arena counts as free between
+        # runs, must be the partition sessions' own (wicore.executor.cuda_graphs).
+        replays_in_flight = bool(cuda_graphs) and several and self.pipeline_groups > 1
+        opts = session_options(num_threads, profile_prefix, self.devices, share_arena=not replays_in_flight)
         if manifest.kernels == "wicore":
             opts.register_custom_ops_library(str(kernel_library(self.devices)))
         self.sessions = [
@@ -154,9 +158,11 @@ class ModelGraphs:
 
     def _handoff_device(self, partition: int) -> tuple[str, int]:
         """Where partition `partition` writes its hidden states: the next partition's device if
-        that is host memory or its own device, else its own device."""
+        that is host memory or its own device, else host memory (a session has no allocator for
+        another card). Not its own device: with steps in flight its next run may be a replayed CUDA
+        graph whose scratch is where the arena put that buffer (wicore.executor.cuda_graphs)."""
         own, nxt = self.devices[partition].ort_device, self.devices[partition + 1].ort_device
-        return nxt if nxt[0] == "cpu" or nxt == own else own
+        return nxt if nxt[0] == "cpu" or nxt == own else ("cpu", 0)
 
     def run(
         self,
@@ -208,8 +214,8 @@ class ModelGraphs:
         record, session = self.manifest.partitions[i], self.sessions[i]
         binding = session.io_binding()
         # Hidden states go straight to the next partition's device when this session can
-        # write there (its own device, or host memory); between two accelerators they pass
-        # through the host, since a session has no allocator for another card.
+        # write there (its own device, or host memory); between two accelerators they are
+        # written to the host, since a session has no allocator for another card.
         results = self._result_devices(i, record, want_logits, sampling is not None)
         for name, device in results.items():
             binding.bind_output(name, *device)
