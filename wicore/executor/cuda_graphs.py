@@ -43,9 +43,16 @@ captures in CUDA's global mode, in which another thread's copy or allocation fai
 that look like decode rows with a past, and on the workers that will replay it: the CUDA EP keeps
 its graphs per thread (its PerThreadContext), so a graph captured on another thread is not found
 there, and the worker would capture its own while the other worker and the groups' threads copy
-(the "capture invalidated" and cuDNN "invalid device context" failures of the first runs). One
-slot is captured as on one card: on the first real decode step of each bucket, on the thread that
-runs every step.
+(the "capture invalidated" and cuDNN "invalid device context" failures of the first runs). The
+partitions' sessions then keep an arena of their own (wicore.executor.graphs): a graph replays into
+the scratch it was captured with, which a shared arena counts as free between runs and could hand
+to the handoff's copy or the sampling head on another thread while that replay runs (seen on two
+H200s: one step in eight handed on other hidden states). One slot is captured as on one card: on
+the first real decode step of each bucket, on the thread that runs every step.
+
+On two H200s (tools/check_split_graphs_gpu.py, 2026-11-28 18:00 UTC) whole steps with the handoff
+bound each step give the uncaptured split's logits; groups in flight with the fixes after that run
+have not run on two cards yet.
 """
 
 from __future__ import annotations
