@@ -190,3 +190,15 @@ def test_cuda_graphs_over_several_cards_stay_off_unless_switched_on(monkeypatch)
     monkeypatch.setenv(SPLIT_GRAPHS_ENV, "nvlink")
     with pytest.raises(DeviceError, match="WICORE_SPLIT_CUDA_GRAPHS=nvlink: choose one of device, host"):
         split_graphs()
+
+
+def test_hidden_states_cross_cards_through_the_host_where_graphs_replay_in_flight():
+    """Between two cards partition 0 writes its hidden states on its own card for the next worker to
+    read, except where CUDA graphs replay with steps in flight: there a replay on that card could run
+    in the buffer's place before it is read, so the run writes them to the host."""
+    cards = [SimpleNamespace(ort_device=("cuda", 0)), SimpleNamespace(ort_device=("cuda", 1))]
+    for in_flight, want in ((False, ("cuda", 0)), (True, ("cpu", 0))):
+        graphs = SimpleNamespace(devices=cards, replays_in_flight=in_flight)
+        assert ModelGraphs._handoff_device(graphs, 0) == want  # type: ignore[arg-type]
+    same = SimpleNamespace(devices=[cards[0], cards[0]], replays_in_flight=True)
+    assert ModelGraphs._handoff_device(same, 0) == ("cuda", 0)  # type: ignore[arg-type]

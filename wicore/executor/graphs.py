@@ -106,8 +106,8 @@ class ModelGraphs:
         # Steps in flight replay one card's graphs while other threads allocate on it (the handoff's
         # copy, the sampling head): the graphs' scratch, which a shared arena counts as free between
         # runs, must be the partition sessions' own (wicore.executor.cuda_graphs).
-        replays_in_flight = bool(cuda_graphs) and several and self.pipeline_groups > 1
-        opts = session_options(num_threads, profile_prefix, self.devices, share_arena=not replays_in_flight)
+        self.replays_in_flight = bool(cuda_graphs) and several and self.pipeline_groups > 1
+        opts = session_options(num_threads, profile_prefix, self.devices, share_arena=not self.replays_in_flight)
         if manifest.kernels == "wicore":
             opts.register_custom_ops_library(str(kernel_library(self.devices)))
         self.sessions = [
@@ -159,11 +159,14 @@ class ModelGraphs:
 
     def _handoff_device(self, partition: int) -> tuple[str, int]:
         """Where partition `partition` writes its hidden states: the next partition's device if
-        that is host memory or its own device, else host memory (a session has no allocator for
-        another card). Not its own device: with steps in flight its next run may be a replayed CUDA
-        graph whose scratch is where the arena put that buffer (wicore.executor.cuda_graphs)."""
+        that is host memory or its own device, else its own device (a session has no allocator for
+        another card), or host memory where graphs replay with steps in flight: that worker's next
+        run may be a replayed CUDA graph whose scratch is where the arena put the buffer, before the
+        next card's worker reads it (wicore.executor.cuda_graphs)."""
         own, nxt = self.devices[partition].ort_device, self.devices[partition + 1].ort_device
-        return nxt if nxt[0] == "cpu" or nxt == own else ("cpu", 0)
+        if nxt[0] == "cpu" or nxt == own:
+            return nxt
+        return ("cpu", 0) if self.replays_in_flight else own
 
     def run(
         self,
@@ -215,8 +218,8 @@ class ModelGraphs:
         record, session = self.manifest.partitions[i], self.sessions[i]
         binding = session.io_binding()
         # Hidden states go straight to the next partition's device when this session can
-        # write there (its own device, or host memory); between two accelerators they are
-        # written to the host, since a session has no allocator for another card.
+        # write there (its own device, or host memory); between two accelerators they pass
+        # through the host, since a session has no allocator for another card.
         results = self._result_devices(i, record, want_logits, sampling is not None)
         for name, device in results.items():
             binding.bind_output(name, *device)
