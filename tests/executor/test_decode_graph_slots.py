@@ -97,6 +97,73 @@ def test_two_slots_replayed_from_two_threads_give_the_uncaptured_logits(tiny_exp
         graphs.close()
 
 
+class _Recorder:
+    """A session whose runs record the thread they ran on, around an ONNX Runtime session."""
+
+    def __init__(self, session, partition: int, runs: list[tuple[int, str]]) -> None:
+        self._session, self._partition, self._runs = session, partition, runs
+
+    def __getattr__(self, name: str):
+        return getattr(self._session, name)
+
+    def run_with_iobinding(self, binding, options=None) -> None:
+        self._runs.append((self._partition, threading.current_thread().name))
+        self._session.run_with_iobinding(binding, options)
+
+
+def test_slots_are_captured_on_the_workers_that_replay_them(tiny_export):
+    """The CUDA EP keeps captured graphs per thread: a graph captured on the thread that enables the
+    decode graphs would not be found on the pipeline worker that replays it (which would capture its
+    own, while other threads copy). So the up-front capture runs each partition on its worker, as
+    the replays do."""
+    folder, _ = tiny_export(2)
+    graphs = _graphs(folder, 2)
+    runs: list[tuple[int, str]] = []
+    try:
+        graphs.sessions = [_Recorder(s, i, runs) for i, s in enumerate(graphs.sessions)]
+        graphs.enable_decode_graphs(BS, 2, 4, 4, 16)
+        assert len(runs) == 2 * 2 * 2 * 3  # slots x buckets (1, 2 rows) x partitions x CAPTURE_RUNS
+        assert {name for i, name in runs if i == 0} == {"wicore-part0_0"}
+        assert {name for i, name in runs if i == 1} == {"wicore-part1_0"}
+        runs.clear()
+        graphs.run(build_batch([_row([5], 3, [1], 1)], BS))
+        assert [name for _, name in runs] == ["wicore-part0_0", "wicore-part1_0"]
+    finally:
+        graphs.close()
+
+
+class _Binding:
+    def __init__(self, events: list[tuple[str, ...]]) -> None:
+        self.events = events
+
+    def bind_ortvalue_input(self, name: str, value: str) -> None:
+        self.events.append(("input", name, value))
+
+    def bind_ortvalue_output(self, name: str, value: str) -> None:
+        self.events.append(("output", name, value))
+
+
+def test_the_handoff_binds_its_source_again_before_each_copy():
+    """ONNX Runtime copies an input bound on another device when it is bound (IOBinding::BindInput),
+    not when the session runs: a handoff bound once handed cuda:1 the bind-time hidden states at
+    every step (the wrong tokens of the split's first CUDA-graph runs). Each copy binds the source
+    again, then runs."""
+    from wicore.executor.cuda_graphs import _Handoff
+
+    events: list[tuple[str, ...]] = []
+    session = SimpleNamespace(io_binding=lambda: _Binding(events), run_with_iobinding=lambda b: events.append(("run",)))
+    handoff = _Handoff(session, "written on cuda:0", "read on cuda:1")
+    handoff()
+    handoff()
+    assert events == [
+        ("output", "x_out", "read on cuda:1"),
+        ("input", "x", "written on cuda:0"),
+        ("run",),
+        ("input", "x", "written on cuda:0"),
+        ("run",),
+    ]
+
+
 def test_the_handoff_session_copies_one_bound_buffer_into_another():
     """handoff_graph, bound as DecodeGraphs binds it between two cards' hidden-state buffers."""
     session = ort.InferenceSession(handoff_graph(TensorProto.FLOAT, ("rows", 1, 3)).SerializeToString())
@@ -123,3 +190,15 @@ def test_cuda_graphs_over_several_cards_stay_off_unless_switched_on(monkeypatch)
     monkeypatch.setenv(SPLIT_GRAPHS_ENV, "nvlink")
     with pytest.raises(DeviceError, match="WICORE_SPLIT_CUDA_GRAPHS=nvlink: choose one of device, host"):
         split_graphs()
+
+
+def test_hidden_states_cross_cards_through_the_host_where_graphs_replay_in_flight():
+    """Between two cards partition 0 writes its hidden states on its own card for the next worker to
+    read, except where CUDA graphs replay with steps in flight: there a replay on that card could run
+    in the buffer's place before it is read, so the run writes them to the host."""
+    cards = [SimpleNamespace(ort_device=("cuda", 0)), SimpleNamespace(ort_device=("cuda", 1))]
+    for in_flight, want in ((False, ("cuda", 0)), (True, ("cpu", 0))):
+        graphs = SimpleNamespace(devices=cards, replays_in_flight=in_flight)
+        assert ModelGraphs._handoff_device(graphs, 0) == want  # type: ignore[arg-type]
+    same = SimpleNamespace(devices=[cards[0], cards[0]], replays_in_flight=True)
+    assert ModelGraphs._handoff_device(same, 0) == ("cuda", 0)  # type: ignore[arg-type]

@@ -67,13 +67,18 @@ def onnxruntime() -> ModuleType:
 FPA_INTB_ENV = "ORT_FPA_INTB_GEMM"  # ONNX Runtime's own switch; when set, WiCore leaves the choice to it
 
 
-def session_options(num_threads: int | None, profile_prefix: str | None = None, devices: Sequence[Device] = ()) -> Any:
+def session_options(
+    num_threads: int | None, profile_prefix: str | None = None, devices: Sequence[Device] = (), share_arena: bool = True
+) -> Any:
     """Options of every WiCore session; `profile_prefix` turns on ONNX Runtime's profiler. Sessions on
-    the CUDA `devices` allocate from one arena a device (shared_cuda_arena)."""
+    the CUDA `devices` allocate from one arena a device (shared_cuda_arena) unless `share_arena` is
+    False (CUDA graphs replayed while other sessions allocate: wicore.executor.cuda_graphs)."""
     ort = onnxruntime()
     opts = ort.SessionOptions()
-    if os.environ.get(SHARED_ARENA_ENV, "1") != "0" and any(
-        shared_cuda_arena(int(d.index)) for d in devices if d.capability.shares_cuda_arena
+    if (
+        share_arena
+        and os.environ.get(SHARED_ARENA_ENV, "1") != "0"
+        and any(shared_cuda_arena(int(d.index)) for d in devices if d.capability.shares_cuda_arena)
     ):
         opts.add_session_config_entry("session.use_env_allocators", "1")
     if any(d.ort_device[0] == "cuda" for d in devices):

@@ -26,7 +26,11 @@ tokens than the uncaptured split) each capture their own graphs: a session captu
 device's work, so each partition replays its graph on its card, the step's inputs copied to each
 card, and the hidden states copied between the buffers bound on the two cards, `handoff` "device"
 by a one-node session on the next card (wicore.devices.micrographs.handoff_graph: ONNX Runtime
-copies an input bound on another device), "host" through a NumPy array:
+copies an input bound on another device), "host" through a NumPy array. ONNX Runtime makes that
+copy when the input is bound (IOBinding::BindInput), not when the session runs, so the handoff
+binds the source again before each run: bound once, every step's copy repeated the bind-time
+contents, and cuda:1 decoded stale hidden states (the wrong tokens of the first runs on two H200s,
+docs/PERFORMANCE.md):
 
     cuda:0  replay part-00 ──► hidden [rows, 1, H] ──copy──► cuda:1  hidden ──► replay part-01 ──► tokens
 
@@ -36,13 +40,19 @@ slot it first took (a group's step runs, and reads its outputs, on one thread), 
 replays go through the pipeline's workers, so while cuda:1 replays group A's step cuda:0 replays
 B's. Every such graph is captured when the graphs are enabled, one after another (ONNX Runtime
 captures in CUDA's global mode, in which another thread's copy or allocation fails), on padding rows
-that look like decode rows with a past. One slot is captured as on one card: on the first real
-decode step of each bucket.
+that look like decode rows with a past, and on the workers that will replay it: the CUDA EP keeps
+its graphs per thread (its PerThreadContext), so a graph captured on another thread is not found
+there, and the worker would capture its own while the other worker and the groups' threads copy
+(the "capture invalidated" and cuDNN "invalid device context" failures of the first runs). The
+partitions' sessions then keep an arena of their own (wicore.executor.graphs): a graph replays into
+the scratch it was captured with, which a shared arena counts as free between runs and could hand
+to the handoff's copy or the sampling head on another thread while that replay runs (seen on two
+H200s: one step in eight handed on other hidden states). One slot is captured as on one card: on
+the first real decode step of each bucket, on the thread that runs every step.
 
-On two H200s (2026-11-28) the split's captured steps, all captured up front on rows without a past
-and handed card to card by the session, gave other tokens than the uncaptured split from the first
-decode step on (docs/PERFORMANCE.md); what is here now (one slot captured on real rows, padding
-rows with a past, the handoff through the host as a choice) has not run on two cards yet.
+On two H200s (tools/check_split_graphs_gpu.py, 2026-11-28 18:00 UTC) whole steps with the handoff
+bound each step give the uncaptured split's logits; groups in flight with the fixes after that run
+have not run on two cards yet.
 """
 
 from __future__ import annotations
@@ -130,6 +140,8 @@ class _Bucket:
     inputs: StepInputs
     bindings: list[object]  # one IOBinding a partition, bound once
     handoffs: list[Callable[[], None] | None]  # after partition i: what copies its hidden states to the next card, or None
+    written: list[object]  # partition i's hidden states, on its device
+    read: list[object]  # partition i + 1's hidden-state input, on its device (written[i] itself on one device)
     outputs: dict[str, object]  # the last partition's: name -> OrtValue on its device (greedy, logits, draws)
 
 
@@ -233,10 +245,7 @@ class DecodeGraphs:
             if self.handoff == "host":  # a copy to the host and one back: 2 x rows x hidden x 4 bytes
                 handoffs[i] = functools.partial(_through_host, written[i], read[i])
             else:
-                copy = self._handoff_sessions[i].io_binding()  # type: ignore[attr-defined]
-                copy.bind_ortvalue_input("x", written[i])
-                copy.bind_ortvalue_output("x_out", read[i])
-                handoffs[i] = functools.partial(self._handoff_sessions[i].run_with_iobinding, copy)  # type: ignore[attr-defined]
+                handoffs[i] = _Handoff(self._handoff_sessions[i], written[i], read[i])
         bindings = []
         for i, (record, session) in enumerate(zip(graphs.manifest.partitions, graphs.sessions)):
             binding = session.io_binding()
@@ -254,21 +263,28 @@ class DecodeGraphs:
             else:
                 binding.bind_ortvalue_output(io.HIDDEN_STATES_OUT, written[i])
             bindings.append(binding)
-        return _Bucket(rows, graph_id, inputs, bindings, handoffs, outputs)
+        return _Bucket(rows, graph_id, inputs, bindings, handoffs, written, read, outputs)
 
     @property
     def num_slots(self) -> int:
         return len(self._slots)
 
     def _capture(self) -> None:
-        """Run every slot's every bucket CAPTURE_RUNS times on padding rows (the sink block), one after
-        another on this thread, so that ONNX Runtime captures each graph now and replays it after."""
+        """Run every slot's every bucket CAPTURE_RUNS times on padding rows (the sink block), one run
+        at a time, each partition's on the thread that will replay it (the pipeline's worker: the CUDA
+        EP finds a graph only on the thread that captured it), so that ONNX Runtime captures each
+        graph now, while nothing else runs, and replays it after."""
+        pipeline = self.graphs.pipeline
         for slot in self._slots:
             for bucket in slot:
                 self._write_padding(bucket.inputs)
                 for _ in range(CAPTURE_RUNS):
-                    for stage in self._stages(bucket):
-                        stage()
+                    stages = self._stages(bucket)
+                    if pipeline is not None:
+                        pipeline.run_in_order(stages)
+                    else:
+                        for stage in stages:
+                            stage()
 
     def _slot(self) -> list[_Bucket]:
         """The calling thread's slot: the one it took first. With several steps in flight each runs,
@@ -378,6 +394,23 @@ class DecodeGraphs:
             if name in inputs.shapes:
                 inputs.put(name, np.zeros((0,) * len(inputs.shapes[name][0])), fill)
         inputs.sync()
+
+
+class _Handoff:
+    """target = source, device buffers on two cards, by a handoff session on the target's card that
+    `source` is bound to again before each run: ONNX Runtime copies an input bound on another device
+    into one of its own when it is bound (IOBinding::BindInput), and a run reads that copy, so a
+    binding made once would hand on the bind-time contents at every step."""
+
+    def __init__(self, session: object, source: object, target: object) -> None:
+        self.session = session
+        self.source = source
+        self.binding = session.io_binding()  # type: ignore[attr-defined]
+        self.binding.bind_ortvalue_output("x_out", target)
+
+    def __call__(self) -> None:
+        self.binding.bind_ortvalue_input("x", self.source)  # the copy to the target's card, now
+        self.session.run_with_iobinding(self.binding)  # type: ignore[attr-defined]
 
 
 def _through_host(source: object, target: object) -> None:

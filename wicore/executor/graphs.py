@@ -48,7 +48,8 @@ SPLIT_GRAPHS_ENV = "WICORE_SPLIT_CUDA_GRAPHS"  # "device" | "host": CUDA graphs 
 def split_graphs() -> str | None:
     """How hidden states cross between cards in CUDA graphs over several cards (cuda_graphs.HANDOFFS),
     or None: such graphs are off. Off by default: on two H200s (2026-11-28, docs/PERFORMANCE.md) the
-    split's captured decode steps ran 1.7x faster than the uncaptured split's but gave other tokens."""
+    split's captured decode steps ran 1.7x faster than the uncaptured split's but gave other tokens
+    (the handoff bound once, since fixed: whole steps checked, groups in flight not yet on two cards)."""
     value = os.environ.get(SPLIT_GRAPHS_ENV, "").strip().lower()
     if value and value not in HANDOFFS:
         raise DeviceError(f"{SPLIT_GRAPHS_ENV}={value}: choose one of {', '.join(HANDOFFS)}, or leave it unset (off)")
@@ -102,7 +103,11 @@ class ModelGraphs:
                 "CUDA graphs need an export with --attention paged, every partition on one cuda device "
                 f"(over several cards they are experimental: {SPLIT_GRAPHS_ENV}=device or host)"
             )
-        opts = session_options(num_threads, profile_prefix, self.devices)
+        # Steps in flight replay one card's graphs while other threads allocate on it (the handoff's
+        # copy, the sampling head): the graphs' scratch, which a shared arena counts as free between
+        # runs, must be the partition sessions' own (wicore.executor.cuda_graphs).
+        self.replays_in_flight = bool(cuda_graphs) and several and self.pipeline_groups > 1
+        opts = session_options(num_threads, profile_prefix, self.devices, share_arena=not self.replays_in_flight)
         if manifest.kernels == "wicore":
             opts.register_custom_ops_library(str(kernel_library(self.devices)))
         self.sessions = [
@@ -154,9 +159,14 @@ class ModelGraphs:
 
     def _handoff_device(self, partition: int) -> tuple[str, int]:
         """Where partition `partition` writes its hidden states: the next partition's device if
-        that is host memory or its own device, else its own device."""
+        that is host memory or its own device, else its own device (a session has no allocator for
+        another card), or host memory where graphs replay with steps in flight: that worker's next
+        run may be a replayed CUDA graph whose scratch is where the arena put the buffer, before the
+        next card's worker reads it (wicore.executor.cuda_graphs)."""
         own, nxt = self.devices[partition].ort_device, self.devices[partition + 1].ort_device
-        return nxt if nxt[0] == "cpu" or nxt == own else own
+        if nxt[0] == "cpu" or nxt == own:
+            return nxt
+        return ("cpu", 0) if self.replays_in_flight else own
 
     def run(
         self,
