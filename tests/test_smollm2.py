@@ -4,7 +4,7 @@ transformers on the same GGUF: the chat prompt, its tokens and 64 greedy tokens.
 from __future__ import annotations
 
 import pytest
-from llama_cpp_peer import LLAMA_CPP_THREADS
+from llama_cpp_peer import LLAMA_CPP_THREADS, open_llama
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.graph.manifest import Manifest
@@ -85,19 +85,8 @@ def test_ort_quant_equals_hf_where_llama_cpp_does_not(smollm2, smollm2_gguf, hf_
     token differs: its Q8_1 activations); ort-quant's equal HF's on all three."""
     from test_gemma3_270m_quant import llama_greedy
 
-    llama_cpp = pytest.importorskip("llama_cpp")
-    default = llama_cpp.llama_cpp.llama_model_default_params
-
-    def plain():  # weights in plain CPU buffers where the build has AMX kernels: 0.3.36's segfault (test_gemma3_270m_quant)
-        params = default()
-        params.use_extra_bufts = b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info()
-        return params
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", plain)
-        llm = llama_cpp.Llama(
-            model_path=str(smollm2_gguf), n_ctx=512, n_threads=LLAMA_CPP_THREADS, logits_all=True, verbose=False
-        )
+    pytest.importorskip("llama_cpp")
+    llm = open_llama(smollm2_gguf, n_ctx=512, n_threads=LLAMA_CPP_THREADS, logits_all=True, verbose=False)
     theirs = [llama_greedy(llm, ids, 64) for ids in prompts]
     with Engine(EngineConfig(model_dir=smollm2("ort-quant"), num_threads=2, host_tier_gb=0)) as engine:
         ours = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=64))]

@@ -37,6 +37,7 @@ from llama_cpp_peer import (
     converter_or_skip,
     llama_cpp_greedy,
     num_agreeing,
+    open_llama,
     quantize,
     random_checkpoint,
 )
@@ -195,11 +196,7 @@ def test_ort_quant_agrees_with_hf_at_least_as_long_as_llama_cpp(checkpoint, cach
 
 def llama_cpp_argmax(gguf: Path, prompt: list[int]) -> np.ndarray:
     """llama.cpp's argmax at every position of one prompt (its logits of every token)."""
-    import llama_cpp
-
-    llm = llama_cpp.Llama(
-        model_path=str(gguf), n_ctx=1024, n_batch=512, n_threads=LLAMA_CPP_THREADS, logits_all=True, verbose=False
-    )
+    llm = open_llama(gguf, n_ctx=1024, n_batch=512, n_threads=LLAMA_CPP_THREADS, logits_all=True, verbose=False)
     try:
         llm.eval(prompt)
         return np.asarray(llm.scores[: len(prompt)]).argmax(-1)
