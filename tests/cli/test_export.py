@@ -38,3 +38,21 @@ def test_a_failed_verify_keeps_the_complete_export_and_says_so(tiny_model, tmp_p
     assert captured.out.strip().endswith("-> MISMATCH")
     assert f"wicore-export: {out} is a complete export (it loads and serves) that failed the check above" in captured.err
     Manifest.read(out).verify(out)  # every file there, as written
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--weight-bits", "4", "--expert-bits", "4"], "--expert-bits: this gemma3 model has no experts"),
+        (["--expert-bits", "4", "--op-flavour", "portable"], "--expert-bits needs quantized weights"),
+    ],
+    ids=["dense-model", "float-weights"],
+)
+def test_expert_bits_where_they_mean_nothing_are_one_line_errors(tiny_model, tmp_path, capsys, flags, message):
+    folder, _ = tiny_model()
+    out = tmp_path / "x"
+    capsys.readouterr()  # (the fixture's own output)
+    assert main(["--model", str(folder), "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not out.exists()
