@@ -47,7 +47,15 @@ class Compiler:
     def command(self, out: Path) -> list[str]:
         common = ["-std=c++17", "-shared", f"-I{INCLUDE}", f"-I{CSRC}", "-o", str(out)]
         sources = [
-            str(CSRC / name) for name in ("ops.cc", "kernels_cpu.cc", "matmul_q_cpu.cc", "matmul_q_float.cc", "attention_cpu.cc")
+            str(CSRC / name)
+            for name in (
+                "ops.cc",
+                "kernels_cpu.cc",
+                "matmul_q_cpu.cc",
+                "matmul_q_float.cc",
+                "matmul_q_packed.cc",
+                "attention_cpu.cc",
+            )
         ]
         if not self.cuda:
             return [str(self.path), "-O2", "-fPIC", "-fvisibility=hidden", *common, *sources]

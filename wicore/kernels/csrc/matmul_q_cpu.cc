@@ -12,8 +12,10 @@
 // the signed codes' dot product with no further correction.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <immintrin.h>
@@ -90,9 +92,10 @@ struct RowView {
 
 RowView View(const MatMulQArgs& args, int64_t n) {
   const int64_t num_blocks = args.k / args.block_size;
-  if (args.bits == 8) {
+  if (args.bits != 4) {  // 5 and 6 bits: codes of kernels.h's layout (DotScalar reads 4 and 8 bits only)
     const float* o = args.offsets != nullptr ? args.offsets + n * num_blocks : nullptr;
-    return {args.weight + n * args.k, args.scales + n * num_blocks, o, kBlock, 1};
+    const int64_t block_bytes = args.bits == 8 ? kBlock : 16 + 4 * (args.bits - 4);
+    return {args.weight + n * (args.k / kBlock) * block_bytes, args.scales + n * num_blocks, o, block_bytes, 1};
   }
   const int64_t g = n / kGroup, r = n % kGroup;
   const int64_t first = g * num_blocks * kGroup + r;
@@ -206,6 +209,56 @@ WICORE_VNNI void Dot8(const QuantRow& a, const uint8_t* w, int64_t row_bytes, co
   for (int r = 0; r < kRows; ++r) out[r] = ReduceVec(acc[r]);
 }
 
+// 5- and 6-bit codes (kernels.h's layout: kHigh high bits a code): Dot8 on the codes unpacked in registers,
+// u = low nibble + (high bits << 4) + bias = code + 128, Dot8's u. The high bits of column j + 4h i sit at bits
+// h i of byte j of the 4h: broadcast to every dword (qword for 6 bits), rotating lane i left by 4 - h i puts
+// them at bits 4 .. 3 + h of their column's byte.
+template <int kHigh>
+WICORE_VNNI inline __m256i Unpack56(const uint8_t* c, __m256i bias) {
+  const __m256i shifts = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+  const __m256i nib = _mm256_and_si256(_mm256_srlv_epi16(v, shifts), _mm256_set1_epi8(0x0F));
+  __m256i hi;
+  if (kHigh == 1) {
+    int32_t word;
+    std::memcpy(&word, c + 16, 4);
+    hi = _mm256_and_si256(_mm256_rolv_epi32(_mm256_set1_epi32(word), _mm256_setr_epi32(4, 3, 2, 1, 0, 31, 30, 29)),
+                          _mm256_set1_epi8(0x10));
+  } else {
+    int64_t word;
+    std::memcpy(&word, c + 16, 8);
+    hi = _mm256_and_si256(_mm256_rolv_epi64(_mm256_set1_epi64x(word), _mm256_setr_epi64x(4, 2, 0, 62)), _mm256_set1_epi8(0x30));
+  }
+  return _mm256_add_epi8(_mm256_or_si256(nib, hi), bias);
+}
+
+template <int kRows, int kPerBlock, bool kResidual, int kHigh>
+WICORE_VNNI void Dot56(const QuantRow& a, const uint8_t* w, int64_t row_bytes, const float* scales, int64_t num_blocks,
+                       int64_t k, __m256i bias, float* out) {
+  constexpr int64_t kBlockBytes = 16 + 4 * kHigh;
+  __m256 acc[kRows];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + b * kBlock));
+    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes.data() + b * kLanes));
+    const __m256i q2 = kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q2.data() + b * kBlock)) : q;
+    const __m256i start2 =
+        kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
+    const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const __m256i u = Unpack56<kHigh>(w + r * row_bytes + b * kBlockBytes, bias);
+      const __m256i p = LaneDots<kResidual>(u, q, start, q2, start2);
+      const float* sr = scales + r * num_blocks + b * kPerBlock;
+      const __m256 s = kPerBlock == 1 ? _mm256_broadcast_ss(sr) : _mm256_setr_m128(_mm_broadcast_ss(sr), _mm_broadcast_ss(sr + 1));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, d), acc[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) out[r] = ReduceVec(acc[r]);
+}
+
 // 4-bit codes: one group of kGroup rows (kernels.h's interleaved layout) against one activation row.
 // The group's codes for a block are 128 consecutive bytes and its scales 8 consecutive floats, so
 // every address is one pointer and a constant; the offsets' term of all 8 rows is one vector chain.
@@ -268,17 +321,24 @@ WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& 
     }
     // 8-bit rows a pass: 4 where the weight stays in cache (independent chains; 8 rows' pointers spill out
     // of the 16 registers); 1 where it streams from memory (a 28 MB head: one stream prefetches best, 3.8
-    // against 5.5 ms). Any split gives the same bits.
+    // against 5.5 ms). Any split gives the same bits. 5 and 6 bits likewise (Dot56).
     const int64_t rows_a_pass = args.n * k > (int64_t{4} << 20) ? 1 : 4;
+    const int64_t row_bytes = args.bits == 8 ? k : (k / kBlock) * (16 + 4 * (args.bits - 4));
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(128 - args.zero_point));
+    auto dot = [&](auto rows_of, int64_t n0, float* o) {
+      constexpr int kRows = decltype(rows_of)::value;
+      const uint8_t* w = args.weight + n0 * row_bytes;
+      const float* s = args.scales + n0 * num_blocks;
+      if (args.bits == 8) return Dot8<kRows, kPerBlock, kResidual>(rows[i], w, row_bytes, s, num_blocks, k, o);
+      if (args.bits == 5) return Dot56<kRows, kPerBlock, kResidual, 1>(rows[i], w, row_bytes, s, num_blocks, k, bias, o);
+      Dot56<kRows, kPerBlock, kResidual, 2>(rows[i], w, row_bytes, s, num_blocks, k, bias, o);
+    };
     for (int64_t n = begin; n < end; n += rows_a_pass) {
       const int64_t rows_here = std::min<int64_t>(rows_a_pass, end - n);
       if (rows_here == 4) {
-        Dot8<4, kPerBlock, kResidual>(rows[i], args.weight + n * k, k, args.scales + n * num_blocks, num_blocks, k, out);
+        dot(std::integral_constant<int, 4>{}, n, out);
       } else {
-        for (int64_t r = 0; r < rows_here; ++r) {
-          Dot8<1, kPerBlock, kResidual>(rows[i], args.weight + (n + r) * k, k, args.scales + (n + r) * num_blocks, num_blocks, k,
-                             out + r);
-        }
+        for (int64_t r = 0; r < rows_here; ++r) dot(std::integral_constant<int, 1>{}, n + r, out + r);
       }
       for (int64_t r = 0; r < rows_here; ++r) {
         const RowView w = View(args, n + r);
@@ -455,6 +515,9 @@ void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int6
                 MatMulQPath path) {
   if (path == MatMulQPath::kVnni && Tiles(args, path) && args.bits == 4) {
     return (args.block_size == 16 ? Rows4Vnni<2> : Rows4Vnni<1>)(args, rows, row_begin, row_end);
+  }
+  if (args.bits == 5 || args.bits == 6) {  // only the VNNI rows read them (matmul_q_packed.cc widens them elsewhere)
+    if (path != MatMulQPath::kVnni || Tiles(args, path)) std::abort();
   }
   if (path == MatMulQPath::kVnni && Tiles(args, path)) return tile_vnni::Rows(args, rows, row_begin, row_end);
   if (path == MatMulQPath::kAvx2) return tile_avx2::Rows(args, rows, row_begin, row_end);
