@@ -300,12 +300,13 @@ def test_pack_narrows_each_gguf_type_exactly(kind):
 @pytest.mark.parametrize("force", PATHS)
 @pytest.mark.parametrize("m", [1, 5, 17], ids=["decode", "tiles", "prompt"])
 def test_narrow_widths_give_the_wide_bits(cpu_library, kind, force, m):
-    """Every path, decode (the VNNI rows unpack 5 / 6 bits in registers), small prompts (tiles) and long
-    ones (the float GEMM): the narrow forms give the wide forms' output bit for bit, with and without the
-    residual; several tasks of 64 weight rows and a ragged last one."""
+    """Every path, decode (the VNNI rows unpack 5 / 6 bits in registers and read narrow scales in place),
+    small prompts (tiles) and long ones (the float GEMM): the narrow forms give the wide forms' output bit for
+    bit, with and without the residual; several tasks of 64 weight rows and a ragged last one."""
     rng = np.random.default_rng(m + len(kind))
-    w = gguf_like(rng, kind, 75, 512)
-    x = rng.standard_t(3, (1, m, 512)).astype(np.float32)
+    k = 512 if kind.endswith("_K") else 352  # K-quants: whole super-blocks; else 11 blocks, 3 past the last 4
+    w = gguf_like(rng, kind, 75, k)
+    x = rng.standard_t(3, (1, m, k)).astype(np.float32)
     for residual in (False, True):
         (want,) = session(cpu_library, w, force, residual).run(None, {"x": x})
         (got,) = session(cpu_library, w, force, residual, narrow_widths=True).run(None, {"x": x})

@@ -108,8 +108,8 @@ def pack(w: BlockQuant, narrow_widths: bool = True) -> Packed:
     rows = w.shape[0]
     padded = -(-rows // GROUP) * GROUP if bits == 4 else rows
 
-    def laid_out(a: np.ndarray | Narrow | None) -> np.ndarray | Narrow | None:
-        if bits != 4 or a is None:
+    def laid_out(a: np.ndarray | Narrow) -> np.ndarray | Narrow:
+        if bits != 4:
             return a
         if isinstance(a, np.ndarray):
             return grouped(a, padded)
@@ -120,8 +120,8 @@ def pack(w: BlockQuant, narrow_widths: bool = True) -> Packed:
         bits,
         zero_point,
         laid_out(packed_scales),
-        laid_out(packed_offsets),
-        offset_scale,  # type: ignore[arg-type]
+        None if packed_offsets is None else laid_out(packed_offsets),
+        offset_scale,
     )
 
 

@@ -59,6 +59,9 @@ struct MatMulQArgs {
   // SmolLM2's greedy near-ties, this does not (docs/PERFORMANCE.md).
   bool residual;
   int zero_point;           // 5 and 6 bits: the stored code is code + zero_point (4 bits: 8, 8 bits: 128)
+  // Where set (matmul_q_packed.cc, for the VNNI rows of 4-bit codes at m == 1), the narrow scales and offsets
+  // are read in place and `scales` / `offsets` only say that they exist.
+  const struct MatMulQPacked* packed = nullptr;
 };
 
 // MatMulQ's scales and offsets where the graph stores them narrower than float32 (matmul_q.py chooses the

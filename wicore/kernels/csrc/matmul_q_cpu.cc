@@ -183,34 +183,8 @@ WICORE_VNNI inline __m256i LaneDots(__m256i u, __m256i q, __m256i start, __m256i
   return _mm256_dpbusd_epi32(_mm256_add_epi32(_mm256_slli_epi32(p, 7), start2), u, q2);
 }
 
-template <int kRows, int kPerBlock, bool kResidual>
-WICORE_VNNI void Dot8(const QuantRow& a, const uint8_t* w, int64_t row_bytes, const float* scales, int64_t num_blocks,
-                      int64_t k, float* out) {
-  __m256 acc[kRows];
-#pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < k / kBlock; ++b) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + b * kBlock));
-    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes.data() + b * kLanes));
-    const __m256i q2 = kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q2.data() + b * kBlock)) : q;
-    const __m256i start2 =
-        kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
-    const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
-#pragma GCC unroll 8
-    for (int r = 0; r < kRows; ++r) {
-      const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + b * kBlock));
-      const __m256i p = LaneDots<kResidual>(u, q, start, q2, start2);
-      const float* sr = scales + r * num_blocks + b * kPerBlock;
-      const __m256 s = kPerBlock == 1 ? _mm256_broadcast_ss(sr) : _mm256_setr_m128(_mm_broadcast_ss(sr), _mm_broadcast_ss(sr + 1));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, d), acc[r]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) out[r] = ReduceVec(acc[r]);
-}
-
-// 5- and 6-bit codes (kernels.h's layout: kHigh high bits a code): Dot8 on the codes unpacked in registers,
-// u = low nibble + (high bits << 4) + bias = code + 128, Dot8's u. The high bits of column j + 4h i sit at bits
+// 5- and 6-bit codes (kernels.h's layout: kHigh high bits a code): the codes unpacked in registers,
+// u = low nibble + (high bits << 4) + bias = code + 128, as 8-bit codes are stored. The high bits of column j + 4h i sit at bits
 // h i of byte j of the 4h: broadcast to every dword (qword for 6 bits), rotating lane i left by 4 - h i puts
 // them at bits 4 .. 3 + h of their column's byte.
 template <int kHigh>
@@ -232,39 +206,166 @@ WICORE_VNNI inline __m256i Unpack56(const uint8_t* c, __m256i bias) {
   return _mm256_add_epi8(_mm256_or_si256(nib, hi), bias);
 }
 
+// A row-major weight's scales as DotRows reads them: float32, or MatMulQPacked's narrow forms in place
+// (kernels.h), starting at the kernel's first row; the same float32 values either way.
+struct RowScales {
+  const float* f32;      // or null
+  const uint16_t* half;  // a block's, or a super-block's with ints
+  const int8_t* ints;    // or null
+  int shift;             // log2 of the blocks a super-block
+  int64_t num_supers;    // a row's
+};
+
+// Row r's scales of weight blocks [first, first + 4 kPerBlock) (4 32-column blocks), in one vector's low lanes:
+// a super-block holds them all (blocks_per_super 8 or 16, `first` a multiple of 4 kPerBlock).
+template <int kPerBlock>
+WICORE_VNNI inline __m256 FourBlocks(const RowScales& s, int64_t r, int64_t num_blocks, int64_t first) {
+  const int64_t i = r * num_blocks + first;
+  if (kPerBlock == 1) {
+    if (s.ints == nullptr) return _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.half + i))));
+    const __m128 super = _mm_set1_ps(_cvtsh_ss(s.half[r * s.num_supers + (first >> s.shift)]));
+    int32_t t4;
+    std::memcpy(&t4, s.ints + i, 4);
+    return _mm256_castps128_ps256(_mm_mul_ps(super, _mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(t4)))));
+  }
+  if (s.ints == nullptr) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.half + i)));
+  const __m256 super = _mm256_set1_ps(_cvtsh_ss(s.half[r * s.num_supers + (first >> s.shift)]));
+  return _mm256_mul_ps(super, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.ints + i)))));
+}
+
+// One weight block's scale as a float32, where FourBlocks does not reach (a row's last K / 32 % 4 blocks).
+WICORE_VNNI inline float OneBlock(const RowScales& s, int64_t r, int64_t num_blocks, int64_t block) {
+  const int64_t i = r * num_blocks + block;
+  if (s.ints == nullptr) return _cvtsh_ss(s.half[i]);
+  return _cvtsh_ss(s.half[r * s.num_supers + (block >> s.shift)]) * static_cast<float>(s.ints[i]);
+}
+
+// One 32-column block b of kRows rows into their accumulators, with each row's scale vector s[r].
+template <int kRows, bool kResidual, int kHigh>
+WICORE_VNNI inline void BlockDots(const QuantRow& a, const uint8_t* w, int64_t row_bytes, int64_t b, const __m256* s,
+                                  __m256i bias, __m256* acc) {
+  constexpr int64_t kBlockBytes = kHigh == 0 ? kBlock : 16 + 4 * kHigh;
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + b * kBlock));
+  const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes.data() + b * kLanes));
+  const __m256i q2 = kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q2.data() + b * kBlock)) : q;
+  const __m256i start2 = kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
+  const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    const uint8_t* c = w + r * row_bytes + b * kBlockBytes;
+    const __m256i u = kHigh == 0 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)) : Unpack56<kHigh>(c, bias);
+    const __m256i p = LaneDots<kResidual>(u, q, start, q2, start2);
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s[r], d), acc[r]);
+  }
+}
+
+// 8-, 5- and 6-bit codes (kHigh 0: 8 bits, row-major; 1, 2: kernels.h's 5- / 6-bit layout, unpacked by Unpack56):
+// kRows rows (row_bytes apart) against one quantized activation row, independent chains. The scales are read
+// 4 32-column blocks at a time (a lane permute a block) where narrow, else broadcast from float32.
 template <int kRows, int kPerBlock, bool kResidual, int kHigh>
-WICORE_VNNI void Dot56(const QuantRow& a, const uint8_t* w, int64_t row_bytes, const float* scales, int64_t num_blocks,
-                       int64_t k, __m256i bias, float* out) {
-  constexpr int64_t kBlockBytes = 16 + 4 * kHigh;
-  __m256 acc[kRows];
+WICORE_VNNI void DotRows(const QuantRow& a, const uint8_t* w, int64_t row_bytes, const RowScales& scales, int64_t num_blocks,
+                         int64_t k, __m256i bias, float* out) {
+  __m256 acc[kRows], s[kRows];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < k / kBlock; ++b) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + b * kBlock));
-    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes.data() + b * kLanes));
-    const __m256i q2 = kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q2.data() + b * kBlock)) : q;
-    const __m256i start2 =
-        kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
-    const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
+  const int64_t num_32 = k / kBlock;
+  int64_t b = 0;
+  if (scales.f32 == nullptr) {
+    for (; b + 4 <= num_32; b += 4) {
+      __m256 four[kRows];
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r) four[r] = FourBlocks<kPerBlock>(scales, r, num_blocks, b * kPerBlock);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        // block b + j's scale(s): lane j (kPerBlock 1), lanes 2j and 2j + 1 to the two halves (kPerBlock 2)
+        const __m256i pick = kPerBlock == 1 ? _mm256_set1_epi32(j)
+                                            : _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1);
+#pragma GCC unroll 8
+        for (int r = 0; r < kRows; ++r) s[r] = _mm256_permutexvar_ps(pick, four[r]);
+        BlockDots<kRows, kResidual, kHigh>(a, w, row_bytes, b + j, s, bias, acc);
+      }
+    }
+  }
+  for (; b < num_32; ++b) {
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
-      const __m256i u = Unpack56<kHigh>(w + r * row_bytes + b * kBlockBytes, bias);
-      const __m256i p = LaneDots<kResidual>(u, q, start, q2, start2);
-      const float* sr = scales + r * num_blocks + b * kPerBlock;
-      const __m256 s = kPerBlock == 1 ? _mm256_broadcast_ss(sr) : _mm256_setr_m128(_mm_broadcast_ss(sr), _mm_broadcast_ss(sr + 1));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, d), acc[r]);
+      if (scales.f32 != nullptr) {
+        const float* sr = scales.f32 + r * num_blocks + b * kPerBlock;
+        s[r] = kPerBlock == 1 ? _mm256_broadcast_ss(sr) : _mm256_setr_m128(_mm_broadcast_ss(sr), _mm_broadcast_ss(sr + 1));
+      } else {
+        const float s0 = OneBlock(scales, r, num_blocks, b * kPerBlock);
+        const float s1 = kPerBlock == 1 ? s0 : OneBlock(scales, r, num_blocks, b * kPerBlock + 1);
+        s[r] = _mm256_setr_m128(_mm_set1_ps(s0), _mm_set1_ps(s1));
+      }
     }
+    BlockDots<kRows, kResidual, kHigh>(a, w, row_bytes, b, s, bias, acc);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) out[r] = ReduceVec(acc[r]);
 }
 
+// One group's scales (or its offsets' min terms) as a kernel reads them: float32, or MatMulQPacked's narrow
+// forms in place, 8 rows a block ([blocks, 8]; supers [supers, 8]). The same float32 values either way.
+struct GroupScales {
+  const float* f32;      // or null
+  const uint16_t* half;  // a block's 8, or a super-block's with ints
+  const int8_t* ints;    // or null
+  int shift;             // log2 of the blocks a super-block
+
+  static GroupScales Of(const float* f32, const uint16_t* half, const int8_t* ints, int64_t blocks_per_super, int64_t group,
+                        int64_t num_blocks) {
+    if (half == nullptr) return {f32 != nullptr ? f32 + group * num_blocks * kGroup : nullptr, nullptr, nullptr, 0};
+    if (ints == nullptr) return {nullptr, half + group * num_blocks * kGroup, nullptr, 0};
+    return {nullptr, half + group * (num_blocks / blocks_per_super) * kGroup, ints + group * num_blocks * kGroup,
+            __builtin_ctzll(static_cast<uint64_t>(blocks_per_super))};
+  }
+  int Form() const { return f32 != nullptr ? 0 : ints == nullptr ? 1 : 2; }
+};
+
+// kForm: 0 float32, 1 float16 a block, 2 float16 a super-block x int8 a block (GroupScales::Form).
+template <int kForm>
+WICORE_VNNI inline __m256 Load8(const GroupScales& s, int64_t block) {
+  if (kForm == 0) return _mm256_loadu_ps(s.f32 + block * kGroup);
+  if (kForm == 1) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.half + block * kGroup)));
+  const __m256 super = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.half + (block >> s.shift) * kGroup)));
+  return _mm256_mul_ps(super, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.ints + block * kGroup)))));
+}
+
+// The offsets' term of a group's 8 rows: OffsetScalar's fma over the weight blocks in order, the offsets
+// float32 (kMinForm 0) or offset_scale * scale + min (kScaled) or min alone.
+template <int kMinForm, bool kScaled, int kScaleForm>
+WICORE_VNNI __m256 OffsetsTerm(const QuantRow& a, const GroupScales& mins, const GroupScales& scales, float offset_scale,
+                               int64_t num_blocks) {
+  __m256 o = _mm256_setzero_ps();
+  const __m256 c = _mm256_set1_ps(offset_scale);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    __m256 ob = Load8<kMinForm>(mins, b);
+    if (kScaled) ob = _mm256_add_ps(_mm256_mul_ps(c, Load8<kScaleForm>(scales, b)), ob);
+    o = _mm256_fmadd_ps(ob, _mm256_broadcast_ss(a.sums.data() + b), o);
+  }
+  return o;
+}
+
+template <int kScaleForm>
+WICORE_VNNI __m256 Offsets(const QuantRow& a, const GroupScales& mins, const GroupScales& scales, float offset_scale,
+                           int64_t num_blocks) {
+  const bool scaled = mins.f32 == nullptr && offset_scale != 0.f;
+  switch (mins.Form() * 2 + scaled) {
+    case 0: return OffsetsTerm<0, false, kScaleForm>(a, mins, scales, offset_scale, num_blocks);
+    case 2: return OffsetsTerm<1, false, kScaleForm>(a, mins, scales, offset_scale, num_blocks);
+    case 3: return OffsetsTerm<1, true, kScaleForm>(a, mins, scales, offset_scale, num_blocks);
+    case 4: return OffsetsTerm<2, false, kScaleForm>(a, mins, scales, offset_scale, num_blocks);
+    default: return OffsetsTerm<2, true, kScaleForm>(a, mins, scales, offset_scale, num_blocks);
+  }
+}
+
 // 4-bit codes: one group of kGroup rows (kernels.h's interleaved layout) against one activation row.
 // The group's codes for a block are 128 consecutive bytes and its scales 8 consecutive floats, so
 // every address is one pointer and a constant; the offsets' term of all 8 rows is one vector chain.
-template <int kPerBlock, bool kResidual>
-WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const float* scales, const float* offsets,
-                           int64_t num_blocks, int64_t k, float* out) {
+// Offsets: `offsets` itself, or offset_scale * scale + min (kernels.h's MatMulQPacked, the same float32 operations).
+template <int kPerBlock, bool kResidual, int kScaleForm>
+WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const GroupScales& scales, const GroupScales* offsets,
+                           float offset_scale, int64_t num_blocks, int64_t k, float* out) {
   __m256 acc[kGroup];
 #pragma GCC unroll 8
   for (int r = 0; r < kGroup; ++r) acc[r] = _mm256_setzero_ps();
@@ -279,7 +380,7 @@ WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const float* sca
         kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
     const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
     for (int h = 0; h < kPerBlock; ++h) {
-      _mm256_store_ps(sd[h], _mm256_mul_ps(_mm256_loadu_ps(scales + (b * kPerBlock + h) * kGroup), d));
+      _mm256_store_ps(sd[h], _mm256_mul_ps(Load8<kScaleForm>(scales, b * kPerBlock + h), d));
     }
     const uint8_t* wb = w + b * kGroup * 16;
 #pragma GCC unroll 8
@@ -293,13 +394,7 @@ WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const float* sca
     }
   }
   alignas(32) float off[kGroup] = {0.f};
-  if (offsets != nullptr) {
-    __m256 o = _mm256_setzero_ps();
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      o = _mm256_fmadd_ps(_mm256_loadu_ps(offsets + b * kGroup), _mm256_broadcast_ss(a.sums.data() + b), o);
-    }
-    _mm256_store_ps(off, o);
-  }
+  if (offsets != nullptr) _mm256_store_ps(off, Offsets<kScaleForm>(a, *offsets, scales, offset_scale, num_blocks));
 #pragma GCC unroll 8
   for (int r = 0; r < kGroup; ++r) out[r] = ReduceVec(acc[r]) + off[r];
 }
@@ -311,27 +406,47 @@ WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& 
   for (int64_t i = 0; i < args.m; ++i) {
     float* y = args.y + i * args.n;
     if (args.bits == 4) {  // begin is a multiple of kGroup (MatMulQCpu)
+      const MatMulQPacked* p = args.packed;
       for (int64_t n = begin; n < end; n += kGroup) {
-        const int64_t first = n * num_blocks;
-        Dot4Group<kPerBlock, kResidual>(rows[i], args.weight + n * (k / 2), args.scales + first,
-                             args.offsets != nullptr ? args.offsets + first : nullptr, num_blocks, k, out);
+        const int64_t g = n / kGroup;
+        const GroupScales scales = p != nullptr ? GroupScales::Of(args.scales, p->scales16, p->scale_ints, p->blocks_per_super, g, num_blocks)
+                                                : GroupScales::Of(args.scales, nullptr, nullptr, 0, g, num_blocks);
+        const GroupScales offsets = p != nullptr && p->mins16 != nullptr
+                                        ? GroupScales::Of(nullptr, p->mins16, p->min_ints, p->blocks_per_super, g, num_blocks)
+                                        : GroupScales::Of(args.offsets, nullptr, nullptr, 0, g, num_blocks);
+        const uint8_t* w = args.weight + n * (k / 2);
+        const GroupScales* o = args.offsets != nullptr ? &offsets : nullptr;
+        const float c = p != nullptr && p->mins16 != nullptr ? p->offset_scale : 0.f;
+        switch (scales.Form()) {
+          case 0: Dot4Group<kPerBlock, kResidual, 0>(rows[i], w, scales, o, c, num_blocks, k, out); break;
+          case 1: Dot4Group<kPerBlock, kResidual, 1>(rows[i], w, scales, o, c, num_blocks, k, out); break;
+          default: Dot4Group<kPerBlock, kResidual, 2>(rows[i], w, scales, o, c, num_blocks, k, out); break;
+        }
         for (int r = 0; r < kGroup && n + r < end; ++r) y[n + r] = out[r];
       }
       continue;
     }
     // 8-bit rows a pass: 4 where the weight stays in cache (independent chains; 8 rows' pointers spill out
     // of the 16 registers); 1 where it streams from memory (a 28 MB head: one stream prefetches best, 3.8
-    // against 5.5 ms). Any split gives the same bits. 5 and 6 bits likewise (Dot56).
+    // against 5.5 ms). Any split gives the same bits. 5 and 6 bits likewise.
     const int64_t rows_a_pass = args.n * k > (int64_t{4} << 20) ? 1 : 4;
     const int64_t row_bytes = args.bits == 8 ? k : (k / kBlock) * (16 + 4 * (args.bits - 4));
     const __m256i bias = _mm256_set1_epi8(static_cast<char>(128 - args.zero_point));
+    const MatMulQPacked* p = args.packed;
+    const int64_t supers = p != nullptr && p->scale_ints != nullptr ? num_blocks / p->blocks_per_super : num_blocks;
     auto dot = [&](auto rows_of, int64_t n0, float* o) {
       constexpr int kRows = decltype(rows_of)::value;
       const uint8_t* w = args.weight + n0 * row_bytes;
-      const float* s = args.scales + n0 * num_blocks;
-      if (args.bits == 8) return Dot8<kRows, kPerBlock, kResidual>(rows[i], w, row_bytes, s, num_blocks, k, o);
-      if (args.bits == 5) return Dot56<kRows, kPerBlock, kResidual, 1>(rows[i], w, row_bytes, s, num_blocks, k, bias, o);
-      Dot56<kRows, kPerBlock, kResidual, 2>(rows[i], w, row_bytes, s, num_blocks, k, bias, o);
+      RowScales scales{args.scales + n0 * num_blocks, nullptr, nullptr, 0, supers};
+      if (p != nullptr && p->scales16 != nullptr) {  // narrow, in place (MatMulQTask: no narrow offsets here)
+        scales.f32 = nullptr;
+        scales.half = p->scale_ints != nullptr ? p->scales16 + n0 * supers : p->scales16 + n0 * num_blocks;
+        scales.ints = p->scale_ints != nullptr ? p->scale_ints + n0 * num_blocks : nullptr;
+        scales.shift = p->scale_ints != nullptr ? __builtin_ctzll(static_cast<uint64_t>(p->blocks_per_super)) : 0;
+      }
+      if (args.bits == 8) return DotRows<kRows, kPerBlock, kResidual, 0>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
+      if (args.bits == 5) return DotRows<kRows, kPerBlock, kResidual, 1>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
+      DotRows<kRows, kPerBlock, kResidual, 2>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
     };
     for (int64_t n = begin; n < end; n += rows_a_pass) {
       const int64_t rows_here = std::min<int64_t>(rows_a_pass, end - n);
@@ -341,8 +456,7 @@ WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& 
         for (int64_t r = 0; r < rows_here; ++r) dot(std::integral_constant<int, 1>{}, n + r, out + r);
       }
       for (int64_t r = 0; r < rows_here; ++r) {
-        const RowView w = View(args, n + r);
-        y[n + r] = w.offsets == nullptr ? out[r] : out[r] + OffsetScalar(rows[i], w, num_blocks);
+        y[n + r] = args.offsets == nullptr ? out[r] : out[r] + OffsetScalar(rows[i], View(args, n + r), num_blocks);
       }
     }
   }

@@ -5,7 +5,7 @@
 //
 //   narrow scales / offsets ──► float32, the task's rows, in MatMulQArgs' layout     (every path)
 //   5- / 6-bit codes       ──► 8-bit codes (code + 128), the task's rows           (all but the VNNI rows at
-//                                                                                    m == 1: Dot56 unpacks them)
+//                                                                                    m == 1: DotRows unpacks them)
 //
 // The values are exactly the wide forms' (kernels.h, MatMulQPacked), so every path keeps its bits
 // (tests/kernels/test_matmul_q.py compares each narrow form with its wide one).
@@ -65,31 +65,58 @@ float MinAt(const MatMulQPacked& p, const Layout& l, int64_t i) {
   return p.min_ints != nullptr ? Half(p.mins16[l.Super(i)]) * static_cast<float>(p.min_ints[i]) : Half(p.mins16[i]);
 }
 
-// out[i - lo] for i in [lo, hi): half(h[i]), or with ints half(h[super(i)]) * ints[i]; where `scales` is
-// given, offset_scale * scales[i - lo] + that. Eight indices a step share one super-block row (row-major:
-// one row's 8 blocks, blocks_per_super a multiple of 8) or are one block's 8 rows (grouped: 8 supers in a row).
+// out[i - lo] for i in [lo, hi) (whole rows, or whole groups of 8 rows): half(h[i]), or with ints
+// half(h[super(i)]) * ints[i]; where `scales` is given, offset_scale * scales[i - lo] + that. Eight indices a
+// step: one block's 8 rows (grouped: their supers 8 in a row too) or 8 blocks of a row (row-major, one super:
+// blocks_per_super and the row's blocks multiples of 8), walked without divisions.
+WICORE_F16C inline __m256 Eight(const uint16_t* h, const int8_t* ints, int64_t i, int64_t super, bool broadcast, float c,
+                                const float* scales) {
+  __m256 v;
+  if (ints == nullptr) {
+    v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
+  } else {
+    const __m256 t = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ints + i))));
+    const __m256 s = broadcast ? _mm256_set1_ps(_cvtsh_ss(h[super])) : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + super)));
+    v = _mm256_mul_ps(s, t);
+  }
+  return scales != nullptr ? _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(c), _mm256_loadu_ps(scales)), v) : v;
+}
+
 WICORE_F16C void ConvertF16c(const uint16_t* h, const int8_t* ints, const Layout& l, float c, const float* scales, int64_t lo,
                              int64_t hi, float* out) {
-  int64_t i = lo;
-  const bool vector_ints = ints == nullptr || l.grouped || (l.blocks_per_super % 8 == 0 && l.num_blocks % 8 == 0);
-  if (vector_ints) {
-    for (; i + 8 <= hi && (ints == nullptr || l.grouped || i % 8 == 0); i += 8) {
-      __m256 v;
-      if (ints == nullptr) {
-        v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
-      } else {
-        const __m256 t = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ints + i))));
-        const __m256 s = l.grouped ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + l.Super(i))))
-                                   : _mm256_set1_ps(_cvtsh_ss(h[l.Super(i)]));
-        v = _mm256_mul_ps(s, t);
-      }
-      if (scales != nullptr) v = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(c), _mm256_loadu_ps(scales + i - lo)), v);
-      _mm256_storeu_ps(out + i - lo, v);
-    }
+  const int64_t nb = l.num_blocks, ns = l.num_supers, bps = l.blocks_per_super;
+  if (ints == nullptr) {  // contiguous halves
+    int64_t i = lo;
+    for (; i + 8 <= hi; i += 8) _mm256_storeu_ps(out + i - lo, Eight(h, nullptr, i, 0, false, c, scales ? scales + i - lo : nullptr));
+    for (; i < hi; ++i) out[i - lo] = scales != nullptr ? c * scales[i - lo] + _cvtsh_ss(h[i]) : _cvtsh_ss(h[i]);
+    return;
   }
-  for (; i < hi; ++i) {
-    const float v = ints != nullptr ? _cvtsh_ss(h[l.Super(i)]) * static_cast<float>(ints[i]) : _cvtsh_ss(h[i]);
-    out[i - lo] = scales != nullptr ? c * scales[i - lo] + v : v;
+  if (l.grouped) {  // [groups, nb, 8]: supers [groups, ns, 8]
+    for (int64_t g = lo / (nb * kGroup); g < hi / (nb * kGroup); ++g) {
+      for (int64_t b0 = 0, super = g * ns; b0 < nb; b0 += bps, ++super) {
+        for (int64_t b = b0; b < b0 + bps; ++b) {
+          const int64_t i = (g * nb + b) * kGroup;
+          _mm256_storeu_ps(out + i - lo, Eight(h, ints, i, super * kGroup, false, c, scales ? scales + i - lo : nullptr));
+        }
+      }
+    }
+    return;
+  }
+  for (int64_t n = lo / nb; n < hi / nb; ++n) {  // [n, nb]: supers [n, ns]
+    int64_t b = 0;
+    if (bps % 8 == 0 && nb % 8 == 0) {
+      for (int64_t super = n * ns; b < nb; ++super) {
+        for (const int64_t stop = b + bps; b < stop; b += 8) {
+          const int64_t i = n * nb + b;
+          _mm256_storeu_ps(out + i - lo, Eight(h, ints, i, super, true, c, scales ? scales + i - lo : nullptr));
+        }
+      }
+    }
+    for (; b < nb; ++b) {
+      const int64_t i = n * nb + b;
+      const float v = _cvtsh_ss(h[n * ns + b / bps]) * static_cast<float>(ints[i]);
+      out[i - lo] = scales != nullptr ? c * scales[i - lo] + v : v;
+    }
   }
 }
 
@@ -165,6 +192,15 @@ void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std
                       packed.blocks_per_super > 0 ? packed.blocks_per_super : 1};
   const int64_t lo = layout.First(row_begin), hi = layout.Last(row_end);
   const bool simd = path != MatMulQPath::kScalar;
+  // The VNNI rows (matmul_q_cpu.cc) read narrow scales in place: Dot4Group scales and offsets, DotRows scales
+  // (where the offsets are not narrow too)
+  const bool native = rows != nullptr && path == MatMulQPath::kVnni && args.m == 1;
+  const bool in_place = native && (args.bits == 4 ? packed.scales16 != nullptr || packed.mins16 != nullptr
+                                                  : packed.scales16 != nullptr && packed.mins16 == nullptr);
+  if (in_place) {
+    task.packed = &packed;
+    return MatMulQCpu(task, *rows, row_begin, row_end, path);
+  }
   // The kernels index the scales and codes by the whole tensor's rows: each view starts `lo` (or the task's
   // first row) before this task's buffer, and only the task's own part is read.
   if (packed.scales16 != nullptr) {
@@ -187,8 +223,7 @@ void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std
     }
     task.offsets = scratch.offsets.data() - lo;
   }
-  const bool native = rows != nullptr && path == MatMulQPath::kVnni && args.m == 1;  // Dot56 (matmul_q_cpu.cc)
-  if ((args.bits == 5 || args.bits == 6) && !native) {
+  if ((args.bits == 5 || args.bits == 6) && !native) {  // else DotRows unpacks them
     scratch.codes.resize((row_end - row_begin) * args.k);
     Expand56(args, row_begin, row_end, simd, scratch.codes.data());
     task.weight = scratch.codes.data() - row_begin * args.k;

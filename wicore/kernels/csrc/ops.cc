@@ -215,7 +215,8 @@ struct MatMulQKernel {
           "wicore MatMulQ: the codes are not N rows of K * bits / 8 bytes");
     const size_t num_blocks = static_cast<size_t>(stored * (k / block_size_));
     const bool supers = blocks_per_super_ > 0;
-    Check(!supers || (k / block_size_) % blocks_per_super_ == 0, "wicore MatMulQ: blocks_per_super must divide K / block_size");
+    Check(!supers || ((k / block_size_) % blocks_per_super_ == 0 && (blocks_per_super_ & (blocks_per_super_ - 1)) == 0),
+          "wicore MatMulQ: blocks_per_super must be a power of two that divides K / block_size");
     const size_t num_supers = supers ? num_blocks / blocks_per_super_ : num_blocks;
     const float* scales = Optional<float>(ctx, 2, num_blocks, "the scales are not [N, K / block_size]");
     const float* offsets = Optional<float>(ctx, 3, num_blocks, "the offsets are not [N, K / block_size]");
