@@ -222,11 +222,11 @@ template <int kPerBlock>
 WICORE_VNNI inline __m256 FourBlocks(const RowScales& s, int64_t r, int64_t num_blocks, int64_t first) {
   const int64_t i = r * num_blocks + first;
   if (kPerBlock == 1) {
-    if (s.ints == nullptr) return _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.half + i))));
+    if (s.ints == nullptr) return _mm256_zextps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.half + i))));
     const __m128 super = _mm_set1_ps(_cvtsh_ss(s.half[r * s.num_supers + (first >> s.shift)]));
     int32_t t4;
     std::memcpy(&t4, s.ints + i, 4);
-    return _mm256_castps128_ps256(_mm_mul_ps(super, _mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(t4)))));
+    return _mm256_zextps128_ps256(_mm_mul_ps(super, _mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(t4)))));
   }
   if (s.ints == nullptr) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.half + i)));
   const __m256 super = _mm256_set1_ps(_cvtsh_ss(s.half[r * s.num_supers + (first >> s.shift)]));
@@ -240,8 +240,9 @@ WICORE_VNNI inline float OneBlock(const RowScales& s, int64_t r, int64_t num_blo
   return _cvtsh_ss(s.half[r * s.num_supers + (block >> s.shift)]) * static_cast<float>(s.ints[i]);
 }
 
-// One 32-column block b of kRows rows into their accumulators, with each row's scale vector s[r].
-template <int kRows, bool kResidual, int kHigh>
+// One 32-column block b of kRows rows into their accumulators, with each row's scale vector s[r] (kTimesD: already
+// multiplied by the activation block's d, the same products).
+template <int kRows, bool kResidual, int kHigh, bool kTimesD = false>
 WICORE_VNNI inline void BlockDots(const QuantRow& a, const uint8_t* w, int64_t row_bytes, int64_t b, const __m256* s,
                                   __m256i bias, __m256* acc) {
   constexpr int64_t kBlockBytes = kHigh == 0 ? kBlock : 16 + 4 * kHigh;
@@ -255,7 +256,7 @@ WICORE_VNNI inline void BlockDots(const QuantRow& a, const uint8_t* w, int64_t r
     const uint8_t* c = w + r * row_bytes + b * kBlockBytes;
     const __m256i u = kHigh == 0 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)) : Unpack56<kHigh>(c, bias);
     const __m256i p = LaneDots<kResidual>(u, q, start, q2, start2);
-    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s[r], d), acc[r]);
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), kTimesD ? s[r] : _mm256_mul_ps(s[r], d), acc[r]);
   }
 }
 
@@ -271,18 +272,23 @@ WICORE_VNNI void DotRows(const QuantRow& a, const uint8_t* w, int64_t row_bytes,
   const int64_t num_32 = k / kBlock;
   int64_t b = 0;
   if (scales.f32 == nullptr) {
+    // 4 blocks' scale x d products at a time into sd (one vector multiply: the same products as one a block),
+    // broadcast back from memory a block as float32 scales are
+    alignas(32) float sd[kRows][8];
+    const __m256i spread = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);  // kPerBlock 2: each d twice
     for (; b + 4 <= num_32; b += 4) {
-      __m256 four[kRows];
+      const __m256 d4 = _mm256_zextps128_ps256(_mm_loadu_ps(a.d.data() + b));
+      const __m256 d = kPerBlock == 1 ? d4 : _mm256_permutexvar_ps(spread, d4);
 #pragma GCC unroll 8
-      for (int r = 0; r < kRows; ++r) four[r] = FourBlocks<kPerBlock>(scales, r, num_blocks, b * kPerBlock);
+      for (int r = 0; r < kRows; ++r) _mm256_store_ps(sd[r], _mm256_mul_ps(FourBlocks<kPerBlock>(scales, r, num_blocks, b * kPerBlock), d));
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {
-        // block b + j's scale(s): lane j (kPerBlock 1), lanes 2j and 2j + 1 to the two halves (kPerBlock 2)
-        const __m256i pick = kPerBlock == 1 ? _mm256_set1_epi32(j)
-                                            : _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1);
 #pragma GCC unroll 8
-        for (int r = 0; r < kRows; ++r) s[r] = _mm256_permutexvar_ps(pick, four[r]);
-        BlockDots<kRows, kResidual, kHigh>(a, w, row_bytes, b + j, s, bias, acc);
+        for (int r = 0; r < kRows; ++r) {
+          const float* v = sd[r] + j * kPerBlock;
+          s[r] = kPerBlock == 1 ? _mm256_broadcast_ss(v) : _mm256_setr_m128(_mm_broadcast_ss(v), _mm_broadcast_ss(v + 1));
+        }
+        BlockDots<kRows, kResidual, kHigh, true>(a, w, row_bytes, b + j, s, bias, acc);
       }
     }
   }
@@ -331,41 +337,20 @@ WICORE_VNNI inline __m256 Load8(const GroupScales& s, int64_t block) {
   return _mm256_mul_ps(super, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.ints + block * kGroup)))));
 }
 
-// The offsets' term of a group's 8 rows: OffsetScalar's fma over the weight blocks in order, the offsets
-// float32 (kMinForm 0) or offset_scale * scale + min (kScaled) or min alone.
-template <int kMinForm, bool kScaled, int kScaleForm>
-WICORE_VNNI __m256 OffsetsTerm(const QuantRow& a, const GroupScales& mins, const GroupScales& scales, float offset_scale,
-                               int64_t num_blocks) {
-  __m256 o = _mm256_setzero_ps();
-  const __m256 c = _mm256_set1_ps(offset_scale);
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    __m256 ob = Load8<kMinForm>(mins, b);
-    if (kScaled) ob = _mm256_add_ps(_mm256_mul_ps(c, Load8<kScaleForm>(scales, b)), ob);
-    o = _mm256_fmadd_ps(ob, _mm256_broadcast_ss(a.sums.data() + b), o);
-  }
-  return o;
-}
-
-template <int kScaleForm>
-WICORE_VNNI __m256 Offsets(const QuantRow& a, const GroupScales& mins, const GroupScales& scales, float offset_scale,
-                           int64_t num_blocks) {
-  const bool scaled = mins.f32 == nullptr && offset_scale != 0.f;
-  switch (mins.Form() * 2 + scaled) {
-    case 0: return OffsetsTerm<0, false, kScaleForm>(a, mins, scales, offset_scale, num_blocks);
-    case 2: return OffsetsTerm<1, false, kScaleForm>(a, mins, scales, offset_scale, num_blocks);
-    case 3: return OffsetsTerm<1, true, kScaleForm>(a, mins, scales, offset_scale, num_blocks);
-    case 4: return OffsetsTerm<2, false, kScaleForm>(a, mins, scales, offset_scale, num_blocks);
-    default: return OffsetsTerm<2, true, kScaleForm>(a, mins, scales, offset_scale, num_blocks);
-  }
-}
-
 // 4-bit codes: one group of kGroup rows (kernels.h's interleaved layout) against one activation row.
 // The group's codes for a block are 128 consecutive bytes and its scales 8 consecutive floats, so
 // every address is one pointer and a constant; the offsets' term of all 8 rows is one vector chain.
-// Offsets: `offsets` itself, or offset_scale * scale + min (kernels.h's MatMulQPacked, the same float32 operations).
-template <int kPerBlock, bool kResidual, int kScaleForm>
+// The offsets' term of all 8 rows is one vector chain, OffsetScalar's fma over the weight blocks in order, run
+// beside the dot products (the scales loaded once). kOffsets: 0 none, 1 float32, 2 / 4 a float16 min (a block's /
+// a super-block's x int8) alone, 3 / 5 offset_scale * scale + that min (kernels.h's MatMulQPacked: the same
+// float32 operations).
+template <int kPerBlock, bool kResidual, int kScaleForm, int kOffsets>
 WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const GroupScales& scales, const GroupScales* offsets,
-                           float offset_scale, int64_t num_blocks, int64_t k, float* out) {
+                           float offset_scale, int64_t k, float* out) {
+  constexpr int kMinForm = kOffsets <= 1 ? 0 : kOffsets <= 3 ? 1 : 2;
+  constexpr bool kScaled = kOffsets == 3 || kOffsets == 5;
+  __m256 o = _mm256_setzero_ps();
+  const __m256 c = _mm256_set1_ps(offset_scale);
   __m256 acc[kGroup];
 #pragma GCC unroll 8
   for (int r = 0; r < kGroup; ++r) acc[r] = _mm256_setzero_ps();
@@ -380,7 +365,14 @@ WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const GroupScale
         kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
     const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
     for (int h = 0; h < kPerBlock; ++h) {
-      _mm256_store_ps(sd[h], _mm256_mul_ps(Load8<kScaleForm>(scales, b * kPerBlock + h), d));
+      const int64_t block = b * kPerBlock + h;
+      const __m256 sv = Load8<kScaleForm>(scales, block);
+      _mm256_store_ps(sd[h], _mm256_mul_ps(sv, d));
+      if (kOffsets != 0) {
+        __m256 ob = Load8<kMinForm>(*offsets, block);
+        if (kScaled) ob = _mm256_add_ps(_mm256_mul_ps(c, sv), ob);
+        o = _mm256_fmadd_ps(ob, _mm256_broadcast_ss(a.sums.data() + block), o);
+      }
     }
     const uint8_t* wb = w + b * kGroup * 16;
 #pragma GCC unroll 8
@@ -393,10 +385,24 @@ WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const GroupScale
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r]);
     }
   }
-  alignas(32) float off[kGroup] = {0.f};
-  if (offsets != nullptr) _mm256_store_ps(off, Offsets<kScaleForm>(a, *offsets, scales, offset_scale, num_blocks));
+  alignas(32) float off[kGroup];
+  _mm256_store_ps(off, o);
 #pragma GCC unroll 8
-  for (int r = 0; r < kGroup; ++r) out[r] = ReduceVec(acc[r]) + off[r];
+  for (int r = 0; r < kGroup; ++r) out[r] = kOffsets == 0 ? ReduceVec(acc[r]) : ReduceVec(acc[r]) + off[r];
+}
+
+// Dot4Group for the offsets' form (its kOffsets code).
+template <int kPerBlock, bool kResidual, int kScaleForm>
+WICORE_VNNI void Dot4GroupOf(int offsets_code, const QuantRow& a, const uint8_t* w, const GroupScales& scales,
+                             const GroupScales* offsets, float offset_scale, int64_t k, float* out) {
+  switch (offsets_code) {
+    case 0: return Dot4Group<kPerBlock, kResidual, kScaleForm, 0>(a, w, scales, offsets, offset_scale, k, out);
+    case 1: return Dot4Group<kPerBlock, kResidual, kScaleForm, 1>(a, w, scales, offsets, offset_scale, k, out);
+    case 2: return Dot4Group<kPerBlock, kResidual, kScaleForm, 2>(a, w, scales, offsets, offset_scale, k, out);
+    case 3: return Dot4Group<kPerBlock, kResidual, kScaleForm, 3>(a, w, scales, offsets, offset_scale, k, out);
+    case 4: return Dot4Group<kPerBlock, kResidual, kScaleForm, 4>(a, w, scales, offsets, offset_scale, k, out);
+    default: return Dot4Group<kPerBlock, kResidual, kScaleForm, 5>(a, w, scales, offsets, offset_scale, k, out);
+  }
 }
 
 template <int kPerBlock, bool kResidual>
@@ -417,10 +423,12 @@ WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& 
         const uint8_t* w = args.weight + n * (k / 2);
         const GroupScales* o = args.offsets != nullptr ? &offsets : nullptr;
         const float c = p != nullptr && p->mins16 != nullptr ? p->offset_scale : 0.f;
+        const int form = o == nullptr ? -1 : o->Form();
+        const int code = form < 0 ? 0 : form == 0 ? 1 : (form == 1 ? 2 : 4) + (c != 0.f ? 1 : 0);
         switch (scales.Form()) {
-          case 0: Dot4Group<kPerBlock, kResidual, 0>(rows[i], w, scales, o, c, num_blocks, k, out); break;
-          case 1: Dot4Group<kPerBlock, kResidual, 1>(rows[i], w, scales, o, c, num_blocks, k, out); break;
-          default: Dot4Group<kPerBlock, kResidual, 2>(rows[i], w, scales, o, c, num_blocks, k, out); break;
+          case 0: Dot4GroupOf<kPerBlock, kResidual, 0>(code, rows[i], w, scales, o, c, k, out); break;
+          case 1: Dot4GroupOf<kPerBlock, kResidual, 1>(code, rows[i], w, scales, o, c, k, out); break;
+          default: Dot4GroupOf<kPerBlock, kResidual, 2>(code, rows[i], w, scales, o, c, k, out); break;
         }
         for (int r = 0; r < kGroup && n + r < end; ++r) y[n + r] = out[r];
       }
