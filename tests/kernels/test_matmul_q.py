@@ -89,11 +89,17 @@ PATHS = ["fast", "avx2", "scalar"]
 
 
 def session(
-    path: str, w: BlockQuant, force: str = "fast", residual: bool = False, threads: int = 2, narrow_widths: bool = False
+    path: str,
+    w: BlockQuant,
+    force: str = "fast",
+    residual: bool = False,
+    threads: int = 2,
+    narrow_widths: bool = False,
+    narrow_8bit_scales: bool = False,
 ) -> ort.InferenceSession:
     """One MatMulQ node on w: by default its 4- / 8-bit codes and float32 scales (the reference layouts),
     with `narrow_widths` the export's (5 / 6 bits, float16 scales where exact: graph/matmul_q.py)."""
-    packed = pack(w, narrow_widths)
+    packed = pack(w, narrow_widths, narrow_8bit_scales)
     names, inits = ["x"], []
     for entry in inputs(packed):
         names.append("" if entry is None else entry[0])
@@ -253,7 +259,8 @@ def gguf_like(rng: np.random.Generator, kind: str, n: int, k: int) -> BlockQuant
 # what pack() must choose for each: code bits, and whether scales / offsets are super-block ints ("ints"),
 # per-block float16 ("half") or float32
 NARROWED = {
-    "Q8_0": (8, "half", None),
+    "Q8_0": (8, "float32", None),  # 8-bit codes keep MatMulNBits' float32 scales
+    "Q8_0-f16": (8, "half", None),  # ... unless asked (pack's narrow_8bit_scales): the kernel takes them
     "Q5_0": (5, "half", None),
     "Q4_1": (4, "half", "half"),
     "Q6_K": (6, "ints", None),
@@ -275,8 +282,9 @@ def test_pack_narrows_each_gguf_type_exactly(kind):
     """pack() keeps the GGUF's widths (the codes unpacked by kernels.h's layout, independently of
     pack_codes; every scale and offset's float32 bits from its narrow form)."""
     rng = np.random.default_rng(len(kind))
-    w = gguf_like(rng, kind, 24, 512)
-    packed = pack(w)
+    gguf_type, f16 = kind.removesuffix("-f16"), kind.endswith("-f16")
+    w = gguf_like(rng, gguf_type, 24, 512)
+    packed = pack(w, narrow_8bit_scales=f16)
     bits, scales, offsets = NARROWED[kind]
     assert (packed.bits, form(packed.scales), form(packed.offsets)) == (bits, scales, offsets)
     if bits in (5, 6):
@@ -305,11 +313,12 @@ def test_narrow_widths_give_the_wide_bits(cpu_library, kind, force, m):
     bit, with and without the residual; several tasks of 64 weight rows and a ragged last one."""
     rng = np.random.default_rng(m + len(kind))
     k = 512 if kind.endswith("_K") else 352  # K-quants: whole super-blocks; else 11 blocks, 3 past the last 4
-    w = gguf_like(rng, kind, 75, k)
+    gguf_type, f16 = kind.removesuffix("-f16"), kind.endswith("-f16")
+    w = gguf_like(rng, gguf_type, 75, k)
     x = rng.standard_t(3, (1, m, k)).astype(np.float32)
     for residual in (False, True):
         (want,) = session(cpu_library, w, force, residual).run(None, {"x": x})
-        (got,) = session(cpu_library, w, force, residual, narrow_widths=True).run(None, {"x": x})
+        (got,) = session(cpu_library, w, force, residual, narrow_widths=True, narrow_8bit_scales=f16).run(None, {"x": x})
         np.testing.assert_array_equal(got, want)
     if m < 16 or force != "fast":
         np.testing.assert_array_equal(got[0], reference(x[0], w, residual=True))

@@ -16,8 +16,9 @@ keep SmolLM2's greedy near-ties where llama.cpp's int8 flips them, for ~10% of t
     scales     [N / 8, K / bs, 8]                       [N, K / bs]                           [N, K / bs]
     offsets    as the scales, only where the weight has them
 
-bs = 16 (Q6_K) or 32. Scales and offsets are float16, or a float16 a super-block times an int8 a block,
-wherever that gives every float32 value exactly (graph/matmul_q_scales.py), else float32. The 4-bit
+bs = 16 (Q6_K) or 32. Scales and offsets of 4-, 5- and 6-bit codes are float16, or a float16 a super-block
+times an int8 a block, wherever that gives every float32 value exactly (graph/matmul_q_scales.py), else
+float32; 8-bit codes keep float32 ones (`pack`). The 4-bit
 interleave makes a block of 8 rows one 128-byte run and its scales one vector, so the kernel addresses
 everything from one pointer. 8-bit codes are MatMulNBits' own B (graph/quant.py `pack_codes`), so a head's
 float refinement and a tied embedding's GatherBlockQuantized share them.
@@ -91,16 +92,20 @@ def pack_codes(w: BlockQuant, bits: int, zero_point: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([nibbles, packed_high], axis=2))
 
 
-def pack(w: BlockQuant, narrow_widths: bool = True) -> Packed:
+def pack(w: BlockQuant, narrow_widths: bool = True, narrow_8bit_scales: bool = False) -> Packed:
     """MatMulQ's inputs (the module doc's layouts); `narrow_widths` False: 4- or 8-bit codes and float32
-    scales and offsets, as before narrow forms existed (the tests' reference)."""
+    scales and offsets, as before narrow forms existed (the tests' reference).
+
+    Codes that stay 8 bits (Q8_0: the LM heads) keep float32 scales unless `narrow_8bit_scales`: they are
+    MatMulNBits' own arrays, shared with the head's refinement and a tied embedding's gather, and float16
+    ones, 5.6% fewer bytes of a Q8_0 head, read no faster and cost SmolLM2's decode 2-3% (docs/PERFORMANCE.md)."""
     bits, zero_point = code_bits(w) if narrow_widths else (w.bits, 8 if w.bits == 4 else 128)
     scales = np.asarray(w.scales, np.float32)
     offsets = None if w.offsets is None else np.asarray(w.offsets, np.float32)
     packed_scales: np.ndarray | Narrow = scales
     packed_offsets: np.ndarray | Narrow | None = offsets
     offset_scale = 0.0
-    if narrow_widths:
+    if narrow_widths and (bits != 8 or narrow_8bit_scales):
         packed_scales = narrow(scales, w.block_size) or scales
         found = None if offsets is None else narrow_offsets(offsets, scales, w.block_size)
         if found is not None:
