@@ -52,7 +52,7 @@ def export_bytes(model_dir: Path, min_bytes: int) -> dict[str, int]:
             if node.op_type in ROW_READS:
                 continue
             for name in node.input:
-                if sizes.get(name, 0) >= min_bytes and name not in seen:
+                if name in sizes and sizes[name] >= min_bytes and name not in seen:
                     seen.add(name)
                     groups[f"{role(node.name.rsplit('/', 1)[0])} ({node.op_type})"] += sizes[name]
     return dict(groups)

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from wicore.graph.matmul_q import BLOCK, pack
+from wicore.graph.matmul_q import BLOCK, attributes, inputs, pack
 from wicore.kernels.library import DOMAIN
 from wicore.model.quant import BlockQuant
 
@@ -88,16 +88,27 @@ def random_weight(rng: np.random.Generator, n: int, k: int, bits: int, block_siz
 PATHS = ["fast", "avx2", "scalar"]
 
 
-def session(path: str, w: BlockQuant, force: str = "fast", residual: bool = False, threads: int = 2) -> ort.InferenceSession:
-    names = ["x", "codes", "scales"] + (["offsets"] if w.offsets is not None else [])
-    node = helper.make_node(
-        "MatMulQ", names, ["y"], domain=DOMAIN, N=w.shape[0], bits=w.bits, block_size=w.block_size, residual=int(residual)
-    )
-    arrays = [a for a in pack(w) if a is not None]
-    inits = [
-        helper.make_tensor(name, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape), a.tobytes(), raw=True)
-        for name, a in zip(names[1:], arrays, strict=True)
-    ]
+def session(
+    path: str,
+    w: BlockQuant,
+    force: str = "fast",
+    residual: bool = False,
+    threads: int = 2,
+    narrow_widths: bool = False,
+    narrow_8bit_scales: bool = False,
+) -> ort.InferenceSession:
+    """One MatMulQ node on w: by default its 4- / 8-bit codes and float32 scales (the reference layouts),
+    with `narrow_widths` the export's (5 / 6 bits, float16 scales where exact: graph/matmul_q.py)."""
+    packed = pack(w, narrow_widths, narrow_8bit_scales)
+    names, inits = ["x"], []
+    for entry in inputs(packed):
+        names.append("" if entry is None else entry[0])
+        if entry is not None:
+            role, a = entry
+            inits.append(helper.make_tensor(role, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape), a.tobytes(), raw=True))
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("MatMulQ", names, ["y"], domain=DOMAIN, **attributes(packed, w, residual))
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, None])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     graph = helper.make_graph([node], "t", [x], [y], initializer=inits)
@@ -209,3 +220,105 @@ def test_matmul_q_says_what_it_takes(cpu_library):
     s = session(cpu_library, w)
     with pytest.raises(Exception, match="K must be a multiple of 32"):
         s.run(None, {"x": np.zeros((1, 1, 48), np.float32)})
+
+
+# -- the GGUF's own widths: 5- / 6-bit codes, float16 and super-block scales (graph/matmul_q_scales.py) ----------
+def halves(rng: np.random.Generator, shape: tuple[int, ...], low: float, high: float, signed: bool = False) -> np.ndarray:
+    """Random float16 values as float32 (a GGUF's d, dmin, m)."""
+    v = rng.uniform(low, high, shape) * (rng.choice([-1, 1], shape) if signed else 1)
+    return v.astype(np.float16).astype(np.float32)
+
+
+def gguf_like(rng: np.random.Generator, kind: str, n: int, k: int) -> BlockQuant:
+    """A weight as wicore/export/gguf_quant.py transcodes each GGUF type: the scales and offsets the GGUF's
+    float16 fields give in float32 (K-quants: a float16 each 256 columns times a 6-bit or int8 sub-scale)."""
+    supers = k // 256
+    if kind in ("Q8_0", "Q5_0", "Q4_0", "Q4_1"):
+        bits, low, high = {"Q8_0": (8, -128, 128), "Q5_0": (8, -16, 16), "Q4_0": (4, -8, 8), "Q4_1": (4, -8, 8)}[kind]
+        d = halves(rng, (n, k // 32), 1e-3, 2e-2)
+        m = halves(rng, (n, k // 32), 0.0, 0.2, signed=True)
+        offsets = (np.float32(8) * d + m).astype(np.float32) if kind == "Q4_1" else None  # fields_d_m(8)
+        return BlockQuant(rng.integers(low, high, (n, k)).astype(np.int8), d, offsets, bits, 32)
+    if kind == "Q6_K":  # d * int8 sc, blocks of 16; d negative as llama.cpp's quantizer makes it
+        d = np.repeat(halves(rng, (n, supers), 1e-4, 1e-3, signed=True), 16, axis=1)
+        sc = rng.integers(-128, 128, (n, k // 16)).astype(np.float32)
+        return BlockQuant(rng.integers(-32, 32, (n, k)).astype(np.int8), (d * sc).astype(np.float32), None, 8, 16)
+    d = np.repeat(halves(rng, (n, supers), 1e-4, 1e-3), 8, axis=1)  # Q4_K, Q5_K: d sc - dmin m
+    dmin = np.repeat(halves(rng, (n, supers), 1e-4, 1e-3), 8, axis=1)
+    scale = d * rng.integers(0, 64, (n, k // 32)).astype(np.float32)
+    minimum = dmin * rng.integers(0, 64, (n, k // 32)).astype(np.float32)
+    if kind == "Q4_K":  # codes q - 8, offset 8 scale - min (fields_k(8))
+        return BlockQuant(
+            rng.integers(-8, 8, (n, k)).astype(np.int8), scale, (np.float32(8) * scale - minimum).astype(np.float32), 4, 32
+        )
+    return BlockQuant(
+        rng.integers(0, 32, (n, k)).astype(np.int8), scale, (np.float32(0) * scale - minimum).astype(np.float32), 8, 32
+    )
+
+
+# what pack() must choose for each: code bits, and whether scales / offsets are super-block ints ("ints"),
+# per-block float16 ("half") or float32
+NARROWED = {
+    "Q8_0": (8, "float32", None),  # 8-bit codes keep MatMulNBits' float32 scales
+    "Q8_0-f16": (8, "half", None),  # ... unless asked (pack's narrow_8bit_scales): the kernel takes them
+    "Q5_0": (5, "half", None),
+    "Q4_1": (4, "half", "half"),
+    "Q6_K": (6, "ints", None),
+    "Q4_K": (4, "ints", "ints"),
+    "Q5_K": (5, "ints", "ints"),
+}
+
+
+def form(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray):
+        return "float32"
+    return "half" if value.ints is None else "ints"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kind", list(NARROWED))
+def test_pack_narrows_each_gguf_type_exactly(kind):
+    """pack() keeps the GGUF's widths (the codes unpacked by kernels.h's layout, independently of
+    pack_codes; every scale and offset's float32 bits from its narrow form)."""
+    rng = np.random.default_rng(len(kind))
+    gguf_type, f16 = kind.removesuffix("-f16"), kind.endswith("-f16")
+    w = gguf_like(rng, gguf_type, 24, 512)
+    packed = pack(w, narrow_8bit_scales=f16)
+    bits, scales, offsets = NARROWED[kind]
+    assert (packed.bits, form(packed.scales), form(packed.offsets)) == (bits, scales, offsets)
+    if bits in (5, 6):
+        raw = packed.codes.reshape(24, 512 // 32, -1).astype(np.int64)
+        col = np.arange(32)
+        low = np.where(col < 16, raw[:, :, col % 16] & 0x0F, raw[:, :, col % 16] >> 4)
+        h, nbytes = bits - 4, 4 * (bits - 4)
+        high = (raw[:, :, 16 + col % nbytes] >> (h * (col // nbytes))) & ((1 << h) - 1)
+        np.testing.assert_array_equal((low + (high << 4)).reshape(24, 512) - packed.zero_point, w.codes)
+    wide = pack(w, narrow_widths=False)
+    for narrow_value, wide_value in ((packed.scales, wide.scales), (packed.offsets, wide.offsets)):
+        if narrow_value is None or isinstance(narrow_value, np.ndarray):
+            continue
+        # (4 bits: both in the grouped layout, [N / 8, blocks, 8], the super-blocks along axis 1 as well)
+        is_offset = narrow_value is packed.offsets and packed.offset_scale != 0
+        base = np.float32(packed.offset_scale) * wide.scales if is_offset else None
+        np.testing.assert_array_equal(narrow_value.values(base).view(np.uint32), np.asarray(wide_value).view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", list(NARROWED))
+@pytest.mark.parametrize("force", PATHS)
+@pytest.mark.parametrize("m", [1, 5, 17], ids=["decode", "tiles", "prompt"])
+def test_narrow_widths_give_the_wide_bits(cpu_library, kind, force, m):
+    """Every path, decode (the VNNI rows unpack 5 / 6 bits in registers and read narrow scales in place),
+    small prompts (tiles) and long ones (the float GEMM): the narrow forms give the wide forms' output bit for
+    bit, with and without the residual; several tasks of 64 weight rows and a ragged last one."""
+    rng = np.random.default_rng(m + len(kind))
+    k = 512 if kind.endswith("_K") else 352  # K-quants: whole super-blocks; else 11 blocks, 3 past the last 4
+    gguf_type, f16 = kind.removesuffix("-f16"), kind.endswith("-f16")
+    w = gguf_like(rng, gguf_type, 75, k)
+    x = rng.standard_t(3, (1, m, k)).astype(np.float32)
+    for residual in (False, True):
+        (want,) = session(cpu_library, w, force, residual).run(None, {"x": x})
+        (got,) = session(cpu_library, w, force, residual, narrow_widths=True, narrow_8bit_scales=f16).run(None, {"x": x})
+        np.testing.assert_array_equal(got, want)
+    if m < 16 or force != "fast":
+        np.testing.assert_array_equal(got[0], reference(x[0], w, residual=True))

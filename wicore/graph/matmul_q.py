@@ -5,24 +5,32 @@ products against the weight's codes, one float scale a weight block, and a block
 Q5_K ...) times the block's sum of the quantized activations. By default (`residual`) the activations'
 rounding error is rounded to int8 again in steps of d / 128 and dotted too: ~15-bit activations, which
 keep SmolLM2's greedy near-ties where llama.cpp's int8 flips them, for ~10% of the step. The GGUF's blocks go in as
-`BlockQuant` keeps them (wicore/model/quant.py), repacked:
+`BlockQuant` keeps them (wicore/model/quant.py), repacked at the GGUF's own widths:
 
-    input      8 bits                        4 bits (rows in groups of GROUP, N padded with zeros)
-    codes      uint8 [N, K / bs, bs]         uint8 [N / 8, K / 32, 8, 16]: a group's rows interleaved a block
-               code + 128                    at a time; code + 8, column j low nibble, j + 16 high
-    scales     float32 [N, K / bs]           float32 [N / 8, K / bs, 8]
-    offsets    as the scales, only where the weight has them (an optional input)
+    input      4 bits (rows in groups of GROUP,         5 / 6 bits (codes that span          8 bits
+               N padded with zeros)                     32 / 64 values: Q5_0, Q5_K, Q6_K)
+    codes      uint8 [N / 8, K / 32, 8, 16]: a group's  uint8 [N, K / 32, 16 + 4h]: the      uint8 [N, K / bs, bs]
+               rows interleaved a block at a time;      4-bit nibbles, then h high bits a     code + 128
+               code + 8, column j low nibble, j + 16    code (kernels.h); code + zero_point
+               high
+    scales     [N / 8, K / bs, 8]                       [N, K / bs]                           [N, K / bs]
+    offsets    as the scales, only where the weight has them
 
-bs = 16 (Q6_K) or 32. The 4-bit interleave makes a block of 8 rows one 128-byte run and its scales one
-vector, so the kernel addresses everything from one pointer. 8-bit codes are MatMulNBits' own B
-(graph/quant.py `pack_codes`), so a head's float refinement and a tied embedding's
-GatherBlockQuantized share them.
+bs = 16 (Q6_K) or 32. Scales and offsets of 4-, 5- and 6-bit codes are float16, or a float16 a super-block
+times an int8 a block, wherever that gives every float32 value exactly (graph/matmul_q_scales.py), else
+float32; 8-bit codes keep float32 ones (`pack`). The 4-bit
+interleave makes a block of 8 rows one 128-byte run and its scales one vector, so the kernel addresses
+everything from one pointer. 8-bit codes are MatMulNBits' own B (graph/quant.py `pack_codes`), so a head's
+float refinement and a tied embedding's GatherBlockQuantized share them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from wicore.graph.matmul_q_scales import Narrow, narrow, narrow_offsets
 from wicore.graph.ops import DataFile, Graph
 from wicore.kernels.library import DOMAIN
 from wicore.model.quant import BlockQuant
@@ -30,6 +38,7 @@ from wicore.model.quant import BlockQuant
 BLOCK = 32  # activation block (columns)
 BLOCK_SIZES = (16, 32)  # weight blocks the kernel takes
 GROUP = 8  # 4-bit rows interleaved
+NARROW_BITS = (5, 6)  # 8-bit codes that span at most 2**bits values are stored in bits (kernels.h)
 
 
 def can_run(w: BlockQuant) -> bool:
@@ -37,27 +46,123 @@ def can_run(w: BlockQuant) -> bool:
     return w.bits in (4, 8) and w.block_size in BLOCK_SIZES and w.shape[1] % BLOCK == 0
 
 
-def pack(w: BlockQuant) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """MatMulQ's codes, scales and offsets (the module doc's layouts)."""
+@dataclass(frozen=True)
+class Packed:
+    """MatMulQ's inputs for one weight: codes at `bits` (code + zero_point), scales and offsets each as
+    float32 or `Narrow` (module doc), offsets = offset_scale * scales + mins where `mins` is narrow."""
+
+    codes: np.ndarray
+    bits: int
+    zero_point: int
+    scales: np.ndarray | Narrow
+    offsets: np.ndarray | Narrow | None
+    offset_scale: float = 0.0
+
+
+def code_bits(w: BlockQuant) -> tuple[int, int]:
+    """(bits, zero point) the codes are stored in: 4 bits as BlockQuant's, 8-bit codes in 5 or 6 where they
+    span so few values (zero point: minus the smallest code), else 8."""
+    if w.bits == 4:
+        return 4, 8
+    low, high = int(w.codes.min()), int(w.codes.max())
+    for bits in NARROW_BITS:
+        if high - low < 2**bits:
+            return bits, -low
+    return 8, 128
+
+
+def pack_codes(w: BlockQuant, bits: int, zero_point: int) -> np.ndarray:
+    """The codes in kernels.h's layout for `bits` (the module doc's table)."""
     rows, cols = w.shape
-    offsets = None if w.offsets is None else w.offsets.astype(np.float32)
-    if w.bits == 8:  # code + 128 is the code's bits with the top one flipped (two's complement)
-        codes = (np.asarray(w.codes, np.int8).view(np.uint8) ^ 0x80).reshape(rows, cols // w.block_size, w.block_size)
-        return codes, w.scales.astype(np.float32), offsets
-    padded = -(-rows // GROUP) * GROUP
-    unsigned = np.zeros((padded, cols), np.uint8)
-    unsigned[:rows] = (np.asarray(w.codes, np.int8).view(np.uint8) ^ 0x08) & 0x0F  # code + 8
-    halves = unsigned.reshape(padded // GROUP, GROUP, cols // BLOCK, 2, BLOCK // 2)
-    codes = (halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).transpose(0, 2, 1, 3)  # [groups, blocks, 8, 16]
-    return np.ascontiguousarray(codes), grouped(w.scales, padded), None if offsets is None else grouped(offsets, padded)
+    if bits == 8:  # code + 128 is the code's bits with the top one flipped (two's complement)
+        return (np.asarray(w.codes, np.int8).view(np.uint8) ^ 0x80).reshape(rows, cols // w.block_size, w.block_size)
+    if bits == 4:
+        padded = -(-rows // GROUP) * GROUP
+        unsigned = np.zeros((padded, cols), np.uint8)
+        unsigned[:rows] = (np.asarray(w.codes, np.int8).view(np.uint8) ^ 0x08) & 0x0F  # code + 8
+        halves = unsigned.reshape(padded // GROUP, GROUP, cols // BLOCK, 2, BLOCK // 2)
+        return np.ascontiguousarray((halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).transpose(0, 2, 1, 3))
+    u = (w.codes.astype(np.int16) + zero_point).astype(np.uint8).reshape(rows, cols // BLOCK, BLOCK)
+    nibbles = (u[:, :, :16] & 0x0F) | ((u[:, :, 16:] & 0x0F) << 4)
+    high_bits = bits - 4
+    fields = 8 // high_bits  # a byte's fields; byte j holds column j + (32 / fields) i at bits h i
+    high = (u >> 4).reshape(rows, cols // BLOCK, fields, BLOCK // fields).astype(np.uint8)
+    shifts = (high_bits * np.arange(fields, dtype=np.uint8))[None, None, :, None]
+    packed_high = np.bitwise_or.reduce(high << shifts, axis=2).astype(np.uint8)
+    return np.ascontiguousarray(np.concatenate([nibbles, packed_high], axis=2))
+
+
+def pack(w: BlockQuant, narrow_widths: bool = True, narrow_8bit_scales: bool = False) -> Packed:
+    """MatMulQ's inputs (the module doc's layouts); `narrow_widths` False: 4- or 8-bit codes and float32
+    scales and offsets, as before narrow forms existed (the tests' reference).
+
+    Codes that stay 8 bits (Q8_0: the LM heads) keep float32 scales unless `narrow_8bit_scales`: they are
+    MatMulNBits' own arrays, shared with the head's refinement and a tied embedding's gather, and float16
+    ones, 5.6% fewer bytes of a Q8_0 head, read no faster and cost SmolLM2's decode 2-3% (docs/PERFORMANCE.md)."""
+    bits, zero_point = code_bits(w) if narrow_widths else (w.bits, 8 if w.bits == 4 else 128)
+    scales = np.asarray(w.scales, np.float32)
+    offsets = None if w.offsets is None else np.asarray(w.offsets, np.float32)
+    packed_scales: np.ndarray | Narrow = scales
+    packed_offsets: np.ndarray | Narrow | None = offsets
+    offset_scale = 0.0
+    if narrow_widths and (bits != 8 or narrow_8bit_scales):
+        packed_scales = narrow(scales, w.block_size) or scales
+        found = None if offsets is None else narrow_offsets(offsets, scales, w.block_size)
+        if found is not None:
+            offset_scale, packed_offsets = found
+    rows = w.shape[0]
+    padded = -(-rows // GROUP) * GROUP if bits == 4 else rows
+
+    def laid_out(a: np.ndarray | Narrow) -> np.ndarray | Narrow:
+        if bits != 4:
+            return a
+        if isinstance(a, np.ndarray):
+            return grouped(a, padded)
+        return Narrow(grouped(a.half, padded), None if a.ints is None else grouped(a.ints, padded), a.blocks_per_super)
+
+    return Packed(
+        pack_codes(w, bits, zero_point),
+        bits,
+        zero_point,
+        laid_out(packed_scales),
+        None if packed_offsets is None else laid_out(packed_offsets),
+        offset_scale,
+    )
 
 
 def grouped(per_block: np.ndarray, padded: int) -> np.ndarray:
-    """[N, K / bs] -> [padded / 8, K / bs, 8] float32, zeros past N."""
+    """[N, K / bs] -> [padded / 8, K / bs, 8], zeros past N, in per_block's dtype."""
     rows, num_blocks = per_block.shape
-    out = np.zeros((padded, num_blocks), np.float32)
+    out = np.zeros((padded, num_blocks), per_block.dtype)
     out[:rows] = per_block
     return np.ascontiguousarray(out.reshape(padded // GROUP, GROUP, num_blocks).transpose(0, 2, 1))
+
+
+def inputs(packed: Packed) -> list[tuple[str, np.ndarray] | None]:
+    """MatMulQ's inputs 1-7 (ops.cc) as (role, array), None where absent: codes, scales, offsets (float32),
+    scales16, scale_ints, mins16, min_ints."""
+    out: list[tuple[str, np.ndarray] | None] = [("qweight", packed.codes), None, None, None, None, None, None]
+    for at, role, value in ((1, "scales", packed.scales), (2, "block_offsets", packed.offsets)):
+        if value is None:
+            continue
+        if isinstance(value, np.ndarray):
+            out[at] = (role, value)
+            continue
+        half_at = 3 if at == 1 else 5
+        out[half_at] = (f"{role}_f16", value.half)
+        if value.ints is not None:
+            out[half_at + 1] = (f"{role}_ints", value.ints)
+    return out
+
+
+def attributes(packed: Packed, w: BlockQuant, residual: bool) -> dict[str, int | float]:
+    """MatMulQ's attributes for `packed` (ops.cc)."""
+    supers = [v.blocks_per_super for v in (packed.scales, packed.offsets) if isinstance(v, Narrow) and v.ints is not None]
+    attrs: dict[str, int | float] = {"N": w.shape[0], "bits": packed.bits, "block_size": w.block_size, "residual": int(residual)}
+    if len(set(supers)) > 1:
+        raise ValueError(f"scales and offsets in super-blocks of different sizes: {supers}")
+    attrs.update(zero_point=packed.zero_point, offset_scale=packed.offset_scale, blocks_per_super=supers[0] if supers else 0)
+    return attrs
 
 
 def matmul_q(
@@ -78,14 +183,18 @@ def matmul_q(
             f"block {w.block_size} of {w.shape}"
         )
     prefix = weight_name or name
-    # 8 bits: MatMulNBits' own arrays, shared; 4 bits: this kernel's interleaved ones
-    suffix = "" if w.bits == 8 else "_q"
-    inputs = [
-        x,
-        g.weight(f"{prefix}.qweight{suffix}", lambda: pack(w)[0], data),
-        g.weight(f"{prefix}.scales{suffix}", lambda: pack(w)[1], data),
-    ]
-    if w.offsets is not None:
-        inputs.append(g.weight(f"{prefix}.block_offsets{suffix}", lambda: pack(w)[2], data))  # type: ignore[arg-type,return-value]
-    attrs = {"N": w.shape[0], "bits": w.bits, "block_size": w.block_size, "residual": int(residual)}
-    return g.op("MatMulQ", inputs, f"{name}/MatMulQ", out=out, domain=DOMAIN, **attrs)
+    packed = pack(w)
+    # 8-bit codes and float32 row-major scales: MatMulNBits' own arrays, shared; 4 bits' grouped ones and
+    # 5 / 6 bits' codes: this kernel's own names
+    suffix = {4: "_q", 5: "_q5", 6: "_q6", 8: ""}[packed.bits]
+    names = [x]
+    for entry in inputs(packed):
+        if entry is None:
+            names.append("")
+            continue
+        role, array = entry
+        own = suffix if role == "qweight" or packed.bits == 4 else ""
+        names.append(g.weight(f"{prefix}.{role}{own}", lambda a=array: a, data))  # type: ignore[misc]
+    while names[-1] == "":
+        names.pop()
+    return g.op("MatMulQ", names, f"{name}/MatMulQ", out=out, domain=DOMAIN, **attributes(packed, w, residual))

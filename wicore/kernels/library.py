@@ -49,8 +49,8 @@ class Compiler:
         sources = [
             str(CSRC / name)
             for name in (
-                "ops.cc", "ops_attention.cc", "kernels_cpu.cc", "matmul_q_cpu.cc", "matmul_q_float.cc", "attention_cpu.cc",
-                "attention_qkv_cpu.cc",
+                "ops.cc", "ops_attention.cc", "kernels_cpu.cc", "matmul_q_cpu.cc", "matmul_q_float.cc",
+                "matmul_q_packed.cc", "attention_cpu.cc", "attention_qkv_cpu.cc",
             )
         ]  # fmt: skip
         if not self.cuda:

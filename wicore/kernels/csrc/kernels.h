@@ -8,9 +8,11 @@
 //   GeGLU / SwiGLU  (gate_up f16 [rows, 2I])                                 -> f16 [rows, I]
 //                   out = act(gate_up[:, :I]) * gate_up[:, I:]   (gelu_tanh / silu, in float32)
 //
-//   MatMulQ         (x f32 [M, K], codes u8, scales f32, offsets f32 | null; MatMulQArgs gives the layouts)
+//   MatMulQ         (x f32 [M, K], codes u8, scales f32 | null, offsets f32 | null, and the narrow forms of
+//                   MatMulQPacked: scales16 f16, scale_ints i8, mins16 f16, min_ints i8, each | null)
 //                   -> y f32 [M, N]: llama.cpp's arithmetic (matmul_q_cpu.cc): x in int8 blocks of 32,
-//                   w[n, c] = scales[n, c / bs] * (code - zero point) + offsets[n, c / bs]; bits 4 or 8, bs 16 or 32
+//                   w[n, c] = scales[n, c / bs] * (code - zero point) + offsets[n, c / bs]; bits 4, 5, 6 or 8,
+//                   bs 16 or 32 (matmul_q_packed.cc turns 5 and 6 bits and the narrow scales into the wide forms)
 //
 //   GatedActivation (gate_up f32 [rows, 2I]; attribute activation)             -> f32 [rows, I]   (CPU, attention_cpu.cc;
 //                   not emitted by the exporter: measured no faster than ORT's Split + activation + Mul)
@@ -51,6 +53,9 @@ struct MatMulQArgs {
   // 4 bits: rows in groups of 8 (n padded to a multiple of 8), interleaved a block at a time:
   //   codes [n / 8, k / 32, 8, 16]: per row and 32 columns, column j in the low nibble, j + 16 in the high one (code + 8)
   //   scales and offsets [n / 8, k / block_size, 8]
+  // 5 and 6 bits (h = bits - 4 high bits a code): [n, k / 32, 16 + 4h] code + zero_point, per row and 32 columns
+  //   the 4-bit layout's 16 bytes of low nibbles, then 4h bytes: byte j holds column j + 4h i's high bits at
+  //   bits h i .. h i + h - 1 (i < 8 / h); scales and offsets as 8 bits'
   const uint8_t* weight;
   const float* scales;
   const float* offsets;     // or null
@@ -61,6 +66,27 @@ struct MatMulQArgs {
   // d / 128 (~15-bit activations, two integer dot products a block): llama.cpp's int8 rounding flips
   // SmolLM2's greedy near-ties, this does not (docs/PERFORMANCE.md).
   bool residual;
+  int zero_point;           // 5 and 6 bits: the stored code is code + zero_point (4 bits: 8, 8 bits: 128)
+  // Where set (matmul_q_packed.cc, for the VNNI rows of 4-bit codes at m == 1), the narrow scales and offsets
+  // are read in place and `scales` / `offsets` only say that they exist.
+  const struct MatMulQPacked* packed = nullptr;
+};
+
+// MatMulQ's scales and offsets where the graph stores them narrower than float32 (matmul_q.py chooses the
+// narrowest form that gives every value exactly):
+//   scale[i]  = scale_ints ? half(scales16[super(i)]) * scale_ints[i] : half(scales16[i])
+//   offset[i] = offset_scale * scale[i] + (min_ints ? half(mins16[super(i)]) * min_ints[i] : half(mins16[i]))
+//               (offset_scale 0: the second term alone, a -0.0 kept; offset_scale a power of two, so its product is exact)
+// in float32, i a weight block in MatMulQArgs' layout of the scales, super(i) its super-block (blocks_per_super
+// blocks of a row) in the same layout. Every product is exact (11 x 8 bits); the offsets' sum rounds once,
+// as the export's own float32 offsets did. A null scales16 / mins16: MatMulQArgs' float32 scales / offsets.
+struct MatMulQPacked {
+  const uint16_t* scales16;
+  const int8_t* scale_ints;
+  const uint16_t* mins16;
+  const int8_t* min_ints;
+  float offset_scale;
+  int64_t blocks_per_super;
 };
 
 // One row of activations in int8 blocks of 32.
@@ -130,6 +156,13 @@ void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int6
 constexpr int64_t kMatMulQFloatRows = 16;
 bool MatMulQFloatRuns(const MatMulQArgs& args, MatMulQPath path);
 void MatMulQFloatCpu(const MatMulQArgs& args, int64_t row_begin, int64_t row_end);
+// Any stored width (matmul_q_packed.cc): the arguments MatMulQQuantize takes (5 and 6 bits quantize x as 8 bits
+// do), and rows [row_begin, row_end) by MatMulQCpu (rows non-null) or MatMulQFloatCpu (null), after turning
+// the task's narrow scales into float32 and, except where the VNNI rows read them (m == 1), 5- and 6-bit
+// codes into 8-bit ones.
+MatMulQArgs MatMulQQuantizeArgs(const MatMulQArgs& args);
+void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std::vector<QuantRow>* rows,
+                 int64_t row_begin, int64_t row_end, MatMulQPath path);
 
 #ifdef WICORE_CUDA
 // Launched on `stream` (ORT's compute stream for the node); no allocation, no synchronization.

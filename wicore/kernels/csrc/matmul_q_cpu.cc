@@ -12,8 +12,10 @@
 // the signed codes' dot product with no further correction.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <immintrin.h>
@@ -90,9 +92,10 @@ struct RowView {
 
 RowView View(const MatMulQArgs& args, int64_t n) {
   const int64_t num_blocks = args.k / args.block_size;
-  if (args.bits == 8) {
+  if (args.bits != 4) {  // 5 and 6 bits: codes of kernels.h's layout (DotScalar reads 4 and 8 bits only)
     const float* o = args.offsets != nullptr ? args.offsets + n * num_blocks : nullptr;
-    return {args.weight + n * args.k, args.scales + n * num_blocks, o, kBlock, 1};
+    const int64_t block_bytes = args.bits == 8 ? kBlock : 16 + 4 * (args.bits - 4);
+    return {args.weight + n * (args.k / kBlock) * block_bytes, args.scales + n * num_blocks, o, block_bytes, 1};
   }
   const int64_t g = n / kGroup, r = n % kGroup;
   const int64_t first = g * num_blocks * kGroup + r;
@@ -180,38 +183,174 @@ WICORE_VNNI inline __m256i LaneDots(__m256i u, __m256i q, __m256i start, __m256i
   return _mm256_dpbusd_epi32(_mm256_add_epi32(_mm256_slli_epi32(p, 7), start2), u, q2);
 }
 
-template <int kRows, int kPerBlock, bool kResidual>
-WICORE_VNNI void Dot8(const QuantRow& a, const uint8_t* w, int64_t row_bytes, const float* scales, int64_t num_blocks,
-                      int64_t k, float* out) {
-  __m256 acc[kRows];
+// 5- and 6-bit codes (kernels.h's layout: kHigh high bits a code): the codes unpacked in registers,
+// u = low nibble + (high bits << 4) + bias = code + 128, as 8-bit codes are stored. The high bits of column j + 4h i sit at bits
+// h i of byte j of the 4h: broadcast to every dword (qword for 6 bits), rotating lane i left by 4 - h i puts
+// them at bits 4 .. 3 + h of their column's byte.
+template <int kHigh>
+WICORE_VNNI inline __m256i Unpack56(const uint8_t* c, __m256i bias) {
+  const __m256i shifts = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+  const __m256i nib = _mm256_and_si256(_mm256_srlv_epi16(v, shifts), _mm256_set1_epi8(0x0F));
+  __m256i hi;
+  if (kHigh == 1) {
+    int32_t word;
+    std::memcpy(&word, c + 16, 4);
+    hi = _mm256_and_si256(_mm256_rolv_epi32(_mm256_set1_epi32(word), _mm256_setr_epi32(4, 3, 2, 1, 0, 31, 30, 29)),
+                          _mm256_set1_epi8(0x10));
+  } else {
+    int64_t word;
+    std::memcpy(&word, c + 16, 8);
+    hi = _mm256_and_si256(_mm256_rolv_epi64(_mm256_set1_epi64x(word), _mm256_setr_epi64x(4, 2, 0, 62)), _mm256_set1_epi8(0x30));
+  }
+  return _mm256_add_epi8(_mm256_or_si256(nib, hi), bias);
+}
+
+// A row-major weight's scales as DotRows reads them: float32, or MatMulQPacked's narrow forms in place
+// (kernels.h), starting at the kernel's first row; the same float32 values either way.
+struct RowScales {
+  const float* f32;      // or null
+  const uint16_t* half;  // a block's, or a super-block's with ints
+  const int8_t* ints;    // or null
+  int shift;             // log2 of the blocks a super-block
+  int64_t num_supers;    // a row's
+};
+
+// Row r's scales of weight blocks [first, first + 4 kPerBlock) (4 32-column blocks), in one vector's low lanes:
+// a super-block holds them all (blocks_per_super 8 or 16, `first` a multiple of 4 kPerBlock).
+template <int kPerBlock>
+WICORE_VNNI inline __m256 FourBlocks(const RowScales& s, int64_t r, int64_t num_blocks, int64_t first) {
+  const int64_t i = r * num_blocks + first;
+  if (kPerBlock == 1) {
+    if (s.ints == nullptr) return _mm256_zextps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.half + i))));
+    const __m128 super = _mm_set1_ps(_cvtsh_ss(s.half[r * s.num_supers + (first >> s.shift)]));
+    int32_t t4;
+    std::memcpy(&t4, s.ints + i, 4);
+    return _mm256_zextps128_ps256(_mm_mul_ps(super, _mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(t4)))));
+  }
+  if (s.ints == nullptr) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.half + i)));
+  const __m256 super = _mm256_set1_ps(_cvtsh_ss(s.half[r * s.num_supers + (first >> s.shift)]));
+  return _mm256_mul_ps(super, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.ints + i)))));
+}
+
+// One weight block's scale as a float32, where FourBlocks does not reach (a row's last K / 32 % 4 blocks).
+WICORE_VNNI inline float OneBlock(const RowScales& s, int64_t r, int64_t num_blocks, int64_t block) {
+  const int64_t i = r * num_blocks + block;
+  if (s.ints == nullptr) return _cvtsh_ss(s.half[i]);
+  return _cvtsh_ss(s.half[r * s.num_supers + (block >> s.shift)]) * static_cast<float>(s.ints[i]);
+}
+
+// One 32-column block b of kRows rows into their accumulators, with each row's scale vector s[r] (kTimesD: already
+// multiplied by the activation block's d, the same products).
+template <int kRows, bool kResidual, int kHigh, bool kTimesD = false>
+WICORE_VNNI inline void BlockDots(const QuantRow& a, const uint8_t* w, int64_t row_bytes, int64_t b, const __m256* s,
+                                  __m256i bias, __m256* acc) {
+  constexpr int64_t kBlockBytes = kHigh == 0 ? kBlock : 16 + 4 * kHigh;
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + b * kBlock));
+  const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes.data() + b * kLanes));
+  const __m256i q2 = kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q2.data() + b * kBlock)) : q;
+  const __m256i start2 = kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
+  const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    const uint8_t* c = w + r * row_bytes + b * kBlockBytes;
+    const __m256i u = kHigh == 0 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)) : Unpack56<kHigh>(c, bias);
+    const __m256i p = LaneDots<kResidual>(u, q, start, q2, start2);
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), kTimesD ? s[r] : _mm256_mul_ps(s[r], d), acc[r]);
+  }
+}
+
+// 8-, 5- and 6-bit codes (kHigh 0: 8 bits, row-major; 1, 2: kernels.h's 5- / 6-bit layout, unpacked by Unpack56):
+// kRows rows (row_bytes apart) against one quantized activation row, independent chains. The scales are read
+// 4 32-column blocks at a time (a lane permute a block) where narrow, else broadcast from float32.
+template <int kRows, int kPerBlock, bool kResidual, int kHigh>
+WICORE_VNNI void DotRows(const QuantRow& a, const uint8_t* w, int64_t row_bytes, const RowScales& scales, int64_t num_blocks,
+                         int64_t k, __m256i bias, float* out) {
+  __m256 acc[kRows], s[kRows];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < k / kBlock; ++b) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + b * kBlock));
-    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes.data() + b * kLanes));
-    const __m256i q2 = kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q2.data() + b * kBlock)) : q;
-    const __m256i start2 =
-        kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
-    const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
+  const int64_t num_32 = k / kBlock;
+  int64_t b = 0;
+  if (scales.f32 == nullptr) {
+    // 4 blocks' scale x d products at a time into sd (one vector multiply: the same products as one a block),
+    // broadcast back from memory a block as float32 scales are
+    alignas(32) float sd[kRows][8];
+    const __m256i spread = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);  // kPerBlock 2: each d twice
+    for (; b + 4 <= num_32; b += 4) {
+      const __m256 d4 = _mm256_zextps128_ps256(_mm_loadu_ps(a.d.data() + b));
+      const __m256 d = kPerBlock == 1 ? d4 : _mm256_permutexvar_ps(spread, d4);
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r) _mm256_store_ps(sd[r], _mm256_mul_ps(FourBlocks<kPerBlock>(scales, r, num_blocks, b * kPerBlock), d));
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+#pragma GCC unroll 8
+        for (int r = 0; r < kRows; ++r) {
+          const float* v = sd[r] + j * kPerBlock;
+          s[r] = kPerBlock == 1 ? _mm256_broadcast_ss(v) : _mm256_setr_m128(_mm_broadcast_ss(v), _mm_broadcast_ss(v + 1));
+        }
+        BlockDots<kRows, kResidual, kHigh, true>(a, w, row_bytes, b + j, s, bias, acc);
+      }
+    }
+  }
+  for (; b < num_32; ++b) {
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
-      const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + b * kBlock));
-      const __m256i p = LaneDots<kResidual>(u, q, start, q2, start2);
-      const float* sr = scales + r * num_blocks + b * kPerBlock;
-      const __m256 s = kPerBlock == 1 ? _mm256_broadcast_ss(sr) : _mm256_setr_m128(_mm_broadcast_ss(sr), _mm_broadcast_ss(sr + 1));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, d), acc[r]);
+      if (scales.f32 != nullptr) {
+        const float* sr = scales.f32 + r * num_blocks + b * kPerBlock;
+        s[r] = kPerBlock == 1 ? _mm256_broadcast_ss(sr) : _mm256_setr_m128(_mm_broadcast_ss(sr), _mm_broadcast_ss(sr + 1));
+      } else {
+        const float s0 = OneBlock(scales, r, num_blocks, b * kPerBlock);
+        const float s1 = kPerBlock == 1 ? s0 : OneBlock(scales, r, num_blocks, b * kPerBlock + 1);
+        s[r] = _mm256_setr_m128(_mm_set1_ps(s0), _mm_set1_ps(s1));
+      }
     }
+    BlockDots<kRows, kResidual, kHigh>(a, w, row_bytes, b, s, bias, acc);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) out[r] = ReduceVec(acc[r]);
 }
 
+// One group's scales (or its offsets' min terms) as a kernel reads them: float32, or MatMulQPacked's narrow
+// forms in place, 8 rows a block ([blocks, 8]; supers [supers, 8]). The same float32 values either way.
+struct GroupScales {
+  const float* f32;      // or null
+  const uint16_t* half;  // a block's 8, or a super-block's with ints
+  const int8_t* ints;    // or null
+  int shift;             // log2 of the blocks a super-block
+
+  static GroupScales Of(const float* f32, const uint16_t* half, const int8_t* ints, int64_t blocks_per_super, int64_t group,
+                        int64_t num_blocks) {
+    if (half == nullptr) return {f32 != nullptr ? f32 + group * num_blocks * kGroup : nullptr, nullptr, nullptr, 0};
+    if (ints == nullptr) return {nullptr, half + group * num_blocks * kGroup, nullptr, 0};
+    return {nullptr, half + group * (num_blocks / blocks_per_super) * kGroup, ints + group * num_blocks * kGroup,
+            __builtin_ctzll(static_cast<uint64_t>(blocks_per_super))};
+  }
+  int Form() const { return f32 != nullptr ? 0 : ints == nullptr ? 1 : 2; }
+};
+
+// kForm: 0 float32, 1 float16 a block, 2 float16 a super-block x int8 a block (GroupScales::Form).
+template <int kForm>
+WICORE_VNNI inline __m256 Load8(const GroupScales& s, int64_t block) {
+  if (kForm == 0) return _mm256_loadu_ps(s.f32 + block * kGroup);
+  if (kForm == 1) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.half + block * kGroup)));
+  const __m256 super = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.half + (block >> s.shift) * kGroup)));
+  return _mm256_mul_ps(super, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.ints + block * kGroup)))));
+}
+
 // 4-bit codes: one group of kGroup rows (kernels.h's interleaved layout) against one activation row.
 // The group's codes for a block are 128 consecutive bytes and its scales 8 consecutive floats, so
 // every address is one pointer and a constant; the offsets' term of all 8 rows is one vector chain.
-template <int kPerBlock, bool kResidual>
-WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const float* scales, const float* offsets,
-                           int64_t num_blocks, int64_t k, float* out) {
+// The offsets' term of all 8 rows is one vector chain, OffsetScalar's fma over the weight blocks in order, run
+// beside the dot products (the scales loaded once). kOffsets: 0 none, 1 float32, 2 / 4 a float16 min (a block's /
+// a super-block's x int8) alone, 3 / 5 offset_scale * scale + that min (kernels.h's MatMulQPacked: the same
+// float32 operations).
+template <int kPerBlock, bool kResidual, int kScaleForm, int kOffsets>
+WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const GroupScales& scales, const GroupScales* offsets,
+                           float offset_scale, int64_t k, float* out) {
+  constexpr int kMinForm = kOffsets <= 1 ? 0 : kOffsets <= 3 ? 1 : 2;
+  constexpr bool kScaled = kOffsets == 3 || kOffsets == 5;
+  __m256 o = _mm256_setzero_ps();
+  const __m256 c = _mm256_set1_ps(offset_scale);
   __m256 acc[kGroup];
 #pragma GCC unroll 8
   for (int r = 0; r < kGroup; ++r) acc[r] = _mm256_setzero_ps();
@@ -226,7 +365,14 @@ WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const float* sca
         kResidual ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lanes2.data() + b * kLanes)) : start;
     const __m256 d = _mm256_broadcast_ss(a.d.data() + b);
     for (int h = 0; h < kPerBlock; ++h) {
-      _mm256_store_ps(sd[h], _mm256_mul_ps(_mm256_loadu_ps(scales + (b * kPerBlock + h) * kGroup), d));
+      const int64_t block = b * kPerBlock + h;
+      const __m256 sv = Load8<kScaleForm>(scales, block);
+      _mm256_store_ps(sd[h], _mm256_mul_ps(sv, d));
+      if (kOffsets != 0) {
+        __m256 ob = Load8<kMinForm>(*offsets, block);
+        if (kScaled) ob = _mm256_add_ps(_mm256_mul_ps(c, sv), ob);
+        o = _mm256_fmadd_ps(ob, _mm256_broadcast_ss(a.sums.data() + block), o);
+      }
     }
     const uint8_t* wb = w + b * kGroup * 16;
 #pragma GCC unroll 8
@@ -239,16 +385,24 @@ WICORE_VNNI void Dot4Group(const QuantRow& a, const uint8_t* w, const float* sca
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r]);
     }
   }
-  alignas(32) float off[kGroup] = {0.f};
-  if (offsets != nullptr) {
-    __m256 o = _mm256_setzero_ps();
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      o = _mm256_fmadd_ps(_mm256_loadu_ps(offsets + b * kGroup), _mm256_broadcast_ss(a.sums.data() + b), o);
-    }
-    _mm256_store_ps(off, o);
-  }
+  alignas(32) float off[kGroup];
+  _mm256_store_ps(off, o);
 #pragma GCC unroll 8
-  for (int r = 0; r < kGroup; ++r) out[r] = ReduceVec(acc[r]) + off[r];
+  for (int r = 0; r < kGroup; ++r) out[r] = kOffsets == 0 ? ReduceVec(acc[r]) : ReduceVec(acc[r]) + off[r];
+}
+
+// Dot4Group for the offsets' form (its kOffsets code).
+template <int kPerBlock, bool kResidual, int kScaleForm>
+WICORE_VNNI void Dot4GroupOf(int offsets_code, const QuantRow& a, const uint8_t* w, const GroupScales& scales,
+                             const GroupScales* offsets, float offset_scale, int64_t k, float* out) {
+  switch (offsets_code) {
+    case 0: return Dot4Group<kPerBlock, kResidual, kScaleForm, 0>(a, w, scales, offsets, offset_scale, k, out);
+    case 1: return Dot4Group<kPerBlock, kResidual, kScaleForm, 1>(a, w, scales, offsets, offset_scale, k, out);
+    case 2: return Dot4Group<kPerBlock, kResidual, kScaleForm, 2>(a, w, scales, offsets, offset_scale, k, out);
+    case 3: return Dot4Group<kPerBlock, kResidual, kScaleForm, 3>(a, w, scales, offsets, offset_scale, k, out);
+    case 4: return Dot4Group<kPerBlock, kResidual, kScaleForm, 4>(a, w, scales, offsets, offset_scale, k, out);
+    default: return Dot4Group<kPerBlock, kResidual, kScaleForm, 5>(a, w, scales, offsets, offset_scale, k, out);
+  }
 }
 
 template <int kPerBlock, bool kResidual>
@@ -258,31 +412,59 @@ WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& 
   for (int64_t i = 0; i < args.m; ++i) {
     float* y = args.y + i * args.n;
     if (args.bits == 4) {  // begin is a multiple of kGroup (MatMulQCpu)
+      const MatMulQPacked* p = args.packed;
       for (int64_t n = begin; n < end; n += kGroup) {
-        const int64_t first = n * num_blocks;
-        Dot4Group<kPerBlock, kResidual>(rows[i], args.weight + n * (k / 2), args.scales + first,
-                             args.offsets != nullptr ? args.offsets + first : nullptr, num_blocks, k, out);
+        const int64_t g = n / kGroup;
+        const GroupScales scales = p != nullptr ? GroupScales::Of(args.scales, p->scales16, p->scale_ints, p->blocks_per_super, g, num_blocks)
+                                                : GroupScales::Of(args.scales, nullptr, nullptr, 0, g, num_blocks);
+        const GroupScales offsets = p != nullptr && p->mins16 != nullptr
+                                        ? GroupScales::Of(nullptr, p->mins16, p->min_ints, p->blocks_per_super, g, num_blocks)
+                                        : GroupScales::Of(args.offsets, nullptr, nullptr, 0, g, num_blocks);
+        const uint8_t* w = args.weight + n * (k / 2);
+        const GroupScales* o = args.offsets != nullptr ? &offsets : nullptr;
+        const float c = p != nullptr && p->mins16 != nullptr ? p->offset_scale : 0.f;
+        const int form = o == nullptr ? -1 : o->Form();
+        const int code = form < 0 ? 0 : form == 0 ? 1 : (form == 1 ? 2 : 4) + (c != 0.f ? 1 : 0);
+        switch (scales.Form()) {
+          case 0: Dot4GroupOf<kPerBlock, kResidual, 0>(code, rows[i], w, scales, o, c, k, out); break;
+          case 1: Dot4GroupOf<kPerBlock, kResidual, 1>(code, rows[i], w, scales, o, c, k, out); break;
+          default: Dot4GroupOf<kPerBlock, kResidual, 2>(code, rows[i], w, scales, o, c, k, out); break;
+        }
         for (int r = 0; r < kGroup && n + r < end; ++r) y[n + r] = out[r];
       }
       continue;
     }
     // 8-bit rows a pass: 4 where the weight stays in cache (independent chains; 8 rows' pointers spill out
     // of the 16 registers); 1 where it streams from memory (a 28 MB head: one stream prefetches best, 3.8
-    // against 5.5 ms). Any split gives the same bits.
+    // against 5.5 ms). Any split gives the same bits. 5 and 6 bits likewise.
     const int64_t rows_a_pass = args.n * k > (int64_t{4} << 20) ? 1 : 4;
+    const int64_t row_bytes = args.bits == 8 ? k : (k / kBlock) * (16 + 4 * (args.bits - 4));
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(128 - args.zero_point));
+    const MatMulQPacked* p = args.packed;
+    const int64_t supers = p != nullptr && p->scale_ints != nullptr ? num_blocks / p->blocks_per_super : num_blocks;
+    auto dot = [&](auto rows_of, int64_t n0, float* o) {
+      constexpr int kRows = decltype(rows_of)::value;
+      const uint8_t* w = args.weight + n0 * row_bytes;
+      RowScales scales{args.scales + n0 * num_blocks, nullptr, nullptr, 0, supers};
+      if (p != nullptr && p->scales16 != nullptr) {  // narrow, in place (MatMulQTask: no narrow offsets here)
+        scales.f32 = nullptr;
+        scales.half = p->scale_ints != nullptr ? p->scales16 + n0 * supers : p->scales16 + n0 * num_blocks;
+        scales.ints = p->scale_ints != nullptr ? p->scale_ints + n0 * num_blocks : nullptr;
+        scales.shift = p->scale_ints != nullptr ? __builtin_ctzll(static_cast<uint64_t>(p->blocks_per_super)) : 0;
+      }
+      if (args.bits == 8) return DotRows<kRows, kPerBlock, kResidual, 0>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
+      if (args.bits == 5) return DotRows<kRows, kPerBlock, kResidual, 1>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
+      DotRows<kRows, kPerBlock, kResidual, 2>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
+    };
     for (int64_t n = begin; n < end; n += rows_a_pass) {
       const int64_t rows_here = std::min<int64_t>(rows_a_pass, end - n);
       if (rows_here == 4) {
-        Dot8<4, kPerBlock, kResidual>(rows[i], args.weight + n * k, k, args.scales + n * num_blocks, num_blocks, k, out);
+        dot(std::integral_constant<int, 4>{}, n, out);
       } else {
-        for (int64_t r = 0; r < rows_here; ++r) {
-          Dot8<1, kPerBlock, kResidual>(rows[i], args.weight + (n + r) * k, k, args.scales + (n + r) * num_blocks, num_blocks, k,
-                             out + r);
-        }
+        for (int64_t r = 0; r < rows_here; ++r) dot(std::integral_constant<int, 1>{}, n + r, out + r);
       }
       for (int64_t r = 0; r < rows_here; ++r) {
-        const RowView w = View(args, n + r);
-        y[n + r] = w.offsets == nullptr ? out[r] : out[r] + OffsetScalar(rows[i], w, num_blocks);
+        y[n + r] = args.offsets == nullptr ? out[r] : out[r] + OffsetScalar(rows[i], View(args, n + r), num_blocks);
       }
     }
   }
@@ -455,6 +637,9 @@ void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int6
                 MatMulQPath path) {
   if (path == MatMulQPath::kVnni && Tiles(args, path) && args.bits == 4) {
     return (args.block_size == 16 ? Rows4Vnni<2> : Rows4Vnni<1>)(args, rows, row_begin, row_end);
+  }
+  if (args.bits == 5 || args.bits == 6) {  // only the VNNI rows read them (matmul_q_packed.cc widens them elsewhere)
+    if (path != MatMulQPath::kVnni || Tiles(args, path)) std::abort();
   }
   if (path == MatMulQPath::kVnni && Tiles(args, path)) return tile_vnni::Rows(args, rows, row_begin, row_end);
   if (path == MatMulQPath::kAvx2) return tile_avx2::Rows(args, rows, row_begin, row_end);

@@ -131,19 +131,37 @@ struct GatedOp : Ort::CustomOpBase<GatedOp, GatedKernel> {
 };
 
 // -- quantized matmul (CPU) ----------------------------------------------------------------
+// An attribute that graphs exported before it existed leave out.
+template <typename T>
+T AttributeOr(const OrtKernelInfo* info, const char* name, T fallback) {
+  try {
+    return Ort::ConstKernelInfo(info).template GetAttribute<T>(name);
+  } catch (const Ort::Exception&) {
+    return fallback;
+  }
+}
+
+// Inputs: x, codes, then the scales and offsets in float32 (2, 3) or narrow (4-7: kernels.h's MatMulQPacked),
+// each optional; one form of the scales is required, the offsets in either form are optional.
 struct MatMulQKernel {
   explicit MatMulQKernel(const OrtKernelInfo* info)
       : bits_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("bits")),
         block_size_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("block_size")),
         n_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("N")),
         residual_(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("residual") != 0),
+        zero_point_(AttributeOr<int64_t>(info, "zero_point", bits_ == 4 ? 8 : 128)),
+        blocks_per_super_(AttributeOr<int64_t>(info, "blocks_per_super", 0)),
+        offset_scale_(AttributeOr<float>(info, "offset_scale", 0.f)),
         path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))) {  // "scalar" / "avx2": a slower int8 path, prompts too
-    Check(bits_ == 4 || bits_ == 8, "wicore MatMulQ: bits must be 4 or 8");
+    Check(bits_ == 4 || bits_ == 5 || bits_ == 6 || bits_ == 8, "wicore MatMulQ: bits must be 4, 5, 6 or 8");
     Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
+    Check(bits_ == 4 || bits_ == 8 || (zero_point_ >= 0 && zero_point_ < (int64_t{1} << bits_)),
+          "wicore MatMulQ: zero_point must be a code of `bits` bits");
   }
 
   struct Work {
     const wicore::MatMulQArgs* args;
+    const wicore::MatMulQPacked* packed;
     const std::vector<wicore::QuantRow>* rows;  // null: the float prompt path (MatMulQFloatCpu)
     int64_t chunk;
     wicore::MatMulQPath path;
@@ -153,16 +171,23 @@ struct MatMulQKernel {
     const auto* w = static_cast<const Work*>(data);
     const int64_t begin = static_cast<int64_t>(i) * w->chunk;
     const int64_t end = std::min(begin + w->chunk, w->args->n);
-    if (w->rows == nullptr) return wicore::MatMulQFloatCpu(*w->args, begin, end);
-    wicore::MatMulQCpu(*w->args, *w->rows, begin, end, w->path);
+    wicore::MatMulQTask(*w->args, *w->packed, w->rows, begin, end, w->path);
+  }
+
+  // Input i's data, or null where the graph gives none; checked to hold `count` elements.
+  template <typename T>
+  static const T* Optional(Ort::KernelContext& ctx, size_t i, size_t count, const char* what) {
+    if (ctx.GetInputCount() <= i) return nullptr;
+    auto v = ctx.GetInput(i);
+    if (v == nullptr) return nullptr;
+    Check(v.GetTensorTypeAndShapeInfo().GetElementCount() == count, std::string("wicore MatMulQ: ") + what);
+    return v.GetTensorData<T>();
   }
 
   void Compute(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
-    auto x = ctx.GetInput(0), codes = ctx.GetInput(1), scales = ctx.GetInput(2);
-    auto offsets = ctx.GetInput(3);  // optional: null where the graph gives none
+    auto x = ctx.GetInput(0), codes = ctx.GetInput(1);
     auto shape = x.GetTensorTypeAndShapeInfo().GetShape();
-    const auto cshape = codes.GetTensorTypeAndShapeInfo().GetShape();
     Check(!shape.empty(), "wicore MatMulQ: x is [..., K]");
     const int64_t k = shape.back(), n = n_, m = Rows(shape);
     Check(k % 32 == 0, "wicore MatMulQ: K must be a multiple of 32");
@@ -170,27 +195,46 @@ struct MatMulQKernel {
     Check(codes.GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(stored * k * bits_ / 8),
           "wicore MatMulQ: the codes are not N rows of K * bits / 8 bytes");
     const size_t num_blocks = static_cast<size_t>(stored * (k / block_size_));
-    Check(scales.GetTensorTypeAndShapeInfo().GetElementCount() == num_blocks, "wicore MatMulQ: the scales are not [N, K / block_size]");
-    const float* op = nullptr;
-    if (offsets != nullptr) {
-      Check(offsets.GetTensorTypeAndShapeInfo().GetElementCount() == num_blocks, "wicore MatMulQ: the offsets are not [N, K / block_size]");
-      op = offsets.GetTensorData<float>();
-    }
+    const bool supers = blocks_per_super_ > 0;
+    Check(!supers || ((k / block_size_) % blocks_per_super_ == 0 && (blocks_per_super_ & (blocks_per_super_ - 1)) == 0),
+          "wicore MatMulQ: blocks_per_super must be a power of two that divides K / block_size");
+    const size_t num_supers = supers ? num_blocks / blocks_per_super_ : num_blocks;
+    const float* scales = Optional<float>(ctx, 2, num_blocks, "the scales are not [N, K / block_size]");
+    const float* offsets = Optional<float>(ctx, 3, num_blocks, "the offsets are not [N, K / block_size]");
+    const auto* scale_ints = Optional<int8_t>(ctx, 5, num_blocks, "the scale ints are not [N, K / block_size]");
+    const auto* min_ints = Optional<int8_t>(ctx, 7, num_blocks, "the min ints are not [N, K / block_size]");
+    const wicore::MatMulQPacked packed{
+        Optional<uint16_t>(ctx, 4, scale_ints != nullptr ? num_supers : num_blocks, "the float16 scales do not match the blocks"),
+        scale_ints,
+        Optional<uint16_t>(ctx, 6, min_ints != nullptr ? num_supers : num_blocks, "the float16 mins do not match the blocks"),
+        min_ints, offset_scale_, blocks_per_super_};
+    Check((scales != nullptr) != (packed.scales16 != nullptr), "wicore MatMulQ: give the scales once, float32 or float16");
+    Check(offsets == nullptr || packed.mins16 == nullptr, "wicore MatMulQ: give the offsets once, float32 or float16");
+    Check((scale_ints == nullptr || packed.scales16 != nullptr) && (min_ints == nullptr || packed.mins16 != nullptr) &&
+              (!(scale_ints != nullptr || min_ints != nullptr) || supers),
+          "wicore MatMulQ: ints need their float16 super-block scales and blocks_per_super");
     shape.back() = n;
     auto y = ctx.GetOutput(0, shape);
     if (m == 0 || n == 0) return;
-    const wicore::MatMulQArgs args{x.GetTensorData<float>(), codes.GetTensorData<uint8_t>(), scales.GetTensorData<float>(),
-                                   op, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_), residual_};
+    // Where the narrow forms stand in, the kernels read their float32 values from per-task buffers (scales /
+    // offsets then non-null only as a sign that they exist).
+    const float* has_offsets = offsets != nullptr ? offsets : packed.mins16 != nullptr ? reinterpret_cast<const float*>(packed.mins16) : nullptr;
+    const wicore::MatMulQArgs args{x.GetTensorData<float>(), codes.GetTensorData<uint8_t>(),
+                                   scales != nullptr ? scales : reinterpret_cast<const float*>(packed.scales16),
+                                   has_offsets, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_),
+                                   residual_, static_cast<int>(zero_point_)};
     const bool is_float = wicore::MatMulQFloatRuns(args, path_);  // a prompt: float activations, no int8 rows
-    const auto rows = is_float ? std::vector<wicore::QuantRow>{} : wicore::MatMulQQuantize(args, path_);
+    const auto rows = is_float ? std::vector<wicore::QuantRow>{} : wicore::MatMulQQuantize(wicore::MatMulQQuantizeArgs(args), path_);
     constexpr int64_t kChunk = 64;  // weight rows a task (a multiple of the 4-bit groups of 8)
-    Work work{&args, is_float ? nullptr : &rows, kChunk, path_};
+    Work work{&args, &packed, is_float ? nullptr : &rows, kChunk, path_};
     const int64_t tasks = (n + kChunk - 1) / kChunk;
     ctx.ParallelFor(&Run, static_cast<size_t>(tasks), 0, &work);
   }
 
   int64_t bits_, block_size_, n_;
   bool residual_;
+  int64_t zero_point_, blocks_per_super_;
+  float offset_scale_;
   wicore::MatMulQPath path_;
 };
 
@@ -198,10 +242,17 @@ struct MatMulQOp : Ort::CustomOpBase<MatMulQOp, MatMulQKernel> {
   void* CreateKernel(const OrtApi&, const OrtKernelInfo* info) const { return new MatMulQKernel(info); }
   const char* GetName() const { return "MatMulQ"; }
   const char* GetExecutionProviderType() const { return nullptr; }
-  size_t GetInputTypeCount() const { return 4; }
-  Type GetInputType(size_t i) const { return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : kF32; }
+  size_t GetInputTypeCount() const { return 8; }
+  Type GetInputType(size_t i) const {
+    switch (i) {
+      case 1: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+      case 4: case 6: return kF16;
+      case 5: case 7: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+      default: return kF32;
+    }
+  }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i == 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    return i < 2 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
   }
   size_t GetOutputTypeCount() const { return 1; }
   Type GetOutputType(size_t) const { return kF32; }
