@@ -40,12 +40,11 @@ from pathlib import Path
 
 import numpy as np
 from benchlib import int_list, write_record
+from shape_exports import split_quant_export
 
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.scheduler_config import SchedulerConfig
 from wicore.executor.graphs import SPLIT_GRAPHS_ENV
-from wicore.export.exporter import ExportConfig, export_model
-from wicore.export.random_weights import RandomQuantSource
 from wicore.types.sampling import SamplingParams
 
 GIB = 1 << 30
@@ -90,19 +89,8 @@ TOKENS_PEERS = ("split, whole steps", "split, groups in flight", "one card")  # 
 
 
 def export(config: Config) -> Path:
-    """The shape's first `layers` layers, random `bits`-bit weights (the embedding gathered from the
-    head's codes), paged attention, two partitions."""
-    out = config.work / f"{config.shape}-{config.layers}-int{config.bits}e-2p"
-    if not (out / "wicore.json").is_file():
-        start = time.perf_counter()
-        source = RandomQuantSource.of_shape(config.shape, config.bits, config.layers)
-        settings = ExportConfig(
-            dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=config.bits, accuracy_level=0,
-            quantize_embedding=True, num_partitions=2, overwrite=True,
-        )  # fmt: skip
-        export_model(source, out, settings, progress=lambda _: None)
-        print(f"exported {out.name} in {time.perf_counter() - start:.0f} s", flush=True)
-    return out
+    """The bench's model: shape_exports.split_quant_export of the configured shape, layers and bits."""
+    return split_quant_export(config.shape, config.layers, config.bits, config.work)
 
 
 def cap_cards(card_gb: float) -> list[object]:

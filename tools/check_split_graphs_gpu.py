@@ -29,7 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from bench_pipeline_gpu import Config, export
+from shape_exports import split_quant_export
 
 from wicore.devices.providers import onnxruntime, parse_device
 from wicore.executor.batch import build_batch
@@ -254,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             record[name] = {"failed": repr(exc)}
         print(name, json.dumps(record[name]), flush=True)
-    config = Config("gemma3-27b", args.layers, 4, (32,), 512, 64, 16.0, 4.0, 0, (), args.work, None)
-    record["model"] = model_steps(export(config), args.steps, [parse_device("cuda:0"), parse_device("cuda:1")])
+    model = split_quant_export("gemma3-27b", args.layers, 4, args.work)
+    record["model"] = model_steps(model, args.steps, [parse_device("cuda:0"), parse_device("cuda:1")])
     if args.json is not None:
         args.json.write_text(json.dumps(record, indent=1))
     fixed = [v for k, v in record["model"].items() if k != "bind once"]  # type: ignore[union-attr]

@@ -11,6 +11,7 @@ from moe_shapes import MOE_SHAPES
 from moe_shapes import hf_config as moe_hf_config
 
 from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.random_weights import RandomQuantSource
 from wicore.export.sources import open_source
 from wicore.model.shapes import hf_config as gemma_hf_config
 
@@ -84,3 +85,20 @@ def make_checkpoints(shape: str, layers: tuple[int, ...], work: Path) -> dict[in
                 types[-1] = "full_attention"
         folders[n] = first_layers(full, work / f"{shape}-hf-{n}", n, types)
     return folders
+
+
+def split_quant_export(shape: str, layers: int, bits: int, work: Path) -> Path:
+    """The shape's first `layers` layers, random `bits`-bit weights (the embedding gathered from the
+    head's codes), paged attention, two partitions (one model over two cards: bench_pipeline_gpu.py,
+    check_split_graphs_gpu.py); made once under `work`."""
+    out = work / f"{shape}-{layers}-int{bits}e-2p"
+    if not (out / "wicore.json").is_file():
+        start = time.perf_counter()
+        source = RandomQuantSource.of_shape(shape, bits, layers)
+        settings = ExportConfig(
+            dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=bits, accuracy_level=0,
+            quantize_embedding=True, num_partitions=2, overwrite=True,
+        )  # fmt: skip
+        export_model(source, out, settings, progress=lambda _: None)
+        print(f"exported {out.name} in {time.perf_counter() - start:.0f} s", flush=True)
+    return out
