@@ -1,4 +1,4 @@
-"""StepInputs (wicore.executor.cuda_graphs): a captured decode step's inputs as views into one host
+"""StepInputs (wicore.executor.step_inputs): a captured decode step's inputs as views into one host
 buffer, copied in one transfer and bound in place. Checked on the CPU EP, where binding an input
 to a raw address works the same way as on a CUDA device."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from wicore.executor.cuda_graphs import StepInputs
+from wicore.executor.step_inputs import StepInputs
 
 SHAPES = {"ids": ((2, 3), np.int64), "lens": ((3,), np.int32), "temps": ((2,), np.float32)}
 

@@ -52,7 +52,8 @@ the first real decode step of each bucket, on the thread that runs every step.
 
 On two H200s (tools/check_split_graphs_gpu.py, 2026-11-28 18:00 UTC) whole steps with the handoff
 bound each step give the uncaptured split's logits; groups in flight with the fixes after that run
-have not run on two cards yet.
+(tools/bench_pipeline_gpu.py, 18:23 UTC) gave every request the uncaptured split's tokens, 1.99x its
+output at 32 streams.
 """
 
 from __future__ import annotations
@@ -67,11 +68,11 @@ import numpy as np
 
 from wicore.executor.batch import BatchInputs
 from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
+from wicore.executor.step_inputs import Place, StepInputs
 from wicore.graph import io
 
 _HOST = (io.ATTENTION_BOUNDS, io.WINDOW_ATTENTION_BOUNDS)  # read by the op on the host, at capture
 CAPTURE_RUNS = 3  # runs of a graph id when captured up front: ONNX Runtime captures after a regular run or two
-Place = tuple[str, int]  # (OrtValue device type, id)
 HANDOFFS = ("device", "host")  # how hidden states cross between cards: a handoff session, or through host memory
 
 
@@ -81,56 +82,6 @@ def buckets(max_rows: int) -> list[int]:
     while out[-1] < max_rows:
         out.append(out[-1] * 2)
     return out
-
-
-class StepInputs:
-    """Inputs of fixed shapes, each a typed view into one host buffer whose bytes one transfer a
-    device copies to a buffer of the same layout on each of `devices` (`sync`); `bind` binds each
-    input to its place on one of them."""
-
-    ALIGN = 64
-
-    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], type]], *devices: Place) -> None:
-        from wicore.devices.providers import onnxruntime
-
-        self.offsets: dict[str, int] = {}
-        self.shapes = shapes
-        size = 0
-        for name, (shape, dtype) in shapes.items():
-            size = -(-size // self.ALIGN) * self.ALIGN
-            self.offsets[name] = size
-            size += int(np.prod(shape)) * np.dtype(dtype).itemsize
-        self.host = np.zeros(max(size, 1), np.uint8)
-        self.views = {name: self._view(self.offsets[name], shape, np.dtype(dtype)) for name, (shape, dtype) in shapes.items()}
-        if not devices:
-            raise ValueError("step inputs need a device to copy to")
-        self.devices = list(dict.fromkeys(devices))
-        ort = onnxruntime()
-        self.buffers = {d: ort.OrtValue.ortvalue_from_shape_and_type([self.host.size], np.uint8, *d) for d in self.devices}
-
-    def _view(self, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return self.host[offset : offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
-
-    def put(self, name: str, array: np.ndarray, fill: float) -> None:
-        """Write `array` into the leading rows / columns of input `name`, `fill` elsewhere; an input
-        not held here (one the graphs do not take: an older or newer export's) is skipped."""
-        view = self.views.get(name)
-        if view is None:
-            return
-        view.fill(fill)
-        view[tuple(slice(0, n) for n in array.shape)] = array
-
-    def sync(self) -> None:
-        for buffer in self.buffers.values():
-            buffer.update_inplace(self.host)
-
-    def bind(self, binding: object, names: set[str], device: Place | None = None) -> None:
-        """Bind the inputs in `names` that are held here at their places on `device` (the first by default)."""
-        device = device or self.devices[0]
-        base = self.buffers[device].data_ptr()
-        for name in names & self.offsets.keys():
-            shape, dtype = self.shapes[name]
-            binding.bind_input(name, *device, dtype, list(shape), base + self.offsets[name])  # type: ignore[attr-defined]
 
 
 @dataclass

@@ -1,0 +1,63 @@
+"""A captured decode step's inputs: typed views into one host buffer, copied to the device in one transfer.
+
+A CUDA graph replays reading its inputs at the addresses it was captured with (wicore.executor.cuda_graphs),
+so each batch-size bucket keeps one device buffer per card and a host buffer of the same layout: a step
+writes the batch into the host views, then one copy a card moves the whole buffer, where each input was
+its own copy (and its own padded array) before: nothing is allocated on the way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Place = tuple[str, int]  # (OrtValue device type, id)
+
+
+class StepInputs:
+    """Inputs of fixed shapes, each a typed view into one host buffer whose bytes one transfer a
+    device copies to a buffer of the same layout on each of `devices` (`sync`); `bind` binds each
+    input to its place on one of them."""
+
+    ALIGN = 64
+
+    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], type]], *devices: Place) -> None:
+        from wicore.devices.providers import onnxruntime
+
+        self.offsets: dict[str, int] = {}
+        self.shapes = shapes
+        size = 0
+        for name, (shape, dtype) in shapes.items():
+            size = -(-size // self.ALIGN) * self.ALIGN
+            self.offsets[name] = size
+            size += int(np.prod(shape)) * np.dtype(dtype).itemsize
+        self.host = np.zeros(max(size, 1), np.uint8)
+        self.views = {name: self._view(self.offsets[name], shape, np.dtype(dtype)) for name, (shape, dtype) in shapes.items()}
+        if not devices:
+            raise ValueError("step inputs need a device to copy to")
+        self.devices = list(dict.fromkeys(devices))
+        ort = onnxruntime()
+        self.buffers = {d: ort.OrtValue.ortvalue_from_shape_and_type([self.host.size], np.uint8, *d) for d in self.devices}
+
+    def _view(self, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return self.host[offset : offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+
+    def put(self, name: str, array: np.ndarray, fill: float) -> None:
+        """Write `array` into the leading rows / columns of input `name`, `fill` elsewhere; an input
+        not held here (one the graphs do not take: an older or newer export's) is skipped."""
+        view = self.views.get(name)
+        if view is None:
+            return
+        view.fill(fill)
+        view[tuple(slice(0, n) for n in array.shape)] = array
+
+    def sync(self) -> None:
+        for buffer in self.buffers.values():
+            buffer.update_inplace(self.host)
+
+    def bind(self, binding: object, names: set[str], device: Place | None = None) -> None:
+        """Bind the inputs in `names` that are held here at their places on `device` (the first by default)."""
+        device = device or self.devices[0]
+        base = self.buffers[device].data_ptr()
+        for name in names & self.offsets.keys():
+            shape, dtype = self.shapes[name]
+            binding.bind_input(name, *device, dtype, list(shape), base + self.offsets[name])  # type: ignore[attr-defined]
