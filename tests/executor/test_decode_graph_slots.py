@@ -192,6 +192,18 @@ def test_cuda_graphs_over_several_cards_stay_off_unless_switched_on(monkeypatch)
         split_graphs()
 
 
+def test_graphs_over_several_cards_are_asked_for_by_the_flag_or_the_environment(monkeypatch):
+    """`--cuda-graphs on` over a split captures with the device handoff; auto (None) and off leave it
+    uncaptured; the environment's way wins where set (and turns auto on); one card has no handoff."""
+    from wicore.executor.graphs import SPLIT_GRAPHS_ENV, split_handoff
+
+    monkeypatch.delenv(SPLIT_GRAPHS_ENV, raising=False)
+    assert [split_handoff(flag, True) for flag in (True, None, False)] == ["device", None, None]
+    assert split_handoff(True, False) is None
+    monkeypatch.setenv(SPLIT_GRAPHS_ENV, "host")
+    assert [split_handoff(flag, True) for flag in (True, None)] == ["host", "host"]
+
+
 def test_hidden_states_cross_cards_through_the_host_where_graphs_replay_in_flight():
     """Between two cards partition 0 writes its hidden states on its own card for the next worker to
     read, except where CUDA graphs replay with steps in flight: there a replay on that card could run

@@ -102,8 +102,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         const="on",
         default="auto",
         choices=("auto", "on", "off"),
-        help="replay decode steps from CUDA graphs (an --attention paged export on one cuda device); auto (the "
-        "default): on there when the KV blocks are the paged attention's FlashAttention tile or a multiple of it",
+        help="replay decode steps from CUDA graphs (an --attention paged export on cuda devices); auto (the "
+        "default): on one device when the KV blocks are the paged attention's FlashAttention tile or a multiple of it; "
+        "over several (a split) only with on: each card replays its own (docs/HARDWARE.md)",
     )
     p.add_argument(
         "--async-scheduling",

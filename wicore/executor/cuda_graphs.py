@@ -20,9 +20,8 @@ A bucket's per-step inputs are views into one host buffer allocated with it (Ste
 writes the batch into them and copies the whole buffer to the device in one transfer, where each
 input was its own copy (and its own padded array) before: nothing is allocated on the way.
 
-Partitions on several CUDA devices (the model split over two cards; off unless
-WICORE_SPLIT_CUDA_GRAPHS is set, wicore.executor.graphs, since the first run on two H200s gave other
-tokens than the uncaptured split) each capture their own graphs: a session captures only its own
+Partitions on several CUDA devices (the model split over two cards; only with `--cuda-graphs on` or
+WICORE_SPLIT_CUDA_GRAPHS set, wicore.executor.graphs: one run on two H200s so far) each capture their own graphs: a session captures only its own
 device's work, so each partition replays its graph on its card, the step's inputs copied to each
 card, and the hidden states copied between the buffers bound on the two cards, `handoff` "device"
 by a one-node session on the next card (wicore.devices.micrographs.handoff_graph: ONNX Runtime

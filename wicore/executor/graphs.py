@@ -47,14 +47,21 @@ SPLIT_GRAPHS_ENV = "WICORE_SPLIT_CUDA_GRAPHS"  # "device" | "host": CUDA graphs 
 
 def split_graphs() -> str | None:
     """How hidden states cross between cards in CUDA graphs over several cards (cuda_graphs.HANDOFFS),
-    or None: such graphs are off. Off by default: on two H200s (2026-11-28, docs/PERFORMANCE.md) the
-    split's captured decode steps ran 1.7x faster than the uncaptured split's but gave other tokens
-    (the handoff bound once, since fixed; rerun with groups in flight: every token equal, 1.99x the
-    sequential split at 32 streams, one run)."""
+    as the environment says, or None: such graphs only where asked for (`--cuda-graphs on`, then
+    "device"), not by default. On two H200s (2026-11-28, docs/PERFORMANCE.md) the split's captured
+    decode steps first gave other tokens (the handoff bound once, since fixed); rerun with groups in
+    flight: every token equal, 1.99x the sequential split at 32 streams, one run."""
     value = os.environ.get(SPLIT_GRAPHS_ENV, "").strip().lower()
     if value and value not in HANDOFFS:
         raise DeviceError(f"{SPLIT_GRAPHS_ENV}={value}: choose one of {', '.join(HANDOFFS)}, or leave it unset (off)")
     return value or None
+
+
+def split_handoff(cuda_graphs: bool | None, several: bool) -> str | None:
+    """How hidden states cross between cards in captured steps over `several` cards: the environment's
+    way (split_graphs), else "device" where graphs are asked for (`cuda_graphs` True, `--cuda-graphs on`);
+    None: no graphs over several cards (auto leaves a split uncaptured)."""
+    return split_graphs() or ("device" if cuda_graphs and several else None)
 
 
 def can_capture(manifest: Manifest, devices: Sequence[Device], across_devices: bool = False) -> bool:
@@ -93,17 +100,14 @@ class ModelGraphs:
             pipeline_groups = len({d.ort_device for d in self.devices}) if several else 1
         # Steps in flight at once: each partition's runs go through its own worker, in the order they come.
         self.pipeline_groups = pipeline_groups if len(self.devices) > 1 else 1
-        self.handoff = split_graphs()
+        self.handoff = split_handoff(cuda_graphs, several)
         if cuda_graphs is None:  # greedy and sampled tokens measured identical to uncaptured there (PERFORMANCE.md)
             tile = flash_page_size(manifest.config.head_dim)
             able = can_capture(manifest, self.devices, self.handoff is not None)
             cuda_graphs = able and block_size is not None and block_size % tile == 0
         self.cuda_graphs = cuda_graphs
         if cuda_graphs and not can_capture(manifest, self.devices, self.handoff is not None):
-            raise DeviceError(
-                "CUDA graphs need an export with --attention paged, every partition on one cuda device "
-                f"(over several cards they are experimental: {SPLIT_GRAPHS_ENV}=device or host)"
-            )
+            raise DeviceError("CUDA graphs need an export with --attention paged and every partition on a cuda device")
         # Steps in flight replay one card's graphs while other threads allocate on it (the handoff's
         # copy, the sampling head): the graphs' scratch, which a shared arena counts as free between
         # runs, must be the partition sessions' own (wicore.executor.cuda_graphs).
