@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from kernel_graphs import BLOCK, REPEAT, SHAPE_27B, attention_model, measure
+from kernel_graphs import BLOCK, REPEAT, SHAPE_27B, attention_model, bind_cuda, measure, random_block_tables, timing_session
 from onnx import TensorProto, helper
 
 from wicore.devices.providers import onnxruntime
@@ -120,15 +120,9 @@ def time_pair(ort, lib: str, batch: int, ctx: int, window: int) -> dict:
 
     s = SHAPE_27B
     heads, kvh, hd = s["heads"], s["kv_heads"], s["head_dim"]
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.register_custom_ops_library(lib)
-    providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+    opts, providers = timing_session(ort, lib)
     dev = torch.device("cuda")
-    torch.manual_seed(0)
-    nb = -(-ctx // BLOCK)
-    pool = (batch * nb + 1, BLOCK, kvh, hd)
-    tables = (1 + torch.randperm(batch * nb, device=dev)).reshape(batch, nb)
+    pool, tables = random_block_tables(batch, ctx, BLOCK, kvh, hd)
     pos = ctx - 1
     t: dict[str, torch.Tensor] = {
         "qkv": torch.randn(batch, (heads + 2 * kvh) * hd, device=dev, dtype=torch.float16),
@@ -148,18 +142,11 @@ def time_pair(ort, lib: str, batch: int, ctx: int, window: int) -> dict:
         "lens": torch.full((batch,), ctx, dtype=torch.int64, device=dev),
         "first": torch.zeros(batch, dtype=torch.int64, device=dev),
     }
-    types = {torch.float16: np.float16, torch.int32: np.int32, torch.int64: np.int64}
-
-    def bind(sess, names: dict[str, torch.Tensor], outputs: list[str]):
-        b = sess.io_binding()
-        for name, x in names.items():
-            (b.bind_output if name in outputs else b.bind_input)(name, "cuda", 0, types[x.dtype], list(x.shape), x.data_ptr())
-        return b
 
     results = {}
     # ORT's op
     sess = ort.InferenceSession(attention_model(batch, ctx, window, 2, REPEAT).SerializeToString(), opts, providers=providers)
-    b = bind(sess, {k: v for k, v in t.items()}, [f"out{r}" for r in range(REPEAT)])
+    b = bind_cuda(sess, {k: v for k, v in t.items()}, [f"out{r}" for r in range(REPEAT)])
     for r in range(REPEAT):
         for kv in "kv":
             x = t[f"{kv}{r}"]
@@ -171,7 +158,7 @@ def time_pair(ort, lib: str, batch: int, ctx: int, window: int) -> dict:
     sess = ort.InferenceSession(block_attention_model(F16, heads, kvh, window, 0.0, REPEAT), opts, providers=providers)
     names = {**ours, **{f"{kv}{r}": t[f"{kv}{r}"] for r in range(REPEAT) for kv in "kv"}}
     names.update({f"out{r}": t[f"out{r}"].view(batch, 1, heads * hd) for r in range(REPEAT)})
-    b = bind(sess, names, [f"out{r}" for r in range(REPEAT)])
+    b = bind_cuda(sess, names, [f"out{r}" for r in range(REPEAT)])
     results["wicore"] = measure(sess, b)
     keys = min(ctx, window) if window else ctx
     gb = batch * keys * kvh * hd * 2 * 2 / 1e9

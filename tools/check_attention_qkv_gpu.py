@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from kernel_graphs import BLOCK, REPEAT, SHAPE_27B, attention_model, measure
+from kernel_graphs import BLOCK, REPEAT, SHAPE_27B, attention_model, bind_cuda, measure, random_block_tables, timing_session
 from onnx import TensorProto, helper
 
 from wicore.devices.providers import onnxruntime
@@ -136,15 +136,9 @@ def time_fused(ort, lib: str, batch: int, ctx: int, window: int) -> dict:
 
     s = SHAPE_27B
     heads, kvh, hd = s["heads"], s["kv_heads"], s["head_dim"]
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.register_custom_ops_library(lib)
-    providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+    opts, providers = timing_session(ort, lib)
     dev = torch.device("cuda")
-    torch.manual_seed(0)
-    nb = -(-ctx // BLOCK)
-    pool = (batch * nb + 1, BLOCK, kvh, hd)
-    tables = (1 + torch.randperm(batch * nb, device=dev)).reshape(batch, nb)
+    pool, tables = random_block_tables(batch, ctx, BLOCK, kvh, hd)
     pos = ctx - 1
     slots = tables[:, pos // BLOCK] * BLOCK + pos % BLOCK
     angles = torch.arange(ctx + 1, device=dev, dtype=torch.float32)[:, None] * (
@@ -159,13 +153,6 @@ def time_fused(ort, lib: str, batch: int, ctx: int, window: int) -> dict:
         for kv in "kv":
             t[f"{kv}{r}"] = torch.randn(pool, device=dev, dtype=torch.float16)
         t[f"out{r}"] = torch.empty(batch, heads * hd, device=dev, dtype=torch.float16)
-    types = {torch.float16: np.float16, torch.int32: np.int32, torch.int64: np.int64}
-
-    def bind(sess, names: dict[str, torch.Tensor], outputs: set[str]):
-        b = sess.io_binding()
-        for name, x in names.items():
-            (b.bind_output if name in outputs else b.bind_input)(name, "cuda", 0, types[x.dtype], list(x.shape), x.data_ptr())
-        return b
 
     pools = {f"{kv}{r}": t[f"{kv}{r}"] for r in range(REPEAT) for kv in "kv"}
     in_place = {f"{n}_out": x for n, x in pools.items()}
@@ -173,7 +160,7 @@ def time_fused(ort, lib: str, batch: int, ctx: int, window: int) -> dict:
     results = {}
     ort_names = {"qkv": qkv, "tables": tables.to(torch.int32), "slots": slots.to(torch.int32), **t, **in_place}
     sess = ort.InferenceSession(attention_model(batch, ctx, window, 2, REPEAT).SerializeToString(), opts, providers=providers)
-    b = bind(sess, {k: v for k, v in ort_names.items() if k in {i.name for i in sess.get_inputs()} | outs}, outs)
+    b = bind_cuda(sess, {k: v for k, v in ort_names.items() if k in {i.name for i in sess.get_inputs()} | outs}, outs)
     b.bind_ortvalue_input("bounds", ort.OrtValue.ortvalue_from_numpy(np.asarray([1, ctx], np.int32)))
     results["ort"] = measure(sess, b)
     del sess, b
@@ -184,7 +171,7 @@ def time_fused(ort, lib: str, batch: int, ctx: int, window: int) -> dict:
         **pools, **in_place, **{f"out{r}": t[f"out{r}"].view(batch, 1, -1) for r in range(REPEAT)},
     }  # fmt: skip
     sess = ort.InferenceSession(qkv_model(F16, heads, kvh, window, 0.0, 1.0, True, REPEAT), opts, providers=providers)
-    b = bind(sess, ours, outs)
+    b = bind_cuda(sess, ours, outs)
     results["wicore"] = measure(sess, b)
     return dict(batch=batch, context=ctx, window=window, **results)
 

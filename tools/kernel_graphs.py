@@ -161,3 +161,33 @@ def measure(sess, binding, runs: int = 20) -> dict:
         sess.run_with_iobinding(binding)
     wall_ms, kernels = cuda_kernels(lambda: sess.run_with_iobinding(binding), runs)
     return dict(us_per_layer=sum(kernels.values()) / REPEAT, wall_ms=wall_ms, kernels={k: v / REPEAT for k, v in kernels.items()})
+
+
+def timing_session(ort, lib: str) -> tuple[object, list]:
+    """Session options with WiCore's kernel library and the CUDA EP's graphs on, as the timings run them."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.register_custom_ops_library(lib)
+    return opts, [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+
+
+def random_block_tables(batch: int, ctx: int, block: int, kv_heads: int, head_dim: int):
+    """Seeded on cuda: a pool's shape for `batch` sequences of `ctx` tokens in blocks of `block` (one
+    spare block) and their block tables, a random permutation of the blocks past the first."""
+    import torch
+
+    torch.manual_seed(0)
+    nb = -(-ctx // block)
+    tables = (1 + torch.randperm(batch * nb, device="cuda")).reshape(batch, nb)
+    return (batch * nb + 1, block, kv_heads, head_dim), tables
+
+
+def bind_cuda(sess, tensors: dict, outputs: set[str] | list[str]):
+    """An IO binding of torch cuda tensors by name, those in `outputs` as outputs, the rest as inputs."""
+    import torch
+
+    types = {torch.float16: np.float16, torch.int32: np.int32, torch.int64: np.int64}
+    b = sess.io_binding()
+    for name, x in tensors.items():
+        (b.bind_output if name in outputs else b.bind_input)(name, "cuda", 0, types[x.dtype], list(x.shape), x.data_ptr())
+    return b
