@@ -4,25 +4,14 @@ group's blocks at their logical index, and the host-side bounds."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
+from batch_rows import Row
 
 from wicore.executor.batch import build_batch
 from wicore.graph import io
 
 BS = 4
-
-
-@dataclass(frozen=True)
-class Row:
-    token_ids: list[int]
-    start: int
-    block_table: list[int]
-    window_table: list[int]
-    window_first: int
-    num_logits: int
 
 
 def test_decode_rows_of_a_sliding_window_engine():

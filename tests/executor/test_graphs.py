@@ -12,10 +12,9 @@ of a slot the attention should mask (a released window block holds NaN).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
+from batch_rows import Row
 
 from wicore.devices.providers import parse_device
 from wicore.executor.batch import BatchInputs, build_batch
@@ -28,16 +27,6 @@ BS = 4
 NUM_BLOCKS = 12
 WINDOW = 8  # the tiny model's sliding window
 RNG = np.random.default_rng(3)
-
-
-@dataclass(frozen=True)
-class Row:
-    token_ids: list[int]
-    start: int
-    block_table: list[int]
-    window_table: list[int]
-    window_first: int
-    num_logits: int
 
 
 def prompt_row(tokens: list[int], blocks: list[int], num_logits: int, window_blocks: list[int] | None = None) -> Row:

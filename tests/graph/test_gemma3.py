@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from batch_rows import Row
 
 from wicore.devices.placement import plan_placement
 from wicore.engine.engine import Engine, EngineConfig
@@ -46,23 +46,6 @@ def token_ids(eng: Engine, prompts: list[list[int]], params: SamplingParams) -> 
     completions = eng.generate(prompts, params)
     assert [c.error for c in completions] == [None] * len(prompts)
     return [c.token_ids for c in completions]
-
-
-@dataclass(frozen=True)
-class Row:
-    """A batch row (wicore.executor.batch.BatchRow). By default the sliding layers get the
-    same blocks as the full layers, none released."""
-
-    token_ids: list[int]
-    start: int
-    block_table: list[int]
-    window_table: list[int] | None = None
-    window_first: int = 0
-    num_logits: int = 1
-
-    def __post_init__(self) -> None:
-        if self.window_table is None:
-            object.__setattr__(self, "window_table", self.block_table)
 
 
 def graphs(folder: Path, cache: CacheConfig) -> ModelGraphs:

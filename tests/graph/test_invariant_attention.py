@@ -9,11 +9,11 @@ the control: there a short row batched with long ones gets other logits than alo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from batch_rows import Row
 
 from wicore.devices.providers import parse_device
 from wicore.executor.batch import build_batch
@@ -24,16 +24,6 @@ from wicore.kv.buffers import CacheConfig, KVBuffers
 BS = 16
 LENGTHS = [5, 40, 300, 37, 500]  # short rows batched with long ones: key widths 16 .. 512
 SHAPE = dict(head_dim=256, query_pre_attn_scalar=256, max_position_embeddings=1024, sliding_window=64)
-
-
-@dataclass(frozen=True)
-class Row:
-    token_ids: list[int]
-    start: int
-    block_table: list[int]
-    window_table: list[int]
-    window_first: int
-    num_logits: int
 
 
 @pytest.fixture(scope="module")

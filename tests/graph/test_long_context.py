@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from batch_rows import Row
 
 from wicore.devices.placement import plan_placement
 from wicore.engine.engine import Engine, EngineConfig
@@ -35,14 +36,6 @@ LONG = dict(
 PAST = 100_003  # positions already in the cache
 BLOCK = 4
 NEW = np.random.default_rng(1).integers(0, 512, 21).tolist()  # 20 tokens prefilled, then 1 decoded
-
-
-class Row:
-    """A batch row (wicore.executor.batch.BatchRow)."""
-
-    def __init__(self, token_ids: list[int], start: int, block_table: list[int], window_table: list[int], window_first: int):
-        self.token_ids, self.start, self.block_table = token_ids, start, block_table
-        self.window_table, self.window_first, self.num_logits = window_table, window_first, len(token_ids)
 
 
 def past_kv(num_layers: int, kv_heads: int, head_dim: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -90,7 +83,7 @@ def our_logits_after(folder: Path, past: list[tuple[np.ndarray, np.ndarray]], st
             flat[: PAST - first * BLOCK] = values[first * BLOCK :]
     out, start = [], PAST
     for ids in steps:
-        out.append(graphs.run(build_batch([Row(ids, start, full_table, window_table, window_first)], BLOCK)).logits)
+        out.append(graphs.run(build_batch([Row(ids, start, full_table, window_table, window_first, len(ids))], BLOCK)).logits)
         start += len(ids)
     return out
 
