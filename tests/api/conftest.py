@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from wicore.api.app import ServerSettings, create_app
@@ -82,6 +83,12 @@ def gemma_server(gemma_270m) -> Iterator[Served]:
     yield served
     served.server.stop()
     served.engine.stop()
+
+
+@pytest.fixture(scope="module")
+def gemma_client(gemma_server: Served) -> openai.OpenAI:
+    """The official openai client of `gemma_server`."""
+    return openai.OpenAI(base_url=f"{gemma_server.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
