@@ -55,6 +55,8 @@ class Scheduler:
         self._seq_ids = itertools.count(1)
         self._planned: dict[str, ScheduledRow] = {}  # plan_ahead's rows, for the next schedule
         self._planned_moves: list[Move] = []  # what their appends moved (cached blocks evicted)
+        self._held: set[str] = set()  # requests with a row in the step in flight (hold)
+        self._deferred_frees: list[int] = []  # seq ids of held requests that ended: freed on release
 
     # -- requests --------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -88,19 +90,39 @@ class Scheduler:
         """Running requests whose next row is a decode (one token to run): those that may speculate."""
         return [r for r in self.running if r.num_tokens - r.num_computed == 1]
 
-    def plan_ahead(self, rows: Sequence[ScheduledRow]) -> None:
+    def plan_ahead(self, rows: Sequence[ScheduledRow], fed: Collection[str]) -> bool:
         """While the step that runs `rows` is in flight (async scheduling, wicore.engine.lookahead):
-        the next decode row of each request that `can_plan_ahead`, its blocks appended now and its
-        input (the token in flight) left empty. The next `schedule` takes these rows, filled from the
-        requests' tokens, where they still fit; it drops the others."""
+        the next decode row of each request whose token the step decides on the device (`fed`) and
+        that `can_plan_ahead`, its blocks appended now and its input fed from the step's result. The
+        next `schedule(busy=...)` runs them. Whether every request of the step that goes on after it
+        got its row: else the next step waits for this one's result (a synchronous step)."""
+        complete = True
         for row in rows:
             req = self.requests.get(row.request_id)
-            if req is None or not can_plan_ahead(req, row) or self._crosses_rope_switch(req, req.num_tokens + 1):
+            if req is None or req.status is not Status.RUNNING:  # ended while its row ran (an abort, a failure)
                 continue
-            plan = self.kv.append(req.seq_id, req.num_tokens, req.num_tokens + 1)
-            if plan is not None:  # else no room: the schedule after the step decides (it may preempt)
-                self._planned_moves += plan
-                self._planned[req.request_id] = build_row(self.kv, req, 1, ahead=True)
+            if row.needs_sample and not row.draft_ids and req.num_output_tokens + 1 >= req.max_tokens:
+                continue  # the token in flight is its last
+            plan = None
+            if row.request_id in fed and can_plan_ahead(req, row) and not self._crosses_rope_switch(req, req.num_tokens + 1):
+                plan = self.kv.append(req.seq_id, req.num_tokens, req.num_tokens + 1)
+            if plan is None:  # host sampling, a prefill chunk, no room: the schedule after the step decides
+                complete = False
+                continue
+            self._planned_moves += plan
+            self._planned[req.request_id] = build_row(self.kv, req, 1, ahead=True)
+        return complete
+
+    def hold(self, request_ids: Collection[str]) -> None:
+        """The step just launched runs rows of `request_ids`: one of them that ends before `release`
+        keeps its blocks until then (the step in flight writes and reads them; async scheduling)."""
+        self._held = set(request_ids)
+
+    def release(self) -> None:
+        """The held step returned: the blocks of the requests that ended while it ran go back."""
+        for seq_id in self._deferred_frees:
+            self.kv.free(seq_id)
+        self._deferred_frees, self._held = [], set()
 
     @property
     def num_requests(self) -> int:
@@ -132,6 +154,13 @@ class Scheduler:
         budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk, max_rows)
         stage = StageBudget(cfg.max_staged_blocks)
 
+        for request_id, ahead in planned.items():  # fed rows of requests in flight: their blocks are appended
+            req = self.requests.get(request_id)
+            if req is not None and req.status is Status.RUNNING and request_id in busy:
+                budget.spend(req, 1)
+                rows.append(ahead)
+                self.stats.num_planned_rows += 1
+
         queue = deque(sorted(free, key=self._rank))
         preempted_this_step = False
         while queue and budget.tokens > 0:
@@ -141,14 +170,6 @@ class Scheduler:
                 continue
             if self._crosses_rope_switch(req, req.num_computed + n):
                 self._recompute_past_rope_switch(req)
-                continue
-            ahead = planned.get(req.request_id)
-            if ahead is not None and n == 1 and ahead.start == req.num_computed == req.num_tokens - 1:
-                if self._stage(stage, req):  # planned while the last step ran: its blocks are appended
-                    budget.spend(req, 1)
-                    ahead.token_ids.append(req.token_ids[-1])  # its input: the token the last step sampled
-                    rows.append(ahead)
-                    self.stats.num_planned_rows += 1
                 continue
             draft = clip_draft(cfg, req, n, (drafts or {}).get(req.request_id, ()), budget.tokens)
             plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n + len(draft))
@@ -321,7 +342,9 @@ class Scheduler:
             queue = {Status.WAITING: self.waiting, Status.RUNNING: self.running, Status.SWAPPED: self.swapped}[req.status]
             if req in queue:  # its status names its queue: one list searched, not three
                 queue.remove(req)
-            if req.status is not Status.WAITING:
+            if req.status is not Status.WAITING and req.request_id in self._held:
+                self._deferred_frees.append(req.seq_id)  # a step in flight still runs its row
+            elif req.status is not Status.WAITING:
                 self.kv.free(req.seq_id)
             req.status = Status.FINISHED
             self._ended.append(req.request_id)
@@ -370,8 +393,8 @@ class Scheduler:
         outputs = []
         for row in rows:
             req = self.requests.get(row.request_id)
-            if req is None or req.status is not Status.RUNNING:
-                continue
+            if req is None or req.status is not Status.RUNNING or row.start != req.num_computed:
+                continue  # ended while its row ran, or sent back to recompute (async scheduling: a lost block)
             wants_prompt_logits = req.wants_prompt_logits  # before this step's token is appended
             samples = result.verified.get(row.request_id) if row.draft_ids else None
             # A verification row computed its first token and the drafts it kept; the rest are rolled back.
