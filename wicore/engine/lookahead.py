@@ -11,6 +11,12 @@ The worker runs only the ONNX Runtime runs (they release the GIL) and the array 
 and the tokens sampled on the host by the engine thread, so the device waits for no Python of the
 engine's between two steps as long as the engine's part of a step is shorter than the device's.
 
+The GIL's switch interval. When N's run returns, the worker needs the GIL for a fraction of a
+millisecond (read N's ids, feed and launch N+1) while the engine thread, busy in Python, holds it;
+Python hands it over only after the switch interval, 5 ms by default, and the device idles that
+long each step (seen on an H200, docs/PERFORMANCE.md). While a worker runs, the interval is
+SWITCH_INTERVAL_S (environment WICORE_ASYNC_SWITCH_INTERVAL_S to try others), restored on close.
+
 Planned ahead (`Scheduler.plan_ahead`) is each decode row whose input is a token the step in flight
 decides on the device (a fed row: the graph's argmax, or the sampling head's whole-distribution
 draw) and that `can_plan_ahead`: its blocks appended, its input written by the worker from N's
@@ -33,6 +39,8 @@ handling of N's outputs overlaps it). So are steps of an engine that offloads KV
 
 from __future__ import annotations
 
+import os
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -42,6 +50,21 @@ from wicore.executor.prepared import DeviceResult, PreparedStep
 from wicore.executor.runner import ModelRunner
 from wicore.kv.cache import KVCache
 from wicore.types.step import ScheduledRow
+
+SWITCH_INTERVAL_S = 1e-4  # the GIL's switch interval while a StepWorker runs (the module docstring)
+SWITCH_INTERVAL_ENV = "WICORE_ASYNC_SWITCH_INTERVAL_S"
+
+
+def switch_interval() -> float:
+    """The GIL switch interval for async scheduling: the environment's, else SWITCH_INTERVAL_S."""
+    value = os.environ.get(SWITCH_INTERVAL_ENV, "").strip()
+    try:
+        seconds = float(value) if value else SWITCH_INTERVAL_S
+    except ValueError:
+        raise ValueError(f"{SWITCH_INTERVAL_ENV}={value!r}: give seconds, e.g. 0.0001") from None
+    if seconds <= 0:
+        raise ValueError(f"{SWITCH_INTERVAL_ENV}={value!r}: give seconds > 0")
+    return seconds
 
 
 def can_plan_ahead(req: Request, row: ScheduledRow) -> bool:
@@ -86,6 +109,8 @@ class StepWorker:
         self.runner = runner
         self.kv = kv
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wicore-step")
+        self._switch_interval = sys.getswitchinterval()  # restored on close
+        sys.setswitchinterval(switch_interval())
 
     def launch(self, rows: list[ScheduledRow], step: PreparedStep, moves: list[Move], after: InFlight | None) -> InFlight:
         """Queue `step` (prepared from `rows`) behind `after`, the step in flight whose sampled ids its
@@ -98,5 +123,6 @@ class StepWorker:
         return Launched(lost, self.runner.run_device(step, previous))
 
     def close(self) -> None:
-        """Wait for the steps in flight (if any) and end the thread."""
+        """Wait for the steps in flight (if any), end the thread, restore the GIL's switch interval."""
         self._pool.shutdown(wait=True)
+        sys.setswitchinterval(self._switch_interval)
