@@ -276,7 +276,7 @@ class EngineCore:
         ahead = inflight is not None and self._plan_ahead(inflight)
         if inflight is None or ahead:
             busy = inflight.request_ids if inflight is not None else set()
-            outputs += self._launch_async(worker, self.scheduler.schedule(busy=busy), inflight)
+            outputs += self._launch_async(worker, self.scheduler.schedule(busy=busy, ahead=True), inflight)
         scheduled = time.perf_counter()
         if inflight is None:
             self._trace(StepTrace(seconds=PhaseSeconds(schedule_s=scheduled - start)))

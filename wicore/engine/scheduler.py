@@ -135,13 +135,18 @@ class Scheduler:
         return self._drop_aborted(busy) + self._drop_expired(self.clock(), busy)
 
     def schedule(
-        self, drafts: Mapping[str, Sequence[int]] | None = None, busy: Collection[str] = (), max_rows: int | None = None
+        self,
+        drafts: Mapping[str, Sequence[int]] | None = None,
+        busy: Collection[str] = (),
+        max_rows: int | None = None,
+        ahead: bool = False,
     ) -> SchedulerOutput:
         """The step's rows and moves. `drafts` (request id -> draft tokens) turn decodes into
         verification rows (wicore.engine.speculative), as far as the step's tokens and the KV cache allow.
         `busy`: running requests in a step still in flight (wicore.engine.groups): not scheduled,
-        preempted or ended (an abort or deadline waits for their step's return). `max_rows`: the most
-        rows the step takes."""
+        preempted or ended (an abort or deadline waits for their step's return); their `plan_ahead`
+        rows run. `ahead`: the step after the one in flight (async scheduling), whose requests have
+        then computed their prompts. `max_rows`: the most rows the step takes."""
         now = self.clock()
         finished = self._drop_aborted(busy) + self._drop_expired(now, busy)
         moves, self._planned_moves = self._planned_moves, []
@@ -149,17 +154,16 @@ class Scheduler:
         rows: list[ScheduledRow] = []
         cfg = self.config
         free = [r for r in self.running if r.request_id not in busy] if busy else self.running
-        decoding = any(r.num_tokens - r.num_computed == 1 for r in free)
+        # fed rows of requests in flight (async scheduling): decodes, their blocks appended
+        fed = [row for row in planned.values() if row.request_id in busy and self._is_running(row.request_id)]
+        decoding = bool(fed) or any(r.num_tokens - r.num_computed == 1 for r in free)
         prefill = cfg.prefill_with_decodes if decoding else cfg.max_num_batched_tokens
         budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk, max_rows)
         stage = StageBudget(cfg.max_staged_blocks)
-
-        for request_id, ahead in planned.items():  # fed rows of requests in flight: their blocks are appended
-            req = self.requests.get(request_id)
-            if req is not None and req.status is Status.RUNNING and request_id in busy:
-                budget.spend(req, 1)
-                rows.append(ahead)
-                self.stats.num_planned_rows += 1
+        for row in fed:
+            budget.spend(self.requests[row.request_id], 1)
+            rows.append(row)
+            self.stats.num_planned_rows += 1
 
         queue = deque(sorted(free, key=self._rank))
         preempted_this_step = False
@@ -195,12 +199,19 @@ class Scheduler:
             budget.spend(req, n + len(draft))
             rows.append(build_row(self.kv, req, n, draft))
 
+        if fed:  # in rank order, as the running requests' rows are without async scheduling
+            position = {r.request_id: i for i, r in enumerate(self.running)}
+            rows.sort(key=lambda row: (self._rank(self.requests[row.request_id]), position[row.request_id]))
         if not preempted_this_step:
             self._swap_in(rows, moves, budget, stage)
             if not self.swapped:
-                self._admit(rows, moves, budget, stage, now)
+                self._admit(rows, moves, budget, stage, now, busy if ahead else ())
         ended, self._ended = self._ended, []
         return SchedulerOutput(rows, moves, finished, ended)
+
+    def _is_running(self, request_id: str) -> bool:
+        req = self.requests.get(request_id)
+        return req is not None and req.status is Status.RUNNING
 
     def _rank(self, req: Request, now: float | None = None) -> tuple[int, float]:
         return req.rank(self.config.aging_seconds, now)
@@ -289,13 +300,21 @@ class Scheduler:
             budget.spend(req, n)
             rows.append(build_row(self.kv, req, n))
 
-    def _admit(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, stage: StageBudget, now: float) -> None:
+    def _admit(
+        self,
+        rows: list[ScheduledRow],
+        moves: list[Move],
+        budget: StepBudget,
+        stage: StageBudget,
+        now: float,
+        prefilled: Collection[str],
+    ) -> None:
         if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
             return  # the batch is full: the waiting queue is not even ranked (a step's cost is its rows')
         for req in sorted(self.waiting, key=lambda r: self._rank(r, now)):
             if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
                 break
-            if self._shares_a_prefill(req):
+            if self._shares_a_prefill(req, prefilled):
                 continue
             switch = self.config.long_rope_switch
             req.whole_until = switch + 1 if switch and req.num_tokens > switch else 0
@@ -323,13 +342,15 @@ class Scheduler:
                 budget.spend(req, n)
                 rows.append(build_row(self.kv, req, n))
 
-    def _shares_a_prefill(self, req: Request) -> bool:
+    def _shares_a_prefill(self, req: Request, prefilled: Collection[str] = ()) -> bool:
         """Whether `req` should wait for a running request that is still prefilling blocks of the
         prompt they share (many questions over one document sent together): admitted once those
-        blocks are computed, it reuses them from the prefix cache instead of computing them again."""
+        blocks are computed, it reuses them from the prefix cache instead of computing them again.
+        `prefilled`: requests whose prompt will be computed by the step in flight."""
         if not self.kv.prefix_cache_enabled or req.params.prompt_logits or req.image_spans:
             return False
-        return any(r.is_prefilling_a_block_of(req, self.kv.block_size) for r in self.running)
+        block = self.kv.block_size
+        return any(r.is_prefilling_a_block_of(req, block) for r in self.running if r.request_id not in prefilled)
 
     def _set_running(self, req: Request, source: list[Request]) -> None:
         source.remove(req)

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wicore.executor.batch import BatchInputs
+from wicore.executor.device_wait import device_waiter
 from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 from wicore.executor.step_inputs import Place, StepInputs
 from wicore.graph import io
@@ -128,6 +129,7 @@ class DecodeGraphs:
             raise ValueError(f"hidden states are handed between cards through one of {HANDOFFS}, not {handoff!r}")
         self.handoff = handoff
         self.places: list[Place] = [d.ort_device for d in graphs.devices]
+        self._wait_device = device_waiter(self.places[-1])  # a replay returns once launched, not run
         self._crossings = [i for i in range(len(self.places) - 1) if self.places[i] != self.places[i + 1]]
         self._handoff_sessions = {i: self._handoff_session(i) for i in self._crossings} if handoff == "device" else {}
         sizes = buckets(max_rows)
@@ -313,6 +315,8 @@ class DecodeGraphs:
         else:
             for stage in stages:
                 stage()
+        if self._wait_device is not None:  # with the GIL released, not in the first read below
+            self._wait_device()
         outputs = dict(bucket.outputs)
         if sampling is not None and self.graphs.head is not None:  # the head runs uncaptured, on the bucket's logits
             outputs |= self.graphs.head.run(bucket.outputs[io.LOGITS], sampling)
