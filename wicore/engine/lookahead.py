@@ -21,7 +21,9 @@ Planned ahead (`Scheduler.plan_ahead`) is each decode row whose input is a token
 decides on the device (a fed row: the graph's argmax, or the sampling head's whole-distribution
 draw) and that `can_plan_ahead`: its blocks appended, its input written by the worker from N's
 sampled ids right before N+1's graphs. The requests not in flight (waiting, swapped, running but
-not in N) are scheduled beside them as without the flag.
+not in N) are scheduled beside them as without the flag, and the schedule makes the plain engine's
+choices where it can know them before N's result (`Scheduler.schedule(ahead=True)`): the fed rows
+count as decodes, rows go in rank order, a prompt N finishes holds back no request sharing it.
 
 A request that N ends (EOS, a stop token, a stop string, an abort) still has its row in N+1, as in
 vLLM: that row's token is dropped, the request's final output is sent when N is accounted (so it

@@ -327,7 +327,7 @@ class DecodeGraphs:
         return graph_outputs(rows_of, logits, sampling is not None, None)
 
     def _write(self, batch: BatchInputs, inputs: StepInputs, sampling: SamplingInputs | None) -> None:
-        """The batch's inputs into the bucket's, copied to the device: extra rows decode one token at
+        """The batch's inputs into the bucket's host side (`launch` copies it): extra rows decode one token at
         position 0 of the sink block, and the tables are padded with the sink to their fixed width.
         Without `sampling`, an export with the sampling head draws at temperature 1 (the draws go
         unread)."""
