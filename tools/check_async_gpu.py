@@ -10,7 +10,11 @@ without the flag, and may take a larger CUDA graph bucket, whose kernels round d
 random weights, a sampled token moves with the last bits of the logits). Prints each workload's
 differing requests (greedy or sampled, where they part); exits 1 if the equal-length one differs.
 
-    PYTHONPATH=. python3 tools/check_async_gpu.py --model M [--requests 48] [--input-len 64]
+    PYTHONPATH=. python3 tools/check_async_gpu.py --model M [--requests 48] [--input-len 64] [--baseline]
+
+Each comparison also says whether the steps ran the same rows in the same order (the dropped rows
+aside), and where they part: a sampled token that differs with the steps the same is rounding run
+to run (`--baseline` shows that for the plain engine alone), not the flag's scheduling.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +33,13 @@ from wicore.graph.manifest import Manifest
 from wicore.types.sampling import SamplingParams
 
 
-def generate(model: Path, on: bool, prompts: list[list[int]], params: list[SamplingParams], args) -> list[list[int]]:
+@dataclass
+class Run:
+    tokens: list[list[int]]
+    steps: list[list[tuple[int, int, int]]]  # each step's rows: request, start, tokens
+
+
+def generate(model: Path, on: bool, prompts: list[list[int]], params: list[SamplingParams], args) -> Run:
     """Every request added before the first step of a core stepped here (Engine.generate hands them
     to its thread over several steps, so the batches, and their rounding, would differ run to run)."""
     config = EngineConfig(
@@ -41,19 +52,35 @@ def generate(model: Path, on: bool, prompts: list[list[int]], params: list[Sampl
         async_scheduling=on,
     )
     core = EngineCore(config)
+    run = Run([[] for _ in prompts], [])
     try:
         for i, (ids, p) in enumerate(zip(prompts, params)):
             core.add(core.make_request(ids, p, str(i)))
         start = time.perf_counter()
-        tokens: list[list[int]] = [[] for _ in prompts]
-        for out in core.run_to_end():
-            tokens[int(out.request_id)] += out.new_token_ids
+        while core.has_work:
+            for out in core.step():
+                run.tokens[int(out.request_id)] += out.new_token_ids
+            if core.last_step.rows:
+                run.steps.append([(int(r.request_id), r.start, len(r.token_ids)) for r in core.last_step.rows])
         seconds = time.perf_counter() - start
-        steps = core.num_steps
     finally:
         core.close()
-    print(f"async_scheduling={on}: {sum(map(len, tokens))} tokens in {seconds:.2f} s, {steps} steps", flush=True)
-    return tokens
+    print(f"async_scheduling={on}: {sum(map(len, run.tokens))} tokens in {seconds:.2f} s, {len(run.steps)} steps", flush=True)
+    return run
+
+
+def real_steps(run: Run, prompt_len: int) -> list[list[tuple[int, int, int]]]:
+    """The steps' rows but those past a request's last token (the rows async scheduling drops)."""
+    return [kept for step in run.steps if (kept := [r for r in step if r[1] <= prompt_len + len(run.tokens[r[0]]) - 2])]
+
+
+def first_different_step(plain: Run, ahead: Run, prompt_len: int) -> str:
+    """Where the two runs' steps part (rows, their order), or that they do not."""
+    a, b = real_steps(plain, prompt_len), real_steps(ahead, prompt_len)
+    for k, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"steps part at step {k}: {len(x)} rows without the flag, {len(y)} with"
+    return "the same rows in every step" if len(a) == len(b) else f"{len(a)} against {len(b)} steps"
 
 
 def main() -> int:
@@ -64,6 +91,7 @@ def main() -> int:
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--kv-pool-gb", type=float, default=4.0)
+    parser.add_argument("--baseline", action="store_true", help="run the plain engine twice too (run-to-run differences)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     vocab = Manifest.read(args.model).config.vocab_size
@@ -78,14 +106,19 @@ def main() -> int:
         ]
         print(f"== {name}", flush=True)
         plain = generate(args.model, False, prompts, params, args)
-        ahead = generate(args.model, True, prompts, params, args)
-        differ = [i for i, (a, b) in enumerate(zip(plain, ahead)) if a != b]
-        print(f"requests whose tokens differ: {len(differ)} of {args.requests}")
-        for i in differ:
-            at = next((k for k, (a, b) in enumerate(zip(plain[i], ahead[i])) if a != b), min(len(plain[i]), len(ahead[i])))
-            kind = "greedy" if i % 2 == 0 else "sampled"
-            print(f"  request {i} ({kind}, {len(plain[i])} / {len(ahead[i])} tokens): first differs at token {at}")
-        failed |= bool(differ) and name == "equal lengths"
+        runs = {"with the flag": generate(args.model, True, prompts, params, args)}
+        if args.baseline:  # the plain engine again: what differs run to run without the flag
+            runs["the plain engine again"] = generate(args.model, False, prompts, params, args)
+        for label, other in runs.items():
+            differ = [i for i, (a, b) in enumerate(zip(plain.tokens, other.tokens)) if a != b]
+            print(f"{label}: {first_different_step(plain, other, args.input_len)}")
+            print(f"{label}: requests whose tokens differ: {len(differ)} of {args.requests}")
+            for i in differ:
+                a, b = plain.tokens[i], other.tokens[i]
+                at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                kind = "greedy" if i % 2 == 0 else "sampled"
+                print(f"  request {i} ({kind}, {len(a)} / {len(b)} tokens): first differs at token {at}")
+            failed |= bool(differ) and name == "equal lengths" and label == "with the flag"
     return 1 if failed else 0
 
 
