@@ -5,9 +5,10 @@
 # with onnxruntime-gpu; the export (once, ~2.4 GB) is kept in WORK for the next run.
 #
 #   bash tools/gpu_async_bench.sh [WORK]        from the repository root; WORK default /tmp/async-bench
+#   ROUNDS=2 bash tools/gpu_async_bench.sh      each size twice, the second round "on" first
 #
 # Prints each run's throughput line and its step breakdown (graphs against host ms a step), and
-# writes WORK/results/{64,256}-{off,on}.json (the `--json` records of wicore bench throughput).
+# writes WORK/results/{64,256}-{off,on}-R.json (the `--json` records of wicore bench throughput).
 set -euo pipefail
 WORK=${1:-/tmp/async-bench}
 MODEL=$WORK/gemma3-1b-26l-fp16-paged
@@ -44,13 +45,17 @@ git log --oneline -1 || true
 
 # 128 prompt + 128 generated tokens a request, greedy (the graph's argmax), blocks of 64 tokens
 # (the paged attention's FlashAttention tile at head_dim 256), CUDA graphs on.
-for n in 64 256; do
-  for flag in off on; do
-    extra=()
-    [ "$flag" = on ] && extra=(--async-scheduling)
-    echo "=== $n requests, --async-scheduling $flag ($(date -u +%H:%M:%S) UTC)"
-    "$PYTHON" -m wicore.cli bench throughput --model "$MODEL" --devices cuda:0 --cuda-graphs on --block-size 64 \
-      --kv-pool-gb 8 --max-num-seqs "$n" --num-prompts "$n" --input-len 128 --output-len 128 \
-      --json "$WORK/results/$n-$flag.json" "${extra[@]}" 2>&1 | grep -v "^Writing" | tail -2
+for round in $(seq 1 "${ROUNDS:-1}"); do
+  order="off on"
+  [ $((round % 2)) = 0 ] && order="on off"
+  for n in 64 256; do
+    for flag in $order; do
+      extra=()
+      [ "$flag" = on ] && extra=(--async-scheduling)
+      echo "=== round $round, $n requests, --async-scheduling $flag ($(date -u +%H:%M:%S) UTC)"
+      "$PYTHON" -m wicore.cli bench throughput --model "$MODEL" --devices cuda:0 --cuda-graphs on --block-size 64 \
+        --kv-pool-gb 8 --max-num-seqs "$n" --num-prompts "$n" --input-len 128 --output-len 128 \
+        --json "$WORK/results/$n-$flag-$round.json" "${extra[@]}" 2>&1 | grep -v "^Writing" | tail -2
+    done
   done
 done

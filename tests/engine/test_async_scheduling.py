@@ -1,6 +1,8 @@
-"""Async scheduling (wicore.engine.lookahead) on the tiny chat model: a mixed workload driven by hand
-gives exactly the tokens it gives without, no request sends anything after its final output, and
-every block comes back to the pool."""
+"""Async scheduling (wicore.engine.lookahead) on the tiny chat model: a workload driven by hand gives
+exactly the outputs it gives without (tokens, finish reasons, logprobs, prompt and cached token
+counts), no request sends anything after its final output, and every block comes back to the pool;
+greedy requests run every decode row fed from the step before (each ended request one or two rows
+more, dropped), host-sampled ones in synchronous steps."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ from wicore.engine.engine import Engine
 from wicore.engine.scheduler import SchedulerConfig
 from wicore.engine.speculative import SpeculativeConfig
 from wicore.engine.stats import TierCounts
+from wicore.export.exporter import ExportConfig, export_model
+from wicore.export.sources import open_source
 from wicore.structured.spec import StructuredKind, StructuredOutput
-from wicore.types.sampling import SamplingParams
+from wicore.types.sampling import Logprobs, SamplingParams
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
 JSON = StructuredOutput(StructuredKind.JSON, json.dumps(SCHEMA), "guided_json")
@@ -39,6 +43,9 @@ class Arrival:
 class Run:
     tokens: dict[str, list[int]] = field(default_factory=dict)
     ends: dict[str, str | None] = field(default_factory=dict)
+    logprobs: dict[str, list[Logprobs]] = field(default_factory=dict)
+    usage: dict[str, tuple[int, int]] = field(default_factory=dict)  # prompt tokens, cached prompt tokens
+    steps: list[list[tuple[str, int, int]]] = field(default_factory=list)  # each step's rows: request, start, tokens
     late: list[str] = field(default_factory=list)  # outputs that came after their request's final one
     blocks_free_before: TierCounts = field(default_factory=TierCounts)
     blocks_free_after: TierCounts = field(default_factory=TierCounts)
@@ -62,6 +69,19 @@ def workload(stop_token: int, stop_text: str) -> list[Arrival]:
         Arrival("long-prompt", PROMPTS[8], SamplingParams(max_tokens=6, temperature=0.7, seed=3, ignore_eos=True), 4),
         Arrival("eos", PROMPTS[1], SamplingParams(max_tokens=40), 6),  # ends at the model's EOS, or at max_tokens
         Arrival("one-token", PROMPTS[0], SamplingParams(max_tokens=1), 7),
+        Arrival("logprobs", PROMPTS[2], SamplingParams(max_tokens=7, logprobs=3, ignore_eos=True), 8),
+    ]
+
+
+def greedy_workload(stop_token: int, stop_text: str) -> list[Arrival]:
+    """Greedy requests only, all at the first call, their prompts (32 tokens) in one step: every step
+    after the first is scheduled ahead."""
+    return [
+        Arrival("greedy-a", PROMPTS[0], SamplingParams(max_tokens=12, ignore_eos=True), 0),
+        Arrival("stop-token", PROMPTS[3], SamplingParams(max_tokens=16, stop_token_ids=(stop_token,), ignore_eos=True), 0),
+        Arrival("aborted", PROMPTS[4], SamplingParams(max_tokens=30, ignore_eos=True), 0, abort_after=5),
+        Arrival("stop-text", PROMPTS[5], SamplingParams(max_tokens=30, ignore_eos=True), 0, stop_text=stop_text),
+        Arrival("one-token", PROMPTS[0], SamplingParams(max_tokens=1), 0),
     ]
 
 
@@ -72,8 +92,14 @@ def make_core(model_dir, async_scheduling: bool, **overrides) -> EngineCore:
     )
 
 
-def drive(model_dir, async_scheduling: bool, arrivals: list[Arrival], **overrides) -> Run:
+def drive(model_dir, async_scheduling: bool, arrivals: list[Arrival], decode_graphs: bool = False, **overrides) -> Run:
+    """`arrivals` through a core stepped by hand; `decode_graphs`: decode steps through DecodeGraphs'
+    buckets, as CUDA graphs run them (on the CPU EP the graph ids are ignored: the buckets' inputs,
+    their two host sides and the fed ids written into them are what runs)."""
     core = make_core(model_dir, async_scheduling, **overrides)
+    if decode_graphs:
+        bs, context = core.layout.block_size, core.max_sequence_tokens
+        core.runner.graphs.enable_decode_graphs(bs, core.scheduler.config.max_num_seqs, -(-context // bs), 1, context)
     run = Run(blocks_free_before=core.stats().blocks_free)
     tok = core.need_tokenizer()
     try:
@@ -85,12 +111,17 @@ def drive(model_dir, async_scheduling: bool, arrivals: list[Arrival], **override
                 if a.at_call == call:
                     core.add(core.make_request(a.prompt, a.params, a.request_id))
                     run.tokens[a.request_id] = []
-            for out in core.step():
+            outputs = core.step()
+            if core.last_step.rows:
+                run.steps.append([(r.request_id, r.start, len(r.token_ids)) for r in core.last_step.rows])
+            for out in outputs:
                 if out.request_id in run.ends:
                     run.late.append(out.request_id)
                 run.tokens[out.request_id] += out.new_token_ids
+                run.logprobs.setdefault(out.request_id, []).extend(out.logprobs or [])
                 if out.finished:
                     run.ends[out.request_id] = out.finish_reason
+                    run.usage[out.request_id] = (out.num_prompt_tokens, out.num_cached_tokens)
                     continue
                 a = by_id[out.request_id]
                 text = tok.decode(run.tokens[a.request_id])
@@ -124,34 +155,87 @@ def mixed(chat) -> list[Arrival]:
     return workload(tokens[3], text)
 
 
-def test_async_scheduling_gives_the_same_tokens_and_frees_every_block(chat, mixed):
-    plain = drive(chat, False, mixed, enable_prefix_cache=False)
-    ahead = drive(chat, True, mixed, enable_prefix_cache=False)
+def real_rows(run: Run, prompts: dict[str, int]) -> list[list[tuple[str, int, int]]]:
+    """Each step's rows but those that ran past their request's last token (dropped under async
+    scheduling): a row is real when its input is a prompt token or an output but the last."""
+    last = {r: prompts[r] + len(t) - 2 for r, t in run.tokens.items()}
+    return [kept for step in run.steps if (kept := [row for row in step if row[1] <= last[row[0]]])]
+
+
+def assert_same_outputs(plain: Run, ahead: Run, arrivals: list[Arrival] | None = None) -> None:
+    """The same outputs; with `arrivals`, also the same steps (rows and their order, the dropped ones
+    aside): on a GPU a batch's rounding follows its rows, so a sampled token would move otherwise."""
+    if arrivals is not None:
+        prompts = {a.request_id: len(a.prompt) for a in arrivals}
+        assert real_rows(ahead, prompts) == real_rows(plain, prompts) == plain.steps
     assert ahead.tokens == plain.tokens
     assert ahead.ends == plain.ends
+    assert ahead.logprobs == plain.logprobs
+    assert ahead.usage == plain.usage
+    assert (plain.late, ahead.late) == ([], [])
+    assert ahead.blocks_referenced_after == TierCounts()
+
+
+def extra_rows(run: Run, request_id: str) -> int:
+    """Fed rows a request ran past its last token: one after a stop (its next row was in flight), two
+    after an abort the caller sent on receiving a token (the row of the token after it was in flight
+    and the next one planned before the abort was applied); none after its last token by max_tokens."""
+    return {"stop": 1, "abort": 2}.get(run.ends[request_id] or "", 0)
+
+
+@pytest.mark.parametrize("decode_graphs", [False, True], ids=["uncaptured", "decode-graphs"])
+def test_greedy_requests_run_every_decode_row_fed_from_the_step_before(chat, mixed, decode_graphs):
+    stop_token = mixed[3].params.stop_token_ids[0]
+    stop_text = next(a.stop_text for a in mixed if a.stop_text is not None)
+    arrivals = greedy_workload(stop_token, stop_text)
+    plain = drive(chat, False, arrivals, decode_graphs, enable_prefix_cache=False)
+    ahead = drive(chat, True, arrivals, decode_graphs, enable_prefix_cache=False)
+    assert_same_outputs(plain, ahead, arrivals)
+    assert plain.ends == {
+        "greedy-a": "length", "stop-token": "stop", "aborted": "abort", "stop-text": "abort", "one-token": "length"
+    }  # fmt: skip
+    assert [len(plain.tokens[r]) for r in ("greedy-a", "aborted", "one-token")] == [12, 5, 1]
+    assert plain.tokens["stop-token"][-1] == stop_token
+    # Every token after a request's first came from a fed row planned while the step before ran.
+    expected = sum(len(plain.tokens[r]) - 1 + extra_rows(plain, r) for r in plain.tokens)
+    assert (plain.num_planned_rows, ahead.num_planned_rows) == (0, expected)
+    assert ahead.num_steps == plain.num_steps  # the dropped rows ran in steps that greedy-a ran anyway
+    assert ahead.blocks_free_after == ahead.blocks_free_before
+
+
+def test_a_mixed_workload_gives_the_same_outputs_and_frees_every_block(chat, mixed):
+    """Seeded, top-k, penalized, constrained and logprobs rows sample on the host: the steps after
+    theirs are synchronous, and the outputs those of the plain engine all the same."""
+    plain = drive(chat, False, mixed, enable_prefix_cache=False)
+    ahead = drive(chat, True, mixed, enable_prefix_cache=False)
+    assert_same_outputs(plain, ahead, mixed)
     assert plain.ends["stop-token"] == "stop" and plain.tokens["stop-token"][-1] == mixed[3].params.stop_token_ids[0]
     assert plain.ends["aborted"] == "abort" and len(plain.tokens["aborted"]) == 5
     assert plain.ends["stop-text"] == "abort" and plain.ends["json"] == "stop"
     assert plain.ends["one-token"] == "length" and len(plain.tokens["one-token"]) == 1
-    assert (plain.late, ahead.late) == ([], [])
-    # Every token after a request's first came from a row planned ahead, but a grammar's or a
-    # penalty's; an aborted request ran one more planned row, whose token was dropped.
-    plannable = [r for r in plain.tokens if r not in ("json", "penalty")]
-    expected = sum(len(plain.tokens[r]) - 1 + (plain.ends[r] == "abort") for r in plannable)
-    assert (plain.num_planned_rows, ahead.num_planned_rows) == (0, expected)
-    assert ahead.blocks_referenced_after == TierCounts()
+    assert [len(plain.logprobs[r]) for r in ("logprobs", "greedy-a")] == [7, 0]
+    assert 0 < ahead.num_planned_rows < sum(len(t) for t in plain.tokens.values())
     assert ahead.blocks_free_after == ahead.blocks_free_before
 
 
 @pytest.mark.parametrize("num_host_blocks", [0, 64], ids=["recompute", "swap"])
-def test_async_scheduling_with_the_prefix_cache_and_preemption_gives_the_same_tokens(chat, mixed, num_host_blocks):
-    """Few blocks: requests are preempted (recomputed, or swapped to the host tier) and prefixes
-    reused; the tokens do not change."""
-    small = dict(num_device_blocks=40, num_host_blocks=num_host_blocks)
-    plain = drive(chat, False, mixed, **small)
-    ahead = drive(chat, True, mixed, **small)
-    assert ahead.tokens == plain.tokens and ahead.ends == plain.ends
-    assert ahead.late == [] and ahead.blocks_referenced_after == TierCounts()
+@pytest.mark.parametrize("greedy", [False, True], ids=["mixed", "greedy"])
+def test_async_scheduling_with_the_prefix_cache_and_preemption_gives_the_same_outputs(chat, mixed, num_host_blocks, greedy):
+    """Few blocks: requests are preempted (recomputed, or swapped to the host tier and back, their
+    moves run on the worker behind the step in flight) and prefixes reused; the outputs do not change.
+    The steps do: scheduled before N's result, N+1 cannot use the blocks or the room of the requests
+    N ends, so it preempts or admits otherwise (on the CPU a row's logits do not follow its batch)."""
+    small = dict(num_device_blocks=14 if greedy else 40, num_host_blocks=num_host_blocks)
+    arrivals = mixed
+    if greedy:  # two more, arriving while steps are scheduled ahead, and fewer blocks
+        stop_text = next(a.stop_text for a in mixed if a.stop_text is not None)
+        arrivals = greedy_workload(mixed[3].params.stop_token_ids[0], stop_text) + [
+            Arrival("late-a", PROMPTS[6], SamplingParams(max_tokens=20, ignore_eos=True), 3),
+            Arrival("late-b", PROMPTS[2], SamplingParams(max_tokens=20, ignore_eos=True), 5),
+        ]
+    plain = drive(chat, False, arrivals, **small)
+    ahead = drive(chat, True, arrivals, **small)
+    assert_same_outputs(plain, ahead)  # the steps differ: blocks of a request ended by N come back after N+1
     assert ahead.num_preempted > 0 and ahead.num_planned_rows > 0
 
 
@@ -170,3 +254,35 @@ def test_async_engine_generates_what_the_plain_engine_generates(chat):
 def test_async_scheduling_refuses_speculative_decoding(chat):
     with pytest.raises(ValueError, match="async scheduling does not combine with speculative decoding"):
         tiny_config(chat, async_scheduling=True, speculative=SpeculativeConfig("ngram"))
+
+
+@pytest.fixture(scope="module")
+def chat_with_head(tiny_chat, tmp_path_factory):
+    """The tiny chat model exported with the sampling head: whole-distribution rows draw on the device."""
+    out = tmp_path_factory.mktemp("tiny_chat_head") / "model"
+    export_model(open_source(str(tiny_chat[1])), out, ExportConfig(sampling_head="on"), progress=lambda _: None)
+    return out
+
+
+@pytest.mark.parametrize("decode_graphs", [False, True], ids=["uncaptured", "decode-graphs"])
+def test_rows_the_sampling_head_draws_are_fed_too(chat_with_head, decode_graphs):
+    """Seeded rows that sample the whole tempered distribution take the head's draw: their next rows
+    are fed from it as greedy ones are from the argmax, and give the plain engine's tokens; a top-k
+    row picks from the head's candidates on the host, and the steps after its rows are synchronous."""
+
+    def sampled(i: int, n: int, **more) -> SamplingParams:
+        return SamplingParams(max_tokens=n, temperature=0.8, seed=i, ignore_eos=True, **more)
+
+    # prompts of one chunk each, 35 tokens in all: one step prefills them, every later one is ahead
+    whole = [Arrival(f"whole-{i}", PROMPTS[p], sampled(i, 6 + 3 * i), 0) for i, p in enumerate((0, 1, 3, 5, 7))]
+    greedy = [Arrival("greedy", PROMPTS[0], SamplingParams(max_tokens=9, ignore_eos=True), 0)]
+    plain = drive(chat_with_head, False, whole + greedy, decode_graphs)
+    ahead = drive(chat_with_head, True, whole + greedy, decode_graphs)
+    assert_same_outputs(plain, ahead, whole + greedy)
+    assert [len(plain.tokens[f"whole-{i}"]) for i in range(5)] == [6, 9, 12, 15, 18]
+    assert ahead.num_planned_rows == sum(len(t) - 1 for t in plain.tokens.values())
+    top_k = [Arrival("top-k", PROMPTS[6], sampled(9, 8, top_k=5), 0)]
+    mixed_plain = drive(chat_with_head, False, whole + top_k, decode_graphs)
+    mixed_ahead = drive(chat_with_head, True, whole + top_k, decode_graphs)
+    assert_same_outputs(mixed_plain, mixed_ahead, whole + top_k)
+    assert 0 < mixed_ahead.num_planned_rows < sum(len(t) - 1 for t in mixed_plain.tokens.values())

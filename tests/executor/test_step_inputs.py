@@ -59,3 +59,27 @@ def test_a_step_writes_padded_inputs_and_a_bound_session_reads_them_in_place():
         assert ids_out.tolist() == padded.tolist()
         assert lens_out.tolist() == [step + 1, 0, 0]
         assert temps_out.tolist() == [0.5, 1.0]
+
+
+def test_two_host_sides_one_written_while_the_other_waits_for_its_copy():
+    """Async scheduling writes step N+1's inputs while step N's side may not be copied yet: a flip
+    writes the other side, each side copies what was written into it, and a fixed input is in both."""
+    inputs = StepInputs(SHAPES, ("cpu", 0))
+    inputs.fix("lens", np.asarray([9, 9, 9], np.int32), 0)
+    first = inputs.host
+    inputs.put("ids", np.asarray([[1, 2, 3]], np.int64), 0)
+    inputs.flip()
+    second = inputs.host
+    inputs.put("ids", np.asarray([[4, 5, 6], [7, 8, 9]], np.int64), 0)
+    assert not np.shares_memory(first, second)
+    (device,) = inputs.buffers.values()
+    inputs.sync(first)  # step N's copy, after N+1 was written
+    assert device.numpy().tobytes() == first.tobytes()
+    copied = first.copy()
+    inputs.sync()  # the side written now
+    assert device.numpy().tobytes() == second.tobytes() != copied.tobytes()
+    inputs.flip()  # back to the first side, written two writes ago
+    assert inputs.host is first and inputs.views["ids"].tolist() == [[1, 2, 3], [0, 0, 0]]
+    assert inputs.views["lens"].tolist() == [9, 9, 9]
+    inputs.flip()
+    assert inputs.views["lens"].tolist() == [9, 9, 9]

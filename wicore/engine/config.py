@@ -46,8 +46,9 @@ class EngineConfig:
     # tokens runs as micro-batches of rows that keep every device busy. None: 512 where the partitions
     # span several devices, else off; 0: off.
     micro_batch_tokens: int | None = None
-    # Plan step N+1 while step N runs on a worker thread (wicore.engine.lookahead): the same tokens,
-    # less idle device time between steps. Not with speculative decoding.
+    # Schedule and build step N+1 while step N runs on a worker thread, N+1's decode rows fed from
+    # N's sampled ids (wicore.engine.lookahead): less idle device time between steps. Not with
+    # speculative decoding.
     async_scheduling: bool = False
     # Partitions on several devices (wicore.engine.groups): up to this many steps in flight at once,
     # each over its own requests, so that every device runs one of them. 1: off (the default until a

@@ -58,6 +58,8 @@ from wicore.types.outputs import Priority, RequestOutput
 from wicore.types.sampling import SamplingParams
 from wicore.types.step import RunResult, ScheduledRow, SchedulerOutput
 
+Accountable = tuple[list[ScheduledRow], RunResult]  # a step's rows that still count, and its result
+
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
@@ -144,7 +146,7 @@ class EngineCore:
         )
         self.last_step = StepTrace()
         self.seconds = PhaseSeconds()  # summed over every step
-        self._worker = StepWorker(self.runner) if config.async_scheduling else None
+        self._worker = StepWorker(self.runner, self.kv) if config.async_scheduling else None
         self._inflight: InFlight | None = None  # the step the worker runs (async scheduling)
         self._groups = StepGroups(self.runner, graphs.pipeline_groups) if graphs.pipeline_groups > 1 else None
 
@@ -263,45 +265,77 @@ class EngineCore:
         return self.scheduler.update(rows, result)
 
     def _step_async(self, worker: StepWorker) -> list[RequestOutput]:
-        """`step` under async scheduling (wicore.engine.lookahead): plan ahead while the step in flight
-        runs, account for it, schedule and launch the next. Aborts and deadlines are applied before the
-        returned step's tokens, so an aborted request sends none after the abort, as without."""
+        """`step` under async scheduling (wicore.engine.lookahead): with a step N in flight, schedule,
+        build and queue N+1 behind it (its fed rows take N's sampled ids on the worker), then wait for
+        N and account for it; where N+1 cannot be planned before N's result, account for N first and
+        schedule N+1 after, as without. Returns N's outputs; aborts and deadlines are applied before
+        N's tokens, so an aborted request sends none after the abort, as without."""
         start = time.perf_counter()
         inflight, self._inflight = self._inflight, None
         outputs: list[RequestOutput] = []
-        trace = StepTrace()
-        if inflight is not None:
-            self.scheduler.plan_ahead(inflight.rows)
-            planned = time.perf_counter()
-            result = None
-            try:
-                result = inflight.result.result()
-            except Exception:
-                outputs = self.scheduler.fail([row.request_id for row in inflight.rows], traceback.format_exc())
-            ran = time.perf_counter()
-            outputs += self.scheduler.drop_cancelled()
-            if result is not None:
-                outputs += self._account(inflight.rows, result)
-            done = time.perf_counter()
-            graphs_s = 0.0 if result is None else result.graphs_seconds
-            seconds = PhaseSeconds(planned - start, 0.0, ran - planned, done - ran, graphs_s)
-            trace = StepTrace(tuple(inflight.rows), seconds=seconds)
-        scheduling = time.perf_counter()
-        out = self.scheduler.schedule()
-        outputs += out.finished
+        ahead = inflight is not None and self._plan_ahead(inflight)
+        if inflight is None or ahead:
+            busy = inflight.request_ids if inflight is not None else set()
+            outputs += self._launch_async(worker, self.scheduler.schedule(busy=busy, ahead=True), inflight)
         scheduled = time.perf_counter()
-        lost: set[int] = set()
+        if inflight is None:
+            self._trace(StepTrace(seconds=PhaseSeconds(schedule_s=scheduled - start)))
+            return outputs
+        waited, result = self._wait(inflight, outputs)
+        if result is not None:
+            outputs += self._account(result[0], result[1])
+        accounted = time.perf_counter()
+        if not ahead:  # N+1 could not be planned before N's result: scheduled now, as without the flag
+            outputs += self._launch_async(worker, self.scheduler.schedule(), None)
+        graphs_s = 0.0 if result is None else result[1].graphs_seconds
+        schedule_s = scheduled - start + time.perf_counter() - accounted
+        seconds = PhaseSeconds(schedule_s, 0.0, waited - scheduled, accounted - waited, graphs_s)
+        self._trace(StepTrace(tuple(inflight.rows), seconds=seconds))
+        return outputs
+
+    def _plan_ahead(self, inflight: InFlight) -> bool:
+        """Plan N+1's fed rows while N runs; whether N+1 may be scheduled before N's result."""
+        if self.runner.offloader is not None:  # staged rows copy blocks on the engine thread
+            return False
+        return self.scheduler.plan_ahead(inflight.rows, inflight.step.fed.keys())
+
+    def _launch_async(self, worker: StepWorker, out: SchedulerOutput, after: InFlight | None) -> list[RequestOutput]:
+        """Prepare `out`'s rows and queue them on the worker behind `after` (its KV moves there too,
+        once `after` is done with the blocks): the step in flight from now on. Returns the requests
+        that ended while scheduling, and those of a step that failed to prepare."""
+        outputs = list(out.finished)
+        if not out.rows and not out.moves:
+            return outputs
         try:
-            lost = self.kv.execute(out.moves) if out.moves else lost
-            rows = self.scheduler.drop_lost(lost, out.rows) if lost else out.rows
-            if rows:
-                self._inflight = worker.launch(rows, out.ended_request_ids)
-                self.num_steps += 1
+            feeds = after.step.fed if after is not None else {}
+            step = self.runner.prepare(out.rows, out.ended_request_ids, feeds)
+            self._inflight = worker.launch(out.rows, step, out.moves, after)
+            if after is None:  # nothing runs before it: the held requests are its own at once
+                self.scheduler.hold(self._inflight.request_ids)
+            self.num_steps += bool(out.rows)
         except Exception:
             outputs += self.scheduler.fail([row.request_id for row in out.rows], traceback.format_exc())
-        seconds = trace.seconds + PhaseSeconds(scheduled - scheduling, time.perf_counter() - scheduled)
-        self._trace(replace(trace, num_moves=len(out.moves), num_lost=len(lost), seconds=seconds))
         return outputs
+
+    def _wait(self, inflight: InFlight, outputs: list[RequestOutput]) -> tuple[float, Accountable | None]:
+        """Wait for `inflight`: the blocks it held go back, the step queued behind it (if any) holds its
+        own; aborts and deadlines are applied (their outputs, and a failed step's, into `outputs`).
+        When it waited, and the rows to account with their result (None: the step failed)."""
+        error = None
+        try:
+            launched = inflight.result.result()
+        except Exception:
+            inflight.step.masks.wait()
+            error = traceback.format_exc()
+        waited = time.perf_counter()
+        self.scheduler.release()
+        self.scheduler.hold(self._inflight.request_ids if self._inflight is not None else ())
+        if error is not None:
+            outputs += self.scheduler.fail([row.request_id for row in inflight.rows], error)
+            return waited, None
+        outputs += self.scheduler.drop_cancelled()
+        rows = self.scheduler.drop_lost(launched.lost, inflight.rows) if launched.lost else inflight.rows
+        return waited, (rows, self.runner.finish(inflight.step, launched.device))
 
     def _step_groups(self, groups: StepGroups) -> list[RequestOutput]:
         """`step` with steps in flight over groups of requests (wicore.engine.groups): launch a step

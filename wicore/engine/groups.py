@@ -26,11 +26,19 @@ whose step is scheduled next.
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
-from wicore.engine.lookahead import InFlight
 from wicore.executor.runner import ModelRunner
-from wicore.types.step import ScheduledRow
+from wicore.types.step import RunResult, ScheduledRow
+
+
+@dataclass(frozen=True)
+class GroupStep:
+    """A group's step in flight: its rows and the result to come."""
+
+    rows: list[ScheduledRow]
+    result: Future[RunResult]
 
 
 class StepGroups:
@@ -42,7 +50,7 @@ class StepGroups:
             raise ValueError(f"steps in flight over groups need at least 2 groups, got {num_groups}")
         self.runner = runner
         self.num_groups = num_groups
-        self.inflight: deque[InFlight] = deque()
+        self.inflight: deque[GroupStep] = deque()
         self._ended: list[str] = []
         self._pool = ThreadPoolExecutor(max_workers=num_groups, thread_name_prefix="wicore-group")
 
@@ -58,13 +66,13 @@ class StepGroups:
         """Run `rows` on a thread of their own; `ended_request_ids` (and those of schedules that
         launched nothing) lose their samplers first."""
         ended, self._ended = self._ended + ended_request_ids, []
-        self.inflight.append(InFlight(rows, self._pool.submit(self.runner.execute, rows, ended)))
+        self.inflight.append(GroupStep(rows, self._pool.submit(self.runner.execute, rows, ended)))
 
     def forget(self, ended_request_ids: list[str]) -> None:
         """Requests that ended in a schedule that launched no step: the next launch drops their samplers."""
         self._ended += ended_request_ids
 
-    def oldest(self) -> InFlight:
+    def oldest(self) -> GroupStep:
         """The oldest step in flight, no longer counted as such (its result may still be coming)."""
         return self.inflight.popleft()
 

@@ -14,17 +14,20 @@ from wicore.engine.request import Request
 from wicore.engine.scheduler_config import SchedulerConfig
 from wicore.types.step import ScheduledRow
 
+FED_PLACEHOLDER = 0  # a fed row's token until the worker writes the one the step in flight sampled
+
 
 def build_row(kv: BlockGroups, req: Request, n: int, draft: tuple[int, ...] = (), ahead: bool = False) -> ScheduledRow:
     """The row that runs `n` tokens of `req` from num_computed (and `draft`); `ahead`: the decode
-    row after its last known token, its input empty until the step in flight samples it."""
+    row after its last known token, its input fed from the step in flight (`ScheduledRow.fed`: a
+    placeholder token here)."""
     start = req.num_tokens if ahead else req.num_computed
     window_table, window_first = kv.window_table(req.seq_id)
     needs_sample = ahead or start + n == req.num_tokens
     offloaded = kv.is_offloaded(req.seq_id)
     return ScheduledRow(
         request_id=req.request_id,
-        token_ids=[] if ahead else req.token_ids[start : start + n] + list(draft),
+        token_ids=[FED_PLACEHOLDER] if ahead else req.token_ids[start : start + n] + list(draft),
         start=start,
         block_table=[] if offloaded else kv.block_table(req.seq_id),
         full_locations=tuple(kv.block_locations(req.seq_id)) if offloaded else (),
@@ -38,6 +41,7 @@ def build_row(kv: BlockGroups, req: Request, n: int, draft: tuple[int, ...] = ()
         draft_ids=draft,
         prompt_ids=req.prompt_ids if req.params.repetition_penalty != 1.0 else (),
         grammar=req.grammar,
+        fed=ahead,
     )
 
 

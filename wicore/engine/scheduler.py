@@ -55,6 +55,8 @@ class Scheduler:
         self._seq_ids = itertools.count(1)
         self._planned: dict[str, ScheduledRow] = {}  # plan_ahead's rows, for the next schedule
         self._planned_moves: list[Move] = []  # what their appends moved (cached blocks evicted)
+        self._held: set[str] = set()  # requests with a row in the step in flight (hold)
+        self._deferred_frees: list[int] = []  # seq ids of held requests that ended: freed on release
 
     # -- requests --------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -88,19 +90,39 @@ class Scheduler:
         """Running requests whose next row is a decode (one token to run): those that may speculate."""
         return [r for r in self.running if r.num_tokens - r.num_computed == 1]
 
-    def plan_ahead(self, rows: Sequence[ScheduledRow]) -> None:
+    def plan_ahead(self, rows: Sequence[ScheduledRow], fed: Collection[str]) -> bool:
         """While the step that runs `rows` is in flight (async scheduling, wicore.engine.lookahead):
-        the next decode row of each request that `can_plan_ahead`, its blocks appended now and its
-        input (the token in flight) left empty. The next `schedule` takes these rows, filled from the
-        requests' tokens, where they still fit; it drops the others."""
+        the next decode row of each request whose token the step decides on the device (`fed`) and
+        that `can_plan_ahead`, its blocks appended now and its input fed from the step's result. The
+        next `schedule(busy=...)` runs them. Whether every request of the step that goes on after it
+        got its row: else the next step waits for this one's result (a synchronous step)."""
+        complete = True
         for row in rows:
             req = self.requests.get(row.request_id)
-            if req is None or not can_plan_ahead(req, row) or self._crosses_rope_switch(req, req.num_tokens + 1):
+            if req is None or req.status is not Status.RUNNING:  # ended while its row ran (an abort, a failure)
                 continue
-            plan = self.kv.append(req.seq_id, req.num_tokens, req.num_tokens + 1)
-            if plan is not None:  # else no room: the schedule after the step decides (it may preempt)
-                self._planned_moves += plan
-                self._planned[req.request_id] = build_row(self.kv, req, 1, ahead=True)
+            if row.needs_sample and not row.draft_ids and req.num_output_tokens + 1 >= req.max_tokens:
+                continue  # the token in flight is its last
+            plan = None
+            if row.request_id in fed and can_plan_ahead(req, row) and not self._crosses_rope_switch(req, req.num_tokens + 1):
+                plan = self.kv.append(req.seq_id, req.num_tokens, req.num_tokens + 1)
+            if plan is None:  # host sampling, a prefill chunk, no room: the schedule after the step decides
+                complete = False
+                continue
+            self._planned_moves += plan
+            self._planned[req.request_id] = build_row(self.kv, req, 1, ahead=True)
+        return complete
+
+    def hold(self, request_ids: Collection[str]) -> None:
+        """The step just launched runs rows of `request_ids`: one of them that ends before `release`
+        keeps its blocks until then (the step in flight writes and reads them; async scheduling)."""
+        self._held = set(request_ids)
+
+    def release(self) -> None:
+        """The held step returned: the blocks of the requests that ended while it ran go back."""
+        for seq_id in self._deferred_frees:
+            self.kv.free(seq_id)
+        self._deferred_frees, self._held = [], set()
 
     @property
     def num_requests(self) -> int:
@@ -113,13 +135,18 @@ class Scheduler:
         return self._drop_aborted(busy) + self._drop_expired(self.clock(), busy)
 
     def schedule(
-        self, drafts: Mapping[str, Sequence[int]] | None = None, busy: Collection[str] = (), max_rows: int | None = None
+        self,
+        drafts: Mapping[str, Sequence[int]] | None = None,
+        busy: Collection[str] = (),
+        max_rows: int | None = None,
+        ahead: bool = False,
     ) -> SchedulerOutput:
         """The step's rows and moves. `drafts` (request id -> draft tokens) turn decodes into
         verification rows (wicore.engine.speculative), as far as the step's tokens and the KV cache allow.
         `busy`: running requests in a step still in flight (wicore.engine.groups): not scheduled,
-        preempted or ended (an abort or deadline waits for their step's return). `max_rows`: the most
-        rows the step takes."""
+        preempted or ended (an abort or deadline waits for their step's return); their `plan_ahead`
+        rows run. `ahead`: the step after the one in flight (async scheduling), whose requests have
+        then computed their prompts. `max_rows`: the most rows the step takes."""
         now = self.clock()
         finished = self._drop_aborted(busy) + self._drop_expired(now, busy)
         moves, self._planned_moves = self._planned_moves, []
@@ -127,10 +154,16 @@ class Scheduler:
         rows: list[ScheduledRow] = []
         cfg = self.config
         free = [r for r in self.running if r.request_id not in busy] if busy else self.running
-        decoding = any(r.num_tokens - r.num_computed == 1 for r in free)
+        # fed rows of requests in flight (async scheduling): decodes, their blocks appended
+        fed = [row for row in planned.values() if row.request_id in busy and self._is_running(row.request_id)]
+        decoding = bool(fed) or any(r.num_tokens - r.num_computed == 1 for r in free)
         prefill = cfg.prefill_with_decodes if decoding else cfg.max_num_batched_tokens
         budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk, max_rows)
         stage = StageBudget(cfg.max_staged_blocks)
+        for row in fed:
+            budget.spend(self.requests[row.request_id], 1)
+            rows.append(row)
+            self.stats.num_planned_rows += 1
 
         queue = deque(sorted(free, key=self._rank))
         preempted_this_step = False
@@ -141,14 +174,6 @@ class Scheduler:
                 continue
             if self._crosses_rope_switch(req, req.num_computed + n):
                 self._recompute_past_rope_switch(req)
-                continue
-            ahead = planned.get(req.request_id)
-            if ahead is not None and n == 1 and ahead.start == req.num_computed == req.num_tokens - 1:
-                if self._stage(stage, req):  # planned while the last step ran: its blocks are appended
-                    budget.spend(req, 1)
-                    ahead.token_ids.append(req.token_ids[-1])  # its input: the token the last step sampled
-                    rows.append(ahead)
-                    self.stats.num_planned_rows += 1
                 continue
             draft = clip_draft(cfg, req, n, (drafts or {}).get(req.request_id, ()), budget.tokens)
             plan = self.kv.append(req.seq_id, req.num_computed, req.num_computed + n + len(draft))
@@ -174,12 +199,19 @@ class Scheduler:
             budget.spend(req, n + len(draft))
             rows.append(build_row(self.kv, req, n, draft))
 
+        if fed:  # in rank order, as the running requests' rows are without async scheduling
+            position = {r.request_id: i for i, r in enumerate(self.running)}
+            rows.sort(key=lambda row: (self._rank(self.requests[row.request_id]), position[row.request_id]))
         if not preempted_this_step:
             self._swap_in(rows, moves, budget, stage)
             if not self.swapped:
-                self._admit(rows, moves, budget, stage, now)
+                self._admit(rows, moves, budget, stage, now, busy if ahead else ())
         ended, self._ended = self._ended, []
         return SchedulerOutput(rows, moves, finished, ended)
+
+    def _is_running(self, request_id: str) -> bool:
+        req = self.requests.get(request_id)
+        return req is not None and req.status is Status.RUNNING
 
     def _rank(self, req: Request, now: float | None = None) -> tuple[int, float]:
         return req.rank(self.config.aging_seconds, now)
@@ -268,13 +300,21 @@ class Scheduler:
             budget.spend(req, n)
             rows.append(build_row(self.kv, req, n))
 
-    def _admit(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, stage: StageBudget, now: float) -> None:
+    def _admit(
+        self,
+        rows: list[ScheduledRow],
+        moves: list[Move],
+        budget: StepBudget,
+        stage: StageBudget,
+        now: float,
+        prefilled: Collection[str],
+    ) -> None:
         if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
             return  # the batch is full: the waiting queue is not even ranked (a step's cost is its rows')
         for req in sorted(self.waiting, key=lambda r: self._rank(r, now)):
             if len(self.running) >= self.config.max_num_seqs or budget.prefill_room == 0:
                 break
-            if self._shares_a_prefill(req):
+            if self._shares_a_prefill(req, prefilled):
                 continue
             switch = self.config.long_rope_switch
             req.whole_until = switch + 1 if switch and req.num_tokens > switch else 0
@@ -302,13 +342,15 @@ class Scheduler:
                 budget.spend(req, n)
                 rows.append(build_row(self.kv, req, n))
 
-    def _shares_a_prefill(self, req: Request) -> bool:
+    def _shares_a_prefill(self, req: Request, prefilled: Collection[str] = ()) -> bool:
         """Whether `req` should wait for a running request that is still prefilling blocks of the
         prompt they share (many questions over one document sent together): admitted once those
-        blocks are computed, it reuses them from the prefix cache instead of computing them again."""
+        blocks are computed, it reuses them from the prefix cache instead of computing them again.
+        `prefilled`: requests whose prompt will be computed by the step in flight."""
         if not self.kv.prefix_cache_enabled or req.params.prompt_logits or req.image_spans:
             return False
-        return any(r.is_prefilling_a_block_of(req, self.kv.block_size) for r in self.running)
+        block = self.kv.block_size
+        return any(r.is_prefilling_a_block_of(req, block) for r in self.running if r.request_id not in prefilled)
 
     def _set_running(self, req: Request, source: list[Request]) -> None:
         source.remove(req)
@@ -321,7 +363,9 @@ class Scheduler:
             queue = {Status.WAITING: self.waiting, Status.RUNNING: self.running, Status.SWAPPED: self.swapped}[req.status]
             if req in queue:  # its status names its queue: one list searched, not three
                 queue.remove(req)
-            if req.status is not Status.WAITING:
+            if req.status is not Status.WAITING and req.request_id in self._held:
+                self._deferred_frees.append(req.seq_id)  # a step in flight still runs its row
+            elif req.status is not Status.WAITING:
                 self.kv.free(req.seq_id)
             req.status = Status.FINISHED
             self._ended.append(req.request_id)
@@ -370,8 +414,8 @@ class Scheduler:
         outputs = []
         for row in rows:
             req = self.requests.get(row.request_id)
-            if req is None or req.status is not Status.RUNNING:
-                continue
+            if req is None or req.status is not Status.RUNNING or row.start != req.num_computed:
+                continue  # ended while its row ran, or sent back to recompute (async scheduling: a lost block)
             wants_prompt_logits = req.wants_prompt_logits  # before this step's token is appended
             samples = result.verified.get(row.request_id) if row.draft_ids else None
             # A verification row computed its first token and the drafts it kept; the rest are rolled back.

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wicore.executor.batch import BatchInputs
+from wicore.executor.device_wait import device_waiter
 from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 from wicore.executor.step_inputs import Place, StepInputs
 from wicore.graph import io
@@ -128,6 +129,7 @@ class DecodeGraphs:
             raise ValueError(f"hidden states are handed between cards through one of {HANDOFFS}, not {handoff!r}")
         self.handoff = handoff
         self.places: list[Place] = [d.ort_device for d in graphs.devices]
+        self._wait_device = device_waiter(self.places[-1])  # a replay returns once launched, not run
         self._crossings = [i for i in range(len(self.places) - 1) if self.places[i] != self.places[i + 1]]
         self._handoff_sessions = {i: self._handoff_session(i) for i in self._crossings} if handoff == "device" else {}
         sizes = buckets(max_rows)
@@ -174,8 +176,8 @@ class DecodeGraphs:
             shapes |= {io.SAMPLING_TEMPERATURE: ((rows,), np.float32), io.SAMPLING_UNIFORM: ((rows,), np.float32)}
         taken = set().union(*(graphs.input_names(i) for i in range(len(graphs.sessions))))
         inputs = StepInputs({name: shape for name, shape in shapes.items() if name in taken}, *places)
-        inputs.put(io.CUMULATIVE_SEQLENS, np.arange(rows + 1, dtype=np.int32), 0)  # one token a row: fixed
-        inputs.put(io.LOGITS_INDICES, np.arange(rows, dtype=np.int64), 0)
+        inputs.fix(io.CUMULATIVE_SEQLENS, np.arange(rows + 1, dtype=np.int32), 0)  # one token a row: fixed
+        inputs.fix(io.LOGITS_INDICES, np.arange(rows, dtype=np.int64), 0)
         bounds = np.asarray([1, self.max_context], np.int32)
         # the largest bounds: the kernels chosen at capture hold for every replay
         host = {name: ort.OrtValue.ortvalue_from_numpy(bounds.copy()) for name in _HOST}
@@ -291,9 +293,21 @@ class DecodeGraphs:
     def run(self, batch: BatchInputs, logits: bool, sampling: SamplingInputs | None = None) -> GraphOutputs:
         """A decode batch (`can_run`) from a replayed graph: each row's greedy token, with `logits`
         the rows' [rows, vocab] logits, with `sampling` the sampling head's draws."""
+        return self.launch(self.prepare(batch, sampling), logits)
+
+    def prepare(self, batch: BatchInputs, sampling: SamplingInputs | None = None) -> Replay:
+        """`batch`'s inputs written into its bucket's host buffer, the next side (StepInputs.flip), for
+        `launch`: under async scheduling the engine thread prepares a step while the one before runs."""
         rows = batch.input_ids.shape[0]
         bucket = next(b for b in self._slot() if b.rows >= rows)
+        bucket.inputs.flip()
         self._write(batch, bucket.inputs, sampling)
+        return Replay(bucket, bucket.inputs.host, bucket.inputs.views[io.INPUT_IDS], rows, sampling)
+
+    def launch(self, replay: Replay, logits: bool) -> GraphOutputs:
+        """Copy a prepared step's inputs to the device and replay its graphs: the outputs `run` gives."""
+        bucket, sampling = replay.bucket, replay.sampling
+        bucket.inputs.sync(replay.host)
         stages = self._stages(bucket)
         pipeline = self.graphs.pipeline
         if pipeline is not None and self.num_slots > 1:  # each card replays one group's step while the other replays another's
@@ -301,14 +315,19 @@ class DecodeGraphs:
         else:
             for stage in stages:
                 stage()
+        if self._wait_device is not None:  # with the GIL released, not in the first read below
+            self._wait_device()
         outputs = dict(bucket.outputs)
         if sampling is not None and self.graphs.head is not None:  # the head runs uncaptured, on the bucket's logits
             outputs |= self.graphs.head.run(bucket.outputs[io.LOGITS], sampling)
-        rows_of = {name: _Rows(value, rows) for name, value in outputs.items()}
+        # On the CPU an output's array is a view of the bucket's buffer, which the next step's replay
+        # overwrites: under async scheduling that may come before this step's rows are read.
+        on_host = self.places[-1][0] == "cpu"
+        rows_of = {name: _Rows(value, replay.rows, on_host) for name, value in outputs.items()}
         return graph_outputs(rows_of, logits, sampling is not None, None)
 
     def _write(self, batch: BatchInputs, inputs: StepInputs, sampling: SamplingInputs | None) -> None:
-        """The batch's inputs into the bucket's, copied to the device: extra rows decode one token at
+        """The batch's inputs into the bucket's host side (`launch` copies it): extra rows decode one token at
         position 0 of the sink block, and the tables are padded with the sink to their fixed width.
         Without `sampling`, an export with the sampling head draws at temperature 1 (the draws go
         unread)."""
@@ -328,7 +347,6 @@ class DecodeGraphs:
             head = sampling or SamplingInputs.unused(batch.input_ids.shape[0])
             inputs.put(io.SAMPLING_TEMPERATURE, head.temperature, 1)
             inputs.put(io.SAMPLING_UNIFORM, head.uniform, 0)
-        inputs.sync()
 
     def _write_padding(self, inputs: StepInputs) -> None:
         """Rows for an up-front capture, each a decode row of the sink block: its last slot's token after
@@ -369,11 +387,27 @@ def _through_host(source: object, target: object) -> None:
 
 
 @dataclass(frozen=True)
+class Replay:
+    """A decode step prepared for a bucket's graphs (`DecodeGraphs.prepare`): the host side its inputs
+    were written to, copied to the device by `launch`. `input_ids` is that side's view of the token
+    ids ([bucket rows, 1]): a row fed from the step before is written there before the launch."""
+
+    bucket: _Bucket
+    host: np.ndarray
+    input_ids: np.ndarray
+    rows: int
+    sampling: SamplingInputs | None
+
+
+@dataclass(frozen=True)
 class _Rows:
-    """The first `rows` rows of one of a bucket's device outputs, copied to the host on `numpy()`."""
+    """The first `rows` rows of one of a bucket's device outputs, copied to the host on `numpy()`
+    (`copy`: a bucket in host memory, whose `numpy()` is a view of its buffer)."""
 
     value: object
     rows: int
+    copy: bool = False
 
     def numpy(self) -> np.ndarray:
-        return self.value.numpy()[: self.rows]  # type: ignore[attr-defined]
+        rows = self.value.numpy()[: self.rows]  # type: ignore[attr-defined]
+        return rows.copy() if self.copy else rows

@@ -21,7 +21,7 @@ import numpy as np
 from wicore.devices.providers import Device, DeviceError, onnxruntime, session_options
 from wicore.executor import pipeline
 from wicore.executor.batch import BatchInputs
-from wicore.executor.cuda_graphs import HANDOFFS, DecodeGraphs
+from wicore.executor.cuda_graphs import HANDOFFS, DecodeGraphs, Replay
 from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 from wicore.executor.sampling_head import SamplingHead
 from wicore.graph import io
@@ -173,6 +173,17 @@ class ModelGraphs:
             return nxt
         return ("cpu", 0) if self.replays_in_flight else own
 
+    def prepare_replay(self, batch: BatchInputs, sampling: SamplingInputs | None = None) -> Replay | None:
+        """A decode batch written ahead into its captured graphs' inputs (DecodeGraphs.prepare), for
+        `run(..., replay=)`; None where `run` would not replay it (no graphs, a batch they do not take,
+        several slots: a slot is the calling thread's, and a prepared step runs on another)."""
+        graphs = self.decode_graphs
+        if graphs is None or graphs.num_slots > 1 or not graphs.can_run(batch):
+            return None
+        if sampling is not None and not self.has_sampling_head:
+            raise ValueError("this export has no sampling head (wicore-export --sampling-head on)")
+        return graphs.prepare(batch, sampling)
+
     def run(
         self,
         batch: BatchInputs,
@@ -180,13 +191,17 @@ class ModelGraphs:
         images: dict[str, np.ndarray] | None = None,
         sampling: SamplingInputs | None = None,
         staged: StagedRun | None = None,
+        replay: Replay | None = None,
     ) -> GraphOutputs:
         """Run every partition for one batch. With `logits` False and a graph that gives the greedy
         tokens, only those come back to the host (the logits stay on the device, unread). `images`:
         the image inputs of a multimodal export (wicore.executor.vision.VisionEncoder.decoder_inputs).
         `sampling` (exports with the sampling head): the rows' draws come back too. `staged`: the
-        rows are offloaded, their full-attention blocks staged around each partition (uncaptured)."""
+        rows are offloaded, their full-attention blocks staged around each partition (uncaptured).
+        `replay`: `batch` as `prepare_replay` wrote it (its sampling inputs too): only launched here."""
         want_logits = logits or not self.has_greedy_tokens
+        if replay is not None and self.decode_graphs is not None:
+            return self.decode_graphs.launch(replay, want_logits)
         if sampling is not None and not self.has_sampling_head:
             raise ValueError("this export has no sampling head (wicore-export --sampling-head on)")
         if staged is None and not images and self.decode_graphs is not None and self.decode_graphs.can_run(batch):

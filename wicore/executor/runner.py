@@ -33,18 +33,17 @@ ended; rows carry only plain data.
 
 from __future__ import annotations
 
-import threading
 import time
 import traceback
-from collections.abc import Sequence
-from enum import Enum
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from wicore.executor.batch import build_batch
 from wicore.executor.constrained import MaskWorker, StepMasks
-from wicore.executor.graph_io import Draws, SamplingInputs
+from wicore.executor.graph_io import Draws, GraphOutputs, SamplingInputs
 from wicore.executor.graphs import ModelGraphs
+from wicore.executor.prepared import DeviceResult, Draw, PreparedBatch, PreparedStep
 from wicore.executor.sampler import MIN_TEMPERATURE, Sampler, verify_row
 from wicore.executor.vision import VisionEncoder
 from wicore.graph.sampling import TOP_CANDIDATES
@@ -67,30 +66,42 @@ class ModelRunner:
         self._samplers: dict[str, Sampler] = {}
         self.masks = MaskWorker()
 
-    def execute(
-        self, rows: Sequence[ScheduledRow], ended_request_ids: Sequence[str] = (), running: threading.Event | None = None
-    ) -> RunResult:
+    def execute(self, rows: Sequence[ScheduledRow], ended_request_ids: Sequence[str] = ()) -> RunResult:
         """Run `rows` (any mix of prefill chunks and decodes) and sample where a row asks.
 
         A row whose sampling fails gets no sample and its traceback in `failed`; the other rows
         go on. `ended_request_ids` are requests the scheduler finished: their samplers go.
-        `running` is set as the first batch's graphs start (async scheduling: the engine thread
-        waits for it, so that its planning overlaps the graphs, not this thread's batch building)."""
+        Async scheduling calls the three parts on two threads (wicore.executor.prepared)."""
+        step = self.prepare(rows, ended_request_ids)
+        try:
+            device = self.run_device(step)
+        except BaseException:
+            step.masks.wait()
+            raise
+        return self.finish(step, device)
+
+    def prepare(
+        self, rows: Sequence[ScheduledRow], ended_request_ids: Sequence[str] = (), feeds: Mapping[str, int] | None = None
+    ) -> PreparedStep:
+        """The step's batches, built (on the engine thread); `feeds`: request id -> slot in the fed
+        tokens of the step before, for each row whose input is one (`ScheduledRow.fed`). The
+        constrained rows' masks start computing now, while the graphs run."""
         for request_id in ended_request_ids:
             self._samplers.pop(request_id, None)
         masks = self.masks.start(rows)  # the constrained rows' masks, computed while the graphs run
         try:
-            return self._run(rows, masks, running)
-        finally:  # no mask thread outlives the step (the scheduler advances the grammars next)
+            return self._prepare(rows, masks, feeds or {})
+        except BaseException:
             masks.wait()
+            raise
 
-    def _run(self, rows: Sequence[ScheduledRow], masks: StepMasks, running: threading.Event | None) -> RunResult:
-        result = RunResult()
+    def _prepare(self, rows: Sequence[ScheduledRow], masks: StepMasks, feeds: Mapping[str, int]) -> PreparedStep:
         by_length: dict[int, list[ScheduledRow]] = {}
         for row in rows:
             by_length.setdefault(len(row.token_ids), []).append(row)
         vision = self.vision
         features = vision.features(span.image for row in rows for span in row.images) if vision is not None else {}
+        step = PreparedStep(list(rows), [], masks, {})
         for length, group in by_length.items():
             images = vision.decoder_inputs(group, length, features) if vision is not None else None
             drawn = self._drawn_rows(group)
@@ -103,38 +114,108 @@ class ModelRunner:
                 staged = self.offloader.run(group, self.block_size)
                 batch_rows = staged.plan.rows
             batch = build_batch(batch_rows, self.block_size)
+            replay = self.graphs.prepare_replay(batch, sampling) if staged is None and not images else None
+            prepared = PreparedBatch(group, batch, logits, drawn, images, sampling, staged, replay)
+            self._plan_feeds(prepared, step.fed, feeds)
+            step.batches.append(prepared)
+        return step
+
+    def _plan_feeds(self, prepared: PreparedBatch, fed: dict[str, int], feeds: Mapping[str, int]) -> None:
+        """Which of the batch's rows are fed from the step before (their input ids), and which feed the
+        step after (their tokens decided on the device): slots in `fed` (wicore.executor.prepared)."""
+        greedy: list[tuple[int, int]] = []
+        drawn: list[tuple[int, int]] = []
+        takes: list[tuple[int, int]] = []
+        offset = 0
+        for i, row in enumerate(prepared.rows):
+            offset += row.num_logits
+            if row.fed:
+                if row.request_id not in feeds or len(row.token_ids) != 1:
+                    raise ValueError(f"row of {row.request_id} takes a token no step in flight feeds")
+                takes.append((i, feeds[row.request_id]))
+            if not row.needs_sample or row.draft_ids:
+                continue
+            draw = prepared.drawn.get(row.request_id)
+            if draw is None and not prepared.logits and self.graphs.has_greedy_tokens:
+                greedy.append((offset - 1, fed.setdefault(row.request_id, len(fed))))
+            elif draw is Draw.WHOLE and row.grammar is None:
+                drawn.append((offset - 1, fed.setdefault(row.request_id, len(fed))))
+        prepared.greedy_ids = frozenset(
+            r.request_id for r in prepared.rows if r.request_id in fed and r.request_id not in prepared.drawn
+        )
+        prepared.greedy_fed, prepared.drawn_fed = _pairs(greedy), _pairs(drawn)
+        prepared.feed_rows, prepared.feed_slots = _pairs(takes)
+
+    def run_device(self, step: PreparedStep, previous: DeviceResult | None = None) -> DeviceResult:
+        """The step's graphs (on the worker under async scheduling): the fed rows' input ids taken
+        from `previous` (the step before's result), the runs, and this step's fed tokens."""
+        outputs = []
+        seconds = 0.0
+        fed_tokens = np.zeros(len(step.fed), np.int64)
+        for prepared in step.batches:
+            if len(prepared.feed_rows):
+                if previous is None:
+                    raise ValueError("a step with fed rows, but no step before it")
+                prepared.input_ids()[prepared.feed_rows, 0] = previous.fed_tokens[prepared.feed_slots]
             started = time.perf_counter()
-            if running is not None:
-                running.set()
-            out = self.graphs.run(batch, logits=logits, images=images, sampling=sampling, staged=staged)
-            result.graphs_seconds += time.perf_counter() - started
-            host_logits = out.logits
-            greedy = out.greedy_tokens.tolist() if out.greedy_tokens is not None else None  # one conversion, not one a row
-            offset = 0
-            for i, row in enumerate(group):
-                offset += row.num_logits
-                if out.attention_mass is not None:
-                    result.attention[row.request_id] = out.attention_mass[i, : len(row.block_ids)]
-                if row.draft_ids:
-                    self._verify(row, host_logits, out.greedy_tokens, offset, result, masks)
-                    continue
-                if row.request_id in drawn:
-                    assert out.draws is not None
-                    if self._from_draws(row, out.draws, offset - 1, drawn[row.request_id], result, masks):
-                        continue
-                    if host_logits is None:  # the candidates did not hold the nucleus: the logits decide
-                        host_logits = out.read_logits()
-                if host_logits is None:  # every row samples greedily: the graph's argmax is the token
-                    if row.needs_sample:
-                        assert greedy is not None
-                        result.sampled[row.request_id] = Sample(greedy[offset - 1])
-                else:
-                    row_logits = host_logits[offset - row.num_logits : offset]
-                    if row.num_logits and out.logits is not None:
-                        result.logits[row.request_id] = row_logits  # a view: no copy for a decode row
-                    if row.needs_sample:
-                        self._sample(row, row_logits[-1], result, masks)
+            out = self.graphs.run(
+                prepared.batch, prepared.logits, prepared.images, prepared.sampling, prepared.staged, prepared.replay
+            )
+            seconds += time.perf_counter() - started
+            rows, slots = prepared.greedy_fed
+            if len(rows):
+                assert out.greedy_tokens is not None
+                fed_tokens[slots] = out.greedy_tokens[rows]
+            rows, slots = prepared.drawn_fed
+            if len(rows):
+                assert out.draws is not None
+                fed_tokens[slots] = out.draws.tokens[rows]
+            outputs.append(out)
+        return DeviceResult(outputs, fed_tokens, seconds)
+
+    def finish(self, step: PreparedStep, device: DeviceResult) -> RunResult:
+        """The step's tokens from its runs' outputs (on the engine thread): host sampling where a row
+        needs it, each row's logits and attention mass."""
+        result = RunResult(graphs_seconds=device.graphs_seconds)
+        try:
+            for prepared, out in zip(step.batches, device.outputs):
+                self._collect(prepared, out, result, step.masks)
+        finally:  # no mask thread outlives the step (the scheduler advances the grammars next)
+            step.masks.wait()
         return result
+
+    def _collect(self, prepared: PreparedBatch, out: GraphOutputs, result: RunResult, masks: StepMasks) -> None:
+        drawn = prepared.drawn
+        host_logits = out.logits
+        greedy = out.greedy_tokens.tolist() if out.greedy_tokens is not None else None  # one conversion, not one a row
+        offset = 0
+        for i, row in enumerate(prepared.rows):
+            offset += row.num_logits
+            if out.attention_mass is not None:
+                result.attention[row.request_id] = out.attention_mass[i, : len(row.block_ids)]
+            if row.draft_ids:
+                self._verify(row, host_logits, out.greedy_tokens, offset, result, masks)
+                continue
+            if row.request_id in prepared.greedy_ids:  # the token the next step was fed
+                assert greedy is not None
+                result.sampled[row.request_id] = Sample(greedy[offset - 1])
+                continue
+            if row.request_id in drawn:
+                assert out.draws is not None
+                if self._from_draws(row, out.draws, offset - 1, drawn[row.request_id], result, masks):
+                    continue
+                if host_logits is None:  # the candidates did not hold the nucleus: the logits decide
+                    host_logits = out.read_logits()
+            if host_logits is None:  # every row samples greedily: the graph's argmax is the token
+                if row.needs_sample:
+                    assert greedy is not None
+                    result.sampled[row.request_id] = Sample(greedy[offset - 1])
+            else:
+                row_logits = host_logits[offset - row.num_logits : offset]
+                if row.num_logits and out.logits is not None:
+                    result.logits[row.request_id] = row_logits  # a view: no copy for a decode row
+                if row.needs_sample:
+                    self._sample(row, row_logits[-1], result, masks)
 
     def _drawn_rows(self, group: Sequence[ScheduledRow]) -> dict[str, Draw]:
         """The rows whose token the graph's sampling head draws (request id -> how)."""
@@ -229,14 +310,6 @@ class ModelRunner:
             result.failed[row.request_id] = traceback.format_exc()
 
 
-class Draw(Enum):
-    """How the sampling head decides a row's token."""
-
-    WHOLE = "whole"  # the whole tempered distribution: the head's inverse-CDF token
-    CANDIDATES = "candidates"  # top-k / top-p: the host picks from the head's K candidates
-    BEST = "best"  # greedy under a grammar: the head's first candidate, the masked argmax
-
-
 def _head_draw(p: SamplingParams, constrained: bool, can_mask: bool) -> Draw | None:
     """How the sampling head draws a row, or None where it cannot: a tempered draw, top-k within
     the head's candidates, a greedy one only under a grammar (a free greedy row is the graph's
@@ -256,3 +329,9 @@ def _needs_logits(row: ScheduledRow) -> bool:
     p = row.params
     plain_argmax = p.is_greedy and not p.changes_logits and p.logprobs is None and p.structured is None
     return p.prompt_logits or (row.needs_sample and not plain_argmax)
+
+
+def _pairs(pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """[(a, b), ...] as two int64 arrays, a's and b's."""
+    array = np.asarray(pairs, np.int64).reshape(-1, 2)
+    return array[:, 0].copy(), array[:, 1].copy()

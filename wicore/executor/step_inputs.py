@@ -4,6 +4,11 @@ A CUDA graph replays reading its inputs at the addresses it was captured with (w
 so each batch-size bucket keeps one device buffer per card and a host buffer of the same layout: a step
 writes the batch into the host views, then one copy a card moves the whole buffer, where each input was
 its own copy (and its own padded array) before: nothing is allocated on the way.
+
+The host buffer has two sides (`flip`): under async scheduling the engine thread writes step N+1's
+inputs while step N, which wrote the other side, may not have copied its own yet (its copy runs on
+the worker, just before its graphs: wicore.engine.lookahead). A side is written again two writes
+later, when the step that used it has long returned.
 """
 
 from __future__ import annotations
@@ -30,16 +35,26 @@ class StepInputs:
             size = -(-size // self.ALIGN) * self.ALIGN
             self.offsets[name] = size
             size += int(np.prod(shape)) * np.dtype(dtype).itemsize
-        self.host = np.zeros(max(size, 1), np.uint8)
-        self.views = {name: self._view(self.offsets[name], shape, np.dtype(dtype)) for name, (shape, dtype) in shapes.items()}
+        self._sides = [np.zeros(max(size, 1), np.uint8) for _ in range(2)]
+        self._side = 0
+        self._side_views = [self._views(host) for host in self._sides]
+        self.host, self.views = self._sides[0], self._side_views[0]
         if not devices:
             raise ValueError("step inputs need a device to copy to")
         self.devices = list(dict.fromkeys(devices))
         ort = onnxruntime()
         self.buffers = {d: ort.OrtValue.ortvalue_from_shape_and_type([self.host.size], np.uint8, *d) for d in self.devices}
 
-    def _view(self, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return self.host[offset : offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+    def _views(self, host: np.ndarray) -> dict[str, np.ndarray]:
+        def view(offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+            return host[offset : offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+
+        return {name: view(self.offsets[name], shape, np.dtype(dtype)) for name, (shape, dtype) in self.shapes.items()}
+
+    def flip(self) -> None:
+        """Write the other side of the host buffer from now on (`host`, `views`, `put`)."""
+        self._side = 1 - self._side
+        self.host, self.views = self._sides[self._side], self._side_views[self._side]
 
     def put(self, name: str, array: np.ndarray, fill: float) -> None:
         """Write `array` into the leading rows / columns of input `name`, `fill` elsewhere; an input
@@ -50,9 +65,16 @@ class StepInputs:
         view.fill(fill)
         view[tuple(slice(0, n) for n in array.shape)] = array
 
-    def sync(self) -> None:
+    def fix(self, name: str, array: np.ndarray, fill: float) -> None:
+        """`put` into both sides: an input that no step changes."""
+        for _ in range(2):
+            self.put(name, array, fill)
+            self.flip()
+
+    def sync(self, host: np.ndarray | None = None) -> None:
+        """Copy `host` (a side's buffer; the side written now by default) to every device's buffer."""
         for buffer in self.buffers.values():
-            buffer.update_inplace(self.host)
+            buffer.update_inplace(self.host if host is None else host)
 
     def bind(self, binding: object, names: set[str], device: Place | None = None) -> None:
         """Bind the inputs in `names` that are held here at their places on `device` (the first by default)."""

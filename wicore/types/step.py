@@ -50,6 +50,8 @@ class ScheduledRow:
     # device): (tier, frame) of each of them, in order; the runner stages them (wicore.kv.offload)
     grammar: GrammarState | None = None  # a constrained request's grammar (the request's own): the runner
     # reads its masks; only the scheduler advances it
+    fed: bool = False  # async scheduling: a decode row whose one input is the token the step in flight
+    # samples, fed to it on the worker (wicore.executor.prepared); token_ids holds a placeholder
 
 
 @dataclass(frozen=True)
