@@ -20,7 +20,6 @@ context, KV capacity, queue length) are the engine's: what reaches `add` fits.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from collections import deque
@@ -32,14 +31,13 @@ from wicore.blocks.tier import Tier
 from wicore.engine.lookahead import can_plan_ahead
 from wicore.engine.request import Request, Status
 from wicore.engine.rows import build_row, clip_draft
-from wicore.engine.samples import take_samples
 from wicore.engine.scheduler_config import SchedulerConfig, SchedulerStats, StageBudget, StepBudget
+from wicore.engine.scheduler_endings import SchedulerEndings
 from wicore.types.outputs import RequestOutput
-from wicore.types.sampling import Sample
-from wicore.types.step import RunResult, ScheduledRow, SchedulerOutput
+from wicore.types.step import ScheduledRow, SchedulerOutput
 
 
-class Scheduler:
+class Scheduler(SchedulerEndings):
     def __init__(self, config: SchedulerConfig, kv: BlockGroups, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.kv = kv
@@ -247,9 +245,6 @@ class Scheduler:
         self._requeue_for_recompute(victim)
         return True
 
-    def _fail(self, req: Request, reason: str) -> RequestOutput:
-        return dataclasses.replace(self._finish(req, "error"), error=f"request {req.request_id}: {reason}")
-
     def _crosses_rope_switch(self, req: Request, stop: int) -> bool:
         """Whether running `req` up to `stop` tokens takes it past LongRoPE's switch while its
         cached keys have the short factors."""
@@ -263,19 +258,6 @@ class Scheduler:
         self.running.remove(req)
         self._requeue(req)
         self.stats.num_long_rope_recomputes += 1
-
-    def _requeue_for_recompute(self, req: Request) -> None:
-        """Preempted by recompute: its prompt logits come again with its tokens."""
-        req.prompt_logits = []
-        self._requeue(req)
-        self.stats.num_preempted_recompute += 1
-
-    def _requeue(self, req: Request) -> None:
-        """Free the request's blocks; it re-enters the waiting queue and recomputes its tokens."""
-        self.kv.free(req.seq_id)
-        req.num_computed = 0
-        req.status = Status.WAITING
-        self.waiting.append(req)
 
     def _swap_in(self, rows: list[ScheduledRow], moves: list[Move], budget: StepBudget, stage: StageBudget) -> None:
         for req in sorted(self.swapped, key=self._rank):
@@ -356,92 +338,3 @@ class Scheduler:
         source.remove(req)
         req.status = Status.RUNNING
         self.running.append(req)
-
-    # -- endings ---------------------------------------------------------------------
-    def _finish(self, req: Request, reason: str) -> RequestOutput:
-        if req.status is not Status.FINISHED:
-            queue = {Status.WAITING: self.waiting, Status.RUNNING: self.running, Status.SWAPPED: self.swapped}[req.status]
-            if req in queue:  # its status names its queue: one list searched, not three
-                queue.remove(req)
-            if req.status is not Status.WAITING and req.request_id in self._held:
-                self._deferred_frees.append(req.seq_id)  # a step in flight still runs its row
-            elif req.status is not Status.WAITING:
-                self.kv.free(req.seq_id)
-            req.status = Status.FINISHED
-            self._ended.append(req.request_id)
-        self.requests.pop(req.request_id, None)
-        self._with_deadline.pop(req.request_id, None)
-        return RequestOutput(req.request_id, [], True, reason, len(req.prompt_ids), req.num_cached_prompt_tokens)
-
-    def _drop_aborted(self, busy: Collection[str] = ()) -> list[RequestOutput]:
-        out = []
-        waits = []  # aborted while its step is in flight: ended once that step is back
-        while self._aborted:
-            request_id = self._aborted.popleft()
-            req = self.requests.get(request_id)
-            if request_id in busy:
-                waits.append(request_id)
-            elif req is not None:
-                out.append(self._finish(req, "abort"))
-        self._aborted.extend(waits)
-        return out
-
-    def _drop_expired(self, now: float, busy: Collection[str] = ()) -> list[RequestOutput]:
-        expired = [
-            r for r in self._with_deadline.values() if r.deadline is not None and now > r.deadline and r.request_id not in busy
-        ]
-        return [self._finish(r, "deadline") for r in expired]
-
-    def drop_lost(self, seq_ids: set[int], rows: list[ScheduledRow]) -> list[ScheduledRow]:
-        """Sequences `seq_ids` lost KV blocks (a corrupt NVMe block, dropped by the KV cache):
-        their requests go back to recompute every token. The rows that still run."""
-        lost = {
-            r.request_id for r in self.requests.values() if r.seq_id in seq_ids and r.status in (Status.RUNNING, Status.SWAPPED)
-        }
-        for request_id in lost:
-            req = self.requests[request_id]
-            (self.running if req.status is Status.RUNNING else self.swapped).remove(req)
-            self._requeue_for_recompute(req)
-        return [r for r in rows if r.request_id not in lost]
-
-    def fail(self, request_ids: list[str], error: str) -> list[RequestOutput]:
-        """End requests with "error" (their step raised): the final outputs to send."""
-        return [self._fail(self.requests[i], error) for i in request_ids if i in self.requests]
-
-    # -- update ----------------------------------------------------------------------
-    def update(self, rows: list[ScheduledRow], result: RunResult) -> list[RequestOutput]:
-        """Account for a step that ran `rows`: new tokens, stops, and rows whose sampling failed."""
-        outputs = []
-        for row in rows:
-            req = self.requests.get(row.request_id)
-            if req is None or req.status is not Status.RUNNING or row.start != req.num_computed:
-                continue  # ended while its row ran, or sent back to recompute (async scheduling: a lost block)
-            wants_prompt_logits = req.wants_prompt_logits  # before this step's token is appended
-            samples = result.verified.get(row.request_id) if row.draft_ids else None
-            # A verification row computed its first token and the drafts it kept; the rest are rolled back.
-            num_run = len(row.token_ids) if samples is None else len(samples)
-            kept = [] if samples is None else [s.token_id for s in samples[:-1]]
-            req.num_computed += num_run
-            if req.num_computed <= len(req.prompt_ids):
-                self.stats.num_computed_prompt_tokens += num_run
-            self.kv.commit(req.seq_id, req.token_ids + kept if kept else req.token_ids, req.num_computed)  # no copy a row
-            if row.draft_ids:
-                self.kv.truncate(req.seq_id, req.num_computed + 1)
-            if wants_prompt_logits:
-                req.prompt_logits.append(result.logits[row.request_id])
-            if row.request_id in result.failed:
-                outputs.append(self._fail(req, f"sampling failed:\n{result.failed[row.request_id]}"))
-            elif samples is not None:
-                outputs.append(self._append(req, samples))
-            elif row.needs_sample:
-                outputs.append(self._append(req, [result.sampled[row.request_id]]))
-        return outputs
-
-    def _append(self, req: Request, samples: list[Sample]) -> RequestOutput:
-        """The request's new tokens, up to its end if it stops at one of them (the rest are dropped)."""
-        taken = take_samples(req, samples, self.config, self.stats)
-        if taken.refused_token is not None:  # a mask bug, never the model
-            return self._fail(req, f"token {taken.refused_token} was sampled, but the request's grammar refuses it")
-        if taken.stop_reason is not None:
-            self._finish(req, taken.stop_reason)
-        return taken.output(req)
