@@ -28,6 +28,10 @@ namespace {
 constexpr int64_t kBlock = 32;  // activation block (columns), and the packing unit of the codes
 constexpr int kLanes = 8;       // 4 columns a lane
 constexpr int kGroup = 8;
+// The decode kernels prefetch their weight stream this many bytes ahead: one thread's hardware prefetchers
+// alone read a 178 MB Q8_0 head at ~6 GB/s here (a NumPy sum's rate), with this ~11 (docs/PERFORMANCE.md,
+// issue 37, 2026-11-28 evening; 1024: ~8.5, 8192: as 4096).
+constexpr int64_t kPrefetch = 4096;
 constexpr int kResidualScale = 128;  // the residual's steps: d / 128 (MatMulQArgs::residual)       // 4-bit weight rows interleaved (kernels.h), and rows a pass
 
 float Reduce(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
