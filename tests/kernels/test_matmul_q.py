@@ -210,6 +210,23 @@ def test_matmul_q_prompt_is_the_float_matmul_within_fma_rounding(cpu_library, bi
     np.testing.assert_array_equal(forced[0], reference(x[0], w, residual=True))
 
 
+@pytest.mark.parametrize("force", PATHS)
+def test_matmul_q_rows_kept_between_calls_bit_for_bit(cpu_library, force):
+    """The quantized rows live in a thread's buffers from one call to the next (ops.cc): sessions with other
+    K, M, widths and residual settings run in turn on one thread, each against the reference every time."""
+    rng = np.random.default_rng(7)
+    cases = [(4, 32, True, True, 192), (8, 16, False, False, 96), (4, 32, False, False, 320), (8, 32, True, True, 64)]
+    runs = []
+    for bits, block_size, offsets, residual, k in cases:
+        w = random_weight(rng, 40, k, bits, block_size, offsets)
+        runs.append((session(cpu_library, w, force, residual, threads=1), w, residual, k))
+    for m in (1, 3, 1, 2):
+        for s, w, residual, k in runs:
+            x = rng.standard_t(3, (1, m, k)).astype(np.float32)
+            (y,) = s.run(None, {"x": x})
+            np.testing.assert_array_equal(y[0], reference(x[0], w, residual))
+
+
 def has_vnni(path: str) -> bool:
     """Whether MatMulQ's fast paths run on this CPU (ops.cc's WicoreHasVnni)."""
     return bool(ctypes.CDLL(path).WicoreHasVnni())

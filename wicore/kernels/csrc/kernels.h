@@ -146,7 +146,8 @@ void GatedActivationF32Cpu(const float* gate_up, Activation act, int64_t rows, i
 bool MatMulQHasVnni();  // AVX-512 VNNI (with VL) here: MatMulQCpu's fast path
 // The fastest path this CPU runs, or a slower one where `force` names it ("scalar", "avx2"; null: none).
 MatMulQPath MatMulQPathFor(const char* force);
-std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, MatMulQPath path);
+// x's rows quantized into `rows` (resized to M; a caller that keeps it between calls keeps its vectors' memory).
+void MatMulQQuantize(const MatMulQArgs& args, MatMulQPath path, std::vector<QuantRow>* rows);
 // Rows [row_begin, row_end) of y's columns (weight rows), from the quantized x (any split gives the same bits;
 // row_begin a multiple of 8).
 void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t row_begin, int64_t row_end,

@@ -28,6 +28,10 @@ namespace {
 constexpr int64_t kBlock = 32;  // activation block (columns), and the packing unit of the codes
 constexpr int kLanes = 8;       // 4 columns a lane
 constexpr int kGroup = 8;
+// The decode kernels prefetch their weight stream this many bytes ahead: one thread's hardware prefetchers
+// alone read a 178 MB Q8_0 head at ~6 GB/s here (a NumPy sum's rate), with this ~11 (docs/PERFORMANCE.md,
+// issue 37, 2026-11-28 evening; 1024: ~8.5, 8192: as 4096).
+constexpr int64_t kPrefetch = 4096;
 constexpr int kResidualScale = 128;  // the residual's steps: d / 128 (MatMulQArgs::residual)       // 4-bit weight rows interleaved (kernels.h), and rows a pass
 
 float Reduce(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
@@ -167,6 +171,49 @@ WICORE_VNNI void QuantizeVnni(const float* x, int64_t k, bool residual, QuantRow
   }
 }
 
+// Sums (and with `tiled` Tiled) from QuantizeVnni's q, q2 and d, a 32-column block at a time: the same integers
+// (exact in any order) and the same one product d * float(sum) a weight block.
+WICORE_VNNI void SumsVnni(int64_t k, int zero_point, int64_t block_size, bool residual, bool tiled, QuantRow* row) {
+  if (tiled) {
+    row->a16.resize(k);
+    row->starts.resize(k / 4);
+  }
+  const __m256i ones = _mm256_set1_epi8(1), zp = _mm256_set1_epi32(-zero_point);
+  // a16's order within a block (QuantRow): lane l's columns 4l, 4l + 1, then (from 16 on) 4l + 2, 4l + 3
+  const __m512i order = _mm512_set_epi16(31, 30, 27, 26, 23, 22, 19, 18, 15, 14, 11, 10, 7, 6, 3, 2,
+                                         29, 28, 25, 24, 21, 20, 17, 16, 13, 12, 9, 8, 5, 4, 1, 0);  // from the last
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row->q.data() + b * kBlock));
+    const __m256i raw = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);  // each lane's sum of 4 q
+    const __m256i lanes = _mm256_mullo_epi32(raw, zp);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(row->lanes.data() + b * kLanes), lanes);
+    __m256i total = raw, start = lanes;
+    __m512i a = _mm512_cvtepi8_epi16(q);
+    if (residual) {
+      const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row->q2.data() + b * kBlock));
+      const __m256i raw2 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q2);
+      const __m256i lanes2 = _mm256_mullo_epi32(raw2, zp);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row->lanes2.data() + b * kLanes), lanes2);
+      total = _mm256_add_epi32(_mm256_slli_epi32(raw, 7), raw2);
+      start = _mm256_add_epi32(_mm256_slli_epi32(lanes, 7), lanes2);
+      a = _mm512_add_epi16(_mm512_slli_epi16(a, 7), _mm512_cvtepi8_epi16(q2));
+    }
+    if (tiled) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row->starts.data() + b * kLanes), start);
+      _mm512_storeu_si512(row->a16.data() + b * kBlock, _mm512_permutexvar_epi16(order, a));
+    }
+    alignas(32) int32_t t[kLanes];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), total);
+    const float d = row->d[b];
+    if (block_size == 16) {
+      row->sums[2 * b] = d * static_cast<float>(t[0] + t[1] + t[2] + t[3]);
+      row->sums[2 * b + 1] = d * static_cast<float>(t[4] + t[5] + t[6] + t[7]);
+    } else {
+      row->sums[b] = d * static_cast<float>(((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7])));
+    }
+  }
+}
+
 // Reduce's order in registers: (a0+a4, a1+a5, a2+a6, a3+a7), then (.0+.2, .1+.3), then their sum.
 WICORE_VNNI inline float ReduceVec(__m256 v) {
   const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -207,10 +254,10 @@ WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& 
       }
       continue;
     }
-    // 8-bit rows a pass: 4 where the weight stays in cache (independent chains; 8 rows' pointers spill out
-    // of the 16 registers); 1 where it streams from memory (a 28 MB head: one stream prefetches best, 3.8
-    // against 5.5 ms). Any split gives the same bits. 5 and 6 bits likewise.
-    const int64_t rows_a_pass = args.n * k > (int64_t{4} << 20) ? 1 : 4;
+    // 8-bit rows a pass: 4 (independent chains; 8 rows' pointers spill out of the 16 registers), heads too
+    // since the kernels prefetch (kPrefetch: a 28 MB Q8_0 head 1.36 against 1.89 ms with one row a pass, which
+    // read it best before: 3.8 against 5.5 ms). Any split gives the same bits. 5 and 6 bits likewise.
+    constexpr int64_t rows_a_pass = 4;
     const int64_t row_bytes = args.bits == 8 ? k : (k / kBlock) * (16 + 4 * (args.bits - 4));
     const __m256i bias = _mm256_set1_epi8(static_cast<char>(128 - args.zero_point));
     const MatMulQPacked* p = args.packed;
@@ -294,20 +341,23 @@ MatMulQPath MatMulQPathFor(const char* force) {
   return MatMulQPath::kVnni;
 }
 
-std::vector<QuantRow> MatMulQQuantize(const MatMulQArgs& args, MatMulQPath path) {
-  std::vector<QuantRow> rows(args.m);
-  const bool tiled = Tiles(args, path);
+void MatMulQQuantize(const MatMulQArgs& args, MatMulQPath path, std::vector<QuantRow>* out) {
+  std::vector<QuantRow>& rows = *out;
+  rows.resize(args.m);
+  // the tiles' int16 copy, and the VNNI decode rows' for 4-bit codes with the residual (Dot4GroupPairs)
+  const bool tiled = Tiles(args, path) || (path == MatMulQPath::kVnni && args.residual && args.bits == 4);
+  const int zero_point = args.bits == 8 ? 128 : 8;
   for (int64_t i = 0; i < args.m; ++i) {
     Resize(args.k, args.block_size, args.residual, &rows[i]);
     if (path == MatMulQPath::kVnni) {
       QuantizeVnni(args.x + i * args.k, args.k, args.residual, &rows[i]);
-    } else {
-      QuantizeScalar(args.x + i * args.k, args.k, args.residual, &rows[i]);
+      SumsVnni(args.k, zero_point, args.block_size, args.residual, tiled, &rows[i]);
+      continue;
     }
-    Sums(args.k, args.bits == 8 ? 128 : 8, args.block_size, args.residual, &rows[i]);
+    QuantizeScalar(args.x + i * args.k, args.k, args.residual, &rows[i]);
+    Sums(args.k, zero_point, args.block_size, args.residual, &rows[i]);
     if (tiled) Tiled(args.residual, &rows[i]);
   }
-  return rows;
 }
 
 void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t row_begin, int64_t row_end,

@@ -224,7 +224,10 @@ struct MatMulQKernel {
                                    has_offsets, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_),
                                    residual_, static_cast<int>(zero_point_)};
     const bool is_float = wicore::MatMulQFloatRuns(args, path_);  // a prompt: float activations, no int8 rows
-    const auto rows = is_float ? std::vector<wicore::QuantRow>{} : wicore::MatMulQQuantize(wicore::MatMulQQuantizeArgs(args), path_);
+    // The quantized rows, in this thread's buffers: a decode step's ~100 MatMulQ calls allocate nothing (the tasks
+    // read them only during this call)
+    thread_local std::vector<wicore::QuantRow> rows;
+    if (!is_float) wicore::MatMulQQuantize(wicore::MatMulQQuantizeArgs(args), path_, &rows);
     constexpr int64_t kChunk = 64;  // weight rows a task (a multiple of the 4-bit groups of 8)
     Work work{&args, &packed, is_float ? nullptr : &rows, kChunk, path_};
     const int64_t tasks = (n + kChunk - 1) / kChunk;
