@@ -31,19 +31,9 @@ __global__ void __launch_bounds__(kThreads) PrologueKernel(BlockAttentionCudaArg
   uint16_t* dst = is_q ? q_out + (token * a.num_heads + head) * D : const_cast<uint16_t*>(a.k_pool) + slot * kv_row + kvh * D;
   const float scale = is_q ? a.scale : 1.0f;
   for (int64_t d = tid; d < H; d += kThreads) {
-    float x1 = Half(x[d]) * inv, x2 = Half(x[d + H]) * inv;
-    if (w != nullptr) {
-      x1 *= Half(w[d]);
-      x2 *= Half(w[d + H]);
-    }
-    float y1 = x1, y2 = x2;
-    if (a.cos != nullptr) {
-      const float c = Half(a.cos[pos * H + d]), s = Half(a.sin[pos * H + d]);
-      y1 = x1 * c - x2 * s;
-      y2 = x2 * c + x1 * s;
-    }
-    dst[d] = ToHalf(y1 * scale);
-    dst[d + H] = ToHalf(y2 * scale);
+    const float2 y = NormRotate(a, w, inv, pos, d, H, Half(x[d]), Half(x[d + H]));
+    dst[d] = ToHalf(y.x * scale);
+    dst[d + H] = ToHalf(y.y * scale);
   }
   if (!is_q) {  // the head's v as it is
     const uint16_t* v = x + a.num_kv_heads * D;
