@@ -182,12 +182,45 @@ def time_fused(ort, lib: str, batch: int, ctx: int, window: int) -> dict:
     return dict(batch=batch, context=ctx, window=window, kv_gb=gb, **results)
 
 
+def time_prefill(ort, lib: str, tokens: int, window: int) -> dict:
+    """BlockAttentionQKV on one prompt of `tokens` tokens at once (a prefill chunk from position 0) at the 27B
+    shape, REPEAT layers a graph, GPU kernel time a layer and a token (no ORT peer: its op takes prompts
+    through cumulative lengths, which kernel_graphs' decode models do not bind)."""
+    import torch
+
+    s = SHAPE_27B
+    heads, kvh, hd = s["heads"], s["kv_heads"], s["head_dim"]
+    opts, providers = timing_session(ort, lib)
+    dev = torch.device("cuda")
+    pool, tables = random_block_tables(1, tokens, BLOCK, kvh, hd)
+    pos = torch.arange(tokens, device=dev)
+    angles = torch.arange(tokens + 1, device=dev, dtype=torch.float32)[:, None] * (
+        1e4 ** (-torch.arange(0, hd, 2, device=dev, dtype=torch.float32) / hd)
+    )
+    names: dict[str, torch.Tensor] = {
+        "qkv": torch.randn(1, tokens, (heads + 2 * kvh) * hd, device=dev, dtype=torch.float16),
+        "tables": tables.to(torch.int64), "positions": pos.view(1, tokens),
+        "slots": (tables[0, pos // BLOCK] * BLOCK + pos % BLOCK).view(1, tokens), "past": torch.zeros(1, dtype=torch.int32, device=dev),
+        "cos": torch.cos(angles).half(), "sin": torch.sin(angles).half(),
+        "q_norm": torch.ones(hd, device=dev, dtype=torch.float16), "k_norm": torch.ones(hd, device=dev, dtype=torch.float16),
+    }  # fmt: skip
+    for r in range(REPEAT):
+        for kv in "kv":
+            names[f"{kv}{r}"] = names[f"{kv}{r}_out"] = torch.randn(pool, device=dev, dtype=torch.float16)
+        names[f"out{r}"] = torch.empty(1, tokens, heads * hd, device=dev, dtype=torch.float16)
+    outs = {f"out{r}" for r in range(REPEAT)} | {f"{kv}{r}_out" for r in range(REPEAT) for kv in "kv"}
+    sess = ort.InferenceSession(qkv_model(F16, heads, kvh, window, 0.0, 1.0, True, REPEAT), opts, providers=providers)
+    result = measure(sess, bind_cuda(sess, names, outs))
+    return dict(tokens=tokens, window=window, us_per_token=result["us_per_layer"] / tokens, wicore=result)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--library", help="a built libwicore_kernels.so (default: build or take the cached one)")
     p.add_argument("--batches", default="1,64,256")
     p.add_argument("--contexts", default="512", help="tokens of each row (the timed step's position + 1)")
     p.add_argument("--windows", default="1024", help="0: a full-attention layer; else a sliding one of this window")
+    p.add_argument("--prefill", default="", help="also time one prompt of each of these token counts at once (per --windows)")
     p.add_argument("--json", help="write the errors and timings here")
     args = p.parse_args(argv)
     ort = onnxruntime()
@@ -201,8 +234,14 @@ def main(argv: list[str] | None = None) -> int:
         o, w = r["ort"]["us_per_layer"], r["wicore"]["us_per_layer"]
         print(f"ctx {ctx:5d} window {window:4d} batch {batch:3d}: BlockAttentionQKV {w:7.1f} us ({r['wicore']['gb_per_s']:5.0f} GB/s), "
               f"ORT PagedAttention {o:7.1f} us a layer ({w / o:.2f}x)", flush=True)  # fmt: skip
+    prefill = []
+    for tokens, window in itertools.product(int_list(args.prefill), int_list(args.windows)):
+        prefill.append(time_prefill(ort, lib, tokens, window))
+        r = prefill[-1]
+        print(f"prefill {tokens:5d} tokens window {window:4d}: BlockAttentionQKV {r['wicore']['us_per_layer']:8.1f} us a layer, "
+              f"{r['us_per_token']:.3f} us a token", flush=True)  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps({"worst_rel_err": worst, "timings": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"worst_rel_err": worst, "timings": rows, "prefill": prefill}, indent=1))
     return 1 if worst > 1e-2 else 0
 
 
