@@ -51,10 +51,11 @@ MODES = ("off", "sliding", "all")  # `--block-attention`'s choices besides auto
 # AUTO_KINDS, each where BlockAttentionQKV's own prologue serves it (fuses); the graph-op prologue that
 # LongRoPE's layers would take measured 0.5x ORT's op, so those keep ORT's (docs/PERFORMANCE.md).
 FUSED = "fused"
-# None yet (H200, 27B shape, 2026-11-28 21:45 UTC, docs/PERFORMANCE.md): decode steps with the sliding layers
-# on the op ran 1.05x / 1.14x / 1.36x ORT's speed at batch 1 / 64 / 256 (full layers: no faster than cuDNN's
-# kernel at batch 64 and 256), but its prefill chunks (PrefillKernel, attention_prefill.cu) made a 64 x 4,096
-# token prefill ~4.6x slower; {True} (the sliding layers) once prefill chunks run near FlashAttention's speed.
+# None yet (H200, 27B shape, 2026-11-28, docs/PERFORMANCE.md): decode steps with the sliding layers on the op
+# ran 1.05x / 1.14x / 1.36x ORT's speed at batch 1 / 64 / 256 (full layers: no faster than cuDNN's kernel at
+# batch 64 and 256), but its prefill chunks then made a 64 x 4,096-token prefill ~4.6x slower; they run on the
+# decode kernel since (1.29 against ~16 us a token a layer), not yet timed end to end. {True} (the sliding
+# layers) once a run of prefill and decode together (wicore bench throughput) is faster with them.
 AUTO_KINDS: frozenset[bool] = frozenset()
 CUDA_HEAD_DIMS = (64, 128, 256)  # the float16 kernel's (BlockAttentionCudaSupports)
 
