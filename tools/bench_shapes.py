@@ -120,8 +120,8 @@ DECODES: dict[str, dict[str, object]] = {
     "top-p": {"temperature": 1.0, "top_p": 0.95, "seed": 7},
 }
 # a variant's logits and tokens are also checked against its twin's (when both run): the same graphs but
-# for the sampling head, or but for WiCore's BlockAttention on the sliding layers
-TWINS = {"paged": "paged-nohead", "paged-wicore-block": "paged-wicore"}
+# for the sampling head, or but for WiCore's BlockAttention on the sliding layers (on every layer)
+TWINS = {"paged": "paged-nohead", "paged-wicore-block": "paged-wicore", "paged-wicore-all": "paged-wicore"}
 
 
 def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size: int | None) -> dict[str, dict[str, object]]:

@@ -2,7 +2,8 @@
 attention_prefill.cu): the output and the written pools against the CPU op (float32, the reference)
 on random inputs, pools bound in place as the runtime binds them (and once copied); then a decode
 step's kernel time a layer against ONNX Runtime's com.microsoft.PagedAttention at the 27B shape (both
-with their prologue: q/k norms, RoPE, the K/V write), in CUDA graphs.
+with their prologue: q/k norms, RoPE, the K/V write), in CUDA graphs, per context, window (0: a full
+layer) and batch, with the GB/s of K and V read.
 
     PYTHONPATH=/tmp/site:.:tools python3 tools/check_attention_qkv_gpu.py [--library LIB.so] [--json OUT]
 
@@ -12,11 +13,13 @@ Prints the worst error per case (relative to the output's or the pool's scale; f
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
+from benchlib import int_list
 from kernel_graphs import BLOCK, REPEAT, SHAPE_27B, attention_model, bind_cuda, measure, random_block_tables, timing_session
 from onnx import TensorProto, helper
 
@@ -173,13 +176,51 @@ def time_fused(ort, lib: str, batch: int, ctx: int, window: int) -> dict:
     sess = ort.InferenceSession(qkv_model(F16, heads, kvh, window, 0.0, 1.0, True, REPEAT), opts, providers=providers)
     b = bind_cuda(sess, ours, outs)
     results["wicore"] = measure(sess, b)
-    return dict(batch=batch, context=ctx, window=window, **results)
+    gb = batch * (min(ctx, window) if window else ctx) * kvh * hd * 2 * 2 / 1e9  # K and V of every visible key
+    for r in results.values():
+        r["gb_per_s"] = gb / (r["us_per_layer"] * 1e-6)
+    return dict(batch=batch, context=ctx, window=window, kv_gb=gb, **results)
+
+
+def time_prefill(ort, lib: str, tokens: int, window: int) -> dict:
+    """BlockAttentionQKV on one prompt of `tokens` tokens at once (a prefill chunk from position 0) at the 27B
+    shape, REPEAT layers a graph, GPU kernel time a layer and a token (no ORT peer: its op takes prompts
+    through cumulative lengths, which kernel_graphs' decode models do not bind)."""
+    import torch
+
+    s = SHAPE_27B
+    heads, kvh, hd = s["heads"], s["kv_heads"], s["head_dim"]
+    opts, providers = timing_session(ort, lib)
+    dev = torch.device("cuda")
+    pool, tables = random_block_tables(1, tokens, BLOCK, kvh, hd)
+    pos = torch.arange(tokens, device=dev)
+    angles = torch.arange(tokens + 1, device=dev, dtype=torch.float32)[:, None] * (
+        1e4 ** (-torch.arange(0, hd, 2, device=dev, dtype=torch.float32) / hd)
+    )
+    names: dict[str, torch.Tensor] = {
+        "qkv": torch.randn(1, tokens, (heads + 2 * kvh) * hd, device=dev, dtype=torch.float16),
+        "tables": tables.to(torch.int64), "positions": pos.view(1, tokens),
+        "slots": (tables[0, pos // BLOCK] * BLOCK + pos % BLOCK).view(1, tokens), "past": torch.zeros(1, dtype=torch.int32, device=dev),
+        "cos": torch.cos(angles).half(), "sin": torch.sin(angles).half(),
+        "q_norm": torch.ones(hd, device=dev, dtype=torch.float16), "k_norm": torch.ones(hd, device=dev, dtype=torch.float16),
+    }  # fmt: skip
+    for r in range(REPEAT):
+        for kv in "kv":
+            names[f"{kv}{r}"] = names[f"{kv}{r}_out"] = torch.randn(pool, device=dev, dtype=torch.float16)
+        names[f"out{r}"] = torch.empty(1, tokens, heads * hd, device=dev, dtype=torch.float16)
+    outs = {f"out{r}" for r in range(REPEAT)} | {f"{kv}{r}_out" for r in range(REPEAT) for kv in "kv"}
+    sess = ort.InferenceSession(qkv_model(F16, heads, kvh, window, 0.0, 1.0, True, REPEAT), opts, providers=providers)
+    result = measure(sess, bind_cuda(sess, names, outs))
+    return dict(tokens=tokens, window=window, us_per_token=result["us_per_layer"] / tokens, wicore=result)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--library", help="a built libwicore_kernels.so (default: build or take the cached one)")
     p.add_argument("--batches", default="1,64,256")
+    p.add_argument("--contexts", default="512", help="tokens of each row (the timed step's position + 1)")
+    p.add_argument("--windows", default="1024", help="0: a full-attention layer; else a sliding one of this window")
+    p.add_argument("--prefill", default="", help="also time one prompt of each of these token counts at once (per --windows)")
     p.add_argument("--json", help="write the errors and timings here")
     args = p.parse_args(argv)
     ort = onnxruntime()
@@ -187,14 +228,20 @@ def main(argv: list[str] | None = None) -> int:
     worst = check(ort, lib)
     print(f"worst rel err {worst:.1e}", flush=True)
     rows = []
-    for batch in (int(b) for b in args.batches.split(",") if b):
-        r = time_fused(ort, lib, batch, 512, 1024)
+    for ctx, window, batch in itertools.product(*(int_list(x) for x in (args.contexts, args.windows, args.batches))):
+        r = time_fused(ort, lib, batch, ctx, window)
         rows.append(r)
         o, w = r["ort"]["us_per_layer"], r["wicore"]["us_per_layer"]
-        print(f"ctx 512 window 1024 batch {batch:3d}: BlockAttentionQKV {w:7.1f} us, ORT PagedAttention {o:7.1f} us a layer "
-              f"({w / o:.2f}x)", flush=True)  # fmt: skip
+        print(f"ctx {ctx:5d} window {window:4d} batch {batch:3d}: BlockAttentionQKV {w:7.1f} us ({r['wicore']['gb_per_s']:5.0f} GB/s), "
+              f"ORT PagedAttention {o:7.1f} us a layer ({w / o:.2f}x)", flush=True)  # fmt: skip
+    prefill = []
+    for tokens, window in itertools.product(int_list(args.prefill), int_list(args.windows)):
+        prefill.append(time_prefill(ort, lib, tokens, window))
+        r = prefill[-1]
+        print(f"prefill {tokens:5d} tokens window {window:4d}: BlockAttentionQKV {r['wicore']['us_per_layer']:8.1f} us a layer, "
+              f"{r['us_per_token']:.3f} us a token", flush=True)  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps({"worst_rel_err": worst, "timings": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"worst_rel_err": worst, "timings": rows, "prefill": prefill}, indent=1))
     return 1 if worst > 1e-2 else 0
 
 

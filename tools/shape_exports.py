@@ -20,9 +20,11 @@ VARIANTS: dict[str, dict[str, object]] = {
     "portable": dict(dtype="fp16", attention="portable"),
     "paged": dict(dtype="fp16", attention="paged"),
     "paged-nohead": dict(dtype="fp16", attention="paged", sampling_head="off"),  # sampled rows' logits to the host
-    "paged-wicore": dict(dtype="fp16", attention="paged", kernels="wicore"),  # residual norms, GeGLU on WiCore's kernels
-    # and the sliding layers' attention on WiCore's BlockAttention (graph/paged_block.py)
+    # residual norms, GeGLU on WiCore's kernels, the attention on ORT's PagedAttention
+    "paged-wicore": dict(dtype="fp16", attention="paged", kernels="wicore", block_attention="off"),
+    # and the sliding layers' attention on WiCore's BlockAttention (graph/paged_block.py); every layer's
     "paged-wicore-block": dict(dtype="fp16", attention="paged", kernels="wicore", block_attention="sliding"),
+    "paged-wicore-all": dict(dtype="fp16", attention="paged", kernels="wicore", block_attention="all"),
     "int4-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0),
     "int8-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=8, accuracy_level=0),
     # the embedding's rows from the head's 4-bit codes (wicore-export --quantize-embedding)

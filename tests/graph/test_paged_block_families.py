@@ -7,12 +7,16 @@ whole-projection norms, LongRoPE rotated from one cos / sin row a token.
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
+import onnx
 import pytest
 from paged_reference import PagedRunner
 from test_families import PROMPTS, build
 
 from wicore.export.exporter import ExportConfig
+from wicore.graph import paged_block
 
 BLOCK = ExportConfig(dtype="fp32", attention="paged", block_attention="all", sampling_head="off")
 
@@ -31,3 +35,31 @@ def test_block_attention_graphs_match_hf(tmp_path, reference_logits, cpu_library
     step = runner.step(list(range(len(PROMPTS))), [[t] for t in last])[:, -1]
     for row, prompt in enumerate(PROMPTS):
         np.testing.assert_allclose(step[row], reference_logits(model, [*prompt, last[row]])[-1], atol=1e-4, rtol=0)
+
+
+# LongRoPE at a head dim of the CUDA kernel's (64), a window on every layer (full layers with the op's window)
+LONGROPE_64 = dict(
+    hidden_size=256,
+    head_dim=64,
+    sliding_window=8,
+    rope_scaling={
+        "type": "longrope",
+        "short_factor": [1.0 + 0.05 * i for i in range(32)],
+        "long_factor": [1.0 + 0.5 * i for i in range(32)],
+    },
+)
+
+
+def test_auto_keeps_layers_without_the_fused_prologue_on_orts_op(tmp_path, monkeypatch):
+    """LongRoPE's layers take the graph-op prologue before BlockAttention (its factors picked per step),
+    which measured 0.5x ORT's op: `auto` leaves them on PagedAttention whichever layer kinds it takes
+    (here every kind), `all` puts them on BlockAttention."""
+    monkeypatch.setattr(paged_block, "AUTO_KINDS", frozenset({True, False}))
+    ops = {}
+    for mode in ("auto", "all"):
+        config = ExportConfig(dtype="fp16", attention="paged", kernels="wicore", block_attention=mode)
+        folder, _ = build(tmp_path / mode, "phi3-longrope", config, **LONGROPE_64)
+        (part,) = folder.glob("part-*.onnx")
+        ops[mode] = collections.Counter(n.op_type for n in onnx.load(part, load_external_data=False).graph.node)
+    attention = {mode: (c["PagedAttention"], c["BlockAttention"], c["BlockAttentionQKV"]) for mode, c in ops.items()}
+    assert attention == {"auto": (3, 0, 0), "all": (0, 3, 0)}

@@ -76,8 +76,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         choices=["auto", "off", "sliding", "all"],
         help="with --attention paged, the layer kinds on WiCore's BlockAttention kernel instead of ONNX Runtime's "
-        "PagedAttention (graph/paged_block.py): sliding (its split-KV kernel is faster there), all (also fp32 graphs, "
-        "the CPU's kernel); auto: off",
+        "PagedAttention (graph/paged_block.py): sliding (its split-KV decode is faster there), all (also fp32 graphs, "
+        "the CPU's kernel); auto: with --kernels wicore the kinds measured faster end to end (none yet), else off",
     )
     ap.add_argument(
         "--kv-cache-dtype",

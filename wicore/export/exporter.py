@@ -21,6 +21,7 @@ from wicore.errors import WiCoreError
 from wicore.graph.decoder import ATTENTIONS, DTYPES, OPSET, DecoderBuilder
 from wicore.graph.manifest import Manifest, PartitionRecord, VisionRecord, sha256_file
 from wicore.graph.ops import DataFile
+from wicore.graph.paged_block import FUSED as BLOCK_FUSED
 from wicore.graph.paged_block import MODES as BLOCK_ATTENTION
 from wicore.graph.partition import plan_partitions
 from wicore.graph.quant import QuantLinear
@@ -139,10 +140,15 @@ class ExportConfig:
         )
 
     def resolved_block_attention(self) -> str:
-        """The layer kinds on BlockAttention (graph/paged_block.py): `auto` is off. With its prologue fused
-        (BlockAttentionQKV) the paged graphs ran 1.18x faster at batch 64 and 256 on an H200 but 0.96x at
-        batch 1, and the CUDA kernel's results await a GPU check (docs/PERFORMANCE.md, 2026-11-28)."""
-        return "off" if self.block_attention == "auto" else self.block_attention
+        """The layer kinds on BlockAttention (graph/paged_block.py). `auto`: on the paged graphs with WiCore's
+        kernels (float16, the CUDA EP) paged_block.FUSED, the layer kinds paged_block.AUTO_KINDS where the
+        op's own prologue serves them (none yet: its decode is faster than ORT's PagedAttention on sliding
+        layers, its prefill chunks were far slower and are not yet timed end to end since their fix;
+        docs/PERFORMANCE.md, 2026-11-28); off elsewhere (`--kernels ort` loads no library of WiCore's)."""
+        if self.block_attention != "auto":
+            return self.block_attention
+        on_cuda_kernels = self.attention == "paged" and self.kernels == "wicore" and self.dtype == "fp16"
+        return BLOCK_FUSED if on_cuda_kernels else "off"
 
     def resolved_vision_flavour(self) -> str:
         """The vision partition's flavour (wicore.graph.vision): `auto` is `fused` (com.microsoft

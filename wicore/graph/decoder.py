@@ -94,8 +94,9 @@ class DecoderBuilder:
         `kernels`: "ort" (ONNX Runtime's ops) or "wicore" (paged graphs: the residual adds, norms and
         gated activation on WiCore's own kernels, graph/fused_residual.py).
         `fused_ops`: the webgpu flavour's fused norms, RoPE and GELU and int32 index arithmetic (graph/fused_ops.py).
-        `block_attention` (paged graphs): the layer kinds on WiCore's BlockAttention, "off", "sliding" or
-        "all" (graph/paged_block.py); "all" also builds the paged graphs in float32 (the CPU's kernel)."""
+        `block_attention` (paged graphs): the layer kinds on WiCore's BlockAttention, "off", "sliding",
+        "all" or "fused" (`auto`'s kinds, where the op's prologue fuses: graph/paged_block.py); "all" also
+        builds the paged graphs in float32 (the CPU's kernel)."""
         self.block_kinds = paged_block.layer_kinds(block_attention)
         if self.block_kinds and attention != "paged":
             raise ValueError(f"block_attention {block_attention!r} needs the paged attention")
@@ -131,6 +132,8 @@ class DecoderBuilder:
         self.paged = attention == "paged"
         self.batch_invariant = attention == "batch-invariant"
         self.cfg = cfg
+        if block_attention == paged_block.FUSED:  # auto: only where BlockAttentionQKV's own prologue serves
+            self.block_kinds = paged_block.fused_kinds(self)
         self.dtype = dtype
         self.attention_stats = attention_stats
         self.quant = quant

@@ -25,8 +25,9 @@ come from past_seqlens on the device, so a CUDA graph captures the whole layer.
 Where it goes (`DecoderBuilder.block_kinds`): "sliding" puts the sliding layers on it, where the kernel
 beats ORT's FlashAttention split-KV one (docs/PERFORMANCE.md), and leaves full layers on ORT's op
 (cuDNN's kernel is faster there); "all" puts every layer on it, which also runs in float32 on the CPU
-(the graph structure the tests check against the portable export). Layers it cannot take keep ORT's
-op: attention sinks, and head dims the CUDA kernel lacks in float16 graphs.
+(the graph structure the tests check against the portable export); FUSED (what `auto` resolves to on the
+CUDA paged export with WiCore's kernels) the AUTO_KINDS whose prologue the op fuses (none yet: AUTO_KINDS). Layers it cannot
+take keep ORT's op: attention sinks, and head dims the CUDA kernel lacks in float16 graphs.
 """
 
 from __future__ import annotations
@@ -45,15 +46,31 @@ from wicore.model.weights import LayerWeights
 if TYPE_CHECKING:
     from wicore.graph.decoder import DecoderBuilder
 
-MODES = ("off", "sliding", "all")
+MODES = ("off", "sliding", "all")  # `--block-attention`'s choices besides auto
+# `--block-attention auto` on the CUDA paged export (ExportConfig.resolved_block_attention): the layer kinds
+# AUTO_KINDS, each where BlockAttentionQKV's own prologue serves it (fuses); the graph-op prologue that
+# LongRoPE's layers would take measured 0.5x ORT's op, so those keep ORT's (docs/PERFORMANCE.md).
+FUSED = "fused"
+# None yet (H200, 27B shape, 2026-11-28, docs/PERFORMANCE.md): decode steps with the sliding layers on the op
+# ran 1.05x / 1.14x / 1.36x ORT's speed at batch 1 / 64 / 256 (full layers: no faster than cuDNN's kernel at
+# batch 64 and 256), but its prefill chunks then made a 64 x 4,096-token prefill ~4.6x slower; they run on the
+# decode kernel since (1.29 against ~16 us a token a layer), not yet timed end to end. {True} (the sliding
+# layers) once a run of prefill and decode together (wicore bench throughput) is faster with them.
+AUTO_KINDS: frozenset[bool] = frozenset()
 CUDA_HEAD_DIMS = (64, 128, 256)  # the float16 kernel's (BlockAttentionCudaSupports)
 
 
 def layer_kinds(mode: str) -> frozenset[bool]:
-    """The layer kinds (is_sliding) a mode puts on BlockAttention."""
-    if mode not in MODES:
-        raise ValueError(f"block attention {mode!r}: one of {', '.join(MODES)}")
-    return frozenset({"off": (), "sliding": (True,), "all": (True, False)}[mode])
+    """The layer kinds (is_sliding) a mode puts on BlockAttention (FUSED: fused_kinds narrows them per family)."""
+    kinds = {"off": frozenset(), "sliding": frozenset({True}), "all": frozenset({True, False}), FUSED: AUTO_KINDS}
+    if mode not in kinds:
+        raise ValueError(f"block attention {mode!r}: one of {', '.join(kinds)}")
+    return kinds[mode]
+
+
+def fused_kinds(b: DecoderBuilder) -> frozenset[bool]:
+    """Of b's layer kinds on BlockAttention, those BlockAttentionQKV's own prologue serves (FUSED)."""
+    return frozenset(kind for kind in b.block_kinds if fuses(b, kind))
 
 
 def takes(b: DecoderBuilder, is_sliding: bool) -> bool:

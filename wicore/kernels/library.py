@@ -59,8 +59,9 @@ class Compiler:
         gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in CUDA_ARCHS]
         gencode.append(f"-gencode=arch=compute_{CUDA_ARCHS[-1]},code=compute_{CUDA_ARCHS[-1]}")
         libs = [f"-L{toolkit / d}" for d in ("lib64", "lib") if (toolkit / d).is_dir()]
+        # --threads 0: the architectures compile side by side, one thread a core (the build at first use)
         return [
-            str(self.path), "-O3", "-DWICORE_CUDA", "-Xcompiler", "-fPIC,-fvisibility=hidden", *gencode,
+            str(self.path), "-O3", "--threads", "0", "-DWICORE_CUDA", "-Xcompiler", "-fPIC,-fvisibility=hidden", *gencode,
             *common, *sources, *(str(CSRC / name) for name in ("kernels.cu", "attention.cu", "attention_prefill.cu")), *libs,
         ]  # fmt: skip
 

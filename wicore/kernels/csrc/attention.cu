@@ -8,16 +8,21 @@
 //              shared memory: normed, rotated, q scaled, k rounded to half as the pool keeps it; the block of
 //              chunk 0 and split 0 writes k and v to the pools, and every block takes the token's own key
 //              from shared memory, not from the pool (no block of this launch reads that slot: no race)
-//     phase 1  one key a group of D / 8 lanes (16-byte loads of K), q·k for the chunk's G query heads at once
-//              (each K byte read once for them: GQA), softcap, scores into shared memory
+//     phase 0  the split's pool rows (slots) from the block tables into shared memory, all at once
+//     phase 1  one key a group of D / 8 lanes (16-byte loads of K), U keys a group in flight
+//              (kKeysInFlight), q·k for the chunk's G query heads at once (each K byte read once for
+//              them: GQA), softcap, scores into shared memory
 //     softmax  a warp per query head: max, exp, sum
-//     phase 2  the same lane groups read V (16-byte loads) and accumulate p·v in float32, then reduce
+//     phase 2  the same lane groups read V (16-byte loads, U in flight) and accumulate p·v in float32, then reduce
 //   splits == 1: the block writes out / sum; else partial sums, maxima and sums to the workspace and
 //   CombineKernel merges a head's splits (log-sum-exp weights).
 //
-// The splits come from the shapes only (the host never reads positions or lengths): enough blocks to
-// fill the SMs twice over, each split at most kMaxKeys keys. Rows with more tokens (prefill chunks)
-// take PrefillKernel (attention_prefill.cu): one block a (token, query head), scores in shared memory, no split.
+// The splits come from the shapes only (the host never reads positions or lengths): enough blocks for
+// kBlocksPerSm on every SM (a row's keys over many SMs where the batch is small: batch 1 at 4K of
+// context), each split at least 64 keys and at most kMaxKeys. Rows with more tokens (prefill chunks) take
+// the same kernel, a block a token, where one split holds a token's keys (after BlockAttentionQKV's prologue
+// kernel, attention_prefill.cu); longer spans take PrefillKernel (attention_prefill.cu): one block a
+// (token, query head), scores in shared memory, no split.
 //
 // Differences from the CPU op: the CPU op gives a key 80 or more below the top score weight 0, this
 // one exp() of it (below 2e-35 of the top key's weight either way); the sums run in another order.
@@ -57,24 +62,13 @@ __device__ void Prologue(const BlockAttentionCudaArgs& a, int64_t token, int kvh
   for (int i = tid; i < (G + 1) * H; i += kThreads) {  // a thread a pair (d, d + D / 2) of one head
     const int h = i / H, d = i % H;
     float* x = fq + h * D;
-    const uint16_t* w = h < G ? a.q_norm : a.k_norm;
-    float x1 = x[d] * inv[h], x2 = x[d + H] * inv[h];
-    if (w != nullptr) {
-      x1 *= Half(w[d]);
-      x2 *= Half(w[d + H]);
-    }
-    float y1 = x1, y2 = x2;
-    if (a.cos != nullptr) {
-      const float c = Half(a.cos[pos * H + d]), s = Half(a.sin[pos * H + d]);
-      y1 = x1 * c - x2 * s;
-      y2 = x2 * c + x1 * s;
-    }
+    const float2 y = NormRotate(a, h < G ? a.q_norm : a.k_norm, inv[h], pos, d, H, x[d], x[d + H]);
     if (h < G) {
-      x[d] = y1 * a.scale;
-      x[d + H] = y2 * a.scale;
+      x[d] = y.x * a.scale;
+      x[d + H] = y.y * a.scale;
     } else {  // the key as the pool keeps it
-      x[d] = Half(ToHalf(y1));
-      x[d + H] = Half(ToHalf(y2));
+      x[d] = Half(ToHalf(y.x));
+      x[d + H] = Half(ToHalf(y.y));
     }
   }
   __syncthreads();
@@ -87,12 +81,22 @@ __device__ void Prologue(const BlockAttentionCudaArgs& a, int64_t token, int kvh
   }
 }
 
+// Keys a lane group has in flight: each lane issues U 16-byte loads before it uses any. With one at a
+// time (and the block tables read between them) the kernel read K/V at 2.6-2.7 TB/s on an H200, latency
+// bound at ~36 resident warps an SM (docs/PERFORMANCE.md); U keys multiply the bytes in flight by U. The
+// raw loads cost 4 U registers beside q [G][8] (phase 1) or the accumulators [G][8] (phase 2).
+template <int G>
+constexpr int kKeysInFlight = G <= 4 ? 4 : 2;
+
+// Slots of keys past the split's end (the loads skip them); the token's own key is -1 (kFused: shared memory).
+constexpr int64_t kNoKey = -2;
+
 // D: head_dim; G: query heads a block (a divisor of the group size). T = D / 8 lanes hold one key row.
 // kFused: BlockAttentionQKV (the prologue first; q, the new k and v from shared memory).
 template <int D, int G, bool kFused>
 __global__ void __launch_bounds__(kThreads) DecodeKernel(BlockAttentionCudaArgs a, int chunks, int splits, int keys_per_split,
                                                          float* __restrict__ part, float* __restrict__ part_ml) {
-  constexpr int T = D / 8, KG = kThreads / T;
+  constexpr int T = D / 8, KG = kThreads / T, U = kKeysInFlight<G>;
   extern __shared__ float smem[];
   float* scores = smem;                                          // [G][keys_per_split], later the warps' sums [kWarps][G][D]
   const int region = max(G * keys_per_split, kWarps * G * D);
@@ -110,7 +114,12 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(BlockAttentionCudaArgs 
   const int n = end > begin ? static_cast<int>(end - begin) : 0;
   const int tid = threadIdx.x, sub = tid % T, kg = tid / T, lane = tid & 31, warp = tid >> 5;
   const int64_t own = a.positions[token];  // kFused: the key of this step's token, in shared memory
-  if constexpr (kFused) Prologue<D, G>(a, token, kvh, head0, blockIdx.x % chunks == 0 && split == 0, fq);
+  const bool writes = blockIdx.x % chunks == 0 && split == 0;  // kFused: this block writes the token's k and v
+  // phase 0: the split's pool rows, every table entry read once, all in flight together
+  for (int j = tid; j < n; j += kThreads) slots[j] = kFused && begin + j == own ? -1 : Slot(a, row, first, begin + j);
+  if constexpr (kFused) {
+    if (n > 0 || writes) Prologue<D, G>(a, token, kvh, head0, writes, fq);  // its first barrier publishes the slots
+  }
 
   if (n == 0) {  // nothing visible in this split
     if (splits > 1) {
@@ -124,6 +133,7 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(BlockAttentionCudaArgs 
     }
     return;
   }
+  if constexpr (!kFused) __syncthreads();  // the slots
 
   float q[G][8];
 #pragma unroll
@@ -136,30 +146,38 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(BlockAttentionCudaArgs 
     }
   }
   const int64_t row_stride = static_cast<int64_t>(a.num_kv_heads) * D;
+  const int64_t column = kvh * D + sub * 8;  // this lane's 8 dimensions of its KV head in a pool row
 
-  // phase 1: scores
-  for (int j0 = 0; j0 < n; j0 += KG) {  // every lane the same trips: the shuffles need the whole warp
-    const int j = j0 + kg;
-    const bool valid = j < n;
-    const bool is_own = kFused && valid && begin + j == own;
-    const int64_t slot = is_own ? -1 : valid ? Slot(a, row, first, begin + j) : 0;
-    float k[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (is_own) {
+  // phase 1: scores, U keys a lane group at a time (key j0 + u * KG + kg: the warp's lane groups on neighbours)
+  for (int j0 = 0; j0 < n; j0 += U * KG) {  // every lane the same trips: the shuffles need the whole warp
+    int64_t slot[U];
+    uint4 raw[U];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) k[e] = fq[G * D + sub * 8 + e];
-    } else if (valid) {
-      Load8(a.k_pool + slot * row_stride + kvh * D + sub * 8, k);
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * KG + kg;
+      slot[u] = j < n ? slots[j] : kNoKey;
+      raw[u] = slot[u] >= 0 ? *reinterpret_cast<const uint4*>(a.k_pool + slot[u] * row_stride + column) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float s = 0.0f;
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * KG + kg;
+      float k[8];
+      if (kFused && slot[u] == -1) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s += q[g][e] * k[e];
+        for (int e = 0; e < 8; ++e) k[e] = fq[G * D + sub * 8 + e];
+      } else {
+        Unpack8(raw[u], k);
+      }
 #pragma unroll
-      for (int o = T / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (sub == 0 && valid) scores[g * keys_per_split + j] = Softcap(a, s);
+      for (int g = 0; g < G; ++g) {
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s += q[g][e] * k[e];
+#pragma unroll
+        for (int o = T / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (sub == 0 && j < n) scores[g * keys_per_split + j] = Softcap(a, s);
+      }
     }
-    if (sub == 0 && valid) slots[j] = slot;
   }
   __syncthreads();
 
@@ -183,26 +201,39 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(BlockAttentionCudaArgs 
   }
   __syncthreads();
 
-  // phase 2: p·v
+  // phase 2: p·v, U keys a lane group at a time as in phase 1
   float acc[G][8];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
   }
-  for (int j = kg; j < n; j += KG) {
-    float v[8];
-    if (kFused && slots[j] < 0) {
+  for (int j0 = 0; j0 < n; j0 += U * KG) {
+    int64_t slot[U];
+    uint4 raw[U];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = fq[(G + 1) * D + sub * 8 + e];
-    } else {
-      Load8(a.v_pool + slots[j] * row_stride + kvh * D + sub * 8, v);
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * KG + kg;
+      slot[u] = j < n ? slots[j] : kNoKey;
+      raw[u] = slot[u] >= 0 ? *reinterpret_cast<const uint4*>(a.v_pool + slot[u] * row_stride + column) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float p = scores[g * keys_per_split + j];
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * KG + kg;
+      if (slot[u] == kNoKey) continue;
+      float v[8];
+      if (kFused && slot[u] == -1) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] += p * v[e];
+        for (int e = 0; e < 8; ++e) v[e] = fq[(G + 1) * D + sub * 8 + e];
+      } else {
+        Unpack8(raw[u], v);
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float p = scores[g * keys_per_split + j];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] += p * v[e];
+      }
     }
   }
   // the warp's key groups, then the warps
@@ -242,28 +273,55 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(BlockAttentionCudaArgs 
   }
 }
 
-// One block a (token, query head): the splits' partial sums weighted by exp(m_s - M).
-__global__ void CombineKernel(const float* __restrict__ part, const float* __restrict__ part_ml, int splits, int head_dim,
-                              uint16_t* __restrict__ out) {
+// The block's (kThreads) maximum or sum of one value a thread, in every thread (`red`: kWarps floats).
+template <bool kMax>
+__device__ float BlockReduce(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, w) : v + w;
+  }
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = red[0];
+  for (int i = 1; i < kWarps; ++i) v = kMax ? fmaxf(v, red[i]) : v + red[i];
+  __syncthreads();  // red may be written again
+  return v;
+}
+
+// One block (kThreads) a (token, query head): the splits' partial sums weighted by exp(m_s - M) / L. The
+// weights first, the splits spread over the threads, into shared memory [splits]; then a thread a
+// dimension sums the splits with independent loads (one split after another, each load waiting on the
+// last one's sums, took 17.9 us over 64 splits at batch 1, 4K of context, on an H200).
+__global__ void __launch_bounds__(kThreads) CombineKernel(const float* __restrict__ part, const float* __restrict__ part_ml,
+                                                          int splits, int head_dim, uint16_t* __restrict__ out) {
+  extern __shared__ float weight[];  // [splits]: exp(m_s - M) of the splits that saw keys, 0 for the empty ones
+  __shared__ float red[kWarps];
   const int64_t h = blockIdx.x;
   const float* ml = part_ml + h * splits * 2;
   float m = -INFINITY;
-  for (int s = 0; s < splits; ++s) m = fmaxf(m, ml[2 * s]);
+  for (int s = threadIdx.x; s < splits; s += kThreads) m = fmaxf(m, ml[2 * s]);
+  m = BlockReduce<true>(m, red);
   float l = 0.0f;
-  if (m != -INFINITY) {
-    for (int s = 0; s < splits; ++s) l += ml[2 * s + 1] * __expf(ml[2 * s] - m);
+  for (int s = threadIdx.x; s < splits; s += kThreads) {
+    const float w = ml[2 * s + 1] > 0.0f ? __expf(ml[2 * s] - m) : 0.0f;  // an empty split wrote no partial sums
+    weight[s] = w;
+    l += ml[2 * s + 1] * w;
   }
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+  l = BlockReduce<false>(l, red);  // its barrier publishes the weights
+  for (int d = threadIdx.x; d < head_dim; d += kThreads) {
     float total = 0.0f;
-    if (l > 0.0f) {
-      for (int s = 0; s < splits; ++s) {
-        if (ml[2 * s + 1] > 0.0f) total += part[(h * splits + s) * head_dim + d] * __expf(ml[2 * s] - m);
-      }
-      total /= l;
+    for (int s = 0; s < splits; ++s) {
+      const float w = weight[s];
+      if (w > 0.0f) total += part[(h * splits + s) * head_dim + d] * w;
     }
-    out[h * head_dim + d] = ToHalf(total);
+    out[h * head_dim + d] = ToHalf(l > 0.0f ? total / l : 0.0f);
   }
 }
+
+// Blocks the split-KV plan aims at an SM: about what one SM holds at once (7-9 blocks of 128 threads
+// by registers), so that at batch 1 every SM has several blocks' loads in flight (2 left batch 1 at 4K
+// of context 3.9x slower than cuDNN's kernel, docs/PERFORMANCE.md).
+constexpr int64_t kBlocksPerSm = 8;
 
 struct Plan {
   int chunk;           // query heads a block
@@ -278,7 +336,7 @@ Plan MakePlan(const BlockAttentionCudaArgs& a, int sm_count) {
   if (a.window > 0 && a.window < keys) keys = a.window;
   keys = std::max<int64_t>(keys, 1);
   const int64_t blocks = a.batch * a.seq * a.num_kv_heads * (groups / chunk);
-  int64_t splits = (2 * static_cast<int64_t>(sm_count) + blocks - 1) / blocks;
+  int64_t splits = (kBlocksPerSm * static_cast<int64_t>(sm_count) + blocks - 1) / blocks;
   splits = std::min<int64_t>(splits, (keys + 63) / 64);                 // at least 64 keys a split
   splits = std::max<int64_t>(splits, (keys + kMaxKeys - 1) / kMaxKeys);  // at most kMaxKeys
   splits = std::max<int64_t>(splits, 1);
@@ -304,8 +362,8 @@ int LaunchDecode(const BlockAttentionCudaArgs& a, const Plan& plan, void* worksp
   float* part_ml = part == nullptr ? nullptr : part + a.batch * a.seq * a.num_heads * plan.splits * D;
   kernel<<<grid, kThreads, shared, stream>>>(a, chunks, plan.splits, plan.keys_per_split, part, part_ml);
   if (plan.splits > 1) {
-    CombineKernel<<<static_cast<unsigned>(a.batch * a.seq * a.num_heads), 128, 0, stream>>>(part, part_ml, plan.splits, D,
-                                                                                           a.out);
+    CombineKernel<<<static_cast<unsigned>(a.batch * a.seq * a.num_heads), kThreads, plan.splits * sizeof(float), stream>>>(
+        part, part_ml, plan.splits, D, a.out);
   }
   return static_cast<int>(cudaGetLastError());
 }
@@ -333,11 +391,22 @@ size_t BlockAttentionCudaWorkspace(const BlockAttentionCudaArgs& a, int sm_count
   return heads * (static_cast<size_t>(a.head_dim) + 2) * sizeof(float);
 }
 
-int BlockAttentionCuda(const BlockAttentionCudaArgs& a, int sm_count, void* workspace, void* stream) {
-  if (a.batch == 0 || a.seq == 0) return cudaSuccess;
+int BlockAttentionCuda(const BlockAttentionCudaArgs& args, int sm_count, void* workspace, void* stream) {
+  if (args.batch == 0 || args.seq == 0) return cudaSuccess;
   auto s = static_cast<cudaStream_t>(stream);
-  if (a.seq > 1) return LaunchPrefill(a, workspace, s);
-  const Plan plan = MakePlan(a, sm_count);
+  const Plan plan = MakePlan(args, sm_count);
+  // Prefill chunks (seq > 1): the decode kernel, a block a (token, KV head), where one split holds a token's
+  // keys (no partial sums to keep for every token: windows and contexts up to kMaxKeys); longer spans take
+  // PrefillKernel. BlockAttentionQKV's prologue kernel first: q into the workspace, k and v into the pools
+  // (the decode kernel's own prologue would race: a block reads keys that other tokens' blocks write).
+  BlockAttentionCudaArgs a = args;
+  if (a.seq > 1) {
+    if (plan.splits > 1) return LaunchPrefill(a, workspace, s);
+    if (a.qkv != nullptr) {
+      a.q = LaunchPrologue(a, workspace, s);
+      a.qkv = nullptr;  // the decode kernel without its prologue; context_lens stays null: past_seqlens + seq
+    }
+  }
   switch (a.head_dim) {
     case 64: return DispatchGroups<64>(a, plan, workspace, s);
     case 128: return DispatchGroups<128>(a, plan, workspace, s);

@@ -39,8 +39,8 @@ __device__ inline int64_t Slot(const BlockAttentionCudaArgs& a, int64_t row, int
   return a.block_tables[row * a.max_blocks + idx / a.block_size] * a.block_size + idx % a.block_size;
 }
 
-__device__ inline void Load8(const uint16_t* p, float* out) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+// Eight float16 values of one 16-byte load as floats.
+__device__ inline void Unpack8(const uint4& raw, float* out) {
   const __half2* h = reinterpret_cast<const __half2*>(&raw);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -50,14 +50,36 @@ __device__ inline void Load8(const uint16_t* p, float* out) {
   }
 }
 
+__device__ inline void Load8(const uint16_t* p, float* out) { Unpack8(*reinterpret_cast<const uint4*>(p), out); }
+
 __device__ inline float Half(uint16_t v) { return __half2float(__ushort_as_half(v)); }
 __device__ inline uint16_t ToHalf(float v) { return __half_as_ushort(__float2half(v)); }
 
 __device__ inline float Softcap(const BlockAttentionCudaArgs& a, float s) { return a.softcap > 0.0f ? a.softcap * tanhf(s / a.softcap) : s; }
 
+// BlockAttentionQKV's prologue for the pair (d, d + h) of one head's dimensions, h = head_dim / 2 (both
+// prologues use it: the decode kernel's, attention.cu, and the prefill chunks' PrologueKernel,
+// attention_prefill.cu, so they cannot drift apart): times the head's 1 / rms `inv` and the norm weight
+// `w` (null: none), then rotated at position `pos` by the op's cos / sin caches (null: no RoPE).
+__device__ inline float2 NormRotate(const BlockAttentionCudaArgs& a, const uint16_t* w, float inv, int64_t pos, int64_t d,
+                                    int64_t h, float x1, float x2) {
+  x1 *= inv;
+  x2 *= inv;
+  if (w != nullptr) {
+    x1 *= Half(w[d]);
+    x2 *= Half(w[d + h]);
+  }
+  if (a.cos == nullptr) return make_float2(x1, x2);
+  const float c = Half(a.cos[pos * h + d]), s = Half(a.sin[pos * h + d]);
+  return make_float2(x1 * c - x2 * s, x2 * c + x1 * s);
+}
 
-// Prefill chunks (seq > 1), attention_prefill.cu: BlockAttentionQKV's prologue first where qkv is given
-// (q into `workspace`, BlockAttentionCudaWorkspace's bytes), then one block a (token, query head).
+
+// Prefill chunks (seq > 1), attention_prefill.cu. BlockAttentionQKV's prologue kernel (qkv given): the tokens'
+// q normed, rotated and scaled into `workspace` (BlockAttentionCudaWorkspace's bytes; returned), their k and v
+// into the pools. LaunchPrefill: that prologue where qkv is given, then one block a (token, query head) over
+// any span of keys (attention.cu takes chunks whose keys one split holds to its decode kernel instead).
+const uint16_t* LaunchPrologue(const BlockAttentionCudaArgs& a, void* workspace, cudaStream_t stream);
 int LaunchPrefill(const BlockAttentionCudaArgs& a, void* workspace, cudaStream_t stream);
 
 }  // namespace wicore

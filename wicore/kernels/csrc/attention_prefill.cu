@@ -1,4 +1,5 @@
-// Prefill chunks on CUDA (attention_common.cuh): BlockAttentionQKV's prologue kernel, then the attention.
+// Prefill chunks on CUDA (attention_common.cuh): BlockAttentionQKV's prologue kernel, then the attention
+// over spans of keys longer than one decode split holds.
 #include "attention_common.cuh"
 
 namespace wicore {
@@ -31,19 +32,9 @@ __global__ void __launch_bounds__(kThreads) PrologueKernel(BlockAttentionCudaArg
   uint16_t* dst = is_q ? q_out + (token * a.num_heads + head) * D : const_cast<uint16_t*>(a.k_pool) + slot * kv_row + kvh * D;
   const float scale = is_q ? a.scale : 1.0f;
   for (int64_t d = tid; d < H; d += kThreads) {
-    float x1 = Half(x[d]) * inv, x2 = Half(x[d + H]) * inv;
-    if (w != nullptr) {
-      x1 *= Half(w[d]);
-      x2 *= Half(w[d + H]);
-    }
-    float y1 = x1, y2 = x2;
-    if (a.cos != nullptr) {
-      const float c = Half(a.cos[pos * H + d]), s = Half(a.sin[pos * H + d]);
-      y1 = x1 * c - x2 * s;
-      y2 = x2 * c + x1 * s;
-    }
-    dst[d] = ToHalf(y1 * scale);
-    dst[d + H] = ToHalf(y2 * scale);
+    const float2 y = NormRotate(a, w, inv, pos, d, H, Half(x[d]), Half(x[d + H]));
+    dst[d] = ToHalf(y.x * scale);
+    dst[d + H] = ToHalf(y.y * scale);
   }
   if (!is_q) {  // the head's v as it is
     const uint16_t* v = x + a.num_kv_heads * D;
@@ -52,9 +43,10 @@ __global__ void __launch_bounds__(kThreads) PrologueKernel(BlockAttentionCudaArg
   }
 }
 
-// Prefill chunks (seq > 1): one block a (token, query head), every visible key's score in shared
-// memory (up to kPrefillKeys; longer spans in passes with a running max and sum), a thread a
-// dimension for p·v. Correct and simple, not fast: the decode rows are the ones that run every step.
+// Prefill chunks (seq > 1) whose keys one decode split does not hold (past kMaxKeys: long full-attention
+// rows): one block a (token, query head), every visible key's score in shared memory (up to kPrefillKeys;
+// longer spans in passes with a running max and sum), a thread a dimension for p·v. Correct and simple,
+// not fast (a 1,024-key window took ~16 us a token and layer on an H200, docs/PERFORMANCE.md).
 constexpr int kPrefillKeys = 2048;
 
 __global__ void __launch_bounds__(kThreads) PrefillKernel(BlockAttentionCudaArgs a) {
@@ -119,14 +111,16 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(BlockAttentionCudaArgs
 
 }  // namespace
 
+const uint16_t* LaunchPrologue(const BlockAttentionCudaArgs& a, void* workspace, cudaStream_t stream) {
+  auto* q = static_cast<uint16_t*>(workspace);
+  const dim3 grid(static_cast<unsigned>(a.num_heads + a.num_kv_heads), static_cast<unsigned>(a.batch * a.seq));
+  PrologueKernel<<<grid, kThreads, 0, stream>>>(a, q);
+  return q;
+}
+
 int LaunchPrefill(const BlockAttentionCudaArgs& args, void* workspace, cudaStream_t stream) {
   BlockAttentionCudaArgs a = args;
-  if (a.qkv != nullptr) {
-    auto* q = static_cast<uint16_t*>(workspace);
-    const dim3 grid(static_cast<unsigned>(a.num_heads + a.num_kv_heads), static_cast<unsigned>(a.batch * a.seq));
-    PrologueKernel<<<grid, kThreads, 0, stream>>>(a, q);
-    a.q = q;
-  }
+  if (a.qkv != nullptr) a.q = LaunchPrologue(a, workspace, stream);
   const dim3 grid(static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.batch * a.seq));
   PrefillKernel<<<grid, kThreads, 0, stream>>>(a);
   return static_cast<int>(cudaGetLastError());
