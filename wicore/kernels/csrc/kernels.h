@@ -154,7 +154,9 @@ void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int6
                 MatMulQPath path);
 // The prompt path (matmul_q_float.cc): from kMatMulQFloatRows rows on an AVX-512 CPU, x in float32 against
 // the weight dequantized to float32 (not the int8 path's bits; no MatMulQQuantize). Rows as MatMulQCpu.
-constexpr int64_t kMatMulQFloatRows = 16;
+// 32, not 16: SmolLM2's decode steps of 16 rows took 1.16x ORT's MatMulNBits' CPU time on the float path and
+// 0.89x on the int8 tiles (docs/PERFORMANCE.md, 2026-11-28 23:00 UTC); at 32 rows the float path is level.
+constexpr int64_t kMatMulQFloatRows = 32;
 bool MatMulQFloatRuns(const MatMulQArgs& args, MatMulQPath path);
 void MatMulQFloatCpu(const MatMulQArgs& args, int64_t row_begin, int64_t row_end);
 // Any stored width (matmul_q_packed.cc): the arguments MatMulQQuantize takes (5 and 6 bits quantize x as 8 bits
