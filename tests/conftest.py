@@ -133,7 +133,7 @@ def build_lock(target: Path) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def export_cached(cache_dir: Path) -> Callable[..., Path]:
     """export_cached(name, source, partitions=1, dtype="fp32", op_flavour="portable", attention="portable",
-    kv_cache_dtype="auto") -> model folder, built once."""
+    kv_cache_dtype="auto", kernels="ort") -> model folder, built once."""
     from wicore.export.exporter import ExportConfig, export_model
     from wicore.export.sources import open_source
 
@@ -145,6 +145,7 @@ def export_cached(cache_dir: Path) -> Callable[..., Path]:
         op_flavour: str = "portable",
         attention: str = "portable",
         kv_cache_dtype: str = "auto",
+        kernels: str = "ort",
     ) -> Path:
         out = cache_dir / name
         if (out / "wicore.json").is_file():
@@ -158,6 +159,7 @@ def export_cached(cache_dir: Path) -> Callable[..., Path]:
                     op_flavour=op_flavour,
                     attention=attention,
                     kv_cache_dtype=kv_cache_dtype,
+                    kernels=kernels,
                 )
                 export_model(open_source(source), out, config, progress=lambda _: None)
                 share_identical_files(out, cache_dir / "blobs")

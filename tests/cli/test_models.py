@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from wicore.cli.models import export_targets, packaged_export, resolve_model, suited_export
+from wicore.cli.models import (
+    CPU_KERNELS_ENV,
+    _cpu_flags,
+    cpu_kernels,
+    export_folder_name,
+    export_targets,
+    packaged_export,
+    resolve_model,
+    suited_export,
+)
 from wicore.devices.providers import DeviceError, available_devices
 
 
@@ -118,7 +127,8 @@ def test_a_damaged_cached_export_names_the_folder_to_delete(tiny_export, tmp_pat
     from pathlib import Path
 
     folder, _ = tiny_export()
-    cached = tmp_path / "models" / "gemma3-270m-ort-quant"  # what resolve_model names on a CPU
+    # the folder resolve_model names on this CPU
+    cached = tmp_path / "models" / export_folder_name("gemma3-270m", *packaged_export("gemma3-270m"), cpu_kernels("ort-quant"))
     shutil.copytree(folder, cached)
     weights = next(p for p in sorted(cached.iterdir()) if p.suffix == ".onnx")
     weights.write_bytes(weights.read_bytes()[:-10])  # truncated
@@ -136,3 +146,44 @@ def test_a_damaged_cached_export_names_the_folder_to_delete(tiny_export, tmp_pat
         f"re-export the model -- {cached} is WiCore's cached export of gemma3-270m: delete that folder and run again "
         "to export it anew"
     )
+
+
+# -- WiCore's CPU kernels for a GGUF's quantized graphs (issue 37) ------------------------------------
+VNNI = frozenset({"avx2", "fma", "avx512f", "avx512vl", "avx512_vnni"})
+
+
+@pytest.mark.parametrize(
+    ("flavour", "flags", "has_compiler", "expected"),
+    [
+        ("ort-quant", VNNI, True, "wicore"),
+        ("ort-quant", VNNI, False, "ort"),  # nothing to build the library with
+        ("ort-quant", VNNI - {"avx512_vnni"}, True, "ort"),  # AVX2 / scalar MatMulQ: not faster than MLAS
+        ("ort-quant", frozenset(), True, "ort"),  # no /proc/cpuinfo (not Linux)
+        ("portable", VNNI, True, "ort"),  # float weights: no MatMulQ
+        ("webgpu", VNNI, True, "ort"),
+    ],
+)
+def test_cpu_kernels_where_they_pay_and_build(monkeypatch, flavour, flags, has_compiler, expected):
+    monkeypatch.delenv(CPU_KERNELS_ENV, raising=False)
+    assert cpu_kernels(flavour, flags, has_compiler) == expected
+
+
+def test_cpu_kernels_opt_out(monkeypatch):
+    monkeypatch.setenv(CPU_KERNELS_ENV, "ort")
+    assert cpu_kernels("ort-quant", VNNI, True) == "ort"
+
+
+def test_export_folders_of_the_two_kernels_differ():
+    assert export_folder_name("smollm2-135m-instruct", "fp32", "ort-quant", "portable") == "smollm2-135m-instruct-ort-quant"
+    assert (
+        export_folder_name("smollm2-135m-instruct", "fp32", "ort-quant", "portable", "wicore")
+        == "smollm2-135m-instruct-ort-quant-wicore"
+    )
+    assert export_folder_name("gemma3-270m", "fp16", "portable", "paged") == "gemma3-270m-fp16-paged"
+
+
+def test_cpu_flags_read_from_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_vnni\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert _cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_vnni"}
+    assert _cpu_flags(tmp_path / "absent") == frozenset()

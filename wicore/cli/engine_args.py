@@ -115,6 +115,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     add_speculative_args(p)
 
 
+def check_tier_sizes(args: argparse.Namespace) -> None:
+    """The KV tiers' sizes, refused before a named model is exported (EngineConfig checks them again)."""
+    for flag, size in (
+        ("--kv-pool-gb", args.kv_pool_gb),
+        ("--host-tier-gb", args.host_tier_gb),
+        ("--nvme-tier-gb", args.nvme_tier_gb),
+    ):
+        if size is not None and size < 0:
+            raise UsageError(f"{flag} {size:g}: a tier's size is >= 0 GiB")
+
+
 def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
     from wicore.blocks.policy import A2CRConfig
     from wicore.engine.engine import EngineConfig

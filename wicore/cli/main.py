@@ -176,6 +176,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
     """The served model's folder (exported once if named) and the server's settings, from the flags:
     what one `wicore serve` and a Ray Serve deployment (wicore.cli.cluster) share."""
+    from wicore.cli.engine_args import check_tier_sizes
     from wicore.cli.models import resolve_model
     from wicore.devices.providers import onnxruntime
     from wicore.export.hub import parse_hub_id
@@ -194,6 +195,7 @@ def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
     keys = api_keys(args, read_key_file)
     chat_template = read_chat_template(args.chat_template)
     onnxruntime()  # fail early, with the extras to install, before any export
+    check_tier_sizes(args)
     model_dir = resolve_model(args.model, args.devices)
     try:
         settings = ServerSettings(

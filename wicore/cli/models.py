@@ -93,17 +93,81 @@ def resolve_model(spec: str, devices: str = "cpu", is_installed: bool = True) ->
             f"or a Hub id (org/name); named models: {', '.join(sorted([*PACKAGED, *PULLABLE]))}"
         )
     dtype, flavour, attention = packaged_export(spec, devices, is_installed)
-    suffix = "".join(f"-{part}" for part in (flavour, dtype, attention) if part not in ("portable", "fp32"))
-    target = cache_dir() / f"{name}{suffix}"
+    kernels = cpu_kernels(flavour) if _on_the_cpu_ep(devices, is_installed) else "ort"
+    target = cache_dir() / export_folder_name(name, dtype, flavour, attention, kernels)
+    if not (target / MANIFEST).is_file() and kernels == "wicore" and not _builds_cpu_kernels():
+        kernels = "ort"
+        target = cache_dir() / export_folder_name(name, dtype, flavour, attention, kernels)
     if not (target / MANIFEST).is_file():
         from wicore.export.exporter import ExportConfig, export_model, stderr_progress
         from wicore.export.sources import open_source
 
         if name != spec:
             stderr_progress(f"exporting {spec} once into {target} (later runs reuse it)")
-        config = ExportConfig(dtype=dtype, op_flavour=flavour, attention=attention, overwrite=True)
+        config = ExportConfig(dtype=dtype, op_flavour=flavour, attention=attention, kernels=kernels, overwrite=True)
         export_model(open_source(spec, progress=stderr_progress), target, config)
     return target
+
+
+def export_folder_name(name: str, dtype: str, flavour: str, attention: str, kernels: str = "ort") -> str:
+    """The cache folder of `name`'s export: what differs from the portable fp32 one, in its name."""
+    parts = (flavour, dtype, attention, "wicore" if kernels == "wicore" else "portable")
+    return name + "".join(f"-{part}" for part in parts if part not in ("portable", "fp32"))
+
+
+def cpu_kernels(flavour: str, cpu_flags: frozenset[str] | None = None, has_compiler: bool | None = None) -> str:
+    """`kernels` of an export the CPU runs: "wicore" (WiCore's MatMulQ, llama.cpp's int8 arithmetic:
+    1.8x / 1.5x / 1.1x the CPU time of ONNX Runtime's MatMulNBits at 1 / 8 / 16 SmolLM2 rows, and
+    1.4-1.5x llama.cpp's decode; docs/PERFORMANCE.md) for the GGUF-quantized `ort-quant` graphs on an
+    AVX-512 VNNI CPU with a C++ compiler to build it; else "ort". WICORE_CPU_KERNELS=ort keeps
+    ONNX Runtime's everywhere."""
+    if flavour != "ort-quant" or os.environ.get(CPU_KERNELS_ENV, "").lower() == "ort":
+        return "ort"
+    flags = _cpu_flags() if cpu_flags is None else cpu_flags
+    if not {"avx512_vnni", "avx512vl"} <= flags:
+        return "ort"  # its AVX2 and scalar paths are not faster than MLAS's
+    if has_compiler is None:
+        from wicore.kernels.library import find_compiler
+
+        has_compiler = find_compiler(False) is not None
+    return "wicore" if has_compiler else "ort"
+
+
+CPU_KERNELS_ENV = "WICORE_CPU_KERNELS"
+
+
+def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first processor's flags (Linux); none where there is no /proc/cpuinfo."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def _on_the_cpu_ep(devices: str, is_installed: bool) -> bool:
+    """Whether every device of the spec is ONNX Runtime's plain CPU EP (OpenVINO's CPU would pass
+    MatMulQ's nodes back to it: not measured)."""
+    from wicore.devices.placement import device_list
+
+    return all(d.capability.name == "cpu" for d in device_list(devices, is_installed))
+
+
+def _builds_cpu_kernels() -> bool:
+    """Build WiCore's CPU kernel library now (cached), so that an export for it is one that loads; a
+    failed build says so in one line and the export takes ONNX Runtime's kernels."""
+    from wicore.export.exporter import stderr_progress
+    from wicore.kernels.library import KernelBuildError, library
+
+    try:
+        library(False)
+    except KernelBuildError as exc:
+        stderr_progress(f"{exc}; exporting with ONNX Runtime's kernels instead")
+        return False
+    return True
 
 
 def source_key(path: Path) -> str:
