@@ -113,12 +113,15 @@ def test_a_gguf_repository_by_quant_tag_generates_as_the_same_file_does(hub, tmp
     quantized blocks (ort-quant, as a GGUF on a CPU is) and greedy text equal to the packaged name's.
     The packaged name's export is the session's (the one tests/test_gemma3_270m_quant.py checks),
     put where `wicore generate --model gemma3-270m` looks for it, so only the Hub id is exported here."""
+    from wicore.cli.models import cpu_kernels, export_folder_name
     from wicore.export.sources import packaged_gguf
 
     models = tmp_path / "wicore" / "models"
     models.mkdir(parents=True)
-    packaged_export = models / "gemma3-270m-ort-quant"
-    packaged_export.symlink_to(export_cached("gemma3-270m-ort-quant", "gemma3-270m", op_flavour="ort-quant"))
+    kernels = cpu_kernels("ort-quant")  # WiCore's MatMulQ where this CPU runs it (wicore.cli.models)
+    name = export_folder_name("gemma3-270m", "fp32", "ort-quant", "portable", kernels)
+    packaged_export = models / name
+    packaged_export.symlink_to(export_cached(name, "gemma3-270m", op_flavour="ort-quant", kernels=kernels))
     before = (packaged_export / "wicore.json").stat().st_mtime_ns
     folder = snapshot(hub, "google/gemma-3-270m-GGUF")
     (folder / "gemma-3-270m-Q4_K_M.gguf").symlink_to(packaged_gguf("gemma3-270m"))  # the Hub cache links blobs too
@@ -126,7 +129,8 @@ def test_a_gguf_repository_by_quant_tag_generates_as_the_same_file_does(hub, tmp
     prompt = ("--prompt", "The capital of France is", "--max-tokens", "8")
     res = wicore("generate", "--model", "google/gemma-3-270m-GGUF:Q4_K_M", *prompt)
     assert res.returncode == 0, res.stderr
-    assert (models / "hub" / "google--gemma-3-270m-GGUF--Q4_K_M-ort-quant" / "wicore.json").is_file()
+    hub_name = export_folder_name("google--gemma-3-270m-GGUF--Q4_K_M", "fp32", "ort-quant", "portable", kernels)
+    assert (models / "hub" / hub_name / "wicore.json").is_file()
     packaged = wicore("generate", "--model", "gemma3-270m", *prompt)
     assert packaged.returncode == 0, packaged.stderr
     assert packaged_export.is_symlink() and (packaged_export / "wicore.json").stat().st_mtime_ns == before  # not exported again
