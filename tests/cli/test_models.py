@@ -68,7 +68,8 @@ def test_plan_takes_the_packaged_name_that_serve_takes(gemma_270m, tmp_path, mon
 
     monkeypatch.setenv("WICORE_CACHE", str(tmp_path))
     (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "gemma3-270m-ort-quant").symlink_to(gemma_270m(1))  # the name of the CPU export
+    name = export_folder_name("gemma3-270m", *packaged_export("gemma3-270m"), cpu_kernels("ort-quant"))
+    (tmp_path / "models" / name).symlink_to(gemma_270m(1))  # where the CPU export goes (its kernels aside)
     assert main(["plan", "--model", "gemma3-270m", "--devices", "cpu"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     table = [row[:3] for row in rows if row and row[0].endswith(".onnx") and row[1] != "also"]  # not the notes under it
