@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any
 
 import httpx
 import pytest
+from app_checks import wait_idle
 from websockets.sync.client import ClientConnection, connect
 
 from wicore.api.app import ServerSettings, create_app
@@ -54,15 +54,6 @@ def joined(chunks: list[dict]) -> tuple[str, str | None]:
             text += choice["delta"].get("content", "") if "delta" in choice else choice["text"]
             reason = choice["finish_reason"] or reason
     return text, reason
-
-
-def wait_idle(served, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = httpx.get(f"{served.url}/v1/stats").json()
-        if stats["running"] == stats["waiting"] == stats["swapped"] == 0 or time.monotonic() > deadline:
-            return stats
-        time.sleep(0.05)
 
 
 def test_streamed_text_equals_the_http_answer_with_requests_in_flight_together(gemma_server):
