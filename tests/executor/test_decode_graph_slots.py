@@ -148,11 +148,11 @@ def test_the_handoff_binds_its_source_again_before_each_copy():
     not when the session runs: a handoff bound once handed cuda:1 the bind-time hidden states at
     every step (the wrong tokens of the split's first CUDA-graph runs). Each copy binds the source
     again, then runs."""
-    from wicore.executor.cuda_graphs import _Handoff
+    from wicore.executor.card_handoff import card_handoff
 
     events: list[tuple[str, ...]] = []
     session = SimpleNamespace(io_binding=lambda: _Binding(events), run_with_iobinding=lambda b: events.append(("run",)))
-    handoff = _Handoff(session, "written on cuda:0", "read on cuda:1")
+    handoff = card_handoff(session, "written on cuda:0", "read on cuda:1")
     handoff()
     handoff()
     assert events == [

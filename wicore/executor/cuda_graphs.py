@@ -20,18 +20,8 @@ A bucket's per-step inputs are views into one host buffer allocated with it (Ste
 writes the batch into them and copies the whole buffer to the device in one transfer, where each
 input was its own copy (and its own padded array) before: nothing is allocated on the way.
 
-Partitions on several CUDA devices (the model split over two cards; only with `--cuda-graphs on` or
-WICORE_SPLIT_CUDA_GRAPHS set, wicore.executor.graphs: one run on two H200s so far) each capture their own graphs: a session captures only its own
-device's work, so each partition replays its graph on its card, the step's inputs copied to each
-card, and the hidden states copied between the buffers bound on the two cards, `handoff` "device"
-by a one-node session on the next card (wicore.devices.micrographs.handoff_graph: ONNX Runtime
-copies an input bound on another device), "host" through a NumPy array. ONNX Runtime makes that
-copy when the input is bound (IOBinding::BindInput), not when the session runs, so the handoff
-binds the source again before each run: bound once, every step's copy repeated the bind-time
-contents, and cuda:1 decoded stale hidden states (the wrong tokens of the first runs on two H200s,
-docs/PERFORMANCE.md):
-
-    cuda:0  replay part-00 ──► hidden [rows, 1, H] ──copy──► cuda:1  hidden ──► replay part-01 ──► tokens
+Partitions on several CUDA devices (the model split over two cards) each capture their own graphs and
+replay them on their own card; the hidden states cross between cards by wicore.executor.card_handoff.
 
 With steps in flight over groups of requests (wicore.engine.groups), a bucket has one slot a group
 (its own inputs, hidden-state and output buffers, and graph ids), each calling thread keeps the
@@ -66,6 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wicore.executor.batch import BatchInputs
+from wicore.executor.card_handoff import HANDOFFS, card_handoff, handoff_session
 from wicore.executor.device_wait import device_waiter
 from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 from wicore.executor.step_inputs import Place, StepInputs
@@ -73,7 +64,6 @@ from wicore.graph import io
 
 _HOST = (io.ATTENTION_BOUNDS, io.WINDOW_ATTENTION_BOUNDS)  # read by the op on the host, at capture
 CAPTURE_RUNS = 3  # runs of a graph id when captured up front: ONNX Runtime captures after a regular run or two
-HANDOFFS = ("device", "host")  # how hidden states cross between cards: a handoff session, or through host memory
 
 
 def buckets(max_rows: int) -> list[int]:
@@ -131,7 +121,7 @@ class DecodeGraphs:
         self.places: list[Place] = [d.ort_device for d in graphs.devices]
         self._wait_device = device_waiter(self.places[-1])  # a replay returns once launched, not run
         self._crossings = [i for i in range(len(self.places) - 1) if self.places[i] != self.places[i + 1]]
-        self._handoff_sessions = {i: self._handoff_session(i) for i in self._crossings} if handoff == "device" else {}
+        self._handoff_sessions = {i: handoff_session(graphs, i) for i in self._crossings} if handoff == "device" else {}
         sizes = buckets(max_rows)
         self._slots = [[self._bucket(n, slot * len(sizes) + i) for i, n in enumerate(sizes)] for slot in range(num_slots)]
         self._buckets = self._slots[0]
@@ -139,18 +129,6 @@ class DecodeGraphs:
         self._slot_of: dict[int, int] = {}  # thread id -> its slot
         if num_slots > 1:  # several steps at once: capture now, while nothing else runs
             self._capture()
-
-    def _handoff_session(self, partition: int) -> object:
-        """A session on partition + 1's device that copies partition `partition`'s hidden states there."""
-        from onnx import TensorProto
-
-        from wicore.devices.micrographs import handoff_graph
-        from wicore.devices.providers import session_options
-
-        graphs = self.graphs
-        device = graphs.devices[partition + 1]
-        model = handoff_graph(TensorProto.FLOAT, ("rows", 1, graphs.manifest.config.hidden_size)).SerializeToString()
-        return self._ort.InferenceSession(model, sess_options=session_options(1, devices=[device]), providers=device.providers())
 
     def _bucket(self, rows: int, graph_id: int) -> _Bucket:
         ort, graphs, places = self._ort, self.graphs, self.places
@@ -194,10 +172,7 @@ class DecodeGraphs:
         ]  # fmt: skip
         handoffs: list[Callable[[], None] | None] = [None] * len(written)
         for i in self._crossings:
-            if self.handoff == "host":  # a copy to the host and one back: 2 x rows x hidden x 4 bytes
-                handoffs[i] = functools.partial(_through_host, written[i], read[i])
-            else:
-                handoffs[i] = _Handoff(self._handoff_sessions[i], written[i], read[i])
+            handoffs[i] = card_handoff(self._handoff_sessions.get(i), written[i], read[i])
         bindings = []
         for i, (record, session) in enumerate(zip(graphs.manifest.partitions, graphs.sessions)):
             binding = session.io_binding()
@@ -362,28 +337,6 @@ class DecodeGraphs:
             if name in inputs.shapes:
                 inputs.put(name, np.zeros((0,) * len(inputs.shapes[name][0])), fill)
         inputs.sync()
-
-
-class _Handoff:
-    """target = source, device buffers on two cards, by a handoff session on the target's card that
-    `source` is bound to again before each run: ONNX Runtime copies an input bound on another device
-    into one of its own when it is bound (IOBinding::BindInput), and a run reads that copy, so a
-    binding made once would hand on the bind-time contents at every step."""
-
-    def __init__(self, session: object, source: object, target: object) -> None:
-        self.session = session
-        self.source = source
-        self.binding = session.io_binding()  # type: ignore[attr-defined]
-        self.binding.bind_ortvalue_output("x_out", target)
-
-    def __call__(self) -> None:
-        self.binding.bind_ortvalue_input("x", self.source)  # the copy to the target's card, now
-        self.session.run_with_iobinding(self.binding)  # type: ignore[attr-defined]
-
-
-def _through_host(source: object, target: object) -> None:
-    """target = source, two device buffers of one shape, through a NumPy array."""
-    target.update_inplace(source.numpy())  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ import numpy as np
 from wicore.devices.providers import Device, DeviceError, onnxruntime, session_options
 from wicore.executor import pipeline
 from wicore.executor.batch import BatchInputs
-from wicore.executor.cuda_graphs import HANDOFFS, DecodeGraphs, Replay
+from wicore.executor.card_handoff import HANDOFFS
+from wicore.executor.cuda_graphs import DecodeGraphs, Replay
 from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 from wicore.executor.sampling_head import SamplingHead
 from wicore.graph import io
@@ -46,7 +47,7 @@ SPLIT_GRAPHS_ENV = "WICORE_SPLIT_CUDA_GRAPHS"  # "device" | "host": CUDA graphs 
 
 
 def split_graphs() -> str | None:
-    """How hidden states cross between cards in CUDA graphs over several cards (cuda_graphs.HANDOFFS),
+    """How hidden states cross between cards in CUDA graphs over several cards (card_handoff.HANDOFFS),
     as the environment says, or None: such graphs only where asked for (`--cuda-graphs on`, then
     "device"), not by default. On two H200s (2026-11-28, docs/PERFORMANCE.md) the split's captured
     decode steps first gave other tokens (the handoff bound once, since fixed); rerun with groups in
