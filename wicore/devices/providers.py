@@ -269,6 +269,7 @@ CAPABILITIES: dict[str, Capability] = {
             "webgpu",
             unknown_free_bytes,
             None,
+            attentions=("portable", "paged", "batch-invariant"),
             absent_hint=(
                 "the WebGPU plugin offers a device only where it finds an adapter: a GPU's Vulkan, Metal or D3D12 "
                 "driver (on Linux with the system's libvulkan.so.1), or with ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 "

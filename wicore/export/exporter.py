@@ -112,8 +112,13 @@ class ExportConfig:
                 "--kv-cache-dtype int8 needs the portable attention: ONNX Runtime's PagedAttention takes int8 caches "
                 "only with scales fixed at export"
             )
-        if OP_FLAVOURS[self.op_flavour].fused_ops and self.attention == "paged":
-            raise WiCoreError("--op-flavour webgpu writes the portable attention's graphs: drop --attention paged")
+        if OP_FLAVOURS[self.op_flavour].fused_ops and self.attention == "paged" and (
+            self.kernels != "ort" or self.resolved_block_attention() != "off"
+        ):
+            raise WiCoreError(
+                "--op-flavour webgpu --attention paged runs every layer on the WebGPU EP's PagedAttention: "
+                "drop --kernels wicore and --block-attention"
+            )
         if self.kernels not in ("ort", "wicore"):
             raise WiCoreError(f"--kernels {self.kernels!r}: choose ort or wicore")
         if self.kernels == "wicore" and self.attention != "paged" and not OP_FLAVOURS[self.op_flavour].quantized:
