@@ -174,7 +174,7 @@ CAPABILITIES: dict[str, Capability] = {
             "CPUExecutionProvider",
             "cpu",
             ("fp32", "fp16"),
-            ("portable", "ort-quant", "webgpu"),
+            ("portable", "ort-quant", "webgpu", "webgpu-quant"),
             "0",
             "cpu",
             host_free_bytes,
@@ -186,7 +186,7 @@ CAPABILITIES: dict[str, Capability] = {
             "CUDAExecutionProvider",
             "gpu",
             ("fp16", "fp32"),
-            ("portable", "ort-quant", "webgpu"),
+            ("portable", "ort-quant", "webgpu", "webgpu-quant"),
             "0",
             "cuda",
             nvidia_free_bytes,
@@ -264,7 +264,7 @@ CAPABILITIES: dict[str, Capability] = {
             "WebGpuExecutionProvider",
             "gpu",
             ("fp32", "fp16"),
-            ("webgpu", "portable", "ort-quant"),  # webgpu: its fused kernels (graph/fused_ops.py)
+            ("webgpu", "webgpu-quant", "portable", "ort-quant"),  # webgpu: its fused kernels (graph/fused_ops.py)
             "0",
             "webgpu",
             unknown_free_bytes,
