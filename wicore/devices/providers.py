@@ -174,7 +174,7 @@ CAPABILITIES: dict[str, Capability] = {
             "CPUExecutionProvider",
             "cpu",
             ("fp32", "fp16"),
-            ("portable", "ort-quant", "webgpu"),
+            ("portable", "ort-quant", "webgpu", "webgpu-quant"),
             "0",
             "cpu",
             host_free_bytes,
@@ -186,7 +186,7 @@ CAPABILITIES: dict[str, Capability] = {
             "CUDAExecutionProvider",
             "gpu",
             ("fp16", "fp32"),
-            ("portable", "ort-quant", "webgpu"),
+            ("portable", "ort-quant", "webgpu", "webgpu-quant"),
             "0",
             "cuda",
             nvidia_free_bytes,
@@ -264,11 +264,12 @@ CAPABILITIES: dict[str, Capability] = {
             "WebGpuExecutionProvider",
             "gpu",
             ("fp32", "fp16"),
-            ("webgpu", "portable", "ort-quant"),  # webgpu: its fused kernels (graph/fused_ops.py)
+            ("webgpu", "webgpu-quant", "portable", "ort-quant"),  # webgpu: its fused kernels (graph/fused_ops.py)
             "0",
             "webgpu",
             unknown_free_bytes,
             None,
+            attentions=("portable", "paged", "batch-invariant"),
             absent_hint=(
                 "the WebGPU plugin offers a device only where it finds an adapter: a GPU's Vulkan, Metal or D3D12 "
                 "driver (on Linux with the system's libvulkan.so.1), or with ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 "
