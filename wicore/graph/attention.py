@@ -160,6 +160,7 @@ def paged_prologue(b: DecoderBuilder, g: Graph, layer: LayerWeights, qkv: str, s
         k = b.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm", to=act, x_type=act)
         q = g.op("Reshape", [q, g.const([0, 0, nh * hd])], f"{p}/q_flat")
         k = g.op("Reshape", [k, g.const([0, 0, kvh * hd])], f"{p}/k_flat")
+    assert shared.paged is not None
     if shared.paged.rope[is_sliding] is None:  # the op does not rotate these layers
         if shared.token_index is None:
             raise ValueError("LongRoPE in the paged graphs needs the token index (shared_values)")

@@ -1,5 +1,6 @@
 """The `paged` attention: ONNX Runtime's com.microsoft.PagedAttention reads and writes the fp16 KV
-buffers in place (CUDA EP only; the `portable` attention in decoder.py runs on every EP).
+buffers in place (the CUDA EP's; in the webgpu op flavours the WebGPU EP's, paged_values' `webgpu`;
+the `portable` attention in decoder.py runs on every EP).
 
 Where the portable attention gathers every block of a row, casts it to float32 and transposes it
 (about 1.2 ms a layer at batch 32 on the Gemma-3-27B shape), this op reads the blocks where they
