@@ -74,8 +74,11 @@ def test_webgpu_is_one_device_whose_buffers_live_on_the_adapter() -> None:
     assert webgpu.ort_device == ("webgpu", 0)
     assert webgpu.providers() == [("WebGpuExecutionProvider", {}), "CPUExecutionProvider"]
     webgpu.check_can_run("fp16", "ort-quant")
-    with pytest.raises(providers.DeviceError, match="re-export with --attention portable"):
+    webgpu.check_can_run("fp16", "webgpu-quant", "paged")  # the WebGPU EP's own PagedAttention inputs
+    with pytest.raises(providers.DeviceError, match="re-export with --op-flavour webgpu or --attention portable"):
         webgpu.check_can_run("fp16", "portable", "paged")
+    with pytest.raises(providers.DeviceError, match="re-export with --op-flavour portable or --attention portable"):
+        providers.parse_device("cuda:0", is_installed=False).check_can_run("fp16", "webgpu", "paged")
 
 
 def test_webgpu_without_an_adapter_is_refused_saying_what_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:

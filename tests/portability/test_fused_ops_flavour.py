@@ -11,6 +11,7 @@ import pytest
 
 from wicore.devices.graph_nodes import graph_nodes, load_graph
 from wicore.engine.engine import Engine, EngineConfig
+from wicore.errors import WiCoreError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph.manifest import Manifest
@@ -70,9 +71,16 @@ def test_the_tiny_model_decodes_hf_tokens_in_both_flavours(tiny_flavours, refere
     assert greedy(exports["webgpu"], TINY_IDS, 12) == greedy(exports["portable"], TINY_IDS, 12) == expected
 
 
-def test_the_webgpu_flavour_needs_the_portable_attention():
-    with pytest.raises(Exception, match="drop --attention paged"):
-        ExportConfig(dtype="fp16", op_flavour="webgpu", attention="paged")
+def test_the_webgpu_flavours_paged_graphs_run_every_layer_on_the_eps_paged_attention():
+    """The webgpu flavours' paged graphs are ONNX Runtime's op on every layer (test_webgpu.py runs them):
+    WiCore's own kernels (BlockAttention, fused norms) are refused by name."""
+    ExportConfig(dtype="fp16", op_flavour="webgpu-quant", attention="paged")
+    with pytest.raises(WiCoreError, match="drop --kernels wicore and --block-attention"):
+        ExportConfig(dtype="fp16", op_flavour="webgpu", attention="paged", block_attention="sliding")
+    with pytest.raises(WiCoreError, match="drop --kernels wicore and --block-attention"):
+        ExportConfig(dtype="fp16", op_flavour="webgpu-quant", attention="paged", kernels="wicore")
+    with pytest.raises(WiCoreError, match="WebGPU kernels: drop --kernels wicore"):
+        ExportConfig(op_flavour="webgpu-quant", kernels="wicore")
 
 
 @pytest.mark.slow

@@ -31,6 +31,11 @@ PROMPT = "The history of the printing press begins in the fifteenth century, whe
 TINY_IDS = [2, 17, 301, 44, 9, 250, 3, 77, 128, 5]
 NUM_TOKENS_270M = 3  # lavapipe: ~30 s a 270M step on the shared 2-core VM (docs/HARDWARE.md)
 NUM_TOKENS_TINY = 12
+ROWS = [TINY_IDS, [5, 9, 100, 7], [33, 44, 55, 66, 77, 88, 99]]  # three lengths: padded prefill rows
+# rows reach 34, 28 and 31 tokens: the sliding layers (window 8) release their first block of 16
+# while the rows decode (the WebGPU EP's PagedAttention takes blocks of 16 tokens and up, powers of two)
+NUM_TOKENS_ROWS = 24
+BLOCK_SIZE_ROWS = 16
 MESA = (
     "without a GPU, install mesa-vulkan-drivers and libvulkan1 from bookworm-backports (Mesa >= 25: lavapipe) "
     "and set ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1"
@@ -71,18 +76,28 @@ def webgpu() -> Iterator[None]:
     yield
 
 
-def engine(folder: Path, devices: str) -> Engine:
+def engine(folder: Path, devices: str, block_size: int | None = None) -> Engine:
     """No host tier and no prefix cache: every request computes its prompt on `devices`."""
-    config = EngineConfig(model_dir=folder, num_threads=2, devices=devices, host_tier_gb=0, enable_prefix_cache=False)
+    config = EngineConfig(
+        model_dir=folder, num_threads=2, devices=devices, host_tier_gb=0, enable_prefix_cache=False, block_size=block_size
+    )
     return Engine(config)
 
 
-def greedy(folder: Path, devices: str, ids: list[int], num_tokens: int) -> list[int]:
-    with engine(folder, devices) as eng:
+def greedy_rows(
+    folder: Path, devices: str, prompts: list[list[int]], num_tokens: int, block_size: int | None = None
+) -> list[list[int]]:
+    """Each prompt's greedy tokens, all requests generated together (decode steps of several rows)."""
+    with engine(folder, devices, block_size) as eng:
         assert [d.label for d in eng.devices] == [devices]
-        (result,) = eng.generate([ids], SamplingParams(max_tokens=num_tokens, ignore_eos=True))
-    assert result.error is None and len(result.token_ids) == num_tokens
-    return result.token_ids
+        results = eng.generate(prompts, SamplingParams(max_tokens=num_tokens, ignore_eos=True))
+    assert all(r.error is None and len(r.token_ids) == num_tokens for r in results)
+    return [r.token_ids for r in results]
+
+
+def greedy(folder: Path, devices: str, ids: list[int], num_tokens: int) -> list[int]:
+    (tokens,) = greedy_rows(folder, devices, [ids], num_tokens)
+    return tokens
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
@@ -101,48 +116,67 @@ def test_gemma_270m_writes_the_cpu_eps_text(gemma_270m):
     assert tokens == reference.token_ids
 
 
-# -- the webgpu op flavour (wicore/graph/fused_ops.py) -----------------------------------------
+# -- the webgpu op flavours (wicore/graph/fused_ops.py) ----------------------------------------
 @pytest.fixture(scope="module")
-def tiny_webgpu_flavour(tiny_model, tmp_path_factory) -> Callable[[str], Path]:
-    """tiny_webgpu_flavour(dtype) -> the tiny Gemma 3 exported in the webgpu flavour."""
-    from wicore.export.exporter import ExportConfig, export_model
+def tiny_flavour(tiny_model, tmp_path_factory) -> Callable[..., Path]:
+    """tiny_flavour(op_flavour, dtype, attention="portable") -> the tiny Gemma 3 exported so; a
+    quantized flavour (ort-quant, webgpu-quant) in 4 bits."""
+    from wicore.export.exporter import OP_FLAVOURS, ExportConfig, export_model
     from wicore.export.sources import open_source
 
-    made: dict[str, Path] = {}
+    made: dict[tuple[str, str, str], Path] = {}
 
-    def export(dtype: str) -> Path:
-        if dtype not in made:
+    def export(op_flavour: str, dtype: str, attention: str = "portable") -> Path:
+        key = (op_flavour, dtype, attention)
+        if key not in made:
             folder, _ = tiny_model()
-            made[dtype] = tmp_path_factory.mktemp("webgpu_flavour") / "model"
-            config = ExportConfig(dtype=dtype, op_flavour="webgpu")
-            export_model(open_source(str(folder)), made[dtype], config, progress=lambda _: None)
-        return made[dtype]
+            made[key] = tmp_path_factory.mktemp(f"{op_flavour}_{attention}") / "model"
+            bits = 4 if OP_FLAVOURS[op_flavour].quantized else 8
+            config = ExportConfig(dtype=dtype, op_flavour=op_flavour, attention=attention, weight_bits=bits)
+            export_model(open_source(str(folder)), made[key], config, progress=lambda _: None)
+        return made[key]
 
     return export
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_the_webgpu_flavour_decodes_the_cpu_eps_tokens(tiny_webgpu_flavour, tiny_export, dtype):
+def test_the_webgpu_flavour_decodes_the_cpu_eps_tokens(tiny_flavour, tiny_export, dtype):
     portable, _ = tiny_export(dtype=dtype)
     expected = greedy(portable, "cpu", TINY_IDS, NUM_TOKENS_TINY)
-    assert greedy(tiny_webgpu_flavour(dtype), "webgpu:0", TINY_IDS, NUM_TOKENS_TINY) == expected
-    assert greedy(tiny_webgpu_flavour(dtype), "cpu", TINY_IDS, NUM_TOKENS_TINY) == expected
+    assert greedy(tiny_flavour("webgpu", dtype), "webgpu:0", TINY_IDS, NUM_TOKENS_TINY) == expected
+    assert greedy(tiny_flavour("webgpu", dtype), "cpu", TINY_IDS, NUM_TOKENS_TINY) == expected
 
 
-def test_the_webgpu_flavour_leaves_the_cpu_only_int64_shape_math_and_one_copy(tiny_webgpu_flavour, tmp_path):
-    """ONNX Runtime's placement and its optimized graph: every node left to the CPU computes on int64
-    shapes or the fed int64 paging inputs (the EP takes no int64 op), and one copy a run crosses to the
-    adapter (the packed int32 index values; the portable graphs copy 10)."""
+@pytest.mark.parametrize(
+    ("op_flavour", "attention", "peer"),
+    [("webgpu", "paged", "portable"), ("webgpu-quant", "portable", "ort-quant"), ("webgpu-quant", "paged", "ort-quant")],
+)
+def test_paged_and_4_bit_webgpu_flavours_decode_three_rows_as_the_cpu_ep(tiny_flavour, op_flavour, attention, peer):
+    """Three requests decoding together (rows of 10, 4 and 7 prompt tokens: padding in the prefill,
+    three rows a decode step) past the sliding window of 8 and their first block of 16 (released by
+    the sliding layers, listed as the sink):
+    the tokens the CPU EP decodes from the portable flavour's export of the same weights (`peer`:
+    ort-quant for the 4-bit ones, MatMulNBits on the same 4-bit blocks). The CPU EP has no
+    PagedAttention, so a paged export is checked against its peer only; the 4-bit export with the
+    portable attention runs on the CPU EP as well."""
+    expected = greedy_rows(tiny_flavour(peer, "fp16"), "cpu", ROWS, NUM_TOKENS_ROWS, BLOCK_SIZE_ROWS)
+    export = tiny_flavour(op_flavour, "fp16", attention)
+    assert greedy_rows(export, "webgpu:0", ROWS, NUM_TOKENS_ROWS, BLOCK_SIZE_ROWS) == expected
+    if attention == "portable":
+        assert greedy_rows(export, "cpu", ROWS, NUM_TOKENS_ROWS, BLOCK_SIZE_ROWS) == expected
+
+
+def placement(model: Path, tmp_path: Path) -> tuple[set[str], list[str]]:
+    """ONNX Runtime's placement of `model` on WebGPU: the nodes it left to the CPU, and what its
+    optimized graph copies to the adapter each run."""
     import onnx
 
-    from wicore.devices.graph_nodes import graph_nodes
     from wicore.devices.providers import session_options
 
     device = parse_device("webgpu")
     options = session_options(1, devices=[device])
     options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    model = tiny_webgpu_flavour("fp32") / "part-00.onnx"
     session = onnxruntime().InferenceSession(str(model), sess_options=options, providers=device.providers())
     on_cpu = {
         n.name
@@ -150,11 +184,61 @@ def test_the_webgpu_flavour_leaves_the_cpu_only_int64_shape_math_and_one_copy(ti
         if sub.ep_name != device.capability.provider
         for n in sub.get_nodes()
     }
-    types = {n.name: n.dtype for n in graph_nodes(onnx.load(str(model), load_external_data=False))}
-    assert on_cpu and all(name.startswith("/model/shared/") and types[name] == "int64" for name in on_cpu), on_cpu
     optimized = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
-    copies = [n.input[0] for n in optimized.graph.node if n.op_type.startswith("Memcpy")]
-    assert copies == ["/model/shared/index/packed/Cast_int32/output_0"]
+    return on_cpu, [n.input[0] for n in optimized.graph.node if n.op_type.startswith("Memcpy")]
+
+
+def index_packing(prefix: str, fed: tuple[str, ...]) -> set[str]:
+    """fused_ops.IndexMath.indices' nodes on the CPU: each fed int64 input flattened and sized, then
+    all packed into one vector and cast to int32 (the one copy)."""
+    each = {f"{prefix}/index/{name}/{step}" for name in fed for step in ("flat", "shape", "size")}
+    return each | {f"{prefix}/index/{n}" for n in ("sizes", "packed", "packed/Cast_int32")}
+
+
+# The portable attention's CPU nodes: the shapes of the masks and the KV scatter, and the packing.
+SHARED_ON_CPU = {
+    *(f"/model/shared/{n}" for n in ("block_shape", "block_size", "block_size_1d", "num_tokens", "num_tokens/Cast_int32")),
+    "/model/shared/positions_shape",
+    *(f"/model/shared/{kind}/{n}" for kind in ("global", "sliding") for n in ("mask_shape", "mask_total", "num_blocks")),
+    *(f"/model/shared/{kind}/{n}" for kind in ("global", "sliding") for n in ("total", "total/Cast_int32")),
+    *index_packing("/model/shared", ("lens", "slots", "tables", "window_first", "window_slots", "window_tables")),
+    "/model/shared/index/block_size/flat",
+    "/model/shared/index/positions/flat",
+    "/model/shared/index/positions/size",
+}
+# The paged graphs' CPU nodes: the rows' cumulative and past lengths from the positions
+# (paged_attention.cumulative_and_past), the hidden shape, and the packing of those with the tables.
+PAGED_ON_CPU = {
+    "/model/paged/hidden_shape",
+    *(f"/model/paged/rows/{n}" for n in ("batch_seq", "batch", "seq", "tokens", "tokens_end", "cumulative", "past")),
+    *index_packing("/model/paged", ("cumulative", "past", "global", "sliding")),
+}
+
+
+@pytest.mark.parametrize(
+    ("op_flavour", "dtype", "attention"),
+    [
+        ("webgpu", "fp32", "portable"),
+        ("webgpu-quant", "fp16", "portable"),
+        ("webgpu", "fp16", "paged"),
+        ("webgpu-quant", "fp16", "paged"),
+    ],
+)
+def test_the_webgpu_flavours_leave_the_cpu_int64_shape_math_and_one_copy(tiny_flavour, tmp_path, op_flavour, dtype, attention):
+    """Every node left to the CPU computes on int64 shapes or the fed int64 paging inputs (the EP takes no
+    int64 op), named here one by one, and one copy a run crosses to the adapter (the packed int32 index
+    values; the portable graphs copy 10). Norms, RoPE, MatMulNBits and PagedAttention all stay on WebGPU."""
+    import onnx
+
+    from wicore.devices.graph_nodes import graph_nodes
+
+    model = tiny_flavour(op_flavour, dtype, attention) / "part-00.onnx"
+    on_cpu, copies = placement(model, tmp_path)
+    types = {n.name: n.dtype for n in graph_nodes(onnx.load(str(model), load_external_data=False))}
+    assert {types[name] for name in on_cpu} == {"int64"}
+    prefix = "/model/paged" if attention == "paged" else "/model/shared"
+    assert on_cpu == (PAGED_ON_CPU if attention == "paged" else SHARED_ON_CPU)
+    assert copies == [f"{prefix}/index/packed/Cast_int32/output_0"]
 
 
 def test_gemma_270m_in_the_webgpu_flavour_writes_the_cpu_eps_text(export_cached, gemma_270m):

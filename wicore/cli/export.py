@@ -35,10 +35,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--op-flavour",
         default=None,
-        choices=["portable", "ort-quant", "webgpu"],
+        choices=["portable", "ort-quant", "webgpu", "webgpu-quant"],
         help="portable: standard ONNX ops, any EP; ort-quant: MatMulNBits linear layers (CPU, CUDA), "
         "GGUF blocks transcoded without loss; webgpu: float weights, norms, RoPE and GELU in ONNX Runtime's fused "
-        "kernels and int32 index arithmetic, for the WebGPU EP (CPU too) (default portable, or what --for suits)",
+        "kernels and int32 index arithmetic, for the WebGPU EP (CPU too); webgpu-quant: the same with MatMulNBits linear "
+        "layers (--weight-bits) (default portable, or what --for suits)",
     )
     ap.add_argument(
         "--attention",
@@ -130,8 +131,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.out.exists() and not args.force:  # before reading (and hashing) a multi-GB source
             raise WiCoreError(f"{args.out} already exists; pass --force to replace it")
-        if args.weight_bits and args.op_flavour == "portable":
-            raise WiCoreError("--weight-bits quantizes the weights (the ort-quant op flavour): drop --op-flavour portable")
+        if args.weight_bits and args.op_flavour in ("portable", "webgpu"):
+            raise WiCoreError(
+                "--weight-bits quantizes the weights (the ort-quant or webgpu-quant op flavour): "
+                f"drop --op-flavour {args.op_flavour} or name its quantized form"
+            )
         dtype, flavour, attention = "fp32", "portable", "portable"
         if args.target is not None:
             from wicore.cli.models import export_targets, suited_export

@@ -30,7 +30,8 @@ def suited_export(capabilities: Sequence[Capability], source: str) -> tuple[str,
     capabilities: where every one is a CPU that runs `ort-quant`, a GGUF's own quantized weights
     (2.7x the fp32 graphs' decode on the 270M; a pulled model's own CPU flavour, a float source's
     fp32: ort-quant would quantize it); fp16 where every one is an accelerator that runs fp16, with
-    the paged attention where every one runs it (2x the portable one at batch 32 on an H100), else
+    the paged attention where every one runs it in the portable flavour (2x the portable attention
+    at batch 32 on an H100; WebGPU's paged graphs, slower there than its portable ones, are not picked), else
     in the op flavour they all list first (WebGPU's own: wicore/graph/fused_ops.py);
     else portable fp32."""
     if all(c.device_kind == "cpu" and "ort-quant" in c.op_flavours for c in capabilities):
@@ -40,7 +41,7 @@ def suited_export(capabilities: Sequence[Capability], source: str) -> tuple[str,
         gguf = source in PACKAGED or source.lower().endswith(".gguf") or (hub is not None and hub.quant is not None)
         return "fp32", "ort-quant" if gguf else "portable", "portable"
     if all(c.device_kind != "cpu" and "fp16" in c.dtypes for c in capabilities):
-        if all("paged" in c.attentions for c in capabilities):
+        if all("paged" in c.attentions and "portable" in c.paged_op_flavours for c in capabilities):
             return "fp16", "portable", "paged"
         firsts = {c.op_flavours[0] for c in capabilities}
         return "fp16", firsts.pop() if len(firsts) == 1 else "portable", "portable"

@@ -147,6 +147,9 @@ class Capability:
     option_key: str | None  # provider option that selects the device
     # attention graphs it runs: standard ops (portable, batch-invariant) or paged: com.microsoft.PagedAttention
     attentions: tuple[str, ...] = ("portable", "batch-invariant")
+    # the op flavours whose paged graphs it runs: the EP's PagedAttention takes its own inputs (the CUDA EP's
+    # a slot mapping and q/k norm weights; the WebGPU EP's neither, graph/paged_attention.py paged_values)
+    paged_op_flavours: tuple[str, ...] = ("portable", "ort-quant")
     # vision partition flavours it runs: standard ops (portable) or fused: com.microsoft MultiHeadAttention, FastGelu
     vision_flavours: tuple[str, ...] = ("portable",)
     options: tuple[tuple[str, str], ...] = ()  # provider options it always gets
@@ -174,7 +177,7 @@ CAPABILITIES: dict[str, Capability] = {
             "CPUExecutionProvider",
             "cpu",
             ("fp32", "fp16"),
-            ("portable", "ort-quant", "webgpu"),
+            ("portable", "ort-quant", "webgpu", "webgpu-quant"),
             "0",
             "cpu",
             host_free_bytes,
@@ -186,7 +189,7 @@ CAPABILITIES: dict[str, Capability] = {
             "CUDAExecutionProvider",
             "gpu",
             ("fp16", "fp32"),
-            ("portable", "ort-quant", "webgpu"),
+            ("portable", "ort-quant", "webgpu", "webgpu-quant"),
             "0",
             "cuda",
             nvidia_free_bytes,
@@ -264,11 +267,13 @@ CAPABILITIES: dict[str, Capability] = {
             "WebGpuExecutionProvider",
             "gpu",
             ("fp32", "fp16"),
-            ("webgpu", "portable", "ort-quant"),  # webgpu: its fused kernels (graph/fused_ops.py)
+            ("webgpu", "webgpu-quant", "portable", "ort-quant"),  # webgpu: its fused kernels (graph/fused_ops.py)
             "0",
             "webgpu",
             unknown_free_bytes,
             None,
+            attentions=("portable", "paged", "batch-invariant"),
+            paged_op_flavours=("webgpu", "webgpu-quant"),  # not the default: slower than its portable attention
             absent_hint=(
                 "the WebGPU plugin offers a device only where it finds an adapter: a GPU's Vulkan, Metal or D3D12 "
                 "driver (on Linux with the system's libvulkan.so.1), or with ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 "
@@ -313,6 +318,11 @@ class Device:
         if attention not in cap.attentions:
             raise DeviceError(
                 f"{self.label} cannot run the {attention!r} attention; re-export with --attention {cap.attentions[0]}"
+            )
+        if attention == "paged" and op_flavour not in cap.paged_op_flavours:
+            raise DeviceError(
+                f"{self.label} runs the paged attention in the op flavours {', '.join(cap.paged_op_flavours)} only "
+                f"(its PagedAttention's inputs); re-export with --op-flavour {cap.paged_op_flavours[0]} or --attention portable"
             )
         if dtype not in cap.dtypes:
             raise DeviceError(f"{self.label} cannot run {dtype} graphs; re-export with --dtype {cap.dtypes[0]}")

@@ -47,6 +47,7 @@ OP_FLAVOURS: dict[str, OpFlavour] = {
     "portable": OpFlavour(quantized=False, fused_ops=False),
     "ort-quant": OpFlavour(quantized=True, fused_ops=False),
     "webgpu": OpFlavour(quantized=False, fused_ops=True),  # ONNX Runtime's WebGPU EP kernels (CPU and CUDA run it too)
+    "webgpu-quant": OpFlavour(quantized=True, fused_ops=True),  # the same with MatMulNBits linear layers (--weight-bits)
 }
 
 
@@ -113,8 +114,17 @@ class ExportConfig:
                 "--kv-cache-dtype int8 needs the portable attention: ONNX Runtime's PagedAttention takes int8 caches "
                 "only with scales fixed at export"
             )
-        if OP_FLAVOURS[self.op_flavour].fused_ops and self.attention == "paged":
-            raise WiCoreError("--op-flavour webgpu writes the portable attention's graphs: drop --attention paged")
+        if (
+            OP_FLAVOURS[self.op_flavour].fused_ops
+            and self.attention == "paged"
+            and (self.kernels != "ort" or self.resolved_block_attention() != "off")
+        ):
+            raise WiCoreError(
+                f"--op-flavour {self.op_flavour} --attention paged runs every layer on the WebGPU EP's PagedAttention: "
+                "drop --kernels wicore and --block-attention"
+            )
+        if OP_FLAVOURS[self.op_flavour].fused_ops and self.kernels != "ort":
+            raise WiCoreError(f"--op-flavour {self.op_flavour} writes ONNX Runtime's WebGPU kernels: drop --kernels wicore")
         if self.kernels not in ("ort", "wicore"):
             raise WiCoreError(f"--kernels {self.kernels!r}: choose ort or wicore")
         if self.kernels == "wicore" and self.attention != "paged" and not OP_FLAVOURS[self.op_flavour].quantized:

@@ -71,9 +71,9 @@ def layer_attention(
         return o_proj(b, g, layer, paged_block.attention(b, g, layer, qkv, shared, scale, p), p)
     if shared.paged is not None:  # one op: q/k norms, RoPE, the K/V write and the attention
         norms = None
-        if b.family.qk_norm == PER_HEAD:  # Gemma's attention scale folded into the q-norm weight
+        if b.family.qk_norm == PER_HEAD and not b.webgpu_paged:  # Gemma's attention scale folded into the q-norm weight
             norms = (b.norm_weight(layer["self_attn.q_norm"], scale), b.norm_weight(layer["self_attn.k_norm"]))
-        elif b.family.qk_norm == ALL_HEADS or shared.paged.rope[is_sliding] is None:
+        elif b.family.qk_norm or shared.paged.rope[is_sliding] is None:  # (the WebGPU EP's op has no q/k norms)
             qkv = paged_prologue(b, g, layer, qkv, shared, scale, p)
         sinks = layer["self_attn.sinks"] if b.family.attention_sinks else None
         op_scale = 1.0 if b.family.qk_norm else scale  # a q norm took it
@@ -140,17 +140,26 @@ def layer_attention(
 
 def paged_prologue(b: DecoderBuilder, g: Graph, layer: LayerWeights, qkv: str, shared: SharedValues, scale: float, p: str) -> str:
     """What the paged op's own prologue cannot do, done before it, q, k and v then packed again for the op:
-    OLMo 2's q/k norms over the whole projection (the attention scale in the q norm's weight) and
-    LongRoPE's rotation (its factors picked per row and step: shared_values' rows, one a token).
+    OLMo 2's q/k norms over the whole projection (the attention scale in the q norm's weight), in the
+    webgpu flavour any q/k norms (the WebGPU EP's op takes no norm weights), and LongRoPE's rotation
+    (its factors picked per row and step: shared_values' rows, one a token).
 
         qkv ─► Split ─► q, k ─► RMSNorm (all heads) ─► RotaryEmbedding (LongRoPE) ─► Concat(q, k, v) ─► op
     """
     cfg, is_sliding = b.cfg, b.cfg.is_sliding(layer.index)
     nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
+    act = b.act_type
     if b.family.qk_norm == ALL_HEADS:
-        q = b.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale, to=b.act_type)
-        k = b.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm", to=b.act_type)
+        q = b.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale, to=act, x_type=act)
+        k = b.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm", to=act, x_type=act)
+    elif b.family.qk_norm == PER_HEAD:  # the webgpu flavour's: norms over each head's channels, in heads
+        q = g.op("Reshape", [q, g.const([0, 0, nh, hd])], f"{p}/q_heads")
+        k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])], f"{p}/k_heads")
+        q = b.rms_norm(g, q, layer["self_attn.q_norm"], f"{p}/q_norm", scale=scale, to=act, x_type=act)
+        k = b.rms_norm(g, k, layer["self_attn.k_norm"], f"{p}/k_norm", to=act, x_type=act)
+        q = g.op("Reshape", [q, g.const([0, 0, nh * hd])], f"{p}/q_flat")
+        k = g.op("Reshape", [k, g.const([0, 0, kvh * hd])], f"{p}/k_flat")
     assert shared.paged is not None
     if shared.paged.rope[is_sliding] is None:  # the op does not rotate these layers
         if shared.token_index is None:

@@ -144,6 +144,13 @@ class DecoderBuilder:
         # that run those flavours (CPU and CUDA; CUDA) implement them; portable stays on standard ONNX.
         self.contrib = quant is not None or self.paged or fused_ops
         self.fused_ops = fused_ops and not self.paged
+        # the webgpu flavour's paged graphs: the WebGPU EP's SimplifiedLayerNormalization takes one type
+        self.webgpu_paged = fused_ops and self.paged
+        if self.webgpu_paged and (cfg.attn_logit_softcapping or self.family.attention_sinks):
+            raise UnsupportedModelError(
+                f"the WebGPU EP's PagedAttention takes no attention soft-capping or sinks ({self.family.name} has them): "
+                "export it with --op-flavour webgpu --attention portable"
+            )
         # The activations' type between the residual's norms (module docstring).
         self.act_type = self.onnx_dtype if self.paged else TensorProto.FLOAT
         self.act_np_dtype = DTYPES_BY_ONNX[self.act_type]
@@ -191,7 +198,7 @@ class DecoderBuilder:
             contrib=self.contrib,
             paged=self.paged,
             image_spans=self.image_inputs,
-            index_int32=self.fused_ops,
+            index_int32=self.fused_ops or self.webgpu_paged,
             block_kinds=paged_block.prologue_kinds(self),
             dtype=self.onnx_dtype,
         )
@@ -262,11 +269,28 @@ class DecoderBuilder:
             return x
         return g.op("Mul", [x, g.const(np.float32(scale), np.float32)], "/model/embed_tokens/scale")
 
-    def rms_norm(self, g: Graph, x: str, weight: np.ndarray, name: str, scale: float = 1.0, to: int = TensorProto.FLOAT) -> str:
-        """x / sqrt(mean(x^2) + eps) * (offset + w) * scale in float32 (offset: the family's, Gemma's 1), the result of type `to`. Paged
-        graphs: one SimplifiedLayerNormalization of any input type (it computes in float32); the
-        others: the standard-op pattern ORT fuses into that kernel, on float32 x, then a Cast."""
+    def rms_norm(
+        self,
+        g: Graph,
+        x: str,
+        weight: np.ndarray,
+        name: str,
+        scale: float = 1.0,
+        to: int = TensorProto.FLOAT,
+        x_type: int = TensorProto.FLOAT,
+    ) -> str:
+        """x / sqrt(mean(x^2) + eps) * (offset + w) * scale in float32 (offset: the family's, Gemma's 1), the result of type `to`
+        (x of type `x_type`). Paged graphs: one SimplifiedLayerNormalization of any input type (it computes in float32),
+        in the webgpu flavour's one type in and out (a Cast before or after it where they differ); the
+        others: the standard-op pattern ORT fuses into that kernel (or the webgpu flavour's fused op), on float32 x, then a Cast."""
         w = self.norm_weight(weight, scale)
+        if self.webgpu_paged and x_type == to:  # (the WebGPU EP's kernel takes one type: in, weight, out)
+            w_const = g.const(w.astype(DTYPES_BY_ONNX[to]), DTYPES_BY_ONNX[to])
+            return g.op("SimplifiedLayerNormalization", [x, w_const], name, axis=-1, epsilon=self.cfg.rms_norm_eps, stash_type=1)
+        if self.webgpu_paged:  # in float32, cast on the way in or out
+            if x_type != TensorProto.FLOAT:
+                x = g.op("Cast", [x], f"{name}/Cast_in", to=TensorProto.FLOAT)
+            return fused_rms_norm(g, x, w, self.cfg.rms_norm_eps, name, to)
         if self.paged:
             w_const = g.const(w.astype(DTYPES_BY_ONNX[to]), DTYPES_BY_ONNX[to])
             eps = self.cfg.rms_norm_eps
@@ -335,7 +359,7 @@ class DecoderBuilder:
         h = self.rms_norm(g, x, layer["input_layernorm"], f"{p}/input_layernorm", to=self.act_type) if pre else self.act(g, x, p)
         h = layer_attention(self, g, layer, h, shared, masses)
         if post:
-            h = self.rms_norm(g, h, layer["post_attention_layernorm"], f"{p}/post_attention_layernorm")
+            h = self.rms_norm(g, h, layer["post_attention_layernorm"], f"{p}/post_attention_layernorm", x_type=self.act_type)
         else:
             h = self.residual_type(g, h, f"{p}/attn")
         x = g.op("Add", [x, h], f"{p}/attn_residual")
@@ -345,7 +369,7 @@ class DecoderBuilder:
             h = self.act(g, x, f"{p}/mlp")
         h = self.mlp(g, layer, h)
         if post:
-            h = self.rms_norm(g, h, layer["post_feedforward_layernorm"], f"{p}/post_feedforward_layernorm")
+            h = self.rms_norm(g, h, layer["post_feedforward_layernorm"], f"{p}/post_feedforward_layernorm", x_type=self.act_type)
         else:
             h = self.residual_type(g, h, f"{p}/mlp")
         return g.op("Add", [x, h], f"{p}/mlp_residual", out=out)

@@ -1,5 +1,6 @@
 """The `paged` attention: ONNX Runtime's com.microsoft.PagedAttention reads and writes the fp16 KV
-buffers in place (CUDA EP only; the `portable` attention in decoder.py runs on every EP).
+buffers in place (the CUDA EP's; in the webgpu op flavours the WebGPU EP's, paged_values' `webgpu`;
+the `portable` attention in decoder.py runs on every EP).
 
 Where the portable attention gathers every block of a row, casts it to float32 and transposes it
 (about 1.2 ms a layer at batch 32 on the Gemma-3-27B shape), this op reads the blocks where they
@@ -40,6 +41,7 @@ import numpy as np
 from onnx import TensorProto
 
 from wicore.graph import io
+from wicore.graph.fused_ops import IndexMath
 from wicore.graph.ops import MS_DOMAIN, Graph
 from wicore.model.config import DecoderConfig, RopeConfig
 
@@ -59,7 +61,7 @@ class PagedValues:
     cumulative_seqlens: str
     past_seqlens: str  # [batch] int32
     bounds: str  # [2] int32, host memory
-    slots: dict[bool, str]  # [tokens] int32
+    slots: dict[bool, str]  # [tokens] int32; empty in the webgpu flavour (the op writes by the tables)
     tables: dict[bool, str]  # [batch, max_blocks] int32, from logical block 0
     # cos, sin [max_position_embeddings, head_dim / 2] float16; None: the layers rotate q and k before the
     # op (LongRoPE, whose factors a row picks per step: graph/attention.py paged_prologue)
@@ -79,14 +81,27 @@ def paged_values(
     block_kinds: frozenset[bool] = frozenset(),
     pool: str = "",
     dtype: type[np.floating] = np.float16,
+    webgpu: bool = False,
 ) -> PagedValues:
     """Declare the paging inputs of the paged attention and convert them to the op's int32. With
     `block_kinds` (the layer kinds on BlockAttention, `pool` any pool of the partition for the block
-    size) also the K/V write's indices and the context lengths; `dtype`: the RoPE caches'."""
+    size) also the K/V write's indices and the context lengths; `dtype`: the RoPE caches'.
+    `webgpu` (the webgpu flavour's paged graphs): no slot mapping (the WebGPU EP's op takes none and
+    writes a new token's K/V where its block table and position say, which is where the runtime's
+    slots are: the tables list a row's every block, at its logical index), and the op's int32 inputs
+    packed into one vector that crosses to the adapter in one copy (fused_ops.IndexMath.indices):
+
+        cumulative_seqlens, past_seqlens  ┐                              ┌► cumulative, past
+        block_tables [b, n]               ├► Cast int64, Concat, Cast ──► Split ┼► tables       (adapter)
+        window_logical_tables [b, n]      ┘        (CPU)        one copy       └► window tables
+    """
     p = "/model/paged"
     i32, i64 = TensorProto.INT32, TensorProto.INT64
-    cumulative = g.input(io.CUMULATIVE_SEQLENS, i32, ["batch_plus_1"])
-    past = g.input(io.PAST_SEQLENS, i32, ["batch"])
+    if webgpu:  # int64 from the positions, for the packing below
+        cumulative, past = cumulative_and_past(g, positions, f"{p}/rows")
+    else:
+        cumulative = g.input(io.CUMULATIVE_SEQLENS, i32, ["batch_plus_1"])
+        past = g.input(io.PAST_SEQLENS, i32, ["batch"])
     bounds = g.input(io.ATTENTION_BOUNDS, i32, [2])
     slots: dict[bool, str] = {}
     tables: dict[bool, str] = {}
@@ -97,17 +112,26 @@ def paged_values(
         block_size = on_device(
             g, g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/pool_block"), f"{p}/block_size"
         )
+    fed: dict[str, str] = {}
     for is_sliding in kinds:
         kind = "sliding" if is_sliding else "global"
-        slot = g.input(io.WINDOW_SLOT_MAPPING if is_sliding else io.SLOT_MAPPING, i64, ["batch", "seq"])
         table = g.input(io.WINDOW_LOGICAL_TABLES if is_sliding else io.BLOCK_TABLES, i64, ["batch", "max_blocks"])
-        flat = g.op("Reshape", [slot, g.const([-1])], f"{p}/{kind}/slots_flat")
-        slots[is_sliding] = g.op("Cast", [flat], f"{p}/{kind}/slots", to=i32)
-        tables[is_sliding] = g.op("Cast", [table], f"{p}/{kind}/tables", to=i32)
+        if webgpu:
+            fed[kind] = table
+        else:
+            slot = g.input(io.WINDOW_SLOT_MAPPING if is_sliding else io.SLOT_MAPPING, i64, ["batch", "seq"])
+            flat = g.op("Reshape", [slot, g.const([-1])], f"{p}/{kind}/slots_flat")
+            slots[is_sliding] = g.op("Cast", [flat], f"{p}/{kind}/slots", to=i32)
+            tables[is_sliding] = g.op("Cast", [table], f"{p}/{kind}/tables", to=i32)
         layer_rope = cfg.rope_local if is_sliding else cfg.rope_global
         rope[is_sliding] = None if layer_rope.is_longrope else rope_caches(g, cfg, layer_rope, f"{p}/{kind}/rope", dtype)
         if is_sliding in block_kinds:
             scatter[is_sliding] = slot_indices(g, slot, block_size, f"{p}/{kind}/scatter_indices")
+    if webgpu:
+        fed["cumulative"], fed["past"] = cumulative, past
+        packed = IndexMath(g, int32=True).indices(fed, f"{p}/index")
+        cumulative, past = packed["cumulative"], packed["past"]
+        tables = {is_sliding: packed["sliding" if is_sliding else "global"] for is_sliding in kinds}
     batch_seq = g.op("Shape", [positions], f"{p}/batch_seq")
     shape = g.op("Concat", [batch_seq, g.const([-1])], f"{p}/hidden_shape", axis=0)
     if not block_kinds:
@@ -116,6 +140,19 @@ def paged_values(
     seq = on_device(g, g.op("Gather", [batch_seq, g.const(1)], f"{p}/seq_dim"), f"{p}/seq")
     lens = g.op("Add", [g.op("Cast", [past], f"{p}/past_i64", to=i64), seq], f"{p}/context_lens")
     return PagedValues(cumulative, past, bounds, slots, tables, rope, shape, scatter, lens)
+
+
+def cumulative_and_past(g: Graph, positions: str, name: str) -> tuple[str, str]:
+    """The op's cumulative_seqlens and past_seqlens in int64, computed on the CPU from the positions
+    (rows of `seq` tokens, each starting at its first position) rather than fed as int32: the WebGPU EP
+    takes int32 ops, so an int32 input's Cast or Concat would run on the adapter, each input copied
+    there on its own and back for the packing (paged_values)."""
+    batch_seq = g.op("Shape", [positions], f"{name}/batch_seq")
+    batch, seq = (g.op("Gather", [batch_seq, g.const(d)], f"{name}/{n}") for d, n in ((0, "batch"), (1, "seq")))
+    end = g.op("Add", [g.op("Mul", [batch, seq], f"{name}/tokens"), g.const(1)], f"{name}/tokens_end")
+    cumulative = g.op("Range", [g.const(0), end, seq], f"{name}/cumulative")
+    past = g.op("Gather", [positions, g.const(0)], f"{name}/past", axis=1)
+    return cumulative, past
 
 
 def on_device(g: Graph, dim: str, name: str) -> str:
@@ -182,7 +219,7 @@ def paged_attention(
         paged.tables[is_sliding],
         cos,
         sin,
-        paged.slots[is_sliding],
+        paged.slots.get(is_sliding, ""),  # none: the webgpu flavour's (paged_values)
         "" if sinks is None else g.const(sinks.astype(np.float16), np.float16),  # head_sink
         *weights,  # q_norm_weight, k_norm_weight
         "",  # k_scale

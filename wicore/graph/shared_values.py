@@ -77,7 +77,7 @@ def shared_values(
     p = "/model/shared"
     if paged:  # the op takes the paging inputs itself, and applies RoPE from its own caches
         float_type = onnx.helper.tensor_dtype_to_np_dtype(dtype).type
-        values = paged_values(g, cfg, kinds, positions, block_kinds, io.key_cache(start), float_type)
+        values = paged_values(g, cfg, kinds, positions, block_kinds, io.key_cache(start), float_type, webgpu=index_int32)
         # except LongRoPE's, whose factors a row picks per step: one float16 row a token for RotaryEmbedding
         cos_sin = {
             is_sliding: rope_tables(g, cfg, positions, rope, _rope_name(is_sliding), contrib=True, to=dtype)
