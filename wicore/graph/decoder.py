@@ -43,6 +43,7 @@ from onnx import TensorProto
 from wicore.errors import UnsupportedModelError
 from wicore.graph import cpu_kernels, io, paged_block
 from wicore.graph.attention import layer_attention, softcap
+from wicore.graph.decoder_options import BuildOptions
 from wicore.graph.fused_ops import fused_rms_norm
 from wicore.graph.fused_residual import Pending, fused_layer, gated_activation, settle
 from wicore.graph.kv_quant import kv_row_width
@@ -97,37 +98,15 @@ class DecoderBuilder:
         `block_attention` (paged graphs): the layer kinds on WiCore's BlockAttention, "off", "sliding",
         "all" or "fused" (`auto`'s kinds, where the op's prologue fuses: graph/paged_block.py); "all" also
         builds the paged graphs in float32 (the CPU's kernel)."""
-        self.block_kinds = paged_block.layer_kinds(block_attention)
-        if self.block_kinds and attention != "paged":
-            raise ValueError(f"block_attention {block_attention!r} needs the paged attention")
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         if attention not in ATTENTIONS:
             raise ValueError(f"attention {attention!r}: expected one of {ATTENTIONS}")
-        float_ok = dtype == "fp16" or (block_attention == "all" and kernels == "ort")  # no ORT PagedAttention left
-        if attention == "paged" and (not float_ok or attention_stats or image_inputs):
-            raise ValueError(
-                "the paged attention needs fp16 graphs (fp32: every layer on BlockAttention, ONNX Runtime's other ops), "
-                "gives no attention statistics and is causal only (no images)"
-            )
-        if kv_cache_dtype not in ("auto", "int8") or (kv_cache_dtype == "int8" and attention == "paged"):
-            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: auto, or int8 with the portable or batch-invariant attention")
-        if kernels not in ("ort", "wicore") or (kernels == "wicore" and attention != "paged"):
-            raise ValueError(f"kernels {kernels!r}: ort, or wicore with the paged attention (float16 activations)")
-        self.wicore_kernels = kernels == "wicore"
         self.family = cfg.family_row
-        if self.wicore_kernels and not self.family.pre_norms:
-            raise UnsupportedModelError(
-                f"WiCore's fused kernels add each block's output into the next pre-norm; {self.family.name} has no "
-                "pre-norms: export it with ONNX Runtime's ops (--kernels ort)"
-            )
-        if expert_kernel not in ("auto", "graph", "ort-moe"):
-            raise ValueError(f"expert_kernel {expert_kernel!r}: auto, graph or ort-moe")
-        if expert_kernel == "auto":  # the flavours that use contrib ops take ONNX Runtime's kernel; portable stays standard
-            expert_kernel = "ort-moe" if quant is not None or attention == "paged" else "graph"
-        self.expert_kernel = expert_kernel
-        if self.family.name != "gemma3" and image_inputs:
-            raise UnsupportedModelError(f"the {self.family.name} family is text only (the vision tower is Gemma 3's)")
+        options = BuildOptions(dtype, attention, block_attention, kernels, kv_cache_dtype, expert_kernel)
+        self.expert_kernel = options.checked(self.family, quant is not None, attention_stats, image_inputs)
+        self.block_kinds = paged_block.layer_kinds(block_attention)
+        self.wicore_kernels = kernels == "wicore"
         self.image_inputs = image_inputs
         self.paged = attention == "paged"
         self.batch_invariant = attention == "batch-invariant"
