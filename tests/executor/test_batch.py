@@ -97,3 +97,37 @@ def test_a_row_past_its_blocks_is_refused_with_the_first_such_row():
     with pytest.raises(ValueError) as err:
         build_batch(rows, BS)
     assert str(err.value) == "positions 8..9 need logical blocks 2..2; the row has blocks 1..1 of 4"
+
+
+def _general(rows: list[Row]) -> list[Row]:
+    """The same rows with a second (unread) logit each: build_batch's whole-array path, whose arrays for
+    these rows differ from the decode path's only in logits_indices."""
+    return [Row(r.token_ids, r.start, r.block_table, r.window_table, r.window_first, 2) for r in rows]
+
+
+def test_decode_rows_take_the_arrays_of_the_whole_array_path():
+    """A decode step (a token and a logit a row) is built from Python lists (_decode_batch): every array,
+    its dtype and shape as the whole-array path gives them, on random rows with released window blocks."""
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        rows = []
+        for _ in range(int(rng.integers(1, 6))):
+            start = int(rng.integers(0, 40))
+            table = [int(b) for b in rng.integers(1, 99, start // BS + 1 + int(rng.integers(0, 3)))]
+            first = int(rng.integers(0, start // BS + 1))
+            window = [int(b) for b in rng.integers(1, 99, start // BS + 1 - first + int(rng.integers(0, 2)))]
+            rows.append(Row([int(rng.integers(0, 1000))], start, table, window, first, 1))
+        fast, whole = build_batch(rows, BS), build_batch(_general(rows), BS)
+        for name, array in vars(whole).items():
+            got = getattr(fast, name)
+            if name == io.LOGITS_INDICES:
+                array = np.arange(len(rows))  # the last of each row's (one) token
+            assert got.dtype == array.dtype and got.shape == array.shape, name
+            np.testing.assert_array_equal(got, array, err_msg=name)
+
+
+def test_a_decode_row_past_its_blocks_is_refused_as_any_row():
+    rows = [Row([1], 0, [3], [3], 0, 1), Row([4], 8, [5, 6, 7], [6], 1, 1)]
+    with pytest.raises(ValueError) as err:
+        build_batch(rows, BS)
+    assert str(err.value) == "positions 8..8 need logical blocks 2..2; the row has blocks 1..1 of 4"

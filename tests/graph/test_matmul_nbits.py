@@ -89,6 +89,65 @@ def test_an_8_bit_head_on_int8_activations_gives_its_top_candidates_float_logits
     np.testing.assert_array_equal(fast[rest], int8[rest])
 
 
+@pytest.mark.parametrize("offsets", [False, True], ids=["symmetric", "offsets"])
+def test_an_8_bit_head_on_matmul_q_with_the_residual_needs_no_refinement(tmp_path, cpu_library, offsets):
+    """wicore.MatMulQ's default (int8 activations plus their rounding error rounded again) is one node with
+    the float argmax on the outlier rows that flip int8's (the test above); on int8 alone the refinement stays."""
+    rng = np.random.default_rng(1)
+    w = quantize_symmetric(rng.standard_normal((1000, 64)).astype(np.float32), 8, 32)
+    w = with_offsets(w) if offsets else w
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    x[:, 5] = 40.0
+    reference = x @ w.dequantize().T
+    ops = {}
+    for level in (None, INT8):
+        built = DataFile(tmp_path / f"{level}.data")
+        g = Graph("head", built)
+        QuantLinear(kernels="wicore", accuracy_level=level).head(
+            g, "x", QuantizedTensor(w.dequantize(), lambda: w), "/h", np.float32
+        )
+        built.close()
+        ops[level] = [n.op_type for n in g.nodes]
+    assert ops[None] == ["MatMulQ"] and ops[INT8][:2] == ["MatMulQ", "TopK"]
+    ort = onnxruntime()
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(cpu_library)
+    data = DataFile(tmp_path / "w.data")
+    g = Graph("head", data)
+    g.input("x", TensorProto.FLOAT, ["n", w.shape[1]])
+    QuantLinear(kernels="wicore").head(g, "x", QuantizedTensor(w.dequantize(), lambda: w), "/lm_head", np.float32, out="logits")
+    g.output("logits", TensorProto.FLOAT, ["n", w.shape[0]])
+    data.close()
+    onnx.save_model(g.to_model(17), tmp_path / "head.onnx")
+    logits = ort.InferenceSession(str(tmp_path / "head.onnx"), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert (logits.argmax(-1) == reference.argmax(-1)).all()
+    np.testing.assert_allclose(logits, reference, rtol=1e-4, atol=2e-3)
+
+
+def test_a_head_in_the_cache_keeps_8_bit_codes_where_6_would_do(tmp_path, monkeypatch):
+    """A Q6_K head (codes in [-32, 32), blocks of 16) on MatMulQ: 8-bit codes up to WIDE_HEAD_CODES codes (the
+    kernel's work bounds a cache-resident head), the GGUF's 6 bits past it; a layer keeps 6 bits either way."""
+    from wicore.graph import quant as quant_module
+
+    rng = np.random.default_rng(2)
+    scales = rng.uniform(1e-3, 2e-2, (64, 4)).astype(np.float32)
+    w = BlockQuant(rng.integers(-32, 32, (64, 64)).astype(np.int8), scales, None, 8, 16)
+    table = QuantizedTensor(w.dequantize(), lambda: w)
+
+    def bits(build) -> int:
+        data = DataFile(tmp_path / "w.data")
+        g = Graph("t", data)
+        build(g)
+        data.close()
+        return next(a.i for n in g.nodes if n.op_type == "MatMulQ" for a in n.attribute if a.name == "bits")
+
+    quant = QuantLinear(kernels="wicore")
+    assert bits(lambda g: quant.head(g, "x", table, "/h", np.float32)) == 8
+    assert bits(lambda g: quant.linear(g, "x", [table], "/l", np.float32)) == 6
+    monkeypatch.setattr(quant_module, "WIDE_HEAD_CODES", w.codes.size - 1)
+    assert bits(lambda g: quant.head(g, "x", table, "/h", np.float32)) == 6
+
+
 def test_layers_get_float_activations_and_8_bit_heads_int8_unless_configured():
     w4, w8 = (quantize_symmetric(np.ones((4, 32), np.float32), bits) for bits in (4, 8))
     assert (QuantLinear().level(w4), QuantLinear().level(w8)) == (FLOAT, FLOAT)

@@ -102,6 +102,27 @@ def test_halves_round_as_numpy_rounds_them(cpu_library):
 
 
 @pytest.mark.slow  # a build of its own (~10 s on 2 cores)
+@pytest.mark.parametrize("vocab", [1, 15, 16, 17, 49152, 49163])
+def test_argmax_rows_is_the_first_largest_entry_of_each_row(cpu_library, vocab):
+    """wicore.ArgMaxRows is ONNX's ArgMax (axis -1, the first of equal largest entries) on logits without NaN:
+    ties within a lane, across lanes and in the tail past the last 16, and rows of -inf."""
+    rng = np.random.default_rng(vocab)
+    x = rng.standard_normal((2, 3, vocab)).astype(np.float32)
+    top = np.float32(9.0)
+    for row, spots in zip(x.reshape(6, vocab), ([0], [vocab - 1], [vocab // 2, vocab - 1], [3 % vocab, 19 % vocab], [], [])):
+        row[spots] = top
+    x[1, 1] = -np.inf
+    x[1, 2] = np.float32(4.0)  # every entry equal
+    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    node = helper.make_node("ArgMaxRows", ["x"], ["y"], domain=DOMAIN)
+    ours = session(cpu_library, [node], [value("x", f32, None)], [value("y", i64, None)]).run(None, {"x": x})[0]
+    node = helper.make_node("ArgMax", ["x"], ["y"], axis=-1, keepdims=0)
+    onnx_runtime = session(cpu_library, [node], [value("x", f32, None)], [value("y", i64, None)]).run(None, {"x": x})[0]
+    assert ours.shape == (2, 3) and ours.dtype == np.int64
+    assert ours.tolist() == x.argmax(-1).tolist() == onnx_runtime.tolist()
+    assert ours[1, 1] == 0 and ours[1, 2] == 0
+
+
 def test_the_library_is_built_once_and_has_no_cuda_kernels_without_nvcc(cpu_library, tmp_path, monkeypatch):
     monkeypatch.setenv("WICORE_CACHE", str(tmp_path))
     first = library(cuda=False)

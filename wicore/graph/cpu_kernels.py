@@ -50,3 +50,10 @@ def block_attention(g: Graph, cfg: DecoderConfig, q: str, k_pool: str, v_pool: s
         window=int(window or 0),
         softcap=float(cfg.attn_logit_softcapping or 0.0),
     )
+
+
+def greedy_tokens(g: Graph, logits: str) -> str:
+    """io.GREEDY_TOKENS [n] from logits [n, vocab]: each row's first largest entry, as ONNX's ArgMax gives it
+    (logits without NaN), on wicore.ArgMaxRows: ONNX Runtime's ArgMax took ~75 us of a 49,152-token row,
+    ~5% of a tiny model's decode step (docs/PERFORMANCE.md, issue 37)."""
+    return g.op("ArgMaxRows", [logits], "/model/greedy/ArgMaxRows", out=io.GREEDY_TOKENS, domain=DOMAIN)

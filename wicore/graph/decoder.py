@@ -140,6 +140,7 @@ class DecoderBuilder:
         self.cpu_attention = on_cpu_kernels and cpu_kernels.can_use(
             dtype, self.kv_int8, attention_stats, image_inputs, self.family.attention_sinks
         )
+        self.cpu_greedy = on_cpu_kernels and dtype == "fp32"  # the greedy tokens on wicore.ArgMaxRows
 
     # -- entry point -----------------------------------------------------------------
     def build(
@@ -218,7 +219,10 @@ class DecoderBuilder:
             head = None if lm_head is None else lm_head()
             logits = self.lm_head(g, x, final_norm, embedding, embedding_data, head)
             g.output(io.LOGITS, f32, ["num_logits", cfg.vocab_size])
-            g.op("ArgMax", [logits], "/model/greedy/ArgMax", out=io.GREEDY_TOKENS, axis=-1, keepdims=0)
+            if self.cpu_greedy:
+                cpu_kernels.greedy_tokens(g, logits)
+            else:
+                g.op("ArgMax", [logits], "/model/greedy/ArgMax", out=io.GREEDY_TOKENS, axis=-1, keepdims=0)
             g.output(io.GREEDY_TOKENS, TensorProto.INT64, ["num_logits"])
         else:
             g.output(io.HIDDEN_STATES_OUT, f32, ["batch", "seq", cfg.hidden_size])

@@ -134,9 +134,24 @@ class Graph:
         self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=name, **attrs))
         return outputs
 
+    def live_nodes(self) -> list[onnx.NodeProto]:
+        """The nodes a graph output depends on, in order. Builders share values that not every graph reads
+        (the shared prologue's attention mask where the attention is a kernel of its own that masks by
+        itself): ONNX Runtime runs a node whose outputs nobody reads, each a kernel launch a step."""
+        needed = {o.name for o in self.outputs}
+        live = []
+        for node in reversed(self.nodes):
+            if any(name in needed for name in node.output):
+                live.append(node)
+                needed.update(node.input)
+        return live[::-1]
+
     def to_model(self, opset: int, doc: str = "") -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, initializer=self.initializers, doc_string=doc)
-        domains = sorted({node.domain for node in self.nodes if node.domain})  # com.microsoft contrib ops: version 1
+        nodes = self.live_nodes()
+        used = {name for node in nodes for name in node.input}
+        initializers = [t for t in self.initializers if t.name in used]
+        graph = helper.make_graph(nodes, self.name, self.inputs, self.outputs, initializer=initializers, doc_string=doc)
+        domains = sorted({node.domain for node in nodes if node.domain})  # com.microsoft contrib ops: version 1
         model = helper.make_model(
             graph,
             opset_imports=[helper.make_opsetid("", opset), *(helper.make_opsetid(d, 1) for d in domains)],

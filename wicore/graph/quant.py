@@ -122,18 +122,23 @@ class QuantLinear:
         data: DataFile | None = None,
     ) -> str:
         """The LM head x [n, hidden] -> logits [n, vocab], as `linear`; where it runs on int8
-        activations (8-bit weights), the logits of its top HEAD_CANDIDATES are computed again from
+        activations alone (8-bit weights), the logits of its top HEAD_CANDIDATES are computed again from
         the float x and the weight's own codes, so the argmax is the float one:
 
             x ─► MatMulNBits (int8 x) ─► TopK ids ─┬──────────────────────────────► ScatterElements ─► logits
             │                                      └► Gather codes, scales, offsets ─► MatMul ◄─ x ┘ (float)
+
+        MatMulQ with its residual (~15-bit activations, as every other layer) needs no refinement: its
+        logits are within ~1e-5 of the float ones, and the 13 nodes after it (a TopK over the vocabulary
+        the largest) were a third of a tiny model's decode step besides the head (docs/PERFORMANCE.md).
         """
         w = self.blocks([weight])
         if self.runs_matmul_q(w, dtype):
             residual = self.accuracy_level != INT8
-            if w.bits != 8:
-                return matmul_q(g, x, w, name, out, weight_name, data, residual)
-            logits = matmul_q(g, x, w, name, None, weight_name, data, residual)
+            narrow = w.codes.size > WIDE_HEAD_CODES
+            if w.bits != 8 or residual:
+                return matmul_q(g, x, w, name, out, weight_name, data, residual, narrow)
+            logits = matmul_q(g, x, w, name, None, weight_name, data, residual, narrow)
             return refine_top(g, x, logits, w, f"{name}/refine", weight_name or name, data, out)
         level = INT8 if self.accuracy_level is None and w.bits == 8 else self.level(w)
         if level == FLOAT or w.bits != 8 or dtype != np.float32:
@@ -176,6 +181,11 @@ class QuantLinear:
 
 FLOAT, INT8 = 0, 4  # MatMulNBits accuracy_level: float activations; int8 activations (CPU)
 HEAD_CANDIDATES = 64  # logits the head computes again in float (QuantLinear.head)
+# A MatMulQ head of at most this many codes keeps them 8 bits where they would fit in 5 or 6 (a Q6_K head):
+# read from the cache every step, it is bound by the kernel's work, and 6-bit codes in 16-column blocks took
+# 2.45 ms against 1.93 as 8 bits (49,152 x 256, one thread, the same bits; docs/PERFORMANCE.md, issue 37).
+# Past it (Llama 3.2 1B's 128,256 x 2,048) the head streams from memory and its bytes count.
+WIDE_HEAD_CODES = 32 << 20
 
 
 def refine_top(

@@ -306,6 +306,7 @@ std::vector<OrtCustomOp*>* MakeOps() {
   }
   ops->push_back(new MatMulQOp());  // CPU only
   ops->push_back(new GatedF32Op());
+  wicore::ops::AddGreedyOps(ops);  // CPU only
   return ops;
 }
 

@@ -34,4 +34,7 @@ inline int64_t Rows(const std::vector<int64_t>& shape) {
 // BlockAttention and BlockAttentionQKV for the CPU EP, or the CUDA EP (ops_attention.cc), appended to `ops`.
 void AddAttentionOps(std::vector<OrtCustomOp*>* ops, bool cuda);
 
+// ArgMaxRows for the CPU EP (ops_greedy.cc), appended to `ops`.
+void AddGreedyOps(std::vector<OrtCustomOp*>* ops);
+
 }  // namespace wicore::ops
