@@ -78,8 +78,8 @@ def first_different_step(plain: Run, ahead: Run, prompt_len: int) -> str:
     """Where the two runs' steps part (rows, their order), or that they do not."""
     a, b = real_steps(plain, prompt_len), real_steps(ahead, prompt_len)
     for k, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return f"steps part at step {k}: {len(x)} rows without the flag, {len(y)} with"
+        if x != y:  # rows and tokens: a prefill chunk cut otherwise shows as tokens (the 2026-11-29 fix)
+            return f"steps part at step {k}: {len(x)} rows of {sum(r[2] for r in x)} tokens, against {len(y)} of {sum(r[2] for r in y)}"
     return "the same rows in every step" if len(a) == len(b) else f"{len(a)} against {len(b)} steps"
 
 

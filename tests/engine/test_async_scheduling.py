@@ -286,3 +286,26 @@ def test_rows_the_sampling_head_draws_are_fed_too(chat_with_head, decode_graphs)
     mixed_ahead = drive(chat_with_head, True, whole + top_k, decode_graphs)
     assert_same_outputs(mixed_plain, mixed_ahead, whole + top_k)
     assert 0 < mixed_ahead.num_planned_rows < sum(len(t) - 1 for t in mixed_plain.tokens.values())
+
+
+def test_a_prompt_admitted_beside_fed_rows_gets_the_chunk_it_gets_without_the_flag(chat_with_head):
+    """The step after a prefill is planned before that prefill returns: its fed rows are decodes and
+    take none of prefill_with_decodes' tokens (16 here), so a prompt admitted beside them is cut as
+    without the flag. They took one each once (the GPU check of 2026-11-28: a batch of other shapes
+    in the step after the prompts, other rounding, sampled tokens that moved)."""
+
+    def sampled(i: int) -> SamplingParams:
+        return SamplingParams(max_tokens=6, temperature=0.8, seed=i, ignore_eos=True)
+
+    arrivals = [Arrival(f"whole-{i}", PROMPTS[p], sampled(i), 0) for i, p in enumerate((0, 1, 5))]
+    arrivals += [
+        Arrival("greedy", PROMPTS[3], SamplingParams(max_tokens=6, ignore_eos=True), 0),
+        Arrival("long", PROMPTS[8], SamplingParams(max_tokens=3, ignore_eos=True), 1),  # 60 tokens, after the first step
+    ]
+    plain = drive(chat_with_head, False, arrivals)
+    ahead = drive(chat_with_head, True, arrivals)
+    assert_same_outputs(plain, ahead, arrivals)
+    assert [row for row in ahead.steps[1] if row[2] > 1] == [("long", 0, 16)]
+    # planned ahead: step 1's four decodes, then (while "long" has chunks to come the steps are
+    # synchronous) the five rows after its last chunk and its own last one
+    assert ahead.num_planned_rows == 4 + 5 + 1

@@ -27,3 +27,28 @@ def test_requests_in_flight_are_left_alone_and_rows_are_capped():
     assert [(o.request_id, o.finish_reason) for o in ended] == [("r0", "abort")]
     again = d.sched.schedule(busy={"r2", "r3"}, max_rows=2)
     assert [(r.request_id, r.start, len(r.token_ids)) for r in again.rows] == [("r1", 6, 1)]
+
+
+def test_a_fed_row_of_a_prompt_in_flight_takes_a_decode_token_not_a_prefill_one():
+    """Async scheduling: the step after a prompt's prefill is planned before that prefill returns, so
+    its request's computed count still says "prompt to run"; its fed decode row must take one token
+    of the step but none of the prefill tokens, or the chunks beside it are cut shorter than the
+    plain engine cuts them (on a GPU other batches round otherwise and sampled tokens move)."""
+    config = dict(max_num_batched_tokens=20, prefill_chunk=20, prefill_with_decodes=8)
+    plain, ahead = Driver(num_device_blocks=64, **config), Driver(num_device_blocks=64, **config)
+    rows = {}
+    for name, d in (("plain", plain), ("ahead", ahead)):
+        for i in range(3):
+            d.add(f"r{i}", [10 + i] * 10, 5, Priority.NORMAL)
+        first = d.sched.schedule()  # r0 and r1 prefill whole (20 tokens), r2 waits
+        assert [(r.request_id, len(r.token_ids)) for r in first.rows] == [("r0", 10), ("r1", 10)]
+        sampled = RunResult(sampled={r.request_id: Sample(7) for r in first.rows})
+        if name == "plain":
+            d.sched.update(first.rows, sampled)
+            second = d.sched.schedule()
+        else:  # the next step, scheduled while the first is in flight
+            assert d.sched.plan_ahead(first.rows, {"r0", "r1"})
+            second = d.sched.schedule(busy={"r0", "r1"}, ahead=True)
+        rows[name] = [(r.request_id, r.start, len(r.token_ids)) for r in second.rows]
+    # two decodes and r2's first chunk: prefill_with_decodes' 8 tokens, all of them
+    assert rows["ahead"] == rows["plain"] == [("r0", 10, 1), ("r1", 10, 1), ("r2", 0, 8)]

@@ -159,7 +159,7 @@ class Scheduler(SchedulerEndings):
         budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk, max_rows)
         stage = StageBudget(cfg.max_staged_blocks)
         for row in fed:
-            budget.spend(self.requests[row.request_id], 1)
+            budget.spend_fed()
             rows.append(row)
             self.stats.num_planned_rows += 1
 

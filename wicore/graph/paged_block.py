@@ -55,7 +55,8 @@ FUSED = "fused"
 # ran 1.05x / 1.14x / 1.36x ORT's speed at batch 1 / 64 / 256 (full layers: no faster than cuDNN's kernel at
 # batch 64 and 256), but its prefill chunks then made a 64 x 4,096-token prefill ~4.6x slower; they run on the
 # decode kernel since (1.29 against ~16 us a token a layer), not yet timed end to end. {True} (the sliding
-# layers) once a run of prefill and decode together (wicore bench throughput) is faster with them.
+# layers) once a run of prefill and decode together is at least as fast with them in every case, with
+# the same tokens (tools/gpu_block_attention_bench.sh: wicore bench throughput, 512- and 4,096-token prompts).
 AUTO_KINDS: frozenset[bool] = frozenset()
 CUDA_HEAD_DIMS = (64, 128, 256)  # the float16 kernel's (BlockAttentionCudaSupports)
 
