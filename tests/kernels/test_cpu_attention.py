@@ -14,24 +14,27 @@ from wicore.kernels.library import DOMAIN
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 SCALAR = "WICORE_ATTENTION_SCALAR"
+AVX2 = "WICORE_ATTENTION_AVX2"  # AVX2 without the AVX-512 prefill
 
 
-def session(path: str, nodes: list, inputs: list, outputs: list, scalar: bool = False) -> ort.InferenceSession:
-    """`scalar`: BlockAttention's scalar path (read when the kernel is made), else AVX2 where the CPU has it."""
+def session(path: str, nodes: list, inputs: list, outputs: list, scalar: bool | str = False) -> ort.InferenceSession:
+    """`scalar`: BlockAttention's scalar path (read when the kernel is made), or "avx2": AVX2 without its
+    AVX-512 prefill, else the fastest the CPU has."""
     graph = helper.make_graph(nodes, "t", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
     opts = ort.SessionOptions()
     opts.register_custom_ops_library(path)
     opts.intra_op_num_threads = 2  # the tasks split over threads
-    saved = os.environ.pop(SCALAR, None)
+    env = AVX2 if scalar == "avx2" else SCALAR
+    saved = os.environ.pop(env, None)
     if scalar:
-        os.environ[SCALAR] = "1"
+        os.environ[env] = "1"
     try:
         return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     finally:
-        os.environ.pop(SCALAR, None)
+        os.environ.pop(env, None)
         if saved is not None:
-            os.environ[SCALAR] = saved
+            os.environ[env] = saved
 
 
 def value(name: str, elem: int, shape: list | None) -> object:
@@ -68,7 +71,7 @@ def attention_reference(q, k_pool, v_pool, tables, positions, lens, first, windo
 
 
 def attention_session(
-    path: str, sliding: bool, num_heads: int, num_kv_heads: int, window: int, softcap: float, scalar: bool = False
+    path: str, sliding: bool, num_heads: int, num_kv_heads: int, window: int, softcap: float, scalar: bool | str = False
 ) -> ort.InferenceSession:
     names = ["q", "k", "v", "tables", "positions", "lens"] + (["first"] if sliding else [])
     node = helper.make_node(
@@ -85,7 +88,7 @@ def attention_session(
     [(4, 2, False, 0, 0.0), (3, 1, False, 0, 0.0), (4, 2, True, 5, 0.0), (2, 2, False, 6, 50.0), (6, 3, True, 7, 20.0)],
     ids=["gqa", "mqa", "sliding", "window-softcap", "sliding-softcap"],
 )
-@pytest.mark.parametrize("scalar", [False, True], ids=["avx2", "scalar"])
+@pytest.mark.parametrize("scalar", [False, "avx2", True], ids=["fastest", "avx2", "scalar"])
 @pytest.mark.parametrize("seq", [1, 3], ids=["decode", "chunk"])
 def test_block_attention_is_the_portable_attention(cpu_library, num_heads, num_kv_heads, sliding, window, softcap, scalar, seq):
     """Decode rows and a prefill chunk together; rows of different lengths, tables in shuffled
@@ -115,7 +118,7 @@ def test_block_attention_is_the_portable_attention(cpu_library, num_heads, num_k
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("scalar", [False, True], ids=["avx2", "scalar"])
+@pytest.mark.parametrize("scalar", [False, "avx2", True], ids=["fastest", "avx2", "scalar"])
 def test_block_attention_prefill_over_several_chunks(cpu_library, scalar):
     """A 40-token prompt (chunks of 16 tokens, up to 48 keys: the 32-key vectors and an 8-key tail),
     sliding window 20, GQA, after 8 cached tokens."""
@@ -163,3 +166,32 @@ def test_gated_activation_float32(cpu_library, activation):
         act = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))
     assert y.shape == (2, 3, 37) and y.dtype == np.float32
     np.testing.assert_allclose(y, act * u, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scalar", [False, "avx2", True], ids=["fastest", "avx2", "scalar"])
+@pytest.mark.parametrize(("num_heads", "window"), [(4, 0), (6, 20), (1, 0)], ids=["gqa", "window", "one-head"])
+def test_block_attention_prefill_bits_do_not_depend_on_the_chunk(cpu_library, scalar, num_heads, window):
+    """The same 40-token prompt run whole, then without its first token: every chunk and token pair
+    boundary moves by one, and each later token's output keeps its bits (the AVX2 path scores two
+    tokens' query heads together and sums a token's heads' values together; each output lane is one
+    fma chain in a fixed order all the same). 6 heads on 2 KV heads: a group of 3, a pair of 6 queries;
+    head_dim 40: AVX-512's 32-column step and a tail of 8."""
+    rng = np.random.default_rng(num_heads + window)
+    hd, bs, num_blocks, max_blocks, num_kv_heads = 40, 4, 20, 12, min(num_heads, 2)
+    k_pool = rng.normal(0, 1, (num_blocks, bs, num_kv_heads, hd)).astype(np.float32)
+    v_pool = rng.normal(0, 1, (num_blocks, bs, num_kv_heads, hd)).astype(np.float32)
+    tables = rng.permutation(num_blocks)[:max_blocks][None].astype(np.int64)
+    q = (rng.normal(0, 1, (1, 40, num_heads * hd)) * 0.3).astype(np.float32)
+    lens = np.array([48], np.int64)
+    attention = attention_session(cpu_library, False, num_heads, num_kv_heads, window, 0.0, scalar)
+    common = {"k": k_pool, "v": v_pool, "tables": tables, "lens": lens}
+    (whole,) = attention.run(None, {"q": q, "positions": np.arange(8, 48, dtype=np.int64)[None], **common})
+    (later,) = attention.run(None, {"q": q[:, 1:].copy(), "positions": np.arange(9, 48, dtype=np.int64)[None], **common})
+    assert later.shape == (1, 39, num_heads * hd)
+    np.testing.assert_array_equal(later, whole[:, 1:])
+    if scalar is False:  # AVX-512's 16 lanes a vector (where the CPU has them): AVX2's bits
+        ymm = attention_session(cpu_library, False, num_heads, num_kv_heads, window, 0.0, "avx2")
+        (avx2,) = ymm.run(None, {"q": q, "positions": np.arange(8, 48, dtype=np.int64)[None], **common})
+        np.testing.assert_array_equal(whole, avx2)
+    want = attention_reference(q, k_pool, v_pool, tables, np.arange(8, 48)[None], lens, None, window, 0.0)
+    np.testing.assert_allclose(whole, want, rtol=2e-5, atol=2e-5)

@@ -60,7 +60,7 @@ WICORE_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
 }
 
 // Scores of up to kQueries queries (q [nq][hd]) against keys [j_begin, j_end) (a multiple of 8 apart)
-// of a transposed key buffer kt [hd][stride], into out [nq][stride] (the prefill path).
+// of a transposed key buffer kt [hd][stride], into out [nq][stride] (the prefill path without AVX2).
 constexpr int kQueries = 4;
 
 void ScoresT(const float* q, int nq, const float* kt, int64_t stride, int64_t hd, int64_t j_begin, int64_t j_end, float* out) {
@@ -70,45 +70,6 @@ void ScoresT(const float* q, int nq, const float* kt, int64_t stride, int64_t hd
       for (int64_t d = 0; d < hd; ++d) acc += q[i * hd + d] * kt[d * stride + j];
       out[i * stride + j] = acc;
     }
-  }
-}
-
-// 16 keys a step for each of NQ queries: each key vector loaded once for all of them (q[d] broadcast);
-// NQ a template argument so that the accumulators stay in registers.
-template <int NQ>
-WICORE_AVX2 void ScoresTAvx2N(const float* q, const float* kt, int64_t stride, int64_t hd, int64_t j_begin, int64_t j_end,
-                              float* out) {
-  for (int64_t j = j_begin; j < j_end; j += 16) {
-    const bool pair = j + 16 <= j_end;
-    __m256 acc0[NQ], acc1[NQ];
-#pragma GCC unroll 4
-    for (int i = 0; i < NQ; ++i) acc0[i] = acc1[i] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; ++d) {
-      const float* k = kt + d * stride + j;
-      const __m256 k0 = _mm256_loadu_ps(k), k1 = pair ? _mm256_loadu_ps(k + 8) : _mm256_setzero_ps();
-#pragma GCC unroll 4
-      for (int i = 0; i < NQ; ++i) {
-        const __m256 qd = _mm256_broadcast_ss(q + i * hd + d);
-        acc0[i] = _mm256_fmadd_ps(qd, k0, acc0[i]);
-        acc1[i] = _mm256_fmadd_ps(qd, k1, acc1[i]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < NQ; ++i) {
-      _mm256_storeu_ps(out + i * stride + j, acc0[i]);
-      if (pair) _mm256_storeu_ps(out + i * stride + j + 8, acc1[i]);
-    }
-  }
-}
-
-WICORE_AVX2 void ScoresTAvx2(const float* q, int nq, const float* kt, int64_t stride, int64_t hd, int64_t j_begin,
-                             int64_t j_end, float* out) {
-  static_assert(kQueries == 4, "one case a query count");
-  switch (nq) {
-    case 1: return ScoresTAvx2N<1>(q, kt, stride, hd, j_begin, j_end, out);
-    case 2: return ScoresTAvx2N<2>(q, kt, stride, hd, j_begin, j_end, out);
-    case 3: return ScoresTAvx2N<3>(q, kt, stride, hd, j_begin, j_end, out);
-    default: return ScoresTAvx2N<4>(q, kt, stride, hd, j_begin, j_end, out);
   }
 }
 
@@ -147,7 +108,6 @@ WICORE_AVX2 void ContextAvx2(const float* p, const float* v, const int64_t* rows
 
 struct VectorOps {
   float (*dot)(const float*, const float*, int64_t);
-  void (*scores_t)(const float*, int, const float*, int64_t, int64_t, int64_t, int64_t, float*);
   void (*context)(const float*, const float*, const int64_t*, int64_t, int64_t, float, float*);
   bool avx2;
 };
@@ -271,6 +231,8 @@ void TokenTask(const BlockAttentionArgs& a, const VectorOps& ops, int64_t token,
   }
 }
 
+#include "attention_chunk_cpu.inc"
+
 // Tokens [t_begin, t_end) of a row (prefill): the keys any of them sees gathered once, transposed (kt
 // [hd][stride]) and the values in rows, then 8 keys a vector per query.
 void ChunkTask(const BlockAttentionArgs& a, const VectorOps& ops, int64_t t_begin, int64_t t_end, int64_t h, int64_t first,
@@ -291,6 +253,7 @@ void ChunkTask(const BlockAttentionArgs& a, const VectorOps& ops, int64_t t_begi
     for (int64_t d = 0; d < hd; ++d) w->kt[d * stride + j] = k[d];
     std::copy(a.v_pool + w->rows[j], a.v_pool + w->rows[j] + hd, w->v.data() + j * hd);
   }
+  if (ops.avx2) return ChunkQueriesAvx2(a, t_begin, t_end, h, first, all, stride, w);
   w->scores.resize(static_cast<size_t>(kQueries * stride));
   for (int64_t t = t_begin; t < t_end; ++t) {
     const Keys k = Visible(a, t, first);
@@ -300,7 +263,7 @@ void ChunkTask(const BlockAttentionArgs& a, const VectorOps& ops, int64_t t_begi
     for (int64_t g0 = 0; g0 < groups; g0 += kQueries) {  // the token's query heads share the keys it sees
       const int nq = static_cast<int>(std::min<int64_t>(kQueries, groups - g0));
       const float* q = a.q + (t * a.num_heads + h * groups + g0) * hd;
-      ops.scores_t(q, nq, w->kt.data(), stride, hd, j_begin, j_end, w->scores.data());
+      ScoresT(q, nq, w->kt.data(), stride, hd, j_begin, j_end, w->scores.data());
       for (int i = 0; i < nq; ++i) {
         float* s = w->scores.data() + i * stride + lo;
         const float inv = SoftmaxWeights(a, ops.avx2, s, hi - lo);
@@ -314,12 +277,14 @@ void ChunkTask(const BlockAttentionArgs& a, const VectorOps& ops, int64_t t_begi
 
 bool BlockAttentionHasAvx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
+bool BlockAttentionHasAvx512() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"); }
+
 int64_t BlockAttentionTasks(const BlockAttentionArgs& a) { return a.batch * ((a.seq + kChunk - 1) / kChunk) * a.num_kv_heads; }
 
 void BlockAttentionCpu(const BlockAttentionArgs& a, int64_t task_begin, int64_t task_end) {
   const bool avx2 = a.avx2 && a.head_dim % 8 == 0;
-  const VectorOps ops = avx2 ? VectorOps{&DotAvx2, &ScoresTAvx2, &ContextAvx2, true}
-                              : VectorOps{&Dot, &ScoresT, &Context, false};
+  const VectorOps ops = avx2 ? VectorOps{&DotAvx2, &ContextAvx2, true}
+                              : VectorOps{&Dot, &Context, false};
   const int64_t groups = a.num_heads / a.num_kv_heads, hd = a.head_dim;
   const int64_t chunks = (a.seq + kChunk - 1) / kChunk;
   Scratch scratch;

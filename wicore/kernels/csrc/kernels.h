@@ -120,6 +120,7 @@ struct BlockAttentionArgs {
   int64_t window;             // keys within `window` positions of the query, or 0: no window
   float softcap;              // softcap * tanh(score / softcap), or 0: none
   bool avx2;                  // the AVX2 + FMA path (where head_dim is a multiple of 8), else the scalar one
+  bool avx512;                // with avx2: a prefill chunk's scores and sums on zmm (the same bits)
 };
 
 // BlockAttentionQKV's prologue (attention_qkv_cpu.cc): q [b * s, nh, hd] normed, rotated and scaled, k and v
@@ -138,6 +139,7 @@ struct QKVPrologueArgs {
 void BlockAttentionQKVPrologueCpu(const QKVPrologueArgs& args, float* q, float* k_pool, float* v_pool);
 
 bool BlockAttentionHasAvx2();
+bool BlockAttentionHasAvx512();
 // Tasks [task_begin, task_end) of BlockAttentionTasks: (row, KV head, a chunk of the row's tokens).
 int64_t BlockAttentionTasks(const BlockAttentionArgs& args);
 void BlockAttentionCpu(const BlockAttentionArgs& args, int64_t task_begin, int64_t task_end);

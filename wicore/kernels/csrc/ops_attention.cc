@@ -27,6 +27,7 @@ struct AttentionBase {
     window_ = k.GetAttribute<int64_t>("window");
     softcap_ = k.GetAttribute<float>("softcap");
     avx2_ = wicore::BlockAttentionHasAvx2() && std::getenv("WICORE_ATTENTION_SCALAR") == nullptr;
+    avx512_ = avx2_ && wicore::BlockAttentionHasAvx512() && std::getenv("WICORE_ATTENTION_AVX2") == nullptr;
     Check(num_kv_heads_ > 0 && num_heads_ % num_kv_heads_ == 0, Say("num_heads must be a multiple of num_kv_heads"));
     Check(window_ >= 0 && softcap_ >= 0.0f, Say("window and softcap must not be negative"));
   }
@@ -107,7 +108,7 @@ struct AttentionBase {
   int sm_count_ = 0;
   int64_t num_heads_, num_kv_heads_, window_;
   float softcap_;
-  bool avx2_;
+  bool avx2_, avx512_;
 };
 
 // -- BlockAttention: q normed, rotated and scaled before it, the K/V written ------------------------
@@ -142,7 +143,7 @@ struct BlockAttentionKernel : AttentionBase {
     const wicore::BlockAttentionArgs args{q.GetTensorData<float>(), k.GetTensorData<float>(), v.GetTensorData<float>(), tp,
                                           positions.GetTensorData<int64_t>(), lens.GetTensorData<int64_t>(), fp,
                                           out.GetTensorMutableData<float>(), d.batch, d.seq, num_heads_, num_kv_heads_,
-                                          d.head_dim, d.block_size, d.max_blocks, window_, softcap_, avx2_};
+                                          d.head_dim, d.block_size, d.max_blocks, window_, softcap_, avx2_, avx512_};
     RunCpu(ctx, args);
   }
 };
@@ -250,7 +251,7 @@ struct BlockAttentionQKVKernel : AttentionBase {
     for (int64_t r = 0; r < d.batch; ++r) lens[r] = past_p[r] + d.seq;
     const wicore::BlockAttentionArgs args{q.data(), kp, vp, tp, pp, lens.data(), nullptr, out.GetTensorMutableData<float>(),
                                           d.batch, d.seq, num_heads_, num_kv_heads_, hd, d.block_size, d.max_blocks,
-                                          window_, softcap_, avx2_};
+                                          window_, softcap_, avx2_, avx512_};
     RunCpu(ctx, args);
   }
 
