@@ -28,7 +28,7 @@ def test_a_tiny_export_on_the_cpu_ep_and_on_two_eps_not_installed(tiny_export, c
     # ORT reports its placement after its basic optimizations: the two ropes' Cast and Unsqueeze of
     # the positions are the same nodes, merged into one (common subexpression elimination)
     repeated = repeated_nodes(graph)
-    assert len(graph.node) == 438 and [name.rsplit("/", 1)[1] for name in repeated] == ["pos_f", "pos_u"]
+    assert len(graph.node) == 436 and [name.rsplit("/", 1)[1] for name in repeated] == ["pos_f", "pos_u"]
     mods = [n.name for n in graph.node if n.op_type == "Mod"]
     assert len(mods) == 2 and all(n.name.endswith("slot_offset") for n in graph.node if n.op_type == "Mod")
     code, lines, _ = doctor(capsys, str(folder), "--ep", "cpu,cuda,dml", "--ep", "TensorrtExecutionProvider")
@@ -37,18 +37,18 @@ def test_a_tiny_export_on_the_cpu_ep_and_on_two_eps_not_installed(tiny_export, c
         f"{folder}: 1 graph (part-00.onnx)",
         "",
         "CPUExecutionProvider [ORT placement (onnxruntime " + onnx_runtime_version() + ")]",
-        "  part-00.onnx: all 436 nodes on CPUExecutionProvider",
+        "  part-00.onnx: all 434 nodes on CPUExecutionProvider",
         "",
         CUDA_LIST,
-        "  part-00.onnx: all 438 nodes on CUDAExecutionProvider, by its list",
+        "  part-00.onnx: all 436 nodes on CUDAExecutionProvider, by its list",
         "",
         CUDA_LIST.replace("CUDAExecutionProvider", "DmlExecutionProvider"),
         # DirectML's Mod takes no int64 (docs/OperatorKernels.md); the graph's Mod nodes are its block arithmetic
-        f"  part-00.onnx: {len(mods)} of 438 nodes fall back to the CPU: Mod (int64) x{len(mods)}",
+        f"  part-00.onnx: {len(mods)} of 436 nodes fall back to the CPU: Mod (int64) x{len(mods)}",
         f"    {'Mod (int64)':<32} x{len(mods):<5} not in its list (this op, or this type): {', '.join(mods)}",
         "",
         "TensorrtExecutionProvider [published list: none]",
-        "  part-00.onnx: unknown for all 438 nodes: no published operator list of TensorrtExecutionProvider is kept in WiCore",
+        "  part-00.onnx: unknown for all 436 nodes: no published operator list of TensorrtExecutionProvider is kept in WiCore",
     ]
 
 
