@@ -195,9 +195,10 @@ def index_packing(prefix: str, fed: tuple[str, ...]) -> set[str]:
     return each | {f"{prefix}/index/{n}" for n in ("sizes", "packed", "packed/Cast_int32")}
 
 
-# The portable attention's CPU nodes: the shapes of the masks and the KV scatter, and the packing.
+# The portable attention's CPU nodes: the shapes of the masks and the KV scatter, and the packing
+# (not the attention statistics' block shape: these exports have none, and unread nodes are dropped).
 SHARED_ON_CPU = {
-    *(f"/model/shared/{n}" for n in ("block_shape", "block_size", "block_size_1d", "num_tokens", "num_tokens/Cast_int32")),
+    *(f"/model/shared/{n}" for n in ("block_size", "num_tokens", "num_tokens/Cast_int32")),
     "/model/shared/positions_shape",
     *(f"/model/shared/{kind}/{n}" for kind in ("global", "sliding") for n in ("mask_shape", "mask_total", "num_blocks")),
     *(f"/model/shared/{kind}/{n}" for kind in ("global", "sliding") for n in ("total", "total/Cast_int32")),
