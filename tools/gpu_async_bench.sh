@@ -50,8 +50,7 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
   [ $((round % 2)) = 0 ] && order="on off"
   for n in 64 256; do
     for flag in $order; do
-      extra=()
-      [ "$flag" = on ] && extra=(--async-scheduling)
+      extra=(--async-scheduling "$flag")
       echo "=== round $round, $n requests, --async-scheduling $flag ($(date -u +%H:%M:%S) UTC)"
       "$PYTHON" -m wicore.cli bench throughput --model "$MODEL" --devices cuda:0 --cuda-graphs on --block-size 64 \
         --kv-pool-gb 8 --max-num-seqs "$n" --num-prompts "$n" --input-len 128 --output-len 128 \

@@ -11,6 +11,8 @@ import pytest
 
 from wicore.cli.engine_args import engine_config
 from wicore.cli.main import parse_command_line
+from wicore.engine.config import EngineConfig, async_by_default
+from wicore.engine.speculative import SpeculativeConfig
 from wicore.errors import UsageError
 
 COMMANDS = [["serve"], ["generate", "--model", "m", "--prompt", "hi"], ["bench", "throughput", "--model", "m"]]
@@ -18,9 +20,39 @@ COMMANDS = [["serve"], ["generate", "--model", "m", "--prompt", "hi"], ["bench",
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
 def test_the_flag_sets_async_scheduling(command):
-    for flags, expected in (([], False), (["--async-scheduling"], True)):
+    cases = (
+        ([], None),
+        (["--async-scheduling"], True),
+        (["--async-scheduling", "on"], True),
+        (["--async-scheduling", "off"], False),
+        (["--async-scheduling", "auto"], None),
+    )
+    for flags, expected in cases:
         args = parse_command_line([*command, "--kv-pool-gb", "1", *flags])
         assert engine_config(args, Path("m")).async_scheduling is expected
+
+
+def test_an_unknown_value_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_command_line(["serve", "--async-scheduling", "sometimes"])
+    assert exit_info.value.code == 2
+    assert "wicore serve: error: argument --async-scheduling: invalid choice: 'sometimes'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("settings", "one_card", "expected"),
+    [
+        ({}, True, True),
+        ({}, False, False),
+        ({"async_scheduling": False}, True, False),
+        ({"async_scheduling": True}, False, True),
+        ({"kv_offload_tokens": 1024}, True, False),
+        ({"pipeline_groups": None}, True, True),
+        ({"speculative": SpeculativeConfig("ngram")}, True, False),
+    ],
+)
+def test_auto_is_on_where_steps_replay_cuda_graphs_on_one_card(settings, one_card, expected):
+    assert async_by_default(EngineConfig(model_dir=Path("m"), **settings), one_card) is expected
 
 
 def test_async_scheduling_with_speculative_decoding_is_refused():

@@ -251,6 +251,13 @@ def test_async_engine_generates_what_the_plain_engine_generates(chat):
     assert [len(t) for t, _ in results[1]] == [5, 7]
 
 
+def test_the_default_is_off_on_the_cpu_and_a_worker_runs_only_when_on(chat):
+    for setting, expected in ((None, False), (True, True), (False, False)):
+        with Engine(tiny_config(chat, verify_files=False, async_scheduling=setting)) as e:
+            assert e.config.async_scheduling is expected
+            assert (e.core._worker is not None) is expected
+
+
 def test_async_scheduling_refuses_speculative_decoding(chat):
     with pytest.raises(ValueError, match="async scheduling does not combine with speculative decoding"):
         tiny_config(chat, async_scheduling=True, speculative=SpeculativeConfig("ngram"))

@@ -108,9 +108,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--async-scheduling",
-        action="store_true",
-        help="plan each step while the one before runs on a worker thread (same tokens, less idle device time; "
-        "not with speculative decoding)",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="plan each step while the one before runs on a worker thread (the same rows in every step, less idle "
+        "device time; not with speculative decoding); auto (the default): on where decode steps replay CUDA graphs "
+        "on one card and no speculative decoding, KV offload or steps in flight make steps synchronous",
     )
     add_speculative_args(p)
 
@@ -154,7 +158,7 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
             a2cr=A2CRConfig(w_attention, w_frequency, w_recency, decay=args.a2cr_decay),
             speculative=speculative_config(args),
-            async_scheduling=args.async_scheduling,
+            async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],
             scheduler=SchedulerConfig(
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_batched_tokens,

@@ -48,8 +48,8 @@ class EngineConfig:
     micro_batch_tokens: int | None = None
     # Schedule and build step N+1 while step N runs on a worker thread, N+1's decode rows fed from
     # N's sampled ids (wicore.engine.lookahead): less idle device time between steps. Not with
-    # speculative decoding.
-    async_scheduling: bool = False
+    # speculative decoding. None: on where it was measured to pay (`async_by_default`), else off.
+    async_scheduling: bool | None = None
     # Partitions on several devices (wicore.engine.groups): up to this many steps in flight at once,
     # each over its own requests, so that every device runs one of them. 1: off (the default until a
     # run on two cards measures it); None: one a device where the partitions span several devices
@@ -79,3 +79,16 @@ class EngineConfig:
             )
         if self.async_scheduling and self.speculative is not None:
             raise ValueError("async scheduling does not combine with speculative decoding: turn one of them off")
+
+
+def async_by_default(config: EngineConfig, cuda_graphs_on_one_device: bool) -> bool:
+    """EngineConfig.async_scheduling where the config leaves it None: on where the steps replay CUDA
+    graphs on one CUDA device and nothing makes every step synchronous anyway (speculative decoding,
+    offloaded KV, steps in flight over groups). There it gave 1.12-1.18x the output tokens at 64
+    requests and 1.25-1.44x at 256 on an H200, with the plain engine's rows in every step
+    (docs/PERFORMANCE.md, 2026-11-29); on the 2-core CPU VM it gained nothing, and over several
+    cards it is not measured."""
+    if config.async_scheduling is not None:
+        return config.async_scheduling
+    excluded = config.speculative is not None or config.kv_offload_tokens > 0 or (config.pipeline_groups or 1) > 1
+    return cuda_graphs_on_one_device and not excluded

@@ -34,7 +34,7 @@ from wicore.blocks.block_groups import FULL, WINDOW
 from wicore.blocks.tier import Tier
 from wicore.devices.placement import plan_placement
 from wicore.engine.admission import Admission, Limits
-from wicore.engine.config import EngineConfig
+from wicore.engine.config import EngineConfig, async_by_default
 from wicore.engine.core_steps import OverlappedSteps
 from wicore.engine.groups import StepGroups
 from wicore.engine.kv_setup import build_kv_cache, plan_tiers
@@ -95,7 +95,13 @@ class EngineCore(OverlappedSteps):
             config.micro_batch_tokens,
             config.pipeline_groups if config.pipeline_groups is not None or config.async_scheduling or placement.vision else 1,
         )
-        self.config = config = replace(config, cuda_graphs=graphs.cuda_graphs, pipeline_groups=graphs.pipeline_groups)
+        one_card = graphs.cuda_graphs and all(d == graphs.devices[0] for d in graphs.devices)
+        self.config = config = replace(
+            config,
+            cuda_graphs=graphs.cuda_graphs,
+            pipeline_groups=graphs.pipeline_groups,
+            async_scheduling=async_by_default(config, one_card),
+        )
         self.layout = layout
         self.devices = tuple(graphs.devices)
         self.kv = build_kv_cache(config, layout, tiers, buffers)
