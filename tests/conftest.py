@@ -422,21 +422,21 @@ def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 # -- WiCore's kernel library, CPU build (tests/kernels, the graphs on it) ----------------
 @pytest.fixture(scope="session")
-def cpu_library(tmp_path_factory) -> str:
-    """The CPU build, kept under WICORE_TEST_CACHE between runs where set (keyed by the sources
-    and the compiler, so an edit rebuilds it)."""
+def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """WICORE_CACHE for the suite's kernel builds: kept under WICORE_TEST_CACHE between runs where set."""
+    base = os.environ.get("WICORE_TEST_CACHE")
+    return Path(base) / "wicore-cache" if base else tmp_path_factory.mktemp("wicore-cache")
+
+
+@pytest.fixture(scope="session")
+def cpu_library(kernel_cache: Path) -> str:
+    """The CPU build in kernel_cache (keyed by the sources and the compiler, so an edit rebuilds
+    it). Built once per session under a lock: xdist workers share WICORE_TEST_CACHE, and a build is
+    ~30 s of a CI machine's 2 cores, so the second worker waits for the first one's library."""
     from wicore.kernels.library import find_compiler, library
 
     if find_compiler(cuda=False) is None:
         pytest.skip("no C++ compiler here")
-    base = os.environ.get("WICORE_TEST_CACHE")
-    cache = os.path.join(base, "wicore-cache") if base else str(tmp_path_factory.mktemp("wicore-cache"))
-    saved = os.environ.get("WICORE_CACHE")
-    os.environ["WICORE_CACHE"] = cache
-    try:
+    with build_lock(kernel_cache), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WICORE_CACHE", str(kernel_cache))
         return str(library(cuda=False))
-    finally:
-        if saved is None:
-            del os.environ["WICORE_CACHE"]
-        else:
-            os.environ["WICORE_CACHE"] = saved
