@@ -88,18 +88,12 @@ def test_ort_quant_equals_hf_where_llama_cpp_does_not(smollm2, smollm2_gguf, hf_
     assert ours == hf_answers
 
 
-@pytest.mark.slow  # an export of its own (~40 s on the 2-core VM) and HF's answers
-def test_matmul_q_equals_hf_where_llama_cpp_does_not(smollm2_gguf, hf_answers, prompts, tmp_path):
+@pytest.mark.slow  # the session's export (tests/api/test_smollm2_chat.py serves it too) and HF's answers
+def test_matmul_q_equals_hf_where_llama_cpp_does_not(smollm2, hf_answers, prompts):
     """`--op-flavour ort-quant --kernels wicore`: the linear layers on wicore.MatMulQ (int8 activations
     plus their rounding error rounded again). Measured: HF's 48 greedy tokens on all three chats, where
     llama.cpp's int8 activations alone change the first token of two (docs/PERFORMANCE.md, issue 37)."""
-    from wicore.export.exporter import ExportConfig, export_model
-    from wicore.export.sources import open_source
-
-    folder = tmp_path / "smollm2-matmul-q"
-    export_model(
-        open_source(str(smollm2_gguf)), folder, ExportConfig(op_flavour="ort-quant", kernels="wicore"), progress=lambda _: None
-    )
+    folder = smollm2("ort-quant", "wicore")
     assert Manifest.read(folder).kernels == "wicore"
     with Engine(EngineConfig(model_dir=folder, num_threads=2, host_tier_gb=0)) as engine:
         ours = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=48))]
