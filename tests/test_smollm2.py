@@ -89,10 +89,11 @@ def test_ort_quant_equals_hf_where_llama_cpp_does_not(smollm2, smollm2_gguf, hf_
 
 
 @pytest.mark.slow  # the session's export (tests/api/test_smollm2_chat.py serves it too) and HF's answers
-def test_matmul_q_equals_hf_where_llama_cpp_does_not(smollm2, hf_answers, prompts):
+def test_matmul_q_equals_hf_where_llama_cpp_does_not(smollm2, hf_answers, prompts, session_kernels, kernel_cache, monkeypatch):
     """`--op-flavour ort-quant --kernels wicore`: the linear layers on wicore.MatMulQ (int8 activations
     plus their rounding error rounded again). Measured: HF's 48 greedy tokens on all three chats, where
     llama.cpp's int8 activations alone change the first token of two (docs/PERFORMANCE.md, issue 37)."""
+    monkeypatch.setenv("WICORE_CACHE", str(kernel_cache))  # the engine loads the session's kernel build
     folder = smollm2("ort-quant", "wicore")
     assert Manifest.read(folder).kernels == "wicore"
     with Engine(EngineConfig(model_dir=folder, num_threads=2, host_tier_gb=0)) as engine:
