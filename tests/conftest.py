@@ -387,8 +387,13 @@ def smollm2_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2(export_cached: Callable[..., Path], smollm2_gguf: Path) -> Callable[..., Path]:
-    """smollm2(op_flavour="portable") -> exported folder of SmolLM2-135M-Instruct (fp32)."""
-    return lambda op_flavour="portable": export_cached(f"smollm2-135m-{op_flavour}", str(smollm2_gguf), op_flavour=op_flavour)
+    """smollm2(op_flavour="portable", kernels="ort") -> exported folder of SmolLM2-135M-Instruct (fp32)."""
+
+    def export(op_flavour: str = "portable", kernels: str = "ort") -> Path:
+        name = f"smollm2-135m-{op_flavour}" + ("-wicore" if kernels == "wicore" else "")
+        return export_cached(name, str(smollm2_gguf), op_flavour=op_flavour, kernels=kernels)
+
+    return export
 
 
 @pytest.fixture(scope="session")
@@ -422,21 +427,46 @@ def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 # -- WiCore's kernel library, CPU build (tests/kernels, the graphs on it) ----------------
 @pytest.fixture(scope="session")
-def cpu_library(tmp_path_factory) -> str:
-    """The CPU build, kept under WICORE_TEST_CACHE between runs where set (keyed by the sources
-    and the compiler, so an edit rebuilds it)."""
+def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """WICORE_CACHE for the suite's kernel build (its kernels/): WICORE_TEST_CACHE where set, which
+    is also where tests/cli/test_serve_args.py's servers look; else a folder of the session's."""
+    base = os.environ.get("WICORE_TEST_CACHE")
+    return Path(base) if base else tmp_path_factory.mktemp("wicore-cache")
+
+
+@pytest.fixture(scope="session")
+def session_kernels(kernel_cache: Path) -> Path | None:
+    """WiCore's CPU kernel library, built into kernel_cache once (keyed by the sources and the
+    compiler, so an edit rebuilds it); None without a C++ compiler. Under a lock: xdist workers share
+    WICORE_TEST_CACHE, and a build is ~30 s of a CI machine's two cores."""
     from wicore.kernels.library import find_compiler, library
 
     if find_compiler(cuda=False) is None:
+        return None
+    with build_lock(kernel_cache / "kernels"), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WICORE_CACHE", str(kernel_cache))
+        return library(cuda=False)
+
+
+@pytest.fixture(scope="session")
+def cpu_library(session_kernels: Path | None) -> str:
+    """The CPU build (session_kernels); a test that needs it is skipped where there is no compiler."""
+    if session_kernels is None:
         pytest.skip("no C++ compiler here")
-    base = os.environ.get("WICORE_TEST_CACHE")
-    cache = os.path.join(base, "wicore-cache") if base else str(tmp_path_factory.mktemp("wicore-cache"))
-    saved = os.environ.get("WICORE_CACHE")
-    os.environ["WICORE_CACHE"] = cache
-    try:
-        return str(library(cuda=False))
-    finally:
-        if saved is None:
-            del os.environ["WICORE_CACHE"]
-        else:
-            os.environ["WICORE_CACHE"] = saved
+    return str(session_kernels)
+
+
+@pytest.fixture(scope="session")
+def with_session_kernels(session_kernels: Path | None, kernel_cache: Path) -> Callable[[Path], Path]:
+    """with_session_kernels(cache) -> cache, a WICORE_CACHE folder whose kernels/ is the session's.
+    A CLI run or a server on a cache of its own then finds WiCore's CPU library there (an ort-quant
+    export on an AVX-512 VNNI CPU runs on it) instead of compiling it again: ~30 s of the CI
+    machine's two cores each time."""
+
+    def link(cache: Path) -> Path:
+        cache.mkdir(parents=True, exist_ok=True)
+        if session_kernels is not None:
+            (cache / "kernels").symlink_to(kernel_cache / "kernels", target_is_directory=True)
+        return cache
+
+    return link

@@ -57,24 +57,18 @@ def hf_answers(hf_smollm2, prompts) -> list[list[int]]:
 
 @pytest.mark.slow  # 23 s on the 2-core VM, loaded
 def test_64_greedy_tokens_match_hf_on_three_chats(smollm2, hf_answers, prompts):
-    """Up to 64 greedy tokens each, batched, equal to HF's (both stop at <|im_end|>)."""
-    with Engine(EngineConfig(model_dir=smollm2(), num_threads=2, host_tier_gb=0)) as engine:
+    """Up to 64 greedy tokens each, batched, equal to HF's (both stop at <|im_end|>); the
+    instruction-tuned model answers the capital question and stops at its end-of-turn token."""
+    folder = smollm2()
+    with Engine(EngineConfig(model_dir=folder, num_threads=2, host_tier_gb=0)) as engine:
         completions = engine.generate(prompts, SamplingParams(max_tokens=64))
     for completion, expected in zip(completions, hf_answers, strict=True):
         assert completion.error is None
         assert completion.token_ids == expected
     assert [len(c.token_ids) for c in completions] == [64, 8, 64]  # the capital question ends at <|im_end|>
-
-
-@pytest.mark.slow  # 5 s on the 2-core VM, loaded
-def test_the_chat_answer_ends_at_im_end(smollm2, prompts):
-    """The instruction-tuned model answers the capital question and stops at its end-of-turn token."""
-    folder = smollm2()
+    assert [c.finish_reason for c in completions] == ["length", "stop", "length"]
     tokenizer = Tokenizer(folder, TokenizerInfo.from_dict(Manifest.read(folder).tokenizer))
-    with Engine(EngineConfig(model_dir=folder, num_threads=2, host_tier_gb=0)) as engine:
-        (completion,) = engine.generate([prompts[1]], SamplingParams(max_tokens=64))
-    assert completion.finish_reason == "stop"
-    assert "Paris" in tokenizer.decode(completion.token_ids)
+    assert "Paris" in tokenizer.decode(completions[1].token_ids)
 
 
 @pytest.mark.slow
@@ -94,18 +88,13 @@ def test_ort_quant_equals_hf_where_llama_cpp_does_not(smollm2, smollm2_gguf, hf_
     assert ours == hf_answers
 
 
-@pytest.mark.slow  # an export of its own (~40 s on the 2-core VM) and HF's answers
-def test_matmul_q_equals_hf_where_llama_cpp_does_not(smollm2_gguf, hf_answers, prompts, tmp_path):
+@pytest.mark.slow  # the session's export (tests/api/test_smollm2_chat.py serves it too) and HF's answers
+def test_matmul_q_equals_hf_where_llama_cpp_does_not(smollm2, hf_answers, prompts, session_kernels, kernel_cache, monkeypatch):
     """`--op-flavour ort-quant --kernels wicore`: the linear layers on wicore.MatMulQ (int8 activations
     plus their rounding error rounded again). Measured: HF's 48 greedy tokens on all three chats, where
     llama.cpp's int8 activations alone change the first token of two (docs/PERFORMANCE.md, issue 37)."""
-    from wicore.export.exporter import ExportConfig, export_model
-    from wicore.export.sources import open_source
-
-    folder = tmp_path / "smollm2-matmul-q"
-    export_model(
-        open_source(str(smollm2_gguf)), folder, ExportConfig(op_flavour="ort-quant", kernels="wicore"), progress=lambda _: None
-    )
+    monkeypatch.setenv("WICORE_CACHE", str(kernel_cache))  # the engine loads the session's kernel build
+    folder = smollm2("ort-quant", "wicore")
     assert Manifest.read(folder).kernels == "wicore"
     with Engine(EngineConfig(model_dir=folder, num_threads=2, host_tier_gb=0)) as engine:
         ours = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=48))]

@@ -43,17 +43,17 @@ def test_chat_answer_equals_hf_greedy_on_the_models_template(smollm2, hf_smollm2
 
 
 @pytest.mark.slow
-def test_wicore_serve_by_name_runs_its_cpu_export_and_answers(smollm2_gguf, smollm2, export_cached, tmp_path, launch):
+def test_wicore_serve_by_name_runs_its_cpu_export_and_answers(smollm2_gguf, smollm2, tmp_path, launch, with_session_kernels):
     """`wicore serve --model smollm2-135m-instruct` serves the flavour the name gets on a CPU
     (ort-quant: the GGUF's 4-bit blocks, on WiCore's MatMulQ where the CPU has AVX-512 VNNI and a
     compiler) and answers a chat. The session's ort-quant export (the one
     tests/test_smollm2.py checks against HF) is put where the name's export goes; the export on first
     use is tests/cli/test_serve_args.py::test_plain_wicore_serve_answers_the_readme_questions's."""
     (tmp_path / "gguf").symlink_to(Path(smollm2_gguf).parent)
-    (tmp_path / "models").mkdir()
+    (with_session_kernels(tmp_path) / "models").mkdir()  # its kernel library the session's build, not compiled again
     kernels = cpu_kernels("ort-quant")  # WiCore's MatMulQ where this CPU runs it fast and can build it
     export = tmp_path / "models" / export_folder_name("smollm2-135m-instruct", "fp32", "ort-quant", "portable", kernels)
-    export.symlink_to(smollm2("ort-quant") if kernels == "ort" else smollm2_kernels(export_cached, smollm2_gguf))
+    export.symlink_to(smollm2("ort-quant", kernels))
     before = (export / "wicore.json").stat().st_mtime_ns
     os.environ["WICORE_CACHE"] = str(tmp_path)
     try:
@@ -69,8 +69,3 @@ def test_wicore_serve_by_name_runs_its_cpu_export_and_answers(smollm2_gguf, smol
     assert reply.choices[0].finish_reason == "stop"
     assert reply.choices[0].message.content == "The capital of France is Paris."
     assert export.is_symlink() and (export / "wicore.json").stat().st_mtime_ns == before  # the name found that export
-
-
-def smollm2_kernels(export_cached, smollm2_gguf: Path) -> Path:
-    """The ort-quant export of SmolLM2 with its linear layers on WiCore's MatMulQ (the CPU default where it pays)."""
-    return export_cached("smollm2-135m-ort-quant-wicore", str(smollm2_gguf), op_flavour="ort-quant", kernels="wicore")

@@ -130,10 +130,11 @@ def ask(url: str, question: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def serve_cache(tmp_path_factory) -> Path:
-    """WICORE_CACHE for these servers: the test cache (its gguf/ holds the pulled SmolLM2), else a fresh one."""
+def serve_cache(tmp_path_factory, with_session_kernels) -> Path:
+    """WICORE_CACHE for these servers: the test cache (its gguf/ holds the pulled SmolLM2, its kernels/
+    the session's kernel build, conftest's kernel_cache), else a fresh one linked to that build."""
     base = os.environ.get("WICORE_TEST_CACHE")
-    return Path(base) if base else tmp_path_factory.mktemp("wicore-cache")
+    return Path(base) if base else with_session_kernels(tmp_path_factory.mktemp("wicore-cache"))
 
 
 @pytest.mark.slow
@@ -151,14 +152,24 @@ def test_plain_wicore_serve_answers_the_readme_questions(serve_cache, smollm2_gg
 
 
 @pytest.mark.slow
-def test_wicore_serve_a_gguf_path(serve_cache):
-    """`wicore serve x.gguf`: the packaged Gemma 3 270M's file, exported once into the cache; a base
-    model, so completions answer and chat says there is no chat template."""
-    from wicore.cli.models import cpu_kernels
+def test_wicore_serve_a_gguf_path(export_cached, with_session_kernels, tmp_path):
+    """`wicore serve x.gguf`: the packaged Gemma 3 270M's file, served from the cache folder its path
+    names (ort-quant, as a GGUF on a CPU is); a base model, so completions answer and chat says there
+    is no chat template. The export put there is the session's (tests/export/test_hub.py's): the same
+    export_model call in wicore.cli.models.resolve_model exports a Hub id there and a packaged name in
+    test_plain_wicore_serve_answers_the_readme_questions, so one 270M export fewer is built here."""
+    from wicore.cli.models import cpu_kernels, export_folder_name, source_key
     from wicore.export.sources import packaged_gguf
 
     gguf = packaged_gguf("gemma3-270m")
-    proc, url = serve_process(serve_cache, str(gguf))
+    kernels = cpu_kernels("ort-quant")  # on MatMulQ where it pays
+    models = with_session_kernels(tmp_path / "wicore") / "models"
+    models.mkdir()
+    export = models / export_folder_name(f"{gguf.stem}-{source_key(gguf)}", "fp32", "ort-quant", "portable", kernels)
+    session_export = export_folder_name("gemma3-270m", "fp32", "ort-quant", "portable", kernels)
+    export.symlink_to(export_cached(session_export, "gemma3-270m", op_flavour="ort-quant", kernels=kernels))
+    before = (export / "wicore.json").stat().st_mtime_ns
+    proc, url = serve_process(tmp_path / "wicore", str(gguf))
     try:
         assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == gguf.stem
         body = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
@@ -170,8 +181,9 @@ def test_wicore_serve_a_gguf_path(serve_cache):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    suffix = "-ort-quant-wicore" if cpu_kernels("ort-quant") == "wicore" else "-ort-quant"  # on MatMulQ where it pays
-    assert len(list((serve_cache / "models").glob(f"{gguf.stem}-*{suffix}"))) == 1  # exported once, on a CPU as ort-quant
+    # the path's ort-quant folder was the one served: nothing else exported, that one not again
+    assert [p.name for p in models.iterdir()] == [export.name]
+    assert export.is_symlink() and (export / "wicore.json").stat().st_mtime_ns == before
 
 
 @pytest.mark.slow

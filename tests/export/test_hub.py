@@ -108,16 +108,17 @@ def test_generate_by_hub_id_exports_once_and_gives_hf_greedy_text(hub, tmp_path,
 
 
 @pytest.mark.slow
-def test_a_gguf_repository_by_quant_tag_generates_as_the_same_file_does(hub, tmp_path, export_cached):
+def test_a_gguf_repository_by_quant_tag_generates_as_the_same_file_does(hub, tmp_path, export_cached, with_session_kernels):
     """The packaged Gemma 3 270M GGUF cached as a GGUF repository's Q4_K_M file: exported with its
     quantized blocks (ort-quant, as a GGUF on a CPU is) and greedy text equal to the packaged name's.
     The packaged name's export is the session's (the one tests/test_gemma3_270m_quant.py checks),
-    put where `wicore generate --model gemma3-270m` looks for it, so only the Hub id is exported here."""
+    put where `wicore generate --model gemma3-270m` looks for it, so only the Hub id is exported here;
+    WiCore's kernel library is the session's build (the CLI would compile it into its fresh cache)."""
     from wicore.cli.models import cpu_kernels, export_folder_name
     from wicore.export.sources import packaged_gguf
 
-    models = tmp_path / "wicore" / "models"
-    models.mkdir(parents=True)
+    models = with_session_kernels(tmp_path / "wicore") / "models"  # the hub fixture's WICORE_CACHE
+    models.mkdir()
     kernels = cpu_kernels("ort-quant")  # WiCore's MatMulQ where this CPU runs it (wicore.cli.models)
     name = export_folder_name("gemma3-270m", "fp32", "ort-quant", "portable", kernels)
     packaged_export = models / name
