@@ -302,3 +302,18 @@ def test_the_portable_attention_is_refused_graph_capture(tiny_flavour):
 
     with pytest.raises(DeviceError, match="--attention paged"):
         engine(tiny_flavour("webgpu", "fp16"), "webgpu:0", BLOCK_SIZE_ROWS, captured=True)
+
+
+def test_captured_steps_sample_the_uncaptured_tokens(tiny_flavour):
+    """Sampled rows (seeded, temperature 0.9) in captured steps: the export's sampling head runs uncaptured
+    on the bucket's logits, which the replay wrote on the adapter, and draws what it draws uncaptured."""
+    export = tiny_flavour("webgpu", "fp16", "paged")
+    params = [SamplingParams(max_tokens=NUM_TOKENS_ROWS, ignore_eos=True, temperature=0.9, seed=seed) for seed in (1, 2, 3)]
+    sampled = {}
+    for captured in (False, True):
+        with engine(export, "webgpu:0", BLOCK_SIZE_ROWS, captured) as eng:
+            assert eng.config.cuda_graphs is captured and eng.core.runner.graphs.head is not None
+            results = eng.generate(ROWS, params)
+        assert all(r.error is None and len(r.token_ids) == NUM_TOKENS_ROWS for r in results)
+        sampled[captured] = [r.token_ids for r in results]
+    assert sampled[True] == sampled[False]
