@@ -14,6 +14,8 @@ every test here is skipped and says which.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -268,32 +270,56 @@ def test_gemma_270m_in_the_webgpu_flavour_writes_the_cpu_eps_text(export_cached,
 REPLAY = "Replaying the captured WebGpuExecutionProvider graph"
 
 
-@pytest.mark.parametrize("op_flavour", ["webgpu", "webgpu-quant"])
-def test_paged_webgpu_graphs_are_captured_and_replay_the_uncaptured_tokens(tiny_flavour, capfd, monkeypatch, op_flavour):
-    """The paged webgpu graphs have every node on the EP under capture (no copy node), so ONNX Runtime
-    takes `enableGraphCapture`: three rows decode in the 4-row bucket, its graph captured on the first
-    decode step and replayed on each later one (ONNX Runtime's log says so, once a step), and every row
-    gets the tokens the same export decodes uncaptured."""
+@pytest.fixture
+def capture_log(capfd, monkeypatch) -> Callable[[], str]:
+    """capture_log() -> ONNX Runtime's log (INFO: captures and replays) of the sessions made since the last call."""
     import wicore.executor.graphs as graphs_module
 
-    export = tiny_flavour(op_flavour, "fp16", "paged")
-    expected = greedy_rows(export, "webgpu:0", ROWS, NUM_TOKENS_ROWS, BLOCK_SIZE_ROWS)
     options = graphs_module.session_options
 
     def logging_options(*args, **kwargs):
         opts = options(*args, **kwargs)
-        opts.log_severity_level = 1  # ONNX Runtime's INFO: the capture and each replay
+        opts.log_severity_level = 1
         return opts
 
     monkeypatch.setattr(graphs_module, "session_options", logging_options)
-    capfd.readouterr()
+    return lambda: capfd.readouterr().err
+
+
+def replays(log: str) -> dict[int, int]:
+    """How many replays of each graph id (a batch-size bucket: 0 for 1 row, 1 for 2, 2 for 4) the log shows."""
+    ids = re.findall(rf"{REPLAY} for this model with tag:  with graph annotation id: (\d+)", log)
+    return dict(Counter(int(i) for i in ids))
+
+
+@pytest.mark.parametrize("op_flavour", ["webgpu", "webgpu-quant"])
+def test_paged_webgpu_graphs_are_captured_and_replay_the_uncaptured_tokens(tiny_flavour, capture_log, op_flavour):
+    """The paged webgpu graphs have every node on the EP under capture (no copy node), so ONNX Runtime
+    takes `enableGraphCapture`: three rows decode in the 4-row bucket, its graph captured on the first
+    decode step and replayed on each later one (ONNX Runtime's log says so, once a step), and every row
+    gets the tokens the same export decodes uncaptured."""
+    export = tiny_flavour(op_flavour, "fp16", "paged")
+    expected = greedy_rows(export, "webgpu:0", ROWS, NUM_TOKENS_ROWS, BLOCK_SIZE_ROWS)
+    capture_log()
     assert greedy_rows(export, "webgpu:0", ROWS, NUM_TOKENS_ROWS, BLOCK_SIZE_ROWS, captured=True) == expected
-    log = capfd.readouterr().err
+    log = capture_log()
     assert log.count("This session will use the graph capture feature as requested by the user with WebGpuExecutionProvider") == 1
     # one prefill step gives the first token, the first decode step captures, the other 22 replay
-    assert (
-        log.count(f"{REPLAY} for this model with tag:  with graph annotation id: 2") == log.count(REPLAY) == NUM_TOKENS_ROWS - 2
-    )
+    assert replays(log) == {2: NUM_TOKENS_ROWS - 2} and log.count(REPLAY) == NUM_TOKENS_ROWS - 2
+
+
+def test_rows_that_end_apart_replay_a_graph_a_bucket(tiny_flavour, capture_log):
+    """Rows of 24, 12 and 6 tokens: 5 steps of 3 rows (the 4-row bucket), 6 of 2, 12 of 1, each bucket's
+    graph captured on its first step and replayed on the others, the tokens the uncaptured run's."""
+    export = tiny_flavour("webgpu", "fp16", "paged")
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (24, 12, 6)]
+    tokens = {}
+    for captured in (False, True):
+        capture_log()
+        with engine(export, "webgpu:0", BLOCK_SIZE_ROWS, captured) as eng:
+            tokens[captured] = [r.token_ids for r in eng.generate(ROWS, params)]
+    assert [len(t) for t in tokens[True]] == [24, 12, 6] and tokens[True] == tokens[False]
+    assert replays(capture_log()) == {2: 4, 1: 5, 0: 11}
 
 
 def test_the_portable_attention_is_refused_graph_capture(tiny_flavour):
