@@ -53,12 +53,14 @@ def measure(model_dir: Path, config: Config) -> list[dict[str, object]]:
             times = decode_steps(engine, batch, config)
             flavour = engine.manifest.op_flavour
             devices = ",".join(d.label for d in engine.devices)
+            captured = bool(engine.config.cuda_graphs)
         ms = 1000 * statistics.median(times.step_seconds)
         records.append(
             {
                 "model": str(model_dir),
                 "flavour": flavour,
                 "devices": devices,
+                "captured": captured,
                 "batch": batch,
                 "step_ms": ms,
                 "graphs_ms": 1000 * statistics.median(times.graphs_seconds),
@@ -119,6 +121,12 @@ def parse_args(argv) -> Config:
     parser.add_argument("--profile", action="store_true", help="also break kernel time down by op type")
     parser.add_argument("--gpu-kernels", action="store_true", help="also GPU time per kernel (CUDA; needs torch)")
     parser.add_argument("--block-size", type=int, default=None, help="KV block (page) size in tokens (default: the engine's)")
+    parser.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="decode steps replayed from captured graphs (EngineConfig.cuda_graphs: CUDA graphs, or the WebGPU EP's)",
+    )
     parser.add_argument("--json", type=Path, help="also write a JSON record here")
     args = parser.parse_args(argv)
     return Config(
@@ -132,6 +140,7 @@ def parse_args(argv) -> Config:
         args.json,
         args.gpu_kernels,
         args.block_size,
+        cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
     )
 
 
@@ -144,10 +153,10 @@ def run(config: Config, num_busy_before: float | None) -> int:
         if config.gpu_kernels:
             kernels[model_dir] = {b: gpu_kernels(Path(model_dir), config, b) for b in config.batches}
     print(f"decode steps from context {config.context}, {config.threads} threads, median of {config.num_steps}\n")
-    print("| model | flavour | devices | batch | step ms | graphs ms | tok/s |\n|---|---|---|---:|---:|---:|---:|")
+    print("| model | flavour | devices | captured | batch | step ms | graphs ms | tok/s |\n|---|---|---|---|---:|---:|---:|---:|")
     for r in records:
         print(
-            f"| {r['model']} | {r['flavour']} | {r['devices']} | {r['batch']} | {r['step_ms']:.2f} | "
+            f"| {r['model']} | {r['flavour']} | {r['devices']} | {r['captured']} | {r['batch']} | {r['step_ms']:.2f} | "
             f"{r['graphs_ms']:.2f} | {r['tokens_per_s']:.1f} |"
         )
     for model, by_batch in profiles.items():

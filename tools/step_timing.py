@@ -40,6 +40,7 @@ class Config:
     temperature: float = 0.0  # > 0: the rows sample, through the export's sampling head or on the host
     top_k: int = 0
     top_p: float = 0.95
+    cuda_graphs: bool | None = None  # EngineConfig.cuda_graphs: decode steps replayed from captured graphs
 
     def __post_init__(self) -> None:
         if min(self.batches, default=0) < 1 or self.context < 1 or self.num_steps < 1:
@@ -75,6 +76,7 @@ def engine_config(model_dir: Path, batch: int, config: Config, profile_prefix: s
         scheduler=SchedulerConfig(max_num_seqs=batch),
         devices=config.devices,
         profile_prefix=profile_prefix,
+        cuda_graphs=config.cuda_graphs,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from wicore.devices import providers
-from wicore.devices.providers import CAPABILITIES, FPA_INTB_ENV, Device, session_options
+from wicore.devices.providers import CAPABILITIES, FPA_INTB_ENV, Device, DeviceError, session_options
 
 FPA_KEY = "ep.cuda.fpa_intb_gemm"
 ENV_ALLOCATORS = "session.use_env_allocators"
@@ -33,6 +33,13 @@ def test_cuda_sessions_grow_their_arena_by_what_is_asked_and_other_eps_get_their
         "CPUExecutionProvider",
     ]
     assert cuda.providers(cuda_graphs=True)[0][1]["enable_cuda_graph"] == "1"
+    webgpu = Device(CAPABILITIES["webgpu"], "0")
+    assert webgpu.providers(cuda_graphs=True) == [
+        ("WebGpuExecutionProvider", {"enableGraphCapture": "1"}),
+        "CPUExecutionProvider",
+    ]
+    with pytest.raises(DeviceError, match="captures no graphs"):
+        Device(CAPABILITIES["openvino"], "GPU").providers(cuda_graphs=True)
     assert Device(CAPABILITIES["openvino"], "GPU").providers() == [
         ("OpenVINOExecutionProvider", {"device_type": "GPU"}),
         "CPUExecutionProvider",

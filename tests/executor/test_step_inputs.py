@@ -83,3 +83,28 @@ def test_two_host_sides_one_written_while_the_other_waits_for_its_copy():
     assert inputs.views["lens"].tolist() == [9, 9, 9]
     inputs.flip()
     assert inputs.views["lens"].tolist() == [9, 9, 9]
+
+
+def test_separate_inputs_are_values_of_their_own_each_copied_from_its_view_and_bound_whole():
+    """`separate` (WebGPU: a buffer is a handle, and its graph capture takes whole OrtValues): each input
+    its own device value, `sync` copies the side's views into them, `bind` binds the values themselves."""
+    inputs = StepInputs(SHAPES, ("cpu", 0), separate=True)
+    assert inputs.buffers == {}
+    session = _identity_session()
+    binding = session.io_binding()
+    inputs.bind(binding, set(SHAPES))
+    for name in SHAPES:
+        binding.bind_output(f"{name}_out", "cpu")
+    inputs.put("ids", np.asarray([[1, 2, 3]], np.int64), 0)
+    inputs.fix("lens", np.asarray([4], np.int32), 0)
+    first = inputs.host
+    inputs.flip()
+    inputs.put("ids", np.asarray([[5], [6]], np.int64), 0)
+    inputs.sync(first)  # the first side's values, not the side written since
+    session.run_with_iobinding(binding)
+    assert [o.numpy().tolist() for o in binding.get_outputs()[:2]] == [[[1, 2, 3], [0, 0, 0]], [4, 0, 0]]
+    inputs.sync()
+    session.run_with_iobinding(binding)
+    assert binding.get_outputs()[0].numpy().tolist() == [[5, 0, 0], [6, 0, 0]]
+    values = inputs.values[("cpu", 0)]
+    assert values["lens"].numpy().tolist() == [4, 0, 0]  # the same values, updated in place

@@ -14,6 +14,8 @@ every test here is skipped and says which.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -76,19 +78,32 @@ def webgpu() -> Iterator[None]:
     yield
 
 
-def engine(folder: Path, devices: str, block_size: int | None = None) -> Engine:
-    """No host tier and no prefix cache: every request computes its prompt on `devices`."""
+def engine(folder: Path, devices: str, block_size: int | None = None, captured: bool = False) -> Engine:
+    """No host tier and no prefix cache: every request computes its prompt on `devices`. `captured`:
+    decode steps replayed from graphs ONNX Runtime captured (EngineConfig.cuda_graphs on)."""
     config = EngineConfig(
-        model_dir=folder, num_threads=2, devices=devices, host_tier_gb=0, enable_prefix_cache=False, block_size=block_size
+        model_dir=folder,
+        num_threads=2,
+        devices=devices,
+        host_tier_gb=0,
+        enable_prefix_cache=False,
+        block_size=block_size,
+        cuda_graphs=captured,
     )
     return Engine(config)
 
 
 def greedy_rows(
-    folder: Path, devices: str, prompts: list[list[int]], num_tokens: int, block_size: int | None = None
+    folder: Path,
+    devices: str,
+    prompts: list[list[int]],
+    num_tokens: int,
+    block_size: int | None = None,
+    captured: bool = False,
 ) -> list[list[int]]:
     """Each prompt's greedy tokens, all requests generated together (decode steps of several rows)."""
-    with engine(folder, devices, block_size) as eng:
+    with engine(folder, devices, block_size, captured) as eng:
+        assert eng.config.cuda_graphs is captured
         assert [d.label for d in eng.devices] == [devices]
         results = eng.generate(prompts, SamplingParams(max_tokens=num_tokens, ignore_eos=True))
     assert all(r.error is None and len(r.token_ids) == num_tokens for r in results)
@@ -207,13 +222,9 @@ SHARED_ON_CPU = {
     "/model/shared/index/positions/flat",
     "/model/shared/index/positions/size",
 }
-# The paged graphs' CPU nodes: the rows' cumulative and past lengths from the positions
-# (paged_attention.cumulative_and_past), the hidden shape, and the packing of those with the tables.
-PAGED_ON_CPU = {
-    "/model/paged/hidden_shape",
-    *(f"/model/paged/rows/{n}" for n in ("batch_seq", "batch", "seq", "tokens", "tokens_end", "cumulative", "past")),
-    *index_packing("/model/paged", ("cumulative", "past", "global", "sliding")),
-}
+# The paged graphs' CPU nodes: the int64 tables' Casts to the op's int32, which the EP takes only under
+# graph capture (paged_attention.paged_values); cumulative_seqlens and past_seqlens are fed as int32.
+PAGED_ON_CPU = {"/model/paged/global/tables", "/model/paged/sliding/tables"}
 
 
 @pytest.mark.parametrize(
@@ -227,8 +238,9 @@ PAGED_ON_CPU = {
 )
 def test_the_webgpu_flavours_leave_the_cpu_int64_shape_math_and_one_copy(tiny_flavour, tmp_path, op_flavour, dtype, attention):
     """Every node left to the CPU computes on int64 shapes or the fed int64 paging inputs (the EP takes no
-    int64 op), named here one by one, and one copy a run crosses to the adapter (the packed int32 index
-    values; the portable graphs copy 10). Norms, RoPE, MatMulNBits and PagedAttention all stay on WebGPU."""
+    int64 op without graph capture), named here one by one, and what crosses to the adapter a run: the
+    portable attention's packed int32 index values in one copy (the portable graphs copy 10), the paged
+    graphs' two int32 tables. Norms, RoPE, MatMulNBits and PagedAttention all stay on WebGPU."""
     import onnx
 
     from wicore.devices.graph_nodes import graph_nodes
@@ -237,9 +249,11 @@ def test_the_webgpu_flavours_leave_the_cpu_int64_shape_math_and_one_copy(tiny_fl
     on_cpu, copies = placement(model, tmp_path)
     types = {n.name: n.dtype for n in graph_nodes(onnx.load(str(model), load_external_data=False))}
     assert {types[name] for name in on_cpu} == {"int64"}
-    prefix = "/model/paged" if attention == "paged" else "/model/shared"
     assert on_cpu == (PAGED_ON_CPU if attention == "paged" else SHARED_ON_CPU)
-    assert copies == [f"{prefix}/index/packed/Cast_int32/output_0"]
+    if attention == "paged":
+        assert sorted(copies) == [f"{name}/output_0" for name in sorted(PAGED_ON_CPU)]
+    else:
+        assert copies == ["/model/shared/index/packed/Cast_int32/output_0"]
 
 
 def test_gemma_270m_in_the_webgpu_flavour_writes_the_cpu_eps_text(export_cached, gemma_270m):
@@ -250,3 +264,82 @@ def test_gemma_270m_in_the_webgpu_flavour_writes_the_cpu_eps_text(export_cached,
         tokens = greedy(folder, "webgpu:0", ids, NUM_TOKENS_270M)
         assert cpu.tokenizer.decode(tokens) == cpu.tokenizer.decode(reference.token_ids)
     assert tokens == reference.token_ids
+
+
+# -- graph capture (Capability.graph_capture: the WebGPU EP's enableGraphCapture) ------------------
+REPLAY = "Replaying the captured WebGpuExecutionProvider graph"
+
+
+@pytest.fixture
+def capture_log(capfd, monkeypatch) -> Callable[[], str]:
+    """capture_log() -> ONNX Runtime's log (INFO: captures and replays) of the sessions made since the last call."""
+    import wicore.executor.graphs as graphs_module
+
+    options = graphs_module.session_options
+
+    def logging_options(*args, **kwargs):
+        opts = options(*args, **kwargs)
+        opts.log_severity_level = 1
+        return opts
+
+    monkeypatch.setattr(graphs_module, "session_options", logging_options)
+    return lambda: capfd.readouterr().err
+
+
+def replays(log: str) -> dict[int, int]:
+    """How many replays of each graph id (a batch-size bucket: 0 for 1 row, 1 for 2, 2 for 4) the log shows."""
+    ids = re.findall(rf"{REPLAY} for this model with tag:  with graph annotation id: (\d+)", log)
+    return dict(Counter(int(i) for i in ids))
+
+
+@pytest.mark.parametrize("op_flavour", ["webgpu", "webgpu-quant"])
+def test_paged_webgpu_graphs_are_captured_and_replay_the_uncaptured_tokens(tiny_flavour, capture_log, op_flavour):
+    """The paged webgpu graphs have every node on the EP under capture (no copy node), so ONNX Runtime
+    takes `enableGraphCapture`: three rows decode in the 4-row bucket, its graph captured on the first
+    decode step and replayed on each later one (ONNX Runtime's log says so, once a step), and every row
+    gets the tokens the same export decodes uncaptured."""
+    export = tiny_flavour(op_flavour, "fp16", "paged")
+    expected = greedy_rows(export, "webgpu:0", ROWS, NUM_TOKENS_ROWS, BLOCK_SIZE_ROWS)
+    capture_log()
+    assert greedy_rows(export, "webgpu:0", ROWS, NUM_TOKENS_ROWS, BLOCK_SIZE_ROWS, captured=True) == expected
+    log = capture_log()
+    assert log.count("This session will use the graph capture feature as requested by the user with WebGpuExecutionProvider") == 1
+    # one prefill step gives the first token, the first decode step captures, the other 22 replay
+    assert replays(log) == {2: NUM_TOKENS_ROWS - 2} and log.count(REPLAY) == NUM_TOKENS_ROWS - 2
+
+
+def test_rows_that_end_apart_replay_a_graph_a_bucket(tiny_flavour, capture_log):
+    """Rows of 24, 12 and 6 tokens: 5 steps of 3 rows (the 4-row bucket), 6 of 2, 12 of 1, each bucket's
+    graph captured on its first step and replayed on the others, the tokens the uncaptured run's."""
+    export = tiny_flavour("webgpu", "fp16", "paged")
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (24, 12, 6)]
+    tokens = {}
+    for captured in (False, True):
+        capture_log()
+        with engine(export, "webgpu:0", BLOCK_SIZE_ROWS, captured) as eng:
+            tokens[captured] = [r.token_ids for r in eng.generate(ROWS, params)]
+    assert [len(t) for t in tokens[True]] == [24, 12, 6] and tokens[True] == tokens[False]
+    assert replays(capture_log()) == {2: 4, 1: 5, 0: 11}
+
+
+def test_the_portable_attention_is_refused_graph_capture(tiny_flavour):
+    """Its int64 index arithmetic leaves nodes and copies to the CPU (the test above it): capture needs the paged graphs."""
+    from wicore.devices.providers import DeviceError
+
+    with pytest.raises(DeviceError, match="--attention paged"):
+        engine(tiny_flavour("webgpu", "fp16"), "webgpu:0", BLOCK_SIZE_ROWS, captured=True)
+
+
+def test_captured_steps_sample_the_uncaptured_tokens(tiny_flavour):
+    """Sampled rows (seeded, temperature 0.9) in captured steps: the export's sampling head runs uncaptured
+    on the bucket's logits, which the replay wrote on the adapter, and draws what it draws uncaptured."""
+    export = tiny_flavour("webgpu", "fp16", "paged")
+    params = [SamplingParams(max_tokens=NUM_TOKENS_ROWS, ignore_eos=True, temperature=0.9, seed=seed) for seed in (1, 2, 3)]
+    sampled = {}
+    for captured in (False, True):
+        with engine(export, "webgpu:0", BLOCK_SIZE_ROWS, captured) as eng:
+            assert eng.config.cuda_graphs is captured and eng.core.runner.graphs.head is not None
+            results = eng.generate(ROWS, params)
+        assert all(r.error is None and len(r.token_ids) == NUM_TOKENS_ROWS for r in results)
+        sampled[captured] = [r.token_ids for r in results]
+    assert sampled[True] == sampled[False]

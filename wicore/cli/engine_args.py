@@ -104,7 +104,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         choices=("auto", "on", "off"),
         help="replay decode steps from CUDA graphs (an --attention paged export on cuda devices); auto (the "
         "default): on one device when the KV blocks are the paged attention's FlashAttention tile or a multiple of it; "
-        "over several (a split) only with on: each card replays its own (docs/HARDWARE.md)",
+        "over several (a split) only with on: each card replays its own; on the webgpu device (an --op-flavour webgpu "
+        "--attention paged export) only with on: the WebGPU EP's recorded command buffers (docs/HARDWARE.md)",
     )
     p.add_argument(
         "--async-scheduling",

@@ -160,6 +160,12 @@ class Capability:
     # `device_vendor`: the PCI vendor an allocation there asks for, where the name carries none.
     device_memory: str | None = None
     device_vendor: int | None = None
+    # the provider option with which it captures a session's runs and replays them (None: it cannot;
+    # wicore.executor.cuda_graphs replays the decode steps), and whether its captures need ONNX
+    # Runtime's memory patterns off and every bound value a whole device OrtValue (the WebGPU EP's: its
+    # replay reuses the capture's buffers, and a WebGPU buffer is a handle that no binding offsets into)
+    graph_capture: tuple[str, str] | None = None
+    capture_whole_values: bool = False
 
     def provider_options(self, index: str) -> dict[str, str]:
         return {**dict(self.options), **({self.option_key: index} if self.option_key else {})}
@@ -200,6 +206,7 @@ CAPABILITIES: dict[str, Capability] = {
             # buffers are GBs, and rounding them up is what keeps a 27B from a 24 GB card.
             options=(("arena_extend_strategy", "kSameAsRequested"),),
             shares_cuda_arena=True,
+            graph_capture=("enable_cuda_graph", "1"),
         ),
         Capability(
             "tensorrt",
@@ -274,6 +281,10 @@ CAPABILITIES: dict[str, Capability] = {
             None,
             attentions=("portable", "paged", "batch-invariant"),
             paged_op_flavours=("webgpu", "webgpu-quant"),  # not the default: slower than its portable attention
+            # the paged graphs only: the portable attention's index arithmetic leaves int64 nodes to the CPU,
+            # and their copies keep ONNX Runtime from capturing (docs/PERFORMANCE.md)
+            graph_capture=("enableGraphCapture", "1"),
+            capture_whole_values=True,
             absent_hint=(
                 "the WebGPU plugin offers a device only where it finds an adapter: a GPU's Vulkan, Metal or D3D12 "
                 "driver (on Linux with the system's libvulkan.so.1), or with ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 "
@@ -302,10 +313,14 @@ class Device:
 
     def providers(self, cuda_graphs: bool = False) -> list:
         """The session's provider list: this EP, with the CPU EP behind it for any op it lacks.
-        `cuda_graphs`: the CUDA EP may capture runs into CUDA graphs (runtime/cuda_graphs.py)."""
+        `cuda_graphs`: the EP may capture runs and replay them (Capability.graph_capture: CUDA graphs,
+        the WebGPU EP's recorded command buffers; wicore.executor.cuda_graphs)."""
         options = self.capability.provider_options(self.index)
         if cuda_graphs:
-            options["enable_cuda_graph"] = "1"
+            if self.capability.graph_capture is None:
+                raise DeviceError(f"{self.label} captures no graphs: run it with --cuda-graphs off")
+            key, value = self.capability.graph_capture
+            options[key] = value
         own = (self.capability.provider, options)
         return [own] if self.capability.name == "cpu" else [own, "CPUExecutionProvider"]
 

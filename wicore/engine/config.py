@@ -32,8 +32,10 @@ class EngineConfig:
     verify_files: bool = True
     devices: str = "cpu"  # see wicore.devices.placement
     profile_prefix: str | None = None  # ONNX Runtime's profiler on (tools/profile_step.py)
-    # Decode steps replayed from CUDA graphs (a paged export on one CUDA device). None: on wherever
-    # they can be and the KV blocks are the paged attention's FlashAttention tile or a multiple.
+    # Decode steps replayed from CUDA graphs (a paged export on one CUDA device), or on the WebGPU device
+    # from the EP's captured command buffers (a paged webgpu-flavour export). None: on wherever they can
+    # be on CUDA and the KV blocks are the paged attention's FlashAttention tile or a multiple; WebGPU's
+    # only when True (not yet measured on a GPU).
     cuda_graphs: bool | None = None
     vision_device: str | None = None  # where the vision partition runs; None: the first partition's device
     image_cache_size: int = 64  # images whose features are kept (each distinct image is encoded once)

@@ -153,12 +153,15 @@ class DecodeGraphs:
         if graphs.inline_head:
             shapes |= {io.SAMPLING_TEMPERATURE: ((rows,), np.float32), io.SAMPLING_UNIFORM: ((rows,), np.float32)}
         taken = set().union(*(graphs.input_names(i) for i in range(len(graphs.sessions))))
-        inputs = StepInputs({name: shape for name, shape in shapes.items() if name in taken}, *places)
+        whole = graphs.devices[-1].capability.capture_whole_values
+        inputs = StepInputs({name: shape for name, shape in shapes.items() if name in taken}, *places, separate=whole)
         inputs.fix(io.CUMULATIVE_SEQLENS, np.arange(rows + 1, dtype=np.int32), 0)  # one token a row: fixed
         inputs.fix(io.LOGITS_INDICES, np.arange(rows, dtype=np.int64), 0)
         bounds = np.asarray([1, self.max_context], np.int32)
         # the largest bounds: the kernels chosen at capture hold for every replay
-        host = {name: ort.OrtValue.ortvalue_from_numpy(bounds.copy()) for name in _HOST}
+        # (on the adapter where the EP binds whole device values: WebGPU's capture takes no host value)
+        at = places[-1] if whole else ("cpu", 0)
+        host = {name: ort.OrtValue.ortvalue_from_numpy(bounds.copy(), *at) for name in _HOST}
         outputs = {
             name: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, kind, index)
             for name, (shape, dtype) in self._output_shapes(rows).items()

@@ -67,9 +67,13 @@ def split_handoff(cuda_graphs: bool | None, several: bool) -> str | None:
 
 def can_capture(manifest: Manifest, devices: Sequence[Device], across_devices: bool = False) -> bool:
     """Decode steps can be captured: a paged-attention export, every partition on one CUDA device, or
-    with `across_devices` on CUDA devices (each partition captures its own, wicore.executor.cuda_graphs)."""
+    with `across_devices` on CUDA devices (each partition captures its own, wicore.executor.cuda_graphs),
+    or on one device of another EP that captures (Capability.graph_capture: WebGPU's)."""
     on_cuda = all(d.capability.name == "cuda" for d in devices)
-    return manifest.attention == "paged" and on_cuda and (across_devices or all(d == devices[0] for d in devices))
+    on_one = all(d == devices[0] for d in devices)
+    if manifest.attention != "paged":
+        return False
+    return (across_devices or on_one) if on_cuda else on_one and devices[0].capability.graph_capture is not None
 
 
 class ModelGraphs:
@@ -105,21 +109,34 @@ class ModelGraphs:
         if cuda_graphs is None:  # greedy and sampled tokens measured identical to uncaptured there (PERFORMANCE.md)
             tile = flash_page_size(manifest.config.head_dim)
             able = can_capture(manifest, self.devices, self.handoff is not None)
-            cuda_graphs = able and block_size is not None and block_size % tile == 0
+            on_cuda = self.devices[0].capability.name == "cuda"  # WebGPU's: only when asked for (--cuda-graphs on)
+            cuda_graphs = able and on_cuda and block_size is not None and block_size % tile == 0
         self.cuda_graphs = cuda_graphs
         if cuda_graphs and not can_capture(manifest, self.devices, self.handoff is not None):
-            raise DeviceError("CUDA graphs need an export with --attention paged and every partition on a cuda device")
+            raise DeviceError(
+                "captured decode steps (--cuda-graphs on) need an export with --attention paged and every partition "
+                "on a cuda device, or on the webgpu device"
+            )
         # Steps in flight replay one card's graphs while other threads allocate on it (the handoff's
         # copy, the sampling head): the graphs' scratch, which a shared arena counts as free between
         # runs, must be the partition sessions' own (wicore.executor.cuda_graphs).
         self.replays_in_flight = bool(cuda_graphs) and several and self.pipeline_groups > 1
         opts = session_options(num_threads, profile_prefix, self.devices, share_arena=not self.replays_in_flight)
+        if cuda_graphs and any(d.capability.capture_whole_values for d in self.devices):
+            opts.enable_mem_pattern = False  # the WebGPU EP's capture (Capability.capture_whole_values)
         if manifest.kernels == "wicore":
             opts.register_custom_ops_library(str(kernel_library(self.devices)))
-        self.sessions = [
-            ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers(cuda_graphs))
-            for p, d in zip(manifest.partitions, self.devices)
-        ]
+        try:
+            self.sessions = [
+                ort.InferenceSession(str(Path(model_dir) / p.file), sess_options=opts, providers=d.providers(cuda_graphs))
+                for p, d in zip(manifest.partitions, self.devices)
+            ]
+        except Exception as exc:  # a paged webgpu export from before 2026-11-29 packs its index inputs on the CPU
+            if not cuda_graphs or "graph capture" not in str(exc):
+                raise
+            raise DeviceError(
+                f"ONNX Runtime cannot capture this export's graphs: re-export it, or --cuda-graphs off ({exc})"
+            ) from exc
         self._input_names = [{i.name for i in s.get_inputs()} for s in self.sessions]
         self.has_greedy_tokens = io.GREEDY_TOKENS in manifest.partitions[-1].outputs
         self.has_sampling_head = manifest.has_sampling_head

@@ -5,6 +5,10 @@ so each batch-size bucket keeps one device buffer per card and a host buffer of 
 writes the batch into the host views, then one copy a card moves the whole buffer, where each input was
 its own copy (and its own padded array) before: nothing is allocated on the way.
 
+A WebGPU buffer is a handle, not an address a binding can offset into, and ONNX Runtime's WebGPU capture
+takes only whole device OrtValues: there (`separate`) each input is an OrtValue of its own on the
+device, and `sync` copies each input's view to it, one transfer an input.
+
 The host buffer has two sides (`flip`): under async scheduling the engine thread writes step N+1's
 inputs while step N, which wrote the other side, may not have copied its own yet (its copy runs on
 the worker, just before its graphs: wicore.engine.lookahead). A side is written again two writes
@@ -25,7 +29,7 @@ class StepInputs:
 
     ALIGN = 64
 
-    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], type]], *devices: Place) -> None:
+    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], type]], *devices: Place, separate: bool = False) -> None:
         from wicore.devices.providers import onnxruntime
 
         self.offsets: dict[str, int] = {}
@@ -43,7 +47,16 @@ class StepInputs:
             raise ValueError("step inputs need a device to copy to")
         self.devices = list(dict.fromkeys(devices))
         ort = onnxruntime()
-        self.buffers = {d: ort.OrtValue.ortvalue_from_shape_and_type([self.host.size], np.uint8, *d) for d in self.devices}
+        self.separate = separate
+        self.buffers: dict[Place, object] = {}
+        self.values: dict[Place, dict[str, object]] = {}  # separate: each input's own OrtValue on each device
+        for d in self.devices:
+            if separate:
+                self.values[d] = {
+                    n: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, *d) for n, (shape, dtype) in shapes.items()
+                }
+            else:
+                self.buffers[d] = ort.OrtValue.ortvalue_from_shape_and_type([self.host.size], np.uint8, *d)
 
     def _views(self, host: np.ndarray) -> dict[str, np.ndarray]:
         def view(offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -72,14 +85,25 @@ class StepInputs:
             self.flip()
 
     def sync(self, host: np.ndarray | None = None) -> None:
-        """Copy `host` (a side's buffer; the side written now by default) to every device's buffer."""
+        """Copy `host` (a side's buffer; the side written now by default) to every device's buffer (separate:
+        each input's view to its value)."""
+        host = self.host if host is None else host
         for buffer in self.buffers.values():
-            buffer.update_inplace(self.host if host is None else host)
+            buffer.update_inplace(host)  # type: ignore[attr-defined]
+        if self.values:  # separate: the side's views of `host`, each to its own value
+            views = self._side_views[next(i for i, side in enumerate(self._sides) if side is host)]
+            for values in self.values.values():
+                for name, value in values.items():
+                    value.update_inplace(views[name])  # type: ignore[attr-defined]
 
     def bind(self, binding: object, names: set[str], device: Place | None = None) -> None:
         """Bind the inputs in `names` that are held here at their places on `device` (the first by default)."""
         device = device or self.devices[0]
-        base = self.buffers[device].data_ptr()
+        if self.separate:
+            for name in names & self.offsets.keys():
+                binding.bind_ortvalue_input(name, self.values[device][name])  # type: ignore[attr-defined]
+            return
+        base = self.buffers[device].data_ptr()  # type: ignore[attr-defined]
         for name in names & self.offsets.keys():
             shape, dtype = self.shapes[name]
             binding.bind_input(name, *device, dtype, list(shape), base + self.offsets[name])  # type: ignore[attr-defined]

@@ -78,7 +78,10 @@ def layer_attention(
         sinks = layer["self_attn.sinks"] if b.family.attention_sinks else None
         op_scale = 1.0 if b.family.qk_norm else scale  # a q norm took it
         out = paged_attention(g, cfg, i, qkv, shared.paged, p, norms, scale=op_scale, sinks=sinks)
-        return o_proj(b, g, layer, out, p)
+        if shared.paged.hidden_shape:
+            return o_proj(b, g, layer, out, p)
+        # [tokens, hidden] back to x's [b, s, hidden] by x's shape: no shape arithmetic (paged_values)
+        return g.op("Reshape", [o_proj(b, g, layer, out, p), g.op("Shape", [x], f"{p}/hidden_shape")], f"{p}/rows")
 
     q, k, v = g.op_multi("Split", [qkv, g.const([nh * hd, kvh * hd, kvh * hd])], f"{p}/qkv_split", 3, axis=-1)
     if b.family.qk_norm == ALL_HEADS:  # OLMo 2: over every head's channels together, before the split into heads

@@ -41,7 +41,6 @@ import numpy as np
 from onnx import TensorProto
 
 from wicore.graph import io
-from wicore.graph.fused_ops import IndexMath
 from wicore.graph.ops import MS_DOMAIN, Graph
 from wicore.model.config import DecoderConfig, RopeConfig
 
@@ -66,7 +65,7 @@ class PagedValues:
     # cos, sin [max_position_embeddings, head_dim / 2] float16; None: the layers rotate q and k before the
     # op (LongRoPE, whose factors a row picks per step: graph/attention.py paged_prologue)
     rope: dict[bool, tuple[str, str] | None]
-    hidden_shape: str  # [batch, seq, -1]: Reshape target of the packed output
+    hidden_shape: str  # [batch, seq, -1]: Reshape target of the packed output; "": none (the webgpu flavour)
     # WiCore's BlockAttention on some layer kinds (graph/paged_block.py): ScatterND's (block, offset) of each
     # new token [batch, seq, 2] int64 by kind, and each row's tokens in the cache after the step [batch] int64
     scatter: dict[bool, str] | None = None
@@ -88,20 +87,20 @@ def paged_values(
     size) also the K/V write's indices and the context lengths; `dtype`: the RoPE caches'.
     `webgpu` (the webgpu flavour's paged graphs): no slot mapping (the WebGPU EP's op takes none and
     writes a new token's K/V where its block table and position say, which is where the runtime's
-    slots are: the tables list a row's every block, at its logical index), and the op's int32 inputs
-    packed into one vector that crosses to the adapter in one copy (fused_ops.IndexMath.indices):
+    slots are: the tables list a row's every block, at its logical index), and no shape arithmetic,
+    so that ONNX Runtime can capture the graphs on the WebGPU EP (`enableGraphCapture`, which takes no
+    copy node): the int32 inputs are fed as they are, the tables cast on the adapter under capture
+    (where the EP takes int64 Casts; without capture these two Casts run on the CPU, each then one
+    copy), and the layers reshape the op's packed output after o_proj, by their input's shape
+    (attention.py), where a Concat of shapes ran on the adapter between two copies:
 
-        cumulative_seqlens, past_seqlens  ┐                              ┌► cumulative, past
-        block_tables [b, n]               ├► Cast int64, Concat, Cast ──► Split ┼► tables       (adapter)
-        window_logical_tables [b, n]      ┘        (CPU)        one copy       └► window tables
+        cumulative_seqlens, past_seqlens (int32) ──────────────► the op           (adapter)
+        block_tables, window_logical_tables (int64) ─► Cast ───► the op's tables
     """
     p = "/model/paged"
     i32, i64 = TensorProto.INT32, TensorProto.INT64
-    if webgpu:  # int64 from the positions, for the packing below
-        cumulative, past = cumulative_and_past(g, positions, f"{p}/rows")
-    else:
-        cumulative = g.input(io.CUMULATIVE_SEQLENS, i32, ["batch_plus_1"])
-        past = g.input(io.PAST_SEQLENS, i32, ["batch"])
+    cumulative = g.input(io.CUMULATIVE_SEQLENS, i32, ["batch_plus_1"])
+    past = g.input(io.PAST_SEQLENS, i32, ["batch"])
     bounds = g.input(io.ATTENTION_BOUNDS, i32, [2])
     slots: dict[bool, str] = {}
     tables: dict[bool, str] = {}
@@ -112,47 +111,26 @@ def paged_values(
         block_size = on_device(
             g, g.op("Gather", [g.op("Shape", [pool], f"{p}/pool_shape"), g.const(1)], f"{p}/pool_block"), f"{p}/block_size"
         )
-    fed: dict[str, str] = {}
     for is_sliding in kinds:
         kind = "sliding" if is_sliding else "global"
         table = g.input(io.WINDOW_LOGICAL_TABLES if is_sliding else io.BLOCK_TABLES, i64, ["batch", "max_blocks"])
-        if webgpu:
-            fed[kind] = table
-        else:
+        tables[is_sliding] = g.op("Cast", [table], f"{p}/{kind}/tables", to=i32)
+        if not webgpu:
             slot = g.input(io.WINDOW_SLOT_MAPPING if is_sliding else io.SLOT_MAPPING, i64, ["batch", "seq"])
             flat = g.op("Reshape", [slot, g.const([-1])], f"{p}/{kind}/slots_flat")
             slots[is_sliding] = g.op("Cast", [flat], f"{p}/{kind}/slots", to=i32)
-            tables[is_sliding] = g.op("Cast", [table], f"{p}/{kind}/tables", to=i32)
         layer_rope = cfg.rope_local if is_sliding else cfg.rope_global
         rope[is_sliding] = None if layer_rope.is_longrope else rope_caches(g, cfg, layer_rope, f"{p}/{kind}/rope", dtype)
         if is_sliding in block_kinds:
             scatter[is_sliding] = slot_indices(g, slot, block_size, f"{p}/{kind}/scatter_indices")
-    if webgpu:
-        fed["cumulative"], fed["past"] = cumulative, past
-        packed = IndexMath(g, int32=True).indices(fed, f"{p}/index")
-        cumulative, past = packed["cumulative"], packed["past"]
-        tables = {is_sliding: packed["sliding" if is_sliding else "global"] for is_sliding in kinds}
     batch_seq = g.op("Shape", [positions], f"{p}/batch_seq")
-    shape = g.op("Concat", [batch_seq, g.const([-1])], f"{p}/hidden_shape", axis=0)
+    shape = "" if webgpu else g.op("Concat", [batch_seq, g.const([-1])], f"{p}/hidden_shape", axis=0)  # (webgpu: above)
     if not block_kinds:
         return PagedValues(cumulative, past, bounds, slots, tables, rope, shape)
     # every row is `seq` tokens long (module docstring): past + seq tokens in the cache after the step
     seq = on_device(g, g.op("Gather", [batch_seq, g.const(1)], f"{p}/seq_dim"), f"{p}/seq")
     lens = g.op("Add", [g.op("Cast", [past], f"{p}/past_i64", to=i64), seq], f"{p}/context_lens")
     return PagedValues(cumulative, past, bounds, slots, tables, rope, shape, scatter, lens)
-
-
-def cumulative_and_past(g: Graph, positions: str, name: str) -> tuple[str, str]:
-    """The op's cumulative_seqlens and past_seqlens in int64, computed on the CPU from the positions
-    (rows of `seq` tokens, each starting at its first position) rather than fed as int32: the WebGPU EP
-    takes int32 ops, so an int32 input's Cast or Concat would run on the adapter, each input copied
-    there on its own and back for the packing (paged_values)."""
-    batch_seq = g.op("Shape", [positions], f"{name}/batch_seq")
-    batch, seq = (g.op("Gather", [batch_seq, g.const(d)], f"{name}/{n}") for d, n in ((0, "batch"), (1, "seq")))
-    end = g.op("Add", [g.op("Mul", [batch, seq], f"{name}/tokens"), g.const(1)], f"{name}/tokens_end")
-    cumulative = g.op("Range", [g.const(0), end, seq], f"{name}/cumulative")
-    past = g.op("Gather", [positions, g.const(0)], f"{name}/past", axis=1)
-    return cumulative, past
 
 
 def on_device(g: Graph, dim: str, name: str) -> str:
@@ -249,4 +227,4 @@ def paged_attention(
         kv_num_heads=cfg.num_kv_heads,
         **attrs,
     )
-    return g.op("Reshape", [out, paged.hidden_shape], f"{name}/heads_merged")
+    return g.op("Reshape", [out, paged.hidden_shape], f"{name}/heads_merged") if paged.hidden_shape else out
