@@ -339,6 +339,7 @@ def test_captured_steps_sample_the_uncaptured_tokens(tiny_flavour):
     for captured in (False, True):
         with engine(export, "webgpu:0", BLOCK_SIZE_ROWS, captured) as eng:
             assert eng.config.cuda_graphs is captured and eng.core.runner.graphs.head is not None
+            assert eng.config.async_scheduling is False  # measured only on CUDA (async_by_default)
             results = eng.generate(ROWS, params)
         assert all(r.error is None and len(r.token_ids) == NUM_TOKENS_ROWS for r in results)
         sampled[captured] = [r.token_ids for r in results]

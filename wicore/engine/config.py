@@ -89,7 +89,7 @@ def async_by_default(config: EngineConfig, cuda_graphs_on_one_device: bool) -> b
     offloaded KV, steps in flight over groups). There it gave 1.12-1.18x the output tokens at 64
     requests and 1.25-1.44x at 256 on an H200, with the plain engine's rows in every step
     (docs/PERFORMANCE.md, 2026-11-29); on the 2-core CPU VM it gained nothing, and over several
-    cards it is not measured."""
+    cards, or with the WebGPU EP's captured steps (the same switch, `cuda_graphs`), it is not measured."""
     if config.async_scheduling is not None:
         return config.async_scheduling
     excluded = config.speculative is not None or config.kv_offload_tokens > 0 or (config.pipeline_groups or 1) > 1

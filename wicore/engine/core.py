@@ -95,7 +95,8 @@ class EngineCore(OverlappedSteps):
             config.micro_batch_tokens,
             config.pipeline_groups if config.pipeline_groups is not None or config.async_scheduling or placement.vision else 1,
         )
-        one_card = graphs.cuda_graphs and all(d == graphs.devices[0] for d in graphs.devices)
+        first = graphs.devices[0]
+        one_card = graphs.cuda_graphs and first.capability.name == "cuda" and all(d == first for d in graphs.devices)
         self.config = config = replace(
             config,
             cuda_graphs=graphs.cuda_graphs,
