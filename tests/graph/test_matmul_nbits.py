@@ -126,26 +126,29 @@ def test_an_8_bit_head_on_matmul_q_with_the_residual_needs_no_refinement(tmp_pat
 
 def test_a_head_in_the_cache_keeps_8_bit_codes_where_6_would_do(tmp_path, monkeypatch):
     """A Q6_K head (codes in [-32, 32), blocks of 16) on MatMulQ: 8-bit codes up to WIDE_HEAD_CODES codes (the
-    kernel's work bounds a cache-resident head), the GGUF's 6 bits past it; a layer keeps 6 bits either way."""
+    kernel's work bounds a cache-resident head) with float16 scales where exact (fewer bytes, read in place),
+    the GGUF's 6 bits past it; a layer keeps 6 bits either way."""
     from wicore.graph import quant as quant_module
 
     rng = np.random.default_rng(2)
-    scales = rng.uniform(1e-3, 2e-2, (64, 4)).astype(np.float32)
+    scales = rng.uniform(1e-3, 2e-2, (64, 4)).astype(np.float16).astype(np.float32)  # float16 values: exact
     w = BlockQuant(rng.integers(-32, 32, (64, 64)).astype(np.int8), scales, None, 8, 16)
     table = QuantizedTensor(w.dequantize(), lambda: w)
 
-    def bits(build) -> int:
+    def node(build) -> tuple[int, list[str]]:
         data = DataFile(tmp_path / "w.data")
         g = Graph("t", data)
         build(g)
         data.close()
-        return next(a.i for n in g.nodes if n.op_type == "MatMulQ" for a in n.attribute if a.name == "bits")
+        n = next(n for n in g.nodes if n.op_type == "MatMulQ")
+        return next(a.i for a in n.attribute if a.name == "bits"), list(n.input)
 
     quant = QuantLinear(kernels="wicore")
-    assert bits(lambda g: quant.head(g, "x", table, "/h", np.float32)) == 8
-    assert bits(lambda g: quant.linear(g, "x", [table], "/l", np.float32)) == 6
+    bits, names = node(lambda g: quant.head(g, "x", table, "/h", np.float32))
+    assert bits == 8 and names == ["x", "/h.qweight", "", "", "/h.scales_f16"]
+    assert node(lambda g: quant.linear(g, "x", [table], "/l", np.float32))[0] == 6
     monkeypatch.setattr(quant_module, "WIDE_HEAD_CODES", w.codes.size - 1)
-    assert bits(lambda g: quant.head(g, "x", table, "/h", np.float32)) == 6
+    assert node(lambda g: quant.head(g, "x", table, "/h", np.float32))[0] == 6
 
 
 def test_layers_get_float_activations_and_8_bit_heads_int8_unless_configured():

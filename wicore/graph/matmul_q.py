@@ -97,9 +97,9 @@ def pack(w: BlockQuant, narrow_widths: bool = True, narrow_8bit_scales: bool = F
     scales and offsets, as before narrow forms existed (the tests' reference); `narrow_codes` False: 8-bit
     codes kept 8 bits however few values they span (the same values; `matmul_q`).
 
-    Codes that stay 8 bits (Q8_0: the LM heads) keep float32 scales unless `narrow_8bit_scales`: they are
-    MatMulNBits' own arrays, shared with the head's refinement and a tied embedding's gather, and float16
-    ones, 5.6% fewer bytes of a Q8_0 head, read no faster and cost SmolLM2's decode 2-3% (docs/PERFORMANCE.md)."""
+    Codes that stay 8 bits (Q8_0, and a Q6_K head in the cache: graph/quant.py) keep float32 scales unless
+    `narrow_8bit_scales`: they are MatMulNBits' own arrays, shared with the head's refinement; the heads in the
+    cache take narrow ones (DotPairs reads them in place; docs/PERFORMANCE.md, issue 37)."""
     bits, zero_point = code_bits(w) if narrow_widths and narrow_codes else (w.bits, 8 if w.bits == 4 else 128)
     scales = np.asarray(w.scales, np.float32)
     offsets = None if w.offsets is None else np.asarray(w.offsets, np.float32)
@@ -176,17 +176,19 @@ def matmul_q(
     data: DataFile | None = None,
     residual: bool = True,
     narrow_codes: bool = True,
+    narrow_8bit_scales: bool = False,
 ) -> str:
     """x [..., K] float32 @ wᵀ for w [N, K] on wicore.MatMulQ; `residual`: x's rounding error rounded again
     (~15-bit activations, HF's greedy tokens on SmolLM2), else llama.cpp's int8 activations alone;
-    `narrow_codes` False: 5- / 6-bit codes as 8 bits (more bytes, less unpacking: `pack`)."""
+    `narrow_codes` False: 5- / 6-bit codes as 8 bits (more bytes, less unpacking: `pack`);
+    `narrow_8bit_scales`: 8-bit codes' scales narrow too where exact (`pack`)."""
     if not can_run(w):
         raise ValueError(
             f"MatMulQ takes 4- or 8-bit codes in blocks of 16 or 32 over whole 32 columns, not {w.bits} bits / "
             f"block {w.block_size} of {w.shape}"
         )
     prefix = weight_name or name
-    packed = pack(w, narrow_codes=narrow_codes)
+    packed = pack(w, narrow_8bit_scales=narrow_8bit_scales, narrow_codes=narrow_codes)
     # 8-bit codes and float32 row-major scales: MatMulNBits' own arrays, shared; 4 bits' grouped ones and
     # 5 / 6 bits' codes: this kernel's own names
     suffix = {4: "_q", 5: "_q5", 6: "_q6", 8: ""}[packed.bits]

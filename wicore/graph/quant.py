@@ -137,7 +137,7 @@ class QuantLinear:
             residual = self.accuracy_level != INT8
             narrow = w.codes.size > WIDE_HEAD_CODES
             if w.bits != 8 or residual:
-                return matmul_q(g, x, w, name, out, weight_name, data, residual, narrow)
+                return matmul_q(g, x, w, name, out, weight_name, data, residual, narrow, not narrow)
             logits = matmul_q(g, x, w, name, None, weight_name, data, residual, narrow)
             return refine_top(g, x, logits, w, f"{name}/refine", weight_name or name, data, out)
         level = INT8 if self.accuracy_level is None and w.bits == 8 else self.level(w)
@@ -184,6 +184,8 @@ HEAD_CANDIDATES = 64  # logits the head computes again in float (QuantLinear.hea
 # A MatMulQ head of at most this many codes keeps them 8 bits where they would fit in 5 or 6 (a Q6_K head):
 # read from the cache every step, it is bound by the kernel's work, and 6-bit codes in 16-column blocks took
 # 2.45 ms against 1.93 as 8 bits (49,152 x 256, one thread, the same bits; docs/PERFORMANCE.md, issue 37).
+# Its scales are narrow where exact all the same (a Q6_K head's float16 x int8: 0.8 MB, not 3.1 of float32;
+# a Q8_0 head's float16), read in place by DotPairs: a tiny GGUF's step 4-8% faster (issue 37, 2026-11-29).
 # Past it (Llama 3.2 1B's 128,256 x 2,048) the head streams from memory and its bytes count.
 WIDE_HEAD_CODES = 32 << 20
 

@@ -223,6 +223,8 @@ WICORE_VNNI inline float ReduceVec(__m256 v) {
 
 #include "matmul_q_rows.inc"
 
+#include "matmul_q_pairs.inc"
+
 #include "matmul_q_group4.inc"
 
 template <int kPerBlock, bool kResidual>
@@ -254,16 +256,15 @@ WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& 
       }
       continue;
     }
-    // 8-bit rows a pass: 4 (independent chains; 8 rows' pointers spill out of the 16 registers), heads too
-    // since the kernels prefetch (kPrefetch: a 28 MB Q8_0 head 1.36 against 1.89 ms with one row a pass, which
-    // read it best before: 3.8 against 5.5 ms). Any split gives the same bits. 5 and 6 bits likewise.
-    constexpr int64_t rows_a_pass = 4;
+    // 8-, 5- and 6-bit rows: 4 a pass as 2 zmm pairs (DotPairs, independent chains; 4 pairs, 8 rows' pointers,
+    // spilled and ran no faster), then a pair, then a row (DotRows); any split gives the same bits. The kernels
+    // prefetch (kPrefetch), heads too.
     const int64_t row_bytes = args.bits == 8 ? k : (k / kBlock) * (16 + 4 * (args.bits - 4));
     const __m256i bias = _mm256_set1_epi8(static_cast<char>(128 - args.zero_point));
     const MatMulQPacked* p = args.packed;
     const int64_t supers = p != nullptr && p->scale_ints != nullptr ? num_blocks / p->blocks_per_super : num_blocks;
-    auto dot = [&](auto rows_of, int64_t n0, float* o) {
-      constexpr int kRows = decltype(rows_of)::value;
+    auto dot = [&](auto pairs_of, int64_t n0, float* o) {
+      constexpr int kPairs = decltype(pairs_of)::value;  // 0: one row
       const uint8_t* w = args.weight + n0 * row_bytes;
       RowScales scales{args.scales + n0 * num_blocks, nullptr, nullptr, 0, supers};
       if (p != nullptr && p->scales16 != nullptr) {  // narrow, in place (MatMulQTask: no narrow offsets here)
@@ -272,20 +273,31 @@ WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& 
         scales.ints = p->scale_ints != nullptr ? p->scale_ints + n0 * num_blocks : nullptr;
         scales.shift = p->scale_ints != nullptr ? __builtin_ctzll(static_cast<uint64_t>(p->blocks_per_super)) : 0;
       }
-      if (args.bits == 8) return DotRows<kRows, kPerBlock, kResidual, 0>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
-      if (args.bits == 5) return DotRows<kRows, kPerBlock, kResidual, 1>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
-      DotRows<kRows, kPerBlock, kResidual, 2>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
-    };
-    for (int64_t n = begin; n < end; n += rows_a_pass) {
-      const int64_t rows_here = std::min<int64_t>(rows_a_pass, end - n);
-      if (rows_here == 4) {
-        dot(std::integral_constant<int, 4>{}, n, out);
+      constexpr int kHigh8 = 0, kHigh5 = 1, kHigh6 = 2;
+      if constexpr (kPairs == 0) {
+        if (args.bits == 8) return DotRows<1, kPerBlock, kResidual, kHigh8>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
+        if (args.bits == 5) return DotRows<1, kPerBlock, kResidual, kHigh5>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
+        DotRows<1, kPerBlock, kResidual, kHigh6>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
       } else {
-        for (int64_t r = 0; r < rows_here; ++r) dot(std::integral_constant<int, 1>{}, n + r, out + r);
+        if (args.bits == 8) return DotPairs<kPairs, kPerBlock, kResidual, kHigh8>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
+        if (args.bits == 5) return DotPairs<kPairs, kPerBlock, kResidual, kHigh5>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
+        DotPairs<kPairs, kPerBlock, kResidual, kHigh6>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
+      }
+    };
+    for (int64_t n = begin; n < end;) {
+      const int64_t left = end - n;
+      const int64_t rows_here = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+      if (rows_here == 4) {
+        dot(std::integral_constant<int, 2>{}, n, out);
+      } else if (rows_here == 2) {
+        dot(std::integral_constant<int, 1>{}, n, out);
+      } else {
+        dot(std::integral_constant<int, 0>{}, n, out);
       }
       for (int64_t r = 0; r < rows_here; ++r) {
         y[n + r] = args.offsets == nullptr ? out[r] : out[r] + OffsetScalar(rows[i], View(args, n + r), num_blocks);
       }
+      n += rows_here;
     }
   }
 }
