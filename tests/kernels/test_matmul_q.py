@@ -96,11 +96,9 @@ def session(
     threads: int = 2,
     narrow_widths: bool = False,
     narrow_8bit_scales: bool = False,
-    prompt: str = "int8",
 ) -> ort.InferenceSession:
     """One MatMulQ node on w: by default its 4- / 8-bit codes and float32 scales (the reference layouts),
-    with `narrow_widths` the export's (5 / 6 bits, float16 scales where exact: graph/matmul_q.py); `prompt`
-    the GEMM of 32+ rows on VNNI (WICORE_MATMULQ_PROMPT: int8, matmul_q_int8.cc, or float, matmul_q_float.cc)."""
+    with `narrow_widths` the export's (5 / 6 bits, float16 scales where exact: graph/matmul_q.py)."""
     packed = pack(w, narrow_widths, narrow_8bit_scales)
     names, inits = ["x"], []
     for entry in inputs(packed):
@@ -118,17 +116,15 @@ def session(
     opts = ort.SessionOptions()
     opts.register_custom_ops_library(path)
     opts.intra_op_num_threads = threads
-    saved = {name: os.environ.pop(name, None) for name in ("WICORE_MATMULQ_PATH", "WICORE_MATMULQ_PROMPT")}
+    saved = os.environ.pop("WICORE_MATMULQ_PATH", None)
     if force != "fast":
         os.environ["WICORE_MATMULQ_PATH"] = force  # read when the kernel is made, at the session's start
-    os.environ["WICORE_MATMULQ_PROMPT"] = prompt
     try:
         return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     finally:
-        for name, value in saved.items():
-            os.environ.pop(name, None)
-            if value is not None:
-                os.environ[name] = value
+        os.environ.pop("WICORE_MATMULQ_PATH", None)
+        if saved is not None:
+            os.environ["WICORE_MATMULQ_PATH"] = saved
 
 
 @pytest.mark.parametrize(
@@ -192,7 +188,7 @@ def test_matmul_q_is_the_float_matmul_within_int8_rounding(cpu_library, bits, re
 )
 @pytest.mark.parametrize(("m", "n", "k"), [(32, 203, 96), (37, 40, 160)])
 def test_matmul_q_prompt_is_the_float_matmul_within_fma_rounding(cpu_library, bits, block_size, offsets, m, n, k):
-    """From 32 rows on an AVX-512 CPU with WICORE_MATMULQ_PROMPT=float (matmul_q_float.cc): x in float32 against the weight dequantized as
+    """From 32 rows on an AVX-512 CPU (matmul_q_float.cc): x in float32 against the weight dequantized as
     fma(s, code, o) in float32, one fma chain over k an output: against float64,
     |error| <= K u Σ_k |x_k w_k| / (1 - K u). Tiles of 8 rows (a ragged last one), panels of 32 weight
     rows (a part one), several tasks of 64."""
@@ -201,7 +197,7 @@ def test_matmul_q_prompt_is_the_float_matmul_within_fma_rounding(cpu_library, bi
     rng = np.random.default_rng(m * 1000 + n + k + bits + block_size)
     w = random_weight(rng, n, k, bits, block_size, offsets)
     x = rng.standard_t(3, (1, m, k)).astype(np.float32)
-    (y,) = session(cpu_library, w, residual=True, prompt="float").run(None, {"x": x})
+    (y,) = session(cpu_library, w, residual=True).run(None, {"x": x})
     scales = np.repeat(w.scales, block_size, axis=1).astype(np.float64)
     off = np.repeat(w.offsets, block_size, axis=1).astype(np.float64) if offsets else 0.0
     dense = (scales * w.codes.astype(np.float64) + off).astype(np.float32).astype(np.float64)  # one rounding: the fma

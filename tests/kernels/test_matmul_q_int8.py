@@ -1,15 +1,24 @@
-"""wicore.MatMulQ's int8 prompt GEMM (wicore/kernels/csrc/matmul_q_int8.cc, the default from 32 rows on
-AVX-512 VNNI): against float64 from the same int8 rounding of x, and against the float prompt path
-(WICORE_MATMULQ_PROMPT=float) it stands in for."""
+"""wicore.MatMulQ's int8 prompt GEMM (wicore/kernels/csrc/matmul_q_int8.cc, WICORE_MATMULQ_PROMPT=int8):
+against float64 from the same int8 rounding of x, and against the float prompt path it stands in for."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
 
-from tests.kernels.test_matmul_q import fma32, has_vnni, quantize_rows, random_weight, reference, session
+from tests.kernels.test_matmul_q import fma32, has_vnni, quantize_rows, random_weight, session
 
 U = 2.0**-24
+
+
+def int8_session(path: str, w, residual: bool = True):
+    os.environ["WICORE_MATMULQ_PROMPT"] = "int8"  # read when the kernel is made
+    try:
+        return session(path, w, residual=residual)
+    finally:
+        os.environ.pop("WICORE_MATMULQ_PROMPT", None)
 
 
 def int8_value(x: np.ndarray, w) -> tuple[np.ndarray, np.ndarray]:
@@ -44,18 +53,19 @@ def test_int8_prompt_is_its_value_within_float32_rounding(cpu_library, bits, blo
     rng = np.random.default_rng(m * 1000 + n + k + bits + block_size)
     w = random_weight(rng, n, k, bits, block_size, offsets)
     x = rng.standard_t(3, (1, m, k)).astype(np.float32)
-    (y,) = session(cpu_library, w, residual=True).run(None, {"x": x})
+    (y,) = int8_session(cpu_library, w).run(None, {"x": x})
     want, size = int8_value(x[0], w)
     bound = (2 * k // block_size + 2) * U * size
     assert np.all(np.abs(y[0] - want) <= bound)
-    (y_float,) = session(cpu_library, w, residual=True, prompt="float").run(None, {"x": x})
-    assert not np.array_equal(y[0], y_float[0])  # the variable: the float path
+    (y_float,) = session(cpu_library, w, residual=True).run(None, {"x": x})
+    assert not np.array_equal(y[0], y_float[0])  # without the variable: the float path
 
 
 def test_int8_prompt_leaves_short_inputs_to_the_int8_rows(cpu_library):
-    """Below 32 rows the prompt GEMM does not run: decode steps keep the residual rows' bits."""
+    """Below 32 rows the variable changes nothing: decode steps keep the residual rows' bits."""
     rng = np.random.default_rng(3)
     w = random_weight(rng, 40, 96, 4, 32, True)
     x = rng.standard_t(3, (1, 5, 96)).astype(np.float32)
-    (y,) = session(cpu_library, w, residual=True).run(None, {"x": x})
-    np.testing.assert_array_equal(y[0], reference(x[0], w, residual=True))
+    (y,) = int8_session(cpu_library, w).run(None, {"x": x})
+    (want,) = session(cpu_library, w, residual=True).run(None, {"x": x})
+    np.testing.assert_array_equal(y, want)

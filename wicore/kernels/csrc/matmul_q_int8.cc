@@ -1,9 +1,5 @@
-// MatMulQ's prompt GEMM on AVX-512 VNNI (from kMatMulQFloatRows rows; WICORE_MATMULQ_PROMPT=float keeps
-// matmul_q_float.cc's): x rounded to int8 per 32 columns (llama.cpp's Q8 activations, no residual) against the
-// codes, vpdpbusd 4 multiply-adds a lane an instruction. Gemma 3 270M's 512-token prompt on one thread:
-// ~0.55-0.7x the float GEMM's CPU time; its greedy tokens equal the float path's on five prompts and SmolLM2's
-// HF's on three chats (docs/PERFORMANCE.md, issue 37): the decode rows keep the residual, where one rounding
-// flipped SmolLM2's near-ties; a prompt's rows did not here.
+// MatMulQ's int8 prompt GEMM on AVX-512 VNNI (WICORE_MATMULQ_PROMPT=int8): x rounded to int8 per 32 columns
+// (llama.cpp's Q8 activations, no residual) against the codes, vpdpbusd 4 multiply-adds a lane an instruction.
 //
 //   per task (weight rows [n_begin, n_end), at most 64), per panel of 32 weight rows (once, in L2):
 //     codes[k / 4][32][4] u8 (code + zero point), scales[k / bs][32], offsets'[k / bs][32] = o - zero_point * s

@@ -153,8 +153,7 @@ struct MatMulQKernel {
         blocks_per_super_(AttributeOr<int64_t>(info, "blocks_per_super", 0)),
         offset_scale_(AttributeOr<float>(info, "offset_scale", 0.f)),
         path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))),  // "scalar" / "avx2": a slower int8 path, prompts too
-        // prompts: the int8 GEMM unless WICORE_MATMULQ_PROMPT=float keeps the float one (matmul_q_int8.cc says why)
-        is_int8_prompt_(std::getenv("WICORE_MATMULQ_PROMPT") == nullptr || std::string(std::getenv("WICORE_MATMULQ_PROMPT")) != "float") {
+        is_int8_prompt_(std::getenv("WICORE_MATMULQ_PROMPT") != nullptr && std::string(std::getenv("WICORE_MATMULQ_PROMPT")) == "int8") {
     Check(bits_ == 4 || bits_ == 5 || bits_ == 6 || bits_ == 8, "wicore MatMulQ: bits must be 4, 5, 6 or 8");
     Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
     Check(bits_ == 4 || bits_ == 8 || (zero_point_ >= 0 && zero_point_ < (int64_t{1} << bits_)),
