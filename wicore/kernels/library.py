@@ -49,7 +49,7 @@ class Compiler:
         sources = [
             str(CSRC / name)
             for name in (
-                "ops.cc", "ops_attention.cc", "ops_greedy.cc", "kernels_cpu.cc", "matmul_q_cpu.cc", "matmul_q_float.cc",
+                "ops.cc", "ops_attention.cc", "ops_greedy.cc", "kernels_cpu.cc", "matmul_q_cpu.cc", "matmul_q_float.cc", "matmul_q_int8.cc",
                 "matmul_q_packed.cc", "attention_cpu.cc", "attention_qkv_cpu.cc",
             )
         ]  # fmt: skip

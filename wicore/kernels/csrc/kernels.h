@@ -161,13 +161,26 @@ void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int6
 constexpr int64_t kMatMulQFloatRows = 32;
 bool MatMulQFloatRuns(const MatMulQArgs& args, MatMulQPath path);
 void MatMulQFloatCpu(const MatMulQArgs& args, int64_t row_begin, int64_t row_end);
+// The int8 prompt path (matmul_q_int8.cc), where the session asks for it (WICORE_MATMULQ_PROMPT=int8) in place of
+// the float one: x rounded to int8 per 32 columns without the residual (q [m, k], d [m, k / 32], d * Σ q a
+// weight block [m, k / block_size]), vpdpbusd on the codes. Rows as MatMulQCpu; 4 and 8 bits (MatMulQTask
+// widens 5 and 6).
+struct MatMulQInt8Rows {
+  std::vector<int8_t> q;  // rows `stride` apart: K + 64, so that a tile's rows do not share L1 sets at K = 2048
+  int64_t stride = 0;
+  std::vector<float> d, sums;
+};
+bool MatMulQInt8Runs(const MatMulQArgs& args, MatMulQPath path, bool is_int8_prompt);
+void MatMulQInt8Resize(const MatMulQArgs& args, MatMulQInt8Rows* out);  // then rows of x in any split:
+void MatMulQInt8Quantize(const MatMulQArgs& args, int64_t row_begin, int64_t row_end, MatMulQInt8Rows* out);
+void MatMulQInt8Cpu(const MatMulQArgs& args, const MatMulQInt8Rows& x, int64_t row_begin, int64_t row_end);
 // Any stored width (matmul_q_packed.cc): the arguments MatMulQQuantize takes (5 and 6 bits quantize x as 8 bits
 // do), and rows [row_begin, row_end) by MatMulQCpu (rows non-null) or MatMulQFloatCpu (null), after turning
 // the task's narrow scales into float32 and, except where the VNNI rows read them (m == 1), 5- and 6-bit
 // codes into 8-bit ones.
 MatMulQArgs MatMulQQuantizeArgs(const MatMulQArgs& args);
 void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std::vector<QuantRow>* rows,
-                 int64_t row_begin, int64_t row_end, MatMulQPath path);
+                 int64_t row_begin, int64_t row_end, MatMulQPath path, const MatMulQInt8Rows* int8 = nullptr);
 
 #ifdef WICORE_CUDA
 // Launched on `stream` (ORT's compute stream for the node); no allocation, no synchronization.

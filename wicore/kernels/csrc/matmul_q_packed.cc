@@ -184,7 +184,7 @@ MatMulQArgs MatMulQQuantizeArgs(const MatMulQArgs& args) {
 }
 
 void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std::vector<QuantRow>* rows, int64_t row_begin,
-                 int64_t row_end, MatMulQPath path) {
+                 int64_t row_end, MatMulQPath path, const MatMulQInt8Rows* int8) {
   thread_local Scratch scratch;
   MatMulQArgs task = args;
   const Layout layout{args.bits == 4, args.k / args.block_size,
@@ -229,6 +229,7 @@ void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std
     task.weight = scratch.codes.data() - row_begin * args.k;
     task.bits = 8;
   }
+  if (int8 != nullptr) return MatMulQInt8Cpu(task, *int8, row_begin, row_end);
   if (rows == nullptr) return MatMulQFloatCpu(task, row_begin, row_end);
   MatMulQCpu(task, *rows, row_begin, row_end, path);
 }

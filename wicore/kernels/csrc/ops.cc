@@ -152,7 +152,8 @@ struct MatMulQKernel {
         zero_point_(AttributeOr<int64_t>(info, "zero_point", bits_ == 4 ? 8 : 128)),
         blocks_per_super_(AttributeOr<int64_t>(info, "blocks_per_super", 0)),
         offset_scale_(AttributeOr<float>(info, "offset_scale", 0.f)),
-        path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))) {  // "scalar" / "avx2": a slower int8 path, prompts too
+        path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))),  // "scalar" / "avx2": a slower int8 path, prompts too
+        is_int8_prompt_(std::getenv("WICORE_MATMULQ_PROMPT") != nullptr && std::string(std::getenv("WICORE_MATMULQ_PROMPT")) == "int8") {
     Check(bits_ == 4 || bits_ == 5 || bits_ == 6 || bits_ == 8, "wicore MatMulQ: bits must be 4, 5, 6 or 8");
     Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
     Check(bits_ == 4 || bits_ == 8 || (zero_point_ >= 0 && zero_point_ < (int64_t{1} << bits_)),
@@ -163,15 +164,27 @@ struct MatMulQKernel {
     const wicore::MatMulQArgs* args;
     const wicore::MatMulQPacked* packed;
     const std::vector<wicore::QuantRow>* rows;  // null: the float prompt path (MatMulQFloatCpu)
+    const wicore::MatMulQInt8Rows* int8;        // non-null: the int8 prompt path (MatMulQInt8Cpu)
     int64_t chunk;
     wicore::MatMulQPath path;
+  };
+
+  struct Quantize {
+    static constexpr int64_t kRows = 16;
+    const wicore::MatMulQArgs* args;
+    wicore::MatMulQInt8Rows* out;
+    static void Run(void* data, size_t i) {
+      const auto* q = static_cast<const Quantize*>(data);
+      const int64_t begin = static_cast<int64_t>(i) * kRows;
+      wicore::MatMulQInt8Quantize(*q->args, begin, std::min(begin + kRows, q->args->m), q->out);
+    }
   };
 
   static void Run(void* data, size_t i) {
     const auto* w = static_cast<const Work*>(data);
     const int64_t begin = static_cast<int64_t>(i) * w->chunk;
     const int64_t end = std::min(begin + w->chunk, w->args->n);
-    wicore::MatMulQTask(*w->args, *w->packed, w->rows, begin, end, w->path);
+    wicore::MatMulQTask(*w->args, *w->packed, w->rows, begin, end, w->path, w->int8);
   }
 
   // Input i's data, or null where the graph gives none; checked to hold `count` elements.
@@ -223,13 +236,20 @@ struct MatMulQKernel {
                                    scales != nullptr ? scales : reinterpret_cast<const float*>(packed.scales16),
                                    has_offsets, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_),
                                    residual_, static_cast<int>(zero_point_)};
-    const bool is_float = wicore::MatMulQFloatRuns(args, path_);  // a prompt: float activations, no int8 rows
+    const bool is_int8 = wicore::MatMulQInt8Runs(args, path_, is_int8_prompt_);
+    const bool is_float = is_int8 || wicore::MatMulQFloatRuns(args, path_);  // a prompt: no QuantRow rows
     // The quantized rows, in this thread's buffers: a decode step's ~100 MatMulQ calls allocate nothing (the tasks
     // read them only during this call)
     thread_local std::vector<wicore::QuantRow> rows;
+    thread_local wicore::MatMulQInt8Rows int8;
     if (!is_float) wicore::MatMulQQuantize(wicore::MatMulQQuantizeArgs(args), path_, &rows);
+    if (is_int8) {  // x's rows in tasks of 16: at K = 2048 one thread's pass cost as much as a tenth of the GEMM
+      wicore::MatMulQInt8Resize(args, &int8);
+      Quantize quantize{&args, &int8};
+      ctx.ParallelFor(&Quantize::Run, static_cast<size_t>((m + Quantize::kRows - 1) / Quantize::kRows), 0, &quantize);
+    }
     constexpr int64_t kChunk = 64;  // weight rows a task (a multiple of the 4-bit groups of 8)
-    Work work{&args, &packed, is_float ? nullptr : &rows, kChunk, path_};
+    Work work{&args, &packed, is_float ? nullptr : &rows, is_int8 ? &int8 : nullptr, kChunk, path_};
     const int64_t tasks = (n + kChunk - 1) / kChunk;
     ctx.ParallelFor(&Run, static_cast<size_t>(tasks), 0, &work);
   }
@@ -239,6 +259,7 @@ struct MatMulQKernel {
   int64_t zero_point_, blocks_per_super_;
   float offset_scale_;
   wicore::MatMulQPath path_;
+  bool is_int8_prompt_;
 };
 
 struct MatMulQOp : Ort::CustomOpBase<MatMulQOp, MatMulQKernel> {

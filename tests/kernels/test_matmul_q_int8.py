@@ -1,0 +1,71 @@
+"""wicore.MatMulQ's int8 prompt GEMM (wicore/kernels/csrc/matmul_q_int8.cc, WICORE_MATMULQ_PROMPT=int8):
+against float64 from the same int8 rounding of x, and against the float prompt path it stands in for."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tests.kernels.test_matmul_q import fma32, has_vnni, quantize_rows, random_weight, session
+
+U = 2.0**-24
+
+
+def int8_session(path: str, w, residual: bool = True):
+    os.environ["WICORE_MATMULQ_PROMPT"] = "int8"  # read when the kernel is made
+    try:
+        return session(path, w, residual=residual)
+    finally:
+        os.environ.pop("WICORE_MATMULQ_PROMPT", None)
+
+
+def int8_value(x: np.ndarray, w) -> tuple[np.ndarray, np.ndarray]:
+    """Σ_b s d Σ (code + zp) q + Σ_b (o - zp s) d Σ q in float64 from the kernel's float32 inputs
+    (o - zp s one fma in float32), and Σ of the terms' magnitudes."""
+    q, d, sums = quantize_rows(x, w.block_size)
+    zp = 8 if w.bits == 4 else 128
+    unsigned = w.codes.astype(np.int64) + zp
+    m, k = x.shape
+    n, nb = w.shape[0], k // w.block_size
+    off = w.offsets if w.offsets is not None else np.zeros((n, nb), np.float32)
+    o2 = fma32(np.full_like(w.scales, -zp), w.scales, off).astype(np.float64)
+    p = np.einsum("mbj,nbj->mnb", q.reshape(m, nb, w.block_size), unsigned.reshape(n, nb, w.block_size)).astype(np.float64)
+    d_w = np.repeat(d, 32 // w.block_size, axis=1)  # d a weight block
+    t1 = p * w.scales.astype(np.float64)[None] * d_w.astype(np.float64)[:, None, :]
+    t2 = o2[None] * sums.astype(np.float64)[:, None, :]
+    return (t1 + t2).sum(-1), (np.abs(t1) + np.abs(t2)).sum(-1)
+
+
+@pytest.mark.parametrize(
+    ("bits", "block_size", "offsets"),
+    [(4, 32, False), (4, 32, True), (8, 32, False), (8, 32, True), (8, 16, False), (4, 16, True)],
+    ids=["Q4_0", "Q4_1-Q4_K", "Q8_0", "Q5_K", "Q6_K", "4bit-16"],
+)
+@pytest.mark.parametrize(("m", "n", "k"), [(32, 203, 96), (37, 40, 160)])
+def test_int8_prompt_is_its_value_within_float32_rounding(cpu_library, bits, block_size, offsets, m, n, k):
+    """Each block's product rounds s * d once, the fma chain over 2 K / block_size terms once a term:
+    |error| <= (2 K / bs + 2) u Σ |terms|. Tiles of 4 rows (a ragged last one), panels of 32 weight rows
+    (a part one), several tasks of 64."""
+    if not has_vnni(cpu_library):
+        pytest.skip("the int8 prompt path runs on AVX-512 VNNI CPUs only")
+    rng = np.random.default_rng(m * 1000 + n + k + bits + block_size)
+    w = random_weight(rng, n, k, bits, block_size, offsets)
+    x = rng.standard_t(3, (1, m, k)).astype(np.float32)
+    (y,) = int8_session(cpu_library, w).run(None, {"x": x})
+    want, size = int8_value(x[0], w)
+    bound = (2 * k // block_size + 2) * U * size
+    assert np.all(np.abs(y[0] - want) <= bound)
+    (y_float,) = session(cpu_library, w, residual=True).run(None, {"x": x})
+    assert not np.array_equal(y[0], y_float[0])  # without the variable: the float path
+
+
+def test_int8_prompt_leaves_short_inputs_to_the_int8_rows(cpu_library):
+    """Below 32 rows the variable changes nothing: decode steps keep the residual rows' bits."""
+    rng = np.random.default_rng(3)
+    w = random_weight(rng, 40, 96, 4, 32, True)
+    x = rng.standard_t(3, (1, 5, 96)).astype(np.float32)
+    (y,) = int8_session(cpu_library, w).run(None, {"x": x})
+    (want,) = session(cpu_library, w, residual=True).run(None, {"x": x})
+    np.testing.assert_array_equal(y, want)
