@@ -40,6 +40,7 @@ from pathlib import Path
 from benchlib import int_list, run_tool, write_record
 from step_timing import Config, decode_steps, engine_config
 
+from wicore.cli.engine_args import SWITCH, add_switch
 from wicore.engine.engine import Engine
 
 TOP_OPS = 8
@@ -121,11 +122,10 @@ def parse_args(argv) -> Config:
     parser.add_argument("--profile", action="store_true", help="also break kernel time down by op type")
     parser.add_argument("--gpu-kernels", action="store_true", help="also GPU time per kernel (CUDA; needs torch)")
     parser.add_argument("--block-size", type=int, default=None, help="KV block (page) size in tokens (default: the engine's)")
-    parser.add_argument(
+    add_switch(
+        parser,
         "--cuda-graphs",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="decode steps replayed from captured graphs (EngineConfig.cuda_graphs: CUDA graphs, or the WebGPU EP's)",
+        "decode steps replayed from captured graphs (EngineConfig.cuda_graphs: CUDA graphs, or the WebGPU EP's)",
     )
     parser.add_argument("--json", type=Path, help="also write a JSON record here")
     args = parser.parse_args(argv)
@@ -140,7 +140,7 @@ def parse_args(argv) -> Config:
         args.json,
         args.gpu_kernels,
         args.block_size,
-        cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
+        cuda_graphs=SWITCH[args.cuda_graphs],
     )
 
 

@@ -27,6 +27,14 @@ class DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+SWITCH = {"auto": None, "on": True, "off": False}  # a switch flag's value: EngineConfig's None (auto) / True / False
+
+
+def add_switch(p: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """An auto / on / off flag (`SWITCH`), auto by default; the bare flag means on."""
+    p.add_argument(flag, nargs="?", const="on", default="auto", choices=tuple(SWITCH), help=help)
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Where the model runs, its KV tiers and the scheduler's limits: `generate` and `serve` alike."""
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
@@ -96,24 +104,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--a2cr-weights", default="0.4,0.3,0.3", help="A2CR weights: attention,frequency,recency")
     p.add_argument("--a2cr-decay", type=float, default=0.05, help="A2CR history decay, per minute")
     p.add_argument("--no-prefix-cache", action="store_true")
-    p.add_argument(
+    add_switch(
+        p,
         "--cuda-graphs",
-        nargs="?",
-        const="on",
-        default="auto",
-        choices=("auto", "on", "off"),
-        help="replay decode steps from CUDA graphs (an --attention paged export on cuda devices); auto (the "
+        "replay decode steps from CUDA graphs (an --attention paged export on cuda devices); auto (the "
         "default): on one device when the KV blocks are the paged attention's FlashAttention tile or a multiple of it; "
         "over several (a split) only with on: each card replays its own; on the webgpu device (an --op-flavour webgpu "
         "--attention paged export) only with on: the WebGPU EP's recorded command buffers (docs/HARDWARE.md)",
     )
-    p.add_argument(
+    add_switch(
+        p,
         "--async-scheduling",
-        nargs="?",
-        const="on",
-        default="auto",
-        choices=("auto", "on", "off"),
-        help="plan each step while the one before runs on a worker thread (the same rows in every step, less idle "
+        "plan each step while the one before runs on a worker thread (the same rows in every step, less idle "
         "device time; not with speculative decoding); auto (the default): on where decode steps replay CUDA graphs "
         "on one card and no speculative decoding, KV offload or steps in flight make steps synchronous",
     )
@@ -156,10 +158,10 @@ def engine_config(args: argparse.Namespace, model_dir: Path):  # -> EngineConfig
             enable_prefix_cache=not args.no_prefix_cache,
             devices=args.devices,
             vision_device=args.vision_device,
-            cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
+            cuda_graphs=SWITCH[args.cuda_graphs],
             a2cr=A2CRConfig(w_attention, w_frequency, w_recency, decay=args.a2cr_decay),
             speculative=speculative_config(args),
-            async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],
+            async_scheduling=SWITCH[args.async_scheduling],
             scheduler=SchedulerConfig(
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_batched_tokens,

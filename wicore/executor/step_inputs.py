@@ -88,13 +88,14 @@ class StepInputs:
         """Copy `host` (a side's buffer; the side written now by default) to every device's buffer (separate:
         each input's view to its value)."""
         host = self.host if host is None else host
-        for buffer in self.buffers.values():
-            buffer.update_inplace(host)  # type: ignore[attr-defined]
-        if self.values:  # separate: the side's views of `host`, each to its own value
-            views = self._side_views[next(i for i, side in enumerate(self._sides) if side is host)]
-            for values in self.values.values():
-                for name, value in values.items():
-                    value.update_inplace(views[name])  # type: ignore[attr-defined]
+        if not self.separate:
+            for buffer in self.buffers.values():
+                buffer.update_inplace(host)  # type: ignore[attr-defined]
+            return
+        views = self._side_views[next(i for i, side in enumerate(self._sides) if side is host)]
+        for values in self.values.values():
+            for name, value in values.items():
+                value.update_inplace(views[name])  # type: ignore[attr-defined]
 
     def bind(self, binding: object, names: set[str], device: Place | None = None) -> None:
         """Bind the inputs in `names` that are held here at their places on `device` (the first by default)."""

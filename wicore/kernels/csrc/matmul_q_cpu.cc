@@ -273,16 +273,17 @@ WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& 
         scales.ints = p->scale_ints != nullptr ? p->scale_ints + n0 * num_blocks : nullptr;
         scales.shift = p->scale_ints != nullptr ? __builtin_ctzll(static_cast<uint64_t>(p->blocks_per_super)) : 0;
       }
-      constexpr int kHigh8 = 0, kHigh5 = 1, kHigh6 = 2;
-      if constexpr (kPairs == 0) {
-        if (args.bits == 8) return DotRows<1, kPerBlock, kResidual, kHigh8>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
-        if (args.bits == 5) return DotRows<1, kPerBlock, kResidual, kHigh5>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
-        DotRows<1, kPerBlock, kResidual, kHigh6>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
-      } else {
-        if (args.bits == 8) return DotPairs<kPairs, kPerBlock, kResidual, kHigh8>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
-        if (args.bits == 5) return DotPairs<kPairs, kPerBlock, kResidual, kHigh5>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
-        DotPairs<kPairs, kPerBlock, kResidual, kHigh6>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
-      }
+      auto at_width = [&](auto high_of) {  // the codes' high bits: 0 (8-bit codes), 1 (5-bit) or 2 (6-bit)
+        constexpr int kHigh = decltype(high_of)::value;
+        if constexpr (kPairs == 0) {
+          DotRows<1, kPerBlock, kResidual, kHigh>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
+        } else {
+          DotPairs<kPairs, kPerBlock, kResidual, kHigh>(rows[i], w, row_bytes, scales, num_blocks, k, bias, o);
+        }
+      };
+      if (args.bits == 8) return at_width(std::integral_constant<int, 0>{});
+      if (args.bits == 5) return at_width(std::integral_constant<int, 1>{});
+      at_width(std::integral_constant<int, 2>{});
     };
     for (int64_t n = begin; n < end;) {
       const int64_t left = end - n;

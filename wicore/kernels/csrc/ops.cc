@@ -141,6 +141,12 @@ T AttributeOr(const OrtKernelInfo* info, const char* name, T fallback) {
   }
 }
 
+// Whether the environment variable `name` is set to `value`.
+bool EnvEquals(const char* name, const char* value) {
+  const char* set = std::getenv(name);
+  return set != nullptr && std::string(set) == value;
+}
+
 // Inputs: x, codes, then the scales and offsets in float32 (2, 3) or narrow (4-7: kernels.h's MatMulQPacked),
 // each optional; one form of the scales is required, the offsets in either form are optional.
 struct MatMulQKernel {
@@ -153,7 +159,7 @@ struct MatMulQKernel {
         blocks_per_super_(AttributeOr<int64_t>(info, "blocks_per_super", 0)),
         offset_scale_(AttributeOr<float>(info, "offset_scale", 0.f)),
         path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))),  // "scalar" / "avx2": a slower int8 path, prompts too
-        is_int8_prompt_(std::getenv("WICORE_MATMULQ_PROMPT") != nullptr && std::string(std::getenv("WICORE_MATMULQ_PROMPT")) == "int8") {
+        is_int8_prompt_(EnvEquals("WICORE_MATMULQ_PROMPT", "int8")) {
     Check(bits_ == 4 || bits_ == 5 || bits_ == 6 || bits_ == 8, "wicore MatMulQ: bits must be 4, 5, 6 or 8");
     Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
     Check(bits_ == 4 || bits_ == 8 || (zero_point_ >= 0 && zero_point_ < (int64_t{1} << bits_)),
