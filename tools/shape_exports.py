@@ -27,6 +27,25 @@ VARIANTS: dict[str, dict[str, object]] = {
     "paged-wicore-all": dict(dtype="fp16", attention="paged", kernels="wicore", block_attention="all"),
     "int4-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0),
     "int8-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=8, accuracy_level=0),
+    # 4- / 8-bit weights on ORT's MatMulNBits, the norms and GeGLU on WiCore's kernels: against paged-wicore
+    "int4-paged-wicore": dict(
+        dtype="fp16",
+        attention="paged",
+        op_flavour="ort-quant",
+        weight_bits=4,
+        accuracy_level=0,
+        kernels="wicore",
+        block_attention="off",
+    ),
+    "int8-paged-wicore": dict(
+        dtype="fp16",
+        attention="paged",
+        op_flavour="ort-quant",
+        weight_bits=8,
+        accuracy_level=0,
+        kernels="wicore",
+        block_attention="off",
+    ),
     # the embedding's rows from the head's 4-bit codes (wicore-export --quantize-embedding)
     "int4e-paged": dict(
         dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0, quantize_embedding=True
