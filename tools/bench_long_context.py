@@ -180,6 +180,7 @@ def wicore_chunks(model_dir: Path, config: Config, prompt_ids: list[int]) -> Ite
         num_threads=config.threads,
         kv_pool_gb=config.kv_pool_gb,
         scheduler=SchedulerConfig(prefill_chunk=config.chunk),
+        async_scheduling=False,  # each step timed alone around EngineCore.step()
     )
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     with Engine(engine_config) as engine:

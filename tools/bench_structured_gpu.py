@@ -186,6 +186,7 @@ def run(config: Config) -> int:
         verify_files=False,  # the tokenizer was copied in after the export
         cuda_graphs=config.cuda_graphs,
         scheduler=SchedulerConfig(max_num_seqs=config.batch),
+        async_scheduling=False,  # each step timed alone around EngineCore.step()
     )
     records: list[dict[str, Any]] = []
     with Engine(engine_config) as engine:

@@ -84,7 +84,8 @@ def wicore_long(
     engine_config = EngineConfig(
         model_dir=model_dir, devices=config.devices, num_threads=2, block_size=block_size,
         num_device_blocks=full_blocks, num_window_device_blocks=window_blocks, num_nvme_blocks=0,
-        enable_prefix_cache=False, scheduler=scheduler, **offload,  # type: ignore[arg-type]
+        enable_prefix_cache=False, scheduler=scheduler, async_scheduling=False,  # each step alone
+        **offload,  # type: ignore[arg-type]
     )  # fmt: skip
     with Engine(engine_config) as engine:
         memory.sample()

@@ -77,6 +77,7 @@ def engine_config(model_dir: Path, batch: int, config: Config, profile_prefix: s
         devices=config.devices,
         profile_prefix=profile_prefix,
         cuda_graphs=config.cuda_graphs,
+        async_scheduling=False,  # stepped one at a time here: step N+1 must not be queued behind N
     )
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
-from wicore.cli.bench import step_breakdown
+from wicore.cli.bench import format_breakdown, step_breakdown
 from wicore.cli.load import LoadConfig, RequestTiming, Spread, one_request, random_prompts, summarize
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.trace import PhaseSeconds
@@ -119,6 +119,20 @@ def test_step_breakdown_is_each_phase_a_step_in_ms():
         "loop": 50.0,
     }
     assert step_breakdown(after, before, 1.4, 0) is None
+
+
+def test_breakdown_line_with_steps_in_flight_says_the_graphs_overlapped():
+    # Async scheduling's numbers from an H200 run: the engine thread waited 6.50 ms a step for graphs of 12.36
+    ms = {"step": 14.59, "schedule": 5.84, "moves": 0.0, "graphs": 12.36, "run_host": -5.86, "update": 1.59, "loop": 0.66}
+    assert format_breakdown(ms) == (
+        "A step: 14.59 ms, the graphs 12.36 of it overlapped with the host's work (steps in flight: schedule 5.84, "
+        "KV moves 0.00, update 1.59, engine loop 0.66; the engine thread waited 6.50 for the device)"
+    )
+    plain = {**ms, "step": 20.0, "run_host": 0.5}
+    assert format_breakdown(plain) == (
+        "A step: 20.00 ms, of which graphs 12.36 and host 7.64 (schedule 5.84, KV moves 0.00, "
+        "run outside the graphs 0.50, update 1.59, engine loop 0.66)"
+    )
 
 
 @pytest.fixture(scope="module")

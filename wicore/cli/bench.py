@@ -119,6 +119,16 @@ def step_breakdown(after: PhaseSeconds, before: PhaseSeconds, elapsed: float, nu
 
 
 def format_breakdown(ms: dict[str, float]) -> str:
+    """The step line. With steps in flight (async scheduling) the device's graphs overlap the host's
+    phases: the engine thread's `run` is then its wait for the worker, shorter than the graphs (the
+    `run_host` phase negative by what the overlap hid), so the line says so rather than subtract."""
+    if ms["run_host"] < 0:
+        wait = ms["graphs"] + ms["run_host"]
+        return (
+            f"A step: {ms['step']:.2f} ms, the graphs {ms['graphs']:.2f} of it overlapped with the host's work "
+            f"(steps in flight: schedule {ms['schedule']:.2f}, KV moves {ms['moves']:.2f}, update {ms['update']:.2f}, "
+            f"engine loop {ms['loop']:.2f}; the engine thread waited {wait:.2f} for the device)"
+        )
     host = ms["step"] - ms["graphs"]
     return (
         f"A step: {ms['step']:.2f} ms, of which graphs {ms['graphs']:.2f} and host {host:.2f} "
