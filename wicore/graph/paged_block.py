@@ -54,9 +54,10 @@ FUSED = "fused"
 # None yet (H200, 27B shape, 2026-11-28, docs/PERFORMANCE.md): decode steps with the sliding layers on the op
 # ran 1.05x / 1.14x / 1.36x ORT's speed at batch 1 / 64 / 256 (full layers: no faster than cuDNN's kernel at
 # batch 64 and 256), but its prefill chunks then made a 64 x 4,096-token prefill ~4.6x slower; they run on the
-# decode kernel since (1.29 against ~16 us a token a layer), not yet timed end to end. {True} (the sliding
-# layers) once a run of prefill and decode together is at least as fast with them in every case, with
-# the same tokens (tools/gpu_block_attention_bench.sh: wicore bench throughput, 512- and 4,096-token prompts).
+# decode kernel since (1.29 against ~16 us a token a layer). End to end (tools/gpu_block_attention_bench.sh,
+# wicore bench throughput, H200, 2026-11-29): 1.04x / 1.13x ORT's output at 64 / 256 requests of 512 + 256
+# tokens, but 0.80x at 64 of 4,096 + 32: the prompts' chunks still lose. {True} (the sliding layers) once that
+# run is at least as fast with them in every case, with the same tokens.
 AUTO_KINDS: frozenset[bool] = frozenset()
 CUDA_HEAD_DIMS = (64, 128, 256)  # the float16 kernel's (BlockAttentionCudaSupports)
 
