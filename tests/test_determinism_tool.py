@@ -41,8 +41,9 @@ def test_two_cpu_runs_do_not_diverge_and_compare_names_what_was_changed(split_wi
     lines = ran.stdout.splitlines()
     # 3 sampled requests x 5 tokens; the greedy one's 4 decode rows (its prefill batch draws nothing)
     assert lines[0].startswith("run 0: 19 rows recorded over ")
-    assert lines[-2:] == [
+    assert lines[-3:] == [
         "run 0 against run 1: requests whose tokens differ: 0 of 4 []",
+        "run 0 against run 1: rows whose logits or hidden states differ: 0 of 19, at steps []",
         "run 0 against run 1: first divergence: no divergence",
     ]
     data = json.loads(dumped.read_text())

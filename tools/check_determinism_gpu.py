@@ -18,6 +18,22 @@ records, `--compare A B` compares two dumps (two processes). The first divergenc
 
 `--head-only`: the head alone (wicore.graph.sampling.head_model) on the device, the same near-flat
 logits [rows, vocab] and uniforms `--repeats` times, in two sessions: are its outputs bitwise equal?
+`--runs 3` compares run 0 with 1 and 1 with 2 (a first engine that alone differs: memory it found
+fresh where later engines find their predecessor's). `--make-export 26` first exports the random 1B
+of tools/gpu_async_bench.sh in one layer a partition, so that hidden states name the layer.
+
+What ONNX Runtime's CUDA sources say about the head's kernels (microsoft/onnxruntime, read 2026-11-29,
+recent main; not run): ReduceSum over the last axis takes reduce_matrix_columns (fast_reduction_),
+a fixed-order tree whose last block sums the per-block partials (an atomic counter picks which
+block, not the order): run-to-run exact. Only reduce_matrix_rows (leading axes, not ours) adds with
+atomics. An int64 ReduceSum (the head's counts) goes through float32 cudnnReduceTensor: exact below
+2^24. CumSum sums each prefix serially (exact, repeatable); TopK (radix, hybrid or small-K paths)
+counts with integer atomics and writes by prefix sums: repeatable values and order. GEMMs: cuBLAS
+promises bitwise-equal results run to run on one GPU model when one stream is active (its docs,
+"Results reproducibility"; concurrent streams may pick other workspaces: CUBLAS_WORKSPACE_CONFIG
+or a handle per stream); ORT's GEMM auto-tuner (timing cuBLAS against a small-N GEMV per shape,
+which could pick differently per process) is off unless ep.cuda.enable_gemm_auto_tune or
+ORT_CUDA_GEMM_AUTO_TUNE is set. So nothing in the head is expected to vary; the tool checks.
 
     PYTHONPATH=. python3 tools/check_determinism_gpu.py --model M [--devices cuda:0] [--cuda-graphs on]
     PYTHONPATH=. python3 tools/check_determinism_gpu.py --model M --runs 1 --dump a.json   (twice)
@@ -63,6 +79,7 @@ class Record:
 class Run:
     records: list[Record] = field(default_factory=list)
     tokens: dict[str, list[int]] = field(default_factory=dict)  # what the engine returned
+    rows: dict[tuple[int, str], list[np.ndarray]] = field(default_factory=dict)  # logits, hidden (not dumped)
 
 
 def digest(array: Any) -> str:
@@ -70,14 +87,15 @@ def digest(array: Any) -> str:
     return hashlib.sha1(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
 
 
-def workload(vocab: int, num_sampled: int, num_greedy: int, new_tokens: int) -> list[tuple[list[int], SamplingParams]]:
+def workload(args: argparse.Namespace, vocab: int) -> list[tuple[list[int], SamplingParams]]:
     """Seeded whole-distribution rows (the head draws them) and greedy ones, prompts of 9 to 120 tokens."""
+    num_sampled, num_greedy, new_tokens = args.sampled, args.greedy, args.new_tokens
     rng = np.random.default_rng(0)
     out = []
     for i in range(num_sampled + num_greedy):
         prompt = rng.integers(3, vocab, 9 + (37 * i) % 112).tolist()
         if i < num_sampled:
-            params = SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=i, ignore_eos=True)
+            params = SamplingParams(max_tokens=new_tokens, temperature=args.temperature, seed=i, ignore_eos=True)
         else:
             params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
         out.append((prompt, params))
@@ -86,9 +104,9 @@ def workload(vocab: int, num_sampled: int, num_greedy: int, new_tokens: int) -> 
 
 class Recorder:
     """Records what each step's batches drew. The tool's only hooks into the engine: the runner's
-    `run_device` and the graphs' `run_partition`, replaced on those instances (the engine's code and
-    its other users are untouched): each batch's rows, sampling inputs and outputs are read after the
-    device ran it, the logits copied from where the graph left them."""
+    `run_device`, the graphs' `run` and `run_partition`, replaced on those instances (the engine's
+    code and its other users are untouched): each batch's rows, sampling inputs and outputs are read
+    after the device ran it, the logits copied from where the graph left them."""
 
     def __init__(self, core: EngineCore, rerun_head: bool) -> None:
         self.run = Run()
@@ -96,26 +114,31 @@ class Recorder:
         self.rerun_head = rerun_head
         runner, graphs = core.runner, core.runner.graphs
         self.graphs = graphs
-        self._hidden: list[np.ndarray] = []  # this batch's hidden states, uncaptured partitions
-        run_device, run_partition = runner.run_device, graphs.run_partition
+        self._hidden: list[list[np.ndarray]] = []  # per batch of the step: each uncaptured partition's hidden states
+        run_device, run_graphs, run_partition = runner.run_device, graphs.run, graphs.run_partition
 
         def recorded_partition(*args: Any, **kwargs: Any) -> dict[str, Any]:
             out = run_partition(*args, **kwargs)
             if io.HIDDEN_STATES_OUT in out:
-                self._hidden.append(out[io.HIDDEN_STATES_OUT].numpy().copy())
+                self._hidden[-1].append(out[io.HIDDEN_STATES_OUT].numpy().copy())
             return out
+
+        def recorded_graphs(*args: Any, **kwargs: Any) -> Any:
+            self._hidden.append([])
+            return run_graphs(*args, **kwargs)
 
         def recorded_device(step: Any, previous: Any = None) -> Any:
             self._hidden = []
             device = run_device(step, previous)
-            for prepared, out in zip(step.batches, device.outputs):
-                self.note(prepared, out)
+            for prepared, out, hidden in zip(step.batches, device.outputs, self._hidden):
+                self.note(prepared, out, hidden)
             return device
 
         runner.run_device = recorded_device  # type: ignore[method-assign]
+        graphs.run = recorded_graphs  # type: ignore[method-assign]
         graphs.run_partition = recorded_partition  # type: ignore[method-assign]
 
-    def note(self, prepared: Any, out: Any) -> None:
+    def note(self, prepared: Any, out: Any, hidden: list[np.ndarray]) -> None:
         """The batch's rows that sample, if the head ran for it (a greedy-only batch reads no logits)."""
         if out.draws is None:
             return
@@ -125,7 +148,6 @@ class Recorder:
             hidden = [w.numpy()[: replay.rows] for w in replay.bucket.written]
             device_logits = replay.bucket.outputs[io.LOGITS]
         else:
-            hidden = self._hidden[: len(self.graphs.sessions) - 1]
             device_logits = out.unread_logits
         again = None
         if self.rerun_head and self.graphs.head is not None and hasattr(device_logits, "shape"):
@@ -138,16 +160,18 @@ class Recorder:
             at = offset - 1
             drawn = row.request_id in prepared.drawn
             token = int(out.draws.tokens[at]) if drawn else int(out.greedy_tokens[at])
+            rows = [np.asarray(logits[at], np.float32), *(np.asarray(h[i]) for h in hidden)]
             record = Record(
                 self.step,
                 row.request_id,
                 float(prepared.sampling.uniform[at]) if drawn else 0.0,
-                digest(np.asarray(logits[at], np.float32)),
-                [digest(h[i]) for h in hidden],
+                digest(rows[0]),
+                [digest(h) for h in rows[1:]],
                 token,
                 int(again[at]) if again is not None and drawn else None,
             )
             self.run.records.append(record)
+            self.run.rows[(record.step, record.request)] = rows
 
 
 def run_engine(args: argparse.Namespace, label: str) -> Run:
@@ -167,7 +191,7 @@ def run_engine(args: argparse.Namespace, label: str) -> Run:
     core = EngineCore(config)
     recorder = Recorder(core, args.rerun_head)
     try:
-        for i, (prompt, params) in enumerate(workload(manifest.config.vocab_size, args.sampled, args.greedy, args.new_tokens)):
+        for i, (prompt, params) in enumerate(workload(args, manifest.config.vocab_size)):
             core.add(core.make_request(prompt, params, f"{'s' if params.seed is not None else 'g'}{i}"))
         while core.has_work:
             for out in core.step():
@@ -180,27 +204,37 @@ def run_engine(args: argparse.Namespace, label: str) -> Run:
     return run
 
 
-def first_divergence(a: Run, b: Run) -> str | None:
+@dataclass(frozen=True)
+class Divergence:
+    message: str
+    key: tuple[int, str] | None = None  # the record's (step, request)
+    array: int | None = None  # which of its rows differ: 0 the logits, 1 + k the hidden states after partition k
+
+
+def first_divergence(a: Run, b: Run) -> Divergence | None:
     """The first record (by step, then request) where two runs differ, named by kind; None: none."""
     keyed = {(r.step, r.request): r for r in b.records}
     for x in a.records:
-        y = keyed.get((x.step, x.request))
+        key = (x.step, x.request)
+        y = keyed.get(key)
         where = f"step {x.step}, request {x.request}"
         if y is None:
-            return f"schedule: {where} ran in the first run only"
+            return Divergence(f"schedule: {where} ran in the first run only")
         if x.uniform != y.uniform:
-            return f"host: {where}: uniforms differ ({x.uniform!r} against {y.uniform!r})"
+            return Divergence(f"host: {where}: uniforms differ ({x.uniform!r} against {y.uniform!r})")
         if x.hidden != y.hidden:
             part = next(k for k, (h, g) in enumerate(zip(x.hidden, y.hidden)) if h != g)
-            return f"logits: {where}: hidden states after partition {part} differ (the model's kernels)"
+            return Divergence(
+                f"logits: {where}: hidden states after partition {part} differ (the model's kernels)", key, 1 + part
+            )
         if x.logits != y.logits:
-            return f"logits: {where}: logits differ, hidden states equal (the last partition's kernels)"
+            return Divergence(f"logits: {where}: logits differ, hidden states equal (the last partition's kernels)", key, 0)
         if x.token != y.token:
-            return f"head: {where}: logits equal, tokens differ ({x.token} against {y.token})"
+            return Divergence(f"head: {where}: logits equal, tokens differ ({x.token} against {y.token})")
     if len(b.records) != len(a.records):
-        return f"schedule: {len(a.records)} rows recorded against {len(b.records)}"
+        return Divergence(f"schedule: {len(a.records)} rows recorded against {len(b.records)}")
     if a.tokens != b.tokens:
-        return "tokens: the engine returned other tokens, every recorded row equal (a row drawn on the host)"
+        return Divergence("tokens: the engine returned other tokens, every recorded row equal (a row drawn on the host)")
     return None
 
 
@@ -209,11 +243,33 @@ def head_disagreements(run: Run) -> list[str]:
     return [f"step {r.step}, {r.request}" for r in run.records if r.head_again is not None and r.head_again != r.token]
 
 
-def report(a: Run, b: Run, label: str) -> int:
+def how_far(x: np.ndarray, y: np.ndarray) -> str:
+    """How two arrays of one shape differ: how many values, by how much, in units in the last place."""
+    x, y = x.ravel(), y.ravel()
+    moved = np.flatnonzero(x != y)
+    wide = np.abs(x.astype(np.float64) - y.astype(np.float64))
+    ints = {2: np.int16, 4: np.int32}.get(x.dtype.itemsize)
+    ulps = int(np.abs(x.view(ints).astype(np.int64) - y.view(ints).astype(np.int64)).max()) if ints else -1
+    return f"{len(moved)} of {x.size} values differ, max |a - b| {wide.max():.3g}, max {ulps} ulp ({x.dtype})"
+
+
+def report(a: Run, b: Run, label: str, rows_out: Path | None = None) -> int:
     differ = sorted(k for k in a.tokens if a.tokens[k] != b.tokens.get(k))
     print(f"{label}: requests whose tokens differ: {len(differ)} of {len(a.tokens)} {differ[:12]}")
+    keyed = {(r.step, r.request): r for r in b.records}
+    moved = [
+        r for r in a.records if (o := keyed.get((r.step, r.request))) is not None and (r.logits, r.hidden) != (o.logits, o.hidden)
+    ]
+    steps = sorted({r.step for r in moved})
+    print(f"{label}: rows whose logits or hidden states differ: {len(moved)} of {len(a.records)}, at steps {steps[:20]}")
     found = first_divergence(a, b)
-    print(f"{label}: first divergence: {found or 'no divergence'}")
+    print(f"{label}: first divergence: {found.message if found else 'no divergence'}")
+    if found is not None and found.key in a.rows and found.key in b.rows and found.array is not None:
+        x, y = a.rows[found.key][found.array], b.rows[found.key][found.array]
+        print(f"{label}: there {how_far(x, y)}")
+        if rows_out is not None:
+            np.savez(rows_out, a=x, b=y, step=found.key[0], request=found.key[1])
+            print(f"{label}: wrote both rows to {rows_out}")
     return 0 if found is None else 1
 
 
@@ -224,6 +280,30 @@ def dump(run: Run, path: Path) -> None:
 def load(path: Path) -> Run:
     data = json.loads(path.read_text())
     return Run([Record(**r) for r in data["records"]], data["tokens"])
+
+
+def make_export(model: Path, partitions: int) -> None:
+    """The random Gemma 3 1B of tools/gpu_async_bench.sh (fp16, paged, sampling head) in `partitions`
+    partitions: one layer a partition names the first layer whose output differs."""
+    from wicore.export.exporter import ExportConfig, export_model
+    from wicore.export.random_weights import RandomFloatSource
+    from wicore.model.config import DecoderConfig
+    from wicore.model.shapes import hf_config
+
+    source = RandomFloatSource(DecoderConfig.from_hf({"model_type": "gemma3_text", **hf_config("gemma3-1b")}))
+    config = ExportConfig(dtype="fp16", attention="paged", sampling_head="on", num_partitions=partitions, overwrite=True)
+    export_model(source, model, config, progress=lambda _: None)
+    print(f"exported the random Gemma 3 1B in {partitions} partitions to {model}", flush=True)
+
+
+def cuda_waits(devices: str) -> None:
+    """Say which CUDA runtime the engine waits for a replay with: none, and the sampling head could read
+    logits a replayed graph is still writing (wicore.executor.device_wait)."""
+    if devices.startswith("cuda"):
+        from wicore.executor.device_wait import cuda_runtime
+
+        runtime = cuda_runtime()
+        print(f"CUDA runtime for the waits after a replay: {runtime._name if runtime is not None else 'NONE FOUND'}")
 
 
 def head_only(args: argparse.Namespace) -> int:
@@ -265,12 +345,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampled", type=int, default=24)
     parser.add_argument("--greedy", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=40)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--make-export", type=int, metavar="PARTITIONS", help="export the random 1B to --model first")
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--kv-pool-gb", type=float, default=4.0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rerun-head", action="store_true", help="run the head twice a step, on the same logits")
     parser.add_argument("--dump", type=Path, help="write the first run's records (json)")
     parser.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"), help="compare two dumps, run nothing")
+    parser.add_argument("--rows-out", type=Path, help="write the first divergent row of both runs (npz)")
     parser.add_argument("--head-only", action="store_true")
     parser.add_argument("--rows", type=int, default=24)
     parser.add_argument("--vocab", type=int, default=262144, help="--head-only without --model")
@@ -282,9 +365,15 @@ def main(argv: list[str] | None = None) -> int:
         return head_only(args)
     if args.model is None:
         parser.error("--model is required (but with --compare, or --head-only with --vocab)")
+    if args.make_export:
+        make_export(args.model, args.make_export)
     if args.cuda_graphs == "on" and not args.devices.startswith("cuda"):
         args.cuda_graphs = "off"  # captured steps are the CUDA EP's
-    runs = [run_engine(args, f"run {k}") for k in range(args.runs)]
+    runs = []
+    for k in range(args.runs):
+        runs.append(run_engine(args, f"run {k}"))
+        if k == 0:
+            cuda_waits(args.devices)
     if args.dump:
         dump(runs[0], args.dump)
     failed = 0
@@ -293,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {k}: the head run again on the same logits gave other tokens at {len(again)} rows: {again[:6]}")
             failed = 1
     for k in range(1, len(runs)):
-        failed |= report(runs[0], runs[k], f"run 0 against run {k}")
+        failed |= report(runs[k - 1], runs[k], f"run {k - 1} against run {k}", args.rows_out)
     return failed
 
 
