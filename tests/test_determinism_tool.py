@@ -1,6 +1,7 @@
 """tools/check_determinism_gpu.py on the CPU, the tiny chat model exported in two partitions with the
 sampling head: two engines in one process draw the same tokens from the same logits (no divergence,
-the head run again agrees), and `--compare` names the kind of a divergence put into a dump."""
+the head run again agrees), decode steps through the CUDA graphs' buckets record the same rows, and
+`--compare` names the kind of a divergence put into a dump."""
 
 from __future__ import annotations
 
@@ -52,7 +53,25 @@ def test_two_cpu_runs_do_not_diverge_and_compare_names_what_was_changed(split_wi
     assert all(r["head_again"] == r["token"] for r in records if r["request"] != "g3")
     assert sorted(data["tokens"]) == ["g3", "s0", "s1", "s2"] and {len(t) for t in data["tokens"].values()} == {5}
 
-    same = tool("--compare", str(dumped), str(dumped))
+    # decode steps through the CUDA graphs' buckets (the CPU EP ignores the graph ids): the same rows, bit for bit
+    bucketed = tmp_path / "buckets.json"
+    ran = tool(
+        "--model",
+        str(split_with_head),
+        *WORKLOAD,
+        "--kv-pool-gb",
+        "0.01",
+        "--rerun-head",
+        "--buckets",
+        "--runs",
+        "1",
+        "--dump",
+        str(bucketed),
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    replayed = json.loads(bucketed.read_text())["records"]
+    assert all(r["head_again"] == r["token"] for r in replayed if r["request"] != "g3")
+    same = tool("--compare", str(dumped), str(bucketed))
     assert (same.returncode, same.stdout.splitlines()[-1]) == (0, "dumps: first divergence: no divergence")
     last = records[-1]
     where, token = f"step {last['step']}, request {last['request']}", last["token"]

@@ -189,6 +189,10 @@ def run_engine(args: argparse.Namespace, label: str) -> Run:
         num_threads=args.threads,
     )
     core = EngineCore(config)
+    if args.buckets:  # on the CPU EP (graph ids ignored): the replayed path's recording, testable here
+        bs, context = core.layout.block_size, core.max_sequence_tokens
+        window = -(-core.manifest.config.sliding_window // bs) + 2 if core.layout.has_window else 1
+        core.runner.graphs.enable_decode_graphs(bs, core.scheduler.config.max_num_seqs, -(-context // bs), window, context)
     recorder = Recorder(core, args.rerun_head)
     try:
         for i, (prompt, params) in enumerate(workload(args, manifest.config.vocab_size)):
@@ -341,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path)
     parser.add_argument("--devices", default="cuda:0")
     parser.add_argument("--cuda-graphs", choices=("on", "off", "auto"), default="on")
+    parser.add_argument("--buckets", action="store_true", help="CPU: decode steps through the CUDA graphs' buckets")
     parser.add_argument("--runs", type=int, default=2, help="engines one after the other in this process")
     parser.add_argument("--sampled", type=int, default=24)
     parser.add_argument("--greedy", type=int, default=4)
