@@ -60,8 +60,9 @@ def test_two_cpu_runs_do_not_diverge_and_compare_names_what_was_changed(split_wi
         str(split_with_head),
         *WORKLOAD,
         "--kv-pool-gb",
-        "0.01",
+        "0.05",
         "--rerun-head",
+        "--relaunch",
         "--buckets",
         "--runs",
         "1",
@@ -71,6 +72,9 @@ def test_two_cpu_runs_do_not_diverge_and_compare_names_what_was_changed(split_wi
     assert ran.returncode == 0, ran.stdout + ran.stderr
     replayed = json.loads(bucketed.read_text())["records"]
     assert all(r["head_again"] == r["token"] for r in replayed if r["request"] != "g3")
+    # --relaunch: each of the 4 decode steps' 4 rows launched again gives the same rows (prefills run uncaptured)
+    relaunched = [r for r in replayed if r["relaunched"] is not None]
+    assert len(relaunched) == 16 and all(r["relaunched"] == [r["logits"], *r["hidden"]] for r in relaunched)
     same = tool("--compare", str(dumped), str(bucketed))
     assert (same.returncode, same.stdout.splitlines()[-1]) == (0, "dumps: first divergence: no divergence")
     last = records[-1]

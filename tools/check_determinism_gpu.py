@@ -46,45 +46,18 @@ Exit 0: no divergence (or the head's outputs equal), 1: a divergence, named.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import sys
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from determinism_records import Record, Run, digest, dump, head_disagreements, load, relaunch_disagreements, report
 
 from wicore.engine.config import EngineConfig
 from wicore.engine.core import EngineCore
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
 from wicore.types.sampling import SamplingParams
-
-
-@dataclass
-class Record:
-    """One request's row at one step that ran the sampling head."""
-
-    step: int  # the engine's step (counted from 0 in each run)
-    request: str
-    uniform: float  # float32 as the head took it (0 for a greedy row)
-    logits: str  # digest of the row's float32 logits
-    hidden: list[str]  # digest of the row's hidden states after each partition but the last
-    token: int  # the head's draw (a sampled row) or the graph's argmax (a greedy one)
-    head_again: int | None = None  # --rerun-head: the head's draw, run again on the same logits
-
-
-@dataclass
-class Run:
-    records: list[Record] = field(default_factory=list)
-    tokens: dict[str, list[int]] = field(default_factory=dict)  # what the engine returned
-    rows: dict[tuple[int, str], list[np.ndarray]] = field(default_factory=dict)  # logits, hidden (not dumped)
-
-
-def digest(array: Any) -> str:
-    """The first 16 hex digits of the sha1 of an array's bytes (float32 rows: bitwise equality)."""
-    return hashlib.sha1(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
 
 
 def workload(args: argparse.Namespace, vocab: int) -> list[tuple[list[int], SamplingParams]]:
@@ -108,10 +81,11 @@ class Recorder:
     code and its other users are untouched): each batch's rows, sampling inputs and outputs are read
     after the device ran it, the logits copied from where the graph left them."""
 
-    def __init__(self, core: EngineCore, rerun_head: bool) -> None:
+    def __init__(self, core: EngineCore, rerun_head: bool, relaunch: bool) -> None:
         self.run = Run()
         self.step = 0
         self.rerun_head = rerun_head
+        self.relaunch = relaunch
         runner, graphs = core.runner, core.runner.graphs
         self.graphs = graphs
         self._hidden: list[list[np.ndarray]] = []  # per batch of the step: each uncaptured partition's hidden states
@@ -144,14 +118,19 @@ class Recorder:
             return
         logits = out.read_logits()
         replay = prepared.replay
-        if replay is not None:  # a replayed bucket: each partition's hidden states in its buffers
-            hidden = [w.numpy()[: replay.rows] for w in replay.bucket.written]
+        if replay is not None:  # a replayed bucket: each partition's hidden states in its buffers (copied)
+            hidden = [np.array(w.numpy()[: replay.rows]) for w in replay.bucket.written]
             device_logits = replay.bucket.outputs[io.LOGITS]
         else:
             device_logits = out.unread_logits
         again = None
         if self.rerun_head and self.graphs.head is not None and hasattr(device_logits, "shape"):
             again = self.graphs.head.run(device_logits, prepared.sampling)[io.SAMPLED_TOKENS].numpy()
+        relaunched = None
+        if self.relaunch and replay is not None and self.graphs.decode_graphs is not None:
+            # the same inputs (its host side is unchanged), the new tokens' KV written again where they were
+            relaunched = [self.graphs.decode_graphs.launch(replay, True).read_logits()]
+            relaunched += [np.array(w.numpy()[: replay.rows]) for w in replay.bucket.written]
         offset = 0
         for i, row in enumerate(prepared.rows):
             offset += row.num_logits
@@ -169,6 +148,7 @@ class Recorder:
                 [digest(h) for h in rows[1:]],
                 token,
                 int(again[at]) if again is not None and drawn else None,
+                None if relaunched is None else [digest(relaunched[0][at]), *(digest(h[i]) for h in relaunched[1:])],
             )
             self.run.records.append(record)
             self.run.rows[(record.step, record.request)] = rows
@@ -193,7 +173,7 @@ def run_engine(args: argparse.Namespace, label: str) -> Run:
         bs, context = core.layout.block_size, core.max_sequence_tokens
         window = -(-core.manifest.config.sliding_window // bs) + 2 if core.layout.has_window else 1
         core.runner.graphs.enable_decode_graphs(bs, core.scheduler.config.max_num_seqs, -(-context // bs), window, context)
-    recorder = Recorder(core, args.rerun_head)
+    recorder = Recorder(core, args.rerun_head, args.relaunch)
     try:
         for i, (prompt, params) in enumerate(workload(args, manifest.config.vocab_size)):
             core.add(core.make_request(prompt, params, f"{'s' if params.seed is not None else 'g'}{i}"))
@@ -206,84 +186,6 @@ def run_engine(args: argparse.Namespace, label: str) -> Run:
     run = recorder.run
     print(f"{label}: {len(run.records)} rows recorded over {recorder.step} steps", flush=True)
     return run
-
-
-@dataclass(frozen=True)
-class Divergence:
-    message: str
-    key: tuple[int, str] | None = None  # the record's (step, request)
-    array: int | None = None  # which of its rows differ: 0 the logits, 1 + k the hidden states after partition k
-
-
-def first_divergence(a: Run, b: Run) -> Divergence | None:
-    """The first record (by step, then request) where two runs differ, named by kind; None: none."""
-    keyed = {(r.step, r.request): r for r in b.records}
-    for x in a.records:
-        key = (x.step, x.request)
-        y = keyed.get(key)
-        where = f"step {x.step}, request {x.request}"
-        if y is None:
-            return Divergence(f"schedule: {where} ran in the first run only")
-        if x.uniform != y.uniform:
-            return Divergence(f"host: {where}: uniforms differ ({x.uniform!r} against {y.uniform!r})")
-        if x.hidden != y.hidden:
-            part = next(k for k, (h, g) in enumerate(zip(x.hidden, y.hidden)) if h != g)
-            return Divergence(
-                f"logits: {where}: hidden states after partition {part} differ (the model's kernels)", key, 1 + part
-            )
-        if x.logits != y.logits:
-            return Divergence(f"logits: {where}: logits differ, hidden states equal (the last partition's kernels)", key, 0)
-        if x.token != y.token:
-            return Divergence(f"head: {where}: logits equal, tokens differ ({x.token} against {y.token})")
-    if len(b.records) != len(a.records):
-        return Divergence(f"schedule: {len(a.records)} rows recorded against {len(b.records)}")
-    if a.tokens != b.tokens:
-        return Divergence("tokens: the engine returned other tokens, every recorded row equal (a row drawn on the host)")
-    return None
-
-
-def head_disagreements(run: Run) -> list[str]:
-    """--rerun-head: rows whose head gave another token when run again on the same logits."""
-    return [f"step {r.step}, {r.request}" for r in run.records if r.head_again is not None and r.head_again != r.token]
-
-
-def how_far(x: np.ndarray, y: np.ndarray) -> str:
-    """How two arrays of one shape differ: how many values, by how much, in units in the last place."""
-    x, y = x.ravel(), y.ravel()
-    moved = np.flatnonzero(x != y)
-    wide = np.abs(x.astype(np.float64) - y.astype(np.float64))
-    ints = {2: np.int16, 4: np.int32}.get(x.dtype.itemsize)
-    ulps = int(np.abs(x.view(ints).astype(np.int64) - y.view(ints).astype(np.int64)).max()) if ints else -1
-    return f"{len(moved)} of {x.size} values differ, max |a - b| {wide.max():.3g}, max {ulps} ulp ({x.dtype})"
-
-
-def report(a: Run, b: Run, label: str, rows_out: Path | None = None) -> int:
-    differ = sorted(k for k in a.tokens if a.tokens[k] != b.tokens.get(k))
-    print(f"{label}: requests whose tokens differ: {len(differ)} of {len(a.tokens)} {differ[:12]}")
-    keyed = {(r.step, r.request): r for r in b.records}
-    moved = [
-        r for r in a.records if (o := keyed.get((r.step, r.request))) is not None and (r.logits, r.hidden) != (o.logits, o.hidden)
-    ]
-    steps = sorted({r.step for r in moved})
-    print(f"{label}: rows whose logits or hidden states differ: {len(moved)} of {len(a.records)}, at steps {steps[:20]}")
-    found = first_divergence(a, b)
-    print(f"{label}: first divergence: {found.message if found else 'no divergence'}")
-    if found is not None and found.key in a.rows and found.key in b.rows and found.array is not None:
-        x, y = a.rows[found.key][found.array], b.rows[found.key][found.array]
-        print(f"{label}: there {how_far(x, y)}")
-        if rows_out is not None:
-            np.savez(rows_out, a=x, b=y, step=found.key[0], request=found.key[1])
-            print(f"{label}: wrote both rows to {rows_out}")
-    return 0 if found is None else 1
-
-
-def dump(run: Run, path: Path) -> None:
-    path.write_text(json.dumps({"records": [asdict(r) for r in run.records], "tokens": run.tokens}))
-
-
-def load(path: Path) -> Run:
-    data = json.loads(path.read_text())
-    return Run([Record(**r) for r in data["records"]], data["tokens"])
 
 
 def make_export(model: Path, partitions: int) -> None:
@@ -356,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-pool-gb", type=float, default=4.0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rerun-head", action="store_true", help="run the head twice a step, on the same logits")
+    parser.add_argument("--relaunch", action="store_true", help="launch each captured step twice, on the same inputs")
     parser.add_argument("--dump", type=Path, help="write the first run's records (json)")
     parser.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"), help="compare two dumps, run nothing")
     parser.add_argument("--rows-out", type=Path, help="write the first divergent row of both runs (npz)")
@@ -385,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     for k, run in enumerate(runs):
         if again := head_disagreements(run):
             print(f"run {k}: the head run again on the same logits gave other tokens at {len(again)} rows: {again[:6]}")
+            failed = 1
+        if again := relaunch_disagreements(run):
+            print(
+                f"run {k}: the captured step launched again gave other logits or hidden states at {len(again)} rows: {again[:6]}"
+            )
             failed = 1
     for k in range(1, len(runs)):
         failed |= report(runs[k - 1], runs[k], f"run {k - 1} against run {k}", args.rows_out)
