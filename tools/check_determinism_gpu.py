@@ -83,7 +83,7 @@ class Recorder:
 
     def __init__(self, core: EngineCore, rerun_head: bool, relaunch: bool) -> None:
         self.run = Run()
-        self.step = 0
+        self.step = 0  # the device steps run so far (with async scheduling they run on a worker thread)
         self.rerun_head = rerun_head
         self.relaunch = relaunch
         runner, graphs = core.runner, core.runner.graphs
@@ -106,6 +106,7 @@ class Recorder:
             device = run_device(step, previous)
             for prepared, out, hidden in zip(step.batches, device.outputs, self._hidden):
                 self.note(prepared, out, hidden)
+            self.step += 1
             return device
 
         runner.run_device = recorded_device  # type: ignore[method-assign]
@@ -165,7 +166,7 @@ def run_engine(args: argparse.Namespace, label: str) -> Run:
         block_size=args.block_size,
         kv_pool_gb=args.kv_pool_gb,
         verify_files=False,
-        async_scheduling=False,
+        async_scheduling=args.async_scheduling == "on",
         num_threads=args.threads,
     )
     core = EngineCore(config)
@@ -180,7 +181,6 @@ def run_engine(args: argparse.Namespace, label: str) -> Run:
         while core.has_work:
             for out in core.step():
                 recorder.run.tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
-            recorder.step += 1
     finally:
         core.close()
     run = recorder.run
@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", default="cuda:0")
     parser.add_argument("--cuda-graphs", choices=("on", "off", "auto"), default="on")
     parser.add_argument("--buckets", action="store_true", help="CPU: decode steps through the CUDA graphs' buckets")
+    parser.add_argument("--async-scheduling", choices=("on", "off"), default="off")
     parser.add_argument("--runs", type=int, default=2, help="engines one after the other in this process")
     parser.add_argument("--sampled", type=int, default=24)
     parser.add_argument("--greedy", type=int, default=4)
