@@ -89,3 +89,9 @@ def test_two_cpu_runs_do_not_diverge_and_compare_names_what_was_changed(split_wi
         doctored.write_text(json.dumps({**data, "records": [*records[:-1], {**last, **change}]}))
         found = tool("--compare", str(dumped), str(doctored))
         assert (found.returncode, found.stdout.splitlines()[-1]) == (1, f"dumps: first divergence: {expected}")
+
+
+@pytest.mark.slow  # a subprocess that imports ONNX Runtime: ~3 s
+def test_head_only_repeats_the_head_on_the_same_logits():
+    ran = tool("--head-only", "--devices", "cpu", "--rows", "3", "--vocab", "1000", "--repeats", "2")
+    assert (ran.returncode, ran.stdout) == (0, "head alone on cpu, 3 x 1000: 0 of 4 runs differ from the first\n")

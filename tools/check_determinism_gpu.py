@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,7 @@ def run_engine(args: argparse.Namespace, label: str) -> Run:
         async_scheduling=args.async_scheduling == "on",
         num_threads=args.threads,
     )
+    started = time.perf_counter()
     core = EngineCore(config)
     if args.buckets:  # on the CPU EP (graph ids ignored): the replayed path's recording, testable here
         bs, context = core.layout.block_size, core.max_sequence_tokens
@@ -184,7 +186,8 @@ def run_engine(args: argparse.Namespace, label: str) -> Run:
     finally:
         core.close()
     run = recorder.run
-    print(f"{label}: {len(run.records)} rows recorded over {recorder.step} steps", flush=True)
+    seconds = time.perf_counter() - started
+    print(f"{label}: {len(run.records)} rows recorded over {recorder.step} steps ({seconds:.0f} s)", flush=True)
     return run
 
 
