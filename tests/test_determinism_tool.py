@@ -81,8 +81,14 @@ def test_two_cpu_runs_do_not_diverge_and_compare_names_what_was_changed(split_wi
     where, token = f"step {last['step']}, request {last['request']}", last["token"]
     for change, expected in (
         ({"uniform": 0.5}, f"host: {where}: uniforms differ ({last['uniform']!r} against 0.5)"),
-        ({"hidden": ["0" * 16]}, f"logits: {where}: hidden states after partition 0 differ (the model's kernels)"),
-        ({"logits": "0" * 16}, f"logits: {where}: logits differ, hidden states equal (the last partition's kernels)"),
+        (
+            {"hidden": ["0" * 16]},
+            f"logits: {where}: hidden states after partition 0 differ (the model's kernels); tokens {token} and {token}",
+        ),
+        (
+            {"logits": "0" * 16},
+            f"logits: {where}: logits differ, hidden states equal (the last partition's kernels); tokens {token} and {token}",
+        ),
         ({"token": token + 1}, f"head: {where}: logits equal, tokens differ ({token} against {token + 1})"),
     ):
         doctored = tmp_path / "b.json"

@@ -59,15 +59,18 @@ def first_divergence(a: Run, b: Run) -> Divergence | None:
         where = f"step {x.step}, request {x.request}"
         if y is None:
             return Divergence(f"schedule: {where} ran in the first run only")
+        tokens = f"; tokens {x.token} and {y.token}"
         if x.uniform != y.uniform:
             return Divergence(f"host: {where}: uniforms differ ({x.uniform!r} against {y.uniform!r})")
         if x.hidden != y.hidden:
             part = next(k for k, (h, g) in enumerate(zip(x.hidden, y.hidden)) if h != g)
             return Divergence(
-                f"logits: {where}: hidden states after partition {part} differ (the model's kernels)", key, 1 + part
+                f"logits: {where}: hidden states after partition {part} differ (the model's kernels){tokens}", key, 1 + part
             )
         if x.logits != y.logits:
-            return Divergence(f"logits: {where}: logits differ, hidden states equal (the last partition's kernels)", key, 0)
+            return Divergence(
+                f"logits: {where}: logits differ, hidden states equal (the last partition's kernels){tokens}", key, 0
+            )
         if x.token != y.token:
             return Divergence(f"head: {where}: logits equal, tokens differ ({x.token} against {y.token})")
     if len(b.records) != len(a.records):
