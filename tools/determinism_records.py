@@ -117,12 +117,14 @@ def report(a: Run, b: Run, label: str, rows_out: Path | None = None) -> int:
         x, y = a.rows[found.key][found.array], b.rows[found.key][found.array]
         print(f"{label}: there {how_far(x, y)}")
         if rows_out is not None:
+            rows_out.parent.mkdir(parents=True, exist_ok=True)
             np.savez(rows_out, a=x, b=y, step=found.key[0], request=found.key[1])
             print(f"{label}: wrote both rows to {rows_out}")
     return 0 if found is None else 1
 
 
 def dump(run: Run, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"records": [asdict(r) for r in run.records], "tokens": run.tokens}))
 
 
