@@ -18,9 +18,12 @@ records, `--compare A B` compares two dumps (two processes). The first divergenc
 
 `--head-only`: the head alone (wicore.graph.sampling.head_model) on the device, the same near-flat
 logits [rows, vocab] and uniforms `--repeats` times, in two sessions: are its outputs bitwise equal?
-`--runs 3` compares run 0 with 1 and 1 with 2 (a first engine that alone differs: memory it found
-fresh where later engines find their predecessor's). `--make-export 26` first exports the random 1B
-of tools/gpu_async_bench.sh in one layer a partition, so that hidden states name the layer.
+`--relaunch` launches each captured decode step twice on the same inputs: the model's repeatability
+in place. `--runs 3` compares run 0 with 1 and 1 with 2 (a first engine that alone differs: memory it
+found fresh where later engines find their predecessor's). `--make-export 26` first exports the
+random 1B of tools/gpu_async_bench.sh in one layer a partition, so that hidden states name the
+layer. Switches worth an A/B: `--cuda-graphs off`, WICORE_CUDA_SHARED_ARENA=0 (each session its own
+arena: the head and prefills then never reuse a graph's scratch), CUBLAS_WORKSPACE_CONFIG=:4096:8.
 
 What ONNX Runtime's CUDA sources say about the head's kernels (microsoft/onnxruntime, read 2026-11-29,
 recent main; not run): ReduceSum over the last axis takes reduce_matrix_columns (fast_reduction_),
