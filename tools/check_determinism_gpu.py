@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relaunch", action="store_true", help="launch each captured step twice, on the same inputs")
     parser.add_argument("--dump", type=Path, help="write the first run's records (json)")
     parser.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"), help="compare two dumps, run nothing")
-    parser.add_argument("--rows-out", type=Path, help="write the first divergent row of both runs (npz)")
+    parser.add_argument("--rows-out", type=Path, help="FILE.npz: the first divergent row of both runs (FILE.0-1.npz, ...)")
     parser.add_argument("--head-only", action="store_true")
     parser.add_argument("--rows", type=int, default=24)
     parser.add_argument("--vocab", type=int, default=262144, help="--head-only without --model")
@@ -310,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             failed = 1
     for k in range(1, len(runs)):
-        failed |= report(runs[k - 1], runs[k], f"run {k - 1} against run {k}", args.rows_out)
+        rows_out = args.rows_out.with_suffix(f".{k - 1}-{k}.npz") if args.rows_out else None  # one file a comparison
+        failed |= report(runs[k - 1], runs[k], f"run {k - 1} against run {k}", rows_out)
     return failed
 
 
