@@ -14,6 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 from op_profile import OpTable, format_table, op_table
+from prefix_cuts import dominator_cuts, prefix_model
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -138,3 +139,65 @@ def test_the_cpu_table_holds_every_node_of_both_partitions_once_a_run(tiny_expor
         assert 0 < r["kernel_us"] < r["run_us"]
     assert result.stdout.count("Timed by: HOST time of each node's kernel call") == 2
     assert result.stdout.count("Top 4 nodes:") == 2
+
+
+# -- prefix_cuts.py: a layer's segments between cuts -------------------------------------------
+def diamond():  # type: ignore[no-untyped-def]
+    """x -> A -> B, x -> C, D = B + C -> E, listed A, C, B, D, E (an order that interleaves branches)."""
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="/l0/A"),
+        helper.make_node("Abs", ["x"], ["c"], name="/l0/C"),
+        helper.make_node("Neg", ["a"], ["b"], name="/l0/B"),
+        helper.make_node("Add", ["b", "c"], ["d"], name="/l1/D"),
+        helper.make_node("Relu", ["d"], ["e"], name="/l1/E"),
+    ]
+    vector = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("x", "e")]
+    graph = helper.make_graph(nodes, "diamond", vector[:1], vector[1:])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_cuts_follow_the_demand_order_and_join_side_branches_to_the_node_that_meets_them():
+    cuts = dominator_cuts(diamond().graph, "e", "/l1/")
+    # A, B each dominate what came before them; C does not (B is not its ancestor): C joins D
+    assert [(c.value, [name for name, _ in c.nodes]) for c in cuts] == [
+        ("b", ["/l0/B"]),
+        ("d", ["/l0/C", "/l1/D"]),
+        ("e", ["/l1/E"]),
+    ]
+    assert [c.value for c in dominator_cuts(diamond().graph, "e", "/l0/")] == ["a", "b"]
+    with pytest.raises(ValueError, match="no cut in the nodes named /l2/"):
+        dominator_cuts(diamond().graph, "e", "/l2/")
+
+
+def test_a_prefix_model_runs_only_what_its_cut_needs():
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    prefix = onnx.load_from_string(prefix_model(diamond(), "b"))
+    assert [n.name for n in prefix.graph.node] == ["/l0/A", "/l0/B"] and [o.name for o in prefix.graph.output] == ["b"]
+    x = np.array([-1.0, 0.5, 2.0], np.float32)
+    (b,) = ort.InferenceSession(prefix.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert b.tolist() == [0.0, -0.5, -2.0]
+
+
+@pytest.mark.slow  # the tiny fp32 export in one partition, a subprocess timing ~60 prefix graphs: ~15 s
+def test_a_layers_segments_hold_each_of_its_nodes_once(tiny_export, tmp_path):
+    import onnx
+
+    folder, _ = tiny_export()
+    record_path = tmp_path / "cuts.json"
+    command = [sys.executable, str(REPO / "tools" / "profile_ops.py"), "--model-dir", str(folder), "--batch", "1"]
+    command += ["--context", "12", "--steps", "1", "--cuts", "1", "--cut-reps", "1", "--json", str(record_path)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert result.returncode == 0, result.stderr[-2000:]
+    (r,) = json.loads(record_path.read_text())["results"]
+    segments = r["cuts"]["segments"]
+    graph = onnx.load(str(folder / "part-00.onnx"), load_external_data=False).graph
+    layer = sorted(n.name for n in graph.node if n.name.startswith("/model/layers.1/"))
+    assert segments[0]["nodes"] == [["/model/layers.0/mlp_residual", "Add"]]  # the cut before the layer
+    assert sorted(name for s in segments[1:] for name, _ in s["nodes"]) == layer
+    assert segments[-1]["value"] == "/model/layers.1/mlp_residual/output_0"
+    assert "layer 1 between cuts" in result.stdout

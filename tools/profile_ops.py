@@ -18,10 +18,14 @@ Which clock the table reads is printed above it (op_profile.py says how each is 
 
 The onnxruntime-ep-webgpu 0.4.0 plugin under onnxruntime 1.32 gives host times only: its OrtEp sets
 no CreateProfiler, so its WebGpuContext's timestamp queries never start (docs/PERFORMANCE.md).
+`--cuts LAYER` then times that layer by wall clock instead, GPU included: the graph cut at each value
+the layer's main chain passes through, a session each, run on the last step's rows and KV
+(prefix_cuts.py); segment = median run to its cut less the one to the cut before.
 
 Usage (from the repository root; WebGPU without a GPU: ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1):
     PYTHONPATH=. python tools/profile_ops.py --model-dir /tmp/wf/gemma3-1b-8l-fp16-webgpu+paged --devices webgpu
     PYTHONPATH=. python tools/profile_ops.py --model-dir /tmp/g3-fp16 --devices cuda:0 --batch 1,8 --json ops.json
+    PYTHONPATH=. python tools/profile_ops.py --model-dir DIR --devices webgpu --batch 1 --cuts 2   # layer 2's segments
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from pathlib import Path
 
 from benchlib import int_list, run_tool, write_record
 from op_profile import OpTable, format_table, op_table
+from prefix_cuts import CutTimes, format_cuts, time_cuts
 from step_timing import Config, decode_steps, engine_config
 
 from wicore.engine.engine import Engine
+from wicore.executor.batch import build_batch
 
 DEFAULT_TOP = 12
 
@@ -48,6 +54,8 @@ class OpsConfig:
     steps: Config  # the decode steps (step_timing.py), its json_path unused
     top: int  # slowest nodes listed
     json_path: Path | None
+    cut_layer: int | None = None  # --cuts: the layer whose segments are timed (prefix_cuts.py)
+    num_cut_reps: int = 10
 
     @property
     def threads(self) -> int:
@@ -72,6 +80,16 @@ def profile_batch(model_dir: Path, config: Config, batch: int) -> tuple[dict[str
     return info, op_table(profiles, 2 * config.num_steps)
 
 
+def cut_batch(model_dir: Path, config: Config, batch: int, layer: int, num_reps: int) -> CutTimes:
+    """The times of `layer`'s segments in `batch` rows' decode step (prefix_cuts.py), in an engine
+    not profiled, on its last decode step's rows and KV."""
+    with Engine(engine_config(model_dir, batch, config)) as engine:
+        decode_steps(engine, batch, config)
+        rows = build_batch(list(engine.core.last_step.rows), engine.layout.block_size)
+        model = model_dir / engine.manifest.partitions[0].file
+        return time_cuts(engine.core.runner.graphs, model, rows, layer, config.threads, num_reps)
+
+
 def parse_args(argv) -> OpsConfig:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", required=True, type=Path, help="exported model")
@@ -82,10 +100,12 @@ def parse_args(argv) -> OpsConfig:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--block-size", type=int, default=None, help="KV block (page) size in tokens (default: the engine's)")
     parser.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"slowest nodes listed (default {DEFAULT_TOP})")
+    parser.add_argument("--cuts", type=int, default=None, metavar="LAYER", help="also time LAYER's segments (prefix_cuts.py)")
+    parser.add_argument("--cut-reps", type=int, default=10, help="timed runs of each cut graph (default 10)")
     parser.add_argument("--json", type=Path, help="also write a JSON record here")
     args = parser.parse_args(argv)
-    if args.top < 0:
-        raise ValueError("--top must be >= 0")
+    if args.top < 0 or (args.cuts or 0) < 0 or args.cut_reps < 1:
+        raise ValueError("--top and --cuts must be >= 0, --cut-reps >= 1")
     steps = Config(
         (str(args.model_dir),),
         int_list(args.batch),
@@ -98,7 +118,7 @@ def parse_args(argv) -> OpsConfig:
         block_size=args.block_size,
         cuda_graphs=False,
     )
-    return OpsConfig(steps, args.top, args.json)
+    return OpsConfig(steps, args.top, args.json, args.cuts, args.cut_reps)
 
 
 def run(config: OpsConfig, num_busy_before: float | None) -> int:
@@ -109,6 +129,10 @@ def run(config: OpsConfig, num_busy_before: float | None) -> int:
         title = f"{info['model']} ({info['flavour']}, {info['attention']} attention) on {info['devices']}, batch {batch}"
         print(format_table(title, table, config.top))
         results.append({**info, **table.to_json()})
+        if config.cut_layer is not None:
+            cuts = cut_batch(model_dir, config.steps, batch, config.cut_layer, config.num_cut_reps)
+            print(format_cuts(title, cuts, config.top))
+            results[-1]["cuts"] = cuts.to_json()
     if config.json_path is not None:
         write_record(config.json_path, config, num_busy_cores_before=num_busy_before, results=results)
     return 0
