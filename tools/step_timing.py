@@ -93,8 +93,9 @@ def decode_steps(engine: Engine, batch: int, config: Config) -> StepTimes:
         top_p=config.top_p,
     )
     core = engine.core  # stepped here, without the engine's thread: requests go to it straight
-    for i in range(batch):
-        prompt = rng.integers(1000, engine.manifest.config.vocab_size, config.context).tolist()
+    vocab_size = engine.manifest.config.vocab_size
+    for i in range(batch):  # ids past the special tokens (a tiny test model's vocabulary has 512)
+        prompt = rng.integers(min(1000, vocab_size // 2), vocab_size, config.context).tolist()
         core.add(core.make_request(prompt, params, f"step-timing-{i}"))
     times = StepTimes([], [])
     num_decodes = 0
