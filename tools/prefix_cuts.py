@@ -1,21 +1,22 @@
-"""Device time of one layer's segments, from prefixes of the graph (profile_ops.py --cuts LAYER).
+"""Device time of one layer's segments, from the layer's graph cut short (profile_ops.py --cuts LAYER).
 
 Where the EP gives no GPU timestamps (the WebGPU plugin), a run's wall time still holds its GPU
-time, since a run ends by reading its output back. A graph cut at a value V (only V's ancestors,
-V its one output) that dominates the graph so far (V's ancestors are every node before it that
-the logits need: a residual add, a norm, a projection on the main chain) runs exactly the nodes
-before V; prefixes cut at consecutive such values differ by the nodes between them:
+time, since a run ends by reading its output back. A value V whose ancestors are every node before
+it that the logits need (it dominates the graph so far: a residual add, a norm, a projection on the
+main chain) cuts the graph: the nodes up to V run without any after it. Graphs cut at consecutive
+such values differ by exactly the nodes between them:
 
-    nodes (topological)   e . . n1 . q k v A . o + n2 g . d + ...       (a decode step, one layer)
-    cuts                  |       |          |   | |  |     | |
-    segment time          T(cut k) - T(cut k-1): the nodes after cut k-1 up to cut k, GPU included
+    nodes (demand order)  ... + | n1 | q k v A | o | + | n2 | g | . | d | + ...   (one decode layer)
+    cuts                       c0   c1         c2  c3  c4   c5   c6  c7  c8  c9
+    segment time          T(c k) - T(c k-1): the nodes after cut k-1 up to cut k, GPU included
 
-ONNX Runtime's `only_execute_path_to_fetches` would run such prefixes in one session, but 1.32
-runs every node whatever is fetched (measured: three chained MatMuls, the first fetched), so each
-cut is a graph of its own, a session each (its weights loaded again: the embedding's too). The cuts
-are those inside layer `LAYER` and the one before it; the first segment ("before") holds a run's fixed
-cost (feeds, launch, the read-back wait) and the layers before. ONNX Runtime optimizes each prefix
-on its own: a fusion across a cut is lost there (a cut value is a graph output).
+Each cut of layer LAYER is a graph of its own, a session each (ONNX Runtime 1.32's
+`only_execute_path_to_fetches` runs every node whatever is fetched: three chained MatMuls, the first
+fetched). It holds only the layer's nodes up to the cut: what they read from before the layer (the
+cut c0 before it: the hidden states, the block tables' int32 copies, RoPE's rows) is computed once,
+by the graph up to c0, and fed from the host to every cut, so each loads only the layer's weights.
+T(c0) is an Identity of the hidden states: the fixed cost of a run (feeds, launch, read-back). ONNX
+Runtime optimizes each cut graph on its own: a fusion across a cut is lost there.
 """
 
 from __future__ import annotations
@@ -100,24 +101,40 @@ def dominator_cuts(graph: Any, final: str, layer_prefix: str) -> list[Cut]:
     return cuts[max(inside[0] - 1, 0) : inside[-1] + 1]
 
 
-def prefix_model(model: Any, value: str) -> bytes:
-    """`model` cut at `value`: the nodes it needs, their inputs and weights, `value` the one output."""
-    nodes = list(model.graph.node)
-    masks = ancestor_masks(nodes)
-    last = next(i for i, n in enumerate(nodes) if value in n.output)
-    keep = masks[last] | (1 << last)
-    kept = [n for i, n in enumerate(nodes) if keep >> i & 1]
+def node_masks(nodes: list[Any]) -> tuple[dict[str, int], list[int]]:
+    """(value -> the node making it, each node's ancestors as a bitmask)."""
+    return {out: i for i, node in enumerate(nodes) for out in node.output if out}, ancestor_masks(nodes)
+
+
+def sub_model(model: Any, mask: int, inputs: dict[str, Any], outputs: list[str]) -> bytes:
+    """The nodes of `model` in bitmask `mask` as a model: the graph inputs and weights they read,
+    `inputs` (value -> a NumPy array of its type and shape) fed in place of the values they read
+    from outside `mask`, `outputs` its outputs."""
+    kept = [n for i, n in enumerate(model.graph.node) if mask >> i & 1]
     used = {name for n in kept for name in n.input}
+    fed = [
+        onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for name, a in inputs.items()
+        if name in used
+    ]
     graph = onnx.helper.make_graph(
         kept,
         model.graph.name,
-        [i for i in model.graph.input if i.name in used],
-        [onnx.helper.make_empty_tensor_value_info(value)],
+        [*[i for i in model.graph.input if i.name in used], *fed],
+        [onnx.helper.make_empty_tensor_value_info(v) for v in outputs],
         [t for t in model.graph.initializer if t.name in used],
     )
     cut = onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
     cut.functions.extend(model.functions)
     return cut.SerializeToString()
+
+
+def identity_model(name: str, array: Any) -> bytes:
+    """`name` in, the same out (as "identity"): a run's fixed cost with one dispatch."""
+    value = onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(array.dtype), array.shape)
+    out = onnx.helper.make_empty_tensor_value_info("identity")
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", [name], ["identity"])], "identity", [value], [out])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
 
 
 def graph_options(graphs: Any, threads: int) -> Any:
@@ -140,8 +157,8 @@ def session(model: bytes, weights: Path, options: Any, providers: list) -> Any:
 class CutTimes:
     layer: int
     cuts: list[Cut]
-    samples_us: list[list[float]]  # each cut's timed runs
-    full_us: float  # the median run of the whole graph, timed the same way
+    samples_us: list[list[float]]  # each cut's timed runs (the first: the Identity, a run's fixed cost)
+    fed: list[str]  # the values from before the layer that its cut graphs are fed
 
     @property
     def median_us(self) -> list[float]:
@@ -159,56 +176,100 @@ class CutTimes:
     def by_group(self) -> Counter:
         """µs by what a segment holds: its op type, or its op types joined by '+' (several nodes)."""
         groups: Counter = Counter()
-        for cut, us in self.segments()[1:]:  # the first holds the run's fixed cost and the layers before
+        for cut, us in self.segments()[1:]:  # the first is the run's fixed cost
             groups["+".join(sorted({op for _, op in cut.nodes}))] += us
         return groups
 
     def to_json(self) -> dict[str, object]:
         return {
             "layer": self.layer,
-            "full_us": self.full_us,
+            "fed": self.fed,
             "spread_us": self.spread_us(),
             "segments": [{"value": c.value, "nodes": [list(n) for n in c.nodes], "us": us} for c, us in self.segments()],
             "groups": dict(self.by_group()),
         }
 
 
-def time_prefix(model: bytes, graphs: Any, weights: Path, feeds: dict, output: str, threads: int, num_reps: int) -> list[float]:
-    """µs of `num_reps` runs (after one warm-up) of a prefix whose one output is `output`, read back
-    to the host; the engine's KV buffers bound as the cache inputs it has."""
-    prefix = session(model, weights, graph_options(graphs, threads), graphs.devices[0].providers())
-    inputs = {i.name for i in prefix.get_inputs()}
-    binding = prefix.io_binding()
-    for name, array in feeds.items():
-        if name in inputs:
-            binding.bind_cpu_input(name, array)
-    for layer in range(graphs.manifest.partitions[0].start, graphs.manifest.partitions[0].stop):
-        for name, buffer in zip((io.key_cache(layer), io.value_cache(layer)), graphs.buffers.values(layer)):
-            if name in inputs:
-                binding.bind_ortvalue_input(name, buffer)
+def time_graph(model: bytes, graphs: Any, weights: Path, feeds: dict, output: str, threads: int, num_reps: int) -> list[float]:
+    """µs of `num_reps` runs (after one warm-up) of `model` with its one output read back to the host;
+    `feeds` bound from the host where it takes them, the engine's KV buffers as its cache inputs."""
+    cut = session(model, weights, graph_options(graphs, threads), graphs.devices[0].providers())
+    binding = bind_inputs(cut, graphs, feeds)
     binding.bind_output(output, "cpu")
     times = []
     for _ in range(num_reps + 1):
         start = time.perf_counter()
-        prefix.run_with_iobinding(binding)
+        cut.run_with_iobinding(binding)
         times.append(1e6 * (time.perf_counter() - start))
     return times[1:]
 
 
+def bind_inputs(cut: Any, graphs: Any, feeds: dict) -> Any:
+    """A binding of `cut`'s inputs: host arrays from `feeds`, KV caches from the engine's buffers."""
+    inputs = {i.name for i in cut.get_inputs()}
+    binding = cut.io_binding()
+    for name, array in feeds.items():
+        if name in inputs:
+            binding.bind_cpu_input(name, array)
+    record = graphs.manifest.partitions[0]
+    for layer in range(record.start, record.stop):
+        for name, buffer in zip((io.key_cache(layer), io.value_cache(layer)), graphs.buffers.values(layer)):
+            if name in inputs:
+                binding.bind_ortvalue_input(name, buffer)
+    return binding
+
+
+def boundary_values(original: Any, graphs: Any, weights: Path, feeds: dict, names: list[str], threads: int) -> dict[str, Any]:
+    """The values `names` as the graph computes them on these feeds (NumPy): one run of its nodes
+    up to them."""
+    producer, masks = node_masks(list(original.graph.node))
+    mask = 0
+    for name in names:
+        mask |= masks[producer[name]] | (1 << producer[name])
+    source = session(sub_model(original, mask, {}, names), weights, graph_options(graphs, threads), graphs.devices[0].providers())
+    binding = bind_inputs(source, graphs, feeds)
+    for name in names:
+        binding.bind_output(name, "cpu")
+    source.run_with_iobinding(binding)
+    return {name: value.numpy() for name, value in zip(names, binding.get_outputs())}
+
+
 def time_cuts(graphs: Any, model: Path, batch: Any, layer: int, threads: int, num_reps: int) -> CutTimes:
-    """Time the prefixes of the engine's single partition `model` cut inside `layer` on `batch` (a
-    decode step's BatchInputs, its KV in the engine's buffers), and the whole graph."""
+    """Time the engine's single partition `model` cut inside `layer` on `batch` (a decode step's
+    BatchInputs, its KV in the engine's buffers): each cut a graph of the layer's nodes up to it."""
     if len(graphs.sessions) != 1:
         raise ValueError("--cuts takes a single-partition export")
     original = onnx.load(str(model), load_external_data=False)
     final = io.GREEDY_TOKENS if any(o.name == io.GREEDY_TOKENS for o in original.graph.output) else io.LOGITS
     cuts = dominator_cuts(original.graph, final, f"/model/layers.{layer}/")
+    nodes = list(original.graph.node)
+    producer, masks = node_masks(nodes)
+    before = producer[cuts[0].value]
+    outside = masks[before] | (1 << before)
+    layer_mask = (masks[producer[cuts[-1].value]] | (1 << producer[cuts[-1].value])) & ~outside
+    reads = sorted(
+        {
+            name
+            for i, n in enumerate(nodes)
+            if layer_mask >> i & 1
+            for name in n.input
+            if name in producer and outside >> producer[name] & 1
+        }
+    )
     feeds = {io.INPUT_IDS: batch.input_ids, io.LOGITS_INDICES: batch.logits_indices, **batch.paging_inputs()}
+    fed = boundary_values(original, graphs, model.parent, feeds, reads, threads)
     samples = [
-        time_prefix(prefix_model(original, c.value), graphs, model.parent, feeds, c.value, threads, num_reps) for c in cuts
+        time_graph(identity_model(cuts[0].value, fed[cuts[0].value]), graphs, model.parent, fed, "identity", threads, num_reps)
     ]
-    full = time_prefix(prefix_model(original, final), graphs, model.parent, feeds, final, threads, num_reps)
-    return CutTimes(layer, cuts, samples, statistics.median(full))
+    for cut in cuts[1:]:
+        end = producer[cut.value]
+        mask = (masks[end] | (1 << end)) & ~outside
+        samples.append(
+            time_graph(
+                sub_model(original, mask, fed, [cut.value]), graphs, model.parent, {**feeds, **fed}, cut.value, threads, num_reps
+            )
+        )
+    return CutTimes(layer, cuts, samples, reads)
 
 
 def format_cuts(title: str, result: CutTimes, top: int) -> str:
@@ -218,9 +279,10 @@ def format_cuts(title: str, result: CutTimes, top: int) -> str:
     lines = [
         f"### {title}: layer {result.layer} between cuts",
         "",
-        f"Timed by: WALL time of graphs cut inside layer {result.layer} (GPU included; prefix_cuts.py), medians of "
-        f"runs; the whole graph {result.full_us:.0f} µs a run, the layer {layer_us:.0f}, before it {medians[0]:.0f} "
-        f"(fixed cost and the layers before); noise about ±{result.spread_us():.0f} µs a segment.",
+        f"Timed by: WALL time of layer {result.layer}'s graph cut short at {len(result.cuts) - 1} values (GPU included; "
+        f"prefix_cuts.py), medians of runs: the layer {layer_us:.0f} µs a run beyond a run's fixed cost of {medians[0]:.0f} "
+        f"(an Identity of the hidden states; the cut graphs are fed {len(result.fed)} values from before the layer); "
+        f"noise about ±{result.spread_us():.0f} µs a segment.",
         "",
         "| segment holds | µs a run | share of the layer |",
         "|---|---:|---:|",

@@ -18,9 +18,10 @@ Which clock the table reads is printed above it (op_profile.py says how each is 
 
 The onnxruntime-ep-webgpu 0.4.0 plugin under onnxruntime 1.32 gives host times only: its OrtEp sets
 no CreateProfiler, so its WebGpuContext's timestamp queries never start (docs/PERFORMANCE.md).
-`--cuts LAYER` then times that layer by wall clock instead, GPU included: the graph cut at each value
-the layer's main chain passes through, a session each, run on the last step's rows and KV
-(prefix_cuts.py); segment = median run to its cut less the one to the cut before.
+`--cuts LAYER` then times that layer by wall clock instead, GPU included: the layer's nodes cut short
+at each value its main chain passes through, a session each, fed what the layer reads from before it
+and run on the last step's rows and KV (prefix_cuts.py); segment = median run to its cut less the
+one to the cut before.
 
 Usage (from the repository root; WebGPU without a GPU: ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1):
     PYTHONPATH=. python tools/profile_ops.py --model-dir /tmp/wf/gemma3-1b-8l-fp16-webgpu+paged --devices webgpu
