@@ -1,13 +1,13 @@
 """A CPU partition's IO binding kept from one greedy decode step to the next.
 
-A tiny model's decode step spent ~0.1 ms of its 1.5-2 ms on the CPU making the same binding again
-(docs/PERFORMANCE.md, issue 37, 2026-11-29 07:35): a new IOBinding, each layer's key and value
+A tiny model's decode step spent ~0.1 ms of its 1.3-2 ms on the CPU making the same binding again
+(docs/PERFORMANCE.md, issue 37, 2026-11-29 07:33): a new IOBinding, each layer's key and value
 buffers bound as inputs and as in-place outputs, the greedy tokens' output, and `get_outputs`
 wrapping every bound output (the KV buffers too) in Python objects, each step on caches the head's
 weights had just flushed. Where a partition runs on the CPU and the step reads only its greedy
 tokens, the binding of the step before is reused:
 
-    step's key: (num_logits, the KV buffers' OrtValues) ──► as the kept binding's? ──► its inputs rebound
+    step's key: (num_logits, the KV buffers' OrtValues) ──► as the kept binding's? ──► inputs written in place
                                                           └─ no: a new binding, the KV buffers and the
                                                              greedy tokens' array bound once
     run ──► the greedy tokens, written by the graph into the kept array ──► copied out
