@@ -24,6 +24,7 @@ from wicore.executor.batch import BatchInputs
 from wicore.executor.card_handoff import HANDOFFS
 from wicore.executor.cuda_graphs import DecodeGraphs, Replay
 from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
+from wicore.executor.kept_binding import HostTokens, KeptBindings
 from wicore.executor.sampling_head import SamplingHead
 from wicore.graph import io
 from wicore.graph.manifest import Manifest
@@ -147,6 +148,7 @@ class ModelGraphs:
             micro_batch_tokens = pipeline.DEFAULT_TOKENS if several else 0
         in_pipeline = (micro_batch_tokens or self.pipeline_groups > 1) and len(self.sessions) > 1
         self.pipeline = pipeline.Pipeline(self, micro_batch_tokens) if in_pipeline else None
+        self.kept = KeptBindings(ort)  # greedy decode steps' bindings on the CPU, kept between steps
         self._run_options = None
         if cuda_graphs:  # a session that captures runs uncaptured only when told so
             self._run_options = ort.RunOptions()
@@ -254,29 +256,16 @@ class ModelGraphs:
         """Partition `i` on `batch`, after the one before it left `hidden` (an OrtValue; None for
         the first): its outputs by name, where `_result_devices` put them."""
         record, session = self.manifest.partitions[i], self.sessions[i]
-        binding = session.io_binding()
         # Hidden states go straight to the next partition's device when this session can
         # write there (its own device, or host memory); between two accelerators they pass
         # through the host, since a session has no allocator for another card.
         results = self._result_devices(i, record, want_logits, sampling is not None)
+        if staged is None and not images and self._keeps_binding(i, results):
+            return self._run_kept(i, batch, hidden)
+        binding = session.io_binding()
         for name, device in results.items():
             binding.bind_output(name, *device)
-        if record.has_embedding:
-            binding.bind_cpu_input(io.INPUT_IDS, batch.input_ids)
-        elif hidden is None:
-            raise ValueError(f"partition {i} takes hidden states, but no partition before it made any")
-        else:
-            self._bind_hidden(binding, i, hidden)
-        step_inputs = {**batch.paging_inputs(), **(images or {})}
-        if record.has_lm_head:
-            step_inputs[io.LOGITS_INDICES] = batch.logits_indices
-            if self.inline_head:
-                head = sampling or SamplingInputs.unused(len(batch.logits_indices))
-                step_inputs[io.SAMPLING_TEMPERATURE] = head.temperature
-                step_inputs[io.SAMPLING_UNIFORM] = head.uniform
-        for name, array in step_inputs.items():
-            if name in self._input_names[i]:
-                binding.bind_cpu_input(name, array)
+        self._bind_inputs(binding, i, batch, hidden, sampling, images)
         self.bind_kv(binding, record, staged)
         if staged is not None:
             staged.before(i)
@@ -285,9 +274,61 @@ class ModelGraphs:
             staged.after(i)
         return dict(zip(results, binding.get_outputs()))
 
+    def _keeps_binding(self, i: int, results: dict[str, tuple[str, int]]) -> bool:
+        """Whether partition i's run reuses its binding of the step before (wicore.executor.kept_binding):
+        a CPU partition whose run gives the host only its greedy tokens, run by the engine itself."""
+        return self.pipeline is None and self.devices[i].ort_device[0] == "cpu" and results == {io.GREEDY_TOKENS: ("cpu", 0)}
+
+    def _run_kept(self, i: int, batch: BatchInputs, hidden: Any) -> dict[str, Any]:
+        record, session = self.manifest.partitions[i], self.sessions[i]
+        buffers = [v for layer in range(record.start, record.stop) for v in self.buffers.values(layer)]
+        kept = self.kept.binding(i, session, len(batch.logits_indices), buffers, lambda b: self.bind_kv(b, record))
+        if not record.has_embedding:
+            self._bind_hidden(kept.binding, i, hidden)
+        for name, array in self._step_inputs(i, batch, None, None).items():
+            kept.bind_input(name, array)
+        session.run_with_iobinding(kept.binding, self._run_options)
+        return {io.GREEDY_TOKENS: HostTokens(kept.greedy.copy())}
+
+    def _bind_inputs(
+        self,
+        binding: Any,
+        i: int,
+        batch: BatchInputs,
+        hidden: Any,
+        sampling: SamplingInputs | None,
+        images: dict[str, np.ndarray] | None,
+    ) -> None:
+        """Partition i's step inputs: the token ids or the hidden states, the paging arrays, the
+        logits' rows and the inline head's inputs where the graph takes them."""
+        if not self.manifest.partitions[i].has_embedding:
+            self._bind_hidden(binding, i, hidden)
+        for name, array in self._step_inputs(i, batch, sampling, images).items():
+            binding.bind_cpu_input(name, array)
+
+    def _step_inputs(
+        self, i: int, batch: BatchInputs, sampling: SamplingInputs | None, images: dict[str, np.ndarray] | None
+    ) -> dict[str, np.ndarray]:
+        """Partition i's host inputs the graph takes, by name: the token ids (the first partition),
+        the paging arrays, the logits' rows and the inline head's inputs."""
+        record = self.manifest.partitions[i]
+        step_inputs = {**batch.paging_inputs(), **(images or {})}
+        if record.has_embedding:
+            step_inputs[io.INPUT_IDS] = batch.input_ids
+        if record.has_lm_head:
+            step_inputs[io.LOGITS_INDICES] = batch.logits_indices
+            if self.inline_head:
+                head = sampling or SamplingInputs.unused(len(batch.logits_indices))
+                step_inputs[io.SAMPLING_TEMPERATURE] = head.temperature
+                step_inputs[io.SAMPLING_UNIFORM] = head.uniform
+        names = self._input_names[i]
+        return {name: array for name, array in step_inputs.items() if name in names}
+
     def _bind_hidden(self, binding, partition: int, hidden: Any) -> None:
         """Bind the hidden states the partition before left (an OrtValue) as this one's input: as they
         are where they lie on this partition's device or in host memory, else through host memory."""
+        if hidden is None:
+            raise ValueError(f"partition {partition} takes hidden states, but no partition before it made any")
         if self._handoff_device(partition - 1) == self.devices[partition].ort_device:
             binding.bind_ortvalue_input(io.HIDDEN_STATES, hidden)
         else:
@@ -301,6 +342,7 @@ class ModelGraphs:
         if self.pipeline is not None:
             self.pipeline.close()
         self.decode_graphs = None
+        self.kept.clear()
         self.sessions = []
 
     def _result_devices(self, partition: int, record, want_logits: bool, draws: bool) -> dict[str, tuple[str, int]]:
