@@ -58,12 +58,20 @@ def test_ort_quant_on_matmul_q_is_ort_int8_arithmetic(tiny_model, tmp_path, cpu_
         open_source(str(folder)), default, ExportConfig(op_flavour="ort-quant", kernels="wicore"), progress=lambda _: None
     )
     assert residual_flags(default) == {1}  # the default: int8 plus the residual
+    # prompts (32+ rows): the layers' projections on the int8 GEMM, the head on the float one (graph/quant.py)
+    precisions = {n.name: a.s.decode() for n in matmul_q_nodes(default) for a in n.attribute if a.name == "prompt_precision"}
+    assert len(precisions) == len(matmul_q_nodes(default))
+    assert {name for name, p in precisions.items() if p == "float"} == {"/model/lm_head/MatMulQ"}
+
+
+def matmul_q_nodes(folder) -> list[onnx.NodeProto]:
+    manifest = Manifest.read(folder)
+    nodes = onnx.load(folder / manifest.partitions[0].file, load_external_data=False).graph.node
+    return [n for n in nodes if n.op_type == "MatMulQ"]
 
 
 def residual_flags(folder) -> set[int]:
-    manifest = Manifest.read(folder)
-    nodes = onnx.load(folder / manifest.partitions[0].file, load_external_data=False).graph.node
-    return {a.i for n in nodes if n.op_type == "MatMulQ" for a in n.attribute if a.name == "residual"}
+    return {a.i for n in matmul_q_nodes(folder) for a in n.attribute if a.name == "residual"}
 
 
 def test_wicore_kernels_need_paged_graphs_or_ort_quant():

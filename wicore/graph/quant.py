@@ -27,6 +27,19 @@ Activations (`QuantLinear.accuracy_level` None, the default; docs/PERFORMANCE.md
 
 accuracy_level 4 everywhere is llama.cpp's arithmetic (int8 activations, Q8 dot products), 0 everywhere
 float with the nibble split for 8-bit layers and heads.
+
+On wicore.MatMulQ (`kernels` "wicore") a step of one to 31 rows takes int8 activations with the residual
+(~15-bit); a step of 32+ rows (a prompt, 32+ decode streams) takes the node's `prompt_precision`
+(graph/matmul_q.py; docs/PERFORMANCE.md, issue 37, 2026-11-29):
+
+    tensor              32+ rows                          why
+    layer projection    int8 (LAYER_PROMPT): llama.cpp's  ~1.5-2x the float GEMM's speed (Gemma 3 270M's prompt
+    (qkv, o, gate|up,   Q8 activations, no residual       3.4-3.8x llama.cpp's against 1.5-2.0x); its error is one
+    down)                                                 layer's of many, and HF's greedy tokens stay (measured)
+    LM head             float (HEAD_PROMPT): x in float32  its argmax is the token: int8 x flips it where a column
+                        against the dequantized weight     of x is an outlier (tests/graph/test_matmul_nbits.py),
+                                                          and the head is one row a sequence, so a prompt's
+                                                          speed does not hang on it
 """
 
 from __future__ import annotations
@@ -103,7 +116,7 @@ class QuantLinear:
         after `weight_name` (default `name`) and written to `data` (default the graph's file)."""
         w = self.blocks(weights)
         if self.runs_matmul_q(w, dtype):
-            return matmul_q(g, x, w, name, out, weight_name, data, self.accuracy_level != INT8)
+            return matmul_q(g, x, w, name, out, weight_name, data, self.accuracy_level != INT8, prompt_precision=LAYER_PROMPT)
         return matmul_nbits(g, x, w, name, dtype, self.level(w), out, weight_name, data)
 
     def runs_matmul_q(self, w: BlockQuant, dtype: type) -> bool:
@@ -137,8 +150,8 @@ class QuantLinear:
             residual = self.accuracy_level != INT8
             narrow = w.codes.size > WIDE_HEAD_CODES
             if w.bits != 8 or residual:
-                return matmul_q(g, x, w, name, out, weight_name, data, residual, narrow, not narrow)
-            logits = matmul_q(g, x, w, name, None, weight_name, data, residual, narrow)
+                return matmul_q(g, x, w, name, out, weight_name, data, residual, narrow, not narrow, HEAD_PROMPT)
+            logits = matmul_q(g, x, w, name, None, weight_name, data, residual, narrow, prompt_precision=HEAD_PROMPT)
             return refine_top(g, x, logits, w, f"{name}/refine", weight_name or name, data, out)
         level = INT8 if self.accuracy_level is None and w.bits == 8 else self.level(w)
         if level == FLOAT or w.bits != 8 or dtype != np.float32:
@@ -180,6 +193,7 @@ class QuantLinear:
 
 
 FLOAT, INT8 = 0, 4  # MatMulNBits accuracy_level: float activations; int8 activations (CPU)
+LAYER_PROMPT, HEAD_PROMPT = "int8", "float"  # MatMulQ's prompt_precision per tensor (module doc)
 HEAD_CANDIDATES = 64  # logits the head computes again in float (QuantLinear.head)
 # A MatMulQ head of at most this many codes keeps them 8 bits where they would fit in 5 or 6 (a Q6_K head):
 # read from the cache every step, it is bound by the kernel's work, and 6-bit codes in 16-column blocks took

@@ -141,10 +141,17 @@ T AttributeOr(const OrtKernelInfo* info, const char* name, T fallback) {
   }
 }
 
-// Whether the environment variable `name` is set to `value`.
-bool EnvEquals(const char* name, const char* value) {
-  const char* set = std::getenv(name);
-  return set != nullptr && std::string(set) == value;
+// Whether a step of 32+ rows takes the int8 prompt GEMM (matmul_q_int8.cc) or the float one (matmul_q_float.cc):
+// the node's `prompt_precision` ("int8" | "float"), which the exporter sets per tensor (int8 for a decoder
+// layer's projections, float for the LM head: wicore/graph/quant.py says why); a graph exported before the
+// attribute existed has float, as then. WICORE_MATMULQ_PROMPT=int8|float overrides every node (experiments).
+bool IsInt8Prompt(const OrtKernelInfo* info) {
+  const char* env = std::getenv("WICORE_MATMULQ_PROMPT");
+  const std::string asked = env != nullptr && *env != '\0' ? std::string(env)
+                                                            : AttributeOr<std::string>(info, "prompt_precision", "float");
+  Check(asked == "int8" || asked == "float",
+        "wicore MatMulQ: prompt_precision (or WICORE_MATMULQ_PROMPT) must be int8 or float, not " + asked);
+  return asked == "int8";
 }
 
 // Inputs: x, codes, then the scales and offsets in float32 (2, 3) or narrow (4-7: kernels.h's MatMulQPacked),
@@ -159,7 +166,7 @@ struct MatMulQKernel {
         blocks_per_super_(AttributeOr<int64_t>(info, "blocks_per_super", 0)),
         offset_scale_(AttributeOr<float>(info, "offset_scale", 0.f)),
         path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))),  // "scalar" / "avx2": a slower int8 path, prompts too
-        is_int8_prompt_(EnvEquals("WICORE_MATMULQ_PROMPT", "int8")) {
+        is_int8_prompt_(IsInt8Prompt(info)) {
     Check(bits_ == 4 || bits_ == 5 || bits_ == 6 || bits_ == 8, "wicore MatMulQ: bits must be 4, 5, 6 or 8");
     Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
     Check(bits_ == 4 || bits_ == 8 || (zero_point_ >= 0 && zero_point_ < (int64_t{1} << bits_)),
