@@ -126,8 +126,8 @@ def test_an_8_bit_head_on_matmul_q_with_the_residual_needs_no_refinement(tmp_pat
 
 def test_a_head_keeps_float_prompts_where_a_layer_takes_int8(tmp_path, cpu_library):
     """MatMulQ's prompt_precision per tensor (graph/quant.py's table): the same 8-bit weight and 64 rows with an
-    outlier column as a layer (int8: llama.cpp's activations, no residual) move an argmax, as the head (float)
-    does not; that is why the head keeps the float GEMM. Rows below 32 never read the attribute."""
+    outlier column as an int8-prompt layer (llama.cpp's activations, no residual) move an argmax, as the head
+    (float, whatever the layers take) does not; that is why the head keeps the float GEMM."""
     from tests.kernels.test_matmul_q import has_vnni
 
     rng = np.random.default_rng(1)
@@ -143,7 +143,8 @@ def test_a_head_keeps_float_prompts_where_a_layer_takes_int8(tmp_path, cpu_libra
         data = DataFile(tmp_path / f"{role}.data")
         g = Graph(role, data)
         g.input("x", TensorProto.FLOAT, ["n", w.shape[1]])
-        quant, table = QuantLinear(kernels="wicore"), QuantizedTensor(w.dequantize(), lambda: w)
+        quant = QuantLinear(kernels="wicore", layer_prompt="int8")  # a Gemma 3's (its family's int8_prompts)
+        table = QuantizedTensor(w.dequantize(), lambda: w)
         if role == "head":
             quant.head(g, "x", table, "/lm_head", np.float32, out="y")
         else:

@@ -30,16 +30,21 @@ float with the nibble split for 8-bit layers and heads.
 
 On wicore.MatMulQ (`kernels` "wicore") a step of one to 31 rows takes int8 activations with the residual
 (~15-bit); a step of 32+ rows (a prompt, 32+ decode streams) takes the node's `prompt_precision`
-(graph/matmul_q.py; docs/PERFORMANCE.md, issue 37, 2026-11-29):
+(graph/matmul_q.py), measured per tensor on five prompts against HF float32 (docs/PERFORMANCE.md, issue 37,
+2026-11-29):
 
-    tensor              32+ rows                          why
-    layer projection    int8 (LAYER_PROMPT): llama.cpp's  ~1.5-2x the float GEMM's speed (Gemma 3 270M's prompt
-    (qkv, o, gate|up,   Q8 activations, no residual       3.4-3.8x llama.cpp's against 1.5-2.0x); its error is one
-    down)                                                 layer's of many, and HF's greedy tokens stay (measured)
-    LM head             float (HEAD_PROMPT): x in float32  its argmax is the token: int8 x flips it where a column
-                        against the dequantized weight     of x is an outlier (tests/graph/test_matmul_nbits.py),
-                                                          and the head is one row a sequence, so a prompt's
-                                                          speed does not hang on it
+    tensor              32+ rows                              why
+    layer projection    int8 (`layer_prompt`) where the       ~1.5-2x the float GEMM (Gemma 3 270M's 512-token
+    (qkv, o, gate|up,   family's row says so (int8_prompts:   prompt 3.4-3.8x llama.cpp's, 1.5-2.0x on float);
+    down)               Gemma 3), else float                  Gemma 3 keeps HF's 32 tokens on all five prompts.
+                                                              SmolLM2-135M (Llama) loses the first token of two
+                                                              chats on int8 x, as llama.cpp does, and float for
+                                                              any one role does not win it back: the error is
+                                                              the sum over 30 layers, so its layers stay float
+    LM head             float (HEAD_PROMPT): x in float32     its argmax is the token: int8 x flips it where a
+                        against the dequantized weight        column of x is an outlier (tests/graph/
+                                                              test_matmul_nbits.py); it is one row a sequence,
+                                                              so a prompt's speed does not hang on it
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from wicore.graph.matmul_q import can_run, matmul_q
+from wicore.graph.matmul_q import PROMPT_PRECISIONS, can_run, matmul_q
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph
 from wicore.model.quant import SUPPORTED_BITS, BlockQuant, concat_rows, quantize_symmetric
 
@@ -69,6 +74,8 @@ class QuantLinear:
     # "wicore": float32 graphs' linear layers on wicore.MatMulQ (graph/matmul_q.py, WiCore's CPU kernel)
     # instead of MatMulNBits: accuracy_level 4 llama.cpp's int8 activations, else int8 plus a residual
     kernels: str = "ort"
+    # MatMulQ's prompt_precision for the layers' projections (module doc); the head keeps HEAD_PROMPT
+    layer_prompt: str = "float"
 
     def __post_init__(self) -> None:
         if self.kernels not in ("ort", "wicore"):
@@ -79,6 +86,8 @@ class QuantLinear:
             raise ValueError(f"expert_bits {self.expert_bits}: expected one of {SUPPORTED_BITS}")
         if self.accuracy_level not in (None, 0, 4):
             raise ValueError(f"accuracy_level {self.accuracy_level}: expected None (per tensor), 0 or 4")
+        if self.layer_prompt not in PROMPT_PRECISIONS:
+            raise ValueError(f"layer_prompt {self.layer_prompt!r}: expected one of {PROMPT_PRECISIONS}")
 
     def for_experts(self) -> QuantLinear:
         """The encoding of a mixture's expert weights: this one, in `expert_bits` where set."""
@@ -116,7 +125,9 @@ class QuantLinear:
         after `weight_name` (default `name`) and written to `data` (default the graph's file)."""
         w = self.blocks(weights)
         if self.runs_matmul_q(w, dtype):
-            return matmul_q(g, x, w, name, out, weight_name, data, self.accuracy_level != INT8, prompt_precision=LAYER_PROMPT)
+            return matmul_q(
+                g, x, w, name, out, weight_name, data, self.accuracy_level != INT8, prompt_precision=self.layer_prompt
+            )
         return matmul_nbits(g, x, w, name, dtype, self.level(w), out, weight_name, data)
 
     def runs_matmul_q(self, w: BlockQuant, dtype: type) -> bool:
@@ -193,7 +204,7 @@ class QuantLinear:
 
 
 FLOAT, INT8 = 0, 4  # MatMulNBits accuracy_level: float activations; int8 activations (CPU)
-LAYER_PROMPT, HEAD_PROMPT = "int8", "float"  # MatMulQ's prompt_precision per tensor (module doc)
+HEAD_PROMPT = "float"  # the LM head's MatMulQ prompt_precision (module doc)
 HEAD_CANDIDATES = 64  # logits the head computes again in float (QuantLinear.head)
 # A MatMulQ head of at most this many codes keeps them 8 bits where they would fit in 5 or 6 (a Q6_K head):
 # read from the cache every step, it is bound by the kernel's work, and 6-bit codes in 16-column blocks took
