@@ -98,6 +98,26 @@ def test_prompt_precision_picks_the_path(cpu_library, monkeypatch, attribute, en
     np.testing.assert_array_equal(y, want[path])
 
 
+@pytest.mark.parametrize(("shape", "path"), [((1, 32), "int8"), ((2, 40), "int8"), ((35, 1), "float"), ((2, 16), "float")])
+def test_int8_prompts_only_where_a_row_holds_32_tokens(cpu_library, monkeypatch, shape, path):
+    """x [rows, seq, K]: the int8 GEMM where seq >= 32 (a prompt chunk), the float one for 32+ rows of fewer
+    tokens each (a decode step of 35 streams, short prompts batched): the same bits as the float path's node."""
+    if not has_vnni(cpu_library):
+        pytest.skip("the int8 prompt path runs on AVX-512 VNNI CPUs only")
+    monkeypatch.delenv("WICORE_MATMULQ_PROMPT", raising=False)
+    rng = np.random.default_rng(6)
+    w = random_weight(rng, 70, 128, 8, 32, True)
+    x = rng.standard_t(3, (*shape, 128)).astype(np.float32)
+    (y,) = int8_session(cpu_library, w).run(None, {"x": x})
+    flat = x.reshape(1, -1, 128)  # the same rows as one prompt of 32+ tokens: the int8 GEMM
+    want = {
+        "int8": int8_session(cpu_library, w).run(None, {"x": flat})[0].reshape(y.shape),
+        "float": session(cpu_library, w, residual=True).run(None, {"x": x})[0],
+    }
+    assert not np.array_equal(want["int8"], want["float"])
+    np.testing.assert_array_equal(y, want[path])
+
+
 def test_prompt_precision_says_what_it_takes(cpu_library, monkeypatch):
     w = random_weight(np.random.default_rng(0), 8, 64, 4, 32, False)
     monkeypatch.setenv("WICORE_MATMULQ_PROMPT", "int4")

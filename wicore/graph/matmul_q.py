@@ -39,9 +39,10 @@ BLOCK = 32  # activation block (columns)
 BLOCK_SIZES = (16, 32)  # weight blocks the kernel takes
 GROUP = 8  # 4-bit rows interleaved
 NARROW_BITS = (5, 6)  # 8-bit codes that span at most 2**bits values are stored in bits (kernels.h)
-# How a step of 32+ rows (a prompt; 32+ decode streams) runs on AVX-512 (ops.cc): "float", x in float32 against
+# How a prompt's step (x [rows, seq, K] with seq >= 32) runs on AVX-512 (ops.cc): "float", x in float32 against
 # the dequantized weight (matmul_q_float.cc), or "int8", llama.cpp's int8 x without the residual on vpdpbusd
-# (matmul_q_int8.cc, ~1.5-2x faster). Chosen per tensor by graph/quant.py; fewer rows keep the int8 rows (residual).
+# (matmul_q_int8.cc, ~1.5-2x faster). Chosen per tensor by graph/quant.py. Other steps of 32+ rows (32+ decode
+# streams) take the float GEMM whatever it says; fewer rows the int8 rows with the residual.
 PROMPT_PRECISIONS = ("float", "int8")
 
 
@@ -198,8 +199,8 @@ def matmul_q(
     """x [..., K] float32 @ wᵀ for w [N, K] on wicore.MatMulQ; `residual`: x's rounding error rounded again
     (~15-bit activations, HF's greedy tokens on SmolLM2), else llama.cpp's int8 activations alone;
     `narrow_codes` False: 5- / 6-bit codes as 8 bits (more bytes, less unpacking: `pack`);
-    `narrow_8bit_scales`: 8-bit codes' scales narrow too where exact (`pack`); `prompt_precision`: steps of 32+
-    rows in float or int8 (PROMPT_PRECISIONS)."""
+    `narrow_8bit_scales`: 8-bit codes' scales narrow too where exact (`pack`); `prompt_precision`: a prompt's
+    steps in float or int8 (PROMPT_PRECISIONS)."""
     if not can_run(w):
         raise ValueError(
             f"MatMulQ takes 4- or 8-bit codes in blocks of 16 or 32 over whole 32 columns, not {w.bits} bits / "

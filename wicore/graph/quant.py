@@ -29,11 +29,11 @@ accuracy_level 4 everywhere is llama.cpp's arithmetic (int8 activations, Q8 dot 
 float with the nibble split for 8-bit layers and heads.
 
 On wicore.MatMulQ (`kernels` "wicore") a step of one to 31 rows takes int8 activations with the residual
-(~15-bit); a step of 32+ rows (a prompt, 32+ decode streams) takes the node's `prompt_precision`
-(graph/matmul_q.py), measured per tensor on five prompts against HF float32 (docs/PERFORMANCE.md, issue 37,
-2026-11-29):
+(~15-bit), other steps of 32+ rows (32+ decode streams) the float GEMM, and a prompt's steps (rows of 32+
+tokens) the node's `prompt_precision` (graph/matmul_q.py), measured per tensor on five prompts against HF
+float32 (docs/PERFORMANCE.md, issue 37, 2026-11-29):
 
-    tensor              32+ rows                              why
+    tensor              prompt                                why
     layer projection    int8 (`layer_prompt`) where the       ~1.5-2x the float GEMM (Gemma 3 270M's 512-token
     (qkv, o, gate|up,   family's row says so (int8_prompts:   prompt 3.4-3.8x llama.cpp's, 1.5-2.0x on float);
     down)               Gemma 3), else float                  Gemma 3 keeps HF's 32 tokens on all five prompts.

@@ -141,7 +141,7 @@ T AttributeOr(const OrtKernelInfo* info, const char* name, T fallback) {
   }
 }
 
-// Whether a step of 32+ rows takes the int8 prompt GEMM (matmul_q_int8.cc) or the float one (matmul_q_float.cc):
+// Whether a prompt's step (rows of 32+ tokens: Compute) takes the int8 GEMM (matmul_q_int8.cc) or the float one (matmul_q_float.cc):
 // the node's `prompt_precision` ("int8" | "float"), which the exporter sets per tensor (int8 for a decoder
 // layer's projections, float for the LM head: wicore/graph/quant.py says why); a graph exported before the
 // attribute existed has float, as then. WICORE_MATMULQ_PROMPT=int8|float overrides every node (experiments).
@@ -249,7 +249,11 @@ struct MatMulQKernel {
                                    scales != nullptr ? scales : reinterpret_cast<const float*>(packed.scales16),
                                    has_offsets, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_),
                                    residual_, static_cast<int>(zero_point_)};
-    const bool is_int8 = wicore::MatMulQInt8Runs(args, path_, is_int8_prompt_);
+    // int8 only where a row of the batch holds 32+ tokens, a prompt chunk: the engine's batches are [rows, seq]
+    // (wicore/executor/batch.py), so a decode step of 32+ streams ([rows, 1]) and a speculative step's few tokens
+    // a row keep the float GEMM and its accuracy; decode rows padded into a prompt's step take what it takes
+    const bool is_prompt = shape.size() < 3 || shape[shape.size() - 2] >= wicore::kMatMulQFloatRows;
+    const bool is_int8 = wicore::MatMulQInt8Runs(args, path_, is_int8_prompt_ && is_prompt);
     const bool is_float = is_int8 || wicore::MatMulQFloatRuns(args, path_);  // a prompt: no QuantRow rows
     // The quantized rows, in this thread's buffers: a decode step's ~100 MatMulQ calls allocate nothing (the tasks
     // read them only during this call)
