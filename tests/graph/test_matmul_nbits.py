@@ -124,6 +124,43 @@ def test_an_8_bit_head_on_matmul_q_with_the_residual_needs_no_refinement(tmp_pat
     np.testing.assert_allclose(logits, reference, rtol=1e-4, atol=2e-3)
 
 
+def test_a_head_keeps_float_prompts_where_a_layer_takes_int8(tmp_path, cpu_library):
+    """MatMulQ's prompt_precision per tensor (graph/quant.py's table): the same 8-bit weight and 64 rows with an
+    outlier column as an int8-prompt layer (llama.cpp's activations, no residual) move an argmax, as the head
+    (float, whatever the layers take) does not; that is why the head keeps the float GEMM."""
+    from tests.kernels.test_matmul_q import has_vnni
+
+    rng = np.random.default_rng(1)
+    w = quantize_symmetric(rng.standard_normal((1000, 64)).astype(np.float32), 8, 32)
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    x[:, 5] = 40.0
+    reference = x @ w.dequantize().T
+    ort = onnxruntime()
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(cpu_library)
+    logits, precisions = {}, {}
+    for role in ("layer", "head"):
+        data = DataFile(tmp_path / f"{role}.data")
+        g = Graph(role, data)
+        g.input("x", TensorProto.FLOAT, ["n", w.shape[1]])
+        quant = QuantLinear(kernels="wicore", layer_prompt="int8")  # a Gemma 3's (its family's int8_prompts)
+        table = QuantizedTensor(w.dequantize(), lambda: w)
+        if role == "head":
+            quant.head(g, "x", table, "/lm_head", np.float32, out="y")
+        else:
+            quant.linear(g, "x", [table], "/layer", np.float32, out="y")
+        g.output("y", TensorProto.FLOAT, ["n", w.shape[0]])
+        data.close()
+        precisions[role] = [a.s.decode() for n in g.nodes for a in n.attribute if a.name == "prompt_precision"]
+        onnx.save_model(g.to_model(17), tmp_path / f"{role}.onnx")
+        sess = ort.InferenceSession(str(tmp_path / f"{role}.onnx"), opts, providers=["CPUExecutionProvider"])
+        logits[role] = sess.run(None, {"x": x})[0]
+    assert precisions == {"layer": ["int8"], "head": ["float"]}
+    assert (logits["head"].argmax(-1) == reference.argmax(-1)).all()
+    if has_vnni(cpu_library):  # elsewhere 32+ rows take the float GEMM whatever the attribute says
+        assert (logits["layer"].argmax(-1) != reference.argmax(-1)).any()
+
+
 def test_a_head_in_the_cache_keeps_8_bit_codes_where_6_would_do(tmp_path, monkeypatch):
     """A Q6_K head (codes in [-32, 32), blocks of 16) on MatMulQ: 8-bit codes up to WIDE_HEAD_CODES codes (the
     kernel's work bounds a cache-resident head) with float16 scales where exact (fewer bytes, read in place),

@@ -96,9 +96,11 @@ def session(
     threads: int = 2,
     narrow_widths: bool = False,
     narrow_8bit_scales: bool = False,
+    prompt_precision: str | None = None,
 ) -> ort.InferenceSession:
     """One MatMulQ node on w: by default its 4- / 8-bit codes and float32 scales (the reference layouts),
-    with `narrow_widths` the export's (5 / 6 bits, float16 scales where exact: graph/matmul_q.py)."""
+    with `narrow_widths` the export's (5 / 6 bits, float16 scales where exact: graph/matmul_q.py);
+    `prompt_precision` None: no such attribute (a graph exported before it)."""
     packed = pack(w, narrow_widths, narrow_8bit_scales)
     names, inits = ["x"], []
     for entry in inputs(packed):
@@ -108,7 +110,7 @@ def session(
             inits.append(helper.make_tensor(role, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape), a.tobytes(), raw=True))
     while names[-1] == "":
         names.pop()
-    node = helper.make_node("MatMulQ", names, ["y"], domain=DOMAIN, **attributes(packed, w, residual))
+    node = helper.make_node("MatMulQ", names, ["y"], domain=DOMAIN, **attributes(packed, w, residual, prompt_precision))
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, None])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     graph = helper.make_graph([node], "t", [x], [y], initializer=inits)

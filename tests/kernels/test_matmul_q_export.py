@@ -12,7 +12,9 @@ from wicore.errors import WiCoreError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph.manifest import Manifest
+from wicore.graph.quant import QuantLinear
 from wicore.kernels.library import DOMAIN
+from wicore.model.families import FAMILIES, family
 from wicore.types.sampling import SamplingParams
 
 
@@ -58,12 +60,31 @@ def test_ort_quant_on_matmul_q_is_ort_int8_arithmetic(tiny_model, tmp_path, cpu_
         open_source(str(folder)), default, ExportConfig(op_flavour="ort-quant", kernels="wicore"), progress=lambda _: None
     )
     assert residual_flags(default) == {1}  # the default: int8 plus the residual
+    # prompts (32+ rows): the layers' projections on the int8 GEMM, the head on the float one (graph/quant.py)
+    precisions = {n.name: a.s.decode() for n in matmul_q_nodes(default) for a in n.attribute if a.name == "prompt_precision"}
+    assert len(precisions) == len(matmul_q_nodes(default))
+    assert {name for name, p in precisions.items() if p == "float"} == {"/model/lm_head/MatMulQ"}
+
+
+def matmul_q_nodes(folder) -> list[onnx.NodeProto]:
+    manifest = Manifest.read(folder)
+    nodes = onnx.load(folder / manifest.partitions[0].file, load_external_data=False).graph.node
+    return [n for n in nodes if n.op_type == "MatMulQ"]
 
 
 def residual_flags(folder) -> set[int]:
-    manifest = Manifest.read(folder)
-    nodes = onnx.load(folder / manifest.partitions[0].file, load_external_data=False).graph.node
-    return {a.i for n in nodes if n.op_type == "MatMulQ" for a in n.attribute if a.name == "residual"}
+    return {a.i for n in matmul_q_nodes(folder) for a in n.attribute if a.name == "residual"}
+
+
+def test_int8_prompts_where_the_family_says_so():
+    """The layers' prompt_precision follows the family's row (graph/quant.py: measured per family); the head's
+    is float whatever it says; a QuantLinear takes only the precisions MatMulQ knows."""
+    config = ExportConfig(op_flavour="ort-quant", kernels="wicore")
+    assert config.quant(family("gemma3").int8_prompts).layer_prompt == "int8"  # type: ignore[union-attr]
+    assert config.quant(family("llama").int8_prompts).layer_prompt == "float"  # type: ignore[union-attr]
+    assert [f.name for f in FAMILIES.values() if f.int8_prompts] == ["gemma3"]
+    with pytest.raises(ValueError, match="layer_prompt 'int4'"):
+        QuantLinear(layer_prompt="int4")
 
 
 def test_wicore_kernels_need_paged_graphs_or_ort_quant():

@@ -137,8 +137,9 @@ class ExportConfig:
         if self.quantize_embedding and not OP_FLAVOURS[self.op_flavour].quantized:
             raise WiCoreError("--quantize-embedding needs quantized weights: add --weight-bits 4 or 8")
 
-    def quant(self) -> QuantLinear | None:
-        """How linear layers are encoded: None for float MatMuls (portable)."""
+    def quant(self, int8_prompts: bool = False) -> QuantLinear | None:
+        """How linear layers are encoded: None for float MatMuls (portable); `int8_prompts` (the family's row):
+        MatMulQ's prompts on int8 x in the layers (graph/quant.py)."""
         if not OP_FLAVOURS[self.op_flavour].quantized:
             return None
         return QuantLinear(
@@ -147,6 +148,7 @@ class ExportConfig:
             accuracy_level=self.accuracy_level,
             quantize_embedding=self.quantize_embedding,
             kernels=self.kernels,
+            layer_prompt="int8" if int8_prompts else "float",
         )
 
     def resolved_block_attention(self) -> str:
@@ -209,7 +211,7 @@ def _write_model(source: WeightSource, folder: Path, config: ExportConfig, progr
         cfg,
         config.dtype,
         attention_stats=config.attention_stats,
-        quant=config.quant(),
+        quant=config.quant(cfg.family_row.int8_prompts),
         fused_ops=OP_FLAVOURS[config.op_flavour].fused_ops,
         attention=config.attention,
         image_inputs=vision is not None,

@@ -39,6 +39,11 @@ BLOCK = 32  # activation block (columns)
 BLOCK_SIZES = (16, 32)  # weight blocks the kernel takes
 GROUP = 8  # 4-bit rows interleaved
 NARROW_BITS = (5, 6)  # 8-bit codes that span at most 2**bits values are stored in bits (kernels.h)
+# How a prompt's step (x [rows, seq, K] with seq >= 32) runs on AVX-512 (ops.cc): "float", x in float32 against
+# the dequantized weight (matmul_q_float.cc), or "int8", llama.cpp's int8 x without the residual on vpdpbusd
+# (matmul_q_int8.cc, ~1.5-2x faster). Chosen per tensor by graph/quant.py. Other steps of 32+ rows (32+ decode
+# streams) take the float GEMM whatever it says; fewer rows the int8 rows with the residual.
+PROMPT_PRECISIONS = ("float", "int8")
 
 
 def can_run(w: BlockQuant) -> bool:
@@ -156,13 +161,25 @@ def inputs(packed: Packed) -> list[tuple[str, np.ndarray] | None]:
     return out
 
 
-def attributes(packed: Packed, w: BlockQuant, residual: bool) -> dict[str, int | float]:
-    """MatMulQ's attributes for `packed` (ops.cc)."""
+def attributes(
+    packed: Packed, w: BlockQuant, residual: bool, prompt_precision: str | None = None
+) -> dict[str, int | float | str]:
+    """MatMulQ's attributes for `packed` (ops.cc); `prompt_precision` None leaves the attribute out, as graphs
+    exported before it did (the float prompt GEMM)."""
     supers = [v.blocks_per_super for v in (packed.scales, packed.offsets) if isinstance(v, Narrow) and v.ints is not None]
-    attrs: dict[str, int | float] = {"N": w.shape[0], "bits": packed.bits, "block_size": w.block_size, "residual": int(residual)}
+    attrs: dict[str, int | float | str] = {
+        "N": w.shape[0],
+        "bits": packed.bits,
+        "block_size": w.block_size,
+        "residual": int(residual),
+    }
     if len(set(supers)) > 1:
         raise ValueError(f"scales and offsets in super-blocks of different sizes: {supers}")
     attrs.update(zero_point=packed.zero_point, offset_scale=packed.offset_scale, blocks_per_super=supers[0] if supers else 0)
+    if prompt_precision is not None:
+        if prompt_precision not in PROMPT_PRECISIONS:
+            raise ValueError(f"prompt_precision {prompt_precision!r}: expected one of {PROMPT_PRECISIONS}")
+        attrs["prompt_precision"] = prompt_precision
     return attrs
 
 
@@ -177,11 +194,13 @@ def matmul_q(
     residual: bool = True,
     narrow_codes: bool = True,
     narrow_8bit_scales: bool = False,
+    prompt_precision: str = "float",
 ) -> str:
     """x [..., K] float32 @ wᵀ for w [N, K] on wicore.MatMulQ; `residual`: x's rounding error rounded again
     (~15-bit activations, HF's greedy tokens on SmolLM2), else llama.cpp's int8 activations alone;
     `narrow_codes` False: 5- / 6-bit codes as 8 bits (more bytes, less unpacking: `pack`);
-    `narrow_8bit_scales`: 8-bit codes' scales narrow too where exact (`pack`)."""
+    `narrow_8bit_scales`: 8-bit codes' scales narrow too where exact (`pack`); `prompt_precision`: a prompt's
+    steps in float or int8 (PROMPT_PRECISIONS)."""
     if not can_run(w):
         raise ValueError(
             f"MatMulQ takes 4- or 8-bit codes in blocks of 16 or 32 over whole 32 columns, not {w.bits} bits / "
@@ -202,4 +221,4 @@ def matmul_q(
         names.append(g.weight(f"{prefix}.{role}{own}", lambda a=array: a, data))  # type: ignore[misc]
     while names[-1] == "":
         names.pop()
-    return g.op("MatMulQ", names, f"{name}/MatMulQ", out=out, domain=DOMAIN, **attributes(packed, w, residual))
+    return g.op("MatMulQ", names, f"{name}/MatMulQ", out=out, domain=DOMAIN, **attributes(packed, w, residual, prompt_precision))

@@ -27,6 +27,24 @@ Activations (`QuantLinear.accuracy_level` None, the default; docs/PERFORMANCE.md
 
 accuracy_level 4 everywhere is llama.cpp's arithmetic (int8 activations, Q8 dot products), 0 everywhere
 float with the nibble split for 8-bit layers and heads.
+
+On wicore.MatMulQ (`kernels` "wicore") a step of one to 31 rows takes int8 activations with the residual
+(~15-bit), other steps of 32+ rows (32+ decode streams) the float GEMM, and a prompt's steps (rows of 32+
+tokens) the node's `prompt_precision` (graph/matmul_q.py), measured per tensor on five prompts against HF
+float32 (docs/PERFORMANCE.md, issue 37, 2026-11-29):
+
+    tensor              prompt                                why
+    layer projection    int8 (`layer_prompt`) where the       ~1.5-2x the float GEMM (Gemma 3 270M's 512-token
+    (qkv, o, gate|up,   family's row says so (int8_prompts:   prompt 3.4-3.8x llama.cpp's, 1.5-2.0x on float);
+    down)               Gemma 3), else float                  Gemma 3 keeps HF's 32 tokens on all five prompts.
+                                                              SmolLM2-135M (Llama) loses the first token of two
+                                                              chats on int8 x, as llama.cpp does, and float for
+                                                              any one role does not win it back: the error is
+                                                              the sum over 30 layers, so its layers stay float
+    LM head             float (HEAD_PROMPT): x in float32     its argmax is the token: int8 x flips it where a
+                        against the dequantized weight        column of x is an outlier (tests/graph/
+                                                              test_matmul_nbits.py); it is one row a sequence,
+                                                              so a prompt's speed does not hang on it
 """
 
 from __future__ import annotations
@@ -36,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from wicore.graph.matmul_q import can_run, matmul_q
+from wicore.graph.matmul_q import PROMPT_PRECISIONS, can_run, matmul_q
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph
 from wicore.model.quant import SUPPORTED_BITS, BlockQuant, concat_rows, quantize_symmetric
 
@@ -56,6 +74,8 @@ class QuantLinear:
     # "wicore": float32 graphs' linear layers on wicore.MatMulQ (graph/matmul_q.py, WiCore's CPU kernel)
     # instead of MatMulNBits: accuracy_level 4 llama.cpp's int8 activations, else int8 plus a residual
     kernels: str = "ort"
+    # MatMulQ's prompt_precision for the layers' projections (module doc); the head keeps HEAD_PROMPT
+    layer_prompt: str = "float"
 
     def __post_init__(self) -> None:
         if self.kernels not in ("ort", "wicore"):
@@ -66,6 +86,8 @@ class QuantLinear:
             raise ValueError(f"expert_bits {self.expert_bits}: expected one of {SUPPORTED_BITS}")
         if self.accuracy_level not in (None, 0, 4):
             raise ValueError(f"accuracy_level {self.accuracy_level}: expected None (per tensor), 0 or 4")
+        if self.layer_prompt not in PROMPT_PRECISIONS:
+            raise ValueError(f"layer_prompt {self.layer_prompt!r}: expected one of {PROMPT_PRECISIONS}")
 
     def for_experts(self) -> QuantLinear:
         """The encoding of a mixture's expert weights: this one, in `expert_bits` where set."""
@@ -103,7 +125,9 @@ class QuantLinear:
         after `weight_name` (default `name`) and written to `data` (default the graph's file)."""
         w = self.blocks(weights)
         if self.runs_matmul_q(w, dtype):
-            return matmul_q(g, x, w, name, out, weight_name, data, self.accuracy_level != INT8)
+            return matmul_q(
+                g, x, w, name, out, weight_name, data, self.accuracy_level != INT8, prompt_precision=self.layer_prompt
+            )
         return matmul_nbits(g, x, w, name, dtype, self.level(w), out, weight_name, data)
 
     def runs_matmul_q(self, w: BlockQuant, dtype: type) -> bool:
@@ -137,8 +161,8 @@ class QuantLinear:
             residual = self.accuracy_level != INT8
             narrow = w.codes.size > WIDE_HEAD_CODES
             if w.bits != 8 or residual:
-                return matmul_q(g, x, w, name, out, weight_name, data, residual, narrow, not narrow)
-            logits = matmul_q(g, x, w, name, None, weight_name, data, residual, narrow)
+                return matmul_q(g, x, w, name, out, weight_name, data, residual, narrow, not narrow, HEAD_PROMPT)
+            logits = matmul_q(g, x, w, name, None, weight_name, data, residual, narrow, prompt_precision=HEAD_PROMPT)
             return refine_top(g, x, logits, w, f"{name}/refine", weight_name or name, data, out)
         level = INT8 if self.accuracy_level is None and w.bits == 8 else self.level(w)
         if level == FLOAT or w.bits != 8 or dtype != np.float32:
@@ -180,6 +204,7 @@ class QuantLinear:
 
 
 FLOAT, INT8 = 0, 4  # MatMulNBits accuracy_level: float activations; int8 activations (CPU)
+HEAD_PROMPT = "float"  # the LM head's MatMulQ prompt_precision (module doc)
 HEAD_CANDIDATES = 64  # logits the head computes again in float (QuantLinear.head)
 # A MatMulQ head of at most this many codes keeps them 8 bits where they would fit in 5 or 6 (a Q6_K head):
 # read from the cache every step, it is bound by the kernel's work, and 6-bit codes in 16-column blocks took

@@ -75,6 +75,9 @@ class Family:
         False  # experts: (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit) (graph/clamped_swiglu.py)
     )
     hf_stacked_experts: bool = False  # checkpoints stack the experts (wicore.export.stacked_experts)
+    # On wicore.MatMulQ, a prompt's layer projections on int8 x (llama.cpp's Q8 activations, ~1.5-2x the float
+    # GEMM): only where measured to keep HF's greedy tokens (graph/quant.py; docs/PERFORMANCE.md, issue 37)
+    int8_prompts: bool = False
     hf_names: dict[str, str] = field(default_factory=dict)  # WiCore's per-layer name -> the checkpoint's
     # a checkpoint tensor -> the WiCore tensors stacked in its rows, in order (Phi-3's qkv_proj)
     hf_fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -112,7 +115,7 @@ _GEMMA = dict(norm_offset=1.0, activation="gelu_tanh", embedding_scale=True, pos
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
-        Family("gemma3", ("gemma3_text", "gemma3"), "gemma3", qk_norm=PER_HEAD, local_rope=True, **_GEMMA),  # type: ignore[arg-type]
+        Family("gemma3", ("gemma3_text", "gemma3"), "gemma3", qk_norm=PER_HEAD, local_rope=True, int8_prompts=True, **_GEMMA),  # type: ignore[arg-type]
         Family("gemma2", ("gemma2",), **_GEMMA),  # type: ignore[arg-type]
         Family("llama", ("llama", "mistral"), "llama", gguf_permuted_qk=True, hf_names=_PRE_MLP_NORM),
         Family("granite", ("granite",), hf_names=_PRE_MLP_NORM),

@@ -161,8 +161,8 @@ void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int6
 constexpr int64_t kMatMulQFloatRows = 32;
 bool MatMulQFloatRuns(const MatMulQArgs& args, MatMulQPath path);
 void MatMulQFloatCpu(const MatMulQArgs& args, int64_t row_begin, int64_t row_end);
-// The int8 prompt path (matmul_q_int8.cc), where the session asks for it (WICORE_MATMULQ_PROMPT=int8) in place of
-// the float one: x rounded to int8 per 32 columns without the residual (q [m, k], d [m, k / 32], d * Σ q a
+// The int8 prompt path (matmul_q_int8.cc), where the node asks for it (its prompt_precision "int8", or
+// WICORE_MATMULQ_PROMPT=int8: ops.cc) in place of the float one: x rounded to int8 per 32 columns without the residual (q [m, k], d [m, k / 32], d * Σ q a
 // weight block [m, k / block_size]), vpdpbusd on the codes. Rows as MatMulQCpu; 4 and 8 bits (MatMulQTask
 // widens 5 and 6).
 struct MatMulQInt8Rows {

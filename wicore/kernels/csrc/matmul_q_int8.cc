@@ -1,5 +1,5 @@
-// MatMulQ's int8 prompt GEMM on AVX-512 VNNI (WICORE_MATMULQ_PROMPT=int8): x rounded to int8 per 32 columns
-// (llama.cpp's Q8 activations, no residual) against the codes, vpdpbusd 4 multiply-adds a lane an instruction.
+// MatMulQ's int8 prompt GEMM on AVX-512 VNNI (a node's prompt_precision "int8", ops.cc): x rounded to int8
+// per 32 columns (llama.cpp's Q8 activations, no residual) against the codes, vpdpbusd 4 multiply-adds a lane.
 //
 //   per task (weight rows [n_begin, n_end), at most 64), per panel of 32 weight rows (once, in L2):
 //     codes[k / 4][32][4] u8 (code + zero point), scales[k / bs][32], offsets'[k / bs][32] = o - zero_point * s

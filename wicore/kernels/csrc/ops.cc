@@ -141,10 +141,17 @@ T AttributeOr(const OrtKernelInfo* info, const char* name, T fallback) {
   }
 }
 
-// Whether the environment variable `name` is set to `value`.
-bool EnvEquals(const char* name, const char* value) {
-  const char* set = std::getenv(name);
-  return set != nullptr && std::string(set) == value;
+// Whether a prompt's step (rows of 32+ tokens: Compute) takes the int8 GEMM (matmul_q_int8.cc) or the float one (matmul_q_float.cc):
+// the node's `prompt_precision` ("int8" | "float"), which the exporter sets per tensor (int8 for a decoder
+// layer's projections, float for the LM head: wicore/graph/quant.py says why); a graph exported before the
+// attribute existed has float, as then. WICORE_MATMULQ_PROMPT=int8|float overrides every node (experiments).
+bool IsInt8Prompt(const OrtKernelInfo* info) {
+  const char* env = std::getenv("WICORE_MATMULQ_PROMPT");
+  const std::string asked = env != nullptr && *env != '\0' ? std::string(env)
+                                                            : AttributeOr<std::string>(info, "prompt_precision", "float");
+  Check(asked == "int8" || asked == "float",
+        "wicore MatMulQ: prompt_precision (or WICORE_MATMULQ_PROMPT) must be int8 or float, not " + asked);
+  return asked == "int8";
 }
 
 // Inputs: x, codes, then the scales and offsets in float32 (2, 3) or narrow (4-7: kernels.h's MatMulQPacked),
@@ -159,7 +166,7 @@ struct MatMulQKernel {
         blocks_per_super_(AttributeOr<int64_t>(info, "blocks_per_super", 0)),
         offset_scale_(AttributeOr<float>(info, "offset_scale", 0.f)),
         path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))),  // "scalar" / "avx2": a slower int8 path, prompts too
-        is_int8_prompt_(EnvEquals("WICORE_MATMULQ_PROMPT", "int8")) {
+        is_int8_prompt_(IsInt8Prompt(info)) {
     Check(bits_ == 4 || bits_ == 5 || bits_ == 6 || bits_ == 8, "wicore MatMulQ: bits must be 4, 5, 6 or 8");
     Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
     Check(bits_ == 4 || bits_ == 8 || (zero_point_ >= 0 && zero_point_ < (int64_t{1} << bits_)),
@@ -242,7 +249,11 @@ struct MatMulQKernel {
                                    scales != nullptr ? scales : reinterpret_cast<const float*>(packed.scales16),
                                    has_offsets, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_),
                                    residual_, static_cast<int>(zero_point_)};
-    const bool is_int8 = wicore::MatMulQInt8Runs(args, path_, is_int8_prompt_);
+    // int8 only where a row of the batch holds 32+ tokens, a prompt chunk: the engine's batches are [rows, seq]
+    // (wicore/executor/batch.py), so a decode step of 32+ streams ([rows, 1]) and a speculative step's few tokens
+    // a row keep the float GEMM and its accuracy; decode rows padded into a prompt's step take what it takes
+    const bool is_prompt = shape.size() < 3 || shape[shape.size() - 2] >= wicore::kMatMulQFloatRows;
+    const bool is_int8 = wicore::MatMulQInt8Runs(args, path_, is_int8_prompt_ && is_prompt);
     const bool is_float = is_int8 || wicore::MatMulQFloatRuns(args, path_);  // a prompt: no QuantRow rows
     // The quantized rows, in this thread's buffers: a decode step's ~100 MatMulQ calls allocate nothing (the tasks
     // read them only during this call)
