@@ -188,3 +188,27 @@ def test_cpu_flags_read_from_cpuinfo(tmp_path):
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_vnni\nprocessor\t: 1\nflags\t\t: fpu\n")
     assert _cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_vnni"}
     assert _cpu_flags(tmp_path / "absent") == frozenset()
+
+
+def test_a_cached_export_of_older_graphs_is_made_again(tiny_model, tmp_path, monkeypatch):
+    """A cache folder written before GRAPHS_REVISION rose (no field: revision 1) still loads, but
+    resolve_model exports it again, so `wicore serve --model M` picks up what the exporter now writes
+    (the int8 prompts of 2026-11-29); a current one is reused as it is."""
+    import json
+
+    from wicore.cli.models import resolve_model
+    from wicore.graph.manifest import GRAPHS_REVISION, MANIFEST, Manifest
+
+    monkeypatch.setenv("WICORE_CACHE", str(tmp_path))
+    folder, _ = tiny_model()
+    target = resolve_model(str(folder), "cpu")
+    assert Manifest.read(target).graphs_revision == GRAPHS_REVISION == 2
+    manifest = json.loads((target / MANIFEST).read_text())
+    del manifest["graphs_revision"]
+    (target / MANIFEST).write_text(json.dumps(manifest))
+    assert Manifest.read(target).graphs_revision == 1  # an older export still reads
+    (target / "stale-marker").write_text("")  # overwrite=True empties the folder when it exports again
+    assert resolve_model(str(folder), "cpu") == target
+    assert Manifest.read(target).graphs_revision == 2 and not (target / "stale-marker").exists()
+    (target / "current-marker").write_text("")
+    assert resolve_model(str(folder), "cpu") == target and (target / "current-marker").exists()

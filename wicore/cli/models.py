@@ -14,7 +14,7 @@ from wicore.errors import ManifestError
 from wicore.export.hub import parse_hub_id
 from wicore.export.pull import PULLABLE
 from wicore.export.sources import PACKAGED
-from wicore.graph.manifest import MANIFEST
+from wicore.graph.manifest import GRAPHS_REVISION, MANIFEST, Manifest
 
 if TYPE_CHECKING:
     from wicore.devices.providers import Capability
@@ -99,15 +99,28 @@ def resolve_model(spec: str, devices: str = "cpu", is_installed: bool = True) ->
     if not (target / MANIFEST).is_file() and kernels == "wicore" and not _builds_cpu_kernels():
         kernels = "ort"
         target = cache_dir() / export_folder_name(name, dtype, flavour, attention, kernels)
-    if not (target / MANIFEST).is_file():
+    stale = (target / MANIFEST).is_file() and _older_graphs(target)
+    if stale or not (target / MANIFEST).is_file():
         from wicore.export.exporter import ExportConfig, export_model, stderr_progress
         from wicore.export.sources import open_source
 
-        if name != spec:
+        if stale:
+            stderr_progress(f"exporting {spec} again into {target}: the cached export predates this WiCore's graphs")
+        elif name != spec:
             stderr_progress(f"exporting {spec} once into {target} (later runs reuse it)")
         config = ExportConfig(dtype=dtype, op_flavour=flavour, attention=attention, kernels=kernels, overwrite=True)
         export_model(open_source(spec, progress=stderr_progress), target, config)
     return target
+
+
+def _older_graphs(folder: Path) -> bool:
+    """Whether a cached automatic export was written by an exporter of an older GRAPHS_REVISION (still
+    readable, but what this WiCore exports now is better): resolve_model exports it again. A folder
+    whose manifest does not parse is left to the loader, which names it."""
+    try:
+        return Manifest.read(folder).graphs_revision < GRAPHS_REVISION
+    except ManifestError:
+        return False
 
 
 def export_folder_name(name: str, dtype: str, flavour: str, attention: str, kernels: str = "ort") -> str:

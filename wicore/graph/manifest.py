@@ -1,7 +1,7 @@
 """wicore.json: what an exported model folder holds, and the check that it is intact.
 
 {
-  "format": "wicore", "export_version": 1,
+  "format": "wicore", "export_version": 1, "graphs_revision": 2,
   "source": {...}, "config": {...DecoderConfig...},
   "dtype": "fp32", "op_flavour": "portable", "attention": "portable", "opset": 17,
   "kv": {"layout": [...], "dtype": "float32" | "float16" | "int8" (graph/kv_quant.py), "sink_block": 0},
@@ -29,7 +29,12 @@ from wicore.model.config import DecoderConfig
 from wicore.model.vision import VisionConfig
 
 MANIFEST = "wicore.json"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 1  # what this WiCore can read: another version is refused
+# What the exporter writes, within a version any WiCore of it reads: raised when exports made before
+# are still valid but now come out better, so that a cache of automatic exports (wicore.cli.models)
+# makes its folders again. 1: no field; 2: MatMulQ's prompt precision per tensor (int8 prompts on
+# Gemma 3's CPU layers, 2026-11-29).
+GRAPHS_REVISION = 2
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,7 @@ class Manifest:
     # at load; an older export may hold it in its last partition instead (PartitionRecord).
     sampling_head: bool = False
     kernels: str = "ort"  # "wicore": some nodes are WiCore's own ops (wicore/kernels), whose library the runtime loads
+    graphs_revision: int = GRAPHS_REVISION  # the exporter's GRAPHS_REVISION when it wrote the folder (1 before the field)
 
     @property
     def has_sampling_head(self) -> bool:
@@ -132,6 +138,7 @@ class Manifest:
         return {
             "format": "wicore",
             "export_version": EXPORT_VERSION,
+            "graphs_revision": self.graphs_revision,
             "source": self.source,
             "config": self.config.to_dict(),
             "dtype": self.dtype,
@@ -187,6 +194,7 @@ class Manifest:
                 kv_cache_dtype="int8" if d["kv"]["dtype"] == "int8" else "auto",
                 sampling_head=bool(d.get("sampling_head", False)),
                 kernels=d.get("kernels", "ort"),
+                graphs_revision=int(d.get("graphs_revision", 1)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{path} is malformed ({exc!r}); re-export the model") from exc
