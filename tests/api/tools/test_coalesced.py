@@ -54,3 +54,10 @@ def test_max_tokens_and_logprobs_through_merged_outputs(served):
     tokens = [t for c in choices for t in c["logprobs"]["tokens"]]
     assert "".join(tokens) == "Hello, world" and len(tokens) == 12
     assert events[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_a_prompt_of_token_ids_is_queued_as_sent(served):
+    """Token ids skip the tokenizer's worker thread (wicore.api.app.API.prepare) and reach the engine as they are."""
+    events = stream(served[1], prompt=[72, 105, 33])
+    assert list(served[0].requests.values())[-1][0] == [72, 105, 33]
+    assert events[-1]["usage"]["prompt_tokens"] == 3
