@@ -57,6 +57,7 @@ class StepEngine:
         self._rng = random.Random(seed)
         self._vocab = range(max(tokenizer.info.eos_token_ids or (0,)) + 1, tokenizer.vocab_size)
         self.num_steps = 0
+        self.late_s = 0.0  # summed over steps: how long past --device-ms the thread got the GIL back
         threading.Thread(target=self._loop, name="step-engine", daemon=True).start()
 
     def expand_images(self, text: str) -> str:
@@ -79,7 +80,9 @@ class StepEngine:
         return self._channels[request_id].__aiter__()
 
     def stats_json(self) -> dict[str, object]:
-        return {}
+        """/v1/stats: steps so far, and how late a step's thread got the GIL back after its device
+        wait, on average (the sleep's own overshoot included: compare with --alone)."""
+        return {"num_steps": self.num_steps, "late_ms_a_step": 1e3 * self.late_s / max(self.num_steps, 1)}
 
     def _loop(self) -> None:
         running: dict[str, int] = {}  # request id -> tokens still to make
@@ -99,7 +102,9 @@ class StepEngine:
             end = time.perf_counter() + self.host_s
             while time.perf_counter() < end:  # the engine's Python: holds the GIL
                 pass
+            slept = time.perf_counter()
             time.sleep(self.device_s)  # the GPU's part: the GIL is free
+            self.late_s += time.perf_counter() - slept - self.device_s
             outputs = []
             for request_id, left in list(running.items()):
                 done = left == 1
@@ -145,7 +150,8 @@ def main() -> int:
     engine = StepEngine(tokenizer, args.host_ms, args.device_ms, args.max_num_seqs)
     if args.alone:
         n, m = (int(x) for x in args.alone.split("x"))
-        print(f"alone: {alone(engine, n, m):.1f} output tok/s ({n} requests x {m} tokens)")
+        rate = alone(engine, n, m)
+        print(f"alone: {rate:.1f} output tok/s ({n} requests x {m} tokens); {engine.stats_json()}")
         return 0
     from wicore.api.app import ServerSettings, create_app
     from wicore.api.connections import DEFAULT_LIMITS
