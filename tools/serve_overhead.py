@@ -58,6 +58,7 @@ class StepEngine:
         self._vocab = range(max(tokenizer.info.eos_token_ids or (0,)) + 1, tokenizer.vocab_size)
         self.num_steps = 0
         self.late_s = 0.0  # summed over steps: how long past --device-ms the thread got the GIL back
+        self.arrivals: list[float] = []  # when each request was queued (perf_counter)
         threading.Thread(target=self._loop, name="step-engine", daemon=True).start()
 
     def expand_images(self, text: str) -> str:
@@ -66,6 +67,7 @@ class StepEngine:
     def add_request(self, prompt: Any, params: SamplingParams, priority: Any = "normal", deadline: Any = None,
                     request_id: str | None = None, images: Sequence[Any] = ()) -> str:  # fmt: skip
         request_id = request_id or f"req-{next(self._ids)}"
+        self.arrivals.append(time.perf_counter())
         self._channels[request_id] = Channel()
         self._inbox.put((request_id, params.max_tokens or 16))
         return request_id
@@ -80,9 +82,15 @@ class StepEngine:
         return self._channels[request_id].__aiter__()
 
     def stats_json(self) -> dict[str, object]:
-        """/v1/stats: steps so far, and how late a step's thread got the GIL back after its device
-        wait, on average (the sleep's own overshoot included: compare with --alone)."""
-        return {"num_steps": self.num_steps, "late_ms_a_step": 1e3 * self.late_s / max(self.num_steps, 1)}
+        """/v1/stats: steps so far; how late a step's thread got the GIL back after its device wait,
+        on average (the sleep's own overshoot included: compare with --alone); the time over which
+        the last 256 requests reached the engine (a load of 256 streams all sent at once)."""
+        last = self.arrivals[-256:]  # a load's requests (a bench's probe request before them left out)
+        return {
+            "num_steps": self.num_steps,
+            "late_ms_a_step": 1e3 * self.late_s / max(self.num_steps, 1),
+            "last_256_queued_over_ms": 1e3 * (last[-1] - last[0]) if last else 0.0,
+        }
 
     def _loop(self) -> None:
         running: dict[str, int] = {}  # request id -> tokens still to make

@@ -5,7 +5,7 @@ for r in $(seq $1); do
   if [ $((r % 2)) = 1 ]; then order="base new"; else order="new base"; fi
   for v in $order; do
     P=/tmp/serve32/base; [ $v = new ] && P=/tmp/serve32/new2
-    for c in 256 64; do
+    for c in ${LEVELS:-256 64}; do
       PYTHONPATH=$P $PY /work/wt-serve32/tools/serve_overhead.py --model /tmp/serve32/model --host-ms 4 --device-ms 16 --port 8133 > /dev/null 2>&1 &
       SP=$!
       for i in $(seq 100); do curl -s http://127.0.0.1:8133/health >/dev/null && break; sleep 0.3; done
