@@ -65,7 +65,7 @@ def test_outputs_put_before_the_consumer_attaches_are_kept_and_a_blocking_reader
     async def read() -> list[list[int]]:
         return [o.new_token_ids async for o in early]
 
-    assert asyncio.run(read()) == [[1], [2]] and early.is_finished
+    assert asyncio.run(read()) == [[1, 2]] and early.is_finished  # both were ready: one merged output
     reader_got: list[list[int]] = []
     reader = threading.Thread(target=lambda: reader_got.extend(o.new_token_ids for o in blocking))
     reader.start()
@@ -113,3 +113,32 @@ def test_take_ready_empties_the_channel_without_waiting_and_merged_outputs_keep_
     assert merge_outputs([first]) is first
     no_logprobs = merge_outputs([out("q", 1), out("q", 2, finished=True)])
     assert (no_logprobs.new_token_ids, no_logprobs.logprobs, no_logprobs.finish_reason) == ([1, 2], None, "length")
+
+
+def test_an_asyncio_consumer_that_fell_behind_reads_the_steps_it_missed_as_one_output():
+    """vLLM's RequestOutputCollector: k steps behind costs one wakeup (and one SSE event), not k;
+    a consumer that keeps up still gets one output a step."""
+    channel = Channel()
+
+    async def main() -> list[RequestOutput]:
+        reader = channel.__aiter__()
+        got = [await asyncio.wait_for(anext_task(reader, lambda: put_all([(channel, out("r", 1))])), 5)]
+        for step in (2, 3, 4):  # three steps while the consumer was busy elsewhere
+            put_all([(channel, RequestOutput("r", [step], False, None, 9, 4, logprobs=[Logprobs(step, -step)]))])
+        await asyncio.sleep(0.01)
+        got.append(await reader.__anext__())
+        put_all([(channel, out("r", 5, finished=True))])
+        got.append(await reader.__anext__())
+        return got
+
+    async def anext_task(reader, put):  # the consumer waits first, then the step comes
+        task = asyncio.ensure_future(reader.__anext__())
+        await asyncio.sleep(0)
+        threading.Thread(target=put).start()
+        return await task
+
+    got = asyncio.run(main())
+    assert [o.new_token_ids for o in got] == [[1], [2, 3, 4], [5]]
+    assert [lp.logprob for lp in got[1].logprobs or []] == [-2.0, -3.0, -4.0]
+    assert (got[1].finished, got[1].num_prompt_tokens, got[1].num_cached_tokens) == (False, 9, 4)
+    assert (got[2].finished, got[2].finish_reason, got[2].logprobs) == (True, "length", None)

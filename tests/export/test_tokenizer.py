@@ -386,6 +386,20 @@ def test_incremental_decoder_matches_full_decode(tok: Tokenizer) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("group", [2, 3, 5, 100])
+def test_incremental_decoder_takes_ids_in_groups_and_still_adds_up_to_the_full_decode(tok: Tokenizer, group: int) -> None:
+    """A stream that fell behind pushes several ids at once (wicore.engine.channel merges them)."""
+    text = "Hi 🫨 there 龘 日本語のテキスト 😀👨‍👩‍👧!\n\tend"
+    ids = tok.encode(text, add_bos=False)
+    decoder = IncrementalDecoder(tok)
+    pieces = [decoder.push_all(ids[i : i + group]) for i in range(0, len(ids), group)]
+    pieces.append(decoder.flush())
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in piece for piece in pieces)
+    assert decoder.push_all([]) == ""
+
+
+@pytest.mark.slow
 def test_incremental_decoder_skips_special_tokens_and_flushes_partial(tok: Tokenizer) -> None:
     ids = tok.encode("<start_of_turn>model\nok", add_bos=True) + [478, 397]  # ends inside an emoji
     decoder = IncrementalDecoder(tok)

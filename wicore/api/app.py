@@ -179,7 +179,9 @@ class API(Gate):
             req = parse_completion(body)
             self._check_model(req.options.model)
             await self.compile_constraint(req.options)
-            tok = self._tokenizer()
+            tok = self._tokenizer()  # the text is decoded from it (a 400 for a model exported without one)
+            if all(isinstance(p, list) for p in req.prompts):  # token ids: nothing to tokenize, no thread hop
+                return Job(False, [p for p in req.prompts if isinstance(p, list)], req.options)
             prompts = await asyncio.to_thread(lambda: [tok.encode(p) if isinstance(p, str) else p for p in req.prompts])
             return Job(False, prompts, req.options)
         chat = parse_chat(body)

@@ -39,6 +39,8 @@ class StopMatcher:
 
     def push(self, text: str) -> tuple[str, bool]:
         """(text safe to send, whether a stop string completed)."""
+        if not self.stops:
+            return text, False
         self._pending += text
         hits = [i for i in (self._pending.find(s) for s in self.stops) if i >= 0]
         if hits:
@@ -106,18 +108,35 @@ async def run_choice(
     num_sent = 0  # of those, sent (the rest is held back by the stop matcher)
     finished = False
     try:
+        # An output holds one step's tokens, or several steps' when this stream fell behind
+        # (wicore.engine.channel): then they become one piece.
         async for out in engine.outputs(request_id):
             now = time.monotonic()
             stats.num_cached_tokens = out.num_cached_tokens
-            text = ""
-            for i, token in enumerate(out.new_token_ids):
-                stats.num_completion_tokens += 1
-                stats.token_times.append(now)
-                if out.logprobs is not None:
-                    queue.add(num_decoded, out.logprobs[i])
-                new = decoder.push(token)
-                num_decoded += len(new)
-                text += new
+            ids = out.new_token_ids
+            text = ""  # safe to send
+            if stops or out.logprobs is not None:
+                # Token by token: a stop string ends the choice, and its count, at the token that
+                # completes it, however many tokens came with it; logprobs need each token's offset.
+                for i, token in enumerate(ids):
+                    stats.num_completion_tokens += 1
+                    stats.token_times.append(now)
+                    if out.logprobs is not None:
+                        queue.add(num_decoded, out.logprobs[i])
+                    new = decoder.push(token)
+                    num_decoded += len(new)
+                    safe, stopped = matcher.push(new)
+                    num_sent += len(safe)
+                    text += safe
+                    if stopped:  # tokens that begin inside the stop string go with it (finally aborts the rest)
+                        yield Piece(text, "stop", queue.take(num_sent))
+                        return
+            else:  # the common case: no stops, no logprobs: two decodes for all the tokens
+                stats.num_completion_tokens += len(ids)
+                stats.token_times += [now] * len(ids)
+                text = decoder.push_all(ids)
+                num_decoded += len(text)
+                num_sent += len(text)
             if out.finished:
                 finished = True
                 if out.finish_reason == "error":
@@ -125,17 +144,15 @@ async def run_choice(
                     raise APIError(
                         500, f"request {request_id} failed inside the engine; see the server log", code="internal_error"
                     )
-                text += decoder.flush()
-            safe, stopped = matcher.push(text)
-            num_sent += len(safe)
-            if stopped:  # tokens that begin inside the stop string (or after it) go with it
-                yield Piece(safe, "stop", queue.take(num_sent))
+                safe, stopped = matcher.push(decoder.flush())
+                num_sent += len(safe)
+                if stopped:
+                    yield Piece(text + safe, "stop", queue.take(num_sent))
+                    return
+                yield Piece(text + safe + matcher.flush(), _REASONS.get(out.finish_reason or "stop", "stop"), queue.take_all())
                 return
-            if out.finished:
-                yield Piece(safe + matcher.flush(), _REASONS.get(out.finish_reason or "stop", "stop"), queue.take_all())
-                return
-            if safe:
-                yield Piece(safe, None, queue.take(num_sent))
+            if text:
+                yield Piece(text, None, queue.take(num_sent))
     finally:
         if not finished:
             engine.abort(request_id)

@@ -219,7 +219,16 @@ class IncrementalDecoder:
 
     def push(self, token_id: int) -> str:
         """Add one generated id; return the text it completes (may be empty)."""
-        self._ids.append(token_id)
+        return self.push_all((token_id,))
+
+    def push_all(self, token_ids: Sequence[int]) -> str:
+        """Add several generated ids at once (a stream that fell behind): the text they complete,
+        for two decodes instead of two an id. The pieces still add up to the full decode; only
+        where they split can differ from pushing the ids one by one (text before an incomplete
+        character at the end waits with it)."""
+        if not token_ids:
+            return ""
+        self._ids.extend(token_ids)
         prefix_text = self._decode(self._prefix_offset, self._read_offset)
         new_text = self._decode(self._prefix_offset, len(self._ids))
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):

@@ -17,7 +17,7 @@ from typing import Any
 from wicore.inputs.tokenizer import Tokenizer
 from wicore.model.tokenizer_info import TokenizerInfo
 from wicore.types.outputs import RequestOutput
-from wicore.types.sampling import SamplingParams
+from wicore.types.sampling import Logprobs, SamplingParams
 
 # SmolLM2-135M-Instruct's chat template (ChatML; it takes no tools)
 CHATML = (
@@ -60,16 +60,19 @@ def byte_tokenizer(
 
 class ScriptedEngine:
     """The ServingEngine interface; every request's output is `answer` (cut at max_tokens), then
-    the end-of-turn token. `requests` keeps each request's prompt ids and sampling params."""
+    the end-of-turn token, `tokens_per_output` tokens an output (more than one: a stream that fell
+    behind, whose steps wicore.engine.channel merges). `requests` keeps each request's prompt ids
+    and sampling params."""
 
     vision = None
     grammars = None  # scripted answers follow no constraint
     max_sequence_tokens = 4096
     max_waiting = 64
 
-    def __init__(self, tokenizer: Tokenizer, answer: str = "") -> None:
+    def __init__(self, tokenizer: Tokenizer, answer: str = "", tokens_per_output: int = 1) -> None:
         self.tokenizer = tokenizer
         self.answer = answer
+        self.tokens_per_output = tokens_per_output
         self.requests: dict[str, tuple[list[int], SamplingParams]] = {}
 
     def expand_images(self, text: str) -> str:
@@ -98,10 +101,13 @@ class ScriptedEngine:
         params = self.requests[request_id][1]
         ids = [*self.tokenizer.encode(self.answer, add_bos=False), *self.tokenizer.info.eos_token_ids]
         limit = params.max_tokens or len(ids)
-        for i, token in enumerate(ids[:limit]):
-            last = i == min(limit, len(ids)) - 1
-            reason = None if not last else ("stop" if limit >= len(ids) else "length")
-            yield RequestOutput(request_id, [token], finished=last, finish_reason=reason)
+        end = "stop" if limit >= len(ids) else "length"
+        ids, n = ids[:limit], self.tokens_per_output
+        for i in range(0, len(ids), n):
+            last = i + n >= len(ids)
+            reason = end if last else None
+            logprobs = [Logprobs(t, -0.5) for t in ids[i : i + n]] if params.logprobs is not None else None
+            yield RequestOutput(request_id, ids[i : i + n], finished=last, finish_reason=reason, logprobs=logprobs)
 
     def stats(self) -> dict[str, object]:
         return {}
@@ -113,12 +119,12 @@ class ScriptedEngine:
 
 
 @contextmanager
-def serving(tokenizer: Tokenizer, answer: str = "") -> Iterator[tuple[ScriptedEngine, str]]:
+def serving(tokenizer: Tokenizer, answer: str = "", tokens_per_output: int = 1) -> Iterator[tuple[ScriptedEngine, str]]:
     """A ScriptedEngine on `tokenizer` behind the real app on a free port: (engine, URL)."""
     from wicore.api.app import ServerSettings, create_app
     from wicore.api.server import ServerThread
 
-    engine = ScriptedEngine(tokenizer, answer)
+    engine = ScriptedEngine(tokenizer, answer, tokens_per_output)
     server = ServerThread(create_app(engine, ServerSettings(model_name="m"))).start()  # type: ignore[arg-type]
     try:
         yield engine, server.url
