@@ -12,34 +12,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from served_app import Served, start
 
-from wicore.api.app import ServerSettings, create_app
-from wicore.api.server import ServerThread, free_port
-from wicore.engine.engine import Engine, EngineConfig
+from wicore.api.app import ServerSettings
+from wicore.api.server import free_port
 from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE  # the packaged base model chats through it (--chat-template)
-
-
-@dataclass
-class Served:
-    engine: Engine
-    server: ServerThread
-    app: object
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-
-def start(model_dir, settings: ServerSettings, **engine_options: object) -> Served:
-    engine = Engine(EngineConfig(model_dir=model_dir, num_threads=2, verify_files=False, **engine_options)).start()
-    app = create_app(engine, settings)
-    return Served(engine, ServerThread(app).start(), app)
 
 
 @pytest.fixture(scope="module")

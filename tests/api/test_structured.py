@@ -9,7 +9,7 @@ import re
 
 import httpx
 import pytest
-from conftest import start
+from served_app import start
 from websockets.sync.client import connect
 
 from wicore.api.app import ServerSettings

@@ -15,8 +15,8 @@ from enum import Enum
 from typing import Annotated
 
 import pytest
-from conftest import start
 from pydantic import BaseModel, Field
+from served_app import start
 
 from wicore.api.app import ServerSettings
 from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE
