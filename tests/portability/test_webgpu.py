@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.webgpu, pytest.mark.slow]
 PROMPT = "The history of the printing press begins in the fifteenth century, when"
 TINY_IDS = [2, 17, 301, 44, 9, 250, 3, 77, 128, 5]
 NUM_TOKENS_270M = 3  # lavapipe: ~30 s a 270M step on the shared 2-core VM (docs/HARDWARE.md)
+NUM_TOKENS_SMOLLM2 = 12  # its steps take well under a second there
 NUM_TOKENS_TINY = 12
 ROWS = [TINY_IDS, [5, 9, 100, 7], [33, 44, 55, 66, 77, 88, 99]]  # three lengths: padded prefill rows
 # rows reach 34, 28 and 31 tokens: the sliding layers (window 8) release their first block of 16
@@ -127,6 +128,18 @@ def test_gemma_270m_writes_the_cpu_eps_text(gemma_270m):
         ids = cpu.tokenizer.encode(PROMPT)
         (reference,) = cpu.generate([ids], SamplingParams(max_tokens=NUM_TOKENS_270M, ignore_eos=True))
         tokens = greedy(folder, "webgpu:0", ids, NUM_TOKENS_270M)
+        assert cpu.tokenizer.decode(tokens) == cpu.tokenizer.decode(reference.token_ids)
+    assert tokens == reference.token_ids
+
+
+def test_smollm2_writes_the_cpu_eps_text(smollm2):
+    """The chat model `wicore serve` uses by default (a Llama), its portable fp32 export: the same text
+    on WebGPU as on the CPU EP (issue 34 names it beside the 270M)."""
+    folder = smollm2()
+    with engine(folder, "cpu") as cpu:
+        ids = cpu.tokenizer.encode(PROMPT)
+        (reference,) = cpu.generate([ids], SamplingParams(max_tokens=NUM_TOKENS_SMOLLM2, ignore_eos=True))
+        tokens = greedy(folder, "webgpu:0", ids, NUM_TOKENS_SMOLLM2)
         assert cpu.tokenizer.decode(tokens) == cpu.tokenizer.decode(reference.token_ids)
     assert tokens == reference.token_ids
 
