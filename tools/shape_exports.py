@@ -16,40 +16,30 @@ from wicore.export.sources import open_source
 from wicore.model.shapes import hf_config as gemma_hf_config
 
 # variant -> export settings: fp16 graphs; "int4" / "int8" are ort-quant with 4- / 8-bit weights (fp16 activations on GPU)
+_PAGED: dict[str, object] = dict(dtype="fp16", attention="paged")
+_WICORE: dict[str, object] = dict(kernels="wicore", block_attention="off")  # residual norms, GeGLU on WiCore's kernels
+
+
+def _quant(bits: int) -> dict[str, object]:
+    return dict(_PAGED, op_flavour="ort-quant", weight_bits=bits, accuracy_level=0)
+
+
 VARIANTS: dict[str, dict[str, object]] = {
     "portable": dict(dtype="fp16", attention="portable"),
-    "paged": dict(dtype="fp16", attention="paged"),
-    "paged-nohead": dict(dtype="fp16", attention="paged", sampling_head="off"),  # sampled rows' logits to the host
+    "paged": _PAGED,
+    "paged-nohead": dict(_PAGED, sampling_head="off"),  # sampled rows' logits to the host
     # residual norms, GeGLU on WiCore's kernels, the attention on ORT's PagedAttention
-    "paged-wicore": dict(dtype="fp16", attention="paged", kernels="wicore", block_attention="off"),
+    "paged-wicore": dict(_PAGED, **_WICORE),
     # and the sliding layers' attention on WiCore's BlockAttention (graph/paged_block.py); every layer's
-    "paged-wicore-block": dict(dtype="fp16", attention="paged", kernels="wicore", block_attention="sliding"),
-    "paged-wicore-all": dict(dtype="fp16", attention="paged", kernels="wicore", block_attention="all"),
-    "int4-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0),
-    "int8-paged": dict(dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=8, accuracy_level=0),
+    "paged-wicore-block": dict(_PAGED, kernels="wicore", block_attention="sliding"),
+    "paged-wicore-all": dict(_PAGED, kernels="wicore", block_attention="all"),
+    "int4-paged": _quant(4),
+    "int8-paged": _quant(8),
     # 4- / 8-bit weights on ORT's MatMulNBits, the norms and GeGLU on WiCore's kernels: against paged-wicore
-    "int4-paged-wicore": dict(
-        dtype="fp16",
-        attention="paged",
-        op_flavour="ort-quant",
-        weight_bits=4,
-        accuracy_level=0,
-        kernels="wicore",
-        block_attention="off",
-    ),
-    "int8-paged-wicore": dict(
-        dtype="fp16",
-        attention="paged",
-        op_flavour="ort-quant",
-        weight_bits=8,
-        accuracy_level=0,
-        kernels="wicore",
-        block_attention="off",
-    ),
+    "int4-paged-wicore": dict(_quant(4), **_WICORE),
+    "int8-paged-wicore": dict(_quant(8), **_WICORE),
     # the embedding's rows from the head's 4-bit codes (wicore-export --quantize-embedding)
-    "int4e-paged": dict(
-        dtype="fp16", attention="paged", op_flavour="ort-quant", weight_bits=4, accuracy_level=0, quantize_embedding=True
-    ),
+    "int4e-paged": dict(_quant(4), quantize_embedding=True),
 }
 
 
