@@ -1,34 +1,20 @@
 """Shared fixtures: tiny random Gemma 3 models (seconds) and the real Gemma 3 270M (slow layer).
 
-Exports are cached per session; with WICORE_TEST_CACHE set they are kept there
-between runs, keyed by the source of wicore/export and wicore/graph so that a
-change to the exporter invalidates them.
+Exports are cached per session; with WICORE_TEST_CACHE set they are kept there between runs, keyed by
+the exporter's source (tests/cached_builds.py: the key, the lock xdist workers share, the HF references).
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-import wicore
-
-ROOT = Path(wicore.__file__).parent
-
-
-def _code_key() -> str:
-    h = hashlib.sha256()
-    for path in sorted([*ROOT.glob("export/*.py"), *ROOT.glob("graph/*.py"), *ROOT.glob("model/*.py")]):
-        h.update(path.read_bytes())
-    return h.hexdigest()[:12]
+from cached_builds import build_lock, code_key, hf_reference, share_identical_files
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -112,22 +98,9 @@ def clock() -> FakeClock:
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = os.environ.get("WICORE_TEST_CACHE")
-    path = Path(base) / f"exports-{_code_key()}" if base else tmp_path_factory.mktemp("exports")
+    path = Path(base) / f"exports-{code_key()}" if base else tmp_path_factory.mktemp("exports")
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-@contextmanager
-def build_lock(target: Path) -> Iterator[None]:
-    """Hold an exclusive lock named after `target` (a sibling `.lock` file): under pytest-xdist the
-    workers share WICORE_TEST_CACHE, so one builds a cached thing while the others wait for it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_name(target.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
@@ -166,33 +139,6 @@ def export_cached(cache_dir: Path) -> Callable[..., Path]:
         return out
 
     return export
-
-
-SHARE_MIN_BYTES = 1 << 20
-
-
-def share_identical_files(folder: Path, blobs: Path) -> None:
-    """Hard-link each large file of `folder` to the one copy in `blobs` with the same bytes.
-
-    The suite exports one model in several flavours whose weights and tokenizers are byte-identical
-    (the 270M's fp32 weights are 1 GiB in each of four exports); linked, the cache is ~3 GiB smaller,
-    which is what a CI machine with little free disk needs (a run ran out of it writing the cache).
-    Cached files are only ever read or replaced, never written in place, so sharing them is safe."""
-    blobs.mkdir(parents=True, exist_ok=True)
-    for path in sorted(folder.rglob("*")):
-        if not path.is_file() or path.stat().st_size < SHARE_MIN_BYTES:
-            continue
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 24):
-                digest.update(chunk)
-        blob = blobs / digest.hexdigest()
-        if not blob.exists():
-            os.link(path, blob)
-        elif not blob.samefile(path):
-            staged = path.with_name(path.name + ".link")
-            os.link(blob, staged)
-            staged.replace(path)
 
 
 # -- tiny random models ------------------------------------------------------------------
@@ -321,52 +267,6 @@ def tiny_multimodal_long(tmp_path_factory: pytest.TempPathFactory):
 def gemma_270m(export_cached: Callable[..., Path]) -> Callable[[int], Path]:
     """gemma_270m(partitions) -> exported folder of the packaged Gemma 3 270M (fp32)."""
     return lambda partitions=1: export_cached(f"gemma3-270m-p{partitions}", "gemma3-270m", partitions)
-
-
-@contextmanager
-def gguf_read_once() -> Iterator[None]:
-    """While transformers loads a GGUF: each GGUF file parsed once, each gguf-py tensor-name map built
-    once. transformers parses the file for the config and again for the weights (gguf-py reads every
-    string of the vocabulary one by one), and builds the same name map anew for each of the model's
-    submodules: most of the minutes a cold load took. Both are read-only, so the weights are the same
-    bit for bit (checked against a load without this: tests/test_smollm2.py's reference)."""
-    import functools
-
-    import gguf
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=None)(gguf.GGUFReader))
-        patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
-        yield
-
-
-def hf_reference(name: str, source: str, cache_dir: Path) -> object:
-    """wicore.cli.verify.load_hf_model(source): transformers' model on a GGUF's weights (fp32, eager).
-
-    transformers dequantizes a GGUF in Python: 1 to 6 minutes for the 270M on 2 busy cores. The first
-    load keeps the model's config and fp32 state dict in the cache (under a lock, so xdist workers
-    load it once); later sessions and workers build the same model from them in seconds: the same
-    config and the same fp32 tensors, bit for bit."""
-    import torch
-    import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from wicore.cli.verify import load_hf_model
-
-    saved = cache_dir / f"hf-{name}-transformers-{transformers.__version__}"
-    with build_lock(saved):
-        if not (saved / "state_dict.pt").is_file():
-            with gguf_read_once():
-                model = load_hf_model(source)
-            saved.mkdir(parents=True, exist_ok=True)
-            model.config.save_pretrained(saved)
-            torch.save(model.state_dict(), saved / "state_dict.pt.partial")
-            (saved / "state_dict.pt.partial").rename(saved / "state_dict.pt")
-            return model
-    config = AutoConfig.from_pretrained(saved)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-    model.load_state_dict(torch.load(saved / "state_dict.pt", weights_only=True), strict=True)
-    return model.eval()
 
 
 @pytest.fixture(scope="session")
