@@ -11,13 +11,21 @@ import pytest
 from wicore.kernels.library import CSRC, CUDA_ARCHS, INCLUDE, find_compiler
 
 
-@pytest.mark.slow  # ~60 s of nvcc (CPU time), the five in parallel
+@pytest.mark.slow  # ~60 s of nvcc (CPU time), the seven in parallel
 def test_the_cuda_kernels_and_their_ops_compile_with_nvcc(tmp_path):
     nvcc = find_compiler(cuda=True)
     if nvcc is None:
         pytest.skip("no nvcc here (a CUDA toolkit, or pip install nvidia-cuda-nvcc nvidia-cuda-cccl)")
     arch = CUDA_ARCHS[-1]  # one architecture: what compiles for one compiles for the others
-    names = ("kernels.cu", "attention.cu", "attention_prefill.cu", "ops.cc", "ops_attention.cc")
+    names = (
+        "kernels.cu",
+        "attention.cu",
+        "attention_prefill.cu",
+        "matmul_q16.cu",
+        "ops.cc",
+        "ops_attention.cc",
+        "ops_matmul_q16.cc",
+    )
     flags = ["-std=c++17", "-O1", "-DWICORE_CUDA", f"-arch=sm_{arch}", f"-I{INCLUDE}", f"-I{CSRC}", "-Xcompiler", "-fPIC"]
     run = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     jobs = [subprocess.Popen([str(nvcc.path), *flags, "-c", str(CSRC / n), "-o", str(tmp_path / f"{n}.o")], **run) for n in names]

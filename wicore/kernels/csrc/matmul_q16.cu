@@ -1,0 +1,229 @@
+// MatMulQ16 on CUDA (kernels.h): float16 activations x 4- or 8-bit block-quantized weights in MatMulNBits'
+// layout, read where they lie (no dequantized copy of the weight, no scratch).
+//
+//   m <= kMatMulQ16GemvRows   Gemv: a warp per 4 weight rows, a lane per 16-byte load of codes (one block's
+//                             32 or 16 codes); x's rows read from L1/L2, the sums across the warp by shuffles.
+//                             Batch-1 decode is a read of the weights: ~13.5 GB for the 27B shape in 4 bits,
+//                             so the step's floor is the weights over the memory rate (~3.4 ms at 4 TB/s).
+//   above                     Tiled: 64 x 128 tiles of y, 8 warps of 2 x 2 WMMA fragments (16 x 16 x 16,
+//                             float32 accumulators); the codes of a 128-row x 32-column tile dequantized into
+//                             shared memory as halves, the next tile's codes and x loaded into registers
+//                             while the current one multiplies. ONNX Runtime's MatMulNBits instead writes the
+//                             whole weight dequantized (2 bytes a weight) and runs cuBLAS on it: 4.5 bytes of
+//                             traffic a 4-bit weight more than this reads.
+//
+// Both launch on the caller's stream, allocate nothing and never synchronize (a CUDA graph captures them).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include "kernels.h"
+
+namespace wicore {
+namespace {
+
+constexpr int kWarps = 4;        // Gemv: warps a block
+constexpr int kWarpRows = 4;     // Gemv: weight rows a warp
+constexpr float kMagic = 8388608.0f;  // 2^23: (0x4B000000 | c) as a float is 2^23 + c, exactly
+
+// Eight weights (w[n, c .. c + 8)) from 32 bits of codes, each (code - zero point) * scale, exact in float32.
+template <int kBits>
+__device__ __forceinline__ void Dequant8(const uint32_t* words, float scale, float* w) {
+  if constexpr (kBits == 4) {  // element e of the word at bits 4e (low nibble first)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) w[e] = (__uint_as_float(0x4B000000u | ((words[0] >> (4 * e)) & 15u)) - (kMagic + 8.0f)) * scale;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      w[e] = (__uint_as_float(0x4B000000u | ((words[e / 4] >> (8 * (e % 4))) & 255u)) - (kMagic + 128.0f)) * scale;
+    }
+  }
+}
+
+// y[:m, rows] for m <= kM: warp w of the block takes weight rows (blockIdx.x * kWarps + w) * kWarpRows + r.
+template <int kBits, int kM>
+__global__ void __launch_bounds__(kWarps * 32) Gemv(const __half* __restrict__ x, const uint8_t* __restrict__ b,
+                                                    const __half* __restrict__ scales, __half* __restrict__ y, int m,
+                                                    int n, int k, int block_size) {
+  constexpr int kPerLoad = 128 / kBits;          // weights in 16 bytes of codes
+  constexpr int kWords = kBits == 4 ? 1 : 2;     // 32-bit words of codes for 8 weights
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kWarpRows;
+  if (row0 >= n) return;
+  const int64_t row_bytes = static_cast<int64_t>(k) * kBits / 8;
+  const int loads = k / kPerLoad, blocks = k / block_size;
+  float acc[kM][kWarpRows] = {};
+  for (int c = lane; c < loads; c += 32) {
+    uint4 codes[kWarpRows];
+    float scale[kWarpRows];
+#pragma unroll
+    for (int r = 0; r < kWarpRows; ++r) {  // rows past n read row0's codes again and are not written
+      const int row = row0 + r < n ? row0 + r : row0;
+      codes[r] = __ldg(reinterpret_cast<const uint4*>(b + row * row_bytes) + c);
+      scale[r] = __half2float(scales[static_cast<int64_t>(row) * blocks + c * kPerLoad / block_size]);
+    }
+#pragma unroll
+    for (int g = 0; g < kPerLoad / 8; ++g) {  // 8 weights at a time
+      float w[kWarpRows][8];
+#pragma unroll
+      for (int r = 0; r < kWarpRows; ++r) Dequant8<kBits>(reinterpret_cast<const uint32_t*>(&codes[r]) + g * kWords, scale[r], w[r]);
+#pragma unroll
+      for (int i = 0; i < kM; ++i) {
+        if (i >= m) break;
+        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(i) * k + c * kPerLoad + g * 8));
+        const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const float2 v = __half22float2(h[p]);
+#pragma unroll
+          for (int r = 0; r < kWarpRows; ++r) acc[i][r] = fmaf(v.y, w[r][2 * p + 1], fmaf(v.x, w[r][2 * p], acc[i][r]));
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+#pragma unroll
+    for (int r = 0; r < kWarpRows; ++r) {
+      float v = acc[i][r];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0 && i < m && row0 + r < n) y[static_cast<int64_t>(i) * n + row0 + r] = __float2half_rn(v);
+    }
+  }
+}
+
+constexpr int kTileM = 64, kTileN = 128, kTileK = 32, kPad = 8;  // kPad: halves that shift rows across banks
+constexpr int kTiledThreads = 256;  // 8 warps: 2 along m x 4 along n, each 32 x 32 of the tile
+
+// What a thread loads of one k-tile: 8 halves of x, and 16 weights of one weight row (8 or 16 bytes of codes).
+struct TileLoad {
+  uint4 x;
+  uint4 codes;
+  float scale;
+};
+
+template <int kBits>
+__device__ __forceinline__ TileLoad LoadTile(const __half* x, const uint8_t* b, const __half* scales, int m, int n,
+                                             int k, int block_size, int m0, int n0, int k0) {
+  TileLoad t;
+  const int xr = m0 + threadIdx.x / 4, xc = k0 + (threadIdx.x % 4) * 8;  // 64 rows x 4 loads of 8 halves
+  t.x = xr < m ? *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(xr) * k + xc) : make_uint4(0, 0, 0, 0);
+  const int wr = n0 + threadIdx.x / 2, wc = k0 + (threadIdx.x % 2) * 16;  // 128 rows x 2 halves of 32 columns
+  t.codes = make_uint4(0, 0, 0, 0);
+  t.scale = 0.0f;
+  if (wr < n) {
+    const uint8_t* p = b + static_cast<int64_t>(wr) * k * kBits / 8 + static_cast<int64_t>(wc) * kBits / 8;
+    if constexpr (kBits == 4) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+      t.codes = make_uint4(v.x, v.y, 0, 0);
+    } else {
+      t.codes = __ldg(reinterpret_cast<const uint4*>(p));
+    }
+    t.scale = __half2float(scales[static_cast<int64_t>(wr) * (k / block_size) + wc / block_size]);
+  }
+  return t;
+}
+
+template <int kBits>
+__device__ __forceinline__ void StoreTile(const TileLoad& t, __half* xs, __half* ws) {
+  *reinterpret_cast<uint4*>(xs + (threadIdx.x / 4) * (kTileK + kPad) + (threadIdx.x % 4) * 8) = t.x;
+  constexpr int kWords = kBits == 4 ? 1 : 2;
+  __half* row = ws + (threadIdx.x / 2) * (kTileK + kPad) + (threadIdx.x % 2) * 16;
+#pragma unroll
+  for (int g = 0; g < 2; ++g) {
+    float w[8];
+    Dequant8<kBits>(reinterpret_cast<const uint32_t*>(&t.codes) + g * kWords, t.scale, w);
+    __half2 h[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) h[p] = __floats2half2_rn(w[2 * p], w[2 * p + 1]);
+    *reinterpret_cast<uint4*>(row + g * 8) = *reinterpret_cast<const uint4*>(h);
+  }
+}
+
+template <int kBits>
+__global__ void __launch_bounds__(kTiledThreads) Tiled(const __half* __restrict__ x, const uint8_t* __restrict__ b,
+                                                       const __half* __restrict__ scales, __half* __restrict__ y, int m,
+                                                       int n, int k, int block_size) {
+  using namespace nvcuda;
+  constexpr int kLd = kTileK + kPad;
+  constexpr int kInputBytes = (kTileM + kTileN) * kLd * 2, kOutputBytes = kTileM * kTileN * 4;
+  __shared__ __align__(32) unsigned char smem[kInputBytes > kOutputBytes ? kInputBytes : kOutputBytes];
+  __half* xs = reinterpret_cast<__half*>(smem);  // [kTileM][kLd]: x's tile, row-major
+  __half* ws = xs + kTileM * kLd;                // [kTileN][kLd]: w's tile, i.e. wᵀ column-major
+  const int m0 = blockIdx.y * kTileM, n0 = blockIdx.x * kTileN;
+  const int warp = threadIdx.x >> 5, wm = (warp / 4) * 32, wn = (warp % 4) * 32;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+  TileLoad next = LoadTile<kBits>(x, b, scales, m, n, k, block_size, m0, n0, 0);
+  for (int k0 = 0; k0 < k; k0 += kTileK) {
+    __syncthreads();  // the last tile's fragments are read
+    StoreTile<kBits>(next, xs, ws);
+    __syncthreads();
+    if (k0 + kTileK < k) next = LoadTile<kBits>(x, b, scales, m, n, k, block_size, m0, n0, k0 + kTileK);
+#pragma unroll
+    for (int kk = 0; kk < kTileK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], xs + (wm + 16 * i) * kLd + kk, kLd);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], ws + (wn + 16 * j) * kLd + kk, kLd);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+  }
+  __syncthreads();
+  float* out = reinterpret_cast<float*>(smem);  // [kTileM][kTileN]
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(out + (wm + 16 * i) * kTileN + wn + 16 * j, acc[i][j], kTileN, wmma::mem_row_major);
+  __syncthreads();
+  for (int e = threadIdx.x; e < kTileM * kTileN; e += kTiledThreads) {
+    const int r = m0 + e / kTileN, c = n0 + e % kTileN;
+    if (r < m && c < n) y[static_cast<int64_t>(r) * n + c] = __float2half_rn(out[e]);
+  }
+}
+
+template <int kBits, int kM>
+void LaunchGemv(const MatMulQ16Args& a, cudaStream_t stream) {
+  const int rows_a_block = kWarps * kWarpRows;
+  const dim3 grid(static_cast<unsigned>((a.n + rows_a_block - 1) / rows_a_block));
+  Gemv<kBits, kM><<<grid, kWarps * 32, 0, stream>>>(
+      reinterpret_cast<const __half*>(a.x), a.b, reinterpret_cast<const __half*>(a.scales), reinterpret_cast<__half*>(a.y),
+      static_cast<int>(a.m), static_cast<int>(a.n), static_cast<int>(a.k), static_cast<int>(a.block_size));
+}
+
+template <int kBits>
+void Launch(const MatMulQ16Args& a, cudaStream_t stream) {
+  if (a.m <= 1) return LaunchGemv<kBits, 1>(a, stream);
+  if (a.m <= 2) return LaunchGemv<kBits, 2>(a, stream);
+  if (a.m <= 4) return LaunchGemv<kBits, 4>(a, stream);
+  if (a.m <= 8) return LaunchGemv<kBits, 8>(a, stream);
+  if (a.m <= kMatMulQ16GemvRows) return LaunchGemv<kBits, kMatMulQ16GemvRows>(a, stream);
+  const dim3 grid(static_cast<unsigned>((a.n + kTileN - 1) / kTileN), static_cast<unsigned>((a.m + kTileM - 1) / kTileM));
+  Tiled<kBits><<<grid, kTiledThreads, 0, stream>>>(
+      reinterpret_cast<const __half*>(a.x), a.b, reinterpret_cast<const __half*>(a.scales), reinterpret_cast<__half*>(a.y),
+      static_cast<int>(a.m), static_cast<int>(a.n), static_cast<int>(a.k), static_cast<int>(a.block_size));
+}
+
+}  // namespace
+
+int MatMulQ16Cuda(const MatMulQ16Args& args, void* stream) {
+  if (args.m == 0 || args.n == 0) return cudaSuccess;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (args.bits == 4) {
+    Launch<4>(args, s);
+  } else {
+    Launch<8>(args, s);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace wicore
