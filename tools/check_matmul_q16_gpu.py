@@ -1,6 +1,6 @@
 """wicore.MatMulQ16 on the CUDA EP against ONNX Runtime's MatMulNBits on the same initializers, at the 27B
 shape's linear layers: results (against float64 NumPy where small, against MatMulNBits everywhere) and us
-a call, both replayed from CUDA graphs (tools/check_kernels_gpu.py `timed`).
+a call, both replayed from CUDA graphs (tools/kernel_graphs.py `timed`).
 
     PYTHONPATH=/tmp/site:. python3 tools/check_matmul_q16_gpu.py --rows 1,8,64,256 --bits 4,8
 
@@ -15,7 +15,7 @@ import sys
 import time
 
 import numpy as np
-from check_kernels_gpu import timed
+from kernel_graphs import timed
 from onnx import TensorProto, helper, numpy_helper
 
 from wicore.devices.providers import onnxruntime
