@@ -5,7 +5,8 @@ a call, both replayed from CUDA graphs (tools/kernel_graphs.py `timed`).
     PYTHONPATH=/tmp/site:. python3 tools/check_matmul_q16_gpu.py --rows 1,8,64,256 --bits 4,8
 
 Prints per layer, bits and rows: max |error| over the reference's scale, us for each op and the weight's
-read rate (its codes and scales over the time); exits 1 where an error passes 1e-2.
+read rate (its codes and scales over the time); MatMulNBits twice, on its default kernels and on the CUTLASS
+fpA_intB ones that WiCore's sessions turn on (ep.cuda.fpa_intb_gemm); exits 1 where an error passes 1e-2.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 x = rng.normal(0, 1, (rows, k)).astype(np.float16)
                 (y,), our_us = timed(ort, path, ours, {"x": x}, args.repeats)
                 (y_ref,), their_us = timed(ort, path, theirs, {"x": x}, args.repeats)
+                _, fpa_us = timed(ort, path, theirs, {"x": x}, args.repeats, {"ep.cuda.fpa_intb_gemm": "1"})
                 scale = float(np.abs(y_ref.astype(np.float64)).max()) or 1.0
                 err = float(np.abs(y.astype(np.float64) - y_ref).max()) / scale
                 if name == "small":  # and against float64 NumPy
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"int{bits} {name:7s} N {n:5d} K {k:5d} rows {rows:3d}: rel err {err:.1e}; MatMulQ16 {our_us:8.1f} us "
                     f"({weight_bytes / our_us / 1e3:6.0f} GB/s), MatMulNBits {their_us:8.1f} us "
-                    f"({weight_bytes / their_us / 1e3:6.0f} GB/s), ratio {their_us / our_us:.2f}x",
+                    f"({weight_bytes / their_us / 1e3:6.0f} GB/s), with fpA_intB {fpa_us:8.1f} us; "
+                    f"MatMulNBits / MatMulQ16 {their_us / our_us:.2f}x, {fpa_us / our_us:.2f}x with fpA_intB",
                     flush=True,
                 )
     return 1 if worst > 1e-2 else 0

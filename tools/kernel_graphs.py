@@ -194,10 +194,15 @@ def bind_cuda(sess, tensors: dict, outputs: set[str] | list[str]):
     return b
 
 
-def timed(ort, path: str, onnx_model: bytes, feeds: dict[str, np.ndarray], repeats: int) -> tuple[list[np.ndarray], float]:
-    """Outputs and median us a replay of the model's CUDA graph, its inputs and outputs on the device."""
+def timed(
+    ort, path: str, onnx_model: bytes, feeds: dict[str, np.ndarray], repeats: int, config: dict[str, str] | None = None
+) -> tuple[list[np.ndarray], float]:
+    """Outputs and median us a replay of the model's CUDA graph, its inputs and outputs on the device; `config`:
+    session config entries (e.g. ep.cuda.fpa_intb_gemm, which WiCore's sessions set: wicore/devices/providers.py)."""
     opts = ort.SessionOptions()
     opts.register_custom_ops_library(path)
+    for key, value in (config or {}).items():
+        opts.add_session_config_entry(key, value)
     s = ort.InferenceSession(onnx_model, opts, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
     binding = s.io_binding()
     values = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in feeds.items()}

@@ -5,12 +5,14 @@
 //                             32 or 16 codes); x's rows read from L1/L2, the sums across the warp by shuffles.
 //                             Batch-1 decode is a read of the weights: ~13.5 GB for the 27B shape in 4 bits,
 //                             so the step's floor is the weights over the memory rate (~3.4 ms at 4 TB/s).
-//   above                     Tiled: 64 x 128 tiles of y, 8 warps of 2 x 2 WMMA fragments (16 x 16 x 16,
-//                             float32 accumulators); the codes of a 128-row x 32-column tile dequantized into
-//                             shared memory as halves, the next tile's codes and x loaded into registers
-//                             while the current one multiplies. ONNX Runtime's MatMulNBits instead writes the
-//                             whole weight dequantized (2 bytes a weight) and runs cuBLAS on it: 4.5 bytes of
-//                             traffic a 4-bit weight more than this reads.
+//   above                     Tiled: 64 x 128 tiles of y up to 64 rows, 128 x 128 above; 8 warps of 2 x 2
+//                             (4 x 2) WMMA fragments (16 x 16 x 16, float32 accumulators). The codes of a
+//                             128-row x 32-column tile are dequantized into shared memory as halves (each
+//                             weight rounded to half once), the next tile's codes and x loaded into registers
+//                             while the current one multiplies. MatMulNBits' unfused path instead writes the
+//                             whole weight in float16 and runs cuBLAS on it: 4.5 bytes of traffic a 4-bit
+//                             weight more than this reads. Not yet timed against it (nor against the CUTLASS
+//                             fpA_intB GEMM that tools/bench_shapes.py turns on): tools/check_matmul_q16_gpu.py.
 //
 // Both launch on the caller's stream, allocate nothing and never synchronize (a CUDA graph captures them).
 #include <cuda_fp16.h>
@@ -92,22 +94,27 @@ __global__ void __launch_bounds__(kWarps * 32) Gemv(const __half* __restrict__ x
   }
 }
 
-constexpr int kTileM = 64, kTileN = 128, kTileK = 32, kPad = 8;  // kPad: halves that shift rows across banks
-constexpr int kTiledThreads = 256;  // 8 warps: 2 along m x 4 along n, each 32 x 32 of the tile
+constexpr int kTileN = 128, kTileK = 32, kPad = 8;  // kPad: halves that shift rows across banks
+constexpr int kTiledThreads = 256;  // 8 warps: 2 along m x 4 along n, each (16 kFrags) x 32 of the tile
 
-// What a thread loads of one k-tile: 8 halves of x, and 16 weights of one weight row (8 or 16 bytes of codes).
+// What a thread loads of one k-tile: kFrags / 2 x 8 halves of x, and 16 weights of one weight row (8 or 16
+// bytes of codes). The tile is 32 kFrags rows of x (64 or 128) by 128 weight rows.
+template <int kFrags>
 struct TileLoad {
-  uint4 x;
+  uint4 x[kFrags / 2];
   uint4 codes;
   float scale;
 };
 
-template <int kBits>
-__device__ __forceinline__ TileLoad LoadTile(const __half* x, const uint8_t* b, const __half* scales, int m, int n,
-                                             int k, int block_size, int m0, int n0, int k0) {
-  TileLoad t;
-  const int xr = m0 + threadIdx.x / 4, xc = k0 + (threadIdx.x % 4) * 8;  // 64 rows x 4 loads of 8 halves
-  t.x = xr < m ? *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(xr) * k + xc) : make_uint4(0, 0, 0, 0);
+template <int kBits, int kFrags>
+__device__ __forceinline__ TileLoad<kFrags> LoadTile(const __half* x, const uint8_t* b, const __half* scales, int m,
+                                                     int n, int k, int block_size, int m0, int n0, int k0) {
+  TileLoad<kFrags> t;
+#pragma unroll
+  for (int i = 0; i < kFrags / 2; ++i) {  // 64 rows x 4 loads of 8 halves, kFrags / 2 times
+    const int xr = m0 + i * 64 + threadIdx.x / 4, xc = k0 + (threadIdx.x % 4) * 8;
+    t.x[i] = xr < m ? *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(xr) * k + xc) : make_uint4(0, 0, 0, 0);
+  }
   const int wr = n0 + threadIdx.x / 2, wc = k0 + (threadIdx.x % 2) * 16;  // 128 rows x 2 halves of 32 columns
   t.codes = make_uint4(0, 0, 0, 0);
   t.scale = 0.0f;
@@ -124,9 +131,12 @@ __device__ __forceinline__ TileLoad LoadTile(const __half* x, const uint8_t* b, 
   return t;
 }
 
-template <int kBits>
-__device__ __forceinline__ void StoreTile(const TileLoad& t, __half* xs, __half* ws) {
-  *reinterpret_cast<uint4*>(xs + (threadIdx.x / 4) * (kTileK + kPad) + (threadIdx.x % 4) * 8) = t.x;
+template <int kBits, int kFrags>
+__device__ __forceinline__ void StoreTile(const TileLoad<kFrags>& t, __half* xs, __half* ws) {
+#pragma unroll
+  for (int i = 0; i < kFrags / 2; ++i) {
+    *reinterpret_cast<uint4*>(xs + (i * 64 + threadIdx.x / 4) * (kTileK + kPad) + (threadIdx.x % 4) * 8) = t.x[i];
+  }
   constexpr int kWords = kBits == 4 ? 1 : 2;
   __half* row = ws + (threadIdx.x / 2) * (kTileK + kPad) + (threadIdx.x % 2) * 16;
 #pragma unroll
@@ -140,54 +150,57 @@ __device__ __forceinline__ void StoreTile(const TileLoad& t, __half* xs, __half*
   }
 }
 
-template <int kBits>
+// kFrags: 16-row fragments a warp along m (2: 64-row tiles, for up to 64 rows; 4: 128-row tiles, each weight
+// tile dequantized once for twice the rows, and 8 MMAs for every 6 fragment loads instead of 4 for 4).
+template <int kBits, int kFrags>
 __global__ void __launch_bounds__(kTiledThreads) Tiled(const __half* __restrict__ x, const uint8_t* __restrict__ b,
                                                        const __half* __restrict__ scales, __half* __restrict__ y, int m,
                                                        int n, int k, int block_size) {
   using namespace nvcuda;
-  constexpr int kLd = kTileK + kPad;
-  constexpr int kInputBytes = (kTileM + kTileN) * kLd * 2, kOutputBytes = kTileM * kTileN * 4;
-  __shared__ __align__(32) unsigned char smem[kInputBytes > kOutputBytes ? kInputBytes : kOutputBytes];
-  __half* xs = reinterpret_cast<__half*>(smem);  // [kTileM][kLd]: x's tile, row-major
-  __half* ws = xs + kTileM * kLd;                // [kTileN][kLd]: w's tile, i.e. wᵀ column-major
+  constexpr int kTileM = 32 * kFrags, kLd = kTileK + kPad;
+  __shared__ __align__(32) __half xs[kTileM * kLd];  // x's tile, row-major
+  __shared__ __align__(32) __half ws[kTileN * kLd];  // w's tile, i.e. wᵀ column-major
+  __shared__ __align__(32) float staged[kTiledThreads / 32][16 * 16];  // a warp's fragment on its way to y
   const int m0 = blockIdx.y * kTileM, n0 = blockIdx.x * kTileN;
-  const int warp = threadIdx.x >> 5, wm = (warp / 4) * 32, wn = (warp % 4) * 32;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = (warp / 4) * 16 * kFrags, wn = (warp % 4) * 32;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kFrags][2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kFrags; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-  TileLoad next = LoadTile<kBits>(x, b, scales, m, n, k, block_size, m0, n0, 0);
+  TileLoad<kFrags> next = LoadTile<kBits, kFrags>(x, b, scales, m, n, k, block_size, m0, n0, 0);
   for (int k0 = 0; k0 < k; k0 += kTileK) {
     __syncthreads();  // the last tile's fragments are read
-    StoreTile<kBits>(next, xs, ws);
+    StoreTile<kBits, kFrags>(next, xs, ws);
     __syncthreads();
-    if (k0 + kTileK < k) next = LoadTile<kBits>(x, b, scales, m, n, k, block_size, m0, n0, k0 + kTileK);
+    if (k0 + kTileK < k) next = LoadTile<kBits, kFrags>(x, b, scales, m, n, k, block_size, m0, n0, k0 + kTileK);
 #pragma unroll
     for (int kk = 0; kk < kTileK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[kFrags];
       wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], xs + (wm + 16 * i) * kLd + kk, kLd);
+      for (int i = 0; i < kFrags; ++i) wmma::load_matrix_sync(fa[i], xs + (wm + 16 * i) * kLd + kk, kLd);
 #pragma unroll
       for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], ws + (wn + 16 * j) * kLd + kk, kLd);
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < kFrags; ++i)
 #pragma unroll
         for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
     }
   }
-  __syncthreads();
-  float* out = reinterpret_cast<float*>(smem);  // [kTileM][kTileN]
+  float* mine = staged[warp];
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kFrags; ++i) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(out + (wm + 16 * i) * kTileN + wn + 16 * j, acc[i][j], kTileN, wmma::mem_row_major);
-  __syncthreads();
-  for (int e = threadIdx.x; e < kTileM * kTileN; e += kTiledThreads) {
-    const int r = m0 + e / kTileN, c = n0 + e % kTileN;
-    if (r < m && c < n) y[static_cast<int64_t>(r) * n + c] = __float2half_rn(out[e]);
+    for (int j = 0; j < 2; ++j) {
+      wmma::store_matrix_sync(mine, acc[i][j], 16, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 256; e += 32) {
+        const int r = m0 + wm + 16 * i + e / 16, c = n0 + wn + 16 * j + e % 16;
+        if (r < m && c < n) y[static_cast<int64_t>(r) * n + c] = __float2half_rn(mine[e]);
+      }
+      __syncwarp();  // read before the next fragment overwrites it
+    }
   }
 }
 
@@ -200,6 +213,15 @@ void LaunchGemv(const MatMulQ16Args& a, cudaStream_t stream) {
       static_cast<int>(a.m), static_cast<int>(a.n), static_cast<int>(a.k), static_cast<int>(a.block_size));
 }
 
+template <int kBits, int kFrags>
+void LaunchTiled(const MatMulQ16Args& a, cudaStream_t stream) {
+  const int64_t tile_m = 32 * kFrags;
+  const dim3 grid(static_cast<unsigned>((a.n + kTileN - 1) / kTileN), static_cast<unsigned>((a.m + tile_m - 1) / tile_m));
+  Tiled<kBits, kFrags><<<grid, kTiledThreads, 0, stream>>>(
+      reinterpret_cast<const __half*>(a.x), a.b, reinterpret_cast<const __half*>(a.scales), reinterpret_cast<__half*>(a.y),
+      static_cast<int>(a.m), static_cast<int>(a.n), static_cast<int>(a.k), static_cast<int>(a.block_size));
+}
+
 template <int kBits>
 void Launch(const MatMulQ16Args& a, cudaStream_t stream) {
   if (a.m <= 1) return LaunchGemv<kBits, 1>(a, stream);
@@ -207,10 +229,8 @@ void Launch(const MatMulQ16Args& a, cudaStream_t stream) {
   if (a.m <= 4) return LaunchGemv<kBits, 4>(a, stream);
   if (a.m <= 8) return LaunchGemv<kBits, 8>(a, stream);
   if (a.m <= kMatMulQ16GemvRows) return LaunchGemv<kBits, kMatMulQ16GemvRows>(a, stream);
-  const dim3 grid(static_cast<unsigned>((a.n + kTileN - 1) / kTileN), static_cast<unsigned>((a.m + kTileM - 1) / kTileM));
-  Tiled<kBits><<<grid, kTiledThreads, 0, stream>>>(
-      reinterpret_cast<const __half*>(a.x), a.b, reinterpret_cast<const __half*>(a.scales), reinterpret_cast<__half*>(a.y),
-      static_cast<int>(a.m), static_cast<int>(a.n), static_cast<int>(a.k), static_cast<int>(a.block_size));
+  if (a.m <= 64) return LaunchTiled<kBits, 2>(a, stream);
+  LaunchTiled<kBits, 4>(a, stream);
 }
 
 }  // namespace
