@@ -121,7 +121,14 @@ DECODES: dict[str, dict[str, object]] = {
 }
 # a variant's logits and tokens are also checked against its twin's (when both run): the same graphs but
 # for the sampling head, or but for WiCore's BlockAttention on the sliding layers (on every layer)
-TWINS = {"paged": "paged-nohead", "paged-wicore-block": "paged-wicore", "paged-wicore-all": "paged-wicore"}
+TWINS = {
+    "paged": "paged-nohead",
+    "paged-wicore-block": "paged-wicore",
+    "paged-wicore-all": "paged-wicore",
+    # MatMulQ16 against MatMulNBits (and WiCore's norms and GeGLU against ORT's ops)
+    "int4-paged-wicore": "int4-paged",
+    "int8-paged-wicore": "int8-paged",
+}
 
 
 def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size: int | None) -> dict[str, dict[str, object]]:
