@@ -70,7 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["ort", "wicore"],
         help="wicore: WiCore's own kernels (wicore/kernels; built once where the model loads): with --attention paged "
         "the residual adds, RMS norms and gated activation (CUDA); with --op-flavour ort-quant and fp32 the linear "
-        "layers on wicore.MatMulQ (CPU, llama.cpp's int8 activations); ort: ONNX Runtime's ops",
+        "layers on wicore.MatMulQ (CPU, llama.cpp's int8 activations), with fp16 on wicore.MatMulQ16 (CUDA, 4/8-bit "
+        "weights read in place); ort: ONNX Runtime's ops",
     )
     ap.add_argument(
         "--block-attention",

@@ -68,7 +68,8 @@ class ExportConfig:
     sampling_head: str = "auto"  # "on" / "off" / "auto": on with the paged attention (graph/sampling.py)
     kv_cache_dtype: str = "auto"  # "auto": the graphs' dtype; "int8": KV blocks in 8 bits (graph/kv_quant.py)
     # "wicore": WiCore's kernels (wicore/kernels): paged graphs' residual norms and gated MLP; ort-quant fp32
-    # graphs' linear layers on wicore.MatMulQ (the CPU's int8-activation matmul, wicore/graph/matmul_q.py)
+    # graphs' linear layers on wicore.MatMulQ (the CPU's int8-activation matmul, wicore/graph/matmul_q.py), ort-quant
+    # fp16 graphs' on wicore.MatMulQ16 (CUDA's 4/8-bit weight-only matmul, wicore/graph/quant.py matmul_q16)
     kernels: str = "ort"
     # paged graphs: the layer kinds on WiCore's BlockAttention (graph/paged_block.py), "off", "sliding",
     # "all" (every layer; float32 graphs for the CPU) or "auto" (resolved_block_attention)
