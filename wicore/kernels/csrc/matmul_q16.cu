@@ -28,9 +28,11 @@ constexpr int kWarps = 4;        // Gemv: warps a block
 constexpr int kWarpRows = 4;     // Gemv: weight rows a warp
 constexpr float kMagic = 8388608.0f;  // 2^23: (0x4B000000 | c) as a float is 2^23 + c, exactly
 
-// Eight weights (w[n, c .. c + 8)) from 32 bits of codes, each (code - zero point) * scale, exact in float32.
-template <int kBits>
+// Eight weights (w[n, c .. c + 8)) from 32 bits of codes, each (code - zero point) * scale, exact in float32
+// (without kScaled: code - zero point, the caller scales a block's sum).
+template <int kBits, bool kScaled = true>
 __device__ __forceinline__ void Dequant8(const uint32_t* words, float scale, float* w) {
+  if constexpr (!kScaled) scale = 1.0f;
   if constexpr (kBits == 4) {  // element e of the word at bits 4e (low nibble first)
 #pragma unroll
     for (int e = 0; e < 8; ++e) w[e] = (__uint_as_float(0x4B000000u | ((words[0] >> (4 * e)) & 15u)) - (kMagic + 8.0f)) * scale;
@@ -54,8 +56,13 @@ __global__ void __launch_bounds__(kWarps * 32) Gemv(const __half* __restrict__ x
   if (row0 >= n) return;
   const int64_t row_bytes = static_cast<int64_t>(k) * kBits / 8;
   const int loads = k / kPerLoad, blocks = k / block_size;
+  // Up to 4 rows, each load's products are summed unscaled and the sum scaled once: one multiply a weight less
+  // (the decode step's kernel is near its instruction limit at ~3 TB/s); above, the registers for the partial
+  // sums are not there, and the weights are scaled as they are decoded.
+  constexpr bool kFactor = kM <= 4;
   float acc[kM][kWarpRows] = {};
   for (int c = lane; c < loads; c += 32) {
+    float part[kFactor ? kM : 1][kWarpRows] = {};
     uint4 codes[kWarpRows];
     float scale[kWarpRows];
 #pragma unroll
@@ -68,7 +75,9 @@ __global__ void __launch_bounds__(kWarps * 32) Gemv(const __half* __restrict__ x
     for (int g = 0; g < kPerLoad / 8; ++g) {  // 8 weights at a time
       float w[kWarpRows][8];
 #pragma unroll
-      for (int r = 0; r < kWarpRows; ++r) Dequant8<kBits>(reinterpret_cast<const uint32_t*>(&codes[r]) + g * kWords, scale[r], w[r]);
+      for (int r = 0; r < kWarpRows; ++r) {
+        Dequant8<kBits, !kFactor>(reinterpret_cast<const uint32_t*>(&codes[r]) + g * kWords, scale[r], w[r]);
+      }
 #pragma unroll
       for (int i = 0; i < kM; ++i) {
         if (i >= m) break;
@@ -78,9 +87,18 @@ __global__ void __launch_bounds__(kWarps * 32) Gemv(const __half* __restrict__ x
         for (int p = 0; p < 4; ++p) {
           const float2 v = __half22float2(h[p]);
 #pragma unroll
-          for (int r = 0; r < kWarpRows; ++r) acc[i][r] = fmaf(v.y, w[r][2 * p + 1], fmaf(v.x, w[r][2 * p], acc[i][r]));
+          for (int r = 0; r < kWarpRows; ++r) {
+            float& sum = kFactor ? part[kFactor ? i : 0][r] : acc[i][r];
+            sum = fmaf(v.y, w[r][2 * p + 1], fmaf(v.x, w[r][2 * p], sum));
+          }
         }
       }
+    }
+    if constexpr (kFactor) {
+#pragma unroll
+      for (int i = 0; i < kM; ++i)
+#pragma unroll
+        for (int r = 0; r < kWarpRows; ++r) acc[i][r] = fmaf(part[i][r], scale[r], acc[i][r]);
     }
   }
 #pragma unroll
