@@ -56,10 +56,10 @@ void Old(const __half* x, const uint8_t* b, const __half* s, __half* y, int m, i
 }
 
 // The tensor-core GEMV, its x tiles by m (one MMA column tile to 8 rows, two to 16).
-template <int kBits, int kTiles, int kWarps, int kUnroll, bool kPipe, bool kContig>
+template <int kBits, int kTiles, int kWarps, int kUnroll>
 void Mma(const __half* x, const uint8_t* b, const __half* s, __half* y, int m, int n, int k, int bs, cudaStream_t st) {
-  if (m <= 8) return wicore::gemv::LaunchMmaGemv<kBits, kTiles, kWarps, kUnroll, 1, kPipe, kContig>(x, b, s, y, m, n, k, bs, st);
-  wicore::gemv::LaunchMmaGemv<kBits, kTiles, kWarps, kUnroll, 2, kPipe, kContig>(x, b, s, y, m, n, k, bs, st);
+  if (m <= 8) return wicore::gemv::LaunchMmaGemv<kBits, kTiles, kWarps, kUnroll, 1>(x, b, s, y, m, n, k, bs, st);
+  wicore::gemv::LaunchMmaGemv<kBits, kTiles, kWarps, kUnroll, 2>(x, b, s, y, m, n, k, bs, st);
 }
 
 struct Variant {
@@ -67,24 +67,19 @@ struct Variant {
   Launch launch[2];  // 4 bits, 8 bits
 };
 
-// name: t tiles of 16 weight rows a block, w warps splitting k, u chunks a stage; "pipe": the next stage's
-// loads before this one's MMAs; "c": a warp's chunks adjacent (else round-robin)
-#define MMA(T, W, U, P, C, NAME) Variant{NAME, {&Mma<4, T, W, U, P, C>, &Mma<8, T, W, U, P, C>}}
+// name: t tiles of 16 weight rows a block, w warps splitting k, u chunks loaded before any is used. "mma
+// t1w8u2" is what MatMulQ16 runs (matmul_q16.cu); round 2 of docs/PERFORMANCE.md's run also timed a
+// two-stage register pipeline and adjacent chunks a warp (commit 80cc309's header), both slower.
+#define MMA(T, W, U, NAME) Variant{NAME, {&Mma<4, T, W, U>, &Mma<8, T, W, U>}}
 
 std::vector<Variant> Variants() {
   return {
       Variant{"old", {&Old<4>, &Old<8>}},
-      MMA(1, 8, 2, false, false, "mma t1w8u2"),
-      MMA(1, 4, 2, false, false, "mma t1w4u2"),
-      MMA(1, 2, 1, true, false, "pipe t1w2u1"),
-      MMA(1, 2, 2, true, false, "pipe t1w2u2"),
-      MMA(1, 4, 1, true, false, "pipe t1w4u1"),
-      MMA(1, 4, 2, true, false, "pipe t1w4u2"),
-      MMA(1, 8, 1, true, false, "pipe t1w8u1"),
-      MMA(1, 8, 2, true, false, "pipe t1w8u2"),
-      MMA(1, 4, 2, true, true, "pipe t1w4u2c"),
-      MMA(1, 8, 1, true, true, "pipe t1w8u1c"),
-      MMA(2, 4, 1, true, false, "pipe t2w4u1"),
+      MMA(1, 8, 2, "mma t1w8u2"),
+      MMA(1, 4, 2, "mma t1w4u2"),
+      MMA(1, 16, 2, "mma t1w16u2"),
+      MMA(1, 8, 4, "mma t1w8u4"),
+      MMA(2, 4, 1, "mma t2w4u1"),
   };
 }
 

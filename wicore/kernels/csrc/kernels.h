@@ -17,10 +17,10 @@
 //   MatMulQ16       (x f16 [M, K], b u8 [N, K / bs, bs * bits / 8], scales f16 [N, K / bs])  -> y f16 [M, N]
 //                   com.microsoft.MatMulNBits' inputs and layout without zero points (code + 2^(bits - 1), 4 bits
 //                   low nibble first): y = x @ wᵀ, w[n, c] = (code - 2^(bits - 1)) * scale[n, c / bs], bits 4 or 8.
-//                   CPU and the CUDA GEMV (M <= kMatMulQ16GemvRows): w exact in float32, products summed in float32
-//                   (the GEMV up to 4 rows sums 32 or 16 of them before their block's scale), one rounding to half;
-//                   CUDA above that (tensor cores): w rounded to half once, as MatMulNBits' dequantization does,
-//                   float32 sums (matmul_q16.cu)
+//                   CPU (the reference): w exact in float32, products summed in float32, one rounding to half.
+//                   CUDA, both the GEMV (M <= kMatMulQ16GemvRows, matmul_q16_gemv.cuh) and the tiles above (both
+//                   on tensor cores, matmul_q16.cu): w rounded to half once, as MatMulNBits' dequantization does,
+//                   float32 sums of the products, one rounding to half
 //
 //   GatedActivation (gate_up f32 [rows, 2I]; attribute activation)             -> f32 [rows, I]   (CPU, attention_cpu.cc;
 //                   not emitted by the exporter: measured no faster than ORT's Split + activation + Mul)

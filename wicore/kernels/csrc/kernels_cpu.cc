@@ -97,7 +97,7 @@ void GatedActivationCpu(const uint16_t* gate_up, Activation act, int64_t rows, i
 }
 
 // w exact in float32 ((code - zero point) has at most 8 bits, a half's significand 11), products summed in
-// float32 along k, one rounding to half: the CUDA GEMV's arithmetic but for the order of the sums.
+// float32 along k, one rounding to half: the reference; the CUDA kernels round each w to half first (kernels.h).
 void MatMulQ16Cpu(const MatMulQ16Args& args, int64_t n_begin, int64_t n_end) {
   const int64_t blocks = args.k / args.block_size, row_bytes = args.k * args.bits / 8;
   const float zero_point = static_cast<float>(1 << (args.bits - 1));

@@ -1,10 +1,11 @@
 // MatMulQ16 on CUDA (kernels.h): float16 activations x 4- or 8-bit block-quantized weights in MatMulNBits'
 // layout, read where they lie (no dequantized copy of the weight, no scratch).
 //
-//   m <= kMatMulQ16GemvRows   Gemv: a warp per 4 weight rows, a lane per 16-byte load of codes (one block's
-//                             32 or 16 codes); x's rows read from L1/L2, the sums across the warp by shuffles.
-//                             Batch-1 decode is a read of the weights: ~13.5 GB for the 27B shape in 4 bits,
-//                             so the step's floor is the weights over the memory rate (~3.4 ms at 4 TB/s).
+//   m <= kMatMulQ16GemvRows   GEMV on tensor cores (matmul_q16_gemv.cuh): each 16-byte load of codes decoded
+//                             to halves in registers (lop3), 16 weight rows x 16 k an MMA with x's up to 8 rows
+//                             (two MMAs to 16 rows), k split across the warps of a block. Batch-1 decode is a
+//                             read of the weights: ~13.5 GB for the 27B shape in 4 bits, so the step's floor is
+//                             the weights over the memory rate (~2.8 ms at 4.8 TB/s).
 //   above                     Tiled: 64 x 128 tiles of y up to 64 rows, 128 x 128 above; 8 warps of 2 x 2
 //                             (4 x 2) WMMA fragments (16 x 16 x 16, float32 accumulators). The codes of a
 //                             128-row x 32-column tile are dequantized into shared memory as halves (each
@@ -20,19 +21,16 @@
 #include <mma.h>
 
 #include "kernels.h"
+#include "matmul_q16_gemv.cuh"
 
 namespace wicore {
 namespace {
 
-constexpr int kWarps = 4;        // Gemv: warps a block
-constexpr int kWarpRows = 4;     // Gemv: weight rows a warp
 constexpr float kMagic = 8388608.0f;  // 2^23: (0x4B000000 | c) as a float is 2^23 + c, exactly
 
-// Eight weights (w[n, c .. c + 8)) from 32 bits of codes, each (code - zero point) * scale, exact in float32
-// (without kScaled: code - zero point, the caller scales a block's sum).
-template <int kBits, bool kScaled = true>
+// Eight weights (w[n, c .. c + 8)) from 32 bits of codes, each (code - zero point) * scale, exact in float32.
+template <int kBits>
 __device__ __forceinline__ void Dequant8(const uint32_t* words, float scale, float* w) {
-  if constexpr (!kScaled) scale = 1.0f;
   if constexpr (kBits == 4) {  // element e of the word at bits 4e (low nibble first)
 #pragma unroll
     for (int e = 0; e < 8; ++e) w[e] = (__uint_as_float(0x4B000000u | ((words[0] >> (4 * e)) & 15u)) - (kMagic + 8.0f)) * scale;
@@ -40,74 +38,6 @@ __device__ __forceinline__ void Dequant8(const uint32_t* words, float scale, flo
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       w[e] = (__uint_as_float(0x4B000000u | ((words[e / 4] >> (8 * (e % 4))) & 255u)) - (kMagic + 128.0f)) * scale;
-    }
-  }
-}
-
-// y[:m, rows] for m <= kM: warp w of the block takes weight rows (blockIdx.x * kWarps + w) * kWarpRows + r.
-template <int kBits, int kM>
-__global__ void __launch_bounds__(kWarps * 32) Gemv(const __half* __restrict__ x, const uint8_t* __restrict__ b,
-                                                    const __half* __restrict__ scales, __half* __restrict__ y, int m,
-                                                    int n, int k, int block_size) {
-  constexpr int kPerLoad = 128 / kBits;          // weights in 16 bytes of codes
-  constexpr int kWords = kBits == 4 ? 1 : 2;     // 32-bit words of codes for 8 weights
-  const int lane = threadIdx.x & 31;
-  const int row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kWarpRows;
-  if (row0 >= n) return;
-  const int64_t row_bytes = static_cast<int64_t>(k) * kBits / 8;
-  const int loads = k / kPerLoad, blocks = k / block_size;
-  // Up to 4 rows, each load's products are summed unscaled and the sum scaled once: one multiply a weight less
-  // (the decode step's kernel is near its instruction limit at ~3 TB/s); above, the registers for the partial
-  // sums are not there, and the weights are scaled as they are decoded.
-  constexpr bool kFactor = kM <= 4;
-  float acc[kM][kWarpRows] = {};
-  for (int c = lane; c < loads; c += 32) {
-    float part[kFactor ? kM : 1][kWarpRows] = {};
-    uint4 codes[kWarpRows];
-    float scale[kWarpRows];
-#pragma unroll
-    for (int r = 0; r < kWarpRows; ++r) {  // rows past n read row0's codes again and are not written
-      const int row = row0 + r < n ? row0 + r : row0;
-      codes[r] = __ldg(reinterpret_cast<const uint4*>(b + row * row_bytes) + c);
-      scale[r] = __half2float(scales[static_cast<int64_t>(row) * blocks + c * kPerLoad / block_size]);
-    }
-#pragma unroll
-    for (int g = 0; g < kPerLoad / 8; ++g) {  // 8 weights at a time
-      float w[kWarpRows][8];
-#pragma unroll
-      for (int r = 0; r < kWarpRows; ++r) {
-        Dequant8<kBits, !kFactor>(reinterpret_cast<const uint32_t*>(&codes[r]) + g * kWords, scale[r], w[r]);
-      }
-#pragma unroll
-      for (int i = 0; i < kM; ++i) {
-        if (i >= m) break;
-        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(i) * k + c * kPerLoad + g * 8));
-        const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const float2 v = __half22float2(h[p]);
-#pragma unroll
-          for (int r = 0; r < kWarpRows; ++r) {
-            float& sum = kFactor ? part[kFactor ? i : 0][r] : acc[i][r];
-            sum = fmaf(v.y, w[r][2 * p + 1], fmaf(v.x, w[r][2 * p], sum));
-          }
-        }
-      }
-    }
-    if constexpr (kFactor) {
-#pragma unroll
-      for (int i = 0; i < kM; ++i)
-#pragma unroll
-        for (int r = 0; r < kWarpRows; ++r) acc[i][r] = fmaf(part[i][r], scale[r], acc[i][r]);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kM; ++i) {
-#pragma unroll
-    for (int r = 0; r < kWarpRows; ++r) {
-      float v = acc[i][r];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0 && i < m && row0 + r < n) y[static_cast<int64_t>(i) * n + row0 + r] = __float2half_rn(v);
     }
   }
 }
@@ -222,15 +152,6 @@ __global__ void __launch_bounds__(kTiledThreads) Tiled(const __half* __restrict_
   }
 }
 
-template <int kBits, int kM>
-void LaunchGemv(const MatMulQ16Args& a, cudaStream_t stream) {
-  const int rows_a_block = kWarps * kWarpRows;
-  const dim3 grid(static_cast<unsigned>((a.n + rows_a_block - 1) / rows_a_block));
-  Gemv<kBits, kM><<<grid, kWarps * 32, 0, stream>>>(
-      reinterpret_cast<const __half*>(a.x), a.b, reinterpret_cast<const __half*>(a.scales), reinterpret_cast<__half*>(a.y),
-      static_cast<int>(a.m), static_cast<int>(a.n), static_cast<int>(a.k), static_cast<int>(a.block_size));
-}
-
 template <int kBits, int kFrags>
 void LaunchTiled(const MatMulQ16Args& a, cudaStream_t stream) {
   const int64_t tile_m = 32 * kFrags;
@@ -242,11 +163,14 @@ void LaunchTiled(const MatMulQ16Args& a, cudaStream_t stream) {
 
 template <int kBits>
 void Launch(const MatMulQ16Args& a, cudaStream_t stream) {
-  if (a.m <= 1) return LaunchGemv<kBits, 1>(a, stream);
-  if (a.m <= 2) return LaunchGemv<kBits, 2>(a, stream);
-  if (a.m <= 4) return LaunchGemv<kBits, 4>(a, stream);
-  if (a.m <= 8) return LaunchGemv<kBits, 8>(a, stream);
-  if (a.m <= kMatMulQ16GemvRows) return LaunchGemv<kBits, kMatMulQ16GemvRows>(a, stream);
+  const auto* x = reinterpret_cast<const __half*>(a.x);
+  const auto* scales = reinterpret_cast<const __half*>(a.scales);
+  auto* y = reinterpret_cast<__half*>(a.y);
+  const int m = static_cast<int>(a.m), n = static_cast<int>(a.n), k = static_cast<int>(a.k), bs = static_cast<int>(a.block_size);
+  // 16 weight rows a block, 8 warps splitting k, 2 chunks of loads in flight a warp: the fastest at one row
+  // of those tools/gemv_bench timed on an H200 (docs/PERFORMANCE.md)
+  if (a.m <= 8) return gemv::LaunchMmaGemv<kBits, 1, 8, 2, 1>(x, a.b, scales, y, m, n, k, bs, stream);
+  if (a.m <= kMatMulQ16GemvRows) return gemv::LaunchMmaGemv<kBits, 1, 8, 2, 2>(x, a.b, scales, y, m, n, k, bs, stream);
   if (a.m <= 64) return LaunchTiled<kBits, 2>(a, stream);
   LaunchTiled<kBits, 4>(a, stream);
 }

@@ -1,12 +1,17 @@
-// MatMulQ16's GEMV (m <= 8 rows of x) on tensor cores: mma.sync m16n8k16, the weights as A (16 weight rows a
-// tile), x as B (its up to 8 rows the MMA's 8 columns; a row of x past m reads zeros and its column is not
-// written), float32 accumulators. Included by matmul_q16.cu and by tools/gemv_bench (timed alone there).
+// MatMulQ16's GEMV (m <= 16 rows of x) on tensor cores: mma.sync m16n8k16, the weights as A (16 weight rows a
+// tile), x as B (up to 8 of its rows the MMA's 8 columns, two MMAs to 16; a row of x past m reads zeros and
+// its column is not written), float32 accumulators. Included by matmul_q16.cu and by tools/gemv_bench (timed
+// alone there).
 //
 // Why tensor cores at one row: a CUDA-core GEMV spends ~4 instructions a weight (extract, convert, scale,
-// FMA) and, at 4 bits, the H200's ~4.8 TB/s brings ~9.6 G weights a second: the old kernel was bound by its
-// instruction issue and latency at 0.6-1.6 TB/s. Here a 32-bit word of codes becomes 8 halves with one shift,
-// four lop3 and four half2 ops, and one MMA does the 8 x 16 x 16 products (7/8 of them on padding at m = 1:
-// ~15% of the tensor cores' rate at full memory speed), so rows 1 to 8 cost the same.
+// FMA) and, at 4 bits, the H200's ~4.8 TB/s brings ~9.6 G weights a second; the old kernel read int4 weights
+// at 1.3-2.2 TB/s at one row and fell to 0.4-0.7 TB/s at 8 rows (an FMA a weight a row). Here a 32-bit word
+// of codes becomes 8 halves with one shift, four lop3 and eight half2 ops (offset, scale), and one MMA does
+// the 8 x 16 x 16 products (7/8 of them on padding at m = 1), so rows 1 to 8 cost nearly the same. Measured
+// alone on an H200 (tools/gemv_bench, docs/PERFORMANCE.md): int4 1.6-2.9 TB/s at one row (qkv 2.1, o 1.6,
+// gate|up 2.7, down 2.3, head 2.9), 1.4-2.6 at 8 rows; int8 2.3-4.0 at one row. Still bound by instruction
+// issue at int4 (int8, under half the decoding a byte, reaches 4.0 TB/s on the head) and by latency on the
+// small layers.
 //
 // Layout read in place (MatMulNBits'): row n of b is k * bits / 8 bytes, element c at byte c * bits / 8, 4-bit
 // codes low nibble first; scales[n, c / block_size]. A lane's 16-byte load is one whole run of codes inside
@@ -104,34 +109,16 @@ struct Stage {
   __half scale[kUnroll][kTiles][2];
 };
 
-// Where a warp's chunks lie: kContig, a run of ceil(chunks / kWarps) adjacent chunks a warp; else dealt
-// round-robin (chunk warp, warp + kWarps, ...). Chunk (it, u) of the warp, or -1 past its share.
-template <int kWarps, int kUnroll, bool kContig>
-struct Split {
-  int first, count;
-  __device__ Split(int warp, int chunks) {
-    if constexpr (kContig) {
-      const int per = (chunks + kWarps - 1) / kWarps;
-      first = warp * per;
-      count = max(0, min(chunks, first + per) - first);
-    } else {
-      first = warp;
-      count = warp < chunks ? (chunks - warp + kWarps - 1) / kWarps : 0;
-    }
-  }
-  __device__ int Chunk(int it, int u) const {
-    const int i = it * kUnroll + u;
-    if (i >= count) return -1;
-    return kContig ? first + i : first + i * kWarps;
-  }
-};
-
 // y[:m, tile rows] for m <= 8 * kXTiles (x's rows in kXTiles MMA tiles of 8 columns, each A fragment decoded
-// once for all); a block: kTiles tiles of 16 weight rows, kWarps warps splitting k (Split). kPipe: the next
-// kUnroll chunks' loads are issued before this one's MMAs (two stages in registers). k a multiple of 32: a
-// chunk's loads past k (k % (4 * per_load) != 0) read nothing and add zeros. block_shift: log2(block_size)
-// where it is a power of two (a shift instead of a division a chunk), else -1.
-template <int kBits, int kTiles, int kWarps, int kUnroll, int kXTiles, bool kPipe, bool kContig>
+// once for all); a block: kTiles tiles of 16 weight rows, kWarps warps splitting k, chunks dealt round-robin
+// (warp w: chunks w, w + kWarps, ...). k a multiple of 32: a chunk's loads past k (k % (4 * per_load) != 0)
+// read nothing and add zeros. block_shift: log2(block_size) where it is a power of two (a shift instead of
+// a division a chunk), else -1.
+//
+// Tried on an H200 and dropped (docs/PERFORMANCE.md): the next chunks' loads issued before this one's MMAs
+// (a two-stage register pipeline), a warp's chunks adjacent instead of dealt, 2 tiles a block, 2 or 16 warps:
+// each slower at one row than 8 warps, 1 tile, 2 chunks a stage.
+template <int kBits, int kTiles, int kWarps, int kUnroll, int kXTiles>
 __global__ void __launch_bounds__(kWarps * 32) MmaGemv(const __half* __restrict__ x, const uint8_t* __restrict__ b,
                                                        const __half* __restrict__ scales, __half* __restrict__ y,
                                                        int m, int n, int k, int block_size, int block_shift) {
@@ -141,7 +128,8 @@ __global__ void __launch_bounds__(kWarps * 32) MmaGemv(const __half* __restrict_
   const int n0 = blockIdx.x * 16 * kTiles;
   const int64_t row_bytes = static_cast<int64_t>(k) * kBits / 8;
   const int chunks = (k + kChunk - 1) / kChunk, blocks = k / block_size;
-  const Split<kWarps, kUnroll, kContig> split(warp, chunks);
+  const int count = warp < chunks ? (chunks - warp + kWarps - 1) / kWarps : 0;  // this warp's chunks
+  auto chunk = [&](int it, int u) { return it * kUnroll + u < count ? warp + (it * kUnroll + u) * kWarps : -1; };
   const uint8_t* rows[kTiles][2];
   const __half* srows[kTiles][2];
 #pragma unroll
@@ -156,7 +144,7 @@ __global__ void __launch_bounds__(kWarps * 32) MmaGemv(const __half* __restrict_
   auto load = [&](int it, Stage<kUnroll, kTiles>& st) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int c = split.Chunk(it, u), kx = c * kChunk + t * kPerLoad;
+      const int c = chunk(it, u), kx = c * kChunk + t * kPerLoad;
       const int blk = block_shift >= 0 ? kx >> block_shift : kx / block_size;
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
@@ -177,7 +165,7 @@ __global__ void __launch_bounds__(kWarps * 32) MmaGemv(const __half* __restrict_
   auto compute = [&](int it, const Stage<kUnroll, kTiles>& st) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int c = split.Chunk(it, u), kx = c * kChunk + t * kPerLoad;
+      const int c = chunk(it, u), kx = c * kChunk + t * kPerLoad;
       if (c < 0) break;
 #pragma unroll
       for (int w = 0; w < 4; ++w) {  // the load's 32-bit words
@@ -199,21 +187,10 @@ __global__ void __launch_bounds__(kWarps * 32) MmaGemv(const __half* __restrict_
       }
     }
   };
-  const int iters = (split.count + kUnroll - 1) / kUnroll;
-  if constexpr (kPipe) {
-    Stage<kUnroll, kTiles> cur, next;
-    load(0, cur);
-    for (int it = 0; it < iters; ++it) {
-      load(it + 1, next);  // past the share: zeros, no loads
-      compute(it, cur);
-      cur = next;
-    }
-  } else {
-    for (int it = 0; it < iters; ++it) {
-      Stage<kUnroll, kTiles> cur;
-      load(it, cur);
-      compute(it, cur);
-    }
+  for (int it = 0; it * kUnroll < count; ++it) {
+    Stage<kUnroll, kTiles> st;
+    load(it, st);
+    compute(it, st);
   }
   // acc[i][j]: c0, c1 weight row g of tile i, x rows 8j + 2t, + 1; c2, c3 the same for weight row g + 8
   __shared__ float partial[kWarps][kTiles * kXTiles * 4][32];
@@ -241,11 +218,11 @@ inline int BlockShift(int block_size) {
   return -1;
 }
 
-template <int kBits, int kTiles, int kWarps, int kUnroll, int kXTiles = 1, bool kPipe = false, bool kContig = false>
+template <int kBits, int kTiles, int kWarps, int kUnroll, int kXTiles = 1>
 inline void LaunchMmaGemv(const __half* x, const uint8_t* b, const __half* scales, __half* y, int m, int n, int k,
                           int block_size, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((n + 16 * kTiles - 1) / (16 * kTiles)));
-  MmaGemv<kBits, kTiles, kWarps, kUnroll, kXTiles, kPipe, kContig>
+  MmaGemv<kBits, kTiles, kWarps, kUnroll, kXTiles>
       <<<grid, kWarps * 32, 0, stream>>>(x, b, scales, y, m, n, k, block_size, BlockShift(block_size));
 }
 
