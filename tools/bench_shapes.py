@@ -125,9 +125,11 @@ TWINS = {
     "paged": "paged-nohead",
     "paged-wicore-block": "paged-wicore",
     "paged-wicore-all": "paged-wicore",
-    # MatMulQ16 against MatMulNBits (and WiCore's norms and GeGLU against ORT's ops)
+    # WiCore's norms and GeGLU against ORT's ops; MatMulQ16 against MatMulNBits
     "int4-paged-wicore": "int4-paged",
     "int8-paged-wicore": "int8-paged",
+    "int4-paged-q16": "int4-paged-wicore",
+    "int8-paged-q16": "int8-paged-wicore",
 }
 
 

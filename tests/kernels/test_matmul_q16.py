@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from wicore.engine.engine import Engine, EngineConfig
+from wicore.errors import WiCoreError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
 from wicore.graph.manifest import Manifest
@@ -88,14 +89,16 @@ def op_counts(folder: Path) -> dict[str, int]:
 @pytest.mark.slow  # two float16 exports and engines of the tiny model
 @pytest.mark.parametrize("bits", [4, 8])
 def test_fp16_ort_quant_on_wicore_kernels_runs_matmul_q16(tiny_model, tmp_path, cpu_library, monkeypatch, bits):
-    """The float16 int4 / int8 export with `kernels="wicore"` has MatMulQ16 where MatMulNBits was (every linear
+    """The float16 int4 / int8 export with `--matmul-q16` has MatMulQ16 where MatMulNBits was (every linear
     layer and the head) and greedy-decodes the tokens of the MatMulNBits export on the CPU."""
     monkeypatch.setenv("WICORE_CACHE", str(Path(cpu_library).parents[2]))  # where the fixture built the library
     folder, _ = tiny_model()
     tokens = {}
     for kernels in ("wicore", "ort"):
         out = tmp_path / f"{kernels}{bits}"
-        config = ExportConfig(op_flavour="ort-quant", weight_bits=bits, dtype="fp16", kernels=kernels)
+        config = ExportConfig(
+            op_flavour="ort-quant", weight_bits=bits, dtype="fp16", kernels=kernels, matmul_q16=kernels == "wicore"
+        )
         export_model(open_source(str(folder)), out, config, progress=lambda _: None)
         counts = op_counts(out)
         if kernels == "wicore":
@@ -108,12 +111,31 @@ def test_fp16_ort_quant_on_wicore_kernels_runs_matmul_q16(tiny_model, tmp_path, 
     assert len(tokens["wicore"]) == 12 and tokens["wicore"] == tokens["ort"]
 
 
-def test_the_cuda_flavour_int4_export_places_matmul_q16(tiny_model, tmp_path):
-    """The paged float16 graphs with WiCore's kernels (the CUDA flavour) in 4 bits: MatMulQ16, no MatMulNBits."""
+def test_the_cuda_flavour_int4_export_places_matmul_q16_when_asked(tiny_model, tmp_path):
+    """The paged float16 graphs with WiCore's kernels (the CUDA flavour) in 4 bits: MatMulNBits by default (MatMulQ16
+    is slower above 16 rows), MatMulQ16 and no MatMulNBits with `matmul_q16`."""
     folder, _ = tiny_model()
-    out = tmp_path / "cuda4"
-    config = ExportConfig(op_flavour="ort-quant", weight_bits=4, dtype="fp16", attention="paged", kernels="wicore")
-    export_model(open_source(str(folder)), out, config, progress=lambda _: None)
-    counts = op_counts(out)
-    assert "com.microsoft:MatMulNBits" not in counts
-    assert counts[f"{DOMAIN}:MatMulQ16"] == 4 * Manifest.read(out).config.num_layers + 1
+    layers = None
+    for matmul_q16 in (False, True):
+        out = tmp_path / f"cuda4-{matmul_q16}"
+        config = ExportConfig(
+            op_flavour="ort-quant", weight_bits=4, dtype="fp16", attention="paged", kernels="wicore", matmul_q16=matmul_q16
+        )
+        export_model(open_source(str(folder)), out, config, progress=lambda _: None)
+        counts = op_counts(out)
+        layers = Manifest.read(out).config.num_layers
+        on_q16, on_nbits = counts.get(f"{DOMAIN}:MatMulQ16", 0), counts.get("com.microsoft:MatMulNBits", 0)
+        assert (on_q16, on_nbits) == ((4 * layers + 1, 0) if matmul_q16 else (0, 4 * layers + 1))
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(op_flavour="ort-quant", weight_bits=4, dtype="fp16"),  # no --kernels wicore
+        dict(op_flavour="ort-quant", weight_bits=4, kernels="wicore"),  # fp32: the CPU's MatMulQ graphs
+        dict(dtype="fp16", attention="paged", kernels="wicore"),  # float weights
+    ],
+)
+def test_matmul_q16_needs_wicore_kernels_fp16_and_quantized_weights(settings):
+    with pytest.raises(WiCoreError, match="--matmul-q16 needs --kernels wicore, --dtype fp16 and quantized weights"):
+        ExportConfig(matmul_q16=True, **settings)

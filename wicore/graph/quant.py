@@ -73,9 +73,11 @@ class QuantLinear:
     accuracy_level: int | None = None
     quantize_embedding: bool = False  # a float embedding table's rows in weight_bits too (gather)
     # "wicore": float32 graphs' linear layers on wicore.MatMulQ (graph/matmul_q.py, WiCore's CPU kernel)
-    # instead of MatMulNBits: accuracy_level 4 llama.cpp's int8 activations, else int8 plus a residual;
-    # float16 graphs' (the CUDA flavour's) on wicore.MatMulQ16 (`matmul_q16`: MatMulNBits' inputs, read in place)
+    # instead of MatMulNBits: accuracy_level 4 llama.cpp's int8 activations, else int8 plus a residual
     kernels: str = "ort"
+    # with kernels "wicore": float16 graphs' (the CUDA flavour's) on wicore.MatMulQ16 (`matmul_q16`: MatMulNBits'
+    # inputs, read in place), faster at 1 to 16 rows and slower above, so asked for (ExportConfig.matmul_q16)
+    matmul_q16: bool = False
     # MatMulQ's prompt_precision for the layers' projections (module doc); the head keeps HEAD_PROMPT
     layer_prompt: str = "float"
 
@@ -139,10 +141,15 @@ class QuantLinear:
         return self.kernels == "wicore" and dtype == np.float32 and can_run(w)
 
     def runs_matmul_q16(self, w: BlockQuant, dtype: type) -> bool:
-        """Whether this weight runs on wicore.MatMulQ16: `kernels` "wicore", float16 graphs, symmetric 4- or
-        8-bit blocks of a multiple of 32 (a GGUF's Q4_K with offsets stays on MatMulNBits)."""
+        """Whether this weight runs on wicore.MatMulQ16: asked for (`matmul_q16`, `kernels` "wicore"), float16 graphs,
+        symmetric 4- or 8-bit blocks of a multiple of 32 (a GGUF's Q4_K with offsets stays on MatMulNBits)."""
         return (
-            self.kernels == "wicore" and dtype == np.float16 and w.offsets is None and w.bits in (4, 8) and w.block_size % 32 == 0
+            self.matmul_q16
+            and self.kernels == "wicore"
+            and dtype == np.float16
+            and w.offsets is None
+            and w.bits in (4, 8)
+            and w.block_size % 32 == 0
         )
 
     def head(
