@@ -121,7 +121,16 @@ DECODES: dict[str, dict[str, object]] = {
 }
 # a variant's logits and tokens are also checked against its twin's (when both run): the same graphs but
 # for the sampling head, or but for WiCore's BlockAttention on the sliding layers (on every layer)
-TWINS = {"paged": "paged-nohead", "paged-wicore-block": "paged-wicore", "paged-wicore-all": "paged-wicore"}
+TWINS = {
+    "paged": "paged-nohead",
+    "paged-wicore-block": "paged-wicore",
+    "paged-wicore-all": "paged-wicore",
+    # WiCore's norms and GeGLU against ORT's ops; MatMulQ16 against MatMulNBits
+    "int4-paged-wicore": "int4-paged",
+    "int8-paged-wicore": "int8-paged",
+    "int4-paged-q16": "int4-paged-wicore",
+    "int8-paged-q16": "int8-paged-wicore",
+}
 
 
 def check(folder: Path, model_dirs: dict[str, Path], num_tokens: int, block_size: int | None) -> dict[str, dict[str, object]]:

@@ -17,6 +17,7 @@ import sys
 import time
 
 import numpy as np
+from kernel_graphs import timed
 from onnx import TensorProto, helper
 
 from wicore.devices.providers import onnxruntime
@@ -66,32 +67,6 @@ def gated_models(inter: int) -> tuple[bytes, bytes]:
         helper.make_node("Mul", ["a", "u"], ["out"]),
     ]
     return fused, model(nodes, ins, outs)
-
-
-def timed(ort, path: str, onnx_model: bytes, feeds: dict[str, np.ndarray], repeats: int) -> tuple[list[np.ndarray], float]:
-    """Outputs and median us a replay of the model's CUDA graph, its inputs and outputs on the device."""
-    opts = ort.SessionOptions()
-    opts.register_custom_ops_library(path)
-    s = ort.InferenceSession(onnx_model, opts, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
-    binding = s.io_binding()
-    values = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in feeds.items()}
-    for k, v in values.items():
-        binding.bind_ortvalue_input(k, v)
-    for o in s.get_outputs():
-        binding.bind_output(o.name, "cuda", 0)
-    s.run_with_iobinding(binding)  # the capture
-    outs = [o.numpy() for o in binding.get_outputs()]
-    import torch  # its events time the replays
-
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        s.run_with_iobinding(binding)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return outs, float(np.median(times))
 
 
 def rms(v: np.ndarray) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The small graphs tools/probe_kernels.py and tools/check_attention_gpu.py time: paged attention
 nodes and linear layers at a model's shapes, weights written straight to an external data file;
 and `cuda_kernels`, the GPU time of each kernel a run launches (CUPTI, through torch's profiler), with
-`measure` a layer's of a bound attention session (check_attention_gpu.py, check_attention_qkv_gpu.py)."""
+`measure` a layer's of a bound attention session (check_attention_gpu.py, check_attention_qkv_gpu.py); `timed`
+one op's outputs and us a CUDA graph replay (check_kernels_gpu.py, check_matmul_q16_gpu.py)."""
 
 from __future__ import annotations
 
@@ -191,3 +192,34 @@ def bind_cuda(sess, tensors: dict, outputs: set[str] | list[str]):
     for name, x in tensors.items():
         (b.bind_output if name in outputs else b.bind_input)(name, "cuda", 0, types[x.dtype], list(x.shape), x.data_ptr())
     return b
+
+
+def timed(
+    ort, path: str, onnx_model: bytes, feeds: dict[str, np.ndarray], repeats: int, config: dict[str, str] | None = None
+) -> tuple[list[np.ndarray], float]:
+    """Outputs and median us a replay of the model's CUDA graph, its inputs and outputs on the device; `config`:
+    session config entries (e.g. ep.cuda.fpa_intb_gemm, which WiCore's sessions set: wicore/devices/providers.py)."""
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(path)
+    for key, value in (config or {}).items():
+        opts.add_session_config_entry(key, value)
+    s = ort.InferenceSession(onnx_model, opts, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+    binding = s.io_binding()
+    values = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in feeds.items()}
+    for k, v in values.items():
+        binding.bind_ortvalue_input(k, v)
+    for o in s.get_outputs():
+        binding.bind_output(o.name, "cuda", 0)
+    s.run_with_iobinding(binding)  # the capture
+    outs = [o.numpy() for o in binding.get_outputs()]
+    import torch  # its events time the replays
+
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        s.run_with_iobinding(binding)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return outs, float(np.median(times))

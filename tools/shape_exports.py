@@ -35,9 +35,12 @@ VARIANTS: dict[str, dict[str, object]] = {
     "paged-wicore-all": dict(_PAGED, kernels="wicore", block_attention="all"),
     "int4-paged": _quant(4),
     "int8-paged": _quant(8),
-    # 4- / 8-bit weights on ORT's MatMulNBits, the norms and GeGLU on WiCore's kernels: against paged-wicore
+    # quantized weights on MatMulNBits, the norms and GeGLU on WiCore's kernels: against paged-wicore (fp16, same kernels)
     "int4-paged-wicore": dict(_quant(4), **_WICORE),
     "int8-paged-wicore": dict(_quant(8), **_WICORE),
+    # the linear layers on WiCore's MatMulQ16 instead (MatMulNBits' codes read in place; --matmul-q16)
+    "int4-paged-q16": dict(_quant(4), **_WICORE, matmul_q16=True),
+    "int8-paged-q16": dict(_quant(8), **_WICORE, matmul_q16=True),
     # the embedding's rows from the head's 4-bit codes (wicore-export --quantize-embedding)
     "int4e-paged": dict(_quant(4), quantize_embedding=True),
 }

@@ -11,16 +11,31 @@ import pytest
 from wicore.kernels.library import CSRC, CUDA_ARCHS, INCLUDE, find_compiler
 
 
-@pytest.mark.slow  # ~60 s of nvcc (CPU time), the five in parallel
+@pytest.mark.slow  # ~60 s of nvcc (CPU time), the eight in parallel
 def test_the_cuda_kernels_and_their_ops_compile_with_nvcc(tmp_path):
     nvcc = find_compiler(cuda=True)
     if nvcc is None:
         pytest.skip("no nvcc here (a CUDA toolkit, or pip install nvidia-cuda-nvcc nvidia-cuda-cccl)")
-    arch = CUDA_ARCHS[-1]  # one architecture: what compiles for one compiles for the others
-    names = ("kernels.cu", "attention.cu", "attention_prefill.cu", "ops.cc", "ops_attention.cc")
-    flags = ["-std=c++17", "-O1", "-DWICORE_CUDA", f"-arch=sm_{arch}", f"-I{INCLUDE}", f"-I{CSRC}", "-Xcompiler", "-fPIC"]
+    arch = CUDA_ARCHS[-1]  # one architecture: what compiles for one compiles for the others (but #if __CUDA_ARCH__)
+    names = (
+        "kernels.cu",
+        "attention.cu",
+        "attention_prefill.cu",
+        "matmul_q16.cu",
+        "ops.cc",
+        "ops_attention.cc",
+        "ops_matmul_q16.cc",
+    )
     run = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    jobs = [subprocess.Popen([str(nvcc.path), *flags, "-c", str(CSRC / n), "-o", str(tmp_path / f"{n}.o")], **run) for n in names]
+
+    def compile_job(name: str, arch: str, out: str) -> subprocess.Popen:
+        flags = ["-std=c++17", "-O1", "-DWICORE_CUDA", f"-arch=sm_{arch}", f"-I{INCLUDE}", f"-I{CSRC}", "-Xcompiler", "-fPIC"]
+        return subprocess.Popen([str(nvcc.path), *flags, "-c", str(CSRC / name), "-o", str(tmp_path / out)], **run)
+
+    jobs = [compile_job(n, arch, f"{n}.o") for n in names]
+    # MatMulQ16's GEMV has a Turing branch (no m16n8k16 MMA before sm_80): the oldest architecture too
+    names += ("matmul_q16.cu (oldest)",)
+    jobs.append(compile_job("matmul_q16.cu", CUDA_ARCHS[0], f"{names[-1]}.o"))
     for name, job in zip(names, jobs):
         out, _ = job.communicate(timeout=900)
         assert job.returncode == 0, f"{name}: {out[-2000:]}"

@@ -73,6 +73,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "layers on wicore.MatMulQ (CPU, llama.cpp's int8 activations); ort: ONNX Runtime's ops",
     )
     ap.add_argument(
+        "--matmul-q16",
+        action="store_true",
+        help="with --kernels wicore, --dtype fp16 and --weight-bits 4 or 8: the linear layers on WiCore's wicore.MatMulQ16 "
+        "(CUDA) instead of MatMulNBits: faster at 1 to 16 rows a step (one H200, 27B shape: ~1.3x the GEMVs), much slower "
+        "above, so for single-stream serving (docs/PERFORMANCE.md)",
+    )
+    ap.add_argument(
         "--block-attention",
         default="auto",
         choices=["auto", "off", "sliding", "all"],
@@ -154,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             vision_flavour=args.vision_flavour,
             sampling_head=args.sampling_head,
             kernels=args.kernels,
+            matmul_q16=args.matmul_q16,
             kv_cache_dtype=args.kv_cache_dtype,
             block_attention=args.block_attention,
         )

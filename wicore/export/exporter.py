@@ -70,6 +70,10 @@ class ExportConfig:
     # "wicore": WiCore's kernels (wicore/kernels): paged graphs' residual norms and gated MLP; ort-quant fp32
     # graphs' linear layers on wicore.MatMulQ (the CPU's int8-activation matmul, wicore/graph/matmul_q.py)
     kernels: str = "ort"
+    # ort-quant fp16 graphs with kernels "wicore": the 4/8-bit linear layers on wicore.MatMulQ16 (CUDA's weight-only
+    # matmul, wicore/graph/quant.py matmul_q16) instead of MatMulNBits: faster at 1 to 16 rows, slower above
+    # (docs/PERFORMANCE.md, 2026-11-29), so for single-stream serving only
+    matmul_q16: bool = False
     # paged graphs: the layer kinds on WiCore's BlockAttention (graph/paged_block.py), "off", "sliding",
     # "all" (every layer; float32 graphs for the CPU) or "auto" (resolved_block_attention)
     block_attention: str = "auto"
@@ -134,6 +138,8 @@ class ExportConfig:
             )
         if self.num_partitions < 1:
             raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
+        if self.matmul_q16 and not (self.kernels == "wicore" and self.dtype == "fp16" and OP_FLAVOURS[self.op_flavour].quantized):
+            raise WiCoreError("--matmul-q16 needs --kernels wicore, --dtype fp16 and quantized weights (--weight-bits 4 or 8)")
         if self.quantize_embedding and not OP_FLAVOURS[self.op_flavour].quantized:
             raise WiCoreError("--quantize-embedding needs quantized weights: add --weight-bits 4 or 8")
 
@@ -148,6 +154,7 @@ class ExportConfig:
             accuracy_level=self.accuracy_level,
             quantize_embedding=self.quantize_embedding,
             kernels=self.kernels,
+            matmul_q16=self.matmul_q16,
             layer_prompt="int8" if int8_prompts else "float",
         )
 

@@ -56,6 +56,7 @@ import numpy as np
 
 from wicore.graph.matmul_q import PROMPT_PRECISIONS, can_run, matmul_q
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph
+from wicore.kernels.library import DOMAIN
 from wicore.model.quant import SUPPORTED_BITS, BlockQuant, concat_rows, quantize_symmetric
 
 
@@ -74,6 +75,9 @@ class QuantLinear:
     # "wicore": float32 graphs' linear layers on wicore.MatMulQ (graph/matmul_q.py, WiCore's CPU kernel)
     # instead of MatMulNBits: accuracy_level 4 llama.cpp's int8 activations, else int8 plus a residual
     kernels: str = "ort"
+    # with kernels "wicore": float16 graphs' (the CUDA flavour's) on wicore.MatMulQ16 (`matmul_q16`: MatMulNBits'
+    # inputs, read in place), faster at 1 to 16 rows and slower above, so asked for (ExportConfig.matmul_q16)
+    matmul_q16: bool = False
     # MatMulQ's prompt_precision for the layers' projections (module doc); the head keeps HEAD_PROMPT
     layer_prompt: str = "float"
 
@@ -128,11 +132,25 @@ class QuantLinear:
             return matmul_q(
                 g, x, w, name, out, weight_name, data, self.accuracy_level != INT8, prompt_precision=self.layer_prompt
             )
+        if self.runs_matmul_q16(w, dtype):
+            return matmul_q16(g, x, w, name, out, weight_name, data)
         return matmul_nbits(g, x, w, name, dtype, self.level(w), out, weight_name, data)
 
     def runs_matmul_q(self, w: BlockQuant, dtype: type) -> bool:
         """Whether this weight runs on wicore.MatMulQ: `kernels` "wicore", float32 graphs, a layout it takes."""
         return self.kernels == "wicore" and dtype == np.float32 and can_run(w)
+
+    def runs_matmul_q16(self, w: BlockQuant, dtype: type) -> bool:
+        """Whether this weight runs on wicore.MatMulQ16: asked for (`matmul_q16`, `kernels` "wicore"), float16 graphs,
+        symmetric 4- or 8-bit blocks of a multiple of 32 (a GGUF's Q4_K with offsets stays on MatMulNBits)."""
+        return (
+            self.matmul_q16
+            and self.kernels == "wicore"
+            and dtype == np.float16
+            and w.offsets is None
+            and w.bits in (4, 8)
+            and w.block_size % 32 == 0
+        )
 
     def head(
         self,
@@ -164,6 +182,8 @@ class QuantLinear:
                 return matmul_q(g, x, w, name, out, weight_name, data, residual, narrow, not narrow, HEAD_PROMPT)
             logits = matmul_q(g, x, w, name, None, weight_name, data, residual, narrow, prompt_precision=HEAD_PROMPT)
             return refine_top(g, x, logits, w, f"{name}/refine", weight_name or name, data, out)
+        if self.runs_matmul_q16(w, dtype):
+            return matmul_q16(g, x, w, name, out, weight_name, data)
         level = INT8 if self.accuracy_level is None and w.bits == 8 else self.level(w)
         if level == FLOAT or w.bits != 8 or dtype != np.float32:
             return matmul_nbits(g, x, w, name, dtype, level, out, weight_name, data)
@@ -306,3 +326,25 @@ def matmul_nbits(
     offsets = g.weight(f"{prefix}.offsets", np.ascontiguousarray(w.offsets.T.astype(dtype)), data)
     correction = g.op("MatMul", [sums, offsets], f"{name}/offset_MatMul")
     return g.op("Add", [y, correction], f"{name}/offset_Add", out=out)
+
+
+def matmul_q16(
+    g: Graph,
+    x: str,
+    w: BlockQuant,
+    name: str,
+    out: str | None = None,
+    weight_name: str | None = None,
+    data: DataFile | None = None,
+) -> str:
+    """x [..., K] float16 @ wᵀ on wicore.MatMulQ16 (wicore/kernels/csrc/kernels.h): MatMulNBits' B and float16
+    scales under the same initializer names, its attributes less accuracy_level, so the two ops are one
+    rename apart. On CUDA a GEMV up to 16 rows reads the 4-bit codes in place (MatMulNBits' batch-1 kernel
+    read the 27B shape's weights at ~1 TB/s, issue 32) and a tensor-core kernel above dequantizes tile by
+    tile in shared memory, where MatMulNBits writes the whole weight in float16 first."""
+    rows, cols = w.shape
+    prefix = weight_name or name
+    qweight = g.weight(f"{prefix}.qweight", lambda: pack_codes(w), data)
+    scales = g.weight(f"{prefix}.scales", lambda: w.scales.astype(np.float16), data)
+    attrs: dict[str, Any] = {"K": cols, "N": rows, "bits": w.bits, "block_size": w.block_size}
+    return g.op("MatMulQ16", [x, qweight, scales], f"{name}/MatMulQ16", out=out, domain=DOMAIN, **attrs)

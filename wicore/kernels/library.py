@@ -50,7 +50,7 @@ class Compiler:
             str(CSRC / name)
             for name in (
                 "ops.cc", "ops_attention.cc", "ops_greedy.cc", "kernels_cpu.cc", "matmul_q_cpu.cc", "matmul_q_float.cc", "matmul_q_int8.cc",
-                "matmul_q_packed.cc", "attention_cpu.cc", "attention_qkv_cpu.cc",
+                "matmul_q_packed.cc", "attention_cpu.cc", "attention_qkv_cpu.cc", "ops_matmul_q16.cc",
             )
         ]  # fmt: skip
         if not self.cuda:
@@ -62,7 +62,7 @@ class Compiler:
         # --threads 0: the architectures compile side by side, one thread a core (the build at first use)
         return [
             str(self.path), "-O3", "--threads", "0", "-DWICORE_CUDA", "-Xcompiler", "-fPIC,-fvisibility=hidden", *gencode,
-            *common, *sources, *(str(CSRC / name) for name in ("kernels.cu", "attention.cu", "attention_prefill.cu")), *libs,
+            *common, *sources, *(str(CSRC / name) for name in ("kernels.cu", "attention.cu", "attention_prefill.cu", "matmul_q16.cu")), *libs,
         ]  # fmt: skip
 
 

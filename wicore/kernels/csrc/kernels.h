@@ -14,6 +14,14 @@
 //                   w[n, c] = scales[n, c / bs] * (code - zero point) + offsets[n, c / bs]; bits 4, 5, 6 or 8,
 //                   bs 16 or 32 (matmul_q_packed.cc turns 5 and 6 bits and the narrow scales into the wide forms)
 //
+//   MatMulQ16       (x f16 [M, K], b u8 [N, K / bs, bs * bits / 8], scales f16 [N, K / bs])  -> y f16 [M, N]
+//                   com.microsoft.MatMulNBits' inputs and layout without zero points (code + 2^(bits - 1), 4 bits
+//                   low nibble first): y = x @ wᵀ, w[n, c] = (code - 2^(bits - 1)) * scale[n, c / bs], bits 4 or 8.
+//                   CPU (the reference): w exact in float32, products summed in float32, one rounding to half.
+//                   CUDA, both the GEMV (M <= kMatMulQ16GemvRows, matmul_q16_gemv.cuh) and the tiles above (both
+//                   on tensor cores, matmul_q16.cu): w rounded to half once, as MatMulNBits' dequantization does,
+//                   float32 sums of the products, one rounding to half
+//
 //   GatedActivation (gate_up f32 [rows, 2I]; attribute activation)             -> f32 [rows, I]   (CPU, attention_cpu.cc;
 //                   not emitted by the exporter: measured no faster than ORT's Split + activation + Mul)
 //                   as GeGLU / SwiGLU, float32 in and out
@@ -46,6 +54,18 @@ enum class Activation { kGeluTanh, kSilu };
 void ResidualRMSNormCpu(const float* x, const uint16_t* h, const float* w_post, const uint16_t* w, float epsilon,
                         int64_t rows, int64_t hidden, uint16_t* y, float* sum);
 void GatedActivationCpu(const uint16_t* gate_up, Activation act, int64_t rows, int64_t inter, uint16_t* out);
+
+struct MatMulQ16Args {
+  const uint16_t* x;       // [m, k] halves
+  const uint8_t* b;        // [n, k / block_size, block_size * bits / 8]
+  const uint16_t* scales;  // [n, k / block_size] halves
+  uint16_t* y;             // [m, n] halves
+  int64_t m, n, k, block_size;
+  int bits;                // 4 or 8; k and block_size multiples of 32 (a 16-byte load of codes lies in one block)
+};
+// Columns [n_begin, n_end) of y (weight rows).
+void MatMulQ16Cpu(const MatMulQ16Args& args, int64_t n_begin, int64_t n_end);
+constexpr int64_t kMatMulQ16GemvRows = 16;  // CUDA: up to this many rows the GEMV (reads the weights once), else tensor cores
 
 struct MatMulQArgs {
   const float* x;           // [m, k]
@@ -189,6 +209,7 @@ int ResidualRMSNormCuda(const float* x, const uint16_t* h, const float* w_post, 
                         int64_t rows, int64_t hidden, uint16_t* y, float* sum, void* stream);
 int GatedActivationCuda(const uint16_t* gate_up, Activation act, int64_t rows, int64_t inter, uint16_t* out, void* stream);
 const char* CudaErrorString(int code);
+int MatMulQ16Cuda(const MatMulQ16Args& args, void* stream);  // every pointer on the device (matmul_q16.cu)
 int CudaCopyAsync(void* dst, const void* src, size_t bytes, void* stream);  // device to device, on `stream`
 
 // BlockAttention in float16 (attention.cu): q [batch * seq, num_heads, head_dim], pools and out as

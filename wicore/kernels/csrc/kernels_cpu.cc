@@ -2,6 +2,7 @@
 // to half at the end), so CI runs every op the CUDA graphs use.
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels.h"
 
@@ -91,6 +92,27 @@ void GatedActivationCpu(const uint16_t* gate_up, Activation act, int64_t rows, i
     for (int64_t j = 0; j < inter; ++j) {
       const float g = HalfToFloat(gate_up[r * 2 * inter + j]), u = HalfToFloat(gate_up[r * 2 * inter + inter + j]);
       out[r * inter + j] = FloatToHalf(Activate(g, act) * u);
+    }
+  }
+}
+
+// w exact in float32 ((code - zero point) has at most 8 bits, a half's significand 11), products summed in
+// float32 along k, one rounding to half: the reference; the CUDA kernels round each w to half first (kernels.h).
+void MatMulQ16Cpu(const MatMulQ16Args& args, int64_t n_begin, int64_t n_end) {
+  const int64_t blocks = args.k / args.block_size, row_bytes = args.k * args.bits / 8;
+  const float zero_point = static_cast<float>(1 << (args.bits - 1));
+  std::vector<float> w(static_cast<size_t>(args.k));
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const uint8_t* codes = args.b + n * row_bytes;
+    for (int64_t c = 0; c < args.k; ++c) {
+      const int code = args.bits == 8 ? codes[c] : (codes[c / 2] >> (4 * (c % 2))) & 15;
+      w[c] = (static_cast<float>(code) - zero_point) * HalfToFloat(args.scales[n * blocks + c / args.block_size]);
+    }
+    for (int64_t m = 0; m < args.m; ++m) {
+      const uint16_t* x = args.x + m * args.k;
+      float acc = 0.0f;
+      for (int64_t c = 0; c < args.k; ++c) acc += HalfToFloat(x[c]) * w[c];
+      args.y[m * args.n + n] = FloatToHalf(acc);
     }
   }
 }

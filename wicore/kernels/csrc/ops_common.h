@@ -1,4 +1,4 @@
-// What the custom-op files share (ops.cc, ops_attention.cc): ONNX Runtime's C++ API (initialized by
+// What the custom-op files share (ops.cc, ops_attention.cc, ops_matmul_q16.cc): ONNX Runtime's C++ API (initialized by
 // RegisterCustomOps in ops.cc), the element types and the argument checks.
 #pragma once
 
@@ -33,6 +33,8 @@ inline int64_t Rows(const std::vector<int64_t>& shape) {
 
 // BlockAttention and BlockAttentionQKV for the CPU EP, or the CUDA EP (ops_attention.cc), appended to `ops`.
 void AddAttentionOps(std::vector<OrtCustomOp*>* ops, bool cuda);
+// MatMulQ16 for the CPU EP, or the CUDA EP (ops_matmul_q16.cc), appended to `ops`.
+void AddMatMulQ16Ops(std::vector<OrtCustomOp*>* ops, bool cuda);
 
 // ArgMaxRows for the CPU EP (ops_greedy.cc), appended to `ops`.
 void AddGreedyOps(std::vector<OrtCustomOp*>* ops);
