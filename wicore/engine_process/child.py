@@ -35,12 +35,17 @@ log = logging.getLogger("wicore.engine_process")
 
 
 @dataclass(frozen=True)
+class _Admitted:
+    request: Request
+
+
+@dataclass(frozen=True)
 class _Refused:
     request_id: str
     error: WiCoreError
 
 
-_Command = Request | _Refused | Abort | Stop
+_Command = _Admitted | _Refused | Abort | Stop
 
 
 def serve_core(start: Callable[[], tuple[SteppedCore, EngineInfo]], sock: socket.socket) -> None:
@@ -112,8 +117,8 @@ class CoreLoop:
         while True:
             if isinstance(command, Stop):
                 return False
-            if isinstance(command, Request):
-                self.core.add(command)
+            if isinstance(command, _Admitted):
+                self.core.add(command.request)
                 self._num_taken += 1
             elif isinstance(command, _Refused):
                 self._refusals.append((command.request_id, command.error))
@@ -144,7 +149,7 @@ class CoreLoop:
                         except WiCoreError as exc:
                             self._inbox.put(_Refused(command.request_id, exc))
                             continue
-                        self._inbox.put(request)
+                        self._inbox.put(_Admitted(request))
                     else:
                         self._inbox.put(command)
                         if isinstance(command, Stop):
