@@ -63,9 +63,11 @@ def serve_core(start: Callable[[], tuple[SteppedCore, EngineInfo]], sock: socket
         traceback.print_exc()
         sock.sendall(encode(Failed(None, f"{type(exc).__name__}: {exc}")))
         return
-    sock.sendall(encode(Ready(info)))
     try:
+        sock.sendall(encode(Ready(info)))
         CoreLoop(core, sock).run()
+    except OSError:  # the API process went away while the core was built (Ctrl-C during startup)
+        pass
     finally:
         core.close()
 
