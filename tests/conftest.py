@@ -325,6 +325,20 @@ def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return out, hf
 
 
+@pytest.fixture(scope="session")
+def tiny_chat_long(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny chat model's export with a 4,096-token context: long requests that a test can cut."""
+    import tiny_chat
+
+    from wicore.export.exporter import ExportConfig, export_model
+    from wicore.export.sources import open_source
+
+    hf = tiny_chat.build(tmp_path_factory.mktemp("tiny_chat_long_hf"), {**TINY, "max_position_embeddings": 4096})
+    out = tmp_path_factory.mktemp("tiny_chat_long") / "model"
+    export_model(open_source(str(hf)), out, ExportConfig(), progress=lambda _: None)
+    return out
+
+
 # -- WiCore's kernel library, CPU build (tests/kernels, the graphs on it) ----------------
 @pytest.fixture(scope="session")
 def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -49,6 +49,10 @@ class OverloadedError(WiCoreError):
     """The engine's waiting queue is full; retry later."""
 
 
+class EngineDiedError(WiCoreError):
+    """The engine's process (`wicore serve --engine-process on`) died: the server stops."""
+
+
 class StructuredOutputError(RequestError):
     """A request's structured-output constraint (a JSON schema, regex, choice or grammar) cannot be
     compiled, or is over a limit; `field` is the request field it came from."""

@@ -7,20 +7,15 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
-import httpx
 import openai
 import pytest
 from served_app import Served, start
+from served_app import launch as launch_server
 
 from wicore.api.app import ServerSettings
-from wicore.api.server import free_port
 from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE  # the packaged base model chats through it (--chat-template)
 
 
@@ -89,31 +84,6 @@ def small_gemma_server(gemma_270m) -> Iterator[Served]:
     served.engine.stop()
 
 
-def _launch(model: Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    """`wicore serve --model MODEL FLAGS` in a subprocess on a free port, once /health answers."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wicore.cli", "serve", "--model", str(model), "--port", str(port), "--threads", "2", *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"wicore serve exited early:\n{proc.stdout.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("wicore serve did not come up")
-
-
 @pytest.fixture
 def launch() -> Callable[..., tuple[subprocess.Popen, str]]:
-    return _launch
+    return launch_server

@@ -16,7 +16,7 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware as StarletteCORSMiddleware
 from starlette.responses import JSONResponse, Response
 
-from wicore.errors import ContextLengthError, OverloadedError, RequestError, StructuredOutputError, WiCoreError
+from wicore.errors import ContextLengthError, EngineDiedError, OverloadedError, RequestError, StructuredOutputError, WiCoreError
 
 # HTTP status -> OpenAI error type, where it is not invalid_request_error (4xx) or server_error (5xx).
 _TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
@@ -58,6 +58,8 @@ def from_wicore(exc: WiCoreError, param: str | None = None) -> APIError:
         return APIError(400, str(exc), param=param, code="context_length_exceeded")
     if isinstance(exc, StructuredOutputError):  # the constraint, not the prompt, is what is wrong
         return APIError(400, str(exc), param=exc.field, code="invalid_schema")
+    if isinstance(exc, EngineDiedError):  # the server is stopping: another one may answer
+        return APIError(503, str(exc), code="engine_died")
     if isinstance(exc, OverloadedError):
         return APIError(503, str(exc), code="overloaded", headers={"Retry-After": "1"})
     if isinstance(exc, RequestError):

@@ -14,6 +14,7 @@ header_timeout_seconds (wicore/api/connections.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from hypercorn.asyncio.run import worker_serve
@@ -31,6 +33,8 @@ from hypercorn.utils import wrap_app
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.connections import DEFAULT_LIMITS, ConnectionLimits, LimitedListener
 from wicore.engine.engine import Engine, EngineConfig
+from wicore.engine_process.client import EngineClient, model_tokenizer
+from wicore.engine_process.info import describe, start_core
 
 log = logging.getLogger("wicore.api")
 
@@ -57,52 +61,89 @@ def serve(
     grace_seconds: float = 30.0,
     limits: ConnectionLimits = DEFAULT_LIMITS,
     switch_interval: float | None = None,
+    engine_process: bool = False,
 ) -> int:
     """Run until SIGTERM / SIGINT; returns the process exit code. `switch_interval`: seconds a
     thread may hold the GIL while another waits (sys.setswitchinterval, for this process; None keeps
     Python's 5 ms). The engine thread gives the GIL up for every step's graphs and, back, waits up to
-    that long for the event loop's thread, busy writing the streams (docs/PERFORMANCE.md, issue 32)."""
+    that long for the event loop's thread, busy writing the streams (docs/PERFORMANCE.md, issue 32).
+    `engine_process`: the engine runs in a child process (wicore.engine_process), and this process's
+    GIL is the event loop's alone."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
-    engine = Engine(engine_config).start()
-    engine.grammars.warm_up()  # the first constrained request need not wait for the vocabulary
+    engine: Engine | EngineClient
+    if engine_process:
+        model_dir = Path(engine_config.model_dir)
+        engine = EngineClient.spawn(functools.partial(start_core, engine_config), model_tokenizer(model_dir))
+        summary = f"{engine.info.summary}; in engine process {engine.pid}"
+    else:
+        engine = Engine(engine_config).start()
+        engine.grammars.warm_up()  # the first constrained request need not wait for the vocabulary
+        summary = describe(engine.core)
     try:
-        app = create_app(engine, settings)
-        log.info("%s", startup_summary(engine, settings))
-        log.info("serving %s on http://%s:%d", settings.model_name, host, port)
-        config = hypercorn_config(host, port, grace_seconds, True, limits)
-        asyncio.run(_serve_until_signal(app, config, limits, lambda: _in_flight(engine)))
+        return serve_engine(engine, settings, summary, host, port, grace_seconds, limits)
     finally:
         engine.stop()
-    return 0
 
 
-def startup_summary(engine: Engine, settings: ServerSettings) -> str:
-    """One line of what is serving: the export, where it runs, the KV tiers, and the guards."""
-    m, free = engine.manifest, engine.stats().blocks_free
-    devices = ", ".join(dict.fromkeys(d.label for d in engine.devices))
+def serve_engine(
+    engine: Engine | EngineClient,
+    settings: ServerSettings,
+    summary: str,
+    host: str,
+    port: int,
+    grace_seconds: float = 30.0,
+    limits: ConnectionLimits = DEFAULT_LIMITS,
+) -> int:
+    """Serve a started engine (`summary`: its half of the startup line) until SIGTERM / SIGINT: 0;
+    or until its process dies: 1, that said in one line; stopping the engine stays with the caller."""
+    app = create_app(engine, settings)
+    log.info("%s", startup_summary(summary, settings))
+    log.info("serving %s on http://%s:%d", settings.model_name, host, port)
+    config = hypercorn_config(host, port, grace_seconds, True, limits)
+    died: list[str] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        if isinstance(engine, EngineClient):
+
+            def on_death(why: str) -> None:
+                died.append(why)
+                print(f"wicore: error: {why}; the server stops", file=sys.stderr, flush=True)
+                stop.set()
+
+            await engine.attach(on_death)
+        await _serve_until_signal(app, config, limits, lambda: _in_flight(engine), stop)
+
+    asyncio.run(main())
+    return 1 if died else 0
+
+
+def startup_summary(engine_summary: str, settings: ServerSettings) -> str:
+    """One line of what is serving: the export, where it runs, the KV tiers (`engine_summary`:
+    wicore.engine_process.info.describe), and the guards."""
     rate = f"{settings.rate_limit_rpm:g}/min a key" if settings.rate_limit_rpm else "off"
     auth = f"{len(settings.api_keys)} key(s)" if settings.api_keys else "off"
-    return (
-        f"{settings.model_name}: {m.config.num_layers} layers, {m.dtype} {m.op_flavour}, {m.attention} attention; "
-        f"on {devices}, {engine.config.num_threads or 'all'} CPU threads; KV blocks of {engine.layout.block_size} "
-        f"tokens free: {free.device} device, {free.host} host, {free.nvme} NVMe; "
-        f"CUDA graphs {'on' if engine.config.cuda_graphs else 'off'}; auth {auth}; rate limit {rate}"
-    )
+    return f"{settings.model_name}: {engine_summary}; auth {auth}; rate limit {rate}"
 
 
-def _in_flight(engine: Engine) -> int:
+def _in_flight(engine: Engine | EngineClient) -> int:
     """Requests the engine still runs or holds (what a shutdown waits for)."""
     stats = engine.stats()
     return stats.running + stats.waiting + stats.swapped
 
 
 async def _serve_until_signal(
-    app: Any, config: Config, limits: ConnectionLimits, in_flight: Callable[[], int] | None = None
+    app: Any,
+    config: Config,
+    limits: ConnectionLimits,
+    in_flight: Callable[[], int] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve until SIGTERM / SIGINT; `in_flight` counts what the shutdown waits for (the console says)."""
-    stop = asyncio.Event()
+    """Serve until SIGTERM / SIGINT (or `stop` is set); `in_flight` counts what the shutdown waits
+    for (the console says)."""
+    stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
 
     def on_signal(name: str) -> None:

@@ -22,9 +22,10 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from wicore.api.errors import APIError
+from wicore.api.errors import APIError, from_wicore
 from wicore.api.generation import Piece
 from wicore.api.logprobs import LogprobFormatter
+from wicore.errors import WiCoreError
 
 log = logging.getLogger("wicore.api")
 
@@ -152,6 +153,8 @@ def stream_error(exc: Exception, stream_id: object) -> APIError:
     else (a bug) logged and told as a 500, so one failing stream ends and the server goes on."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, WiCoreError):  # an engine elsewhere refusing after the stream started (wicore.engine_process)
+        return from_wicore(exc)
     log.error("stream %s failed", stream_id, exc_info=exc)
     return APIError(500, f"stream {stream_id} failed; see the server log", code="internal_error")
 

@@ -30,9 +30,9 @@ class DeprecatedAlias(argparse.Action):
 SWITCH = {"auto": None, "on": True, "off": False}  # a switch flag's value: EngineConfig's None (auto) / True / False
 
 
-def add_switch(p: argparse.ArgumentParser, flag: str, help: str) -> None:
-    """An auto / on / off flag (`SWITCH`), auto by default; the bare flag means on."""
-    p.add_argument(flag, nargs="?", const="on", default="auto", choices=tuple(SWITCH), help=help)
+def add_switch(p: argparse.ArgumentParser, flag: str, help: str, default: str = "auto") -> None:
+    """An auto / on / off flag (`SWITCH`), auto unless `default` says otherwise; the bare flag means on."""
+    p.add_argument(flag, nargs="?", const="on", default=default, choices=tuple(SWITCH), help=help)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

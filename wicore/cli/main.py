@@ -13,7 +13,7 @@ import wicore
 from wicore.cli.bench import add_bench
 from wicore.cli.cluster import add_cluster_args, wants_cluster
 from wicore.cli.doctor import add_doctor
-from wicore.cli.engine_args import add_engine_args, engine_config
+from wicore.cli.engine_args import SWITCH, add_engine_args, add_switch, engine_config
 from wicore.cli.flags import as_flags
 from wicore.cli.generate import add_generate
 from wicore.cli.plan import add_plan
@@ -102,6 +102,13 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         help="milliseconds a Python thread may hold the GIL while another waits for it (sys.setswitchinterval): "
         "how long the engine's thread, back from a step, may wait for the HTTP thread's (default: Python's, 5)",
     )
+    add_switch(
+        p,
+        "--engine-process",
+        "run the engine in a process of its own, so that the HTTP server's Python never waits for the engine's "
+        "(auto: on for CUDA devices; not for a model that takes images) (default: %(default)s)",
+        default="off",
+    )
     p.add_argument("--header-timeout", type=float, default=20.0, help="seconds to send a request's headers, or to idle")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request's whole body (then a 408)")
     add_engine_args(p)
@@ -170,7 +177,28 @@ def run_serve(args: argparse.Namespace) -> int:
 
     with cached_export_errors(args.model, model_dir):
         switch = None if args.gil_switch_ms is None else args.gil_switch_ms / 1000
-        return serve(engine_config(args, model_dir), settings, args.host, args.port, args.grace_seconds, limits, switch)
+        config = engine_config(args, model_dir)
+        process = wants_engine_process(args.engine_process, config.devices, model_dir)
+        return serve(config, settings, args.host, args.port, args.grace_seconds, limits, switch, process)
+
+
+def wants_engine_process(choice: str, devices: str, model_dir: Path) -> bool:
+    """--engine-process as a yes / no: auto is on for CUDA devices; a model with a vision partition
+    stays in this process (its image encoder does not run in the engine's: wicore.engine_process)."""
+    from wicore.graph.manifest import Manifest
+
+    wanted = SWITCH[choice]
+    if wanted is False:
+        return False
+    if Manifest.read(model_dir).vision is not None:
+        if wanted:
+            raise UsageError(
+                "--engine-process on: this model takes images, which the engine process does not take yet; "
+                "serve it with --engine-process off"
+            )
+        print("wicore: the engine runs in this process: the model takes images (--engine-process)", file=sys.stderr)
+        return False
+    return bool(wanted) or "cuda" in devices
 
 
 def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]

@@ -62,6 +62,15 @@ class _Stop:
     pass
 
 
+def check_queue(request_id: str, is_known: bool, num_waiting: int, max_waiting: int) -> None:
+    """The front's own refusals, before a request is queued: a duplicate id, a full queue (the
+    `Engine`'s, and the engine process's client's: wicore.engine_process.client)."""
+    if is_known:
+        raise RequestError(f"request id {request_id!r} is already in use")
+    if num_waiting >= max_waiting:
+        raise OverloadedError(f"overloaded: {num_waiting} requests already waiting; retry later")
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.core = EngineCore(config)
@@ -174,11 +183,7 @@ class Engine:
             request_id = request_id or f"req-{next(self._ids)}"
         request = self.core.make_request(ids, params, request_id, priority, deadline, images)
         with self._lock:
-            if request_id in self._channels:
-                raise RequestError(f"request id {request_id!r} is already in use")
-            waiting = self.num_queued
-            if waiting >= self.max_waiting:
-                raise OverloadedError(f"overloaded: {waiting} requests already waiting; retry later")
+            check_queue(request_id, request_id in self._channels, self.num_queued, self.max_waiting)
             self._channels[request_id] = Channel()
             self._num_in_inbox += 1
             self._inbox.put(_Add(request))
