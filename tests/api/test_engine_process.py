@@ -123,13 +123,16 @@ def test_stats_and_metrics_answer(apart: str, inside: Served) -> None:
     assert free is not None and int(free.group(1)) == ours["blocks_free"]["device"] > 0
 
 
-def test_auto_is_on_for_cuda_and_never_for_images(tiny_chat_long: Path, tiny_multimodal) -> None:
+def test_auto_is_on_for_cuda_and_never_for_images(tiny_chat_long: Path, tiny_multimodal, capsys) -> None:
     assert wants_engine_process("auto", "cuda:0", tiny_chat_long) is True
     assert wants_engine_process("auto", "cpu", tiny_chat_long) is False
     assert wants_engine_process("on", "cpu", tiny_chat_long) is True
     assert wants_engine_process("off", "cuda:0", tiny_chat_long) is False
     images = tiny_multimodal.export()
+    assert wants_engine_process("auto", "cpu", images) is False
+    assert capsys.readouterr().err == ""  # auto (the default) on a CPU says nothing: it would not have been on
     assert wants_engine_process("auto", "cuda:0", images) is False
+    assert capsys.readouterr().err == "wicore: the engine runs in this process: the model takes images (--engine-process)\n"
     with pytest.raises(UsageError, match="--engine-process on: this model takes images"):
         wants_engine_process("on", "cpu", images)
 
