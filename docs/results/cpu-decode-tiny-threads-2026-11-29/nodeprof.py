@@ -9,7 +9,7 @@ from wicore.engine.engine import Engine
 from wicore.types.sampling import SamplingParams
 model = Path(sys.argv[1]); lib = sys.argv[2] if len(sys.argv) > 2 else None
 if lib: G.kernel_library = lambda devices: Path(lib)
-th = int(os.environ.get("THREADS", "2")); n = 200
+th = int(os.environ.get("THREADS", "2")); n = int(os.environ.get("STEPS", "200"))
 cfg = Config((str(model),), (1,), 128, th, n + 20, "cpu", False, None)
 prompt = np.random.default_rng(0).integers(1000, 20000, 128).tolist()
 prefix = f"/work/cache-dec37/prof/p{th}"

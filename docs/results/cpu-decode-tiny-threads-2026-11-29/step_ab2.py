@@ -1,9 +1,11 @@
 """Ad-hoc (issue 37, 2026-11-29): WiCore exports (each with a kernel library) and llama.cpp, THREADS threads each,
 decode steps alternating. BLOCK=1: step by step (as ab_keep.py); BLOCK=b > 1: b steps of one engine, then b of the
-next, the first DROP of each block not counted (at two threads another engine's idle ORT worker or llama.cpp's
-threads still spin for a while after their step: step-by-step turns would time them, not the engine).
+next, the first DROP of each block not counted, GAP seconds idle before each block, the WiCore engines' order
+reversed every other turn (at two threads another engine's idle ORT worker or llama.cpp's threads still spin for a
+while after their step: step-by-step turns time them, not the engine; without the gap and the turn an A/A run of
+one export twice timed the second 7-12% slower by its p10).
 Per step: wall time and the calling thread's CPU time; medians and p10; ratios llama.cpp / engine.
-usage: step_ab2.py GGUF NAME=DIR[@LIB][:nospin] ...   env THREADS (2), STEPS (300), BLOCK (10), DROP (2)"""
+usage: step_ab2.py GGUF NAME=DIR[@LIB][:nospin] ...   env THREADS (2), STEPS (300), BLOCK (10), DROP (2), GAP (0.02)"""
 import os, statistics, sys, time
 from pathlib import Path
 import numpy as np
@@ -15,6 +17,7 @@ from wicore.types.sampling import SamplingParams
 gguf, specs = sys.argv[1], sys.argv[2:]
 steps_n, nprompt, th = int(os.environ.get("STEPS", "300")), 128, int(os.environ.get("THREADS", "2"))
 block, drop = int(os.environ.get("BLOCK", "10")), int(os.environ.get("DROP", "2"))
+gap = float(os.environ.get("GAP", "0.02"))  # seconds idle before each block: the last engine's spinning threads sleep
 if block == 1: drop = 0
 llama_cpp = import_llama_cpp()
 info = llama_cpp_info()
@@ -55,16 +58,19 @@ def llama_step(keep):
     w, u = time.perf_counter() - t, time.thread_time() - p
     toks["llama.cpp"].append(tok)
     if keep: wall["llama.cpp"].append(w); cpu["llama.cpp"].append(u)
-done = 0
+done, turn = 0, 0
+order = list(zip(names, cores))
 while done < steps_n:
     b = min(block, steps_n - done)
-    for name, c in zip(names, cores):
+    for name, c in (order if turn % 2 == 0 else order[::-1]):  # each WiCore engine after the other as often
+        time.sleep(gap)
         for i in range(b): wicore_step(name, c, i >= drop)
+    time.sleep(gap)
     for i in range(b): llama_step(i >= drop)
-    done += b
+    done += b; turn += 1
 def stat(v): return statistics.median(v), float(np.percentile(v, 10))
 rw, rw10 = stat(wall["llama.cpp"]); rc, rc10 = stat(cpu["llama.cpp"])
-print(f"{time.strftime('%H:%M:%S', time.gmtime())} threads {th} block {block} drop {drop} extra_buffers {info.get('extra_buffers')} load {load0:.2f}-{os.getloadavg()[0]:.2f} | " + " | ".join(
+print(f"{time.strftime('%H:%M:%S', time.gmtime())} threads {th} block {block} drop {drop} gap {gap} extra_buffers {info.get('extra_buffers')} load {load0:.2f}-{os.getloadavg()[0]:.2f} | " + " | ".join(
     f"{k} wall {1e3*stat(v)[0]:.3f} p10 {1e3*stat(v)[1]:.3f} ({rw/stat(v)[0]:.2f}x, p10 {rw10/stat(v)[1]:.2f}x) cpu {1e3*stat(cpu[k])[0]:.3f} ({rc/stat(cpu[k])[0]:.2f}x)"
     for k, v in wall.items()))
 lt = toks["llama.cpp"][2:]  # its first came from the prompt; WiCore's warm-up loop ends after its first decode step
