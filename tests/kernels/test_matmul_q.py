@@ -97,11 +97,13 @@ def session(
     narrow_widths: bool = False,
     narrow_8bit_scales: bool = False,
     prompt_precision: str | None = None,
+    narrow_codes: bool = True,
 ) -> ort.InferenceSession:
     """One MatMulQ node on w: by default its 4- / 8-bit codes and float32 scales (the reference layouts),
-    with `narrow_widths` the export's (5 / 6 bits, float16 scales where exact: graph/matmul_q.py);
+    with `narrow_widths` the export's (5 / 6 bits, float16 scales where exact: graph/matmul_q.py; with
+    `narrow_codes` False 8-bit codes and narrow scales, a head in the cache's form);
     `prompt_precision` None: no such attribute (a graph exported before it)."""
-    packed = pack(w, narrow_widths, narrow_8bit_scales)
+    packed = pack(w, narrow_widths, narrow_8bit_scales, narrow_codes)
     names, inits = ["x"], []
     for entry in inputs(packed):
         names.append("" if entry is None else entry[0])
@@ -227,6 +229,23 @@ def test_matmul_q_rows_kept_between_calls_bit_for_bit(cpu_library, force):
             x = rng.standard_t(3, (1, m, k)).astype(np.float32)
             (y,) = s.run(None, {"x": x})
             np.testing.assert_array_equal(y[0], reference(x[0], w, residual))
+
+
+@pytest.mark.parametrize("kind", ["Q6_K", "Q8_0", "Q4_K"])
+def test_decode_row_gives_the_same_bits_on_any_number_of_threads(cpu_library, kind):
+    """A decode row over a wide N, in the tiny GGUFs' head's form (8-bit codes, narrow scales, the residual),
+    on 1 to 4 of ONNX Runtime's threads (ops.cc: tasks of 64 weight rows, each thread's share a contiguous
+    range taken from its end by the others as they finish): the reference's bits every time."""
+    rng = np.random.default_rng(len(kind))
+    w = gguf_like(rng, kind, 64 * 37 + 9, 256)  # 37 whole tasks and a ragged one
+    x = rng.standard_t(3, (1, 1, 256)).astype(np.float32)
+    want = reference(x[0], w, residual=True)
+    for threads in (1, 2, 3, 4):
+        s = session(
+            cpu_library, w, residual=True, threads=threads, narrow_widths=True, narrow_8bit_scales=True, narrow_codes=False
+        )
+        for _ in range(3):
+            np.testing.assert_array_equal(s.run(None, {"x": x})[0][0], want)
 
 
 def has_vnni(path: str) -> bool:

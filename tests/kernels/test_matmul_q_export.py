@@ -30,8 +30,9 @@ def op_counts(folder) -> dict[str, int]:
 @pytest.mark.slow  # three exports and two engines of the tiny model (~10 s on the 2-core VM)
 def test_ort_quant_on_matmul_q_is_ort_int8_arithmetic(tiny_model, tmp_path, cpu_library, monkeypatch):
     """4-bit symmetric weights at accuracy_level 4: MatMulQ computes what MatMulNBits does (llama.cpp's
-    int8 activations, tests/kernels/test_matmul_q.py) and BlockAttention what the portable attention
-    does (within float32 rounding; the tiny Gemma 3 has GQA and sliding layers past their window), so
+    int8 activations, tests/kernels/test_matmul_q.py) and BlockAttention (BlockAttentionQKV on the full layers)
+    what the portable attention does (within float32 rounding; the tiny Gemma 3 has GQA, per-head q/k norms and
+    sliding layers past their window), so
     the greedy tokens are the same; the graph has no MatMulNBits left and the manifest makes the engine
     load the library. The default adds the residual."""
     monkeypatch.setenv("WICORE_CACHE", str(Path(cpu_library).parents[2]))  # where the fixture built the library
@@ -48,8 +49,12 @@ def test_ort_quant_on_matmul_q_is_ort_int8_arithmetic(tiny_model, tmp_path, cpu_
             assert "com.microsoft:MatMulNBits" not in counts
             assert counts[f"{DOMAIN}:MatMulQ"] >= 4 * layers + 1  # q|k|v, o, gate|up, down a layer; the head
             assert residual_flags(out) == {0}  # accuracy_level 4: llama.cpp's int8 activations alone
-            # the attention on WiCore's CPU kernel too (graph/cpu_kernels.py)
-            assert counts[f"{DOMAIN}:BlockAttention"] == layers
+            # the attention on WiCore's CPU kernel too (graph/cpu_kernels.py); the full layers with its prologue inside
+            config = Manifest.read(out).config
+            full = sum(not config.is_sliding(i) for i in range(layers))
+            assert 0 < full < layers  # the tiny Gemma 3: both kinds
+            assert counts[f"{DOMAIN}:BlockAttention"] == layers - full
+            assert counts[f"{DOMAIN}:BlockAttentionQKV"] == full
             assert "Softmax" not in counts and "Transpose" not in counts
         with Engine(EngineConfig(model_dir=out, num_threads=1, host_tier_gb=0)) as engine:
             completions = engine.generate([[1, 5, 9, 13, 2, 7]], SamplingParams(max_tokens=12, ignore_eos=True))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wicore.graph import invariant_attention, io, paged_block
+from wicore.graph import cpu_kernels, invariant_attention, io, paged_block
 from wicore.graph.cpu_kernels import block_attention
 from wicore.graph.kv_quant import dequantize_kv, quantize_kv
 from wicore.graph.ops import MS_DOMAIN, Graph, block_mass, rotary
@@ -67,6 +67,12 @@ def layer_attention(
         bias_type = b.act_np_dtype
         bias = g.const(np.concatenate(biases).astype(bias_type), bias_type)
         qkv = g.op("Add", [qkv, bias], f"{p}/qkv_bias")
+    if b.cpu_attention and cpu_kernels.fuses_prologue(cfg, is_sliding):  # the prologue in the op too
+        norms = None
+        if b.family.qk_norm == PER_HEAD:  # the scale in q's weight, Gemma's 1 + w folded in
+            norms = (b.norm_weight(layer["self_attn.q_norm"], scale), b.norm_weight(layer["self_attn.k_norm"]))
+        op_scale = 1.0 if norms is not None or q_scaled else scale
+        return o_proj(b, g, layer, cpu_kernels.block_attention_qkv(g, cfg, qkv, i, norms, op_scale, p), p)
     if shared.paged is not None and paged_block.takes(b, is_sliding):  # WiCore's kernel (graph/paged_block.py)
         return o_proj(b, g, layer, paged_block.attention(b, g, layer, qkv, shared, scale, p), p)
     if shared.paged is not None:  # one op: q/k norms, RoPE, the K/V write and the attention

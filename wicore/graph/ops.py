@@ -79,6 +79,9 @@ class Graph:
         self.inputs.append(helper.make_tensor_value_info(name, elem_type, list(shape)))
         return name
 
+    def has_input(self, name: str) -> bool:
+        return any(value.name == name for value in self.inputs)
+
     def output(self, name: str, elem_type: int, shape: Sequence[int | str]) -> str:
         self.outputs.append(helper.make_tensor_value_info(name, elem_type, list(shape)))
         return name
