@@ -41,6 +41,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     # the linear layers on WiCore's MatMulQ16 instead (MatMulNBits' codes read in place; --matmul-q16)
     "int4-paged-q16": dict(_quant(4), **_WICORE, matmul_q16=True),
     "int8-paged-q16": dict(_quant(8), **_WICORE, matmul_q16=True),
+    # and every layer's attention on WiCore's BlockAttentionQKV (its prologue fused): the fewest kernels at batch 1
+    "int4-paged-q16-all": dict(_quant(4), kernels="wicore", block_attention="all", matmul_q16=True),
     # the embedding's rows from the head's 4-bit codes (wicore-export --quantize-embedding)
     "int4e-paged": dict(_quant(4), quantize_embedding=True),
 }
