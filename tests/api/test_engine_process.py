@@ -63,6 +63,15 @@ def test_greedy_text_is_the_in_process_servers(apart: str, inside: Served) -> No
     assert ours["usage"]["completion_tokens"] == 24
 
 
+def test_seeded_choices_with_logprobs_and_stops_are_the_in_process_servers(apart: str, inside: Served) -> None:
+    """Logprobs and sampled tokens cross the process boundary as they are (two seeded choices, a stop string)."""
+    body = {"prompt": "hello", "max_tokens": 12, "temperature": 0.9, "seed": 7, "n": 2, "logprobs": 2, "stop": ["e"]}
+    ours, theirs = complete(apart, **body).json(), complete(inside.url, **body).json()
+    assert ours["choices"] == theirs["choices"]
+    assert ours["usage"] == theirs["usage"]
+    assert ours["usage"]["completion_tokens"] > 2 and all(c["logprobs"]["top_logprobs"] for c in ours["choices"])
+
+
 def test_streamed_text_is_the_whole_answer(apart: str) -> None:
     body = {"prompt": "hello world", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
     whole = complete(apart, **body).json()["choices"][0]["text"]
