@@ -106,7 +106,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         p,
         "--engine-process",
         "run the engine in a process of its own, so that the HTTP server's Python never waits for the engine's "
-        "(auto: on for CUDA devices; not for a model that takes images) (default: %(default)s)",
+        "(auto: on for CUDA devices) (default: %(default)s)",
         default="off",
     )
     p.add_argument("--header-timeout", type=float, default=20.0, help="seconds to send a request's headers, or to idle")
@@ -178,27 +178,14 @@ def run_serve(args: argparse.Namespace) -> int:
     with cached_export_errors(args.model, model_dir):
         switch = None if args.gil_switch_ms is None else args.gil_switch_ms / 1000
         config = engine_config(args, model_dir)
-        process = wants_engine_process(args.engine_process, config.devices, model_dir)
+        process = wants_engine_process(args.engine_process, config.devices)
         return serve(config, settings, args.host, args.port, args.grace_seconds, limits, switch, process)
 
 
-def wants_engine_process(choice: str, devices: str, model_dir: Path) -> bool:
-    """--engine-process as a yes / no: auto is on for CUDA devices; a model with a vision partition
-    stays in this process (its image encoder does not run in the engine's: wicore.engine_process)."""
-    from wicore.graph.manifest import Manifest
-
+def wants_engine_process(choice: str, devices: str) -> bool:
+    """--engine-process as a yes / no: auto is on for CUDA devices."""
     wanted = SWITCH[choice]
-    if wanted is False:
-        return False
-    if Manifest.read(model_dir).vision is not None:
-        if wanted:
-            raise UsageError(
-                "--engine-process on: this model takes images, which the engine process does not take yet; "
-                "serve it with --engine-process off"
-            )
-        print("wicore: the engine runs in this process: the model takes images (--engine-process)", file=sys.stderr)
-        return False
-    return bool(wanted) or "cuda" in devices
+    return wanted if wanted is not None else "cuda" in devices
 
 
 def prepare_serve(args: argparse.Namespace):  # -> tuple[Path, ServerSettings]
