@@ -1,6 +1,6 @@
 #!/bin/bash
 # usage: ab_stand_in.sh ROUNDS OUT.jsonl
-# tools/serve_overhead.py's stand-in engine (4 ms holding the GIL + 16 ms device wait a step) behind the
+# tools/serve_overhead.py's stand-in engine (HOST_MS holding the GIL + DEVICE_MS device wait a step, 4 + 16) behind the
 # real app and Hypercorn, with its steps in the server's process (off) and in a child (on, as
 # wicore serve --engine-process on); off / on alternate, order flipped each round. Each line of OUT:
 # mode, round, concurrency, load (1-min), bench serve's level record, CPU seconds (clock ticks / 100)
@@ -10,14 +10,14 @@ export PYTHONPATH=$W
 cpu() { [ -n "$1" ] && awk '{print $14+$15}' /proc/$1/stat 2>/dev/null || echo 0; }
 for r in $(seq $1); do
   order="off on"; [ $((r % 2)) = 0 ] && order="on off"
-  alone=$(for s in 256 64; do $PY $W/tools/serve_overhead.py --model $M --host-ms 4 --device-ms 16 --alone ${s}x128 | cut -d' ' -f2; done | tr '\n' ' ')
+  alone=$(for s in 256 64; do $PY $W/tools/serve_overhead.py --model $M --host-ms ${HOST_MS:-4} --device-ms ${DEVICE_MS:-16} --alone ${s}x128 | cut -d' ' -f2; done | tr '\n' ' ')
   echo "{\"round\": $r, \"alone_256_64\": \"$alone\", \"load\": $(cut -d' ' -f1 /proc/loadavg)}" >> $OUT
   for mode in $order; do
-    $PY $W/tools/serve_overhead.py --model $M --host-ms 4 --device-ms 16 --port $PORT --engine-process $mode > /tmp/proc32/so-$mode.log 2>&1 &
+    $PY $W/tools/serve_overhead.py --model $M --host-ms ${HOST_MS:-4} --device-ms ${DEVICE_MS:-16} --port $PORT --engine-process $mode > /tmp/proc32/so-$mode.log 2>&1 &
     SP=$!
     for i in $(seq 100); do curl -s http://127.0.0.1:$PORT/health > /dev/null && break; sleep 0.3; done
     CH=$(pgrep -P $SP -f spawn_main)
-    for c in 256 64 16 1; do
+    for c in ${LEVELS:-256 64 16 1}; do
       n=256; [ $c = 16 ] && n=64; [ $c = 1 ] && n=8
       load=$(cut -d' ' -f1 /proc/loadavg); s0=$(cpu $SP); c0=$(cpu $CH)
       $PY -m wicore.cli bench serve --base-url http://127.0.0.1:$PORT --concurrency $c --num-prompts $n --input-len 64 \
