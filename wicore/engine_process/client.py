@@ -35,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from wicore.engine.channel import Channel, put_all
+from wicore.engine.engine import check_queue
 from wicore.engine.stats import EngineStats
 from wicore.engine_process.child import serve_core
 from wicore.engine_process.frames import Abort, Add, EngineInfo, Failed, Ready, Step, Stop, encode, read, read_async
@@ -174,8 +175,6 @@ class EngineClient:
     ) -> str:
         """Engine.add_request's checks, here and now; the child's own refusals (a constraint that
         does not compile) come out of `outputs`."""
-        from wicore.engine.engine import check_queue
-
         if self.died is not None:
             raise EngineDiedError(self.died)
         if isinstance(prompt, str):
