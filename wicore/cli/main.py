@@ -153,6 +153,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.gil_switch_ms is not None and not args.gil_switch_ms > 0:
         raise UsageError(f"--gil-switch-ms {args.gil_switch_ms:g}: give a positive number of milliseconds (Python's is 5)")
     cluster = wants_cluster(args)
+    if cluster and args.engine_process == "on":
+        raise UsageError("--engine-process is for one server: on Ray Serve each engine replica is a process of its own already")
     if cluster:
         from wicore.cli.cluster import require_ray
 
