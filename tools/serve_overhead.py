@@ -108,14 +108,14 @@ class StepCore:
         pass
 
 
-def accept(ids: list[int], params: SamplingParams) -> None:
+def accept(ids: list[int], params: SamplingParams, images: Sequence[Any] = ()) -> None:
     """The stand-in's admission check: everything fits."""
 
 
 def start_step_core(vocab: range, host_ms: float, device_ms: float, max_num_seqs: int) -> tuple[StepCore, EngineInfo]:
     """The child's core for --engine-process on (picklable as a partial of this module's function)."""
     core = StepCore(vocab, host_ms, device_ms, max_num_seqs)
-    return core, EngineInfo(accept, 1 << 20, 4096, "step engine", core.stats())
+    return core, EngineInfo(accept, None, 1 << 20, 4096, "step engine", core.stats())
 
 
 class StepEngine:

@@ -22,7 +22,6 @@ from served_app import Served, launch, start
 
 from wicore.api.app import ServerSettings
 from wicore.cli.main import wants_engine_process
-from wicore.errors import UsageError
 
 NAME = "tiny"
 LONG = 4000
@@ -61,6 +60,15 @@ def test_greedy_text_is_the_in_process_servers(apart: str, inside: Served) -> No
     assert ours["choices"][0]["finish_reason"] == theirs["choices"][0]["finish_reason"] == "length"
     assert ours["usage"] == theirs["usage"]
     assert ours["usage"]["completion_tokens"] == 24
+
+
+def test_seeded_choices_with_logprobs_and_stops_are_the_in_process_servers(apart: str, inside: Served) -> None:
+    """Logprobs and sampled tokens cross the process boundary as they are (two seeded choices, a stop string)."""
+    body = {"prompt": "hello", "max_tokens": 12, "temperature": 0.9, "seed": 7, "n": 2, "logprobs": 2, "stop": ["e"]}
+    ours, theirs = complete(apart, **body).json(), complete(inside.url, **body).json()
+    assert ours["choices"] == theirs["choices"]
+    assert ours["usage"] == theirs["usage"]
+    assert ours["usage"]["completion_tokens"] > 2 and all(c["logprobs"]["top_logprobs"] for c in ours["choices"])
 
 
 def test_streamed_text_is_the_whole_answer(apart: str) -> None:
@@ -123,32 +131,27 @@ def test_stats_and_metrics_answer(apart: str, inside: Served) -> None:
     assert free is not None and int(free.group(1)) == ours["blocks_free"]["device"] > 0
 
 
-def test_auto_is_on_for_cuda_and_never_for_images(tiny_chat_long: Path, tiny_multimodal, capsys) -> None:
-    assert wants_engine_process("auto", "cuda:0", tiny_chat_long) is True
-    assert wants_engine_process("auto", "cpu", tiny_chat_long) is False
-    assert wants_engine_process("on", "cpu", tiny_chat_long) is True
-    assert wants_engine_process("off", "cuda:0", tiny_chat_long) is False
-    images = tiny_multimodal.export()
-    assert wants_engine_process("auto", "cpu", images) is False
-    assert capsys.readouterr().err == ""  # auto (the default) on a CPU says nothing: it would not have been on
-    assert wants_engine_process("auto", "cuda:0", images) is False
-    assert capsys.readouterr().err == "wicore: the engine runs in this process: the model takes images (--engine-process)\n"
-    with pytest.raises(UsageError, match="--engine-process on: this model takes images"):
-        wants_engine_process("on", "cpu", images)
+def test_auto_is_on_for_cuda_devices() -> None:
+    assert wants_engine_process("auto", "cuda:0") is True
+    assert wants_engine_process("auto", "cpu") is False
+    assert wants_engine_process("on", "cpu") is True
+    assert wants_engine_process("off", "cuda:0") is False
 
 
-@pytest.mark.slow
-def test_the_server_ends_when_the_engine_process_dies(tiny_chat_long: Path) -> None:
+def serve_apart(model: Path) -> tuple[subprocess.Popen, int, int]:
+    """`wicore serve --engine-process on` in a session of its own (a process group, as a terminal's):
+    (the server, its port, its engine process's pid), once it listens."""
     from wicore.api.server import free_port
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wicore.cli", "serve", "--model", str(tiny_chat_long), "--port", str(port), "--threads", "2",
+        [sys.executable, "-m", "wicore.cli", "serve", "--model", str(model), "--port", str(port), "--threads", "2",
          "--engine-process", "on"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        start_new_session=True,
     )  # fmt: skip
     assert proc.stdout is not None
     lines = []
@@ -158,11 +161,35 @@ def test_the_server_ends_when_the_engine_process_dies(tiny_chat_long: Path) -> N
             break
     found = re.search(r"engine process (\d+) ready", "".join(lines))
     assert found, "".join(lines)
+    return proc, port, int(found.group(1))
+
+
+@pytest.mark.slow
+def test_ctrl_c_drains_a_stream_then_stops_the_engine_process(tiny_chat_long: Path) -> None:
+    """Ctrl-C reaches the whole process group: the child ignores it and steps on until the drain ends."""
+    proc, port, child = serve_apart(tiny_chat_long)
+    body = {"prompt": "hello", "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        os.killpg(proc.pid, signal.SIGINT)
+        events = [line for line in lines if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "length"
+    assert proc.wait(timeout=60) == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # gone (the server waited for it)
+
+
+@pytest.mark.slow
+def test_the_server_ends_when_the_engine_process_dies(tiny_chat_long: Path) -> None:
+    proc, port, child = serve_apart(tiny_chat_long)
+    assert proc.stdout is not None
     body = {"prompt": "hello", "max_tokens": LONG, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data: "))  # running when the child dies
-        os.kill(int(found.group(1)), signal.SIGKILL)
+        os.kill(child, signal.SIGKILL)
         events = [line for line in lines if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     error = json.loads(events[-2].removeprefix("data: "))["error"]
@@ -170,4 +197,4 @@ def test_the_server_ends_when_the_engine_process_dies(tiny_chat_long: Path) -> N
     assert proc.wait(timeout=60) == 1
     rest = proc.stdout.read().splitlines()
     told = [line for line in rest if line.startswith("wicore: error:")]
-    assert told == [f"wicore: error: the engine process (pid {found.group(1)}) was killed by SIGKILL; the server stops"]
+    assert told == [f"wicore: error: the engine process (pid {child}) was killed by SIGKILL; the server stops"]

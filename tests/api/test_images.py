@@ -67,10 +67,13 @@ def served(multimodal_server):
 
 
 @pytest.mark.slow  # 2 s on the 2-core VM, loaded
-def test_greedy_chat_through_wicore_serve_equals_hf_generate(tiny_multimodal, launch):
+@pytest.mark.parametrize("engine_process", ["off", "on"])  # on: the images cross to the engine's process
+def test_greedy_chat_through_wicore_serve_equals_hf_generate(tiny_multimodal, launch, engine_process):
     from openai import OpenAI
 
-    proc, url = launch(tiny_multimodal.export(), "--served-model-name", "tiny-mm", "--kv-pool-gb", "0.01")
+    proc, url = launch(
+        tiny_multimodal.export(), "--served-model-name", "tiny-mm", "--kv-pool-gb", "0.01", "--engine-process", engine_process
+    )
     try:
         client = OpenAI(base_url=f"{url}/v1", api_key="none")
         second = png(6, (30, 90), "JPEG")

@@ -72,6 +72,36 @@ def test_a_request_whose_tokens_have_no_text_counts_at_its_end():
     assert (timing.error, timing.num_tokens, len(timing.chunk_times)) == (None, 2, 1)
 
 
+def test_a_token_text_holding_a_unicode_line_separator_is_one_event():
+    """JSON leaves U+2028, U+2029 and U+0085 raw in a string; SSE splits lines at \\n alone."""
+    import asyncio
+
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    texts = ["a\u2028b", "c\x85", "\u2029d"]
+    events = [{"choices": [{"text": t, "finish_reason": None}]} for t in texts]
+    events.append({"choices": [], "usage": {"completion_tokens": 3}})
+    body = "".join(f"data: {json.dumps(e, ensure_ascii=False)}\r\n\r\n" for e in events) + "data: [DONE]\n\n"
+
+    async def completions(request):
+        return StreamingResponse(iter([body[:50], body[50:]]), media_type="text/event-stream")
+
+    server = ServerThread(Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])).start()
+
+    async def one() -> RequestTiming:
+        async with httpx.AsyncClient() as client:
+            return await one_request(client, LoadConfig(server.url, "m", 1, 1, 3), [1])
+
+    try:
+        timing = asyncio.run(one())
+    finally:
+        server.stop()
+    assert (timing.error, timing.num_tokens, len(timing.chunk_times)) == (None, 3, 3)
+
+
 def test_load_config_takes_a_base_url_with_or_without_v1():
     assert (
         LoadConfig("http://h:1/v1/", "m", 1, 1, 1).url

@@ -74,6 +74,14 @@ def test_ingress_replicas_without_a_cluster_is_refused_in_one_line(capsys):
     assert err == "wicore: error: --ingress-replicas runs on Ray Serve: give --replicas N (or --ray-address) too"
 
 
+def test_an_engine_process_on_a_cluster_is_refused_in_one_line(capsys):
+    assert main(["serve", "--replicas", "2", "--engine-process", "on"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "wicore: error: --engine-process is for one server: on Ray Serve each engine replica is a process of its own already"
+    )
+
+
 def test_the_serve_run_config_file_builds_the_application(model_dir):
     import yaml
     from ray.serve import Application

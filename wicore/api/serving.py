@@ -12,11 +12,19 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from wicore.executor.constrained import Grammars
-    from wicore.executor.vision import VisionEncoder
     from wicore.inputs.tokenizer import Tokenizer
+    from wicore.model.vision import VisionConfig
     from wicore.types.images import ImageInput
     from wicore.types.outputs import Priority, RequestOutput
     from wicore.types.sampling import SamplingParams
+
+
+class Images(Protocol):
+    """What the app reads of a model's image encoder: its config (preprocessing, the image tokens).
+    An Engine's VisionEncoder; an engine elsewhere's ImagePlacement (wicore.types.images)."""
+
+    @property
+    def config(self) -> VisionConfig: ...
 
 
 class ServingEngine(Protocol):
@@ -24,7 +32,7 @@ class ServingEngine(Protocol):
     def tokenizer(self) -> Tokenizer: ...
 
     @property
-    def vision(self) -> VisionEncoder | None:
+    def vision(self) -> Images | None:
         """The image encoder, or None for a model (or a server) that takes no images."""
 
     @property

@@ -1,7 +1,7 @@
 """Whether a request can run to its end, decided before it is queued.
 
 `Limits` holds only what the engine core fixed at construction (the context, the KV layout and
-tiers, the vision encoder), so `check` is safe on any thread: the `Engine` calls it on the
+tiers, where images go in a prompt), so `check` is safe on any thread: the `Engine` calls it on the
 caller's thread and answers a request that can never fit at once, with what to change.
 """
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from wicore.engine.scheduler_config import SchedulerConfig
 from wicore.errors import ContextLengthError, RequestError
-from wicore.executor.vision import NO_VISION, VisionEncoder
+from wicore.executor.vision import NO_VISION
 from wicore.kv.layout import KVLayout, context_advice
-from wicore.types.images import ImageInput, ImageSpan
+from wicore.types.images import ImageInput, ImagePlacement, ImageSpan
 from wicore.types.sampling import SamplingParams
 
 
@@ -40,7 +40,7 @@ class Limits:
     window_blocks: int
     scheduler: SchedulerConfig
     kv_offload_tokens: int
-    vision: VisionEncoder | None
+    vision: ImagePlacement | None  # where images go; None for a model without a vision partition
 
     def check(self, ids: list[int], params: SamplingParams, images: Sequence[ImageInput] = ()) -> Admission:
         """Raises RequestError (ContextLengthError for a prompt with no room left) unless the

@@ -136,7 +136,7 @@ class EngineCore(OverlappedSteps):
             window_blocks=device.window - 1,
             scheduler=self.scheduler.config,
             kv_offload_tokens=config.kv_offload_tokens,
-            vision=self.vision,
+            vision=None if self.vision is None else self.vision.placement,
         )
         if config.cuda_graphs:  # tables as wide as the longest sequence, and a sliding window plus two blocks
             context = self.max_sequence_tokens

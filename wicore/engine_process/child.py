@@ -146,7 +146,12 @@ class CoreLoop:
                     if isinstance(command, Add):
                         try:
                             request = self.core.make_request(
-                                command.prompt_ids, command.params, command.request_id, command.priority, command.deadline
+                                command.prompt_ids,
+                                command.params,
+                                command.request_id,
+                                command.priority,
+                                command.deadline,
+                                command.images,
                             )
                         except WiCoreError as exc:
                             self._inbox.put(_Refused(command.request_id, exc))

@@ -12,8 +12,8 @@ and the books of what it queued; the child owns the core.
 What differs from an Engine in the same process:
 - Output constraints (`grammars` is None) compile when the request reaches the child; one that
   does not compile is raised from `outputs` (a streamed request's error event, same status).
-- No images: the encoder's sessions stay out of the child; `wicore serve` keeps a model with a
-  vision partition in its own process (wicore.cli.main).
+- Images are checked here (where they go in the prompt: the ImagePlacement the child sends) and
+  encoded in the child, in its step; their pixels cross the socket with the request.
 - A deadline counts from the request's arrival in the child (a frame later).
 - When the child dies, every open request ends with EngineDiedError (a 503) and `on_death` is
   told, once, in one line; `wicore serve` then stops with a non-zero exit code.
@@ -35,21 +35,22 @@ from dataclasses import replace
 from pathlib import Path
 
 from wicore.engine.channel import Channel, put_all
+from wicore.engine.engine import check_queue
 from wicore.engine.stats import EngineStats
 from wicore.engine_process.child import serve_core
 from wicore.engine_process.frames import Abort, Add, EngineInfo, Failed, Ready, Step, Stop, encode, read, read_async
 from wicore.engine_process.info import SteppedCore
 from wicore.errors import EngineDiedError, RequestError, WiCoreError
+from wicore.executor.vision import NO_VISION
 from wicore.graph.manifest import Manifest
 from wicore.inputs.tokenizer import Tokenizer
 from wicore.model.tokenizer_info import TokenizerInfo
-from wicore.types.images import ImageInput
+from wicore.types.images import ImageInput, ImagePlacement
 from wicore.types.outputs import Priority, RequestOutput
 from wicore.types.sampling import SamplingParams
 
 log = logging.getLogger("wicore.engine_process")
 
-NO_IMAGES = "images are not sent to the engine process: serve a model that takes images with --engine-process off"
 STOP_WAIT_S = 30.0  # for the child to close its sessions and KV tiers, before it is killed
 READ_LIMIT = 16 << 20  # the socket reader's buffer: a step of many requests is one frame
 
@@ -140,8 +141,8 @@ class EngineClient:
         return self._tokenizer
 
     @property
-    def vision(self) -> None:
-        return None
+    def vision(self) -> ImagePlacement | None:
+        return self.info.images
 
     @property
     def grammars(self) -> None:
@@ -157,7 +158,10 @@ class EngineClient:
         return self.info.max_waiting
 
     def expand_images(self, text: str) -> str:
-        raise RequestError(NO_IMAGES)
+        """As Engine.expand_images: each `<start_of_image>` expanded into its image's tokens."""
+        if self.info.images is None:
+            raise RequestError(NO_VISION)
+        return self.info.images.expand(text, self.tokenizer)
 
     # -- requests --------------------------------------------------------------------
     def add_request(
@@ -171,19 +175,18 @@ class EngineClient:
     ) -> str:
         """Engine.add_request's checks, here and now; the child's own refusals (a constraint that
         does not compile) come out of `outputs`."""
-        from wicore.engine.engine import check_queue
-
-        if images:
-            raise RequestError(NO_IMAGES)
         if self.died is not None:
             raise EngineDiedError(self.died)
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(self.expand_images(prompt) if images else prompt)
+        else:
+            ids = list(prompt)
         request_id = request_id or f"req-{self._num_sent}"
-        self.info.check(ids, params)
+        self.info.check(ids, params, images)
         check_queue(request_id, request_id in self._channels, self.num_queued, self.max_waiting)
         self._channels[request_id] = Channel()
         self._num_sent += 1
-        self._post(Add(request_id, ids, params, Priority.parse(priority), deadline))
+        self._post(Add(request_id, ids, params, Priority.parse(priority), deadline, tuple(images)))
         return request_id
 
     def abort(self, request_id: str) -> None:

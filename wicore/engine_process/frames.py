@@ -12,12 +12,13 @@ import asyncio
 import pickle
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from wicore.engine.stats import EngineStats
 from wicore.errors import WiCoreError
+from wicore.types.images import ImageInput, ImagePlacement
 from wicore.types.outputs import Priority, RequestOutput
 from wicore.types.sampling import SamplingParams
 
@@ -33,6 +34,7 @@ class Add:
     params: SamplingParams
     priority: Priority
     deadline: float | None  # seconds from its arrival in the engine process
+    images: tuple[ImageInput, ...] = ()  # encoded in the engine process, in the step
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,8 @@ class Stop:
 class EngineInfo:
     """What the API process must know of the engine, fixed at its start."""
 
-    check: Callable[[list[int], SamplingParams], object]  # raises RequestError where Engine.add_request would
+    check: Callable[[list[int], SamplingParams, Sequence[ImageInput]], object]  # raises where Engine.add_request would
+    images: ImagePlacement | None  # where images go in a prompt; None: the model takes none
     max_sequence_tokens: int
     max_waiting: int
     summary: str  # the startup line's engine half (wicore.engine_process.info.describe)

@@ -8,7 +8,6 @@ stand-in of tools/serve_overhead.py (fixed-cost steps, to measure the server on 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Protocol
 
 from wicore.engine.core import EngineCore
@@ -64,10 +63,16 @@ def describe(core: EngineCore) -> str:
 
 
 def start_core(config: EngineConfig) -> tuple[EngineCore, EngineInfo]:
-    """The child's core for `config`, and what the API process needs of it. A model with images is
-    refused before (wicore.cli): the encoder is not sent across, so `check` sees none."""
+    """The child's core for `config`, and what the API process needs of it: the admission check
+    and where images go in a prompt (the image encoder itself, its session, stays in the child)."""
     core = EngineCore(config)
     core.grammars.warm_up()  # the first constrained request need not wait for the vocabulary
-    limits = replace(core.limits, vision=None)  # a VisionEncoder holds sessions: it does not pickle
-    info = EngineInfo(limits.check, core.max_sequence_tokens, core.scheduler.config.max_waiting, describe(core), core.stats())
+    info = EngineInfo(
+        core.limits.check,
+        core.limits.vision,
+        core.max_sequence_tokens,
+        core.scheduler.config.max_waiting,
+        describe(core),
+        core.stats(),
+    )
     return core, info

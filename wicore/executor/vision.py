@@ -21,7 +21,7 @@ from wicore.devices.providers import Device, onnxruntime, session_options
 from wicore.graph import io
 from wicore.graph.manifest import VisionRecord
 from wicore.inputs.tokenizer import Tokenizer
-from wicore.types.images import ImageInput, ImageSpan, expand_images, image_spans, image_token_texts
+from wicore.types.images import ImageInput, ImagePlacement, ImageSpan
 from wicore.types.step import ScheduledRow
 
 NO_VISION = (
@@ -44,6 +44,7 @@ class VisionEncoder:
     ) -> None:
         ort = onnxruntime()
         self.config = record.config
+        self.placement = ImagePlacement(record.config)
         self.device = device
         self.cache_size = cache_size
         self.max_batch = max_batch
@@ -55,14 +56,12 @@ class VisionEncoder:
         self.num_encoded = 0  # images run through the tower (cache misses)
 
     def expand(self, text: str, tokenizer: Tokenizer) -> str:
-        """`text` with each `<start_of_image>` as the image's tokens (wicore.types.images.expand_images);
-        ImageTokenError where the tokenizer lacks them."""
-        boi, image, eoi = image_token_texts(tokenizer.id_to_token, self.config)
-        return expand_images(text, boi, image, eoi, self.config.mm_tokens_per_image)
+        """`text` with each `<start_of_image>` as the image's tokens (wicore.types.images.ImagePlacement)."""
+        return self.placement.expand(text, tokenizer)
 
     def spans(self, token_ids: Sequence[int], images: Sequence[ImageInput]) -> tuple[ImageSpan, ...]:
-        """Where `images` go in a prompt (wicore.types.images.image_spans)."""
-        return image_spans(token_ids, images, self.config)
+        """Where `images` go in a prompt (wicore.types.images.ImagePlacement)."""
+        return self.placement.spans(token_ids, images)
 
     def features(self, images: Iterable[ImageInput]) -> dict[bytes, np.ndarray]:
         """[mm_tokens_per_image, hidden] float32 of each distinct image, by digest. Images not in

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -49,6 +50,28 @@ class ImageSpan:
     start: int
     stop: int
     image: ImageInput
+
+
+@dataclass(frozen=True)
+class ImagePlacement:
+    """Where a model's images go in its prompts: what the API and admission need of the vision
+    partition, apart from its session (so it pickles: an engine in another process sends it over)."""
+
+    config: VisionConfig
+
+    def expand(self, text: str, tokenizer: HasVocabulary) -> str:
+        """`text` with each `<start_of_image>` as the image's tokens (expand_images); ImageTokenError
+        where the tokenizer lacks them."""
+        boi, image, eoi = image_token_texts(tokenizer.id_to_token, self.config)
+        return expand_images(text, boi, image, eoi, self.config.mm_tokens_per_image)
+
+    def spans(self, token_ids: Sequence[int], images: Sequence[ImageInput]) -> tuple[ImageSpan, ...]:
+        """Where `images` go in a prompt (image_spans)."""
+        return image_spans(token_ids, images, self.config)
+
+
+class HasVocabulary(Protocol):
+    def id_to_token(self, token_id: int) -> str | None: ...
 
 
 def expand_images(text: str, boi: str, image_token: str, eoi: str, num_tokens: int) -> str:
