@@ -12,7 +12,7 @@ import pytest
 
 from wicore.api.app import ServerSettings, create_app
 from wicore.api.server import ServerThread
-from wicore.cli.bench import format_breakdown, step_breakdown
+from wicore.cli.bench import format_breakdown, level_configs, step_breakdown
 from wicore.cli.load import LoadConfig, RequestTiming, Spread, one_request, random_prompts, summarize
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine.trace import PhaseSeconds
@@ -26,6 +26,19 @@ def test_random_prompts_are_seeded_and_below_the_vocabulary():
     prompts = random_prompts(3, 5, 9, seed=1, low=4)
     assert prompts == random_prompts(3, 5, 9, seed=1, low=4) != random_prompts(3, 5, 9, seed=2, low=4)
     assert [len(p) for p in prompts] == [5, 5, 5] and all(4 <= t < 9 for p in prompts for t in p)
+
+
+def test_each_concurrency_level_sends_prompts_of_its_own():
+    """A level that sent the level before's prompts would find them in the server's prefix cache."""
+    config = LoadConfig("http://x", "m", num_prompts=4, input_len=6, output_len=2, vocab_size=1000, seed=7)
+    levels = level_configs(config, [1, 64, 64])
+    assert [(level, c.seed) for level, c in levels] == [(1, 7), (64, 8), (64, 9)]
+    assert all(c == config.__class__(**{**config.__dict__, "seed": c.seed}) for _, c in levels)  # only the seed moves
+    prompts = [random_prompts(c.num_prompts, c.input_len, c.vocab_size, c.seed) for _, c in levels]
+    shared = {tuple(p) for p in prompts[0]} & {tuple(p) for p in prompts[1]} | {tuple(p) for p in prompts[1]} & {
+        tuple(p) for p in prompts[2]
+    }
+    assert shared == set()
 
 
 def test_summarize_times_each_request_from_its_chunks():
