@@ -9,7 +9,9 @@ same run. Per-layer cost is fitted over the layer counts and extrapolated to the
 
     step ms (L layers) = fixed + per_layer * L        (least squares; residuals in the JSON)
 
-(One layer count: its measured step times, no fit.)
+(One layer count: its measured step times, no fit.) With `--random-weights` a quantized variant is
+exported from random blocks with no checkpoint (shape_exports.random_export), so one layer count
+can be the full depth, measured instead of fitted (no HF peer, no --check: there are no floats).
 
 Shapes: Gemma 3's (wicore.model.shapes) and mixtures of experts (tools/moe_shapes.py: Qwen3-30B-A3B,
 its floor then the weights one token reads, batch 1's). The first L layers of the model's pattern are exported (the last made a full-attention layer),
@@ -42,7 +44,7 @@ from benchlib import int_list, write_record
 from hf_peers import hf_compiled_steps, hf_steps
 from moe_shapes import MOE_SHAPES, active_weight_bytes
 from moe_shapes import depth as moe_depth
-from shape_exports import VARIANTS, export, make_checkpoints
+from shape_exports import VARIANTS, export, make_checkpoints, random_export
 from step_timing import Config as StepConfig
 from step_timing import decode_steps, engine_config
 
@@ -90,6 +92,7 @@ class Config:
     top_p: float = 0.95
     threads: int = 1
     block_size: int | None = None  # None: the engine's default (a paged export: its FlashAttention tile)
+    random_weights: bool = False  # quantized variants from random blocks, no checkpoint (the full depth fits)
 
 
 def wicore_steps(model_dir: Path, config: Config, flags: set[str]) -> dict[int, float]:
@@ -237,12 +240,18 @@ def shape_depth(shape: str) -> int:
 
 def run(config: Config) -> int:
     config.work.mkdir(parents=True, exist_ok=True)
-    folders = make_checkpoints(config.shape, config.layers, config.work)
     exports = {}
-    for n in config.layers:
-        for v in config.variants:
-            base = split_variant(v)[0]
-            exports[n, v] = export(folders[n], base, config.work / f"{config.shape}-{n}-{base}")
+    if config.random_weights:
+        for n in config.layers:
+            for v in config.variants:
+                base = split_variant(v)[0]
+                exports[n, v] = random_export(config.shape, n, base, config.work / f"{config.shape}-{n}-{base}-random")
+    else:
+        folders = make_checkpoints(config.shape, config.layers, config.work)
+        for n in config.layers:
+            for v in config.variants:
+                base = split_variant(v)[0]
+                exports[n, v] = export(folders[n], base, config.work / f"{config.shape}-{n}-{base}")
     report: dict[str, object] = {}
     if config.check:
         n = config.layers[0]
@@ -305,15 +314,21 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--temperature", type=float, default=0.0, help="WiCore's rows sample at this temperature")
     p.add_argument("--top-k", type=int, default=0, help="with --temperature: top-k of the rows' draws (0: off)")
     p.add_argument("--top-p", type=float, default=0.95, help="with --temperature: top-p of the rows' draws")
+    p.add_argument(
+        "--random-weights", action="store_true", help="quantized variants from random blocks, no checkpoint: the full depth fits"
+    )
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     layers, variants = int_list(a.layers), tuple(a.variants.split(","))
     parts = [split_variant(v) for v in variants]
     if len(set(layers)) != len(layers) or any(base not in VARIANTS or not flags <= FLAGS.keys() for base, flags in parts):
         raise SystemExit("error: --layers: distinct counts; --variants: " + ", ".join(VARIANTS) + ", flags " + ", ".join(FLAGS))
+    if a.random_weights and (a.hf or a.hf_compiled or a.check):
+        raise SystemExit("error: --random-weights has no float checkpoint: add --no-hf, leave out --hf-compiled and --check")
     return Config(
         a.shape, layers, variants, int_list(a.batch), a.context, a.steps, a.work, a.hf, a.check, a.check_tokens, a.json,
         hf_compiled=a.hf_compiled, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, block_size=a.block_size,
+        random_weights=a.random_weights,
     )  # fmt: skip
 
 

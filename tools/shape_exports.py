@@ -72,6 +72,22 @@ def export(folder: Path, variant: str, out: Path, partitions: int = 1) -> Path:
     return out
 
 
+def random_export(shape: str, layers: int, variant: str, out: Path) -> Path:
+    """A quantized `variant` of `shape`'s first `layers` layers (its full depth too) from random
+    blocks (wicore/export/random_weights.py): no checkpoint, so the 27B's 62 layers fit a device's
+    disk; the embedding's rows gathered from the head's codes (the source's floats are zeros)."""
+    settings = VARIANTS[variant]
+    if settings.get("op_flavour") != "ort-quant":
+        raise SystemExit(f"error: --random-weights makes quantized weights only; {variant} is a float variant")
+    if not (out / "wicore.json").is_file():
+        t = time.perf_counter()
+        source = RandomQuantSource.of_shape(shape, int(settings["weight_bits"]), layers)  # type: ignore[call-overload]
+        config = ExportConfig(overwrite=True, **dict(settings, quantize_embedding=True))  # type: ignore[arg-type]
+        export_model(source, out, config, progress=lambda _: None)
+        print(f"exported {out.name} in {time.perf_counter() - t:.0f} s", flush=True)
+    return out
+
+
 def make_checkpoints(shape: str, layers: tuple[int, ...], work: Path) -> dict[int, Path]:
     """One random bf16 checkpoint of `shape` (wicore.model.shapes or moe_shapes.py) with max(layers)
     layers, made on the GPU under `work`; a folder per layer count sharing its files."""
