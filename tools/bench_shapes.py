@@ -269,19 +269,20 @@ def run(config: Config) -> int:
         results[variant] = {"ms": times, "fit": fit(times, depth)} if len(times) > 1 else {"ms": times}
     bandwidth = copy_bandwidth()
     floor_ms = 1000 * weight_bytes(config.shape, 2) / bandwidth
-    print(
-        f"\n{config.shape}, {depth} layers (fitted over {config.layers}), context {config.context}, "
-        f"blocks of {config.block_size or 'the engine default'}; ms a decode step (tok/s)"
-    )
-    print(f"fp16 weight-read floor {floor_ms:.1f} ms at the measured copy bandwidth {bandwidth / 1e12:.2f} TB/s\n")
-    print("| | " + " | ".join(f"batch {b}" for b in config.batches) + " |\n|---|" + "---:|" * len(config.batches))
+    header = "| | " + " | ".join(f"batch {b}" for b in config.batches) + " |\n|---|" + "---:|" * len(config.batches)
+    print(f"\nfp16 weight-read floor {floor_ms:.1f} ms at the measured copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    if len(config.layers) > 1:
+        print(
+            f"\n{config.shape}, {depth} layers (fitted over {config.layers}), context {config.context}, "
+            f"blocks of {config.block_size or 'the engine default'}; ms a decode step (tok/s)\n\n{header}"
+        )
     for name, r in results.items():
         if "fit" in r:
             cells = [f"{f['full_ms']:.1f} ({f['full_tokens_per_s']:.0f})" for f in r["fit"].values()]  # type: ignore[union-attr]
             print(f"| {name} | " + " | ".join(cells) + " |")
     if len(config.layers) == 1:  # measured, not fitted
         n = config.layers[0]
-        print(f"\nmeasured at {n} layers, ms a decode step (tok/s)")
+        print(f"\n{config.shape}, measured at {n} layers, context {config.context}; ms a decode step (tok/s)\n\n{header}")
         for name, r in results.items():
             ms: dict[int, float] = r["ms"][n]  # type: ignore[index]
             if set(ms) == set(config.batches):
