@@ -4,17 +4,14 @@ whichever conftest pytest imported first, tests/api/tools' when both folders are
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from serve_process import spawn_serve
 
 from wicore.api.app import ServerSettings, create_app
-from wicore.api.server import ServerThread, free_port
+from wicore.api.server import ServerThread
 from wicore.engine.engine import Engine, EngineConfig
 
 
@@ -37,24 +34,4 @@ def start(model_dir, settings: ServerSettings, **engine_options: object) -> Serv
 
 def launch(model: Path | str, *flags: str) -> tuple[subprocess.Popen, str]:
     """`wicore serve --model MODEL FLAGS` in a subprocess on a free port, once /health answers."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wicore.cli", "serve", "--model", str(model), "--port", str(port), "--threads", "2", *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"wicore serve exited early:\n{proc.stdout.read()}")  # type: ignore[union-attr]
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("wicore serve did not come up")
+    return spawn_serve(["--model", str(model), *flags])

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from serve_process import spawn_serve
 
 import wicore
 from wicore.api.server import free_port
@@ -106,22 +106,7 @@ def test_a_chat_template_that_does_not_parse_is_refused(capsys, tmp_path):
 
 def serve_process(cache: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """`wicore serve ARGS` with WICORE_CACHE=cache, on a free port, once /health answers (first use pulls and exports)."""
-    port = free_port()
-    env = {**os.environ, "WICORE_CACHE": str(cache), "PYTHONPATH": str(Path(__file__).parents[2])}
-    command = [sys.executable, "-m", "wicore.cli", "serve", *args, "--port", str(port), "--threads", "2"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"wicore serve exited early:\n{proc.stdout.read()}")  # type: ignore[union-attr]
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    proc.kill()
-    raise AssertionError("wicore serve did not come up")
+    return spawn_serve(list(args), {"WICORE_CACHE": str(cache)}, timeout=600)
 
 
 def ask(url: str, question: str) -> str:
