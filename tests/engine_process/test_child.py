@@ -31,6 +31,10 @@ class CountingCore:
     def has_work(self) -> bool:
         return bool(self.running)
 
+    @property
+    def num_waiting(self) -> int:
+        return 0  # every request runs from its add
+
     def make_request(self, ids, params, request_id, priority=Priority.NORMAL, deadline=None, images=()):  # type: ignore[no-untyped-def]
         if ids == REFUSED:
             raise RequestError("refused")
@@ -100,6 +104,19 @@ def test_outputs_refusals_and_the_adds_taken_come_back_in_steps(child) -> None:
     assert isinstance(steps[0].refusals[0][1], RequestError)  # the error itself, for the client to raise
     assert steps[0].num_taken == steps[-1].num_taken == 2
     assert steps[-1].stats.running == 0
+
+
+def test_stats_ride_only_on_steps_where_a_request_arrived_or_ended(child, monkeypatch) -> None:
+    """With STATS_EVERY out of reach, the steps in between carry none (the API process keeps the
+    last); every step still says how many wait."""
+    monkeypatch.setattr("wicore.engine_process.child.STATS_EVERY", 3600.0)
+    sock, _ = child
+    sock.sendall(encode([add("a", [1], 20)]))
+    steps = [s for s in steps_until(sock, "a") if s.outputs]
+    assert len(steps) == 20
+    assert [s.stats is not None for s in steps] == [True] + [False] * 18 + [True]
+    assert (steps[0].stats.running, steps[-1].stats.running) == (1, 0)  # type: ignore[union-attr]
+    assert {s.waiting for s in steps} == {0}
 
 
 def test_an_abort_ends_a_request_at_the_next_step(child) -> None:

@@ -7,7 +7,7 @@ detokenizing, and never waits for the GIL behind the engine's Python host work.
     EngineClient (wicore.api.serving.ServingEngine)   child.serve_core: the EngineCore's loop
       add_request: check, queue ─► [Add, Abort, ...] ─► receiver thread: make_request ─► inbox
       outputs(id) ◄── Channel ◄── one Step a step  ◄── core.step(); sender thread
-      stats_json() ◄── the Step's stats
+      stats_json() ◄── the last stats a Step carried (every 0.1 s, and when a request ends or arrives)
 
 One socket pair, length-prefixed pickles (wicore.engine_process.frames).
 """

@@ -7,7 +7,7 @@ and the books of what it queued; the child owns the core.
     add_request      checked here as `Engine.add_request` checks (the same Limits.check, the
                      same queue and id rules), then an `Add` queued for this loop turn's frame
     outputs(id)      the request's Channel, fed from each `Step` as `Engine._emit` feeds it
-    stats_json()     the last Step's stats, the Adds not yet taken counted as waiting
+    stats_json()     the last stats a Step carried, the Adds not yet taken counted as waiting
 
 What differs from an Engine in the same process:
 - Output constraints (`grammars` is None) compile when the request reaches the child; one that
@@ -68,6 +68,7 @@ class EngineClient:
         self.info = info
         self._tokenizer = tokenizer
         self._stats = info.stats
+        self._waiting = info.stats.waiting  # the child's queue as of its last step (every Step says)
         self._channels: dict[str, Channel] = {}
         # Why a request ended before it ran (refused by the child, or the child died), by its channel:
         # raised to the reader after the final output; gone with the channel.
@@ -219,7 +220,7 @@ class EngineClient:
     def num_queued(self) -> int:
         """Requests waiting for their first step: in the child's queue (as of its last step) or
         sent and not yet taken by its core."""
-        return self._stats.waiting + self._num_sent - self._num_taken
+        return self._waiting + self._num_sent - self._num_taken
 
     def stats(self) -> EngineStats:
         """The child's stats as of its last step; Adds it has not taken yet wait too."""
@@ -261,7 +262,9 @@ class EngineClient:
 
     def _apply(self, step: Step) -> None:
         """A step's news: stats, refusals (each ends its request), then every output to its channel."""
-        self._stats, self._num_taken = step.stats, step.num_taken
+        if step.stats is not None:
+            self._stats = step.stats
+        self._waiting, self._num_taken = step.waiting, step.num_taken
         self._deliver([*self._end_with(step.refusals), *step.outputs])
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:

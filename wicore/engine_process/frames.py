@@ -75,11 +75,13 @@ class Failed:
 @dataclass(frozen=True)
 class Step:
     """One step's news: every request's outputs, the refusals of requests taken since the last,
-    the stats after it, and how many `Add`s the engine process has taken so far (the API process
-    counts the rest as waiting)."""
+    the requests waiting after it, how many `Add`s the engine process has taken so far (the API
+    process counts the rest as waiting too), and the stats after it where they are due (None: the
+    last ones still stand; the child's STATS_EVERY)."""
 
     outputs: list[RequestOutput]
-    stats: EngineStats
+    stats: EngineStats | None
+    waiting: int
     num_taken: int
     refusals: list[tuple[str, WiCoreError]] = field(default_factory=list)
 

@@ -29,6 +29,9 @@ class SteppedCore(Protocol):
     @property
     def num_steps(self) -> int: ...
 
+    @property
+    def num_waiting(self) -> int: ...
+
     def make_request(
         self,
         ids: list[int],
