@@ -29,7 +29,8 @@ import wicore.export.tokenizer as export_tokenizer
 from wicore.errors import ModelSourceError, RequestError, UnsupportedModelError
 from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE, check_whole_words, export_tokenizer_from_gguf, export_tokenizer_from_hf
 from wicore.graph.manifest import Manifest
-from wicore.inputs.tokenizer import IncrementalDecoder, Tokenizer, _reads_content_parts
+from wicore.inputs.chat_template import reads_content_parts
+from wicore.inputs.tokenizer import IncrementalDecoder, Tokenizer
 from wicore.model.tokenizer_info import TokenizerInfo
 
 TEXTS = [
@@ -223,7 +224,7 @@ def test_export_from_hf_folder_uses_its_template(tiny_chat: tuple[Path, Path], t
     ],
 )
 def test_which_templates_take_content_parts(source: str, reads_parts: bool) -> None:
-    assert _reads_content_parts(source) is reads_parts
+    assert reads_content_parts(source) is reads_parts
 
 
 def test_export_from_hf_folder_without_tokenizer_is_none(tmp_path: Path) -> None:

@@ -254,7 +254,7 @@ def read_chat_template(path: Path | None) -> str | None:
     """The text of --chat-template FILE, checked to parse (one line and exit 2 otherwise)."""
     if path is None:
         return None
-    from wicore.inputs.tokenizer import check_chat_template
+    from wicore.inputs.chat_template import check_chat_template
 
     try:
         text = path.read_text(encoding="utf-8")
