@@ -95,9 +95,11 @@ def _toolkit_includes(toolkit: Path) -> list[Path]:
 
 
 def find_cublaslt_include(toolkit: Path) -> Path | None:
-    """The folder holding cublasLt.h: $WICORE_CUBLASLT_INCLUDE, nvcc's toolkit, or pip's nvidia-cublas (nvidia/cu13/include,
-    nvidia/cublas/include); None where none has it."""
+    """The folder holding cublasLt.h: $WICORE_CUBLASLT_INCLUDE, nvcc's toolkit, $CUDA_HOME's or /usr/local/cuda's (nvcc
+    may be a wrapper script elsewhere), or pip's nvidia-cublas (nvidia/cu13/include, nvidia/cublas/include); None
+    where none has it."""
     candidates = [Path(p) for p in (os.environ.get(CUBLASLT_ENV),) if p] + _toolkit_includes(toolkit)
+    candidates += [p for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if base for p in _toolkit_includes(Path(base))]
     try:
         import nvidia  # NVIDIA's pip wheels' namespace package
 
