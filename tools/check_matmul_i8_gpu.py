@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from check_matmul_q16_gpu import LAYERS
-from check_matmul_q16_gpu import op_model as nbits_model
+from kernel_graphs import LINEAR_27B as LAYERS
+from kernel_graphs import timed
 from onnx import TensorProto, helper, numpy_helper
 
 from wicore.devices.providers import onnxruntime
@@ -34,8 +34,10 @@ SMALL = ("small", 72, 272)  # K a multiple of 16, not of 32; rows on both sides 
 
 
 def one_node(op: str, inits: dict[str, np.ndarray], k: int, **attrs: int) -> bytes:
-    """One node y = op(x, *inits) over x f16 [m, K] (MatMulI8 in WiCore's domain, MatMul in ONNX's)."""
-    node = helper.make_node(op, ["x", *inits], ["y"], domain=DOMAIN if op == "MatMulI8" else "", **attrs)
+    """One node y = op(x, *inits) over x f16 [m, K] (MatMulI8 in WiCore's domain, MatMulNBits in Microsoft's,
+    MatMul in ONNX's)."""
+    domain = {"MatMulI8": DOMAIN, "MatMulNBits": "com.microsoft"}.get(op, "")
+    node = helper.make_node(op, ["x", *inits], ["y"], domain=domain, **attrs)
     graph = helper.make_graph(
         [node],
         "k",
@@ -43,7 +45,7 @@ def one_node(op: str, inits: dict[str, np.ndarray], k: int, **attrs: int) -> byt
         [helper.make_tensor_value_info("y", F16, None)],
         [numpy_helper.from_array(v, name) for name, v in inits.items()],
     )
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
 
 
@@ -83,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     path = str(library(cuda=cuda))
     print(f"library {path} ({time.perf_counter() - t:.1f} s)", flush=True)
-    if cuda:
-        from kernel_graphs import timed
     rng = np.random.default_rng(0)
     ok, records = True, []
     chosen = [layer for layer in LAYERS if layer[0] in args.layers.split(",")] if cuda else []
@@ -95,7 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         if cuda:  # the same weights as MatMulNBits' 8-bit blocks and as a float16 [K, N] MatMul
             block_scales = np.repeat(scales.astype(np.float16)[:, None], k // 32, 1) if k % 32 == 0 else None
             packed = (codes.view(np.uint8) ^ 0x80).reshape(n, k // 32, 32) if block_scales is not None else None
-            theirs = nbits_model("MatMulNBits", n, k, 8, packed, block_scales) if packed is not None else None
+            theirs = (
+                one_node(
+                    "MatMulNBits", {"b": packed, "scales": block_scales}, k, K=k, N=n, bits=8, block_size=32, accuracy_level=0
+                )
+                if packed is not None and block_scales is not None
+                else None
+            )
             dense = one_node(
                 "MatMul", {"w": np.ascontiguousarray((codes.astype(np.float32) * scales[:, None]).T.astype(np.float16))}, k
             )
