@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from wicore.graph.matmul_i8 import GEMV_ROWS, quantize_channels, quantize_rows, reference
+from wicore.graph.matmul_i8 import GEMV_ROWS, dense, quantize_channels, quantize_rows, reference
 from wicore.kernels.library import DOMAIN
 
 
@@ -95,3 +95,42 @@ def test_matmul_i8_refuses_k_not_a_multiple_of_16(cpu_library):
     codes, scales = np.ones((4, 40), np.int8), np.ones(4, np.float32)
     with pytest.raises(Exception, match="K must be a positive multiple of 16"):
         run_op(cpu_library, np.ones((1, 40), np.float16), codes, scales)
+
+
+def test_block_sources_are_dequantized_before_the_channels_are():
+    """A weight a source hands as blocks (RandomQuantSource's floats are zeros) is quantized per channel from
+    its blocks' values, not from the zeros; a float weight from itself; parts stacked by rows."""
+    from wicore.export.random_weights import RandomQuantSource
+    from wicore.model.quant import QuantizedTensor
+
+    source = RandomQuantSource.__new__(RandomQuantSource)
+    source.bits, source.block_size, source.seed = 8, 32, 0
+    blocked = source.linear("w", (8, 64))
+    assert isinstance(blocked, QuantizedTensor) and not np.asarray(blocked).any()
+    plain = np.random.default_rng(1).normal(0, 0.02, (4, 64)).astype(np.float32)
+    w = dense([blocked, plain])
+    np.testing.assert_array_equal(w[:8], source.blocks("w", (8, 64)).dequantize())
+    np.testing.assert_array_equal(w[8:], plain)
+    codes, scales = quantize_channels(w)
+    assert np.abs(codes).max(axis=1).tolist() == [127] * 12  # each row's largest weight is a whole step
+    assert (np.abs(codes * scales[:, None] - w) <= scales[:, None] / 2 * (1 + 1e-6)).all()
+
+
+def test_the_cuda_build_has_cublaslt_only_where_its_header_is(tmp_path, monkeypatch):
+    """-DWICORE_CUBLASLT and the header's folder where cublasLt.h is found ($WICORE_CUBLASLT_INCLUDE first); without
+    one (a toolkit without cuBLAS) the command builds every op as before, MatMulI8 then saying what is missing."""
+    from pathlib import Path
+
+    import wicore.kernels.library as lib
+
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    header = tmp_path / "h"
+    header.mkdir()
+    (header / "cublasLt.h").write_text("")
+    monkeypatch.setenv(lib.CUBLASLT_ENV, str(header))
+    assert lib.find_cublaslt_include(tmp_path / "cuda") == header
+    command = lib.Compiler(nvcc, True).command(Path("out.so"))
+    assert "-DWICORE_CUBLASLT" in command and f"-I{header}" in command
+    monkeypatch.setattr(lib, "find_cublaslt_include", lambda toolkit: None)
+    command = lib.Compiler(nvcc, True).command(Path("out.so"))
+    assert "-DWICORE_CUBLASLT" not in command and any(c.endswith("matmul_i8.cu") for c in command)
