@@ -63,9 +63,7 @@ class Compiler:
         # MatMulI8's cuBLASLt: its header at build, the library opened at run time (csrc/cublaslt_i8.h); without
         # the header the other ops build all the same and MatMulI8 on CUDA says what is missing
         header = find_cublaslt_include(toolkit)
-        cublaslt = (
-            [] if header is None else ["-DWICORE_CUBLASLT", *([] if header in _toolkit_includes(toolkit) else [f"-I{header}"])]
-        )
+        cublaslt = [] if header is None else ["-DWICORE_CUBLASLT", *([] if header in _searched(toolkit) else [f"-I{header}"])]
         # --threads 0: the architectures compile side by side, one thread a core (the build at first use)
         return [
             str(self.path), "-O3", "--threads", "0", "-DWICORE_CUDA", "-Xcompiler", "-fPIC,-fvisibility=hidden", *gencode,
@@ -94,12 +92,18 @@ def _toolkit_includes(toolkit: Path) -> list[Path]:
     return [toolkit / "include", toolkit / "targets" / "x86_64-linux" / "include", toolkit / "targets" / "sbsa-linux" / "include"]
 
 
+def _searched(toolkit: Path) -> list[Path]:
+    """Folders nvcc searches already (an -I/usr/include would break libstdc++'s #include_next)."""
+    return [*_toolkit_includes(toolkit), Path("/usr/include")]
+
+
 def find_cublaslt_include(toolkit: Path) -> Path | None:
     """The folder holding cublasLt.h: $WICORE_CUBLASLT_INCLUDE, nvcc's toolkit, $CUDA_HOME's or /usr/local/cuda's (nvcc
     may be a wrapper script elsewhere), or pip's nvidia-cublas (nvidia/cu13/include, nvidia/cublas/include); None
     where none has it."""
     candidates = [Path(p) for p in (os.environ.get(CUBLASLT_ENV),) if p] + _toolkit_includes(toolkit)
     candidates += [p for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if base for p in _toolkit_includes(Path(base))]
+    candidates.append(Path("/usr/include"))  # a distribution's libcublas-dev
     try:
         import nvidia  # NVIDIA's pip wheels' namespace package
 
