@@ -1,5 +1,9 @@
 // MatMulI8 (kernels.h) for the CPU EP (the reference arithmetic, so CI runs the graphs the GPU runs) and the CUDA
 // EP. Inputs x f16 [..., K], w i8 [N, K], scales f32 [N]; attributes K and N. Output f16 [..., N].
+// K must be a multiple of 16 (the GEMV's 16-byte loads; cuBLASLt's int8 kernels want K and the leading dimensions
+// multiples of 4, 16 bytes best): the kernel refuses others when it is made, and the exporter keeps such layers on
+// MatMulNBits (graph/matmul_i8.py can_run, which also asks N a multiple of 4: cuBLASLt's int8 "TN" output; an N
+// it has no algorithm for fails the call with cuBLASLt's word).
 //
 // CUDA, above kMatMulI8GemvRows rows, in chunks that bound the scratch (one allocation from ORT's CUDA allocator,
 // its arena: no cudaMalloc once warm, so a CUDA graph captures the step; freed after the launches, which the arena
