@@ -25,6 +25,8 @@ namespace wicore {
 
 #ifndef WICORE_CUBLASLT
 
+bool CublasLtI8::Available(std::string* error) { return Create(error) != nullptr; }  // (never made: no header)
+
 std::unique_ptr<CublasLtI8> CublasLtI8::Create(std::string* error) {
   *error = "this build of WiCore's kernels has no cuBLASLt: cublasLt.h was not found when it was compiled (a CUDA "
            "toolkit's include/, or pip install nvidia-cublas); export without --matmul-i8";
@@ -194,6 +196,8 @@ class Impl final : public CublasLtI8 {
 };
 
 }  // namespace
+
+bool CublasLtI8::Available(std::string* error) { return LoadApi(error) != nullptr; }
 
 std::unique_ptr<CublasLtI8> CublasLtI8::Create(std::string* error) {
   const Api* api = LoadApi(error);

@@ -17,6 +17,9 @@ class CublasLtI8 {
   // cuBLASLt's workspace a GEMM may use (the caller allocates it; the heuristic is asked for algorithms within it).
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
+  // Whether cuBLASLt can be used here (built with its header, its library opened), without touching a device:
+  // the kernel asks when ORT makes it, so a session that needs MatMulI8 fails as it is created, in one line.
+  static bool Available(std::string* error);
   // A handle on the current device, or null and `error` set (no header at build, no library at run time).
   static std::unique_ptr<CublasLtI8> Create(std::string* error);
   virtual ~CublasLtI8() = default;

@@ -38,6 +38,10 @@ struct MatMulI8Kernel {
     k_ = i.GetAttribute<int64_t>("K");
     n_ = i.GetAttribute<int64_t>("N");
     Check(k_ > 0 && k_ % 16 == 0, "wicore MatMulI8: K must be a positive multiple of 16");
+#ifdef WICORE_CUDA
+    std::string error;
+    Check(!cuda_ || wicore::CublasLtI8::Available(&error), "wicore MatMulI8 (CUDA): " + error);
+#endif
   }
 
   struct Work {
