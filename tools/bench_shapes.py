@@ -128,11 +128,12 @@ TWINS = {
     "paged": "paged-nohead",
     "paged-wicore-block": "paged-wicore",
     "paged-wicore-all": "paged-wicore",
-    # WiCore's norms and GeGLU against ORT's ops; MatMulQ16 against MatMulNBits
+    # WiCore's norms and GeGLU against ORT's ops; MatMulQ16 and MatMulI8 against MatMulNBits
     "int4-paged-wicore": "int4-paged",
     "int8-paged-wicore": "int8-paged",
     "int4-paged-q16": "int4-paged-wicore",
     "int8-paged-q16": "int8-paged-wicore",
+    "int8-paged-i8": "int8-paged-wicore",  # MatMulI8 (W8A8 above 16 rows) against MatMulNBits (W8A16)
 }
 
 

@@ -16,7 +16,7 @@ import sys
 import time
 
 import numpy as np
-from kernel_graphs import timed
+from kernel_graphs import LINEAR_27B, timed
 from onnx import TensorProto, helper, numpy_helper
 
 from wicore.devices.providers import onnxruntime
@@ -25,8 +25,7 @@ from wicore.kernels.library import DOMAIN, library
 from wicore.model.quant import quantize_symmetric
 
 F16 = TensorProto.FLOAT16
-# (name, N, K) of a Gemma 3 27B layer: q|k|v (32 + 2 x 16 heads of 128), o, gate|up, down
-LAYERS = [("qkv", 8192, 5376), ("o", 5376, 4096), ("gate_up", 43008, 5376), ("down", 5376, 21504)]
+LAYERS = LINEAR_27B
 
 
 def op_model(op: str, n: int, k: int, bits: int, codes: np.ndarray, scales: np.ndarray) -> bytes:

@@ -16,6 +16,8 @@ import onnx
 from onnx import TensorProto, helper
 
 SHAPE_27B = dict(hidden=5376, inter=21504, heads=32, kv_heads=16, head_dim=128, vocab=262208)
+# (name, N, K) of a Gemma 3 27B layer's linear ops: q|k|v (32 + 2 x 16 heads of 128), o, gate|up, down
+LINEAR_27B = [("qkv", 8192, 5376), ("o", 5376, 4096), ("gate_up", 43008, 5376), ("down", 5376, 21504)]
 BLOCK = 128  # the paged op's FlashAttention tile at head size 128
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
 IR_VERSION = 10  # what ONNX Runtime 1.31 reads (a newer onnx writes a newer IR by default)

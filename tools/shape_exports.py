@@ -41,6 +41,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     # the linear layers on WiCore's MatMulQ16 instead (MatMulNBits' codes read in place; --matmul-q16)
     "int4-paged-q16": dict(_quant(4), **_WICORE, matmul_q16=True),
     "int8-paged-q16": dict(_quant(8), **_WICORE, matmul_q16=True),
+    # the 8-bit layers and head on WiCore's MatMulI8 (int8 a channel; int8 tensor cores above 16 rows; --matmul-i8)
+    "int8-paged-i8": dict(_quant(8), **_WICORE, matmul_i8=True),
     # and every layer's attention on WiCore's BlockAttentionQKV (its prologue fused): the fewest kernels at batch 1
     "int4-paged-q16-all": dict(_quant(4), kernels="wicore", block_attention="all", matmul_q16=True),
     # the embedding's rows from the head's 4-bit codes (wicore-export --quantize-embedding)

@@ -56,3 +56,15 @@ def test_expert_bits_where_they_mean_nothing_are_one_line_errors(tiny_model, tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not out.exists()
+
+
+def test_matmul_i8_without_its_settings_is_a_one_line_error(tiny_model, tmp_path, capsys):
+    """`--matmul-i8` on 4-bit weights: exit 2, the line saying what it needs, nothing written."""
+    folder, _ = tiny_model()
+    out = tmp_path / "x"
+    capsys.readouterr()
+    argv = ["--model", str(folder), "--out", str(out), "--for", "cuda", "--weight-bits", "4", "--kernels", "wicore"]
+    assert main([*argv, "--matmul-i8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--matmul-i8 needs --kernels wicore, --dtype fp16 and --weight-bits 8" in err, err
+    assert not out.exists()

@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from wicore.kernels.library import CSRC, CUDA_ARCHS, INCLUDE, find_compiler
+from wicore.kernels.library import CSRC, CUDA_ARCHS, INCLUDE, find_compiler, find_cublaslt_include
 
 
-@pytest.mark.slow  # ~60 s of nvcc (CPU time), the eight in parallel
+@pytest.mark.slow  # ~90 s of nvcc (CPU time), the twelve in parallel
 def test_the_cuda_kernels_and_their_ops_compile_with_nvcc(tmp_path):
     nvcc = find_compiler(cuda=True)
     if nvcc is None:
@@ -25,14 +25,32 @@ def test_the_cuda_kernels_and_their_ops_compile_with_nvcc(tmp_path):
         "ops.cc",
         "ops_attention.cc",
         "ops_matmul_q16.cc",
+        "matmul_i8.cu",
+        "ops_matmul_i8.cc",
+        "cublaslt_i8.cc",
     )
     run = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    def compile_job(name: str, arch: str, out: str) -> subprocess.Popen:
-        flags = ["-std=c++17", "-O1", "-DWICORE_CUDA", f"-arch=sm_{arch}", f"-I{INCLUDE}", f"-I{CSRC}", "-Xcompiler", "-fPIC"]
+    def compile_job(name: str, arch: str, out: str, extra: tuple | list = ()) -> subprocess.Popen:
+        flags = [
+            "-std=c++17",
+            "-O1",
+            "-DWICORE_CUDA",
+            f"-arch=sm_{arch}",
+            f"-I{INCLUDE}",
+            f"-I{CSRC}",
+            "-Xcompiler",
+            "-fPIC",
+            *extra,
+        ]
         return subprocess.Popen([str(nvcc.path), *flags, "-c", str(CSRC / name), "-o", str(tmp_path / out)], **run)
 
     jobs = [compile_job(n, arch, f"{n}.o") for n in names]
+    # cublaslt_i8.cc with cuBLASLt's header where one is found (the build's choice, library.py), else its fallback
+    header = find_cublaslt_include(nvcc.path.parent.parent)
+    if header is not None:
+        names += ("cublaslt_i8.cc (cuBLASLt)",)
+        jobs.append(compile_job("cublaslt_i8.cc", arch, f"{names[-1]}.o", ["-DWICORE_CUBLASLT", f"-I{header}"]))
     # MatMulQ16's GEMV has a Turing branch (no m16n8k16 MMA before sm_80): the oldest architecture too
     names += ("matmul_q16.cu (oldest)",)
     jobs.append(compile_job("matmul_q16.cu", CUDA_ARCHS[0], f"{names[-1]}.o"))

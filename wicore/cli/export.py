@@ -80,6 +80,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "above, so for single-stream serving (docs/PERFORMANCE.md)",
     )
     ap.add_argument(
+        "--matmul-i8",
+        action="store_true",
+        help="with --kernels wicore, --dtype fp16 and --weight-bits 8: the linear layers and the LM head on WiCore's "
+        "wicore.MatMulI8 (CUDA): int8 weights a scale per output channel, read by a GEMV up to 16 rows a step and "
+        "multiplied on int8 tensor cores (cuBLASLt, int8 activations a scale per row) above (docs/PERFORMANCE.md)",
+    )
+    ap.add_argument(
         "--block-attention",
         default="auto",
         choices=["auto", "off", "sliding", "all"],
@@ -162,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             sampling_head=args.sampling_head,
             kernels=args.kernels,
             matmul_q16=args.matmul_q16,
+            matmul_i8=args.matmul_i8,
             kv_cache_dtype=args.kv_cache_dtype,
             block_attention=args.block_attention,
         )

@@ -74,6 +74,9 @@ class ExportConfig:
     # matmul, wicore/graph/quant.py matmul_q16) instead of MatMulNBits: faster at 1 to 16 rows, slower above
     # (docs/PERFORMANCE.md, 2026-11-29), so for single-stream serving only
     matmul_q16: bool = False
+    # ort-quant fp16 graphs in 8 bits with kernels "wicore": the linear layers and the head on wicore.MatMulI8 (int8
+    # weights a scale per output channel; int8 tensor cores through cuBLASLt above 16 rows: wicore/graph/matmul_i8.py)
+    matmul_i8: bool = False
     # paged graphs: the layer kinds on WiCore's BlockAttention (graph/paged_block.py), "off", "sliding",
     # "all" (every layer; float32 graphs for the CPU) or "auto" (resolved_block_attention)
     block_attention: str = "auto"
@@ -140,6 +143,12 @@ class ExportConfig:
             raise WiCoreError(f"--partitions must be at least 1, got {self.num_partitions}")
         if self.matmul_q16 and not (self.kernels == "wicore" and self.dtype == "fp16" and OP_FLAVOURS[self.op_flavour].quantized):
             raise WiCoreError("--matmul-q16 needs --kernels wicore, --dtype fp16 and quantized weights (--weight-bits 4 or 8)")
+        if self.matmul_i8 and not (
+            self.kernels == "wicore" and self.dtype == "fp16" and OP_FLAVOURS[self.op_flavour].quantized and self.weight_bits == 8
+        ):
+            raise WiCoreError("--matmul-i8 needs --kernels wicore, --dtype fp16 and --weight-bits 8")
+        if self.matmul_i8 and self.matmul_q16:
+            raise WiCoreError("--matmul-i8 and --matmul-q16 each place the linear layers: choose one")
         if self.quantize_embedding and not OP_FLAVOURS[self.op_flavour].quantized:
             raise WiCoreError("--quantize-embedding needs quantized weights: add --weight-bits 4 or 8")
 
@@ -155,6 +164,7 @@ class ExportConfig:
             quantize_embedding=self.quantize_embedding,
             kernels=self.kernels,
             matmul_q16=self.matmul_q16,
+            matmul_i8=self.matmul_i8,
             layer_prompt="int8" if int8_prompts else "float",
         )
 

@@ -54,6 +54,8 @@ from typing import Any
 
 import numpy as np
 
+from wicore.graph.matmul_i8 import can_run as i8_can_run
+from wicore.graph.matmul_i8 import matmul_i8
 from wicore.graph.matmul_q import PROMPT_PRECISIONS, can_run, matmul_q
 from wicore.graph.ops import MS_DOMAIN, DataFile, Graph
 from wicore.kernels.library import DOMAIN
@@ -78,6 +80,9 @@ class QuantLinear:
     # with kernels "wicore": float16 graphs' (the CUDA flavour's) on wicore.MatMulQ16 (`matmul_q16`: MatMulNBits'
     # inputs, read in place), faster at 1 to 16 rows and slower above, so asked for (ExportConfig.matmul_q16)
     matmul_q16: bool = False
+    # with kernels "wicore": float16 graphs' layers and head on wicore.MatMulI8 (`matmul_i8`, graph/matmul_i8.py: int8
+    # weights a scale per output channel, int8 activations above 16 rows), where the shape fits (matmul_i8.can_run)
+    matmul_i8: bool = False
     # MatMulQ's prompt_precision for the layers' projections (module doc); the head keeps HEAD_PROMPT
     layer_prompt: str = "float"
 
@@ -127,6 +132,8 @@ class QuantLinear:
     ) -> str:
         """x [..., in] @ concat(weights)ᵀ in `dtype` (the model's float type). Initializers are named
         after `weight_name` (default `name`) and written to `data` (default the graph's file)."""
+        if self.runs_matmul_i8(weights, dtype):
+            return matmul_i8(g, x, weights, name, out, weight_name, data)
         w = self.blocks(weights)
         if self.runs_matmul_q(w, dtype):
             return matmul_q(
@@ -139,6 +146,12 @@ class QuantLinear:
     def runs_matmul_q(self, w: BlockQuant, dtype: type) -> bool:
         """Whether this weight runs on wicore.MatMulQ: `kernels` "wicore", float32 graphs, a layout it takes."""
         return self.kernels == "wicore" and dtype == np.float32 and can_run(w)
+
+    def runs_matmul_i8(self, weights: list[np.ndarray], dtype: type) -> bool:
+        """Whether these [out, in] weights run on wicore.MatMulI8: asked for (`matmul_i8`, `kernels` "wicore"),
+        float16 graphs, a shape the op takes (K a multiple of 16, N of 4)."""
+        rows = sum(w.shape[0] for w in weights)
+        return self.matmul_i8 and self.kernels == "wicore" and dtype == np.float16 and i8_can_run(rows, weights[0].shape[1])
 
     def runs_matmul_q16(self, w: BlockQuant, dtype: type) -> bool:
         """Whether this weight runs on wicore.MatMulQ16: asked for (`matmul_q16`, `kernels` "wicore"), float16 graphs,
@@ -173,7 +186,12 @@ class QuantLinear:
         MatMulQ with its residual (~15-bit activations, as every other layer) needs no refinement: its
         logits are within ~1e-5 of the float ones, and the 13 nodes after it (a TopK over the vocabulary
         the largest) were a third of a tiny model's decode step besides the head (docs/PERFORMANCE.md).
+
+        On MatMulI8 (`matmul_i8`) the head is one more layer: at 16 rows or fewer (single-stream decode) weight-only,
+        above on int8 x as the layers (graph/matmul_i8.py: the risk that brings, and the check that bounds it).
         """
+        if self.runs_matmul_i8([weight], dtype):
+            return matmul_i8(g, x, [weight], name, out, weight_name, data)
         w = self.blocks([weight])
         if self.runs_matmul_q(w, dtype):
             residual = self.accuracy_level != INT8

@@ -29,6 +29,7 @@ DOMAIN = "wicore"  # the ops' ONNX domain (csrc/ops.cc)
 # Turing to Hopper as machine code, and Hopper's PTX for newer cards to compile at load.
 CUDA_ARCHS = ("75", "80", "86", "89", "90")
 CUDA_ENV = "WICORE_NVCC"  # a path to nvcc, where it is not on PATH, in CUDA_HOME or in a pip package
+CUBLASLT_ENV = "WICORE_CUBLASLT_INCLUDE"  # a folder with cublasLt.h, where neither the toolkit nor pip's nvidia-cublas has it
 
 
 class KernelBuildError(WiCoreError):
@@ -50,7 +51,7 @@ class Compiler:
             str(CSRC / name)
             for name in (
                 "ops.cc", "ops_attention.cc", "ops_greedy.cc", "kernels_cpu.cc", "matmul_q_cpu.cc", "matmul_q_float.cc", "matmul_q_int8.cc",
-                "matmul_q_packed.cc", "attention_cpu.cc", "attention_qkv_cpu.cc", "ops_matmul_q16.cc",
+                "matmul_q_packed.cc", "attention_cpu.cc", "attention_qkv_cpu.cc", "ops_matmul_q16.cc", "ops_matmul_i8.cc",
             )
         ]  # fmt: skip
         if not self.cuda:
@@ -59,10 +60,16 @@ class Compiler:
         gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in CUDA_ARCHS]
         gencode.append(f"-gencode=arch=compute_{CUDA_ARCHS[-1]},code=compute_{CUDA_ARCHS[-1]}")
         libs = [f"-L{toolkit / d}" for d in ("lib64", "lib") if (toolkit / d).is_dir()]
+        # MatMulI8's cuBLASLt: its header at build, the library opened at run time (csrc/cublaslt_i8.h); without
+        # the header the other ops build all the same and MatMulI8 on CUDA says what is missing
+        header = find_cublaslt_include(toolkit)
+        cublaslt = [] if header is None else ["-DWICORE_CUBLASLT", *([] if header in _searched(toolkit) else [f"-I{header}"])]
         # --threads 0: the architectures compile side by side, one thread a core (the build at first use)
         return [
             str(self.path), "-O3", "--threads", "0", "-DWICORE_CUDA", "-Xcompiler", "-fPIC,-fvisibility=hidden", *gencode,
-            *common, *sources, *(str(CSRC / name) for name in ("kernels.cu", "attention.cu", "attention_prefill.cu", "matmul_q16.cu")), *libs,
+            *cublaslt, *common, *sources, str(CSRC / "cublaslt_i8.cc"),
+            *(str(CSRC / name) for name in ("kernels.cu", "attention.cu", "attention_prefill.cu", "matmul_q16.cu", "matmul_i8.cu")),
+            *libs, "-ldl",
         ]  # fmt: skip
 
 
@@ -79,6 +86,31 @@ def find_compiler(cuda: bool) -> Compiler | None:
         if path and Path(path).is_file() and os.access(path, os.X_OK):
             return Compiler(Path(path), True)
     return None
+
+
+def _toolkit_includes(toolkit: Path) -> list[Path]:
+    return [toolkit / "include", toolkit / "targets" / "x86_64-linux" / "include", toolkit / "targets" / "sbsa-linux" / "include"]
+
+
+def _searched(toolkit: Path) -> list[Path]:
+    """Folders nvcc searches already (an -I/usr/include would break libstdc++'s #include_next)."""
+    return [*_toolkit_includes(toolkit), Path("/usr/include")]
+
+
+def find_cublaslt_include(toolkit: Path) -> Path | None:
+    """The folder holding cublasLt.h: $WICORE_CUBLASLT_INCLUDE, nvcc's toolkit, $CUDA_HOME's or /usr/local/cuda's (nvcc
+    may be a wrapper script elsewhere), or pip's nvidia-cublas (nvidia/cu13/include, nvidia/cublas/include); None
+    where none has it."""
+    candidates = [Path(p) for p in (os.environ.get(CUBLASLT_ENV),) if p] + _toolkit_includes(toolkit)
+    candidates += [p for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if base for p in _toolkit_includes(Path(base))]
+    candidates.append(Path("/usr/include"))  # a distribution's libcublas-dev
+    try:
+        import nvidia  # NVIDIA's pip wheels' namespace package
+
+        candidates += [Path(base) / sub / "include" for base in nvidia.__path__ for sub in ("cu13", "cublas", "cu12")]
+    except ImportError:
+        pass
+    return next((p for p in candidates if (p / "cublasLt.h").is_file()), None)
 
 
 def _pip_nvcc() -> list[Path]:

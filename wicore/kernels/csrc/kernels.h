@@ -22,6 +22,15 @@
 //                   on tensor cores, matmul_q16.cu): w rounded to half once, as MatMulNBits' dequantization does,
 //                   float32 sums of the products, one rounding to half
 //
+//   MatMulI8        (x f16 [M, K], w i8 [N, K], scales f32 [N])                 -> y f16 [M, N]
+//                   per-output-channel symmetric int8 weights, w[n, c] = code * scales[n]; K a multiple of 16.
+//                   M <= kMatMulI8GemvRows (weight-only): y = half(scales[n] * Σ_c float(x) code), float32 sums.
+//                   M above (W8A8): each row of x to int8, amax = max |x|, q = clamp(rint(x * (127 / amax)), ±127)
+//                   (round half to even), s = amax / 127 (a zero row: q = 0, s = 0); y = half((float(Σ q code) * s)
+//                   * scales[n]), the sum exact in int32. CPU (matmul_i8_cpu.cc) and CUDA (GEMV: matmul_q16_gemv.cuh;
+//                   above: matmul_i8.cu's quantize and epilogue around cuBLASLt's int8 GEMM) compute the same; above
+//                   16 rows the same bits.
+//
 //   GatedActivation (gate_up f32 [rows, 2I]; attribute activation)             -> f32 [rows, I]   (CPU, attention_cpu.cc;
 //                   not emitted by the exporter: measured no faster than ORT's Split + activation + Mul)
 //                   as GeGLU / SwiGLU, float32 in and out
@@ -66,6 +75,20 @@ struct MatMulQ16Args {
 // Columns [n_begin, n_end) of y (weight rows).
 void MatMulQ16Cpu(const MatMulQ16Args& args, int64_t n_begin, int64_t n_end);
 constexpr int64_t kMatMulQ16GemvRows = 16;  // CUDA: up to this many rows the GEMV (reads the weights once), else tensor cores
+
+struct MatMulI8Args {
+  const uint16_t* x;     // [m, k] halves
+  const int8_t* w;       // [n, k] codes
+  const float* scales;   // [n]
+  uint16_t* y;           // [m, n] halves
+  int64_t m, n, k;       // k a multiple of 16
+};
+constexpr int64_t kMatMulI8GemvRows = 16;  // up to this many rows weight-only (a read of the weights), int8 x above
+// Row r of x as int8 (kernels.h's MatMulI8 rounding): q[0, k) and its scale.
+void MatMulI8QuantizeRowCpu(const uint16_t* x, int64_t k, int8_t* q, float* scale);
+// Columns [n_begin, n_end) of y (weight rows); `xq` and `x_scales`: x's rows quantized (MatMulI8QuantizeRowCpu,
+// m > kMatMulI8GemvRows only, else null).
+void MatMulI8Cpu(const MatMulI8Args& args, const int8_t* xq, const float* x_scales, int64_t n_begin, int64_t n_end);
 
 struct MatMulQArgs {
   const float* x;           // [m, k]
@@ -210,6 +233,12 @@ int ResidualRMSNormCuda(const float* x, const uint16_t* h, const float* w_post, 
 int GatedActivationCuda(const uint16_t* gate_up, Activation act, int64_t rows, int64_t inter, uint16_t* out, void* stream);
 const char* CudaErrorString(int code);
 int MatMulQ16Cuda(const MatMulQ16Args& args, void* stream);  // every pointer on the device (matmul_q16.cu)
+// MatMulI8 (matmul_i8.cu): the GEMV (m <= kMatMulI8GemvRows); rows of x to int8 (q [rows, k], scales [rows]);
+// the epilogue y[r, c] = half((float(acc[r * ldc + c]) * x_scales[r]) * scales[c]) for c < cols, y's rows ldy apart.
+int MatMulI8GemvCuda(const MatMulI8Args& args, void* stream);
+int MatMulI8QuantizeCuda(const uint16_t* x, int64_t rows, int64_t k, int8_t* q, float* x_scales, void* stream);
+int MatMulI8EpilogueCuda(const int32_t* acc, int64_t ldc, const float* x_scales, const float* scales, int64_t rows,
+                         int64_t cols, uint16_t* y, int64_t ldy, void* stream);
 int CudaCopyAsync(void* dst, const void* src, size_t bytes, void* stream);  // device to device, on `stream`
 
 // BlockAttention in float16 (attention.cu): q [batch * seq, num_heads, head_dim], pools and out as

@@ -117,4 +117,49 @@ void MatMulQ16Cpu(const MatMulQ16Args& args, int64_t n_begin, int64_t n_end) {
   }
 }
 
+// MatMulI8's row rounding (kernels.h), the CUDA kernel's to the bit: one IEEE division, one multiply, rint
+// (round half to even in the default rounding mode, as __float2int_rn).
+void MatMulI8QuantizeRowCpu(const uint16_t* x, int64_t k, int8_t* q, float* scale) {
+  float amax = 0.0f;
+  for (int64_t c = 0; c < k; ++c) amax = std::fmax(amax, std::fabs(HalfToFloat(x[c])));
+  if (amax == 0.0f) {
+    std::memset(q, 0, static_cast<size_t>(k));
+    *scale = 0.0f;
+    return;
+  }
+  const float inv = 127.0f / amax;
+  for (int64_t c = 0; c < k; ++c) {
+    const float r = std::nearbyint(HalfToFloat(x[c]) * inv);
+    q[c] = static_cast<int8_t>(std::fmin(127.0f, std::fmax(-127.0f, r)));
+  }
+  *scale = amax / 127.0f;
+}
+
+void MatMulI8Cpu(const MatMulI8Args& args, const int8_t* xq, const float* x_scales, int64_t n_begin, int64_t n_end) {
+  const int64_t k = args.k;
+  std::vector<float> x;
+  if (xq == nullptr) {  // weight-only: x in float32 once a task
+    x.resize(static_cast<size_t>(args.m * k));
+    for (int64_t i = 0; i < args.m * k; ++i) x[i] = HalfToFloat(args.x[i]);
+  }
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int8_t* w = args.w + n * k;
+    for (int64_t m = 0; m < args.m; ++m) {
+      float y;
+      if (xq != nullptr) {
+        const int8_t* a = xq + m * k;
+        int32_t acc = 0;
+        for (int64_t c = 0; c < k; ++c) acc += static_cast<int32_t>(a[c]) * w[c];
+        y = (static_cast<float>(acc) * x_scales[m]) * args.scales[n];
+      } else {
+        const float* a = x.data() + m * k;
+        float acc = 0.0f;
+        for (int64_t c = 0; c < k; ++c) acc += a[c] * static_cast<float>(w[c]);
+        y = acc * args.scales[n];
+      }
+      args.y[m * args.n + n] = FloatToHalf(y);
+    }
+  }
+}
+
 }  // namespace wicore

@@ -102,6 +102,16 @@ __device__ __forceinline__ void XPairs(const __half* x, uint32_t* p) {
   }
 }
 
+// wicore.MatMulI8's signed int8 codes (kPerRow below): a word's four codes as two half2 pairs, exactly, no scale
+// (the row's scale multiplies its sum). XOR 0x80 per byte makes code + 128, which the 0x64 exponent bytes turn
+// into the halves 1024 + code + 128; (e0, e2), (e1, e3) as Decode<8>.
+__device__ __forceinline__ void DecodeSigned8(uint32_t q, uint32_t* pairs) {
+  const __half2 bias = __float2half2_rn(1152.0f);
+  q ^= 0x80808080u;
+  pairs[0] = H2(__hsub2(AsH2(__byte_perm(q, 0x64646464u, 0x4240)), bias));
+  pairs[1] = H2(__hsub2(AsH2(__byte_perm(q, 0x64646464u, 0x4341)), bias));
+}
+
 // The codes and scales of kUnroll chunks (a lane's two rows of each tile), loaded before any is used.
 template <int kUnroll, int kTiles>
 struct Stage {
@@ -115,13 +125,17 @@ struct Stage {
 // read nothing and add zeros. block_shift: log2(block_size) where it is a power of two (a shift instead of
 // a division a chunk), else -1.
 //
+// kPerRow (wicore.MatMulI8, kBits 8): b holds signed int8 codes [n, k], one float scale a weight row in
+// row_scales (scales unused), applied to the row's float32 sum: y = row_scale * Σ x code.
+//
 // Tried on an H200 and dropped (docs/PERFORMANCE.md): the next chunks' loads issued before this one's MMAs
 // (a two-stage register pipeline), a warp's chunks adjacent instead of dealt, 2 tiles a block, 2 or 16 warps:
 // each slower at one row than 8 warps, 1 tile, 2 chunks a stage.
-template <int kBits, int kTiles, int kWarps, int kUnroll, int kXTiles>
+template <int kBits, int kTiles, int kWarps, int kUnroll, int kXTiles, bool kPerRow = false>
 __global__ void __launch_bounds__(kWarps * 32) MmaGemv(const __half* __restrict__ x, const uint8_t* __restrict__ b,
                                                        const __half* __restrict__ scales, __half* __restrict__ y,
-                                                       int m, int n, int k, int block_size, int block_shift) {
+                                                       int m, int n, int k, int block_size, int block_shift,
+                                                       const float* __restrict__ row_scales) {
   constexpr int kPerLoad = 128 / kBits, kChunk = 4 * kPerLoad;  // codes a 16-byte load, a chunk of k
   constexpr int kWordPairs = 16 / kBits;                         // half2 pairs a 32-bit word decodes to
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -138,7 +152,7 @@ __global__ void __launch_bounds__(kWarps * 32) MmaGemv(const __half* __restrict_
     for (int h = 0; h < 2; ++h) {
       const int r = min(n0 + 16 * i + g + 8 * h, n - 1);  // rows past n read the last row, not written
       rows[i][h] = b + r * row_bytes;
-      srows[i][h] = scales + static_cast<int64_t>(r) * blocks;
+      srows[i][h] = kPerRow ? nullptr : scales + static_cast<int64_t>(r) * blocks;
     }
   }
   auto load = [&](int it, Stage<kUnroll, kTiles>& st) {
@@ -152,7 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32) MmaGemv(const __half* __restrict_
         for (int h = 0; h < 2; ++h) {
           if (c >= 0 && kx < k) {
             st.codes[u][i][h] = __ldg(reinterpret_cast<const uint4*>(rows[i][h] + kx * kBits / 8));
-            st.scale[u][i][h] = srows[i][h][blk];
+            st.scale[u][i][h] = kPerRow ? __float2half(1.0f) : srows[i][h][blk];
           } else {
             st.codes[u][i][h] = make_uint4(0, 0, 0, 0);
             st.scale[u][i][h] = __float2half(0.0f);
@@ -177,8 +191,13 @@ __global__ void __launch_bounds__(kWarps * 32) MmaGemv(const __half* __restrict_
 #pragma unroll
         for (int i = 0; i < kTiles; ++i) {
           uint32_t lo[kWordPairs], hi[kWordPairs];  // rows g, g + 8
-          Decode<kBits>(reinterpret_cast<const uint32_t*>(&st.codes[u][i][0])[w], __half2half2(st.scale[u][i][0]), lo);
-          Decode<kBits>(reinterpret_cast<const uint32_t*>(&st.codes[u][i][1])[w], __half2half2(st.scale[u][i][1]), hi);
+          if constexpr (kPerRow) {
+            DecodeSigned8(reinterpret_cast<const uint32_t*>(&st.codes[u][i][0])[w], lo);
+            DecodeSigned8(reinterpret_cast<const uint32_t*>(&st.codes[u][i][1])[w], hi);
+          } else {
+            Decode<kBits>(reinterpret_cast<const uint32_t*>(&st.codes[u][i][0])[w], __half2half2(st.scale[u][i][0]), lo);
+            Decode<kBits>(reinterpret_cast<const uint32_t*>(&st.codes[u][i][1])[w], __half2half2(st.scale[u][i][1]), hi);
+          }
 #pragma unroll
           for (int s = 0; s < kWordPairs; s += 2)
 #pragma unroll
@@ -208,6 +227,7 @@ __global__ void __launch_bounds__(kWarps * 32) MmaGemv(const __half* __restrict_
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += partial[w][v / 32][l];
+    if constexpr (kPerRow) sum *= row_scales[row];
     y[static_cast<int64_t>(col) * n + row] = __float2half_rn(sum);
   }
 }
@@ -223,7 +243,16 @@ inline void LaunchMmaGemv(const __half* x, const uint8_t* b, const __half* scale
                           int block_size, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((n + 16 * kTiles - 1) / (16 * kTiles)));
   MmaGemv<kBits, kTiles, kWarps, kUnroll, kXTiles>
-      <<<grid, kWarps * 32, 0, stream>>>(x, b, scales, y, m, n, k, block_size, BlockShift(block_size));
+      <<<grid, kWarps * 32, 0, stream>>>(x, b, scales, y, m, n, k, block_size, BlockShift(block_size), nullptr);
+}
+
+// wicore.MatMulI8's GEMV: signed int8 codes b [n, k] (k a multiple of 16), a float scale a weight row.
+template <int kTiles, int kWarps, int kUnroll, int kXTiles = 1>
+inline void LaunchMmaGemvPerRow(const __half* x, const int8_t* b, const float* row_scales, __half* y, int m, int n, int k,
+                                cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((n + 16 * kTiles - 1) / (16 * kTiles)));
+  MmaGemv<8, kTiles, kWarps, kUnroll, kXTiles, true><<<grid, kWarps * 32, 0, stream>>>(
+      x, reinterpret_cast<const uint8_t*>(b), nullptr, y, m, n, k, k, BlockShift(k), row_scales);
 }
 
 }  // namespace gemv

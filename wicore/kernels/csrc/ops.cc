@@ -342,6 +342,7 @@ std::vector<OrtCustomOp*>* MakeOps() {
     ops->push_back(new GatedOp(wicore::Activation::kSilu, cuda));
     wicore::ops::AddAttentionOps(ops, cuda);
     wicore::ops::AddMatMulQ16Ops(ops, cuda);
+    wicore::ops::AddMatMulI8Ops(ops, cuda);
   }
   ops->push_back(new MatMulQOp());  // CPU only
   ops->push_back(new GatedF32Op());

@@ -1,4 +1,4 @@
-// What the custom-op files share (ops.cc, ops_attention.cc, ops_matmul_q16.cc): ONNX Runtime's C++ API (initialized by
+// What the custom-op files share (ops.cc, ops_attention.cc, ops_matmul_q16.cc, ops_matmul_i8.cc): ONNX Runtime's C++ API (initialized by
 // RegisterCustomOps in ops.cc), the element types and the argument checks.
 #pragma once
 
@@ -35,6 +35,8 @@ inline int64_t Rows(const std::vector<int64_t>& shape) {
 void AddAttentionOps(std::vector<OrtCustomOp*>* ops, bool cuda);
 // MatMulQ16 for the CPU EP, or the CUDA EP (ops_matmul_q16.cc), appended to `ops`.
 void AddMatMulQ16Ops(std::vector<OrtCustomOp*>* ops, bool cuda);
+// MatMulI8 for the CPU EP, or the CUDA EP (ops_matmul_i8.cc), appended to `ops`.
+void AddMatMulI8Ops(std::vector<OrtCustomOp*>* ops, bool cuda);
 
 // ArgMaxRows for the CPU EP (ops_greedy.cc), appended to `ops`.
 void AddGreedyOps(std::vector<OrtCustomOp*>* ops);
