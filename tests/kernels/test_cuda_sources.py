@@ -45,12 +45,7 @@ def test_the_cuda_kernels_and_their_ops_compile_with_nvcc(tmp_path):
         ]
         return subprocess.Popen([str(nvcc.path), *flags, "-c", str(CSRC / name), "-o", str(tmp_path / out)], **run)
 
-    jobs = [compile_job(n, arch, f"{n}.o") for n in names]
-    # cublaslt_i8.cc with cuBLASLt's header where one is found (the build's choice, library.py), else its fallback
-    header = find_cublaslt_include(nvcc.path.parent.parent)
-    if header is not None:
-        names += ("cublaslt_i8.cc (cuBLASLt)",)
-        jobs.append(compile_job("cublaslt_i8.cc", arch, f"{names[-1]}.o", ["-DWICORE_CUBLASLT", f"-I{header}"]))
+    jobs = [compile_job(n, arch, f"{n}.o") for n in names]  # cublaslt_i8.cc: its fallback without the header
     # MatMulQ16's GEMV has a Turing branch (no m16n8k16 MMA before sm_80): the oldest architecture too
     names += ("matmul_q16.cu (oldest)",)
     jobs.append(compile_job("matmul_q16.cu", CUDA_ARCHS[0], f"{names[-1]}.o"))
@@ -58,3 +53,32 @@ def test_the_cuda_kernels_and_their_ops_compile_with_nvcc(tmp_path):
         out, _ = job.communicate(timeout=900)
         assert job.returncode == 0, f"{name}: {out[-2000:]}"
         assert (tmp_path / f"{name}.o").stat().st_size > 0
+
+
+def test_the_cublaslt_glue_compiles_against_its_header(tmp_path):
+    """cublaslt_i8.cc as library.py builds it where cuBLASLt's header is found (MatMulI8's int8 GEMM)."""
+    nvcc = find_compiler(cuda=True)
+    if nvcc is None:
+        pytest.skip("no nvcc here (a CUDA toolkit, or pip install nvidia-cuda-nvcc nvidia-cuda-cccl)")
+    header = find_cublaslt_include(nvcc.path.parent.parent)
+    if header is None:
+        pytest.skip(
+            "no cublasLt.h beside nvcc (a CUDA toolkit has it; pip: nvidia-cublas): MatMulI8's cuBLASLt path is not compiled here"
+        )
+    flags = [
+        "-std=c++17",
+        "-O1",
+        "-DWICORE_CUDA",
+        "-DWICORE_CUBLASLT",
+        f"-I{header}",
+        f"-I{INCLUDE}",
+        f"-I{CSRC}",
+        "-Xcompiler",
+        "-fPIC",
+    ]
+    out = tmp_path / "cublaslt_i8.o"
+    done = subprocess.run(
+        [str(nvcc.path), *flags, "-c", str(CSRC / "cublaslt_i8.cc"), "-o", str(out)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert out.stat().st_size > 0
