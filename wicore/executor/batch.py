@@ -10,7 +10,7 @@ each array holds). Block size 4, a row of 3 tokens from position 5, blocks [7, 2
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import numpy as np
@@ -68,6 +68,9 @@ class BatchInputs:
         """Every array but the token ids and the logits' rows, by graph input name: each field is
         named as the input it feeds."""
         return {name: array for name, array in vars(self).items() if name not in (io.INPUT_IDS, io.LOGITS_INDICES)}
+
+
+BATCH_FIELDS = tuple(f.name for f in fields(BatchInputs))  # every array of a batch, by its graph input's name
 
 
 class BatchRow(Protocol):

@@ -20,7 +20,7 @@ import numpy as np
 
 from wicore.devices.providers import Device, DeviceError, onnxruntime, session_options
 from wicore.executor import pipeline
-from wicore.executor.batch import BatchInputs
+from wicore.executor.batch import BATCH_FIELDS, BatchInputs
 from wicore.executor.card_handoff import HANDOFFS
 from wicore.executor.cuda_graphs import DecodeGraphs, Replay
 from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
@@ -139,6 +139,16 @@ class ModelGraphs:
                 f"ONNX Runtime cannot capture this export's graphs: re-export it, or --cuda-graphs off ({exc})"
             ) from exc
         self._input_names = [{i.name for i in s.get_inputs()} for s in self.sessions]
+        # each partition's inputs among the batch's arrays, named once: a decode step reads them by name
+        # instead of filtering every array of the batch (a tiny model's step is ~1 ms; docs/PERFORMANCE.md)
+        self._batch_names = [
+            tuple(
+                name
+                for name in BATCH_FIELDS
+                if name in names and (name != io.INPUT_IDS or p.has_embedding) and (name != io.LOGITS_INDICES or p.has_lm_head)
+            )
+            for names, p in zip(self._input_names, manifest.partitions)
+        ]
         self.has_greedy_tokens = io.GREEDY_TOKENS in manifest.partitions[-1].outputs
         self.has_sampling_head = manifest.has_sampling_head
         self.inline_head = manifest.partitions[-1].has_sampling_head  # an older export's head, in its last partition
@@ -311,18 +321,13 @@ class ModelGraphs:
     ) -> dict[str, np.ndarray]:
         """Partition i's host inputs the graph takes, by name: the token ids (the first partition),
         the paging arrays, the logits' rows and the inline head's inputs."""
-        record = self.manifest.partitions[i]
-        step_inputs = {**batch.paging_inputs(), **(images or {})}
-        if record.has_embedding:
-            step_inputs[io.INPUT_IDS] = batch.input_ids
-        if record.has_lm_head:
-            step_inputs[io.LOGITS_INDICES] = batch.logits_indices
-            if self.inline_head:
-                head = sampling or SamplingInputs.unused(len(batch.logits_indices))
-                step_inputs[io.SAMPLING_TEMPERATURE] = head.temperature
-                step_inputs[io.SAMPLING_UNIFORM] = head.uniform
+        step_inputs = {name: getattr(batch, name) for name in self._batch_names[i]}
+        others = dict(images or {})
+        if self.manifest.partitions[i].has_lm_head and self.inline_head:
+            head = sampling or SamplingInputs.unused(len(batch.logits_indices))
+            others |= {io.SAMPLING_TEMPERATURE: head.temperature, io.SAMPLING_UNIFORM: head.uniform}
         names = self._input_names[i]
-        return {name: array for name, array in step_inputs.items() if name in names}
+        return step_inputs | {name: array for name, array in others.items() if name in names}
 
     def _bind_hidden(self, binding, partition: int, hidden: Any) -> None:
         """Bind the hidden states the partition before left (an OrtValue) as this one's input: as they

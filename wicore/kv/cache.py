@@ -41,6 +41,8 @@ class KVCache(BlockGroups):
 
         A block found corrupt (NVMe checksum) is dropped from the bookkeeping; the ids of the
         sequences that held one are returned: their KV is lost and must be recomputed."""
+        if not moves:  # most steps (every decode step without swaps): nothing to copy, no pager asked
+            return set()
         corrupt = {
             (group, b) for group, pager in enumerate(self.pagers) for b in pager.execute([m for m in moves if m.group == group])
         }
