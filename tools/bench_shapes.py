@@ -210,6 +210,11 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() * 2 * 5 / (time.perf_counter() - start)
 
 
+def measured(times: dict[int, dict[int, float]], depth: int) -> dict[str, object]:
+    """A result's record: its step times per layer count, and their fit to `depth` where two or more counts ran."""
+    return {"ms": times, "fit": fit(times, depth)} if len(times) > 1 else {"ms": times}
+
+
 def fit(times: dict[int, dict[int, float]], depth: int) -> dict[int, dict[str, float]]:
     """Per batch size: fixed + per_layer * L over the layer counts, and the estimate at `depth`."""
     fits = {}
@@ -261,13 +266,13 @@ def run(config: Config) -> int:
     results: dict[str, dict[str, object]] = {}
     if config.hf:  # first: ONNX Runtime's CUDA arenas are not handed back to torch when a session closes
         times = {n: hf_steps(folders[n], config) for n in config.layers}
-        results["hf-sdpa-bf16"] = {"ms": times, "fit": fit(times, depth)}
+        results["hf-sdpa-bf16"] = measured(times, depth)
     if config.hf_compiled:  # at the largest layer count only: each compile takes a minute or more
         n = max(config.layers)
         results["hf-compiled-bf16"] = {"ms": {n: hf_compiled_steps(folders[n], config)}}
     for variant in config.variants:
         times = {n: wicore_steps(exports[n, variant], config, split_variant(variant)[1]) for n in config.layers}
-        results[variant] = {"ms": times, "fit": fit(times, depth)} if len(times) > 1 else {"ms": times}
+        results[variant] = measured(times, depth)
     bandwidth = copy_bandwidth()
     floor_ms = 1000 * weight_bytes(config.shape, 2) / bandwidth
     header = "| | " + " | ".join(f"batch {b}" for b in config.batches) + " |\n|---|" + "---:|" * len(config.batches)
