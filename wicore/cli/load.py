@@ -72,7 +72,11 @@ class RequestTiming:
 
     @property
     def tpot(self) -> float | None:
-        return (self.latency - self.ttft) / (self.num_tokens - 1) if self.num_tokens > 1 else None
+        """None where the tokens after the first were not seen arrive: one token, or all of them in one
+        chunk of text (a tokenizer may hold back text until a character completes)."""
+        if self.num_tokens < 2 or len(self.chunk_times) < 2:
+            return None
+        return (self.latency - self.ttft) / (self.num_tokens - 1)
 
 
 @dataclass(frozen=True)
