@@ -9,9 +9,10 @@ same run. Per-layer cost is fitted over the layer counts and extrapolated to the
 
     step ms (L layers) = fixed + per_layer * L        (least squares; residuals in the JSON)
 
-(One layer count: its measured step times, no fit.) With `--random-weights` a quantized variant is
-exported from random blocks with no checkpoint (shape_exports.random_export), so one layer count
-can be the full depth, measured instead of fitted (no HF peer, no --check: there are no floats).
+(One layer count: its measured step times, no fit.) With `--random-weights` each variant is exported
+from random weights with no checkpoint (shape_exports.random_export: blocks for quantized variants,
+floats for fp16 ones), so one layer count can be the full depth, measured instead of fitted (no HF
+peer, no --check: there is no checkpoint to run).
 
 Shapes: Gemma 3's (wicore.model.shapes) and mixtures of experts (tools/moe_shapes.py: Qwen3-30B-A3B,
 its floor then the weights one token reads, batch 1's). The first L layers of the model's pattern are exported (the last made a full-attention layer),
@@ -92,7 +93,7 @@ class Config:
     top_p: float = 0.95
     threads: int = 1
     block_size: int | None = None  # None: the engine's default (a paged export: its FlashAttention tile)
-    random_weights: bool = False  # quantized variants from random blocks, no checkpoint (the full depth fits)
+    random_weights: bool = False  # exports from random weights, no checkpoint (the full depth fits)
 
 
 def wicore_steps(model_dir: Path, config: Config, flags: set[str]) -> dict[int, float]:
@@ -322,7 +323,9 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--top-k", type=int, default=0, help="with --temperature: top-k of the rows' draws (0: off)")
     p.add_argument("--top-p", type=float, default=0.95, help="with --temperature: top-p of the rows' draws")
     p.add_argument(
-        "--random-weights", action="store_true", help="quantized variants from random blocks, no checkpoint: the full depth fits"
+        "--random-weights",
+        action="store_true",
+        help="exports from random weights, no checkpoint: the full depth fits a device's disk",
     )
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)

@@ -11,7 +11,7 @@ from moe_shapes import MOE_SHAPES
 from moe_shapes import hf_config as moe_hf_config
 
 from wicore.export.exporter import ExportConfig, export_model
-from wicore.export.random_weights import RandomQuantSource
+from wicore.export.random_weights import RandomFloatSource, RandomQuantSource
 from wicore.export.sources import open_source
 from wicore.model.shapes import hf_config as gemma_hf_config
 
@@ -75,16 +75,19 @@ def export(folder: Path, variant: str, out: Path, partitions: int = 1) -> Path:
 
 
 def random_export(shape: str, layers: int, variant: str, out: Path) -> Path:
-    """A quantized `variant` of `shape`'s first `layers` layers (its full depth too) from random
-    blocks (wicore/export/random_weights.py): no checkpoint, so the 27B's 62 layers fit a device's
-    disk; the embedding's rows gathered from the head's codes (the source's floats are zeros)."""
+    """`variant` of `shape`'s first `layers` layers (its full depth too) from random weights
+    (wicore/export/random_weights.py): no checkpoint, so the 27B's 62 layers fit a device's disk.
+    Quantized variants get random blocks, the embedding's rows gathered from the head's codes (the
+    source's floats are zeros); float variants random normal weights."""
     settings = VARIANTS[variant]
-    if settings.get("op_flavour") != "ort-quant":
-        raise SystemExit(f"error: --random-weights makes quantized weights only; {variant} is a float variant")
     if not (out / "wicore.json").is_file():
         t = time.perf_counter()
-        source = RandomQuantSource.of_shape(shape, int(settings["weight_bits"]), layers)  # type: ignore[call-overload]
-        config = ExportConfig(overwrite=True, **dict(settings, quantize_embedding=True))  # type: ignore[arg-type]
+        if settings.get("op_flavour") == "ort-quant":
+            source = RandomQuantSource.of_shape(shape, int(settings["weight_bits"]), layers)  # type: ignore[call-overload]
+            settings = dict(settings, quantize_embedding=True)
+        else:
+            source = RandomFloatSource.of_shape(shape, layers=layers)
+        config = ExportConfig(overwrite=True, **settings)  # type: ignore[arg-type]
         export_model(source, out, config, progress=lambda _: None)
         print(f"exported {out.name} in {time.perf_counter() - t:.0f} s", flush=True)
     return out
