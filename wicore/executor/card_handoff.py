@@ -17,9 +17,31 @@ docs/PERFORMANCE.md):
 from __future__ import annotations
 
 import functools
+import logging
+import os
 from collections.abc import Callable
 
 HANDOFFS = ("device", "host")  # how hidden states cross between cards: a handoff session, or through host memory
+CUDNN_SDPA_ENV = "ORT_ENABLE_CUDNN_FLASH_ATTENTION"  # read by ONNX Runtime's attention kernels as a session makes them
+
+log = logging.getLogger(__name__)
+
+
+def cudnn_sdpa_off_for_steps_in_flight() -> bool:
+    """Turn ONNX Runtime's cuDNN paged SDPA off for the sessions made after this call, unless the
+    environment already chooses: a model split over two cards with steps in flight and CUDA graphs
+    failed at its first step with it on, in ORT's PagedAttention on cuda:0 ("cuCtxPushCurrent ...
+    invalid device context", the 27B at 62 layers over two H200s, 2026-11-29), and ran with it off,
+    every token equal to the whole-step split's (docs/PERFORMANCE.md). The setting is the process's:
+    sessions made later in it decode on ORT's other kernels too. True where this call turned it off."""
+    if CUDNN_SDPA_ENV in os.environ:
+        return False
+    os.environ[CUDNN_SDPA_ENV] = "0"
+    log.warning(
+        "a model split over several cards with steps in flight and CUDA graphs: %s=0 (cuDNN's paged SDPA fails there)",
+        CUDNN_SDPA_ENV,
+    )
+    return True
 
 
 def handoff_session(graphs, partition: int) -> object:

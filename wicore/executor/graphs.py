@@ -21,7 +21,7 @@ import numpy as np
 from wicore.devices.providers import Device, DeviceError, onnxruntime, session_options
 from wicore.executor import pipeline
 from wicore.executor.batch import BATCH_FIELDS, BatchInputs
-from wicore.executor.card_handoff import HANDOFFS
+from wicore.executor.card_handoff import HANDOFFS, cudnn_sdpa_off_for_steps_in_flight
 from wicore.executor.cuda_graphs import DecodeGraphs, Replay
 from wicore.executor.graph_io import GraphOutputs, SamplingInputs, graph_outputs
 from wicore.executor.kept_binding import HostTokens, KeptBindings
@@ -122,6 +122,8 @@ class ModelGraphs:
         # copy, the sampling head): the graphs' scratch, which a shared arena counts as free between
         # runs, must be the partition sessions' own (wicore.executor.cuda_graphs).
         self.replays_in_flight = bool(cuda_graphs) and several and self.pipeline_groups > 1
+        if self.replays_in_flight and all(d.capability.name == "cuda" for d in self.devices):
+            cudnn_sdpa_off_for_steps_in_flight()
         opts = session_options(num_threads, profile_prefix, self.devices, share_arena=not self.replays_in_flight)
         if cuda_graphs and any(d.capability.capture_whole_values for d in self.devices):
             opts.enable_mem_pattern = False  # the WebGPU EP's capture (Capability.capture_whole_values)
