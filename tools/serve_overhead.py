@@ -68,6 +68,10 @@ class StepCore:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.aborted)
 
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
     def make_request(self, ids: Any, params: SamplingParams, request_id: str, *args: Any, **kwargs: Any) -> Any:
         return request_id, params.max_tokens or 16
 

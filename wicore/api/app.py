@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -26,7 +26,7 @@ from wicore.api.connections import InFlight, connection_of, until_disconnect
 from wicore.api.docs_page import docs_route
 from wicore.api.errors import APIError, CORSMiddleware, from_wicore
 from wicore.api.gate import Gate
-from wicore.api.generation import ChoiceStats, Generation, Job, Piece, run_choice
+from wicore.api.generation import ChoiceStats, Generation, Job, run_choice
 from wicore.api.http import client_error, internal_error_response
 from wicore.api.images import ImagePart, load_images
 from wicore.api.logprobs import LogprobFormatter, TokenLogprobs
@@ -139,7 +139,7 @@ class API(Gate):
             raise responses.renamed(exc, origins) from None
         gen = self.start(job, connection_of(request))
         builder = responses.ResponseBuilder(responses.response_base(body, self.settings.model_name))
-        events = responses.events(gen, builder, merge(gen.choices, self.streams))
+        events = responses.events(gen, builder, merge(gen.choices, self.streams, gen.abort))
         if job.options.stream:
             return EventStream(responses.event_stream(events, builder), on_close=gen.abort)
         final: dict[str, Any] = {}
@@ -260,7 +260,7 @@ class API(Gate):
         keep_specials = job.tools is not None and job.tools.format.reads_special_tokens
         stats = [ChoiceStats(num_prompt_tokens=len(prompts[i // opts.n])) for i in range(len(request_ids))]
         choices = [
-            self._observed(run_choice(self.engine, request_id, prompts[i // opts.n], opts.stop, s, keep_specials), s)
+            run_choice(self.engine, request_id, prompts[i // opts.n], opts.stop, s, keep_specials, self._observe)
             for i, (request_id, s) in enumerate(zip(request_ids, stats))
         ]
         if job.tools is not None:  # content and tool calls, read from each choice's text
@@ -290,7 +290,7 @@ class API(Gate):
         gen = self.start(job, connection_of(request))
         is_chat, opts, choices, formatter, abort_all = job.is_chat, job.options, gen.choices, gen.logprobs, gen.abort
         if opts.stream:
-            objects = chunks(gen.base, is_chat, choices, gen.usage, opts.include_usage, formatter, self.streams)
+            objects = chunks(gen.base, is_chat, choices, gen.usage, opts.include_usage, formatter, self.streams, abort_all)
             body = event_stream(objects, gen.base.get("id"))
             return EventStream(body, on_close=abort_all)
         texts = [""] * len(choices)
@@ -300,7 +300,7 @@ class API(Gate):
         thoughts = [""] * len(choices)
 
         async def collect() -> None:  # cut by a shutdown as streams are: a 503 server_shutting_down
-            async for index, piece in merge(choices, self.streams):
+            async for index, piece in merge(choices, self.streams, abort_all):
                 texts[index] += piece.text
                 reasons[index] = piece.finish_reason or reasons[index]
                 tokens[index] += piece.logprobs
@@ -319,13 +319,8 @@ class API(Gate):
         obj = "chat.completion" if is_chat else "text_completion"
         return JSONResponse({**gen.base, "object": obj, "choices": results, "usage": gen.usage()})
 
-    async def _observed(self, choice: AsyncIterator[Piece], stats: ChoiceStats) -> AsyncIterator[Piece]:
-        try:
-            async for piece in choice:
-                yield piece
-        finally:
-            await choice.aclose()  # type: ignore[attr-defined]
-            self.metrics.observe_choice(stats, time.monotonic())
+    def _observe(self, stats: ChoiceStats) -> None:
+        self.metrics.observe_choice(stats, time.monotonic())
 
     def add_requests(
         self, rid: str, prompts: list[list[int]], opts: Options, param: str, images: list[ImageInput] | None = None

@@ -94,12 +94,15 @@ async def run_choice(
     stops: tuple[str, ...],
     stats: ChoiceStats,
     keep_special_tokens: bool = False,
+    on_end: Callable[[ChoiceStats], None] | None = None,
 ) -> AsyncIterator[Piece]:
     """Yield the text pieces of request `request_id` (queued in `engine`, prompt `prompt_ids`);
     the last one carries the finish reason. `keep_special_tokens`: the text has them written (for
     a format whose markers they are: harmony's channels).
 
     Closing the generator early (a client that went away) aborts the request in the engine.
+    `on_end(stats)` once the choice ended, however it did (the server's metrics; a callback, not
+    a generator around this one: each layer costs every piece of every stream a resume).
     """
     decoder = IncrementalDecoder(engine.tokenizer, not keep_special_tokens, prompt_ids)
     matcher = StopMatcher(stops)
@@ -156,6 +159,8 @@ async def run_choice(
     finally:
         if not finished:
             engine.abort(request_id)
+        if on_end is not None:
+            on_end(stats)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ class LogprobQueue:
 
     def take(self, num_sent: int) -> list[TokenLogprobs]:
         """The tokens whose text begins within the first `num_sent` characters (in order)."""
+        if not self._pending:  # no logprobs asked for: every piece of the stream
+            return []
         n = next((i for i, t in enumerate(self._pending) if t.offset >= num_sent), len(self._pending))
         out, self._pending = self._pending[:n], self._pending[n:]
         return out

@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -37,6 +37,43 @@ _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 def sse(payload: dict[str, Any]) -> str:
     return f"data: {_COMPACT.encode(payload)}\n\n"
+
+
+class TextChunk(dict):
+    """A chunk whose one choice carries only text (no logprobs, no finish reason, no tool calls):
+    most chunks of a stream. It is the chunk object all the same; `event_stream` writes its event
+    from the text and the JSON around it, encoded once a stream (`_Templates`), not the whole
+    object each time."""
+
+    def __init__(self, payload: dict[str, Any], is_chat: bool, index: int, text: str) -> None:
+        super().__init__(payload)
+        self.is_chat, self.index, self.text = is_chat, index, text
+
+    def with_text(self, text: str) -> dict[str, Any]:
+        """This chunk as a plain dict with `text` in its text's place."""
+        [choice] = self["choices"]
+        field = {"delta": {**choice["delta"], "content": text}} if self.is_chat else {"text": text}
+        return {**self, "choices": [{**choice, **field}]}
+
+
+# A text no chunk's own fields hold (private-use characters, written raw): its encoding in a
+# chunk splits the chunk's JSON into what comes before and after any text.
+_MARK = "\ue000wicore-text\ue000"
+_encode_text = json.encoder.encode_basestring  # what _COMPACT writes a string with (ensure_ascii=False)
+
+
+class _Templates:
+    """One stream's text chunks' JSON before and after the text, by choice index."""
+
+    def __init__(self) -> None:
+        self._around: dict[int, tuple[str, str]] = {}
+
+    def sse(self, c: TextChunk) -> str:
+        around = self._around.get(c.index)
+        if around is None:
+            before, _, after = _COMPACT.encode(c.with_text(_MARK)).rpartition(_encode_text(_MARK))
+            around = self._around[c.index] = (f"data: {before}", f"{after}\n\n")
+        return f"{around[0]}{_encode_text(c.text)}{around[1]}"
 
 
 class EventStream(StreamingResponse):
@@ -62,22 +99,53 @@ class EventStream(StreamingResponse):
 
 
 class Streams:
-    """The queues of the streams open now, so that a shutdown can end them (`cut`)."""
+    """What is open now (streams and non-streamed answers), so that a shutdown can end them (`cut`)."""
 
     def __init__(self) -> None:
-        self.open: set[asyncio.Queue] = set()
+        self.open: set[Cuttable] = set()
 
     def cut(self) -> None:
         """End every open stream with a 503 error event (call on the server's event loop)."""
         error = APIError(503, "the server is shutting down; the answer was cut short: retry", code="server_shutting_down")
-        for queue in self.open:
-            queue.put_nowait((-1, error))
+        for target in list(self.open):
+            target.put_nowait((-1, error))
 
 
-async def merge(choices: list[AsyncIterator[Piece]], streams: Streams | None = None) -> AsyncIterator[tuple[int, Piece]]:
+class Cuttable(Protocol):
+    """Where `Streams.cut` puts its error: a merge's queue, or a single choice's `_Cut`."""
+
+    def put_nowait(self, item: tuple[int, Exception]) -> None: ...
+
+
+class _Cut:
+    """A single choice's answer to `Streams.cut`: the error kept and the choice's request aborted,
+    so that the choice ends (the engine's final output comes with its next step) and the error is
+    raised in its place."""
+
+    def __init__(self, abort: Callable[[], None]) -> None:
+        self.error: Exception | None = None
+        self._abort = abort
+
+    def put_nowait(self, item: tuple[int, Exception]) -> None:
+        if self.error is None:
+            self.error = item[1]
+            self._abort()
+
+
+def merge(
+    choices: list[AsyncIterator[Piece]], streams: Streams | None = None, abort: Callable[[], None] | None = None
+) -> AsyncIterator[tuple[int, Piece]]:
     """(choice index, piece) from all choices as they arrive; the first error is raised.
 
-    Leaving early cancels the remaining choices (each aborts its engine request)."""
+    Leaving early cancels the remaining choices (each aborts its engine request). One choice with
+    `abort` (what ends its request) is read in the caller's task (`_single`)."""
+    if len(choices) == 1 and abort is not None:
+        return _single(choices[0], streams, abort)
+    return _many(choices, streams)
+
+
+async def _many(choices: list[AsyncIterator[Piece]], streams: Streams | None) -> AsyncIterator[tuple[int, Piece]]:
+    """`merge` of several choices: each read by a task of its own into one queue."""
     queue: asyncio.Queue[tuple[int, Piece | Exception | None]] = asyncio.Queue()
     if streams is not None:
         streams.open.add(queue)
@@ -109,6 +177,28 @@ async def merge(choices: list[AsyncIterator[Piece]], streams: Streams | None = N
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _single(
+    choice: AsyncIterator[Piece], streams: Streams | None, abort: Callable[[], None]
+) -> AsyncIterator[tuple[int, Piece]]:
+    """`merge` of one choice without a task and a queue between it and its reader: a piece costs
+    one task wakeup, not two (at 256 streams a token each a step, the event loop's work a token;
+    docs/PERFORMANCE.md, issue 32). A cut aborts the request; its error replaces what comes next."""
+    cut = _Cut(abort)
+    if streams is not None:
+        streams.open.add(cut)
+    try:
+        async for piece in choice:
+            if cut.error is not None:
+                raise cut.error
+            yield 0, piece
+        if cut.error is not None:
+            raise cut.error
+    finally:
+        if streams is not None:
+            streams.open.discard(cut)
+        await choice.aclose()  # type: ignore[attr-defined]  # left early: its request is aborted
+
+
 def chunk(base: dict[str, Any], is_chat: bool, choices: list[dict[str, Any]]) -> dict[str, Any]:
     return {**base, "object": "chat.completion.chunk" if is_chat else "text_completion", "choices": choices}
 
@@ -121,16 +211,17 @@ async def chunks(
     include_usage: bool,
     logprobs: LogprobFormatter | None = None,
     streams: Streams | None = None,
+    abort: Callable[[], None] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """The chunk objects of a streamed completion, in order (SSE here, WebSocket frames in
     wicore.api.websocket); an error is raised. `usage()` gives the final usage object; with
-    `logprobs`, each chunk carries those of the tokens whose text it starts."""
+    `logprobs`, each chunk carries those of the tokens whose text it starts; `abort`: as `merge`'s."""
     extra = {"usage": None} if include_usage else {}
     if is_chat:
         for i in range(len(choices)):
             role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
             yield {**chunk(base, True, [role]), **extra}
-    async for index, piece in merge(choices, streams):
+    async for index, piece in merge(choices, streams, abort):
         if is_chat:
             said = piece.text or (piece.finish_reason is None and not piece.reasoning)
             delta: dict[str, Any] = {"content": piece.text} if said else {}
@@ -143,7 +234,9 @@ async def chunks(
         else:
             shaped = None if logprobs is None else logprobs.completion(piece.logprobs)
             choice = {"index": index, "text": piece.text, "logprobs": shaped, "finish_reason": piece.finish_reason}
-        yield {**chunk(base, is_chat, [choice]), **extra}
+        payload = {**chunk(base, is_chat, [choice]), **extra}
+        plain = piece.text and shaped is None and piece.finish_reason is None and not piece.reasoning and not piece.tool_calls
+        yield TextChunk(payload, is_chat, index, piece.text) if plain else payload
     if include_usage:
         yield {**chunk(base, is_chat, []), "usage": usage()}
 
@@ -161,9 +254,10 @@ def stream_error(exc: Exception, stream_id: object) -> APIError:
 
 async def event_stream(chunk_objects: AsyncIterator[dict[str, Any]], stream_id: object) -> AsyncIterator[str]:
     """The SSE body of a streamed completion (its `chunks`); an error ends it with an error event."""
+    templates = _Templates()
     try:
         async for c in chunk_objects:
-            yield sse(c)
+            yield templates.sse(c) if type(c) is TextChunk else sse(c)
     except Exception as exc:
         yield sse(stream_error(exc, stream_id).body())
     yield DONE

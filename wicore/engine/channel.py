@@ -71,12 +71,11 @@ class Channel:
             self._loop = asyncio.get_running_loop()
             self._event = asyncio.Event()
         while True:
-            ready = self.take_ready()
-            if not ready:
-                await self._event.wait()
+            if not self._items:  # read without the lock (a deque's length is one atomic read): a
+                await self._event.wait()  # consumer that waits for every step takes the lock once a step
                 self._event.clear()
                 continue
-            item = merge_outputs(ready)  # the steps this consumer fell behind by, as one output
+            item = merge_outputs(self.take_ready())  # the steps this consumer fell behind by, as one output
             yield item
             if item.finished:
                 return

@@ -1,0 +1,106 @@
+"""The streaming path's shortcuts (issue 32): a text chunk's event written from a template, and one
+choice read in its reader's task, give what the general path gives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from wicore.api.errors import APIError
+from wicore.api.generation import Piece
+from wicore.api.streaming import Streams, TextChunk, chunks, event_stream, merge, sse
+
+TEXTS = ["Hello", ' "quoted" \\ back', "tab\there\nnew", "\x00\x1f ctl", "\u2028\u2029\x85 seps", "é 日本 \U0001f600", "\ue000wicore-text\ue000"]  # fmt: skip
+
+
+async def pieces(items: list[Piece], reached: list[str] | None = None) -> AsyncIterator[Piece]:
+    try:
+        for item in items:
+            yield item
+            await asyncio.sleep(0)
+    finally:
+        if reached is not None:
+            reached.append("closed")
+
+
+def events(is_chat: bool, include_usage: bool, n: int, model: str = "m") -> tuple[list[str], list[dict]]:
+    """The SSE events of a stream of TEXTS then a finish (one choice or `n`), and its chunk objects."""
+    base = {"id": "cmpl-1", "created": 7, "model": model}
+
+    def choices() -> list[AsyncIterator[Piece]]:
+        return [pieces([*(Piece(t) for t in TEXTS), Piece("", "length")]) for _ in range(n)]
+
+    async def run() -> tuple[list[str], list[dict]]:
+        usage = lambda: {"completion_tokens": 3}
+        sent = [e async for e in event_stream(chunks(base, is_chat, choices(), usage, include_usage, abort=lambda: None), "s")]  # fmt: skip
+        objects = [c async for c in chunks(base, is_chat, choices(), usage, include_usage, abort=lambda: None)]
+        assert sum(type(c) is TextChunk for c in objects) == len(TEXTS) * n  # every text piece took the template
+        return sent, [dict(c) for c in objects]
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("is_chat", [True, False])
+@pytest.mark.parametrize("include_usage", [True, False])
+@pytest.mark.parametrize("n", [1, 2])
+def test_text_chunks_events_are_the_objects_encoded(is_chat, include_usage, n):
+    sent, objects = events(is_chat, include_usage, n)
+    assert sent == [sse(o) for o in objects] + ["data: [DONE]\n\n"]
+    texts = [json.loads(e[6:])["choices"] for e in sent[:-1]]
+    field = "delta" if is_chat else "text"
+    got = ["".join((c[0][field].get("content", "") if is_chat else c[0][field]) for c in texts if c and c[0]["index"] == i) for i in range(n)]  # fmt: skip
+    assert got == ["".join(TEXTS)] * n
+
+
+def test_a_model_named_like_the_template_mark_keeps_its_events_exact():
+    sent, objects = events(False, True, 1, model="\ue000wicore-text\ue000")
+    assert sent == [sse(o) for o in objects] + ["data: [DONE]\n\n"]
+
+
+def test_one_choice_cut_by_a_shutdown_aborts_its_request_and_raises_the_503():
+    aborted: list[str] = []
+    streams = Streams()
+
+    async def run() -> tuple[list[str], APIError]:
+        got: list[str] = []
+        with pytest.raises(APIError) as raised:
+            async for index, piece in merge([pieces([Piece("a"), Piece("b"), Piece("", "abort")])], streams, lambda: aborted.append("x")):  # fmt: skip
+                assert index == 0
+                got.append(piece.text)
+                if piece.text == "a":
+                    streams.cut()
+                    streams.cut()  # a second cut: the first error stands, one abort
+        assert not streams.open
+        return got, raised.value
+
+    got, error = asyncio.run(run())
+    assert got == ["a"] and aborted == ["x"]
+    assert (error.status, error.code) == (503, "server_shutting_down")
+
+
+def test_one_choice_left_early_is_closed():
+    reached: list[str] = []
+    streams = Streams()
+
+    async def run() -> list[str]:
+        merged = merge([pieces([Piece("a"), Piece("b")], reached)], streams, lambda: None)
+        got = [(await merged.__anext__())[1].text]
+        await merged.aclose()  # type: ignore[attr-defined]
+        assert not streams.open
+        return got
+
+    assert asyncio.run(run()) == ["a"] and reached == ["closed"]
+
+
+def test_one_choice_without_an_abort_and_several_choices_go_through_the_queue():
+    streams = Streams()
+
+    async def run(n: int, abort: object) -> list[tuple[int, str]]:
+        choices = [pieces([Piece(f"{i}a"), Piece(f"{i}b", "stop")]) for i in range(n)]
+        return [(i, p.text) async for i, p in merge(choices, streams, abort)]  # type: ignore[arg-type]
+
+    assert asyncio.run(run(1, None)) == [(0, "0a"), (0, "0b")]
+    assert sorted(asyncio.run(run(2, lambda: None))) == [(0, "0a"), (0, "0b"), (1, "1a"), (1, "1b")]
