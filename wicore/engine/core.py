@@ -275,7 +275,7 @@ class EngineCore(OverlappedSteps):
             self.speculator.forget(out.ended_request_ids)
         outputs = self._account(rows, result)
         if step is not None and self._repeats and (last is not None or self.runner.can_repeat(step)):
-            self._steady = steady_after(self.scheduler, step, result)
+            self._steady = steady_after(self.scheduler, step, result, last is not None)
         seconds = PhaseSeconds(
             scheduled - start, moved - scheduled, ran - moved, time.perf_counter() - ran, result.graphs_seconds
         )

@@ -40,12 +40,13 @@ class SteadyStep:
         return self.step.rows
 
 
-def steady_after(scheduler: Scheduler, step: PreparedStep, result: RunResult) -> SteadyStep | None:
+def steady_after(scheduler: Scheduler, step: PreparedStep, result: RunResult, repeated: bool) -> SteadyStep | None:
     """`step` (one ModelRunner.can_repeat accepts, accounted) to repeat next, where its rows are every
-    running request's and none failed; else None."""
+    running request's and none failed; else None. `repeated`: `step` repeated the step before, whose
+    rows were every running request's: none has joined since, so as many as its rows are all of them."""
     running = tuple(scheduler.running)
     if result.failed or len(running) != len(step.rows):
         return None
-    if {r.request_id for r in running} != {row.request_id for row in step.rows}:
+    if not repeated and {r.request_id for r in running} != {row.request_id for row in step.rows}:
         return None
     return SteadyStep(step, running)
