@@ -33,7 +33,6 @@ ended; rows carry only plain data.
 
 from __future__ import annotations
 
-import copy
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -78,7 +77,7 @@ class ModelRunner:
     def execute_prepared(self, step: PreparedStep) -> RunResult:
         """Run a prepared step (`prepare`, `repeat`) and sample where a row asks."""
         try:
-            device = self.run_device(step)
+            device = self.run_device(step, feeds=False)
         except BaseException:
             step.masks.wait()
             raise
@@ -148,8 +147,22 @@ class ModelRunner:
             batch = build_batch(rows, self.block_size)
         sampling = self._sampling_inputs(rows, prepared.drawn, NO_MASKS) if prepared.drawn else None
         replay = self.graphs.prepare_replay(batch, sampling)
-        again = copy.copy(prepared)
-        again.rows, again.batch, again.sampling, again.replay = rows, batch, sampling, replay
+        p = prepared
+        again = PreparedBatch(
+            rows,
+            batch,
+            p.logits,
+            p.drawn,
+            None,
+            sampling,
+            None,
+            replay,
+            p.greedy_ids,
+            p.greedy_fed,
+            p.drawn_fed,
+            p.feed_rows,
+            p.feed_slots,
+        )
         return PreparedStep(rows, [again], NO_MASKS, step.fed)
 
     def _plan_feeds(self, prepared: PreparedBatch, fed: dict[str, int], feeds: Mapping[str, int]) -> None:
@@ -178,12 +191,13 @@ class ModelRunner:
         prepared.greedy_fed, prepared.drawn_fed = _pairs(greedy), _pairs(drawn)
         prepared.feed_rows, prepared.feed_slots = _pairs(takes)
 
-    def run_device(self, step: PreparedStep, previous: DeviceResult | None = None) -> DeviceResult:
+    def run_device(self, step: PreparedStep, previous: DeviceResult | None = None, feeds: bool = True) -> DeviceResult:
         """The step's graphs (on the worker under async scheduling): the fed rows' input ids taken
-        from `previous` (the step before's result), the runs, and this step's fed tokens."""
+        from `previous` (the step before's result), the runs, and this step's fed tokens (none without
+        `feeds`: no step takes them, as in a synchronous step; two NumPy gathers fewer, issue 37)."""
         outputs = []
         seconds = 0.0
-        fed_tokens = np.zeros(len(step.fed), np.int64)
+        fed_tokens = np.zeros(len(step.fed) if feeds else 0, np.int64)
         for prepared in step.batches:
             if len(prepared.feed_rows):
                 if previous is None:
@@ -194,6 +208,9 @@ class ModelRunner:
                 prepared.batch, prepared.logits, prepared.images, prepared.sampling, prepared.staged, prepared.replay
             )
             seconds += time.perf_counter() - started
+            outputs.append(out)
+            if not feeds:
+                continue
             rows, slots = prepared.greedy_fed
             if len(rows):
                 assert out.greedy_tokens is not None
@@ -202,7 +219,6 @@ class ModelRunner:
             if len(rows):
                 assert out.draws is not None
                 fed_tokens[slots] = out.draws.tokens[rows]
-            outputs.append(out)
         return DeviceResult(outputs, fed_tokens, seconds)
 
     def finish(self, step: PreparedStep, device: DeviceResult) -> RunResult:
