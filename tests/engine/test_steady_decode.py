@@ -54,9 +54,16 @@ class Run:
     num_preempted: int = 0
 
 
-def drive(model_dir: Path, steady: bool, arrivals: list[Arrival], **overrides) -> Run:
+def drive(model_dir: Path, steady: bool, arrivals: list[Arrival], decode_graphs: bool = False, **overrides) -> Run:
+    """`arrivals` through a core stepped by hand; `decode_graphs`: decode steps through DecodeGraphs'
+    buckets, as CUDA graphs run them (on the CPU EP their inputs are what runs: tests/engine/
+    test_async_scheduling.py)."""
     scheduler = overrides.pop("scheduler", SchedulerConfig(max_num_batched_tokens=40, prefill_chunk=16))
     core = EngineCore(tiny_config(model_dir, scheduler=scheduler, verify_files=False, steady_decode=steady, **overrides))
+    if decode_graphs:
+        bs, context = core.layout.block_size, core.max_sequence_tokens
+        window = -(-core.manifest.config.sliding_window // bs) + 2 if core.layout.has_window else 1
+        core.runner.graphs.enable_decode_graphs(bs, core.scheduler.config.max_num_seqs, -(-context // bs), window, context)
     run = Run()
     try:
         call = 0
@@ -198,11 +205,12 @@ def test_llama_and_qwen2_greedy_and_sampled_give_the_full_paths_tokens(families,
     assert sum(steady.repeated) > len(steady.repeated) // 2
 
 
-def test_the_sampling_heads_draws_give_the_full_paths_tokens(chat_with_head):
+@pytest.mark.parametrize("decode_graphs", [False, True], ids=["uncaptured", "decode-graphs"])
+def test_the_sampling_heads_draws_give_the_full_paths_tokens(chat_with_head, decode_graphs):
     arrivals = [Arrival(f"whole-{i}", PROMPTS[i], seeded(20 + 3 * i, i), 0) for i in range(3)]
     arrivals += [Arrival("top-k", PROMPTS[3], seeded(15, 9, top_k=5), 2), Arrival("greedy", PROMPTS[4], greedy(18), 2)]
-    full = drive(chat_with_head, False, arrivals)
-    steady = drive(chat_with_head, True, arrivals)
+    full = drive(chat_with_head, False, arrivals, decode_graphs)
+    steady = drive(chat_with_head, True, arrivals, decode_graphs)
     assert_same_run(full, steady)
     assert sum(steady.repeated) > 0
 
