@@ -1,10 +1,11 @@
 """The steady decode step: the engine core's shortcut for a step that repeats the last one a token on.
 
-In a long generation most steps run the same requests as the step before, each one token further,
-within the KV blocks it holds. Such a step needs no scheduling, no batch built from lists, no plan
-of which rows are drawn, fed or read back: the last step's rows advance a position, its batch too
-(a tiny model's step spent ~0.25-0.5 ms of ~1.3 in that host work, issue 37). The core keeps the
-last step where the next may repeat it:
+In a long generation most steps run the same requests as the step before, each one token further.
+Such a step needs no ranking or budgets, no batch built from lists, no plan of which rows are drawn,
+fed or read back: the last step's rows advance a position, its batch too, a row's tables written
+anew only where it got a block or released one (a tiny model's step spent ~0.25-0.5 ms of ~1.3 in
+that host work, issue 37; the steady step halves it). The core keeps the last step where the next
+may repeat it:
 
     step N (any path)    rows, batch ──► run ──► update ──► steady_after: N's rows cover the running
                                                                requests, all plain decodes? keep N
