@@ -351,16 +351,16 @@ def test_a_step_that_fails_ends_its_requests_and_the_engine_goes_on(model_dir, a
     """The runner raising in one step (a broken kernel, say) fails the requests of that step
     with finish reason "error"; their blocks return and later requests run normally."""
     with engine(model_dir).start() as eng:
-        execute = eng.core.runner.execute
+        execute = eng.core.runner.execute_prepared
         failures = []
 
-        def fail_once(rows, ended_request_ids=()):
+        def fail_once(step):
             if not failures:
-                failures.append(rows)
+                failures.append(step.rows)
                 raise RuntimeError("kernel failed")
-            return execute(rows, ended_request_ids)
+            return execute(step)
 
-        eng.core.runner.execute = fail_once
+        eng.core.runner.execute_prepared = fail_once
         rid = eng.add_request(PROMPTS[0], GREEDY)
         outputs = list(eng.outputs(rid))
         assert outputs[-1].finished and outputs[-1].finish_reason == "error"

@@ -57,6 +57,11 @@ class EngineConfig:
     # run on two cards measures it); None: one a device where the partitions span several devices
     # (unless async scheduling or a vision partition is on), else 1.
     pipeline_groups: int | None = 1
+    # A decode step that repeats the last one a token on (the same requests, nothing admitted, ended or
+    # preempted) advances its rows and batch instead of scheduling and building them again
+    # (wicore.engine.steady): the same steps and tokens, half the host work a step. False: every step
+    # scheduled in full (A/B runs, tests).
+    steady_decode: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in ("a2cr", "lru"):

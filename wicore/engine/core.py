@@ -44,10 +44,12 @@ from wicore.engine.request import Request
 from wicore.engine.scheduler import Scheduler
 from wicore.engine.speculative_setup import build_speculator
 from wicore.engine.stats import EngineStats, engine_stats
+from wicore.engine.steady import SteadyStep, steady_after
 from wicore.engine.trace import PhaseSeconds, StepTrace
 from wicore.errors import RequestError
 from wicore.executor.constrained import Grammars
 from wicore.executor.graphs import ModelGraphs
+from wicore.executor.prepared import PreparedStep
 from wicore.executor.runner import ModelRunner
 from wicore.executor.vision import VisionEncoder
 from wicore.graph.manifest import Manifest
@@ -158,6 +160,8 @@ class EngineCore(OverlappedSteps):
         self._worker = StepWorker(self.runner, self.kv) if config.async_scheduling else None
         self._inflight: InFlight | None = None  # the step the worker runs (async scheduling)
         self._groups = StepGroups(self.runner, graphs.pipeline_groups) if graphs.pipeline_groups > 1 else None
+        self._repeats = config.steady_decode and self.speculator is None  # speculation drafts every step
+        self._steady: SteadyStep | None = None  # the last step, where the next may repeat it (wicore.engine.steady)
 
     def need_tokenizer(self) -> Tokenizer:
         """The tokenizer, or the RequestError a model exported without one answers."""
@@ -234,6 +238,14 @@ class EngineCore(OverlappedSteps):
         if self._groups is not None:
             return self._step_groups(self._groups)
         start = time.perf_counter()
+        steady, self._steady = self._steady, None
+        repeated = self.scheduler.repeat_decodes(steady.rows, steady.running) if steady is not None else None
+        if repeated is not None:  # the last step's rows, one token further (wicore.engine.steady)
+            assert steady is not None
+            try:
+                return self._run(repeated, start, steady.step)
+            except Exception:
+                return self.scheduler.fail([row.request_id for row in repeated.rows], traceback.format_exc())
         decoding = self.scheduler.decoding() if self.speculator is not None else []
         drafts = self.speculator.drafts(decoding) if self.speculator is not None and decoding else {}
         out = self.scheduler.schedule(drafts)
@@ -245,21 +257,29 @@ class EngineCore(OverlappedSteps):
         except Exception:
             return out.finished + self.scheduler.fail([row.request_id for row in out.rows], traceback.format_exc())
 
-    def _run(self, out: SchedulerOutput, start: float) -> list[RequestOutput]:
+    def _run(self, out: SchedulerOutput, start: float, last: PreparedStep | None = None) -> list[RequestOutput]:
+        """Run the scheduled step; `last`: the step before, whose rows `out.rows` repeat one token on."""
         scheduled = time.perf_counter()
-        lost = self.kv.execute(out.moves)
+        lost = self.kv.execute(out.moves) if out.moves else set()
         rows = self.scheduler.drop_lost(lost, out.rows) if lost else out.rows
         moved = time.perf_counter()
-        result = self.runner.execute(rows, out.ended_request_ids) if rows else RunResult()
+        step = None
+        if last is not None and not lost:
+            step = self.runner.repeat(last, rows)
+        elif rows:
+            step = self.runner.prepare(rows, out.ended_request_ids)
+        result = self.runner.execute_prepared(step) if step is not None else RunResult()
         ran = time.perf_counter()
         if self.speculator is not None:
             self.speculator.observe(rows, result)
             self.speculator.forget(out.ended_request_ids)
         outputs = self._account(rows, result)
+        if step is not None and self._repeats and (last is not None or self.runner.can_repeat(step)):
+            self._steady = steady_after(self.scheduler, step, result, last is not None)
         seconds = PhaseSeconds(
             scheduled - start, moved - scheduled, ran - moved, time.perf_counter() - ran, result.graphs_seconds
         )
-        self._trace(StepTrace(tuple(rows), len(out.moves), len(lost), seconds))
+        self._trace(StepTrace(tuple(rows), len(out.moves), len(lost), seconds, last is not None))
         if rows:
             self.num_steps += 1
         return outputs

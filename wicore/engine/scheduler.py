@@ -33,11 +33,12 @@ from wicore.engine.request import Request, Status
 from wicore.engine.rows import build_row, clip_draft
 from wicore.engine.scheduler_config import SchedulerConfig, SchedulerStats, StageBudget, StepBudget
 from wicore.engine.scheduler_endings import SchedulerEndings
+from wicore.engine.scheduler_steady import SteadyDecodes
 from wicore.types.outputs import RequestOutput
 from wicore.types.step import ScheduledRow, SchedulerOutput
 
 
-class Scheduler(SchedulerEndings):
+class Scheduler(SchedulerEndings, SteadyDecodes):
     def __init__(self, config: SchedulerConfig, kv: BlockGroups, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.kv = kv

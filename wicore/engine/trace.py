@@ -48,3 +48,4 @@ class StepTrace:
     num_moves: int = 0
     num_lost: int = 0
     seconds: PhaseSeconds = PhaseSeconds()
+    repeated: bool = False  # the last step's rows one token on, not scheduled (wicore.engine.steady)

@@ -161,6 +161,7 @@ class ModelGraphs:
         in_pipeline = (micro_batch_tokens or self.pipeline_groups > 1) and len(self.sessions) > 1
         self.pipeline = pipeline.Pipeline(self, micro_batch_tokens) if in_pipeline else None
         self.kept = KeptBindings(ort)  # greedy decode steps' bindings on the CPU, kept between steps
+        self._listed_kv: dict[int, tuple[KVBuffers, tuple[Any, ...]]] = {}  # _kv_values: partition -> (buffers, values)
         self._run_options = None
         if cuda_graphs:  # a session that captures runs uncaptured only when told so
             self._run_options = ort.RunOptions()
@@ -293,14 +294,23 @@ class ModelGraphs:
 
     def _run_kept(self, i: int, batch: BatchInputs, hidden: Any) -> dict[str, Any]:
         record, session = self.manifest.partitions[i], self.sessions[i]
-        buffers = [v for layer in range(record.start, record.stop) for v in self.buffers.values(layer)]
-        kept = self.kept.binding(i, session, len(batch.logits_indices), buffers, lambda b: self.bind_kv(b, record))
+        kept = self.kept.binding(i, session, len(batch.logits_indices), self._kv_values(i), lambda b: self.bind_kv(b, record))
         if not record.has_embedding:
             self._bind_hidden(kept.binding, i, hidden)
         for name, array in self._step_inputs(i, batch, None, None).items():
             kept.bind_input(name, array)
         session.run_with_iobinding(kept.binding, self._run_options)
         return {io.GREEDY_TOKENS: HostTokens(kept.greedy.copy())}
+
+    def _kv_values(self, i: int) -> tuple[Any, ...]:
+        """Partition i's layers' KV OrtValues in bind_kv's order, listed once for the buffers bound (the
+        same tuple each step: KeptBinding.matches compares it by identity first)."""
+        listed = self._listed_kv.get(i)
+        if listed is None or listed[0] is not self.buffers:
+            record = self.manifest.partitions[i]
+            values = tuple(v for layer in range(record.start, record.stop) for v in self.buffers.values(layer))
+            listed = self._listed_kv[i] = (self.buffers, values)
+        return listed[1]
 
     def _bind_inputs(
         self,

@@ -48,10 +48,16 @@ class KeptBinding:
     greedy: np.ndarray  # [num_logits] int64, where the graph writes its greedy tokens
     ort: Any
     inputs: dict[str, np.ndarray] = field(default_factory=dict)  # bound, by name: the graph reads them in place
+    sources: dict[str, np.ndarray] = field(default_factory=dict)  # the arrays their values came from, held
 
     def bind_input(self, name: str, array: np.ndarray) -> None:
-        """`array`'s values as input `name`: written into the array bound last step where it has the
-        same shape and type (a copy of a few integers), else a copy of it bound in its place."""
+        """`array`'s values as input `name`: nothing to do where they came from this very array last step
+        (a steady decode step keeps its block tables and logits rows: BatchInputs.next_decode; a batch's
+        arrays are never written once bound), else written into the array bound last step where it has
+        the same shape and type (a copy of a few integers), else a copy of it bound in its place."""
+        if self.sources.get(name) is array:
+            return
+        self.sources[name] = array
         bound = self.inputs.get(name)
         if bound is not None and bound.shape == array.shape and bound.dtype == array.dtype:
             np.copyto(bound, array)
@@ -60,10 +66,10 @@ class KeptBinding:
         self.binding.bind_ortvalue_input(name, self.ort.OrtValue.ortvalue_from_numpy(bound))
 
     def matches(self, num_logits: int, buffers: Sequence[Any]) -> bool:
-        return (
-            len(self.greedy) == num_logits
-            and len(self.buffers) == len(buffers)
-            and all(a is b for a, b in zip(self.buffers, buffers))
+        if len(self.greedy) != num_logits:
+            return False
+        return self.buffers is buffers or (
+            len(self.buffers) == len(buffers) and all(a is b for a, b in zip(self.buffers, buffers))
         )
 
 

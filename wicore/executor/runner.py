@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from wicore.executor.batch import build_batch
-from wicore.executor.constrained import MaskWorker, StepMasks
+from wicore.executor.constrained import NO_MASKS, MaskWorker, StepMasks
 from wicore.executor.graph_io import Draws, GraphOutputs, SamplingInputs
 from wicore.executor.graphs import ModelGraphs
 from wicore.executor.prepared import DeviceResult, Draw, PreparedBatch, PreparedStep
@@ -72,9 +72,12 @@ class ModelRunner:
         A row whose sampling fails gets no sample and its traceback in `failed`; the other rows
         go on. `ended_request_ids` are requests the scheduler finished: their samplers go.
         Async scheduling calls the three parts on two threads (wicore.executor.prepared)."""
-        step = self.prepare(rows, ended_request_ids)
+        return self.execute_prepared(self.prepare(rows, ended_request_ids))
+
+    def execute_prepared(self, step: PreparedStep) -> RunResult:
+        """Run a prepared step (`prepare`, `repeat`) and sample where a row asks."""
         try:
-            device = self.run_device(step)
+            device = self.run_device(step, feeds=False)
         except BaseException:
             step.masks.wait()
             raise
@@ -120,6 +123,48 @@ class ModelRunner:
             step.batches.append(prepared)
         return step
 
+    def can_repeat(self, step: PreparedStep) -> bool:
+        """Whether `repeat` can give the step after `step` from it: one batch of plain decode rows (a token
+        and a logit each, sampled; no draft, image, grammar, KV staging, fed input, penalty, logit bias,
+        logprobs or prompt logits: their state changes with every token or comes from elsewhere)."""
+        if len(step.batches) != 1:
+            return False
+        prepared = step.batches[0]
+        if prepared.staged is not None or prepared.images or len(prepared.feed_rows):
+            return False
+        return all(_repeatable(row) for row in prepared.rows)
+
+    def repeat(self, step: PreparedStep, rows: list[ScheduledRow]) -> PreparedStep:
+        """The step after `step` (one `can_repeat` accepts), whose rows are its rows one token further
+        (`rows`, in the same order, as Scheduler.repeat_decodes gives them; a row whose tables changed
+        is a new one, with new tables): the batch advanced by a position, the sampling head's draws
+        drawn again, what depends only on the rows' parameters kept (which rows are drawn, fed, read
+        back). The step `prepare(rows)` would give."""
+        prepared = step.batches[0]
+        changed = [i for i, (row, last) in enumerate(zip(rows, prepared.rows)) if row.block_table is not last.block_table]
+        batch = prepared.batch.next_decode(rows, self.block_size, changed)
+        if batch is None:  # a table's width changes
+            batch = build_batch(rows, self.block_size)
+        sampling = self._sampling_inputs(rows, prepared.drawn, NO_MASKS) if prepared.drawn else None
+        replay = self.graphs.prepare_replay(batch, sampling)
+        p = prepared
+        again = PreparedBatch(
+            rows,
+            batch,
+            p.logits,
+            p.drawn,
+            None,
+            sampling,
+            None,
+            replay,
+            p.greedy_ids,
+            p.greedy_fed,
+            p.drawn_fed,
+            p.feed_rows,
+            p.feed_slots,
+        )
+        return PreparedStep(rows, [again], NO_MASKS, step.fed)
+
     def _plan_feeds(self, prepared: PreparedBatch, fed: dict[str, int], feeds: Mapping[str, int]) -> None:
         """Which of the batch's rows are fed from the step before (their input ids), and which feed the
         step after (their tokens decided on the device): slots in `fed` (wicore.executor.prepared)."""
@@ -146,12 +191,13 @@ class ModelRunner:
         prepared.greedy_fed, prepared.drawn_fed = _pairs(greedy), _pairs(drawn)
         prepared.feed_rows, prepared.feed_slots = _pairs(takes)
 
-    def run_device(self, step: PreparedStep, previous: DeviceResult | None = None) -> DeviceResult:
+    def run_device(self, step: PreparedStep, previous: DeviceResult | None = None, feeds: bool = True) -> DeviceResult:
         """The step's graphs (on the worker under async scheduling): the fed rows' input ids taken
-        from `previous` (the step before's result), the runs, and this step's fed tokens."""
+        from `previous` (the step before's result), the runs, and this step's fed tokens (none without
+        `feeds`: no step takes them, as in a synchronous step; two NumPy gathers fewer, issue 37)."""
         outputs = []
         seconds = 0.0
-        fed_tokens = np.zeros(len(step.fed), np.int64)
+        fed_tokens = np.zeros(len(step.fed) if feeds else 0, np.int64)
         for prepared in step.batches:
             if len(prepared.feed_rows):
                 if previous is None:
@@ -162,6 +208,9 @@ class ModelRunner:
                 prepared.batch, prepared.logits, prepared.images, prepared.sampling, prepared.staged, prepared.replay
             )
             seconds += time.perf_counter() - started
+            outputs.append(out)
+            if not feeds:
+                continue
             rows, slots = prepared.greedy_fed
             if len(rows):
                 assert out.greedy_tokens is not None
@@ -170,7 +219,6 @@ class ModelRunner:
             if len(rows):
                 assert out.draws is not None
                 fed_tokens[slots] = out.draws.tokens[rows]
-            outputs.append(out)
         return DeviceResult(outputs, fed_tokens, seconds)
 
     def finish(self, step: PreparedStep, device: DeviceResult) -> RunResult:
@@ -321,6 +369,14 @@ def _head_draw(p: SamplingParams, constrained: bool, can_mask: bool) -> Draw | N
     if p.is_greedy:
         return Draw.BEST if constrained else None
     return Draw.WHOLE if p.top_k == 0 and p.top_p == 1.0 else Draw.CANDIDATES
+
+
+def _repeatable(row: ScheduledRow) -> bool:
+    """A plain decode row (ModelRunner.can_repeat)."""
+    p = row.params
+    plain = not p.changes_logits and p.logprobs is None and not p.prompt_logits and p.structured is None
+    one = len(row.token_ids) == 1 and row.num_logits == 1 and row.needs_sample
+    return plain and one and not (row.draft_ids or row.images or row.full_locations or row.fed or row.grammar)
 
 
 def _needs_logits(row: ScheduledRow) -> bool:
