@@ -139,7 +139,7 @@ class API(Gate):
             raise responses.renamed(exc, origins) from None
         gen = self.start(job, connection_of(request))
         builder = responses.ResponseBuilder(responses.response_base(body, self.settings.model_name))
-        events = responses.events(gen, builder, merge(gen.choices, self.streams, gen.abort))
+        events = responses.events(gen, builder, merge(gen.choices, self.streams))
         if job.options.stream:
             return EventStream(responses.event_stream(events, builder), on_close=gen.abort)
         final: dict[str, Any] = {}
@@ -290,7 +290,7 @@ class API(Gate):
         gen = self.start(job, connection_of(request))
         is_chat, opts, choices, formatter, abort_all = job.is_chat, job.options, gen.choices, gen.logprobs, gen.abort
         if opts.stream:
-            objects = chunks(gen.base, is_chat, choices, gen.usage, opts.include_usage, formatter, self.streams, abort_all)
+            objects = chunks(gen.base, is_chat, choices, gen.usage, opts.include_usage, formatter, self.streams)
             body = event_stream(objects, gen.base.get("id"))
             return EventStream(body, on_close=abort_all)
         texts = [""] * len(choices)
@@ -300,7 +300,7 @@ class API(Gate):
         thoughts = [""] * len(choices)
 
         async def collect() -> None:  # cut by a shutdown as streams are: a 503 server_shutting_down
-            async for index, piece in merge(choices, self.streams, abort_all):
+            async for index, piece in merge(choices, self.streams):
                 texts[index] += piece.text
                 reasons[index] = piece.finish_reason or reasons[index]
                 tokens[index] += piece.logprobs

@@ -109,8 +109,7 @@ async def inference(api: Any, body: Any, connection: Hashable | None = None) -> 
     stats = ChoiceStats(num_prompt_tokens=len(ids))
     text = ""
     try:
-        choice = run_choice(api.engine, engine_id, ids, (), stats)
-        async for _, piece in merge([choice], api.streams, lambda: api.engine.abort(engine_id)):
+        async for _, piece in merge([run_choice(api.engine, engine_id, ids, (), stats)], api.streams):
             text += piece.text  # a shutdown cuts it with a 503, as the chat and completion answers
     finally:  # cancelled (the client went away: wicore.api.connections.until_disconnect) before it read, or while
         api.engine.cancel(engine_id)

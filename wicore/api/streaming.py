@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -99,53 +99,25 @@ class EventStream(StreamingResponse):
 
 
 class Streams:
-    """What is open now (streams and non-streamed answers), so that a shutdown can end them (`cut`)."""
+    """The queues of the streams (and non-streamed answers) open now, so that a shutdown can end them
+    (`cut`). A one-choice answer goes through a queue too: read in its response's own task it would
+    save a task wakeup a piece, but then a cut could only end it when the engine's next output came,
+    which a long step (or a stuck engine) holds past the grace period: the client lost its 503."""
 
     def __init__(self) -> None:
-        self.open: set[Cuttable] = set()
+        self.open: set[asyncio.Queue] = set()
 
     def cut(self) -> None:
         """End every open stream with a 503 error event (call on the server's event loop)."""
         error = APIError(503, "the server is shutting down; the answer was cut short: retry", code="server_shutting_down")
-        for target in list(self.open):
-            target.put_nowait((-1, error))
+        for queue in self.open:
+            queue.put_nowait((-1, error))
 
 
-class Cuttable(Protocol):
-    """Where `Streams.cut` puts its error: a merge's queue, or a single choice's `_Cut`."""
-
-    def put_nowait(self, item: tuple[int, Exception]) -> None: ...
-
-
-class _Cut:
-    """A single choice's answer to `Streams.cut`: the error kept and the choice's request aborted,
-    so that the choice ends (the engine's final output comes with its next step) and the error is
-    raised in its place."""
-
-    def __init__(self, abort: Callable[[], None]) -> None:
-        self.error: Exception | None = None
-        self._abort = abort
-
-    def put_nowait(self, item: tuple[int, Exception]) -> None:
-        if self.error is None:
-            self.error = item[1]
-            self._abort()
-
-
-def merge(
-    choices: list[AsyncIterator[Piece]], streams: Streams | None = None, abort: Callable[[], None] | None = None
-) -> AsyncIterator[tuple[int, Piece]]:
+async def merge(choices: list[AsyncIterator[Piece]], streams: Streams | None = None) -> AsyncIterator[tuple[int, Piece]]:
     """(choice index, piece) from all choices as they arrive; the first error is raised.
 
-    Leaving early cancels the remaining choices (each aborts its engine request). One choice with
-    `abort` (what ends its request) is read in the caller's task (`_single`)."""
-    if len(choices) == 1 and abort is not None:
-        return _single(choices[0], streams, abort)
-    return _many(choices, streams)
-
-
-async def _many(choices: list[AsyncIterator[Piece]], streams: Streams | None) -> AsyncIterator[tuple[int, Piece]]:
-    """`merge` of several choices: each read by a task of its own into one queue."""
+    Leaving early cancels the remaining choices (each aborts its engine request)."""
     queue: asyncio.Queue[tuple[int, Piece | Exception | None]] = asyncio.Queue()
     if streams is not None:
         streams.open.add(queue)
@@ -177,28 +149,6 @@ async def _many(choices: list[AsyncIterator[Piece]], streams: Streams | None) ->
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _single(
-    choice: AsyncIterator[Piece], streams: Streams | None, abort: Callable[[], None]
-) -> AsyncIterator[tuple[int, Piece]]:
-    """`merge` of one choice without a task and a queue between it and its reader: a piece costs
-    one task wakeup, not two (at 256 streams a token each a step, the event loop's work a token;
-    docs/PERFORMANCE.md, issue 32). A cut aborts the request; its error replaces what comes next."""
-    cut = _Cut(abort)
-    if streams is not None:
-        streams.open.add(cut)
-    try:
-        async for piece in choice:
-            if cut.error is not None:
-                raise cut.error
-            yield 0, piece
-        if cut.error is not None:
-            raise cut.error
-    finally:
-        if streams is not None:
-            streams.open.discard(cut)
-        await choice.aclose()  # type: ignore[attr-defined]  # left early: its request is aborted
-
-
 def chunk(base: dict[str, Any], is_chat: bool, choices: list[dict[str, Any]]) -> dict[str, Any]:
     return {**base, "object": "chat.completion.chunk" if is_chat else "text_completion", "choices": choices}
 
@@ -211,17 +161,16 @@ async def chunks(
     include_usage: bool,
     logprobs: LogprobFormatter | None = None,
     streams: Streams | None = None,
-    abort: Callable[[], None] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """The chunk objects of a streamed completion, in order (SSE here, WebSocket frames in
     wicore.api.websocket); an error is raised. `usage()` gives the final usage object; with
-    `logprobs`, each chunk carries those of the tokens whose text it starts; `abort`: as `merge`'s."""
+    `logprobs`, each chunk carries those of the tokens whose text it starts."""
     extra = {"usage": None} if include_usage else {}
     if is_chat:
         for i in range(len(choices)):
             role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
             yield {**chunk(base, True, [role]), **extra}
-    async for index, piece in merge(choices, streams, abort):
+    async for index, piece in merge(choices, streams):
         if is_chat:
             said = piece.text or (piece.finish_reason is None and not piece.reasoning)
             delta: dict[str, Any] = {"content": piece.text} if said else {}

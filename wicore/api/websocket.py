@@ -226,7 +226,7 @@ class Connection:
         status = 200
         try:
             gen = self.api.start(await self.api.prepare(is_chat, body), connection=self)  # this socket's share
-            async for c in chunks(gen.base, is_chat, gen.choices, gen.usage, False, gen.logprobs, self.api.streams, gen.abort):
+            async for c in chunks(gen.base, is_chat, gen.choices, gen.usage, False, gen.logprobs, self.api.streams):
                 await self.send({"type": "chunk", "id": request_id, "chunk": c})
         except asyncio.CancelledError:
             status = 499
