@@ -78,7 +78,7 @@ def random_export(shape: str, layers: int, variant: str, out: Path) -> Path:
     """`variant` of `shape`'s first `layers` layers (its full depth too) from random weights
     (wicore/export/random_weights.py): no checkpoint, so the 27B's 62 layers fit a device's disk.
     Quantized variants get random blocks, the embedding's rows gathered from the head's codes (the
-    source's floats are zeros); float variants random normal weights."""
+    source's floats are zeros); float variants random uniform weights."""
     settings = VARIANTS[variant]
     if not (out / "wicore.json").is_file():
         t = time.perf_counter()

@@ -19,6 +19,7 @@ from wicore.engine.speculative import SpeculativeConfig
 from wicore.engine.stats import TierCounts
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
+from wicore.types.outputs import Priority
 from wicore.types.sampling import Logprobs, SamplingParams
 
 RNG = np.random.default_rng(7)
@@ -41,6 +42,7 @@ class Arrival:
     params: SamplingParams
     at_call: int  # added before this call of step()
     abort_at_call: int | None = None
+    priority: Priority = Priority.NORMAL
 
 
 @dataclass
@@ -70,7 +72,7 @@ def drive(model_dir: Path, steady: bool, arrivals: list[Arrival], decode_graphs:
         while call <= max(a.at_call for a in arrivals) or core.has_work:
             for a in arrivals:
                 if a.at_call == call:
-                    core.add(core.make_request(a.prompt, a.params, a.request_id))
+                    core.add(core.make_request(a.prompt, a.params, a.request_id, a.priority))
                     run.tokens[a.request_id] = []
                 if a.abort_at_call == call:
                     core.abort(a.request_id)
@@ -249,6 +251,24 @@ def test_changes_to_the_running_set_take_the_full_path(chat):
         if rep:
             assert [(r, s - 1, n) for r, s, n in run.steps[i]] == run.steps[i - 1]
     assert run.ends["aborted"] == "abort"
+
+
+def test_a_better_ranked_request_admitted_as_a_decode_row_is_sorted_in_as_the_full_path_does(chat):
+    """A prompt whose blocks but its last token are cached is admitted as a one-token row, after the
+    running rows whatever its rank: the step after, scheduled in full, puts the urgent request first;
+    a repeat of the admitting step would have kept it last."""
+    shared = PROMPTS[1][:8]  # two blocks, cached once "first" has run its prompt
+    arrivals = [
+        Arrival("first", [*shared, 7], greedy(16), 0),
+        Arrival("second", PROMPTS[0], greedy(16), 0),
+        Arrival("urgent", [*shared, 9], greedy(6), 4, priority=Priority.HIGH),
+    ]
+    full, steady = drive(chat, False, arrivals), drive(chat, True, arrivals)
+    assert_same_run(full, steady)
+    admitted = next(i for i, step in enumerate(full.steps) if any(r == "urgent" for r, _, _ in step))
+    assert [(r, n) for r, _, n in full.steps[admitted]] == [("first", 1), ("second", 1), ("urgent", 1)]
+    assert [r for r, _, _ in full.steps[admitted + 1]] == ["urgent", "first", "second"]
+    assert steady.repeated[admitted + 1] is False and steady.repeated[admitted + 2] is True
 
 
 def test_a_full_batch_with_a_request_waiting_still_repeats(families):

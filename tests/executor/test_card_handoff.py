@@ -13,7 +13,8 @@ from wicore.executor.card_handoff import CUDNN_SDPA_ENV, cudnn_sdpa_off_for_step
 
 
 def test_cudnn_sdpa_goes_off_where_nothing_chose(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.delenv(CUDNN_SDPA_ENV, raising=False)
+    monkeypatch.setenv(CUDNN_SDPA_ENV, "unset below")  # so that monkeypatch restores the variable's absence too
+    monkeypatch.delenv(CUDNN_SDPA_ENV)
     with caplog.at_level(logging.WARNING, logger="wicore.executor.card_handoff"):
         assert cudnn_sdpa_off_for_steps_in_flight() is True
     assert os.environ[CUDNN_SDPA_ENV] == "0"

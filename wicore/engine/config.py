@@ -59,8 +59,9 @@ class EngineConfig:
     pipeline_groups: int | None = 1
     # A decode step that repeats the last one a token on (the same requests, nothing admitted, ended or
     # preempted) advances its rows and batch instead of scheduling and building them again
-    # (wicore.engine.steady): the same steps and tokens, half the host work a step. False: every step
-    # scheduled in full (A/B runs, tests).
+    # (wicore.engine.steady): the same steps and tokens, half the host work a step. Never with a step
+    # in flight (async scheduling, the default on one CUDA card) or speculative decoding. False: every
+    # step scheduled in full (A/B runs, tests).
     steady_decode: bool = True
 
     def __post_init__(self) -> None:

@@ -264,7 +264,9 @@ class EngineCore(OverlappedSteps):
         rows = self.scheduler.drop_lost(lost, out.rows) if lost else out.rows
         moved = time.perf_counter()
         step = None
-        if last is not None and not lost:
+        repeats = last is not None and not lost  # a lost block's rows changed: their batch built in full
+        if repeats:
+            assert last is not None
             step = self.runner.repeat(last, rows)
         elif rows:
             step = self.runner.prepare(rows, out.ended_request_ids)
@@ -274,12 +276,12 @@ class EngineCore(OverlappedSteps):
             self.speculator.observe(rows, result)
             self.speculator.forget(out.ended_request_ids)
         outputs = self._account(rows, result)
-        if step is not None and self._repeats and (last is not None or self.runner.can_repeat(step)):
-            self._steady = steady_after(self.scheduler, step, result, last is not None)
+        if step is not None and self._repeats and (repeats or self.runner.can_repeat(step)):
+            self._steady = steady_after(self.scheduler, step, result, repeats)
         seconds = PhaseSeconds(
             scheduled - start, moved - scheduled, ran - moved, time.perf_counter() - ran, result.graphs_seconds
         )
-        self._trace(StepTrace(tuple(rows), len(out.moves), len(lost), seconds, last is not None))
+        self._trace(StepTrace(tuple(rows), len(out.moves), len(lost), seconds, repeats))
         if rows:
             self.num_steps += 1
         return outputs

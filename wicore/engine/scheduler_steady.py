@@ -77,6 +77,13 @@ class SteadyDecodes:
             advanced = [build_row(self.kv, req, 1) for req in requests]
         return SchedulerOutput(advanced, moves)
 
+    def in_rank_order(self, rows: Sequence[ScheduledRow]) -> bool:
+        """Whether `rows` are in the order `schedule` gives running requests' rows: by rank. A step's
+        admitted and swapped-in rows come after the running ones whatever their rank, and the next
+        step scheduled in full sorts them in, where a repeat would keep the old order."""
+        ranks = [self.requests[row.request_id].rank(self.config.aging_seconds) for row in rows]
+        return ranks == sorted(ranks)
+
     def _steady_requests(self, rows: Sequence[ScheduledRow], running: Sequence[Request]) -> list[Request] | None:
         """The requests of `rows`, where each of them decodes its next token and nothing else changed
         since the step that ran them (the module docstring); else None."""

@@ -12,7 +12,7 @@ may repeat it:
     step N+1             Scheduler.repeat_decodes(N's rows) ──► None: schedule as always
                            └─ rows one token on ──► ModelRunner.repeat(N's batch) ──► run ──► update
 
-Both checks are exact (tokens equal to the full path's, tests/engine/test_steady.py): the scheduler
+Both checks are exact (tokens equal to the full path's, tests/engine/test_steady_decode.py): the scheduler
 answers rows only where `schedule` would give the same rows, moves and endings
 (wicore.engine.scheduler_steady), the runner repeats only a step of plain decode rows
 (ModelRunner.can_repeat), and `repeat` builds what `prepare` would from the same rows.
@@ -44,10 +44,13 @@ class SteadyStep:
 def steady_after(scheduler: Scheduler, step: PreparedStep, result: RunResult, repeated: bool) -> SteadyStep | None:
     """`step` (one ModelRunner.can_repeat accepts, accounted) to repeat next, where its rows are every
     running request's and none failed; else None. `repeated`: `step` repeated the step before, whose
-    rows were every running request's: none has joined since, so as many as its rows are all of them."""
+    rows were every running request's in rank order: none has joined since, so as many as its rows are
+    all of them, in that order."""
     running = tuple(scheduler.running)
     if result.failed or len(running) != len(step.rows):
         return None
-    if not repeated and {r.request_id for r in running} != {row.request_id for row in step.rows}:
+    if not repeated and (
+        {r.request_id for r in running} != {row.request_id for row in step.rows} or not scheduler.in_rank_order(step.rows)
+    ):
         return None
     return SteadyStep(step, running)

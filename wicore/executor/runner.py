@@ -33,6 +33,7 @@ ended; rows carry only plain data.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -147,22 +148,7 @@ class ModelRunner:
             batch = build_batch(rows, self.block_size)
         sampling = self._sampling_inputs(rows, prepared.drawn, NO_MASKS) if prepared.drawn else None
         replay = self.graphs.prepare_replay(batch, sampling)
-        p = prepared
-        again = PreparedBatch(
-            rows,
-            batch,
-            p.logits,
-            p.drawn,
-            None,
-            sampling,
-            None,
-            replay,
-            p.greedy_ids,
-            p.greedy_fed,
-            p.drawn_fed,
-            p.feed_rows,
-            p.feed_slots,
-        )
+        again = dataclasses.replace(prepared, rows=rows, batch=batch, images=None, sampling=sampling, staged=None, replay=replay)
         return PreparedStep(rows, [again], NO_MASKS, step.fed)
 
     def _plan_feeds(self, prepared: PreparedBatch, fed: dict[str, int], feeds: Mapping[str, int]) -> None:

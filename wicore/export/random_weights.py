@@ -116,4 +116,4 @@ class RandomFloatSource(RandomQuantSource):
         return weight
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "random", "bits": 32, "seed": self.seed}
+        return {"kind": "random", "bits": 32, "seed": self.seed, "distribution": "uniform"}
