@@ -105,9 +105,9 @@ class Recorder:
             self._hidden.append([])
             return run_graphs(*args, **kwargs)
 
-        def recorded_device(step: Any, previous: Any = None) -> Any:
+        def recorded_device(step: Any, previous: Any = None, **kwargs: Any) -> Any:
             self._hidden = []
-            device = run_device(step, previous)
+            device = run_device(step, previous, **kwargs)
             for prepared, out, hidden in zip(step.batches, device.outputs, self._hidden):
                 self.note(prepared, out, hidden)
             self.step += 1
