@@ -215,14 +215,11 @@ def _decode_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs | No
     firsts = [r.window_first for r in rows]
     full_tables = [r.block_table for r in rows]
     window_tables = [r.window_table for r in rows]
+    widths = _decode_widths(rows, block_size)
+    if widths is None:
+        return None
+    width, window_width, logical_width = widths
     blocks = [s // block_size for s in starts]
-    for b, first, full, window in zip(blocks, firsts, full_tables, window_tables):
-        if not (b < len(full) and 0 <= b - first < len(window)):
-            return None
-    # a row's single token reaches logical block start // block_size: its tables hold it (checked above)
-    width = max(max(b + 1 for b in blocks), max(map(len, full_tables)), 1)
-    window_width = max(max(b + 1 - f for b, f in zip(blocks, firsts)), max(map(len, window_tables)), 1)
-    logical_width = max(width, max(f + len(w) for f, w in zip(firsts, window_tables)))
     offsets = [s % block_size for s in starts]
     slots = [[t[b] * block_size + o] for t, b, o in zip(full_tables, blocks, offsets)]
     window_slots = [[w[b - f] * block_size + o] for w, b, f, o in zip(window_tables, blocks, firsts, offsets)]
@@ -256,8 +253,9 @@ def _decode_batch(rows: Sequence[BatchRow], block_size: int) -> BatchInputs | No
 
 
 def _decode_widths(rows: Sequence[BatchRow], block_size: int) -> tuple[int, int, int] | None:
-    """The full, window and logical tables' widths `_decode_batch` gives `rows` (None where a row's
-    position lies outside one of its tables: build_batch raises its error)."""
+    """The full, window and logical tables' widths of a decode batch of `rows` (None where a row's
+    position lies outside one of its tables: build_batch raises its error). A row's single token
+    reaches logical block start // block_size, which its tables hold, so they are as wide as they are."""
     width = window_width = logical_width = 1
     for r in rows:
         b, full, window, f = r.start // block_size, r.block_table, r.window_table, r.window_first
