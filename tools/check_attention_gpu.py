@@ -93,6 +93,13 @@ def check(ort, lib: str, limit: int | None = None) -> float:
         (4, 1, 6, 2, 64, 16, 0, 0.0, 500, False),  # 6 query heads a KV head: chunks of 2
         (3, 5, 2, 4, 128, 16, 0, 0.0, 300, False),  # prefill chunks
         (2, 7, 4, 2, 256, 64, 50, 20.0, 2600, True),
+        # prefill chunks on tensor-core tiles (attention_tiles.cu): tiles past the chunk's end, 7 query heads a KV
+        # head, windows shorter than the chunk, spans past 1,024 keys, every head dim
+        (2, 300, 2, 16, 128, 16, 1024, 0.0, 800, True),
+        (3, 130, 7, 2, 128, 16, 100, 0.0, 600, True),
+        (1, 1500, 2, 2, 256, 64, 0, 50.0, 2600, False),
+        (2, 70, 4, 2, 64, 32, 0, 0.0, 300, False),
+        (2, 33, 1, 3, 64, 16, 40, 0.0, 200, True),
     ]
     cpu_opts = ort.SessionOptions()
     cpu_opts.register_custom_ops_library(lib)

@@ -94,6 +94,11 @@ def check(ort, lib: str) -> float:
         (200, 1, 2, 4, 128, 16, 0, 0.0, 300, True),
         (3, 5, 2, 4, 128, 16, 0, 0.0, 300, True),  # prefill chunks
         (2, 7, 4, 2, 256, 64, 50, 20.0, 2600, False),
+        # prefill chunks on tensor-core tiles (attention_tiles.cu), as tools/check_attention_gpu.py's
+        (2, 300, 2, 16, 128, 16, 1024, 0.0, 800, True),
+        (3, 130, 7, 2, 128, 16, 100, 0.0, 600, True),
+        (1, 1500, 2, 2, 256, 64, 0, 50.0, 2600, True),
+        (2, 70, 4, 2, 64, 32, 0, 0.0, 300, False),
     ]
     opts = ort.SessionOptions()
     opts.register_custom_ops_library(lib)

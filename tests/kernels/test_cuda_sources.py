@@ -11,7 +11,7 @@ import pytest
 from wicore.kernels.library import CSRC, CUDA_ARCHS, INCLUDE, find_compiler, find_cublaslt_include
 
 
-@pytest.mark.slow  # ~90 s of nvcc (CPU time), the twelve in parallel
+@pytest.mark.slow  # ~100 s of nvcc (CPU time), the fourteen in parallel
 def test_the_cuda_kernels_and_their_ops_compile_with_nvcc(tmp_path):
     nvcc = find_compiler(cuda=True)
     if nvcc is None:
@@ -21,6 +21,7 @@ def test_the_cuda_kernels_and_their_ops_compile_with_nvcc(tmp_path):
         "kernels.cu",
         "attention.cu",
         "attention_prefill.cu",
+        "attention_tiles.cu",
         "matmul_q16.cu",
         "ops.cc",
         "ops_attention.cc",
@@ -46,9 +47,11 @@ def test_the_cuda_kernels_and_their_ops_compile_with_nvcc(tmp_path):
         return subprocess.Popen([str(nvcc.path), *flags, "-c", str(CSRC / name), "-o", str(tmp_path / out)], **run)
 
     jobs = [compile_job(n, arch, f"{n}.o") for n in names]  # cublaslt_i8.cc: its fallback without the header
-    # MatMulQ16's GEMV has a Turing branch (no m16n8k16 MMA before sm_80): the oldest architecture too
-    names += ("matmul_q16.cu (oldest)",)
-    jobs.append(compile_job("matmul_q16.cu", CUDA_ARCHS[0], f"{names[-1]}.o"))
+    # MatMulQ16's GEMV has a Turing branch (no m16n8k16 MMA before sm_80), and the attention tiles' WMMA must
+    # build for Turing too (where the shared memory they take decides at run time): the oldest architecture too
+    names += ("matmul_q16.cu (oldest)", "attention_tiles.cu (oldest)")
+    jobs.append(compile_job("matmul_q16.cu", CUDA_ARCHS[0], f"{names[-2]}.o"))
+    jobs.append(compile_job("attention_tiles.cu", CUDA_ARCHS[0], f"{names[-1]}.o"))
     for name, job in zip(names, jobs):
         out, _ = job.communicate(timeout=900)
         assert job.returncode == 0, f"{name}: {out[-2000:]}"

@@ -56,8 +56,11 @@ FUSED = "fused"
 # batch 64 and 256), but its prefill chunks then made a 64 x 4,096-token prefill ~4.6x slower; they run on the
 # decode kernel since (1.29 against ~16 us a token a layer). End to end (tools/gpu_block_attention_bench.sh,
 # wicore bench throughput, H200, 2026-11-29): 1.04x / 1.13x ORT's output at 64 / 256 requests of 512 + 256
-# tokens, but 0.80x at 64 of 4,096 + 32: the prompts' chunks still lose. {True} (the sliding layers) once that
-# run is at least as fast with them in every case, with the same tokens.
+# tokens, but 0.80x at 64 of 4,096 + 32: the prompts' chunks still lost. On tensor-core tiles since
+# (attention_tiles.cu, 2026-11-29 evening) 64 of 4,096 + 32 ran 0.95-1.23x ORT's (two rounds), but the tiny
+# Gemma 3's greedy tokens then differ from ORT's (52 / 72, tools/check_families_gpu.py; its logits as close to
+# HF float32). {True} (the sliding layers) once that run is at least as fast with them in every case, with the
+# same tokens.
 AUTO_KINDS: frozenset[bool] = frozenset()
 CUDA_HEAD_DIMS = (64, 128, 256)  # the float16 kernel's (BlockAttentionCudaSupports)
 

@@ -68,7 +68,7 @@ class Compiler:
         return [
             str(self.path), "-O3", "--threads", "0", "-DWICORE_CUDA", "-Xcompiler", "-fPIC,-fvisibility=hidden", *gencode,
             *cublaslt, *common, *sources, str(CSRC / "cublaslt_i8.cc"),
-            *(str(CSRC / name) for name in ("kernels.cu", "attention.cu", "attention_prefill.cu", "matmul_q16.cu", "matmul_i8.cu")),
+            *(str(CSRC / name) for name in ("kernels.cu", "attention.cu", "attention_prefill.cu", "attention_tiles.cu", "matmul_q16.cu", "matmul_i8.cu")),
             *libs, "-ldl",
         ]  # fmt: skip
 

@@ -20,14 +20,17 @@
 // The splits come from the shapes only (the host never reads positions or lengths): enough blocks for
 // kBlocksPerSm on every SM (a row's keys over many SMs where the batch is small: batch 1 at 4K of
 // context), each split at least 64 keys and at most kMaxKeys. Rows with more tokens (prefill chunks) take
-// the same kernel, a block a token, where one split holds a token's keys (after BlockAttentionQKV's prologue
-// kernel, attention_prefill.cu); longer spans take PrefillKernel (attention_prefill.cu): one block a
-// (token, query head), scores in shared memory, no split.
+// tiles of query rows on tensor cores (attention_tiles.cu, after BlockAttentionQKV's prologue kernel,
+// attention_prefill.cu). Where a block cannot have the tiles' shared memory (sm_75), or with
+// WICORE_PREFILL_ATTENTION=decode, they take this kernel, a block a token, where one split holds a token's
+// keys, and longer spans PrefillKernel (attention_prefill.cu): one block a (token, query head), no split.
 //
 // Differences from the CPU op: the CPU op gives a key 80 or more below the top score weight 0, this
 // one exp() of it (below 2e-35 of the top key's weight either way); the sums run in another order.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "attention_common.cuh"
 
@@ -378,6 +381,16 @@ int DispatchGroups(const BlockAttentionCudaArgs& a, const Plan& plan, void* work
   }
 }
 
+// WICORE_PREFILL_ATTENTION=decode: prefill chunks on the decode kernel's path, as before the tiles (an A/B of
+// the two on the same export; read once).
+bool PrefillOnTiles() {
+  static const bool tiles = [] {
+    const char* v = std::getenv("WICORE_PREFILL_ATTENTION");
+    return v == nullptr || std::string(v) != "decode";
+  }();
+  return tiles;
+}
+
 }  // namespace
 
 bool BlockAttentionCudaSupports(int64_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
@@ -395,12 +408,19 @@ int BlockAttentionCuda(const BlockAttentionCudaArgs& args, int sm_count, void* w
   if (args.batch == 0 || args.seq == 0) return cudaSuccess;
   auto s = static_cast<cudaStream_t>(stream);
   const Plan plan = MakePlan(args, sm_count);
-  // Prefill chunks (seq > 1): the decode kernel, a block a (token, KV head), where one split holds a token's
-  // keys (no partial sums to keep for every token: windows and contexts up to kMaxKeys); longer spans take
-  // PrefillKernel. BlockAttentionQKV's prologue kernel first: q into the workspace, k and v into the pools
-  // (the decode kernel's own prologue would race: a block reads keys that other tokens' blocks write).
+  // Prefill chunks (seq > 1): BlockAttentionQKV's prologue kernel first, q into the workspace, k and v into the
+  // pools (a kernel's own prologue would race: a block reads keys that other tokens' blocks write); then the
+  // tiles, or else the decode kernel, a block a (token, KV head), where one split holds a token's keys (no
+  // partial sums to keep for every token: windows and contexts up to kMaxKeys), and PrefillKernel past that.
   BlockAttentionCudaArgs a = args;
-  if (a.seq > 1) {
+  if (a.seq > 1 && PrefillOnTiles() && FlashTilesFit(a.head_dim)) {  // tiles of queries on tensor cores (attention_tiles.cu)
+    if (a.qkv != nullptr) {
+      a.q = LaunchPrologue(a, workspace, s);
+      a.qkv = nullptr;
+    }
+    return LaunchFlashTiles(a, s);
+  }
+  if (a.seq > 1) {  // devices with less shared memory a block (sm_75)
     if (plan.splits > 1) return LaunchPrefill(a, workspace, s);
     if (a.qkv != nullptr) {
       a.q = LaunchPrologue(a, workspace, s);

@@ -78,8 +78,14 @@ __device__ inline float2 NormRotate(const BlockAttentionCudaArgs& a, const uint1
 // Prefill chunks (seq > 1), attention_prefill.cu. BlockAttentionQKV's prologue kernel (qkv given): the tokens'
 // q normed, rotated and scaled into `workspace` (BlockAttentionCudaWorkspace's bytes; returned), their k and v
 // into the pools. LaunchPrefill: that prologue where qkv is given, then one block a (token, query head) over
-// any span of keys (attention.cu takes chunks whose keys one split holds to its decode kernel instead).
+// any span of keys (where the tiles below cannot run; attention.cu takes chunks whose keys one split holds to
+// its decode kernel instead).
 const uint16_t* LaunchPrologue(const BlockAttentionCudaArgs& a, void* workspace, cudaStream_t stream);
 int LaunchPrefill(const BlockAttentionCudaArgs& a, void* workspace, cudaStream_t stream);
+
+// Prefill chunks on tensor cores (attention_tiles.cu): q ready in a.q (BlockAttentionQKV: after LaunchPrologue),
+// any span of keys. FlashTilesFit: whether this device gives a block the shared memory the head dim's tiles take.
+bool FlashTilesFit(int64_t head_dim);
+int LaunchFlashTiles(const BlockAttentionCudaArgs& a, cudaStream_t stream);
 
 }  // namespace wicore

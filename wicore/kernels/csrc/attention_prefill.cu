@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kThreads) PrologueKernel(BlockAttentionCudaArg
 }
 
 // Prefill chunks (seq > 1) whose keys one decode split does not hold (past kMaxKeys: long full-attention
-// rows): one block a (token, query head), every visible key's score in shared memory (up to kPrefillKeys;
+// rows), where the tensor-core tiles (attention_tiles.cu) cannot run: one block a (token, query head), every visible key's score in shared memory (up to kPrefillKeys;
 // longer spans in passes with a running max and sum), a thread a dimension for p·v. Correct and simple,
 // not fast (a 1,024-key window took ~16 us a token and layer on an H200, docs/PERFORMANCE.md).
 constexpr int kPrefillKeys = 2048;
