@@ -21,7 +21,7 @@
 // kBlocksPerSm on every SM (a row's keys over many SMs where the batch is small: batch 1 at 4K of
 // context), each split at least 64 keys and at most kMaxKeys. Rows with more tokens (prefill chunks) take
 // tiles of query rows on tensor cores (attention_tiles.cu, after BlockAttentionQKV's prologue kernel,
-// attention_prefill.cu). Where a block cannot have the tiles' shared memory (sm_75), or with
+// attention_prefill.cu). Where a block cannot have the tiles' shared memory (sm_75 at head dim 128), or with
 // WICORE_PREFILL_ATTENTION=decode, they take this kernel, a block a token, where one split holds a token's
 // keys, and longer spans PrefillKernel (attention_prefill.cu): one block a (token, query head), no split.
 //
@@ -420,7 +420,7 @@ int BlockAttentionCuda(const BlockAttentionCudaArgs& args, int sm_count, void* w
     }
     return LaunchFlashTiles(a, s);
   }
-  if (a.seq > 1) {  // devices with less shared memory a block (sm_75)
+  if (a.seq > 1) {  // devices with less shared memory a block (sm_75 at head dim 128)
     if (plan.splits > 1) return LaunchPrefill(a, workspace, s);
     if (a.qkv != nullptr) {
       a.q = LaunchPrologue(a, workspace, s);

@@ -19,7 +19,8 @@
 //
 // Against the decode kernel on prefill chunks (a block a token, every key read again for every token):
 // K and V come from the pool once a tile of 64 query rows (32 at D = 256). Devices whose blocks cannot have
-// the shared memory (FlashTilesFit: sm_75's 64 KB) keep the decode kernel's path.
+// the shared memory (FlashTilesFit) keep the decode kernel's path: on sm_75 (64 KB a block) that is D = 128
+// only (89,856 bytes); D = 64 (65,280) and D = 256 (61,312) fit there and take the tiles (not run on one).
 #include <mma.h>
 
 #include <cstdint>
