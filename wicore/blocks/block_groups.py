@@ -103,11 +103,22 @@ class BlockGroups:
         """Make room for the step that computes tokens [start, num_tokens_total): the window
         group first releases what the step's queries no longer see. None: no room (blocks
         released stay released; nothing else changed)."""
+        if self.holds(seq_id, start, num_tokens_total):  # most decode rows: nothing to release or add
+            return []
         for g in self.groups[1:]:
             g.pool.release(seq_id, g.first_needed(start))
         return self._all(
             lambda pool: pool.can_append(seq_id, num_tokens_total), lambda pool: pool.append(seq_id, num_tokens_total)
         )
+
+    def holds(self, seq_id: int, start: int, num_tokens_total: int) -> bool:
+        """Whether `append(seq_id, start, num_tokens_total)` would change nothing: every group already
+        holds the blocks the step's tokens need and none it no longer sees (the sequence's block
+        tables stay as they are)."""
+        for g in self.groups:  # noqa: SIM110 (a loop, not all() over a generator: asked for every decode row)
+            if not g.pool.holds(seq_id, g.first_needed(start), num_tokens_total):
+                return False
+        return True
 
     def truncate(self, seq_id: int, num_tokens_total: int) -> None:
         """Free every group's blocks past the first `num_tokens_total` tokens (rejected draft tokens)."""

@@ -30,7 +30,7 @@ from wicore.blocks.block_pool import Move
 from wicore.blocks.tier import Tier
 from wicore.engine.lookahead import can_plan_ahead
 from wicore.engine.request import Request, Status
-from wicore.engine.rows import build_row, clip_draft
+from wicore.engine.rows import FED_PLACEHOLDER, build_row, clip_draft, is_decode
 from wicore.engine.scheduler_config import SchedulerConfig, SchedulerStats, StageBudget, StepBudget
 from wicore.engine.scheduler_endings import SchedulerEndings
 from wicore.engine.scheduler_steady import SteadyDecodes
@@ -102,9 +102,14 @@ class Scheduler(SchedulerEndings, SteadyDecodes):
                 continue
             if row.needs_sample and not row.draft_ids and req.num_output_tokens + 1 >= req.max_tokens:
                 continue  # the token in flight is its last
+            start = req.num_tokens
             plan = None
-            if row.request_id in fed and can_plan_ahead(req, row) and not self._crosses_rope_switch(req, req.num_tokens + 1):
-                plan = self.kv.append(req.seq_id, req.num_tokens, req.num_tokens + 1)
+            if row.request_id in fed and can_plan_ahead(req, row) and not self._crosses_rope_switch(req, start + 1):
+                if is_decode(row) and self.kv.holds(req.seq_id, start, start + 1):
+                    # its blocks as they are (kv.append would change nothing): the row in flight's tables
+                    self._planned[req.request_id] = row.advanced([FED_PLACEHOLDER], start, fed=True)
+                    continue
+                plan = self.kv.append(req.seq_id, start, start + 1)
             if plan is None:  # host sampling, a prefill chunk, no room: the schedule after the step decides
                 complete = False
                 continue
