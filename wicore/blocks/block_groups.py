@@ -120,12 +120,20 @@ class BlockGroups:
                 return False
         return True
 
+    def fills_a_block(self, num_computed_before: int, num_computed: int) -> bool:
+        """Whether computing tokens [num_computed_before, num_computed) fills a block: `commit` has
+        something to do (most decode rows fill none)."""
+        return num_computed // self.block_size > num_computed_before // self.block_size
+
     def truncate(self, seq_id: int, num_tokens_total: int) -> None:
         """Free every group's blocks past the first `num_tokens_total` tokens (rejected draft tokens)."""
         for g in self.groups:
             g.pool.truncate(seq_id, num_tokens_total)
 
     def commit(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
+        """The first `num_computed` tokens have KV written: the blocks that became full since the last
+        commit enter the prefix cache (BlockPool.commit). Where none did (`fills_a_block` False since
+        the last commit, or the allocation), it changes nothing: a caller may leave it out."""
         for g in self.groups:
             g.pool.commit(seq_id, token_ids, num_computed)
 

@@ -164,10 +164,9 @@ class Scheduler(SchedulerEndings, SteadyDecodes):
         prefill = cfg.prefill_with_decodes if decoding else cfg.max_num_batched_tokens
         budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk, max_rows)
         stage = StageBudget(cfg.max_staged_blocks)
-        for row in fed:
-            budget.spend_fed()
-            rows.append(row)
-            self.stats.num_planned_rows += 1
+        budget.spend_fed(len(fed))
+        rows += fed
+        self.stats.num_planned_rows += len(fed)
 
         queue = deque(sorted(free, key=self._rank))
         preempted_this_step = False
@@ -204,8 +203,8 @@ class Scheduler(SchedulerEndings, SteadyDecodes):
             rows.append(build_row(self.kv, req, n, draft))
 
         if fed:  # in rank order, as the running requests' rows are without async scheduling
-            position = {r.request_id: i for i, r in enumerate(self.running)}
-            rows.sort(key=lambda row: (self._rank(self.requests[row.request_id]), position[row.request_id]))
+            order = {r.request_id: (self._rank(r), i) for i, r in enumerate(self.running)}
+            rows.sort(key=lambda row: order[row.request_id])
         if not preempted_this_step:
             self._swap_in(rows, moves, budget, stage)
             if not self.swapped:
