@@ -227,8 +227,10 @@ class BlockPool(BlockSpace):
         """Whether the (running) sequence's live blocks are already those from logical block
         `first_block` to `num_tokens_total` tokens: `release(seq_id, first_block)` and
         `append(seq_id, num_tokens_total)` would change nothing (most decode rows)."""
-        seq = self._running(seq_id)
-        num_blocks = seq.first_block + len(seq.block_ids)  # seq.num_blocks, inlined: asked for every decode row
+        seq = self._seqs.get(seq_id)  # asked for every decode row: _running's calls only for its errors
+        if seq is None or seq.is_swapped:
+            seq = self._running(seq_id)
+        num_blocks = seq.first_block + len(seq.block_ids)  # seq.num_blocks, inlined
         return -(-num_tokens_total // self.block_size) <= num_blocks and min(first_block, num_blocks) <= seq.first_block
 
     def can_append(self, seq_id: int, num_tokens_total: int) -> bool:
