@@ -27,8 +27,8 @@ inputs are what runs), as async scheduling prepares them on a GPU.
 `--model-dir` is exported first where it holds no model: a tiny random Gemma 3 (hidden 64, 2 layers,
 vocabulary 512, context 1,024, a 1,024-token window: the 27B shape's layer kinds, its graphs cheap).
 
-    PYTHONPATH=. python tools/sched_cost.py --model-dir /tmp/sched-tiny --block-size 128 --decode-graphs --no-graphs
-    PYTHONPATH=. python tools/sched_cost.py --model-dir /tmp/sched-tiny --block-size 128 --no-graphs --profile 30
+    PYTHONPATH=. python tools/profile_schedule.py --model-dir /tmp/sched-tiny --block-size 128 --decode-graphs --no-graphs
+    PYTHONPATH=. python tools/profile_schedule.py --model-dir /tmp/sched-tiny --block-size 128 --no-graphs --profile 30
 """
 
 from __future__ import annotations
