@@ -123,3 +123,24 @@ def test_holders_name_every_sequence_sharing_a_block():
     assert cache.holders({(WINDOW, stranger)}) == set()
     cache.free(1)
     assert cache.holders({(FULL, shared[0])}) == {2}
+
+
+def test_holds_says_when_append_would_change_nothing():
+    """`holds` is True exactly where `append` adds no block and releases none: a decode row within its
+    last block whose window keeps its first block (the scheduler then keeps the last row's tables)."""
+    cache = make_cache()
+    tokens = list(range(100, 110))  # 10 tokens: blocks 0..2, the last one half full
+    run(cache, 1, tokens, chunk=10)
+    assert (cache.window_table(1)[1], len(cache.block_ids(1))) == (0, 3)
+    # position 10: still block 2, and its queries see positions 3.., from block 0
+    assert cache.holds(1, 10, 11) and cache.append(1, 10, 11) == []
+    assert not cache.holds(1, 11, 12)  # position 11 sees positions 4..: block 0 of the window goes
+    before = cache.window_table(1)
+    assert cache.append(1, 11, 12) == []  # released, no move
+    assert before == (before[0], 0) and cache.window_table(1) == (before[0][1:], 1)
+    assert cache.holds(1, 11, 12)  # done: asking again changes nothing
+    assert not cache.holds(1, 12, 13)  # position 12 starts block 3
+    assert cache.append(1, 12, 13) == [] and len(cache.block_ids(1)) == 4
+    assert cache.holds(1, 12, 13) and cache.holds(1, 14, 15)
+    assert not cache.holds(1, 15, 16)  # sees positions 8..: block 1 goes
+    assert not cache.holds(1, 14, 17)  # a step of 3 tokens from position 14 ends in block 4

@@ -305,3 +305,23 @@ def test_long_rope_blocks_hash_apart_from_short_ones():
     assert short.extra_keys(BS) == {} and long.extra_keys(BS) == {0: b"long-rope"}
     long.num_computed = 4  # a cached prefix: the rest of the first 11 tokens still runs whole
     assert (long.chunk(6), long.chunk(7), long.chunk(8)) == (0, 7, 8)
+
+
+def test_decode_rows_that_fill_a_block_put_it_in_the_prefix_cache():
+    """`update` commits a row's tokens only where they fill a block (BlockGroups.fills_a_block): the
+    blocks that decode rows fill still enter the prefix cache, each at the step that fills it."""
+    from wicore.blocks.sequence_blocks import prefix_hashes
+
+    d = Driver(num_device_blocks=64)
+    prompt = list(range(20, 30))  # 10 tokens: the prefill fills blocks 0 and 1
+    d.add("a", prompt, 9, Priority.NORMAL)
+    pool = d.kv.full.pool
+    tokens = prompt + [7] * 9
+    hashes = prefix_hashes(tokens[:17], BS)  # blocks 0..3: 18 tokens run (the last output never is)
+    cached = []
+    while d.sched.has_work:
+        d.step()
+        cached.append(sum(pool.is_cached(h) for h in hashes))
+    # after the prefill 2; block 2 fills at the row of position 11, block 3 at 15
+    assert cached == [2, 2, 3, 3, 3, 3, 4, 4, 4]
+    assert pool.num_evictable(Tier.DEVICE) == 4  # block 4 (positions 16, 17) was never full: retired

@@ -103,11 +103,27 @@ class BlockGroups:
         """Make room for the step that computes tokens [start, num_tokens_total): the window
         group first releases what the step's queries no longer see. None: no room (blocks
         released stay released; nothing else changed)."""
+        if self.holds(seq_id, start, num_tokens_total):  # most decode rows: nothing to release or add
+            return []
         for g in self.groups[1:]:
             g.pool.release(seq_id, g.first_needed(start))
         return self._all(
             lambda pool: pool.can_append(seq_id, num_tokens_total), lambda pool: pool.append(seq_id, num_tokens_total)
         )
+
+    def holds(self, seq_id: int, start: int, num_tokens_total: int) -> bool:
+        """Whether `append(seq_id, start, num_tokens_total)` would change nothing: every group already
+        holds the blocks the step's tokens need and none it no longer sees (the sequence's block
+        tables stay as they are)."""
+        for g in self.groups:  # noqa: SIM110 (a loop, not all() over a generator: asked for every decode row)
+            if not g.pool.holds(seq_id, g.first_needed(start), num_tokens_total):
+                return False
+        return True
+
+    def fills_a_block(self, num_computed_before: int, num_computed: int) -> bool:
+        """Whether computing tokens [num_computed_before, num_computed) fills a block: `commit` has
+        something to do (most decode rows fill none)."""
+        return num_computed // self.block_size > num_computed_before // self.block_size
 
     def truncate(self, seq_id: int, num_tokens_total: int) -> None:
         """Free every group's blocks past the first `num_tokens_total` tokens (rejected draft tokens)."""
@@ -115,6 +131,9 @@ class BlockGroups:
             g.pool.truncate(seq_id, num_tokens_total)
 
     def commit(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
+        """The first `num_computed` tokens have KV written: the blocks that became full since the last
+        commit enter the prefix cache (BlockPool.commit). Where none did (`fills_a_block` False since
+        the last commit, or the allocation), it changes nothing: a caller may leave it out."""
         for g in self.groups:
             g.pool.commit(seq_id, token_ids, num_computed)
 

@@ -223,6 +223,16 @@ class BlockPool(BlockSpace):
             seq.frames += [self._blocks[b].frame for b in new_ids]
         return moves
 
+    def holds(self, seq_id: int, first_block: int, num_tokens_total: int) -> bool:
+        """Whether the (running) sequence's live blocks are already those from logical block
+        `first_block` to `num_tokens_total` tokens: `release(seq_id, first_block)` and
+        `append(seq_id, num_tokens_total)` would change nothing (most decode rows)."""
+        seq = self._seqs.get(seq_id)  # asked for every decode row: _running's calls only for its errors
+        if seq is None or seq.is_swapped:
+            seq = self._running(seq_id)
+        num_blocks = seq.first_block + len(seq.block_ids)  # seq.num_blocks, inlined
+        return -(-num_tokens_total // self.block_size) <= num_blocks and min(first_block, num_blocks) <= seq.first_block
+
     def can_append(self, seq_id: int, num_tokens_total: int) -> bool:
         """Whether `append(seq_id, num_tokens_total)` would succeed now."""
         num_new = self._num_blocks(num_tokens_total) - self._running(seq_id).num_blocks

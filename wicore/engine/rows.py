@@ -45,6 +45,20 @@ def build_row(kv: BlockGroups, req: Request, n: int, draft: tuple[int, ...] = ()
     )
 
 
+def is_decode(row: ScheduledRow) -> bool:
+    """Whether `row` is a plain decode row: one token, its logit sampled, no draft, image or offloaded
+    block. The next decode row of its request, built where the request's blocks have not changed since
+    `row` was built, is `row` one position on (its tables, parameters and logit rows as they are)."""
+    return (
+        len(row.token_ids) == 1
+        and row.num_logits == 1
+        and row.needs_sample
+        and not row.draft_ids
+        and not row.images
+        and not row.full_locations
+    )
+
+
 def clip_draft(config: SchedulerConfig, req: Request, n: int, draft: Sequence[int], tokens_left: int) -> tuple[int, ...]:
     """The part of a proposed draft that a decode row of `req` runs: within the step's tokens left
     and one prefill chunk (what the sliding layers' cache was sized for at admission)."""

@@ -30,7 +30,7 @@ from wicore.blocks.block_pool import Move
 from wicore.blocks.tier import Tier
 from wicore.engine.lookahead import can_plan_ahead
 from wicore.engine.request import Request, Status
-from wicore.engine.rows import build_row, clip_draft
+from wicore.engine.rows import FED_PLACEHOLDER, build_row, clip_draft, is_decode
 from wicore.engine.scheduler_config import SchedulerConfig, SchedulerStats, StageBudget, StepBudget
 from wicore.engine.scheduler_endings import SchedulerEndings
 from wicore.engine.scheduler_steady import SteadyDecodes
@@ -102,9 +102,14 @@ class Scheduler(SchedulerEndings, SteadyDecodes):
                 continue
             if row.needs_sample and not row.draft_ids and req.num_output_tokens + 1 >= req.max_tokens:
                 continue  # the token in flight is its last
+            start = req.num_tokens
             plan = None
-            if row.request_id in fed and can_plan_ahead(req, row) and not self._crosses_rope_switch(req, req.num_tokens + 1):
-                plan = self.kv.append(req.seq_id, req.num_tokens, req.num_tokens + 1)
+            if row.request_id in fed and can_plan_ahead(req, row) and not self._crosses_rope_switch(req, start + 1):
+                if is_decode(row) and self.kv.holds(req.seq_id, start, start + 1):
+                    # its blocks as they are (kv.append would change nothing): the row in flight's tables
+                    self._planned[req.request_id] = row.advanced([FED_PLACEHOLDER], start, fed=True)
+                    continue
+                plan = self.kv.append(req.seq_id, start, start + 1)
             if plan is None:  # host sampling, a prefill chunk, no room: the schedule after the step decides
                 complete = False
                 continue
@@ -159,10 +164,9 @@ class Scheduler(SchedulerEndings, SteadyDecodes):
         prefill = cfg.prefill_with_decodes if decoding else cfg.max_num_batched_tokens
         budget = StepBudget(cfg.max_num_batched_tokens, prefill, cfg.prefill_chunk, max_rows)
         stage = StageBudget(cfg.max_staged_blocks)
-        for row in fed:
-            budget.spend_fed()
-            rows.append(row)
-            self.stats.num_planned_rows += 1
+        budget.spend_fed(len(fed))
+        rows += fed
+        self.stats.num_planned_rows += len(fed)
 
         queue = deque(sorted(free, key=self._rank))
         preempted_this_step = False
@@ -199,8 +203,8 @@ class Scheduler(SchedulerEndings, SteadyDecodes):
             rows.append(build_row(self.kv, req, n, draft))
 
         if fed:  # in rank order, as the running requests' rows are without async scheduling
-            position = {r.request_id: i for i, r in enumerate(self.running)}
-            rows.sort(key=lambda row: (self._rank(self.requests[row.request_id]), position[row.request_id]))
+            order = {r.request_id: (self._rank(r), i) for i, r in enumerate(self.running)}
+            rows.sort(key=lambda row: order[row.request_id])
         if not preempted_this_step:
             self._swap_in(rows, moves, budget, stage)
             if not self.swapped:

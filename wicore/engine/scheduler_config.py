@@ -84,12 +84,14 @@ class StepBudget:
         """`req` runs `n` tokens (call before its num_computed moves)."""
         self._take(n, is_prefill=req.num_tokens - req.num_computed > 1)
 
-    def spend_fed(self) -> None:
-        """A fed decode row (async scheduling): one token, none of the prefill's. Not `spend`: its
-        request's num_computed does not count the step in flight yet, so a prompt that step computes
-        would look like one still to run, and its decode would take a prefill token from the
-        chunks beside it (a step cut otherwise than without the flag)."""
-        self._take(1, is_prefill=False)
+    def spend_fed(self, num_rows: int) -> None:
+        """`num_rows` fed decode rows (async scheduling): one token each, none of the prefill's. Not
+        `spend`: their requests' num_computed does not count the step in flight yet, so a prompt that
+        step computes would look like one still to run, and its decode would take a prefill token from
+        the chunks beside it (a step cut otherwise than without the flag)."""
+        self.tokens -= num_rows
+        if self.rows is not None:
+            self.rows -= num_rows
 
     def _take(self, n: int, is_prefill: bool) -> None:
         self.tokens -= n

@@ -117,7 +117,8 @@ class SchedulerEndings:
             req.num_computed += num_run
             if req.num_computed <= len(req.prompt_ids):
                 self.stats.num_computed_prompt_tokens += num_run
-            self.kv.commit(req.seq_id, req.token_ids + kept if kept else req.token_ids, req.num_computed)  # no copy a row
+            if self.kv.fills_a_block(req.num_computed - num_run, req.num_computed):  # else commit changes nothing
+                self.kv.commit(req.seq_id, req.token_ids + kept if kept else req.token_ids, req.num_computed)  # no copy a row
             if row.draft_ids:
                 self.kv.truncate(req.seq_id, req.num_computed + 1)
             if wants_prompt_logits:

@@ -53,12 +53,13 @@ class ScheduledRow:
     fed: bool = False  # async scheduling: a decode row whose one input is the token the step in flight
     # samples, fed to it on the worker (wicore.executor.prepared); token_ids holds a placeholder
 
-    def advanced(self, token_ids: list[int], start: int) -> ScheduledRow:
-        """This row with other tokens from another position, the rest as it is (a steady decode step,
-        wicore.engine.steady). Its fields copied as they are: `dataclasses.replace` re-runs a frozen
-        dataclass's __init__ (~7 us a row on the 2-core VM, 0.7 this way; issue 37)."""
+    def advanced(self, token_ids: list[int], start: int, fed: bool = False) -> ScheduledRow:
+        """This row with other tokens from another position, fed or not, the rest as it is (a steady
+        decode step, wicore.engine.steady; a row planned ahead, Scheduler.plan_ahead). Its fields copied
+        as they are: `dataclasses.replace` re-runs a frozen dataclass's __init__ (~7 us a row on the
+        2-core VM, 0.7 this way; issue 37)."""
         row = object.__new__(ScheduledRow)
-        row.__dict__.update(self.__dict__, token_ids=token_ids, start=start)
+        row.__dict__.update(self.__dict__, token_ids=token_ids, start=start, fed=fed)
         return row
 
 
