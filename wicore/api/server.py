@@ -34,6 +34,7 @@ from wicore.api.app import ServerSettings, create_app
 from wicore.api.connections import DEFAULT_LIMITS, ConnectionLimits, LimitedListener
 from wicore.engine.engine import Engine, EngineConfig
 from wicore.engine_process.client import EngineClient, model_tokenizer
+from wicore.engine_process.heap import freeze_startup_heap
 from wicore.engine_process.info import describe, start_core
 
 log = logging.getLogger("wicore.api")
@@ -81,6 +82,7 @@ def serve(
         engine = Engine(engine_config).start()
         engine.grammars.warm_up()  # the first constrained request need not wait for the vocabulary
         summary = describe(engine.core)
+    freeze_startup_heap()  # this process serves until it exits (wicore/engine_process/heap.py)
     try:
         return serve_engine(engine, settings, summary, host, port, grace_seconds, limits)
     finally:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from wicore.engine.engine import IDLE_WAIT
 from wicore.engine.request import Request
 from wicore.engine_process.frames import Abort, Add, EngineInfo, Failed, Ready, Step, Stop, encode, read
+from wicore.engine_process.heap import freeze_startup_heap
 from wicore.engine_process.info import SteppedCore
 from wicore.errors import WiCoreError
 from wicore.types.outputs import RequestOutput
@@ -66,6 +67,7 @@ def serve_core(start: Callable[[], tuple[SteppedCore, EngineInfo]], sock: socket
         sock.sendall(encode(Failed(None, f"{type(exc).__name__}: {exc}")))
         return
     try:
+        freeze_startup_heap()  # the core's long-lived objects out of the collector's walks (heap.py)
         sock.sendall(encode(Ready(info)))
         CoreLoop(core, sock).run()
     except OSError:  # the API process went away while the core was built (Ctrl-C during startup)
