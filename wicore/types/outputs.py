@@ -28,7 +28,7 @@ class Priority(enum.IntEnum):
         return cls(value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class RequestOutput:
     """What one step produced for a request: its new tokens, and whether it ended.
 
@@ -45,6 +45,33 @@ class RequestOutput:
     error: str | None = None
     logprobs: list[Logprobs] | None = None
     prompt_logits: np.ndarray | None = None
+
+    def __init__(
+        self,
+        request_id: str,
+        new_token_ids: list[int],
+        finished: bool,
+        finish_reason: str | None = None,
+        num_prompt_tokens: int = 0,
+        num_cached_tokens: int = 0,
+        error: str | None = None,
+        logprobs: list[Logprobs] | None = None,
+        prompt_logits: np.ndarray | None = None,
+    ) -> None:
+        """The fields above, set at once: a frozen dataclass's own __init__ sets them one
+        `object.__setattr__` at a time (~1.7 us against ~0.7 on the 2-core VM), and the scheduler
+        makes one a running request a step (issue 32). tests/types keeps this signature the fields'."""
+        self.__dict__.update(
+            request_id=request_id,
+            new_token_ids=new_token_ids,
+            finished=finished,
+            finish_reason=finish_reason,
+            num_prompt_tokens=num_prompt_tokens,
+            num_cached_tokens=num_cached_tokens,
+            error=error,
+            logprobs=logprobs,
+            prompt_logits=prompt_logits,
+        )
 
 
 def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
