@@ -46,6 +46,8 @@ import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+
 from wicore.blocks.block_pool import Move
 from wicore.engine.request import Request, Status
 from wicore.executor.prepared import DeviceResult, PreparedStep
@@ -120,7 +122,14 @@ class StepWorker:
         return InFlight(rows, step, self._pool.submit(self._run, step, moves, after))
 
     def _run(self, step: PreparedStep, moves: list[Move], after: InFlight | None) -> Launched:
-        previous = after.result.result().device if after is not None else None  # done: the worker ran it
+        previous = None
+        if after is not None:
+            try:
+                previous = after.result.result().device  # done: the worker ran it
+            except Exception:  # the engine fails `after`'s requests when it waits for it (EngineCore._wait)
+                # This step still runs for the others. Its fed rows are all of `after`'s requests, which
+                # end with `after`'s error before this step is accounted: their placeholder inputs stay.
+                previous = DeviceResult([], np.zeros(len(after.step.fed), np.int64), 0.0)
         lost = self.kv.execute(moves) if moves else set()
         return Launched(lost, self.runner.run_device(step, previous))
 
