@@ -29,7 +29,9 @@ A request that N ends (EOS, a stop token, a stop string, an abort) still has its
 vLLM: that row's token is dropped, the request's final output is sent when N is accounted (so it
 sends exactly what it sends without the flag), and its blocks go back once N+1 returns
 (`Scheduler.hold`), since N+1 writes and reads them. A request's last token by max_tokens is known
-in advance: no row is planned after it.
+in advance: no row is planned after it. A step N that raises fails its requests, as without the flag;
+N+1, queued behind it, still runs for the others (its fed rows are N's requests': their inputs stay
+placeholders and their rows are dropped, as an ended request's are).
 
 Synchronous steps. Where a request of N goes on after it but its next row cannot be planned (its
 token is sampled on the host: a grammar, penalties or a logit bias, logprobs, top-k / top-p from the
