@@ -316,3 +316,40 @@ def test_a_prompt_admitted_beside_fed_rows_gets_the_chunk_it_gets_without_the_fl
     # planned ahead: step 1's four decodes, then (while "long" has chunks to come the steps are
     # synchronous) the five rows after its last chunk and its own last one
     assert ahead.num_planned_rows == 4 + 5 + 1
+
+
+def test_a_failed_step_fails_its_own_requests_not_those_of_the_step_queued_behind_it(chat):
+    """A step whose run raises fails its rows' requests, as without the flag. The step queued behind it
+    (scheduled ahead while it ran) still runs for the requests that were not in it: a request admitted
+    beside the failed request's fed row ends as it ends without async scheduling, not with its error."""
+    runs = {}
+    for on in (False, True):
+        core = make_core(chat, on)
+        real, calls = core.runner.run_device, []
+
+        def flaky(step, previous=None, feeds=True, real=real, calls=calls):
+            calls.append(step)
+            if len(calls) == 2:  # "a"'s first decode step
+                raise RuntimeError("the device broke once")
+            return real(step, previous, feeds)
+
+        core.runner.run_device = flaky
+        ends: dict[str, str | None] = {}
+        tokens: dict[str, list[int]] = {"a": [], "b": []}
+        try:
+            core.add(core.make_request(PROMPTS[0], SamplingParams(max_tokens=6, ignore_eos=True), "a"))
+            for call in range(40):
+                if call == 2:  # before the step after "a"'s failing one is scheduled
+                    core.add(core.make_request(PROMPTS[1], SamplingParams(max_tokens=4, ignore_eos=True), "b"))
+                for out in core.step():
+                    tokens[out.request_id] += out.new_token_ids
+                    if out.finished:
+                        ends[out.request_id] = out.finish_reason
+                if call >= 2 and not core.has_work:
+                    break
+            referenced = core.stats().blocks_referenced
+        finally:
+            core.close()
+        runs[on] = (ends, tokens["b"], referenced)
+    assert runs[False][0] == {"a": "error", "b": "length"} and runs[False][2] == TierCounts()
+    assert runs[True] == runs[False]

@@ -29,7 +29,9 @@ A request that N ends (EOS, a stop token, a stop string, an abort) still has its
 vLLM: that row's token is dropped, the request's final output is sent when N is accounted (so it
 sends exactly what it sends without the flag), and its blocks go back once N+1 returns
 (`Scheduler.hold`), since N+1 writes and reads them. A request's last token by max_tokens is known
-in advance: no row is planned after it.
+in advance: no row is planned after it. A step N that raises fails its requests, as without the flag;
+N+1, queued behind it, still runs for the others (its fed rows are N's requests': their inputs stay
+placeholders and their rows are dropped, as an ended request's are).
 
 Synchronous steps. Where a request of N goes on after it but its next row cannot be planned (its
 token is sampled on the host: a grammar, penalties or a logit bias, logprobs, top-k / top-p from the
@@ -45,6 +47,8 @@ import os
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+
+import numpy as np
 
 from wicore.blocks.block_pool import Move
 from wicore.engine.request import Request, Status
@@ -120,7 +124,14 @@ class StepWorker:
         return InFlight(rows, step, self._pool.submit(self._run, step, moves, after))
 
     def _run(self, step: PreparedStep, moves: list[Move], after: InFlight | None) -> Launched:
-        previous = after.result.result().device if after is not None else None  # done: the worker ran it
+        previous = None
+        if after is not None:
+            try:
+                previous = after.result.result().device  # done: the worker ran it
+            except Exception:  # the engine fails `after`'s requests when it waits for it (EngineCore._wait)
+                # This step still runs for the others. Its fed rows are all of `after`'s requests, which
+                # end with `after`'s error before this step is accounted: their placeholder inputs stay.
+                previous = DeviceResult([], np.zeros(len(after.step.fed), np.int64), 0.0)
         lost = self.kv.execute(moves) if moves else set()
         return Launched(lost, self.runner.run_device(step, previous))
 
