@@ -195,8 +195,11 @@ void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std
   // The VNNI rows (matmul_q_cpu.cc) read narrow scales in place: Dot4Group scales and offsets, DotRows scales
   // (where the offsets are not narrow too)
   const bool native = rows != nullptr && path == MatMulQPath::kVnni && args.m == 1;
-  const bool in_place = native && (args.bits == 4 ? packed.scales16 != nullptr || packed.mins16 != nullptr
-                                                  : packed.scales16 != nullptr && packed.mins16 == nullptr);
+  // and the AVX2 decode rows (matmul_q_avx2_rows.inc) 8-bit codes' narrow scales
+  const bool avx2_rows = rows != nullptr && path == MatMulQPath::kAvx2 && args.m == 1 && args.bits == 8;
+  const bool in_place = (native && (args.bits == 4 ? packed.scales16 != nullptr || packed.mins16 != nullptr
+                                                   : packed.scales16 != nullptr && packed.mins16 == nullptr)) ||
+                        (avx2_rows && packed.scales16 != nullptr && packed.mins16 == nullptr);
   if (in_place) {
     task.packed = &packed;
     return MatMulQCpu(task, *rows, row_begin, row_end, path);
