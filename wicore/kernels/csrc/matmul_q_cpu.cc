@@ -387,13 +387,13 @@ void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int6
   if (path == MatMulQPath::kVnni && Tiles(args, path) && args.bits == 4) {
     return (args.block_size == 16 ? Rows4Vnni<2> : Rows4Vnni<1>)(args, rows, row_begin, row_end);
   }
-  if (args.bits == 5 || args.bits == 6) {  // only the VNNI rows read them (matmul_q_packed.cc widens them elsewhere)
+  if (path == MatMulQPath::kAvx2 && args.m == 1 && args.bits != 4) {  // a decode step's rows (matmul_q_avx2_rows.inc)
+    return (args.block_size == 16 ? RowsAvx2<2> : RowsAvx2<1>)(args, rows[0], row_begin, row_end);
+  }
+  if (args.bits == 5 || args.bits == 6) {  // only the VNNI and AVX2 rows read them (matmul_q_packed.cc widens them elsewhere)
     if (path != MatMulQPath::kVnni || Tiles(args, path)) std::abort();
   }
   if (path == MatMulQPath::kVnni && Tiles(args, path)) return tile_vnni::Rows(args, rows, row_begin, row_end);
-  if (path == MatMulQPath::kAvx2 && args.m == 1 && args.bits == 8) {  // a decode step's rows (matmul_q_avx2_rows.inc)
-    return (args.block_size == 16 ? RowsAvx2<2> : RowsAvx2<1>)(args, rows[0], row_begin, row_end);
-  }
   if (path == MatMulQPath::kAvx2) return tile_avx2::Rows(args, rows, row_begin, row_end);
   if (path == MatMulQPath::kVnni) {
     if (args.residual) {

@@ -195,8 +195,8 @@ void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std
   // The VNNI rows (matmul_q_cpu.cc) read narrow scales in place: Dot4Group scales and offsets, DotRows scales
   // (where the offsets are not narrow too)
   const bool native = rows != nullptr && path == MatMulQPath::kVnni && args.m == 1;
-  // and the AVX2 decode rows (matmul_q_avx2_rows.inc) 8-bit codes' narrow scales
-  const bool avx2_rows = rows != nullptr && path == MatMulQPath::kAvx2 && args.m == 1 && args.bits == 8;
+  // and the AVX2 decode rows (matmul_q_avx2_rows.inc) 8-, 5- and 6-bit codes' narrow scales, and unpack 5 / 6 bits
+  const bool avx2_rows = rows != nullptr && path == MatMulQPath::kAvx2 && args.m == 1 && args.bits != 4;
   const bool in_place = (native && (args.bits == 4 ? packed.scales16 != nullptr || packed.mins16 != nullptr
                                                    : packed.scales16 != nullptr && packed.mins16 == nullptr)) ||
                         (avx2_rows && packed.scales16 != nullptr && packed.mins16 == nullptr);
@@ -226,7 +226,7 @@ void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std
     }
     task.offsets = scratch.offsets.data() - lo;
   }
-  if ((args.bits == 5 || args.bits == 6) && !native) {  // else DotRows unpacks them
+  if ((args.bits == 5 || args.bits == 6) && !native && !avx2_rows) {  // else DotRows / DotRowsAvx2 unpack them
     scratch.codes.resize((row_end - row_begin) * args.k);
     Expand56(args, row_begin, row_end, simd, scratch.codes.data());
     task.weight = scratch.codes.data() - row_begin * args.k;
