@@ -3,9 +3,11 @@
 // reads the GGUF's own widths; the kernels of matmul_q_cpu.cc and matmul_q_float.cc still see what they
 // always did, made per task (64 weight rows, in this thread's buffers, which stay in cache):
 //
-//   narrow scales / offsets ──► float32, the task's rows, in MatMulQArgs' layout     (every path)
-//   5- / 6-bit codes       ──► 8-bit codes (code + 128), the task's rows           (all but the VNNI rows at
-//                                                                                    m == 1: DotRows unpacks them)
+//   narrow scales / offsets ──► float32, the task's rows, in MatMulQArgs' layout     (all but the one-row kernels
+//                                                                                    that read them in place)
+//   5- / 6-bit codes       ──► 8-bit codes (code + 128), the task's rows           (all but the VNNI and AVX2 rows
+//                                                                                    at m == 1: DotRows, DotRowsAvx2
+//                                                                                    unpack them)
 //
 // The values are exactly the wide forms' (kernels.h, MatMulQPacked), so every path keeps its bits
 // (tests/kernels/test_matmul_q.py compares each narrow form with its wide one).
