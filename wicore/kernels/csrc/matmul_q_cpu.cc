@@ -221,11 +221,15 @@ WICORE_VNNI inline float ReduceVec(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
 
+#include "matmul_q_avx2_quant.inc"
+
 #include "matmul_q_rows.inc"
 
 #include "matmul_q_pairs.inc"
 
 #include "matmul_q_group4.inc"
+
+#include "matmul_q_avx2_rows.inc"
 
 template <int kPerBlock, bool kResidual>
 WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t begin, int64_t end) {
@@ -367,6 +371,11 @@ void MatMulQQuantize(const MatMulQArgs& args, MatMulQPath path, std::vector<Quan
       SumsVnni(args.k, zero_point, args.block_size, args.residual, tiled, &rows[i]);
       continue;
     }
+    if (path == MatMulQPath::kAvx2) {  // always tiled (Tiles)
+      QuantizeAvx2(args.x + i * args.k, args.k, args.residual, &rows[i]);
+      SumsAvx2(args.k, zero_point, args.block_size, args.residual, &rows[i]);
+      continue;
+    }
     QuantizeScalar(args.x + i * args.k, args.k, args.residual, &rows[i]);
     Sums(args.k, zero_point, args.block_size, args.residual, &rows[i]);
     if (tiled) Tiled(args.residual, &rows[i]);
@@ -378,7 +387,10 @@ void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int6
   if (path == MatMulQPath::kVnni && Tiles(args, path) && args.bits == 4) {
     return (args.block_size == 16 ? Rows4Vnni<2> : Rows4Vnni<1>)(args, rows, row_begin, row_end);
   }
-  if (args.bits == 5 || args.bits == 6) {  // only the VNNI rows read them (matmul_q_packed.cc widens them elsewhere)
+  if (path == MatMulQPath::kAvx2 && args.m == 1 && args.bits != 4) {  // a decode step's rows (matmul_q_avx2_rows.inc)
+    return (args.block_size == 16 ? RowsAvx2<2> : RowsAvx2<1>)(args, rows[0], row_begin, row_end);
+  }
+  if (args.bits == 5 || args.bits == 6) {  // only the VNNI and AVX2 rows read them (matmul_q_packed.cc widens them elsewhere)
     if (path != MatMulQPath::kVnni || Tiles(args, path)) std::abort();
   }
   if (path == MatMulQPath::kVnni && Tiles(args, path)) return tile_vnni::Rows(args, rows, row_begin, row_end);

@@ -3,9 +3,11 @@
 // reads the GGUF's own widths; the kernels of matmul_q_cpu.cc and matmul_q_float.cc still see what they
 // always did, made per task (64 weight rows, in this thread's buffers, which stay in cache):
 //
-//   narrow scales / offsets ──► float32, the task's rows, in MatMulQArgs' layout     (every path)
-//   5- / 6-bit codes       ──► 8-bit codes (code + 128), the task's rows           (all but the VNNI rows at
-//                                                                                    m == 1: DotRows unpacks them)
+//   narrow scales / offsets ──► float32, the task's rows, in MatMulQArgs' layout     (all but the one-row kernels
+//                                                                                    that read them in place)
+//   5- / 6-bit codes       ──► 8-bit codes (code + 128), the task's rows           (all but the VNNI and AVX2 rows
+//                                                                                    at m == 1: DotRows, DotRowsAvx2
+//                                                                                    unpack them)
 //
 // The values are exactly the wide forms' (kernels.h, MatMulQPacked), so every path keeps its bits
 // (tests/kernels/test_matmul_q.py compares each narrow form with its wide one).
@@ -195,8 +197,11 @@ void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std
   // The VNNI rows (matmul_q_cpu.cc) read narrow scales in place: Dot4Group scales and offsets, DotRows scales
   // (where the offsets are not narrow too)
   const bool native = rows != nullptr && path == MatMulQPath::kVnni && args.m == 1;
-  const bool in_place = native && (args.bits == 4 ? packed.scales16 != nullptr || packed.mins16 != nullptr
-                                                  : packed.scales16 != nullptr && packed.mins16 == nullptr);
+  // and the AVX2 decode rows (matmul_q_avx2_rows.inc) 8-, 5- and 6-bit codes' narrow scales, and unpack 5 / 6 bits
+  const bool avx2_rows = rows != nullptr && path == MatMulQPath::kAvx2 && args.m == 1 && args.bits != 4;
+  const bool in_place = (native && (args.bits == 4 ? packed.scales16 != nullptr || packed.mins16 != nullptr
+                                                   : packed.scales16 != nullptr && packed.mins16 == nullptr)) ||
+                        (avx2_rows && packed.scales16 != nullptr && packed.mins16 == nullptr);
   if (in_place) {
     task.packed = &packed;
     return MatMulQCpu(task, *rows, row_begin, row_end, path);
@@ -223,7 +228,7 @@ void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std
     }
     task.offsets = scratch.offsets.data() - lo;
   }
-  if ((args.bits == 5 || args.bits == 6) && !native) {  // else DotRows unpacks them
+  if ((args.bits == 5 || args.bits == 6) && !native && !avx2_rows) {  // else DotRows / DotRowsAvx2 unpack them
     scratch.codes.resize((row_end - row_begin) * args.k);
     Expand56(args, row_begin, row_end, simd, scratch.codes.data());
     task.weight = scratch.codes.data() - row_begin * args.k;

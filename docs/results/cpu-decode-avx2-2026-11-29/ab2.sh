@@ -1,0 +1,8 @@
+#!/bin/bash
+# ab2.sh ROUNDS MODEL... : step_ab6.py with SPECS (a template: MODEL replaced by each model), T threads (2)
+n=$1; shift
+W=/work/wt-cpu37
+for r in $(seq $n); do for m in "$@"; do
+  specs="${SPECS//MODEL/$m}"
+  echo "$(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) $m round $r: $(WICORE_CACHE=/work/cache-cpu37/wc PYTHONPATH=$W:$W/tools THREADS=${T:-2} flock /tmp/bench54.lock timeout 300 /work/main/.venv/bin/python /work/cache-cpu37/scr/step_ab6.py /work/tiny37/tiny-$m.gguf $specs 2>&1 | grep -v n_ctx | tail -2 | tr '\n' ' ')"
+done; done | sed 's/block 10 drop 2 gap 0.02 extra_buffers True//'
