@@ -75,8 +75,9 @@ def test_64_greedy_tokens_match_hf_on_three_chats(smollm2, hf_answers, prompts):
 def test_ort_quant_equals_hf_where_llama_cpp_does_not(smollm2, smollm2_gguf, hf_answers, prompts):
     """ort-quant (the GGUF's Q4_1 blocks on float activations, its Q8_0 head on int8 ones with the top
     logits refined in float; wicore/graph/quant.py) against HF and llama.cpp on the same GGUF.
-    Measured: llama.cpp's greedy tokens equal HF's on the third chat only (on the other two its first
-    token differs: its Q8_1 activations); ort-quant's equal HF's on all three."""
+    Measured: on an AVX-512 VNNI Xeon llama.cpp's greedy tokens equal HF's on the third chat only (on the
+    other two its first token differs: its Q8_1 activations), on an AVX2-only EPYC on none; ort-quant's
+    equal HF's on all three on both."""
     from test_gemma3_270m_quant import llama_greedy
 
     pytest.importorskip("llama_cpp")
@@ -84,8 +85,9 @@ def test_ort_quant_equals_hf_where_llama_cpp_does_not(smollm2, smollm2_gguf, hf_
     theirs = [llama_greedy(llm, ids, 64) for ids in prompts]
     with Engine(EngineConfig(model_dir=smollm2("ort-quant"), num_threads=2, host_tier_gb=0)) as engine:
         ours = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=64))]
-    assert [i for i in range(3) if theirs[i][: len(hf_answers[i])] == hf_answers[i]] == [2]
     assert ours == hf_answers
+    # llama.cpp's kernels (and so which chats it gets right) depend on the CPU it was built for
+    assert len([i for i in range(3) if theirs[i][: len(hf_answers[i])] == hf_answers[i]]) < 3
 
 
 @pytest.mark.slow  # the session's export (tests/api/test_smollm2_chat.py serves it too) and HF's answers
