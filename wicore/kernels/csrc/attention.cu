@@ -413,19 +413,16 @@ int BlockAttentionCuda(const BlockAttentionCudaArgs& args, int sm_count, void* w
   // tiles, or else the decode kernel, a block a (token, KV head), where one split holds a token's keys (no
   // partial sums to keep for every token: windows and contexts up to kMaxKeys), and PrefillKernel past that.
   BlockAttentionCudaArgs a = args;
-  if (a.seq > 1 && PrefillOnTiles() && FlashTilesFit(a.head_dim)) {  // tiles of queries on tensor cores (attention_tiles.cu)
+  if (a.seq > 1) {
+    // tiles of queries on tensor cores (attention_tiles.cu); else, where a block cannot have their shared memory
+    // (sm_75 at head dim 128) or WICORE_PREFILL_ATTENTION=decode, the decode kernel or PrefillKernel
+    const bool tiles = PrefillOnTiles() && FlashTilesFit(a.head_dim);
+    if (!tiles && plan.splits > 1) return LaunchPrefill(a, workspace, s);
     if (a.qkv != nullptr) {
       a.q = LaunchPrologue(a, workspace, s);
-      a.qkv = nullptr;
+      a.qkv = nullptr;  // the kernels below without a prologue; context_lens stays null: past_seqlens + seq
     }
-    return LaunchFlashTiles(a, s);
-  }
-  if (a.seq > 1) {  // devices with less shared memory a block (sm_75 at head dim 128)
-    if (plan.splits > 1) return LaunchPrefill(a, workspace, s);
-    if (a.qkv != nullptr) {
-      a.q = LaunchPrologue(a, workspace, s);
-      a.qkv = nullptr;  // the decode kernel without its prologue; context_lens stays null: past_seqlens + seq
-    }
+    if (tiles) return LaunchFlashTiles(a, s);
   }
   switch (a.head_dim) {
     case 64: return DispatchGroups<64>(a, plan, workspace, s);
