@@ -231,6 +231,8 @@ WICORE_VNNI inline float ReduceVec(__m256 v) {
 
 #include "matmul_q_avx2_rows.inc"
 
+#include "matmul_q_avx2_rows4.inc"
+
 template <int kPerBlock, bool kResidual>
 WICORE_VNNI void RowsVnni(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t begin, int64_t end) {
   const int64_t k = args.k, num_blocks = k / args.block_size;
@@ -389,6 +391,9 @@ void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int6
   }
   if (path == MatMulQPath::kAvx2 && args.m == 1 && args.bits != 4) {  // a decode step's rows (matmul_q_avx2_rows.inc)
     return (args.block_size == 16 ? RowsAvx2<2> : RowsAvx2<1>)(args, rows[0], row_begin, row_end);
+  }
+  if (path == MatMulQPath::kAvx2 && args.m == 1) {  // 4 bits: a group of 8 rows a pass (matmul_q_avx2_rows4.inc)
+    return (args.block_size == 16 ? Rows4Avx2<2> : Rows4Avx2<1>)(args, rows[0], row_begin, row_end);
   }
   if (args.bits == 5 || args.bits == 6) {  // only the VNNI and AVX2 rows read them (matmul_q_packed.cc widens them elsewhere)
     if (path != MatMulQPath::kVnni || Tiles(args, path)) std::abort();
