@@ -114,7 +114,9 @@ def session(
             inits.append(helper.make_tensor(role, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape), a.tobytes(), raw=True))
     while names[-1] == "":
         names.pop()
-    node = helper.make_node("MatMulQ", names, ["y"], domain=DOMAIN, **attributes(packed, w, residual, prompt_precision, wide_codes))
+    node = helper.make_node(
+        "MatMulQ", names, ["y"], domain=DOMAIN, **attributes(packed, w, residual, prompt_precision, wide_codes)
+    )
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, None])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     graph = helper.make_graph([node], "t", [x], [y], initializer=inits)

@@ -16,7 +16,15 @@ from wicore.graph.matmul_q import attributes, pack
 def widen(path: str, codes: np.ndarray, n: int, k: int, bits: int, zero_point: int, simd: bool) -> np.ndarray:
     """ops.cc's WicoreMatMulQWiden: the kernel's widening of n rows of packed 5- / 6-bit codes."""
     lib = ctypes.CDLL(path)
-    lib.WicoreMatMulQWiden.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.WicoreMatMulQWiden.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     lib.WicoreMatMulQWiden.restype = None
     src = np.ascontiguousarray(codes)
     out = np.zeros((n, k), np.uint8)
@@ -64,4 +72,3 @@ def test_a_widened_head_gives_the_8_bit_heads_bits(cpu_library, monkeypatch, kin
             np.testing.assert_array_equal(s.run(None, {"x": x})[0], want)
     if m == 1 or force != "fast" or not has_vnni(cpu_library):
         np.testing.assert_array_equal(want[0], reference(x[0], w, residual=True))
-

@@ -227,4 +227,11 @@ def matmul_q(
         names.append(g.weight(f"{prefix}.{role}{own}", lambda a=array: a, data))  # type: ignore[misc]
     while names[-1] == "":
         names.pop()
-    return g.op("MatMulQ", names, f"{name}/MatMulQ", out=out, domain=DOMAIN, **attributes(packed, w, residual, prompt_precision, wide_codes))
+    return g.op(
+        "MatMulQ",
+        names,
+        f"{name}/MatMulQ",
+        out=out,
+        domain=DOMAIN,
+        **attributes(packed, w, residual, prompt_precision, wide_codes),
+    )

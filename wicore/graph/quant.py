@@ -197,9 +197,7 @@ class QuantLinear:
             residual = self.accuracy_level != INT8
             cached = w.codes.size <= WIDE_HEAD_CODES
             if w.bits != 8 or residual:
-                return matmul_q(
-                    g, x, w, name, out, weight_name, data, residual, True, cached, HEAD_PROMPT, wide_codes=cached
-                )
+                return matmul_q(g, x, w, name, out, weight_name, data, residual, True, cached, HEAD_PROMPT, wide_codes=cached)
             # int8 x alone: the refinement gathers MatMulNBits' 8-bit codes, which a head in the cache shares
             logits = matmul_q(g, x, w, name, None, weight_name, data, residual, not cached, prompt_precision=HEAD_PROMPT)
             return refine_top(g, x, logits, w, f"{name}/refine", weight_name or name, data, out)
