@@ -98,13 +98,11 @@ def session(
     narrow_8bit_scales: bool = False,
     prompt_precision: str | None = None,
     narrow_codes: bool = True,
-    wide_codes: bool = False,
 ) -> ort.InferenceSession:
     """One MatMulQ node on w: by default its 4- / 8-bit codes and float32 scales (the reference layouts),
     with `narrow_widths` the export's (5 / 6 bits, float16 scales where exact: graph/matmul_q.py; with
     `narrow_codes` False 8-bit codes and narrow scales, a head in the cache's form);
-    `prompt_precision` None: no such attribute (a graph exported before it); `wide_codes`: the node's attribute
-    (a head's 5- / 6-bit codes that the kernel may widen, ops.cc)."""
+    `prompt_precision` None: no such attribute (a graph exported before it)."""
     packed = pack(w, narrow_widths, narrow_8bit_scales, narrow_codes)
     names, inits = ["x"], []
     for entry in inputs(packed):
@@ -114,9 +112,7 @@ def session(
             inits.append(helper.make_tensor(role, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape), a.tobytes(), raw=True))
     while names[-1] == "":
         names.pop()
-    node = helper.make_node(
-        "MatMulQ", names, ["y"], domain=DOMAIN, **attributes(packed, w, residual, prompt_precision, wide_codes)
-    )
+    node = helper.make_node("MatMulQ", names, ["y"], domain=DOMAIN, **attributes(packed, w, residual, prompt_precision))
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, None])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     graph = helper.make_graph([node], "t", [x], [y], initializer=inits)

@@ -162,11 +162,10 @@ def inputs(packed: Packed) -> list[tuple[str, np.ndarray] | None]:
 
 
 def attributes(
-    packed: Packed, w: BlockQuant, residual: bool, prompt_precision: str | None = None, wide_codes: bool = False
+    packed: Packed, w: BlockQuant, residual: bool, prompt_precision: str | None = None
 ) -> dict[str, int | float | str]:
     """MatMulQ's attributes for `packed` (ops.cc); `prompt_precision` None leaves the attribute out, as graphs
-    exported before it did (the float prompt GEMM); `wide_codes`: 5- / 6-bit codes that the kernel may hold as 8
-    bits where its CPU runs those faster (`matmul_q`), said only where the codes are that narrow."""
+    exported before it did (the float prompt GEMM)."""
     supers = [v.blocks_per_super for v in (packed.scales, packed.offsets) if isinstance(v, Narrow) and v.ints is not None]
     attrs: dict[str, int | float | str] = {
         "N": w.shape[0],
@@ -181,8 +180,6 @@ def attributes(
         if prompt_precision not in PROMPT_PRECISIONS:
             raise ValueError(f"prompt_precision {prompt_precision!r}: expected one of {PROMPT_PRECISIONS}")
         attrs["prompt_precision"] = prompt_precision
-    if wide_codes and packed.bits in NARROW_BITS:
-        attrs["wide_codes"] = 1
     return attrs
 
 
@@ -198,15 +195,12 @@ def matmul_q(
     narrow_codes: bool = True,
     narrow_8bit_scales: bool = False,
     prompt_precision: str = "float",
-    wide_codes: bool = False,
 ) -> str:
     """x [..., K] float32 @ wᵀ for w [N, K] on wicore.MatMulQ; `residual`: x's rounding error rounded again
     (~15-bit activations, HF's greedy tokens on SmolLM2), else llama.cpp's int8 activations alone;
     `narrow_codes` False: 5- / 6-bit codes as 8 bits (more bytes, less unpacking: `pack`);
     `narrow_8bit_scales`: 8-bit codes' scales narrow too where exact (`pack`); `prompt_precision`: a prompt's
-    steps in float or int8 (PROMPT_PRECISIONS); `wide_codes`: the kernel may widen 5- / 6-bit codes to 8 bits
-    once, in memory of its own, on a CPU where 8 bits run faster (ops.cc: AVX-512 VNNI; an LM head in the cache,
-    graph/quant.py), so the export is the same on any machine."""
+    steps in float or int8 (PROMPT_PRECISIONS)."""
     if not can_run(w):
         raise ValueError(
             f"MatMulQ takes 4- or 8-bit codes in blocks of 16 or 32 over whole 32 columns, not {w.bits} bits / "
@@ -227,11 +221,4 @@ def matmul_q(
         names.append(g.weight(f"{prefix}.{role}{own}", lambda a=array: a, data))  # type: ignore[misc]
     while names[-1] == "":
         names.pop()
-    return g.op(
-        "MatMulQ",
-        names,
-        f"{name}/MatMulQ",
-        out=out,
-        domain=DOMAIN,
-        **attributes(packed, w, residual, prompt_precision, wide_codes),
-    )
+    return g.op("MatMulQ", names, f"{name}/MatMulQ", out=out, domain=DOMAIN, **attributes(packed, w, residual, prompt_precision))

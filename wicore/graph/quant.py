@@ -195,11 +195,10 @@ class QuantLinear:
         w = self.blocks([weight])
         if self.runs_matmul_q(w, dtype):
             residual = self.accuracy_level != INT8
-            cached = w.codes.size <= WIDE_HEAD_CODES
+            narrow = w.codes.size > WIDE_HEAD_CODES
             if w.bits != 8 or residual:
-                return matmul_q(g, x, w, name, out, weight_name, data, residual, True, cached, HEAD_PROMPT, wide_codes=cached)
-            # int8 x alone: the refinement gathers MatMulNBits' 8-bit codes, which a head in the cache shares
-            logits = matmul_q(g, x, w, name, None, weight_name, data, residual, not cached, prompt_precision=HEAD_PROMPT)
+                return matmul_q(g, x, w, name, out, weight_name, data, residual, narrow, not narrow, HEAD_PROMPT)
+            logits = matmul_q(g, x, w, name, None, weight_name, data, residual, narrow, prompt_precision=HEAD_PROMPT)
             return refine_top(g, x, logits, w, f"{name}/refine", weight_name or name, data, out)
         if self.runs_matmul_q16(w, dtype):
             return matmul_q16(g, x, w, name, out, weight_name, data)
@@ -245,15 +244,14 @@ class QuantLinear:
 FLOAT, INT8 = 0, 4  # MatMulNBits accuracy_level: float activations; int8 activations (CPU)
 HEAD_PROMPT = "float"  # the LM head's MatMulQ prompt_precision (module doc)
 HEAD_CANDIDATES = 64  # logits the head computes again in float (QuantLinear.head)
-# A MatMulQ head of at most this many codes ("in the cache") keeps its GGUF's widths (a Q6_K head's 6-bit codes)
-# and is marked `wide_codes`: the kernel holds such codes 8 bits wide on a CPU where that is faster, decided
-# where it runs, not here (ops.cc). On AVX-512 VNNI, with the head read from the cache every step, 6-bit codes in
-# 16-column blocks took 2.45 ms against 1.93 as 8 bits (49,152 x 256, one thread); on an AVX2-only EPYC the same
-# head streams from memory and the 6-bit codes' median step was lower in 6 of 6 runs (the same bits either way;
-# docs/PERFORMANCE.md, issue 37, 2026-11-29 and 2026-11-30). Its scales are narrow where exact (a Q6_K head's
-# float16 x int8: 0.8 MB, not 3.1 of float32; a Q8_0 head's float16), read in place by DotPairs: a tiny GGUF's
-# step 4-8% faster (issue 37, 2026-11-29). Past it (Llama 3.2 1B's 128,256 x 2,048) the codes stay narrow
-# everywhere, and 8-bit codes keep MatMulNBits' float32 scales.
+# A MatMulQ head of at most this many codes keeps them 8 bits where they would fit in 5 or 6 (a Q6_K head):
+# read from the cache every step, it is bound by the kernel's work, and 6-bit codes in 16-column blocks took
+# 2.45 ms against 1.93 as 8 bits (49,152 x 256, one thread, the same bits; docs/PERFORMANCE.md, issue 37).
+# On an AVX2-only AMD EPYC too (its AVX2 rows): 1.13-1.28x the 6-bit codes' speed alone, and in the engine the
+# 8-bit head's step no longer than the 6-bit one's (issue 37, 2026-11-30), so the rule does not hang on the CPU.
+# Its scales are narrow where exact all the same (a Q6_K head's float16 x int8: 0.8 MB, not 3.1 of float32;
+# a Q8_0 head's float16), read in place by DotPairs: a tiny GGUF's step 4-8% faster (issue 37, 2026-11-29).
+# Past it (Llama 3.2 1B's 128,256 x 2,048) the head streams from memory and its bytes count.
 WIDE_HEAD_CODES = 32 << 20
 
 

@@ -222,10 +222,6 @@ void MatMulQInt8Cpu(const MatMulQArgs& args, const MatMulQInt8Rows& x, int64_t r
 // the task's narrow scales into float32 and, except where the VNNI rows read them (m == 1), 5- and 6-bit
 // codes into 8-bit ones.
 MatMulQArgs MatMulQQuantizeArgs(const MatMulQArgs& args);
-// All n rows of 5- or 6-bit codes (args.bits, args.zero_point) as 8-bit ones, code + 128 in [n, k]: the codes an
-// export with 8-bit codes holds, the same values (ops.cc widens a head's codes once where 8 bits run faster).
-// `simd`: AVX2 (any path but the scalar one).
-void MatMulQWiden(const MatMulQArgs& args, bool simd, uint8_t* out);
 void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std::vector<QuantRow>* rows,
                  int64_t row_begin, int64_t row_end, MatMulQPath path, const MatMulQInt8Rows* int8 = nullptr);
 

@@ -8,8 +8,6 @@
 //   5- / 6-bit codes       ──► 8-bit codes (code + 128), the task's rows           (all but the VNNI and AVX2 rows
 //                                                                                    at m == 1: DotRows, DotRowsAvx2
 //                                                                                    unpack them)
-//   a head's 5- / 6-bit    ──► 8-bit codes, all rows, once (MatMulQWiden: ops.cc   (on an AVX-512 VNNI CPU, where
-//   codes (wide_codes)         keeps them, the node's own buffer)                  8 bits ran faster in the cache)
 //
 // The values are exactly the wide forms' (kernels.h, MatMulQPacked), so every path keeps its bits
 // (tests/kernels/test_matmul_q.py compares each narrow form with its wide one).
@@ -180,8 +178,6 @@ struct Scratch {
 };
 
 }  // namespace
-
-void MatMulQWiden(const MatMulQArgs& args, bool simd, uint8_t* out) { Expand56(args, 0, args.n, simd, out); }
 
 MatMulQArgs MatMulQQuantizeArgs(const MatMulQArgs& args) {
   MatMulQArgs out = args;

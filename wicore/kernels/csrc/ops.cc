@@ -9,7 +9,6 @@
 // copies nothing to the host, so a CUDA EP session can capture it in a CUDA graph.
 #include <algorithm>
 #include <cstdlib>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -155,17 +154,6 @@ bool IsInt8Prompt(const OrtKernelInfo* info) {
   return asked == "int8";
 }
 
-// Whether a node marked `wide_codes` (an LM head in the cache: wicore/graph/quant.py) holds its 5- / 6-bit
-// codes 8 bits wide: on AVX-512 VNNI, where a cache-resident head's 8-bit codes ran faster (49,152 x 256, one
-// thread: 1.93 against 2.45 ms, issue 37), not on AVX2, where the head streams from memory and the narrow codes
-// won (docs/PERFORMANCE.md, 2026-11-30). WICORE_MATMULQ_WIDEN=1|0 forces it (tests, experiments). The same
-// values either way, so the same bits.
-bool Widens(wicore::MatMulQPath path) {
-  const char* env = std::getenv("WICORE_MATMULQ_WIDEN");
-  if (env != nullptr && *env != '\0') return std::string(env) != "0";
-  return path == wicore::MatMulQPath::kVnni;
-}
-
 // Inputs: x, codes, then the scales and offsets in float32 (2, 3) or narrow (4-7: kernels.h's MatMulQPacked),
 // each optional; one form of the scales is required, the offsets in either form are optional.
 struct MatMulQKernel {
@@ -178,8 +166,7 @@ struct MatMulQKernel {
         blocks_per_super_(AttributeOr<int64_t>(info, "blocks_per_super", 0)),
         offset_scale_(AttributeOr<float>(info, "offset_scale", 0.f)),
         path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))),  // "scalar" / "avx2": a slower int8 path, prompts too
-        is_int8_prompt_(IsInt8Prompt(info)),
-        widen_((bits_ == 5 || bits_ == 6) && AttributeOr<int64_t>(info, "wide_codes", 0) != 0 && Widens(path_)) {
+        is_int8_prompt_(IsInt8Prompt(info)) {
     Check(bits_ == 4 || bits_ == 5 || bits_ == 6 || bits_ == 8, "wicore MatMulQ: bits must be 4, 5, 6 or 8");
     Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
     Check(bits_ == 4 || bits_ == 8 || (zero_point_ >= 0 && zero_point_ < (int64_t{1} << bits_)),
@@ -211,20 +198,6 @@ struct MatMulQKernel {
     const int64_t begin = static_cast<int64_t>(i) * w->chunk;
     const int64_t end = std::min(begin + w->chunk, w->args->n);
     wicore::MatMulQTask(*w->args, *w->packed, w->rows, begin, end, w->path, w->int8);
-  }
-
-  // The node's codes as 8 bits (MatMulQWiden), made at the first call and kept: the codes are an initializer,
-  // constant for the session, so `args.weight` keys them (a new pointer widens again). A call holds its
-  // buffer, so a call on another thread never frees it under one still reading it.
-  std::shared_ptr<const std::vector<uint8_t>> Wide(const wicore::MatMulQArgs& args) {
-    std::lock_guard<std::mutex> lock(wide_mutex_);
-    if (wide_ == nullptr || wide_from_ != args.weight) {
-      auto codes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(args.n * args.k));
-      wicore::MatMulQWiden(args, path_ != wicore::MatMulQPath::kScalar, codes->data());
-      wide_ = std::move(codes);
-      wide_from_ = args.weight;
-    }
-    return wide_;
   }
 
   // Input i's data, or null where the graph gives none; checked to hold `count` elements.
@@ -272,17 +245,10 @@ struct MatMulQKernel {
     // Where the narrow forms stand in, the kernels read their float32 values from per-task buffers (scales /
     // offsets then non-null only as a sign that they exist).
     const float* has_offsets = offsets != nullptr ? offsets : packed.mins16 != nullptr ? reinterpret_cast<const float*>(packed.mins16) : nullptr;
-    wicore::MatMulQArgs args{x.GetTensorData<float>(), codes.GetTensorData<uint8_t>(),
-                             scales != nullptr ? scales : reinterpret_cast<const float*>(packed.scales16),
-                             has_offsets, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_),
-                             residual_, static_cast<int>(zero_point_)};
-    std::shared_ptr<const std::vector<uint8_t>> wide;  // this call's 8-bit codes, where the node widens them
-    if (widen_) {
-      wide = Wide(args);
-      args.weight = wide->data();
-      args.bits = 8;
-      args.zero_point = 128;
-    }
+    const wicore::MatMulQArgs args{x.GetTensorData<float>(), codes.GetTensorData<uint8_t>(),
+                                   scales != nullptr ? scales : reinterpret_cast<const float*>(packed.scales16),
+                                   has_offsets, y.GetTensorMutableData<float>(), m, n, k, block_size_, static_cast<int>(bits_),
+                                   residual_, static_cast<int>(zero_point_)};
     // int8 only where a row of the batch holds 32+ tokens, a prompt chunk: the engine's batches are [rows, seq]
     // (wicore/executor/batch.py), so a decode step of 32+ streams ([rows, 1]) and a speculative step's few tokens
     // a row keep the float GEMM and its accuracy; decode rows padded into a prompt's step take what it takes
@@ -311,10 +277,6 @@ struct MatMulQKernel {
   float offset_scale_;
   wicore::MatMulQPath path_;
   bool is_int8_prompt_;
-  bool widen_;
-  std::mutex wide_mutex_;
-  std::shared_ptr<const std::vector<uint8_t>> wide_;
-  const uint8_t* wide_from_ = nullptr;
 };
 
 struct MatMulQOp : Ort::CustomOpBase<MatMulQOp, MatMulQKernel> {
@@ -403,19 +365,6 @@ __attribute__((visibility("default"))) int WicoreHasCuda() {
 
 // Whether MatMulQ's fast path (AVX-512 VNNI) runs on this CPU (wicore.kernels: the CPU export's default).
 __attribute__((visibility("default"))) int WicoreHasVnni() { return wicore::MatMulQHasVnni() ? 1 : 0; }
-
-// MatMulQWiden on n rows of K columns' 5- or 6-bit codes (tests/kernels/test_matmul_q.py compares them with an
-// 8-bit export's codes; the VNNI CPUs that widen a head are not this project's CI machines).
-__attribute__((visibility("default"))) void WicoreMatMulQWiden(const uint8_t* codes, int64_t n, int64_t k, int bits,
-                                                               int zero_point, int simd, uint8_t* out) {
-  wicore::MatMulQArgs args{};
-  args.weight = codes;
-  args.n = n;
-  args.k = k;
-  args.bits = bits;
-  args.zero_point = zero_point;
-  wicore::MatMulQWiden(args, simd != 0 && wicore::MatMulQPathFor(nullptr) != wicore::MatMulQPath::kScalar, out);
-}
 
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                                  const OrtApiBase* api_base) {
