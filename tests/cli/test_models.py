@@ -151,6 +151,7 @@ def test_a_damaged_cached_export_names_the_folder_to_delete(tiny_export, tmp_pat
 
 # -- WiCore's CPU kernels for a GGUF's quantized graphs (issue 37) ------------------------------------
 VNNI = frozenset({"avx2", "fma", "avx512f", "avx512vl", "avx512_vnni"})
+AVX2 = frozenset({"avx", "avx2", "fma", "f16c"})
 
 
 @pytest.mark.parametrize(
@@ -158,7 +159,11 @@ VNNI = frozenset({"avx2", "fma", "avx512f", "avx512vl", "avx512_vnni"})
     [
         ("ort-quant", VNNI, True, "wicore"),
         ("ort-quant", VNNI, False, "ort"),  # nothing to build the library with
-        ("ort-quant", VNNI - {"avx512_vnni"}, True, "ort"),  # AVX2 / scalar MatMulQ: not faster than MLAS
+        ("ort-quant", VNNI - {"avx512_vnni"}, True, "wicore"),  # MatMulQ's AVX2 path: faster than MLAS's
+        ("ort-quant", AVX2, True, "wicore"),  # an AMD EPYC (Zen 3): no AVX-512 at all
+        ("ort-quant", AVX2, False, "ort"),
+        ("ort-quant", AVX2 - {"fma"}, True, "ort"),  # MatMulQ's scalar path
+        ("ort-quant", frozenset({"sse4_2", "avx"}), True, "ort"),
         ("ort-quant", frozenset(), True, "ort"),  # no /proc/cpuinfo (not Linux)
         ("portable", VNNI, True, "ort"),  # float weights: no MatMulQ
         ("webgpu", VNNI, True, "ort"),

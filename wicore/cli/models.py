@@ -130,16 +130,18 @@ def export_folder_name(name: str, dtype: str, flavour: str, attention: str, kern
 
 
 def cpu_kernels(flavour: str, cpu_flags: frozenset[str] | None = None, has_compiler: bool | None = None) -> str:
-    """`kernels` of an export the CPU runs: "wicore" (WiCore's MatMulQ, llama.cpp's int8 arithmetic:
-    1.8x / 1.5x / 1.1x the CPU time of ONNX Runtime's MatMulNBits at 1 / 8 / 16 SmolLM2 rows, and
-    1.4-1.5x llama.cpp's decode; docs/PERFORMANCE.md) for the GGUF-quantized `ort-quant` graphs on an
-    AVX-512 VNNI CPU with a C++ compiler to build it; else "ort". WICORE_CPU_KERNELS=ort keeps
-    ONNX Runtime's everywhere."""
+    """`kernels` of an export the CPU runs: "wicore" (WiCore's MatMulQ, llama.cpp's int8 arithmetic)
+    for the GGUF-quantized `ort-quant` graphs on a CPU with AVX-512 VNNI or AVX2 + FMA and a C++ compiler
+    to build it; else "ort". On VNNI: 1.8x / 1.5x / 1.1x the CPU time of ONNX Runtime's MatMulNBits at
+    1 / 8 / 16 SmolLM2 rows, 1.4-1.5x llama.cpp's decode; on an AVX2-only AMD EPYC (its AVX2 decode rows)
+    SmolLM2-135M's decode step 1.6x and Gemma 3 270M's 1.7x shorter than on MatMulNBits
+    (docs/PERFORMANCE.md, issue 37, 2026-11-30). Without AVX2 MatMulQ runs its scalar code: "ort".
+    WICORE_CPU_KERNELS=ort keeps ONNX Runtime's everywhere."""
     if flavour != "ort-quant" or os.environ.get(CPU_KERNELS_ENV, "").lower() == "ort":
         return "ort"
     flags = _cpu_flags() if cpu_flags is None else cpu_flags
-    if not {"avx512_vnni", "avx512vl"} <= flags:
-        return "ort"  # its AVX2 and scalar paths are not faster than MLAS's
+    if not ({"avx512_vnni", "avx512vl"} <= flags or {"avx2", "fma"} <= flags):
+        return "ort"  # MatMulQ's scalar path: not measured against MLAS, surely slower
     if has_compiler is None:
         from wicore.kernels.library import find_compiler
 
