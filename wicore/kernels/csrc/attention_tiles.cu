@@ -6,7 +6,7 @@
 //   each key tile is read once for all of them (GQA)
 //     keys  the union of the tile's visible spans (VisibleKeys), kKeys a tile: their pool rows (Slot, the
 //           next tile's looked up while this one computes), then K and V into shared memory (16-byte
-//           loads, several in flight a thread; keys past the span zero)
+//           loads, several in flight a thread; keys past the union or in a gap of it zero, never read)
 //     S     a warp's 16 rows x kKeys: WMMA over the head dimension (q's fragments kept in registers where
 //           D <= 128), into shared memory
 //     P     two lanes a row: keys the row cannot see at -inf (window, causal, the row's own span),
@@ -134,7 +134,16 @@ __global__ void __launch_bounds__(Tiles<D>::kThreads) TilesKernel(BlockAttention
   const int my = warp * 16 + lane / 2, half_keys = (lane % 2) * (T::kKeys / 2);
   const int64_t my_lo = span[2 * my], my_hi = span[2 * my + 1];
   float m = -INFINITY, l = 0.0f;
-  if (tid < T::kKeys && lo < hi) slots[tid] = lo + tid < hi ? Slot(a, row, first, lo + tid) : -1;
+  // a key's pool row, -1 past the union or where none of the tile's rows sees it (a padding row at position 0
+  // beside real rows spans keys no row reads, which may hold anything: p = 0 times a NaN there is NaN)
+  auto slot_of = [&](int64_t key) -> int64_t {
+    if (key >= hi) return -1;
+    for (int r = 0; r < T::kRows; ++r) {
+      if (key >= span[2 * r] && key < span[2 * r + 1]) return Slot(a, row, first, key);
+    }
+    return -1;
+  };
+  if (tid < T::kKeys && lo < hi) slots[tid] = slot_of(lo + tid);
   __syncthreads();
 
   for (int64_t base = lo; base < hi; base += T::kKeys) {
@@ -162,7 +171,7 @@ __global__ void __launch_bounds__(Tiles<D>::kThreads) TilesKernel(BlockAttention
     }
     __syncthreads();
     const int64_t next = base + T::kKeys;  // the next tile's pool rows, read while this one computes
-    if (tid < T::kKeys && next < hi) slots[tid] = next + tid < hi ? Slot(a, row, first, next + tid) : -1;
+    if (tid < T::kKeys && next < hi) slots[tid] = slot_of(next + tid);
 
     // S = q k^T for the warp's 16 rows
 #pragma unroll
