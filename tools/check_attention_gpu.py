@@ -94,7 +94,7 @@ def poison_unseen(feeds: dict[str, np.ndarray], window: int, pad: int) -> None:
         flat[~seen] = np.nan
 
 
-def check(ort, lib: str, limit: int | None = None) -> float:
+def check(ort, lib: str, only: slice | None = None) -> float:
     rng = np.random.default_rng(0)
     # (batch, seq, groups, kv_heads, head_dim, block_size, window, softcap, max context, sliding tables)
     cases = [
@@ -122,7 +122,8 @@ def check(ort, lib: str, limit: int | None = None) -> float:
     cpu_opts = ort.SessionOptions()
     cpu_opts.register_custom_ops_library(lib)
     worst = 0.0
-    runs = [(c, 0) for c in cases[:limit]] + (poisoned if limit is None else [])
+    runs = [(c, 0) for c in cases] + poisoned
+    runs = runs[only] if only is not None else runs
     for (batch, seq, groups, kvh, hd, bs, window, softcap, max_ctx, sliding), pad in runs:
         feeds = random_case(rng, batch, seq, groups, kvh, hd, bs, window, max_ctx, sliding)
         if pad:
@@ -202,14 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contexts", default="512,4096")
     p.add_argument("--windows", default="0,1024")
     p.add_argument("--json", help="write the timings here")
-    p.add_argument("--cases", type=int, help="check only the first N cases")
+    p.add_argument("--cases", help="check only these cases: N (the first N) or A:B (Python's slice; the padded ones last)")
     p.add_argument("--no-timing", action="store_true")
     args = p.parse_args(argv)
     ort = onnxruntime()
     start = time.perf_counter()
     lib = args.library or str(library(cuda=True))
     print(f"library {lib} ({time.perf_counter() - start:.1f} s)")
-    worst = check(ort, lib, args.cases)
+    only = None
+    if args.cases:
+        a, _, b = args.cases.rpartition(":") if ":" in args.cases else ("", "", args.cases)
+        only = slice(int(a) if a else None, int(b) if b else None)
+    worst = check(ort, lib, only)
     print(f"worst rel err {worst:.1e}")
     rows = []
     if args.no_timing:
