@@ -22,7 +22,8 @@
 // Against the decode kernel on prefill chunks (a block a token, every key read again for every token):
 // K and V come from the pool once a tile of 64 query rows (32 at D = 256). Devices whose blocks cannot have
 // the shared memory (FlashTilesFit) keep the decode kernel's path: on sm_75 (64 KB a block) that is D = 128
-// only (89,856 bytes); D = 64 (65,280) and D = 256 (61,312) fit there and take the tiles (not run on one).
+// only (72,448 bytes); D = 64 (56,064) and D = 256 (61,312) fit there and take the tiles (not run on one).
+// At D <= 128 three blocks share an SM (registers capped at 168 for it; a few bytes spill at D = 128).
 #include <mma.h>
 
 #include <cstdint>
@@ -75,23 +76,28 @@ struct Tiles {
   static constexpr int kLdH = D + 8;      // float16 rows of q, k, v (a multiple of 8; 32-byte fragment starts)
   static constexpr int kLdS = kKeys + 4;  // float32 scores
   static constexpr int kLdP = kKeys + 8;  // float16 probabilities
-  // byte offsets, each a multiple of 128
-  static constexpr size_t kQ = 0;
-  static constexpr size_t kK = kQ + size_t{kRows} * kLdH * 2;
+  // Blocks an SM: D <= 128 asks the registers of 3 (the shared memory holds 3 at D = 128 and 64)
+  static constexpr int kMinBlocks = D > 128 ? 1 : 3;
+  // byte offsets, each a multiple of 128; where q lives in registers, the scores take its place (q is read
+  // into its fragments before the first score is written)
+  static constexpr size_t kS = 0;
+  static constexpr size_t kSBytes = size_t{kRows} * kLdS * 4;
+  static constexpr size_t kQBytes = size_t{kRows} * kLdH * 2;
+  static constexpr size_t kQ = kQInRegisters ? kS : kSBytes;
+  static constexpr size_t kK = kQInRegisters ? (kSBytes > kQBytes ? kSBytes : kQBytes) : kQ + kQBytes;
   static constexpr size_t kV = kK + size_t{kKeys} * kLdH * 2;
-  static constexpr size_t kS = kV + size_t{kKeys} * kLdH * 2;
-  static constexpr size_t kPHi = kS + size_t{kRows} * kLdS * 4;
+  static constexpr size_t kPHi = kV + size_t{kKeys} * kLdH * 2;
   static constexpr size_t kPLo = kPHi + size_t{kRows} * kLdP * 2;
   static constexpr size_t kSlot = kPLo + size_t{kRows} * kLdP * 2;
   static constexpr size_t kSpan = kSlot + size_t{kKeys} * 8;   // lo, hi a row
   static constexpr size_t kAlpha = kSpan + size_t{kRows} * 16;  // a row's rescale factor, at the end 1 / sum
   static constexpr size_t kBytes = kAlpha + size_t{kRows} * 4;
-  static_assert(kK % 128 == 0 && kV % 128 == 0 && kS % 128 == 0 && kPHi % 128 == 0 && kPLo % 128 == 0, "fragment alignment");
+  static_assert(kQ % 128 == 0 && kK % 128 == 0 && kV % 128 == 0 && kPHi % 128 == 0 && kPLo % 128 == 0, "fragment alignment");
   static_assert(kKeys <= kThreads, "a thread a key's pool row");
 };
 
 template <int D>
-__global__ void __launch_bounds__(Tiles<D>::kThreads) TilesKernel(BlockAttentionCudaArgs a, int groups) {
+__global__ void __launch_bounds__(Tiles<D>::kThreads, Tiles<D>::kMinBlocks) TilesKernel(BlockAttentionCudaArgs a, int groups) {
   using T = Tiles<D>;
   constexpr int kChunks = D / 8;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -131,6 +137,13 @@ __global__ void __launch_bounds__(Tiles<D>::kThreads) TilesKernel(BlockAttention
     }
     *reinterpret_cast<uint4*>(sq + r * T::kLdH + part * 8) = raw;
   }
+  __syncthreads();
+  FragA q_frag[T::kQInRegisters ? D / kFrag : 1];
+  if constexpr (T::kQInRegisters) {
+#pragma unroll
+    for (int k = 0; k < D / kFrag; ++k) wmma::load_matrix_sync(q_frag[k], sq + warp * 16 * T::kLdH + k * kFrag, T::kLdH);
+    __syncthreads();  // every warp's q in registers: the scores may overwrite it
+  }
   // which of the warp's 16 rows each accumulator element holds: a fragment of a matrix of row numbers
   for (int i = lane; i < kFrag * kFrag; i += 32) s_w[(i / kFrag) * T::kLdS + i % kFrag] = static_cast<float>(i / kFrag);
   __syncwarp();
@@ -139,7 +152,6 @@ __global__ void __launch_bounds__(Tiles<D>::kThreads) TilesKernel(BlockAttention
   int row_of[FragAcc::num_elements];
 #pragma unroll
   for (int i = 0; i < FragAcc::num_elements; ++i) row_of[i] = static_cast<int>(rows_of.x[i]);
-  __syncthreads();
 
   int64_t lo = INT64_MAX, hi = INT64_MIN;  // the tile's keys: the union of its rows' spans
   for (int r = 0; r < T::kRows; ++r) {
@@ -147,11 +159,6 @@ __global__ void __launch_bounds__(Tiles<D>::kThreads) TilesKernel(BlockAttention
       lo = span[2 * r] < lo ? span[2 * r] : lo;
       hi = span[2 * r + 1] > hi ? span[2 * r + 1] : hi;
     }
-  }
-  FragA q_frag[T::kQInRegisters ? D / kFrag : 1];
-  if constexpr (T::kQInRegisters) {
-#pragma unroll
-    for (int k = 0; k < D / kFrag; ++k) wmma::load_matrix_sync(q_frag[k], sq + warp * 16 * T::kLdH + k * kFrag, T::kLdH);
   }
   FragAcc o[D / kFrag];
 #pragma unroll
