@@ -76,7 +76,7 @@ struct Tiles {
   static constexpr int kLdH = D + 8;      // float16 rows of q, k, v (a multiple of 8; 32-byte fragment starts)
   static constexpr int kLdS = kKeys + 4;  // float32 scores
   static constexpr int kLdP = kKeys + 8;  // float16 probabilities
-  // Blocks an SM: D <= 128 asks the registers of 3 (the shared memory holds 3 at D = 128 and 64)
+  // Blocks an SM: D <= 128 asks the registers of 3 (sm_90's shared memory holds 3 at D = 128 and 64; sm_80's 2)
   static constexpr int kMinBlocks = D > 128 ? 1 : 3;
   // byte offsets, each a multiple of 128; where q lives in registers, the scores take its place (q is read
   // into its fragments before the first score is written)
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(Tiles<D>::kThreads, Tiles<D>::kMinBlocks) Tile
     WaitAsync<1>();
     __syncthreads();
   }
-  int64_t next_slot = tid < T::kKeys ? slot_of(lo + T::kKeys + tid) : -1;
+  int64_t next_slot = lo < hi && tid < T::kKeys ? slot_of(lo + T::kKeys + tid) : -1;  // lo < hi: no INT64_MAX + n
   const bool cap = a.softcap > 0.0f;
   for (int64_t base = lo; base < hi; base += T::kKeys) {
     const bool more = base + T::kKeys < hi;
