@@ -23,7 +23,7 @@
 // K and V come from the pool once a tile of 64 query rows (32 at D = 256). Devices whose blocks cannot have
 // the shared memory (FlashTilesFit) keep the decode kernel's path: on sm_75 (64 KB a block) that is D = 128
 // only (72,448 bytes); D = 64 (56,064) and D = 256 (61,312) fit there and take the tiles (not run on one).
-// At D <= 128 three blocks share an SM (registers capped at 168 for it; a few bytes spill at D = 128).
+// On sm_90 three blocks share an SM at D <= 128 (registers capped at 168 for it; a few bytes spill at D = 128).
 #include <mma.h>
 
 #include <cstdint>
@@ -76,8 +76,14 @@ struct Tiles {
   static constexpr int kLdH = D + 8;      // float16 rows of q, k, v (a multiple of 8; 32-byte fragment starts)
   static constexpr int kLdS = kKeys + 4;  // float32 scores
   static constexpr int kLdP = kKeys + 8;  // float16 probabilities
-  // Blocks an SM: D <= 128 asks the registers of 3 (sm_90's shared memory holds 3 at D = 128 and 64; sm_80's 2)
+  // Blocks an SM: on sm_90, whose shared memory holds 3 at D = 128 and 64, D <= 128 asks the registers of 3 (168
+  // a thread: a few bytes spill); elsewhere the shared memory allows fewer (sm_80 2, sm_86 / sm_89 1) and the
+  // registers are not capped (none spill at D <= 128 there)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static constexpr int kMinBlocks = D > 128 ? 1 : 3;
+#else
+  static constexpr int kMinBlocks = 1;
+#endif
   // byte offsets, each a multiple of 128; where q lives in registers, the scores take its place (q is read
   // into its fragments before the first score is written)
   static constexpr size_t kS = 0;
