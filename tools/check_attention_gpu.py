@@ -81,14 +81,14 @@ def random_case(rng: np.random.Generator, batch: int, seq: int, groups: int, kvh
 
 def poison_unseen(feeds: dict[str, np.ndarray], window: int, pad: int) -> None:
     """Row 0's last `pad` query tokens padding (position 0, as the runtime pads a chunk), then NaN in every pool
-    row that no query token sees (window and causal span as the op's, first_block 0)."""
+    row that no query token sees (window and causal span as the op's; a table starting at first_block)."""
     feeds["positions"][0, -pad:] = 0
     tables, bs = feeds["tables"], feeds["k0"].shape[1]
     seen = np.zeros(feeds["k0"].shape[0] * bs, bool)
-    for r, (row, length) in enumerate(zip(feeds["positions"], feeds["lens"], strict=True)):
+    for r, (row, length, first) in enumerate(zip(feeds["positions"], feeds["lens"], feeds["first"] * bs, strict=True)):
         for p in row:
-            for key in range(max(0, p - window + 1) if window else 0, min(p + 1, length)):
-                seen[tables[r, key // bs] * bs + key % bs] = True
+            for key in range(max(first, p - window + 1 if window else 0), min(p + 1, length)):
+                seen[tables[r, (key - first) // bs] * bs + (key - first) % bs] = True
     for name in ("k0", "v0"):
         flat = feeds[name].reshape(seen.size, -1)
         flat[~seen] = np.nan
@@ -117,8 +117,13 @@ def check(ort, lib: str, only: slice | None = None) -> float:
         (2, 33, 1, 3, 64, 16, 40, 0.0, 200, True),
     ]
     # (case, padded tokens): the last tokens of row 0 padding at position 0 beside real ones in a tile, every pool
-    # row no query sees NaN (a tile that read them into p·v with p = 0 would still give NaN: 0 x NaN)
-    poisoned = [((2, 100, 2, 4, 128, 16, 50, 0.0, 400, False), 10), ((1, 70, 1, 2, 256, 64, 20, 0.0, 300, False), 5)]
+    # row no query sees NaN (a tile that read them into p·v with p = 0 would still give NaN: 0 x NaN); the third's
+    # sliding tables start past key 0, so its padding sees no key and a whole tile of it has none
+    poisoned = [
+        ((2, 100, 2, 4, 128, 16, 50, 0.0, 400, False), 10),
+        ((1, 70, 1, 2, 256, 64, 20, 0.0, 300, False), 5),
+        ((2, 100, 2, 4, 64, 16, 30, 0.0, 400, True), 40),
+    ]
     cpu_opts = ort.SessionOptions()
     cpu_opts.register_custom_ops_library(lib)
     worst = 0.0
