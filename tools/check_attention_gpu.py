@@ -79,7 +79,22 @@ def random_case(rng: np.random.Generator, batch: int, seq: int, groups: int, kvh
     }
 
 
-def check(ort, lib: str, limit: int | None = None) -> float:
+def poison_unseen(feeds: dict[str, np.ndarray], window: int, pad: int) -> None:
+    """Row 0's last `pad` query tokens padding (position 0, as the runtime pads a chunk), then NaN in every pool
+    row that no query token sees (window and causal span as the op's; a table starting at first_block)."""
+    feeds["positions"][0, -pad:] = 0
+    tables, bs = feeds["tables"], feeds["k0"].shape[1]
+    seen = np.zeros(feeds["k0"].shape[0] * bs, bool)
+    for r, (row, length, first) in enumerate(zip(feeds["positions"], feeds["lens"], feeds["first"] * bs, strict=True)):
+        for p in row:
+            for key in range(max(first, p - window + 1 if window else 0), min(p + 1, length)):
+                seen[tables[r, (key - first) // bs] * bs + (key - first) % bs] = True
+    for name in ("k0", "v0"):
+        flat = feeds[name].reshape(seen.size, -1)
+        flat[~seen] = np.nan
+
+
+def check(ort, lib: str, only: slice | None = None) -> float:
     rng = np.random.default_rng(0)
     # (batch, seq, groups, kv_heads, head_dim, block_size, window, softcap, max context, sliding tables)
     cases = [
@@ -101,11 +116,23 @@ def check(ort, lib: str, limit: int | None = None) -> float:
         (2, 70, 4, 2, 64, 32, 0, 0.0, 300, False),
         (2, 33, 1, 3, 64, 16, 40, 0.0, 200, True),
     ]
+    # (case, padded tokens): the last tokens of row 0 padding at position 0 beside real ones in a tile, every pool
+    # row no query sees NaN (a tile that read them into p·v with p = 0 would still give NaN: 0 x NaN); the third's
+    # sliding tables start past key 0, so its padding sees no key and a whole tile of it has none
+    poisoned = [
+        ((2, 100, 2, 4, 128, 16, 50, 0.0, 400, False), 10),
+        ((1, 70, 1, 2, 256, 64, 20, 0.0, 300, False), 5),
+        ((2, 100, 2, 4, 64, 16, 30, 0.0, 400, True), 40),
+    ]
     cpu_opts = ort.SessionOptions()
     cpu_opts.register_custom_ops_library(lib)
     worst = 0.0
-    for batch, seq, groups, kvh, hd, bs, window, softcap, max_ctx, sliding in cases[:limit]:
+    runs = [(c, 0) for c in cases] + poisoned
+    runs = runs[only] if only is not None else runs
+    for (batch, seq, groups, kvh, hd, bs, window, softcap, max_ctx, sliding), pad in runs:
         feeds = random_case(rng, batch, seq, groups, kvh, hd, bs, window, max_ctx, sliding)
+        if pad:
+            poison_unseen(feeds, window, pad)
         model16 = block_attention_model(F16, groups * kvh, kvh, window, softcap)
         model32 = block_attention_model(F32, groups * kvh, kvh, window, softcap)
         gpu = ort.InferenceSession(model16, cpu_opts, providers=["CUDAExecutionProvider"])
@@ -115,7 +142,7 @@ def check(ort, lib: str, limit: int | None = None) -> float:
         (want,) = cpu.run(None, f32)
         err = float(np.abs(got.astype(np.float32) - want).max() / max(np.abs(want).max(), 1e-6))
         worst = max(worst, err if np.isfinite(err) else np.inf)
-        print(f"batch {batch:3d} seq {seq} groups {groups} kv_heads {kvh:2d} head_dim {hd} block {bs:3d} window {window:4d} "
+        print(f"{'padded, unseen rows NaN: ' if pad else ''}batch {batch:3d} seq {seq} groups {groups} kv_heads {kvh:2d} head_dim {hd} block {bs:3d} window {window:4d} "
               f"softcap {softcap:4.0f} ctx<={max_ctx}: rel err {err:.1e}")  # fmt: skip
     return worst
 
@@ -181,14 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contexts", default="512,4096")
     p.add_argument("--windows", default="0,1024")
     p.add_argument("--json", help="write the timings here")
-    p.add_argument("--cases", type=int, help="check only the first N cases")
+    p.add_argument("--cases", help="check only these cases: N (the first N) or A:B (Python's slice; the padded ones last)")
     p.add_argument("--no-timing", action="store_true")
     args = p.parse_args(argv)
     ort = onnxruntime()
     start = time.perf_counter()
     lib = args.library or str(library(cuda=True))
     print(f"library {lib} ({time.perf_counter() - start:.1f} s)")
-    worst = check(ort, lib, args.cases)
+    only = None
+    if args.cases:
+        a, _, b = args.cases.rpartition(":") if ":" in args.cases else ("", "", args.cases)
+        only = slice(int(a) if a else None, int(b) if b else None)
+    worst = check(ort, lib, only)
     print(f"worst rel err {worst:.1e}")
     rows = []
     if args.no_timing:

@@ -134,6 +134,8 @@ def check(
         with Engine(engine_config) as engine:
             got = engine.generate(prompts, SamplingParams(max_tokens=1, prompt_logits=True))
             greedy = engine.generate(prompts, SamplingParams(max_tokens=GREEDY_TOKENS, ignore_eos=True))
+            twin_tokens = report.get(TWINS.get(label, ""), {}).get("greedy_tokens")
+            split = divergences(engine, model, prompts, [c.token_ids for c in greedy], twin_tokens) if twin_tokens else []
         if config.attention == "paged" and sampled_check:  # sampled rows: captured decode steps against uncaptured ones
             sampled = {}
             for graphs in (True, False):
@@ -151,6 +153,15 @@ def check(
         }
         if config.attention == "paged" and sampled_check:
             report[label]["sampled_same_with_graphs"] = all(same.values())
+        if twin_tokens:
+            report[label]["divergences_from_twin"] = split
+        for d in split:
+            print(
+                f"{name:7s} {label:14s} greedy tokens part from {TWINS[label]}'s: prompt {d['prompt']} step {d['step']}, "
+                f"{d['tokens'][0]} against {d['tokens'][1]}: {d['margin']:+.2e} apart in this export's logits, "
+                f"{d['margin_hf']:+.2e} in HF float32's (its top two {d['hf_top2_gap']:.2e} apart)",
+                flush=True,
+            )
         twin = f" (against {TWINS.get(label)}: n/a)"
         if TWINS.get(label) in logits:
             pairs = zip(logits[label], logits[TWINS[label]], strict=True)
@@ -171,6 +182,39 @@ def check(
                 if a != b:
                     print(f"    served {a!r}\n    HF     {b!r}", flush=True)
     return report
+
+
+def divergences(
+    engine: Engine, model: object, prompts: list[list[int]], mine: list[list[int]], theirs: list[list[int]]
+) -> list[dict[str, object]]:
+    """Where this export's greedy tokens part from its twin's: each such prompt's first differing step, and how
+    far apart the two tokens are there, in this export's logits (the prompt and the common tokens as one
+    prompt: its prefill's logits, not the decode step's) and in HF float32's. Both near 0: a near-tie that
+    rounding can turn either way; HF's far from 0 with the twin's token ahead: this export chose wrong."""
+    import torch
+
+    found = []
+    for i, (prompt, a, b) in enumerate(zip(prompts, mine, theirs, strict=True)):
+        step = next((j for j, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+        if step is None:
+            continue
+        prefix = prompt + a[:step]
+        (c,) = engine.generate([prefix], SamplingParams(max_tokens=1, prompt_logits=True))
+        ours = c.prompt_logits[-1]
+        with torch.no_grad():
+            hf = model(torch.tensor([prefix])).logits[0, -1].float().numpy()  # type: ignore[operator]
+        top2 = np.sort(hf)[-2:]
+        found.append(
+            {
+                "prompt": i,
+                "step": step,
+                "tokens": [a[step], b[step]],
+                "margin": float(ours[a[step]] - ours[b[step]]),
+                "margin_hf": float(hf[a[step]] - hf[b[step]]),
+                "hf_top2_gap": float(top2[1] - top2[0]),
+            }
+        )
+    return found
 
 
 def reference_versions() -> dict[str, str]:

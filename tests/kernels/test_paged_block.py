@@ -18,7 +18,6 @@ from paged_reference import PagedRunner
 from wicore.errors import WiCoreError
 from wicore.export.exporter import ExportConfig, export_model
 from wicore.export.sources import open_source
-from wicore.graph import paged_block
 from wicore.kernels.library import DOMAIN
 
 PROMPTS = [list(range(3, 16)), list(range(40, 45)), list(range(100, 121))]  # past the window (8) and a block (8)
@@ -88,12 +87,14 @@ def test_float16_sliding_layers_on_block_attention_are_the_paged_export(tiny_mod
 def test_the_float16_export_puts_sliding_layers_on_block_attention(tiny_model, tmp_path):
     """--block-attention sliding: the sliding layers (0, 1, 3) on one BlockAttentionQKV node each (the q/k
     norms, RoPE and the K/V write inside, the pools written in place), the full layer (2) on ORT's
-    PagedAttention; auto (paged_block.AUTO_KINDS: none yet) all on ORT's, with WiCore's kernels or ORT's ops."""
+    PagedAttention; auto the same with WiCore's kernels (paged_block.AUTO_KINDS: the sliding layers; Gemma 3's
+    per-head norms fuse into the op), PagedAttention everywhere with ORT's ops."""
     folder, _ = tiny_model(head_dim=64, query_pre_attn_scalar=64)  # a head dim of the CUDA kernel
     for name, kernels, mode in (("sliding", "wicore", "sliding"), ("auto", "wicore", "auto"), ("ort", "ort", "auto")):
         config = ExportConfig(dtype="fp16", attention="paged", kernels=kernels, block_attention=mode)
         export_model(open_source(str(folder)), tmp_path / name, config, progress=lambda _: None)
-    assert layer_ops(tmp_path / "auto") == layer_ops(tmp_path / "ort")
+    assert layer_ops(tmp_path / "auto") == layer_ops(tmp_path / "sliding")
+    assert [ops[f"{DOMAIN}:BlockAttentionQKV"] for ops in layer_ops(tmp_path / "auto").values()] == [1, 1, 0, 1]
     (part,) = (tmp_path / "sliding").glob("part-*.onnx")
     nodes = {n.name: n for n in onnx.load(part, load_external_data=False).graph.node}
     for i, ops in layer_ops(tmp_path / "sliding").items():
@@ -118,19 +119,6 @@ def test_the_float16_export_puts_sliding_layers_on_block_attention(tiny_model, t
     assert all(
         ops["PagedAttention"] == 1 and not ops[f"{DOMAIN}:BlockAttentionQKV"] for ops in layer_ops(tmp_path / "ort").values()
     )
-
-
-def test_auto_exports_the_kinds_it_names_where_the_prologue_fuses(tiny_model, tmp_path, monkeypatch):
-    """With the sliding layers in paged_block.AUTO_KINDS, auto on WiCore's kernels exports what `sliding`
-    does (Gemma 3's per-head norms fuse into the op) and, with ORT's ops, PagedAttention everywhere."""
-    monkeypatch.setattr(paged_block, "AUTO_KINDS", frozenset({True}))
-    folder, _ = tiny_model(head_dim=64, query_pre_attn_scalar=64)
-    for name, kernels, mode in (("sliding", "wicore", "sliding"), ("auto", "wicore", "auto"), ("ort", "ort", "auto")):
-        config = ExportConfig(dtype="fp16", attention="paged", kernels=kernels, block_attention=mode)
-        export_model(open_source(str(folder)), tmp_path / name, config, progress=lambda _: None)
-    assert layer_ops(tmp_path / "auto") == layer_ops(tmp_path / "sliding")
-    assert [ops[f"{DOMAIN}:BlockAttentionQKV"] for ops in layer_ops(tmp_path / "auto").values()] == [1, 1, 0, 1]
-    assert all(ops["PagedAttention"] == 1 for ops in layer_ops(tmp_path / "ort").values())
 
 
 def test_a_head_dim_the_cuda_kernel_lacks_keeps_orts_op(tiny_model, tmp_path):

@@ -93,7 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["auto", "off", "sliding", "all"],
         help="with --attention paged, the layer kinds on WiCore's BlockAttention kernel instead of ONNX Runtime's "
         "PagedAttention (graph/paged_block.py): sliding (its split-KV decode is faster there), all (also fp32 graphs, "
-        "the CPU's kernel); auto: with --kernels wicore the kinds measured faster end to end (none yet), else off",
+        "the CPU's kernel); auto: with --kernels wicore the kinds measured faster end to end (the sliding layers, "
+        "where the op's own prologue serves them), else off",
     )
     ap.add_argument(
         "--kv-cache-dtype",

@@ -171,8 +171,8 @@ class ExportConfig:
     def resolved_block_attention(self) -> str:
         """The layer kinds on BlockAttention (graph/paged_block.py). `auto`: on the paged graphs with WiCore's
         kernels (float16, the CUDA EP) paged_block.FUSED, the layer kinds paged_block.AUTO_KINDS where the
-        op's own prologue serves them (none yet: its decode is faster than ORT's PagedAttention on sliding
-        layers, but 4,096-token prompts ran at 0.80x end to end; docs/PERFORMANCE.md, 2026-11-29); off elsewhere (`--kernels ort` loads no library of WiCore's)."""
+        op's own prologue serves them (the sliding layers: faster end to end than ORT's PagedAttention, prompts
+        and decode; docs/PERFORMANCE.md); off elsewhere (`--kernels ort` loads no library of WiCore's)."""
         if self.block_attention != "auto":
             return self.block_attention
         on_cuda_kernels = self.attention == "paged" and self.kernels == "wicore" and self.dtype == "fp16"

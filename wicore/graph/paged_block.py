@@ -26,7 +26,7 @@ Where it goes (`DecoderBuilder.block_kinds`): "sliding" puts the sliding layers 
 beats ORT's FlashAttention split-KV one (docs/PERFORMANCE.md), and leaves full layers on ORT's op
 (cuDNN's kernel is faster there); "all" puts every layer on it, which also runs in float32 on the CPU
 (the graph structure the tests check against the portable export); FUSED (what `auto` resolves to on the
-CUDA paged export with WiCore's kernels) the AUTO_KINDS whose prologue the op fuses (none yet: AUTO_KINDS). Layers it cannot
+CUDA paged export with WiCore's kernels) the AUTO_KINDS whose prologue the op fuses (the sliding layers). Layers it cannot
 take keep ORT's op: attention sinks, and head dims the CUDA kernel lacks in float16 graphs.
 """
 
@@ -51,17 +51,15 @@ MODES = ("off", "sliding", "all")  # `--block-attention`'s choices besides auto
 # AUTO_KINDS, each where BlockAttentionQKV's own prologue serves it (fuses); the graph-op prologue that
 # LongRoPE's layers would take measured 0.5x ORT's op, so those keep ORT's (docs/PERFORMANCE.md).
 FUSED = "fused"
-# None yet (H200, 27B shape, 2026-11-28, docs/PERFORMANCE.md): decode steps with the sliding layers on the op
-# ran 1.05x / 1.14x / 1.36x ORT's speed at batch 1 / 64 / 256 (full layers: no faster than cuDNN's kernel at
-# batch 64 and 256), but its prefill chunks then made a 64 x 4,096-token prefill ~4.6x slower; they run on the
-# decode kernel since (1.29 against ~16 us a token a layer). End to end (tools/gpu_block_attention_bench.sh,
-# wicore bench throughput, H200, 2026-11-29): 1.04x / 1.13x ORT's output at 64 / 256 requests of 512 + 256
-# tokens, but 0.80x at 64 of 4,096 + 32: the prompts' chunks still lost. On tensor-core tiles since
-# (attention_tiles.cu, 2026-11-29 evening) 64 of 4,096 + 32 ran 0.95-1.23x ORT's (two rounds), but the tiny
-# Gemma 3's greedy tokens then differ from ORT's (52 / 72, tools/check_families_gpu.py; its logits as close to
-# HF float32). {True} (the sliding layers) once that run is at least as fast with them in every case, with the
-# same tokens.
-AUTO_KINDS: frozenset[bool] = frozenset()
+# The sliding layers (H200, 27B shape at 8 layers, docs/PERFORMANCE.md): decode steps with them on the op ran
+# 1.05x / 1.14x / 1.36x ORT's speed at batch 1 / 64 / 256 (2026-11-28; full layers: no faster than cuDNN's kernel
+# at batch 64 and 256, so they stay on ORT's). Its prefill chunks lost end to end until they ran on tensor-core
+# tiles (attention_tiles.cu): tools/gpu_block_attention_bench.sh's three cases, wicore bench throughput
+# (2026-11-30, the tiles pipelined, three blocks an SM): 64 x (4,096 + 32) 1.03x / 1.01x ORT's output (two
+# rounds, alternating), 256 x (512 + 256) 1.13x, 64 x (512 + 256) 1.05-1.12x (the lease before, its prefill
+# slower); the 27B shape's greedy, sampled, top-k and top-p tokens equal ORT's (96 / 96 each) and its logits
+# against HF float32 at 1,100 tokens argmax 1.0000; the tiny families' greedy tokens equal (72 / 72).
+AUTO_KINDS: frozenset[bool] = frozenset({True})
 CUDA_HEAD_DIMS = (64, 128, 256)  # the float16 kernel's (BlockAttentionCudaSupports)
 
 
