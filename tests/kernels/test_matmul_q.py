@@ -191,17 +191,18 @@ def test_matmul_q_is_the_float_matmul_within_int8_rounding(cpu_library, bits, re
     ids=["Q4_0", "Q4_1-Q4_K", "Q8_0", "Q5_K", "Q6_K", "4bit-16"],
 )
 @pytest.mark.parametrize(("m", "n", "k"), [(32, 203, 96), (37, 40, 160)])
-def test_matmul_q_prompt_is_the_float_matmul_within_fma_rounding(cpu_library, bits, block_size, offsets, m, n, k):
-    """From 32 rows on an AVX-512 CPU (matmul_q_float.cc): x in float32 against the weight dequantized as
-    fma(s, code, o) in float32, one fma chain over k an output: against float64,
-    |error| <= K u Σ_k |x_k w_k| / (1 - K u). Tiles of 8 rows (a ragged last one), panels of 32 weight
-    rows (a part one), several tasks of 64."""
-    if not has_vnni(cpu_library):
-        pytest.skip("the float prompt path runs on AVX-512 VNNI CPUs only")
+@pytest.mark.parametrize("force", ["fast", "avx2"])
+def test_matmul_q_prompt_is_the_float_matmul_within_fma_rounding(cpu_library, bits, block_size, offsets, m, n, k, force):
+    """From 32 rows on an AVX-512 or AVX2 CPU (matmul_q_float.cc): x in float32 against the weight dequantized
+    as fma(s, code, o) in float32, one fma chain over k an output: against float64,
+    |error| <= K u Σ_k |x_k w_k| / (1 - K u). Tiles of 8 rows (AVX2: 6; a ragged last one), panels of 32
+    weight rows (AVX2: 16; a part one), several tasks of 64. The portable path keeps the int8 arithmetic."""
+    if not float_prompts(cpu_library):
+        pytest.skip("the float prompt path runs on AVX-512 and AVX2 CPUs only")
     rng = np.random.default_rng(m * 1000 + n + k + bits + block_size)
     w = random_weight(rng, n, k, bits, block_size, offsets)
     x = rng.standard_t(3, (1, m, k)).astype(np.float32)
-    (y,) = session(cpu_library, w, residual=True).run(None, {"x": x})
+    (y,) = session(cpu_library, w, force, residual=True).run(None, {"x": x})
     scales = np.repeat(w.scales, block_size, axis=1).astype(np.float64)
     off = np.repeat(w.offsets, block_size, axis=1).astype(np.float64) if offsets else 0.0
     dense = (scales * w.codes.astype(np.float64) + off).astype(np.float32).astype(np.float64)  # one rounding: the fma
@@ -210,7 +211,7 @@ def test_matmul_q_prompt_is_the_float_matmul_within_fma_rounding(cpu_library, bi
     bound = k * u / (1 - k * u) * (np.abs(x[0]).astype(np.float64) @ np.abs(dense).T)
     assert np.all(np.abs(y[0] - want) <= bound)
     assert not np.array_equal(y[0], reference(x[0], w, residual=True))  # not the int8 arithmetic
-    (forced,) = session(cpu_library, w, "avx2", residual=True).run(None, {"x": x})  # a forced path stays int8
+    (forced,) = session(cpu_library, w, "scalar", residual=True).run(None, {"x": x})  # the portable path stays int8
     np.testing.assert_array_equal(forced[0], reference(x[0], w, residual=True))
 
 
@@ -251,6 +252,12 @@ def test_decode_row_gives_the_same_bits_on_any_number_of_threads(cpu_library, ki
 def has_vnni(path: str) -> bool:
     """Whether MatMulQ's fast paths run on this CPU (ops.cc's WicoreHasVnni)."""
     return bool(ctypes.CDLL(path).WicoreHasVnni())
+
+
+def float_prompts(path: str) -> bool:
+    """Whether MatMulQ's steps of 32+ rows take the float GEMM on this CPU (AVX-512 or AVX2: ops.cc's
+    WicoreFloatPrompts)."""
+    return bool(ctypes.CDLL(path).WicoreFloatPrompts())
 
 
 def test_matmul_q_says_what_it_takes(cpu_library):

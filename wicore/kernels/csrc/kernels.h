@@ -147,7 +147,7 @@ struct QuantRow {
 };
 
 // Which code computes MatMulQ's int8 arithmetic (all give the same bits): AVX-512 VNNI, AVX2 + FMA, or portable
-// C++. On kVnni a prompt of kMatMulQFloatRows rows or more takes the float path instead (MatMulQFloatRuns).
+// C++. On kVnni and kAvx2 a prompt of kMatMulQFloatRows rows or more takes the float path instead (MatMulQFloatRuns).
 enum class MatMulQPath { kScalar, kAvx2, kVnni };
 
 struct BlockAttentionArgs {
@@ -197,13 +197,14 @@ void MatMulQQuantize(const MatMulQArgs& args, MatMulQPath path, std::vector<Quan
 // row_begin a multiple of 8).
 void MatMulQCpu(const MatMulQArgs& args, const std::vector<QuantRow>& rows, int64_t row_begin, int64_t row_end,
                 MatMulQPath path);
-// The prompt path (matmul_q_float.cc): from kMatMulQFloatRows rows on an AVX-512 CPU, x in float32 against
-// the weight dequantized to float32 (not the int8 path's bits; no MatMulQQuantize). Rows as MatMulQCpu.
+// The prompt path (matmul_q_float.cc): from kMatMulQFloatRows rows on the AVX-512 (kVnni) and AVX2 paths, x in
+// float32 against the weight dequantized to float32 (not the int8 path's bits; no MatMulQQuantize). Rows as
+// MatMulQCpu. On AVX2 the int8 tiles ran prompts at ~0.55x MLAS's float GEMM (SmolLM2, docs/PERFORMANCE.md).
 // 32, not 16: SmolLM2's decode steps of 16 rows took 1.16x ORT's MatMulNBits' CPU time on the float path and
 // 0.89x on the int8 tiles (docs/PERFORMANCE.md, 2026-11-28 23:00 UTC); at 32 rows the float path is level.
 constexpr int64_t kMatMulQFloatRows = 32;
 bool MatMulQFloatRuns(const MatMulQArgs& args, MatMulQPath path);
-void MatMulQFloatCpu(const MatMulQArgs& args, int64_t row_begin, int64_t row_end);
+void MatMulQFloatCpu(const MatMulQArgs& args, int64_t row_begin, int64_t row_end, MatMulQPath path);
 // The int8 prompt path (matmul_q_int8.cc), where the node asks for it (its prompt_precision "int8", or
 // WICORE_MATMULQ_PROMPT=int8: ops.cc) in place of the float one: x rounded to int8 per 32 columns without the residual (q [m, k], d [m, k / 32], d * Σ q a
 // weight block [m, k / block_size]), vpdpbusd on the codes. Rows as MatMulQCpu; 4 and 8 bits (MatMulQTask

@@ -235,7 +235,7 @@ void MatMulQTask(const MatMulQArgs& args, const MatMulQPacked& packed, const std
     task.bits = 8;
   }
   if (int8 != nullptr) return MatMulQInt8Cpu(task, *int8, row_begin, row_end);
-  if (rows == nullptr) return MatMulQFloatCpu(task, row_begin, row_end);
+  if (rows == nullptr) return MatMulQFloatCpu(task, row_begin, row_end, path);
   MatMulQCpu(task, *rows, row_begin, row_end, path);
 }
 

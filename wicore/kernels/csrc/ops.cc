@@ -366,6 +366,12 @@ __attribute__((visibility("default"))) int WicoreHasCuda() {
 // Whether MatMulQ's fast path (AVX-512 VNNI) runs on this CPU (wicore.kernels: the CPU export's default).
 __attribute__((visibility("default"))) int WicoreHasVnni() { return wicore::MatMulQHasVnni() ? 1 : 0; }
 
+// Whether MatMulQ's steps of 32+ rows take its float GEMM on this CPU (matmul_q_float.cc: AVX-512 or AVX2; the
+// portable path keeps the int8 arithmetic); WICORE_MATMULQ_PATH as the kernels read it.
+__attribute__((visibility("default"))) int WicoreFloatPrompts() {
+  return wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH")) != wicore::MatMulQPath::kScalar ? 1 : 0;
+}
+
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                                  const OrtApiBase* api_base) {
   const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
