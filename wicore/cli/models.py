@@ -134,9 +134,9 @@ def cpu_kernels(flavour: str, cpu_flags: frozenset[str] | None = None, has_compi
     for the GGUF-quantized `ort-quant` graphs on a CPU with AVX-512 VNNI or AVX2 + FMA and a C++ compiler
     to build it; else "ort". On VNNI: 1.8x / 1.5x / 1.1x the CPU time of ONNX Runtime's MatMulNBits at
     1 / 8 / 16 SmolLM2 rows, 1.4-1.5x llama.cpp's decode; on an AVX2-only AMD EPYC (its AVX2 decode rows)
-    SmolLM2-135M's decode step 2.1x and Gemma 3 270M's 1.7x shorter than on MatMulNBits, though its prompts
-    (MatMulQ's int8 tiles: AVX2 has no float GEMM of its own) 0.53-0.55x MLAS's speed on SmolLM2 and ~0.9x
-    on the 270M (docs/PERFORMANCE.md, issue 37, 2026-11-30). Without AVX2 MatMulQ runs its scalar code: "ort".
+    SmolLM2-135M's decode step 2.1x and Gemma 3 270M's 1.7x shorter than on MatMulNBits, its 512-token prompts
+    1.02x and 1.5x MLAS's speed (MatMulQ's float GEMM on AVX2; docs/PERFORMANCE.md, issue 37, 2026-11-30).
+    Without AVX2 MatMulQ runs its scalar code: "ort".
     WICORE_CPU_KERNELS=ort keeps ONNX Runtime's everywhere."""
     if flavour != "ort-quant" or os.environ.get(CPU_KERNELS_ENV, "").lower() == "ort":
         return "ort"
