@@ -190,13 +190,14 @@ def test_matmul_q_is_the_float_matmul_within_int8_rounding(cpu_library, bits, re
     [(4, 32, False), (4, 32, True), (8, 32, False), (8, 32, True), (8, 16, False), (4, 16, True)],
     ids=["Q4_0", "Q4_1-Q4_K", "Q8_0", "Q5_K", "Q6_K", "4bit-16"],
 )
-@pytest.mark.parametrize(("m", "n", "k"), [(32, 203, 96), (37, 40, 160)])
+@pytest.mark.parametrize(("m", "n", "k"), [(32, 203, 96), (37, 40, 160), (70, 21, 64)])
 @pytest.mark.parametrize("force", ["fast", "avx2"])
 def test_matmul_q_prompt_is_the_float_matmul_within_fma_rounding(cpu_library, bits, block_size, offsets, m, n, k, force):
     """From 32 rows on an AVX-512 or AVX2 CPU (matmul_q_float.cc): x in float32 against the weight dequantized
     as fma(s, code, o) in float32, one fma chain over k an output: against float64,
     |error| <= K u Σ_k |x_k w_k| / (1 - K u). Tiles of 8 rows (AVX2: 6; a ragged last one), panels of 32
-    weight rows (AVX2: 16; a part one), several tasks of 64. The portable path keeps the int8 arithmetic."""
+    weight rows (AVX2: 16; a part one, of 5 columns at N 21), several tasks of 64, and 70 rows: two chunks of
+    activation rows (64, AVX2: 60). The portable path keeps the int8 arithmetic."""
     if not float_prompts(cpu_library):
         pytest.skip("the float prompt path runs on AVX-512 and AVX2 CPUs only")
     rng = np.random.default_rng(m * 1000 + n + k + bits + block_size)

@@ -204,13 +204,15 @@ void FloatTask(const MatMulQArgs& args, int64_t row_begin, int64_t row_end, int6
     const int64_t n = row_begin + p * panel_rows;
     dequantize(args, n, std::min(panel_rows, row_end - n), panels.data() + p * k * panel_rows);
   }
-  constexpr int64_t kChunkRows = 64;
-  for (int64_t i0 = 0; i0 < args.m; i0 += kChunkRows) {
+  // ~64 rows, whole tiles: a tile that ran past its chunk (AVX2's 6 into 64) recomputed the next chunk's first rows
+  const int64_t chunk_rows = 64 / tile_rows * tile_rows;
+  for (int64_t i0 = 0; i0 < args.m; i0 += chunk_rows) {
+    const int64_t i_end = std::min(i0 + chunk_rows, args.m);
     for (int64_t p = 0; p < num_panels; ++p) {
       const int64_t n = row_begin + p * panel_rows;
       const int num_out = static_cast<int>(std::min(panel_rows, row_end - n));
-      for (int64_t i = i0; i < std::min(i0 + kChunkRows, args.m); i += tile_rows) {
-        rows(args.x + i * k, std::min(tile_rows, args.m - i), k, panels.data() + p * k * panel_rows, num_out,
+      for (int64_t i = i0; i < i_end; i += tile_rows) {
+        rows(args.x + i * k, std::min(tile_rows, i_end - i), k, panels.data() + p * k * panel_rows, num_out,
              args.y + i * args.n + n, args.n);
       }
     }
