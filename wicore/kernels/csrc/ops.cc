@@ -165,7 +165,7 @@ struct MatMulQKernel {
         zero_point_(AttributeOr<int64_t>(info, "zero_point", bits_ == 4 ? 8 : 128)),
         blocks_per_super_(AttributeOr<int64_t>(info, "blocks_per_super", 0)),
         offset_scale_(AttributeOr<float>(info, "offset_scale", 0.f)),
-        path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))),  // "scalar" / "avx2": a slower int8 path, prompts too
+        path_(wicore::MatMulQPathFor(std::getenv("WICORE_MATMULQ_PATH"))),  // "scalar": portable int8, prompts too; "avx2": AVX2 anywhere
         is_int8_prompt_(IsInt8Prompt(info)) {
     Check(bits_ == 4 || bits_ == 5 || bits_ == 6 || bits_ == 8, "wicore MatMulQ: bits must be 4, 5, 6 or 8");
     Check(block_size_ == 16 || block_size_ == 32, "wicore MatMulQ: block_size must be 16 or 32");
