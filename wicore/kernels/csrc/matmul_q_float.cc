@@ -29,40 +29,49 @@ constexpr int64_t kTileRows = 8;   // activation rows a tile: 16 accumulators, 2
 constexpr int64_t kBlock = 32;     // the codes' packing unit (kernels.h)
 constexpr int kGroup = 8;          // 4-bit weight rows interleaved
 
+// Where weight row n lies: its scales' first index and the step from one weight block to the next, its block 0.
+struct RowCodes {
+  int64_t first, stride;
+  const uint8_t* codes;
+};
+
+RowCodes RowOf(const MatMulQArgs& args, int64_t n) {
+  const int64_t k = args.k, num_blocks = k / args.block_size;
+  if (args.bits == 8) return {n * num_blocks, 1, args.weight + n * k};
+  return {(n / kGroup) * num_blocks * kGroup + n % kGroup, kGroup,
+          args.weight + (n / kGroup) * (k / kBlock) * kGroup * 16 + (n % kGroup) * 16};
+}
+
+// Columns 0-15 and 16-31 of the row's 32-column block b, one code a byte (kernels.h's 4-bit groups: byte j of a
+// row's 16 holds column j in its low nibble and j + 16 in its high one).
+void BlockCodes(const MatMulQArgs& args, const RowCodes& row, int64_t b, __m128i c[2]) {
+  if (args.bits == 8) {
+    c[0] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row.codes + b * kBlock));
+    c[1] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row.codes + b * kBlock + 16));
+    return;
+  }
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row.codes + b * kGroup * 16));
+  c[0] = _mm_and_si128(v, low);
+  c[1] = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+}
+
 // The panel of weight rows [n, n + num_rows) into panel[k][kPanel]: a 32-column block of every row at a
 // time (the 4 KB it writes stays in L1), 16 columns a zmm (they lie in one weight block, of 16 or 32),
 // scattered down the row's column of the panel.
 WICORE_AVX512 void Dequantize(const MatMulQArgs& args, int64_t n0, int64_t num_rows, float* panel) {
-  const int64_t k = args.k, num_blocks = k / args.block_size;
   const __m512i down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                           _mm512_set1_epi32(kPanel));
-  const __m128i low = _mm_set1_epi8(0x0F);
   const __m512i zero_point = _mm512_set1_epi32(args.bits == 8 ? 128 : 8);
   const int64_t per = kBlock / args.block_size;  // weight blocks a 32-column block: 1 or 2
-  int64_t firsts[kPanel], strides[kPanel];  // where each row's scales start, and from one weight block to the next
-  const uint8_t* codes[kPanel];  // each row's block 0
-  for (int64_t r = 0; r < num_rows; ++r) {
-    const int64_t n = n0 + r;
-    const bool is_eight = args.bits == 8;
-    firsts[r] = is_eight ? n * num_blocks : (n / kGroup) * num_blocks * kGroup + n % kGroup;
-    strides[r] = is_eight ? 1 : kGroup;
-    codes[r] = is_eight ? args.weight + n * k : args.weight + (n / kGroup) * (k / kBlock) * kGroup * 16 + (n % kGroup) * 16;
-  }
-  for (int64_t b = 0; b < k / kBlock; ++b) for (int64_t r = 0; r < num_rows; ++r) {
+  RowCodes rows[kPanel];
+  for (int64_t r = 0; r < num_rows; ++r) rows[r] = RowOf(args, n0 + r);
+  for (int64_t b = 0; b < args.k / kBlock; ++b) for (int64_t r = 0; r < num_rows; ++r) {
     float* out = panel + r;
-    __m128i c[2];  // columns 0-15 and 16-31 of this block, one code a byte
-    if (args.bits == 8) {
-      const uint8_t* w = codes[r] + b * kBlock;
-      c[0] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
-      c[1] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16));
-    } else {  // kernels.h's groups: byte j of a row's 16 holds column j (low nibble) and j + 16 (high)
-      const uint8_t* w = codes[r] + b * kGroup * 16;
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
-      c[0] = _mm_and_si128(v, low);
-      c[1] = _mm_and_si128(_mm_srli_epi16(v, 4), low);
-    }
+    __m128i c[2];
+    BlockCodes(args, rows[r], b, c);
     for (int h = 0; h < 2; ++h) {
-      const int64_t at = firsts[r] + (b * per + (per == 2 ? h : 0)) * strides[r];  // these 16 columns' weight block
+      const int64_t at = rows[r].first + (b * per + (per == 2 ? h : 0)) * rows[r].stride;  // these 16 columns' weight block
       const __m512 u = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(c[h]), zero_point));
       const __m512 o = args.offsets != nullptr ? _mm512_set1_ps(args.offsets[at]) : _mm512_setzero_ps();
       _mm512_i32scatter_ps(out + (b * kBlock + 16 * h) * kPanel, down, _mm512_fmadd_ps(_mm512_set1_ps(args.scales[at]), u, o), 4);
@@ -117,31 +126,17 @@ constexpr int64_t kTileRows = 6;  // activation rows a tile: 12 accumulators
 // As the AVX-512 Dequantize, 8 columns a ymm stored down the panel one float at a time (no scatter in AVX2;
 // once a task, against K x 16 fmas a row of x after it).
 WICORE_AVX2 void Dequantize(const MatMulQArgs& args, int64_t n0, int64_t num_rows, float* panel) {
-  const int64_t k = args.k, num_blocks = k / args.block_size;
-  const __m128i low = _mm_set1_epi8(0x0F);
   const __m256i zero_point = _mm256_set1_epi32(args.bits == 8 ? 128 : 8);
   const int64_t per = kBlock / args.block_size;
   alignas(32) float out[8];
   for (int64_t r = 0; r < num_rows; ++r) {
-    const int64_t n = n0 + r;
-    const bool is_eight = args.bits == 8;
-    const int64_t first = is_eight ? n * num_blocks : (n / kGroup) * num_blocks * kGroup + n % kGroup;
-    const int64_t stride = is_eight ? 1 : kGroup;
-    const uint8_t* codes =
-        is_eight ? args.weight + n * k : args.weight + (n / kGroup) * (k / kBlock) * kGroup * 16 + (n % kGroup) * 16;
-    for (int64_t b = 0; b < k / kBlock; ++b) {
-      __m128i c[2];  // columns 0-15 and 16-31 of this block, one code a byte
-      if (is_eight) {
-        c[0] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + b * kBlock));
-        c[1] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + b * kBlock + 16));
-      } else {  // kernels.h's groups: byte j of a row's 16 holds column j (low nibble) and j + 16 (high)
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + b * kGroup * 16));
-        c[0] = _mm_and_si128(v, low);
-        c[1] = _mm_and_si128(_mm_srli_epi16(v, 4), low);
-      }
+    const RowCodes row = RowOf(args, n0 + r);
+    for (int64_t b = 0; b < args.k / kBlock; ++b) {
+      __m128i c[2];
+      BlockCodes(args, row, b, c);
       for (int g = 0; g < 4; ++g) {  // 8 columns: 16 * (g / 2) + 8 * (g % 2)
         const int h = g / 2;
-        const int64_t at = first + (b * per + (per == 2 ? h : 0)) * stride;  // these columns' weight block
+        const int64_t at = row.first + (b * per + (per == 2 ? h : 0)) * row.stride;  // these columns' weight block
         const __m128i eight = g % 2 == 0 ? c[h] : _mm_srli_si128(c[h], 8);
         const __m256 u = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(eight), zero_point));
         const __m256 o = args.offsets != nullptr ? _mm256_set1_ps(args.offsets[at]) : _mm256_setzero_ps();
